@@ -1,0 +1,346 @@
+//! KV geometry: how many layers, how many bytes each token takes per layer,
+//! the element type and the block size. Geometry is plain data: this crate
+//! knows nothing about models.
+
+use crate::error::{FormatError, Result};
+
+/// Most layers a geometry may have (a guard against absurd allocations).
+pub const MAX_LAYERS: usize = 4096;
+/// Most tokens a block may hold.
+pub const MAX_TOKENS_PER_BLOCK: u32 = 65536;
+/// Most bytes one token may take in one layer's K or V.
+pub const MAX_BYTES_PER_TOKEN_PER_LAYER: u32 = 1 << 24;
+/// Largest block payload accepted (16 GiB).
+pub const MAX_BLOCK_BYTES: u64 = 1 << 34;
+
+/// Element type of the KV cache tensors.
+///
+/// The type is recorded so that a reader can refuse data it cannot interpret
+/// and so that compression knows what it compresses (only `F16` blocks can be
+/// stored as q8_0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ElemType {
+    /// IEEE 754 single precision.
+    F32,
+    /// IEEE 754 half precision.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// ggml q8_0 (blocks of 32 values: f16 scale + 32 × i8).
+    Q8_0,
+    /// ggml q4_0 (blocks of 32 values: f16 scale + 16 bytes of nibbles).
+    Q4_0,
+    /// Any other element type, as an opaque code ≥ 128 chosen by the application.
+    Other(u8),
+}
+
+impl ElemType {
+    /// The one-byte code stored on disk.
+    pub fn code(self) -> u8 {
+        match self {
+            ElemType::F32 => 0,
+            ElemType::F16 => 1,
+            ElemType::BF16 => 2,
+            ElemType::Q8_0 => 3,
+            ElemType::Q4_0 => 4,
+            ElemType::Other(c) => c,
+        }
+    }
+
+    /// Parses an on-disk code; codes 5..=127 are reserved and refused.
+    pub fn from_code(code: u8) -> Result<Self> {
+        Ok(match code {
+            0 => ElemType::F32,
+            1 => ElemType::F16,
+            2 => ElemType::BF16,
+            3 => ElemType::Q8_0,
+            4 => ElemType::Q4_0,
+            128..=255 => ElemType::Other(code),
+            _ => {
+                return Err(FormatError::invalid(
+                    "element type",
+                    format!("reserved code {code}"),
+                ))
+            }
+        })
+    }
+
+    /// A short lower-case name (`"f16"`, `"q8_0"`, ...).
+    pub fn name(self) -> String {
+        match self {
+            ElemType::F32 => "f32".into(),
+            ElemType::F16 => "f16".into(),
+            ElemType::BF16 => "bf16".into(),
+            ElemType::Q8_0 => "q8_0".into(),
+            ElemType::Q4_0 => "q4_0".into(),
+            ElemType::Other(c) => format!("other{c}"),
+        }
+    }
+}
+
+/// Bytes per token of one layer's K and V.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LayerGeometry {
+    /// Bytes of K per token in this layer.
+    pub k_bytes_per_token: u32,
+    /// Bytes of V per token in this layer.
+    pub v_bytes_per_token: u32,
+}
+
+/// Where one layer's K and V lie inside a span of `n` tokens.
+///
+/// A span (a block, or a checkpoint's tail) stores, layer after layer, the K
+/// bytes of its `n` tokens followed by their V bytes; inside each region token
+/// `i` occupies bytes `[i * b, (i + 1) * b)` where `b` is the per-token size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerSpan {
+    /// Offset of this layer's K bytes from the start of the span.
+    pub k_offset: u64,
+    /// Length of this layer's K bytes.
+    pub k_len: u64,
+    /// Offset of this layer's V bytes from the start of the span.
+    pub v_offset: u64,
+    /// Length of this layer's V bytes.
+    pub v_len: u64,
+}
+
+/// The KV geometry of a store: fixed for every block and checkpoint in it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Geometry {
+    layers: Vec<LayerGeometry>,
+    elem: ElemType,
+    tokens_per_block: u32,
+}
+
+/// Default tokens per block (see FORMAT.md, "Choice of block size").
+pub const DEFAULT_TOKENS_PER_BLOCK: u32 = 64;
+
+impl Geometry {
+    /// Builds and validates a geometry from per-layer sizes.
+    pub fn new(layers: Vec<LayerGeometry>, elem: ElemType, tokens_per_block: u32) -> Result<Self> {
+        if layers.is_empty() || layers.len() > MAX_LAYERS {
+            return Err(FormatError::OutOfBounds {
+                what: "geometry layer count",
+                value: layers.len() as u64,
+                limit: MAX_LAYERS as u64,
+            });
+        }
+        if tokens_per_block == 0 || tokens_per_block > MAX_TOKENS_PER_BLOCK {
+            return Err(FormatError::OutOfBounds {
+                what: "geometry tokens per block",
+                value: u64::from(tokens_per_block),
+                limit: u64::from(MAX_TOKENS_PER_BLOCK),
+            });
+        }
+        for (layer_idx, l) in layers.iter().enumerate() {
+            for b in [l.k_bytes_per_token, l.v_bytes_per_token] {
+                if b > MAX_BYTES_PER_TOKEN_PER_LAYER {
+                    return Err(FormatError::OutOfBounds {
+                        what: "geometry bytes per token of a layer",
+                        value: u64::from(b),
+                        limit: u64::from(MAX_BYTES_PER_TOKEN_PER_LAYER),
+                    });
+                }
+                if elem == ElemType::F16 && b % 2 != 0 {
+                    return Err(FormatError::invalid(
+                        "geometry",
+                        format!("layer {layer_idx}: odd byte count {b} for f16"),
+                    ));
+                }
+            }
+        }
+        let g = Geometry {
+            layers,
+            elem,
+            tokens_per_block,
+        };
+        if g.bytes_per_token() == 0 {
+            return Err(FormatError::invalid("geometry", "zero bytes per token"));
+        }
+        if g.block_bytes() > MAX_BLOCK_BYTES {
+            return Err(FormatError::AbsurdLength {
+                what: "geometry block bytes",
+                len: g.block_bytes(),
+                limit: MAX_BLOCK_BYTES,
+            });
+        }
+        Ok(g)
+    }
+
+    /// A geometry in which every layer has the same K and V sizes.
+    pub fn uniform(
+        n_layers: usize,
+        k_bytes_per_token: u32,
+        v_bytes_per_token: u32,
+        elem: ElemType,
+        tokens_per_block: u32,
+    ) -> Result<Self> {
+        let layer = LayerGeometry {
+            k_bytes_per_token,
+            v_bytes_per_token,
+        };
+        Self::new(vec![layer; n_layers.min(MAX_LAYERS + 1)], elem, tokens_per_block)
+    }
+
+    /// Number of layers.
+    pub fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Per-layer sizes.
+    pub fn layers(&self) -> &[LayerGeometry] {
+        &self.layers
+    }
+
+    /// Element type.
+    pub fn elem(&self) -> ElemType {
+        self.elem
+    }
+
+    /// Tokens per block.
+    pub fn tokens_per_block(&self) -> u32 {
+        self.tokens_per_block
+    }
+
+    /// K plus V bytes of one token over all layers.
+    pub fn bytes_per_token(&self) -> u64 {
+        self.layers
+            .iter()
+            .map(|l| u64::from(l.k_bytes_per_token) + u64::from(l.v_bytes_per_token))
+            .sum()
+    }
+
+    /// Bytes of one full block (raw, uncompressed).
+    pub fn block_bytes(&self) -> u64 {
+        self.span_bytes(u64::from(self.tokens_per_block))
+    }
+
+    /// Bytes of a span of `n_tokens` tokens (a block or a tail).
+    pub fn span_bytes(&self, n_tokens: u64) -> u64 {
+        self.bytes_per_token().saturating_mul(n_tokens)
+    }
+
+    /// Offsets of every layer's K and V inside a span of `n_tokens` tokens.
+    pub fn layer_spans(&self, n_tokens: u64) -> Vec<LayerSpan> {
+        let mut off = 0u64;
+        self.layers
+            .iter()
+            .map(|l| {
+                let k_len = u64::from(l.k_bytes_per_token) * n_tokens;
+                let v_len = u64::from(l.v_bytes_per_token) * n_tokens;
+                let s = LayerSpan {
+                    k_offset: off,
+                    k_len,
+                    v_offset: off + k_len,
+                    v_len,
+                };
+                off += k_len + v_len;
+                s
+            })
+            .collect()
+    }
+
+    /// Offsets of one layer's K and V inside a full block, or `None` when
+    /// `layer_idx` is out of range.
+    pub fn block_layer_span(&self, layer_idx: usize) -> Option<LayerSpan> {
+        self.layer_spans(u64::from(self.tokens_per_block))
+            .get(layer_idx)
+            .copied()
+    }
+
+    /// Canonical byte encoding, as stored in manifests and exports
+    /// (see FORMAT.md, "Geometry record").
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 + 8 * self.layers.len());
+        out.extend_from_slice(&(self.layers.len() as u32).to_le_bytes());
+        out.extend_from_slice(&self.tokens_per_block.to_le_bytes());
+        out.push(self.elem.code());
+        out.extend_from_slice(&[0u8; 7]);
+        for l in &self.layers {
+            out.extend_from_slice(&l.k_bytes_per_token.to_le_bytes());
+            out.extend_from_slice(&l.v_bytes_per_token.to_le_bytes());
+        }
+        out
+    }
+
+    /// Parses [`Geometry::encode`] output; the whole slice must be used.
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let need = |n: usize| -> Result<()> {
+            if bytes.len() < n {
+                Err(FormatError::Truncated {
+                    what: "geometry record",
+                    offset: 0,
+                    needed: n as u64,
+                    available: bytes.len() as u64,
+                })
+            } else {
+                Ok(())
+            }
+        };
+        need(16)?;
+        let n_layers = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
+        let tpb = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+        let elem = ElemType::from_code(bytes[8])?;
+        if bytes[9..16].iter().any(|&b| b != 0) {
+            return Err(FormatError::invalid("geometry record", "reserved bytes not zero"));
+        }
+        if n_layers == 0 || n_layers > MAX_LAYERS {
+            return Err(FormatError::OutOfBounds {
+                what: "geometry layer count",
+                value: n_layers as u64,
+                limit: MAX_LAYERS as u64,
+            });
+        }
+        let total = 16 + 8 * n_layers;
+        need(total)?;
+        if bytes.len() != total {
+            return Err(FormatError::invalid(
+                "geometry record",
+                format!("length {} but {} layers need {}", bytes.len(), n_layers, total),
+            ));
+        }
+        let layers = bytes[16..total]
+            .chunks_exact(8)
+            .map(|c| LayerGeometry {
+                k_bytes_per_token: u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+                v_bytes_per_token: u32::from_le_bytes([c[4], c[5], c[6], c[7]]),
+            })
+            .collect();
+        Geometry::new(layers, elem, tpb)
+    }
+
+    /// BLAKE3 digest of the canonical encoding: block records carry it so a
+    /// block of another geometry is refused without storing the geometry.
+    pub fn digest(&self) -> [u8; 32] {
+        let mut h = blake3::Hasher::new();
+        h.update(b"ckptfmt/geometry/v1");
+        h.update(&self.encode());
+        *h.finalize().as_bytes()
+    }
+
+    /// Describes how `self` differs from `other`, or `None` if equal.
+    pub fn diff(&self, other: &Geometry) -> Option<String> {
+        if self == other {
+            return None;
+        }
+        Some(if self.layers.len() != other.layers.len() {
+            format!("{} layers vs {}", self.layers.len(), other.layers.len())
+        } else if self.elem != other.elem {
+            format!("element type {} vs {}", self.elem.name(), other.elem.name())
+        } else if self.tokens_per_block != other.tokens_per_block {
+            format!(
+                "{} tokens per block vs {}",
+                self.tokens_per_block, other.tokens_per_block
+            )
+        } else {
+            let i = self
+                .layers
+                .iter()
+                .zip(&other.layers)
+                .position(|(a, b)| a != b)
+                .unwrap_or(0);
+            format!("layer {i} sizes {:?} vs {:?}", self.layers[i], other.layers[i])
+        })
+    }
+}

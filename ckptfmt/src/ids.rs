@@ -1,0 +1,145 @@
+//! Model fingerprints and content-naming block ids.
+
+use std::fmt;
+
+use crate::error::{FormatError, Result};
+
+/// 32 opaque bytes that identify a model (weights, tokenizer, KV layout
+/// choices). Supplied by the caller; data for another fingerprint is refused.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Fingerprint(pub [u8; 32]);
+
+/// Identifies a block: BLAKE3 chained over the model fingerprint, the previous
+/// block's id and this block's token ids (see [`BlockId::chain`]).
+///
+/// Equal prefixes give equal ids in every process, so an id names the block's
+/// content and serves as the deduplication key.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct BlockId(pub [u8; 32]);
+
+fn to_hex(bytes: &[u8; 32]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(64);
+    for b in bytes {
+        s.push(HEX[usize::from(b >> 4)] as char);
+        s.push(HEX[usize::from(b & 15)] as char);
+    }
+    s
+}
+
+fn from_hex(what: &'static str, s: &str) -> Result<[u8; 32]> {
+    let b = s.as_bytes();
+    if b.len() != 64 {
+        return Err(FormatError::invalid(what, format!("expected 64 hex digits, got {}", b.len())));
+    }
+    let digit = |c: u8| -> Result<u8> {
+        match c {
+            b'0'..=b'9' => Ok(c - b'0'),
+            b'a'..=b'f' => Ok(c - b'a' + 10),
+            b'A'..=b'F' => Ok(c - b'A' + 10),
+            _ => Err(FormatError::invalid(what, format!("bad hex digit {:?}", c as char))),
+        }
+    };
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = (digit(b[2 * i])? << 4) | digit(b[2 * i + 1])?;
+    }
+    Ok(out)
+}
+
+impl Fingerprint {
+    /// Convenience: the BLAKE3 hash of arbitrary bytes (a model file, a config...).
+    pub fn of(bytes: &[u8]) -> Self {
+        Fingerprint(*blake3::hash(bytes).as_bytes())
+    }
+
+    /// Lower-case hex.
+    pub fn to_hex(&self) -> String {
+        to_hex(&self.0)
+    }
+
+    /// Parses 64 hex digits.
+    pub fn from_hex(s: &str) -> Result<Self> {
+        from_hex("fingerprint", s).map(Fingerprint)
+    }
+}
+
+impl BlockId {
+    /// Domain-separation prefix hashed before everything else.
+    pub const DOMAIN: &'static [u8] = b"ckptfmt/block-id/v1";
+
+    /// Computes the id of a block holding `tokens`, following the block `prev`
+    /// (or starting the sequence when `prev` is `None`), for model `fp`.
+    ///
+    /// Hashed, in order: [`BlockId::DOMAIN`], the 32 fingerprint bytes, one
+    /// byte 0 (no previous block) or 1 followed by the 32 bytes of `prev`, the
+    /// token count as u64 LE, each token as u32 LE. See FORMAT.md.
+    pub fn chain(fp: &Fingerprint, prev: Option<&BlockId>, tokens: &[u32]) -> BlockId {
+        let mut h = blake3::Hasher::new();
+        h.update(Self::DOMAIN);
+        h.update(&fp.0);
+        match prev {
+            None => {
+                h.update(&[0u8]);
+            }
+            Some(p) => {
+                h.update(&[1u8]);
+                h.update(&p.0);
+            }
+        }
+        h.update(&(tokens.len() as u64).to_le_bytes());
+        for t in tokens {
+            h.update(&t.to_le_bytes());
+        }
+        BlockId(*h.finalize().as_bytes())
+    }
+
+    /// The ids of every full block of `tokens`, `tokens_per_block` at a time.
+    /// The partial tail, if any, gets no id.
+    pub fn chain_all(fp: &Fingerprint, tokens: &[u32], tokens_per_block: u32) -> Vec<BlockId> {
+        let tpb = tokens_per_block.max(1) as usize;
+        let mut prev: Option<BlockId> = None;
+        tokens
+            .chunks_exact(tpb)
+            .map(|chunk| {
+                let id = BlockId::chain(fp, prev.as_ref(), chunk);
+                prev = Some(id);
+                id
+            })
+            .collect()
+    }
+
+    /// Lower-case hex (used as the block's file name).
+    pub fn to_hex(&self) -> String {
+        to_hex(&self.0)
+    }
+
+    /// Parses 64 hex digits.
+    pub fn from_hex(s: &str) -> Result<Self> {
+        from_hex("block id", s).map(BlockId)
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({})", self.to_hex())
+    }
+}
+
+impl fmt::Display for BlockId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl fmt::Debug for BlockId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BlockId({})", &self.to_hex()[..16])
+    }
+}

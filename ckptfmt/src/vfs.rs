@@ -1,0 +1,435 @@
+//! The file-system seam: every write the crate makes goes through [`Vfs`].
+//!
+//! [`StdFs`] is the real implementation over `std::fs`. [`FaultFs`] is an
+//! in-memory file system for tests that can fail any mutating call and can
+//! "crash", keeping only what was made durable (plus, optionally, a random
+//! part of what was not), the way a power loss does.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// A file open for writing through a [`Vfs`].
+pub trait VfsFile: Send {
+    /// Appends all of `buf`.
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()>;
+    /// Makes the written data durable (fdatasync). An error means the data
+    /// may be lost; callers fail the operation and never retry.
+    fn sync(&mut self) -> io::Result<()>;
+}
+
+/// The file-system operations the crate needs.
+pub trait Vfs: Send + Sync {
+    /// The writable file type.
+    type File: VfsFile;
+    /// Creates (or truncates) a file for writing.
+    fn create(&self, path: &Path) -> io::Result<Self::File>;
+    /// Reads a whole file.
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
+    /// Atomically renames `from` to `to`, replacing `to`.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Removes a file.
+    fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Whether a file or directory exists.
+    fn exists(&self, path: &Path) -> io::Result<bool>;
+    /// Names of the entries of a directory.
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// Creates a directory and its parents.
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// Makes the directory's entries (creations, renames, removals) durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+}
+
+/// The real file system.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StdFs;
+
+/// A file of [`StdFs`].
+#[derive(Debug)]
+pub struct StdFile(fs::File);
+
+impl VfsFile for StdFile {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.0.write_all(buf)
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+}
+
+impl Vfs for StdFs {
+    type File = StdFile;
+
+    fn create(&self, path: &Path) -> io::Result<StdFile> {
+        fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map(StdFile)
+    }
+
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        fs::read(path)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        fs::remove_file(path)
+    }
+
+    fn exists(&self, path: &Path) -> io::Result<bool> {
+        path.try_exists()
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let mut out = Vec::new();
+        for e in fs::read_dir(dir)? {
+            if let Ok(name) = e?.file_name().into_string() {
+                out.push(name);
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        fs::create_dir_all(dir)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        fs::File::open(dir)?.sync_all()
+    }
+}
+
+/// What [`FaultFs`] does when its countdown reaches the chosen operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultMode {
+    /// The operation fails (a failed write may have written a prefix); the
+    /// file system keeps working afterwards.
+    Error,
+    /// The operation fails and so does every later one, until
+    /// [`FaultFs::crash`] is called: the process "died" at that point.
+    Crash,
+}
+
+/// What a crash keeps of data that was not made durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashMode {
+    /// Everything not synced is lost.
+    DropUnsynced,
+    /// A random prefix of the unsynced directory operations survives, and each
+    /// file keeps a random part of its unsynced bytes (possibly zero-filled).
+    Random(u64),
+}
+
+#[derive(Debug, Clone)]
+enum NsOp {
+    Link(PathBuf, usize),
+    Unlink(PathBuf),
+    Rename(PathBuf, PathBuf),
+}
+
+impl NsOp {
+    fn dir(&self) -> Option<&Path> {
+        match self {
+            NsOp::Link(p, _) | NsOp::Unlink(p) | NsOp::Rename(_, p) => p.parent(),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Inode {
+    data: Vec<u8>,
+    synced: usize,
+}
+
+#[derive(Debug, Default)]
+struct FaultState {
+    inodes: Vec<Inode>,
+    ns: BTreeMap<PathBuf, usize>,
+    dirs: BTreeSet<PathBuf>,
+    /// Directory operations, each with a flag saying whether it is durable.
+    log: Vec<(NsOp, bool)>,
+    ops: u64,
+    fail_at: Option<(u64, FaultMode)>,
+    dead: bool,
+    rng: u64,
+}
+
+fn injected() -> io::Error {
+    io::Error::other("injected fault")
+}
+
+impl FaultState {
+    /// Counts a mutating operation; errors when it is the chosen one.
+    fn tick(&mut self) -> io::Result<()> {
+        if self.dead {
+            return Err(injected());
+        }
+        let n = self.ops;
+        self.ops += 1;
+        if let Some((at, mode)) = self.fail_at {
+            if n == at {
+                if mode == FaultMode::Crash {
+                    self.dead = true;
+                }
+                return Err(injected());
+            }
+        }
+        Ok(())
+    }
+
+    fn next_rand(&mut self) -> u64 {
+        // splitmix64
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn check_alive(&self) -> io::Result<()> {
+        if self.dead {
+            Err(injected())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// An in-memory, fault-injecting [`Vfs`] for crash tests. Cloning shares the
+/// same file system.
+///
+/// Semantics follow a journaling file system on a disk with a volatile cache:
+/// file data is durable once the file is synced; creations, renames and
+/// removals are durable once their directory is synced.
+#[derive(Debug, Clone, Default)]
+pub struct FaultFs {
+    state: Arc<Mutex<FaultState>>,
+}
+
+/// A file of [`FaultFs`].
+#[derive(Debug)]
+pub struct FaultFile {
+    state: Arc<Mutex<FaultState>>,
+    inode: usize,
+}
+
+fn lock(m: &Mutex<FaultState>) -> MutexGuard<'_, FaultState> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl FaultFs {
+    /// An empty file system.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of mutating operations performed so far.
+    pub fn ops(&self) -> u64 {
+        lock(&self.state).ops
+    }
+
+    /// Makes mutating operation number `at` (counted by [`FaultFs::ops`])
+    /// fail with `mode`; `None` disarms.
+    pub fn fail_at(&self, at: Option<(u64, FaultMode)>) {
+        lock(&self.state).fail_at = at;
+    }
+
+    /// Simulates a power loss: afterwards the file system holds what was
+    /// durable (and, with [`CrashMode::Random`], part of what was not), and
+    /// works again.
+    pub fn crash(&self, mode: CrashMode) {
+        let mut st = lock(&self.state);
+        let st = &mut *st;
+        let (keep_ops, random) = match mode {
+            CrashMode::DropUnsynced => (0, false),
+            CrashMode::Random(seed) => {
+                st.rng = seed;
+                let pending = st.log.iter().filter(|(_, d)| !*d).count() as u64;
+                ((st.next_rand() % (pending + 1)) as usize, true)
+            }
+        };
+        let mut ns: BTreeMap<PathBuf, usize> = BTreeMap::new();
+        let mut pending_seen = 0usize;
+        for (op, durable) in &st.log {
+            if !*durable {
+                pending_seen += 1;
+                if pending_seen > keep_ops {
+                    continue;
+                }
+            }
+            match op {
+                NsOp::Link(p, ino) => {
+                    ns.insert(p.clone(), *ino);
+                }
+                NsOp::Unlink(p) => {
+                    ns.remove(p);
+                }
+                NsOp::Rename(from, to) => {
+                    if let Some(ino) = ns.remove(from) {
+                        ns.insert(to.clone(), ino);
+                    }
+                }
+            }
+        }
+        for i in 0..st.inodes.len() {
+            let (synced, len) = (st.inodes[i].synced, st.inodes[i].data.len());
+            let keep = if random && len > synced {
+                let r = st.next_rand();
+                let extra = (r % (len - synced + 1) as u64) as usize;
+                if r & (1 << 40) != 0 {
+                    // The size grew but the data did not reach the disk.
+                    st.inodes[i].data[synced + extra..].fill(0);
+                    len
+                } else {
+                    synced + extra
+                }
+            } else {
+                synced
+            };
+            st.inodes[i].data.truncate(keep);
+            st.inodes[i].synced = keep;
+        }
+        st.log = ns.iter().map(|(p, &i)| (NsOp::Link(p.clone(), i), true)).collect();
+        st.ns = ns;
+        st.dead = false;
+        st.fail_at = None;
+    }
+
+    /// Reads a file directly (test helper).
+    pub fn file(&self, path: &Path) -> Option<Vec<u8>> {
+        let st = lock(&self.state);
+        st.ns.get(path).map(|&i| st.inodes[i].data.clone())
+    }
+
+    /// Replaces a file's contents directly, durably (test helper for corruption).
+    pub fn set_file(&self, path: &Path, data: Vec<u8>) {
+        let mut st = lock(&self.state);
+        let ino = st.inodes.len();
+        let synced = data.len();
+        st.inodes.push(Inode { data, synced });
+        st.ns.insert(path.to_path_buf(), ino);
+        st.log.push((NsOp::Link(path.to_path_buf(), ino), true));
+    }
+}
+
+impl VfsFile for FaultFile {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        let mut st = lock(&self.state);
+        if let Err(e) = st.tick() {
+            // A failed write may still have written a prefix.
+            let n = (st.next_rand() % (buf.len() as u64 + 1)) as usize;
+            st.inodes[self.inode].data.extend_from_slice(&buf[..n]);
+            return Err(e);
+        }
+        st.inodes[self.inode].data.extend_from_slice(buf);
+        Ok(())
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        let mut st = lock(&self.state);
+        st.tick()?;
+        let len = st.inodes[self.inode].data.len();
+        st.inodes[self.inode].synced = len;
+        Ok(())
+    }
+}
+
+impl Vfs for FaultFs {
+    type File = FaultFile;
+
+    fn create(&self, path: &Path) -> io::Result<FaultFile> {
+        let mut st = lock(&self.state);
+        st.tick()?;
+        match path.parent() {
+            Some(d) if st.dirs.contains(d) => {}
+            _ => return Err(io::Error::new(io::ErrorKind::NotFound, "no such directory")),
+        }
+        let ino = st.inodes.len();
+        st.inodes.push(Inode::default());
+        st.ns.insert(path.to_path_buf(), ino);
+        st.log.push((NsOp::Link(path.to_path_buf(), ino), false));
+        Ok(FaultFile {
+            state: Arc::clone(&self.state),
+            inode: ino,
+        })
+    }
+
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        let st = lock(&self.state);
+        st.check_alive()?;
+        st.ns
+            .get(path)
+            .map(|&i| st.inodes[i].data.clone())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such file"))
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut st = lock(&self.state);
+        st.tick()?;
+        let ino = st
+            .ns
+            .remove(from)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such file"))?;
+        st.ns.insert(to.to_path_buf(), ino);
+        st.log.push((NsOp::Rename(from.to_path_buf(), to.to_path_buf()), false));
+        Ok(())
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        let mut st = lock(&self.state);
+        st.tick()?;
+        st.ns
+            .remove(path)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such file"))?;
+        st.log.push((NsOp::Unlink(path.to_path_buf()), false));
+        Ok(())
+    }
+
+    fn exists(&self, path: &Path) -> io::Result<bool> {
+        let st = lock(&self.state);
+        st.check_alive()?;
+        Ok(st.ns.contains_key(path) || st.dirs.contains(path))
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let st = lock(&self.state);
+        st.check_alive()?;
+        Ok(st
+            .ns
+            .keys()
+            .filter(|p| p.parent() == Some(dir))
+            .filter_map(|p| p.file_name().and_then(|n| n.to_str()).map(String::from))
+            .collect())
+    }
+
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        let mut st = lock(&self.state);
+        st.check_alive()?;
+        // Directories are treated as durable at once: the crash tests target
+        // file data and entries, not directory creation.
+        for d in dir.ancestors() {
+            st.dirs.insert(d.to_path_buf());
+        }
+        Ok(())
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        let mut st = lock(&self.state);
+        st.tick()?;
+        for (op, durable) in st.log.iter_mut() {
+            if op.dir() == Some(dir) {
+                *durable = true;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,553 @@
+//! Builds ggml (core + CPU backend, optionally CUDA or Metal) as one static library.
+//!
+//! ggml's sources are never part of this repository. They come from the registry package
+//! pinned in `src/source.rs`, fetched by cargo itself (so its checksum is verified, and no
+//! network is used once it is cached), or from a directory named by `GGML_SYS_SOURCE_DIR`.
+//!
+//! Environment:
+//! - `GGML_SYS_SOURCE_DIR`: a ggml tree (with `include/ggml.h` and `src/ggml.c`) to build instead.
+//! - `GGML_SYS_PORTABLE=1`: do not tune for the build host; compile for the target features rustc
+//!   was given (`-C target-feature` / `-C target-cpu`), i.e. the portable baseline by default.
+//! - `GGML_SYS_CUDA_ARCH`: CUDA architectures for nvcc (default `native`), e.g. `89;90`.
+
+use std::env;
+use std::path::{Path, PathBuf};
+
+include!("src/source.rs");
+include!("fetch.rs");
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=src/source.rs");
+    println!("cargo:rerun-if-changed=fetch.rs");
+    println!("cargo:rerun-if-changed=src/bindings.rs");
+    for var in [
+        SOURCE_DIR_ENV,
+        "GGML_SYS_PORTABLE",
+        "GGML_SYS_CUDA_ARCH",
+        "NVCC",
+    ] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let ggml = locate_sources(&out);
+    let version = ggml_version(&ggml);
+    check_bindings_version(&version);
+
+    let target = Target::from_env();
+    let include_dir = out.join("include");
+    std::fs::create_dir_all(&include_dir).expect("create OUT_DIR/include");
+    std::fs::write(
+        include_dir.join("ggml-version.h"),
+        format!(
+            "#pragma once\n#define GGML_VERSION \"{version}\"\n#define GGML_COMMIT \"{SOURCE_PACKAGE}-{SOURCE_PACKAGE_VERSION}\"\n"
+        ),
+    )
+    .expect("write ggml-version.h");
+
+    let features = Features::from_env();
+    let src = ggml.join("src");
+    let cpu = src.join("ggml-cpu");
+
+    let mut c_files = vec![
+        src.join("ggml.c"),
+        src.join("ggml-alloc.c"),
+        src.join("ggml-quants.c"),
+        cpu.join("ggml-cpu.c"),
+        cpu.join("quants.c"),
+    ];
+    let mut cpp_files = vec![
+        src.join("ggml.cpp"),
+        src.join("ggml-backend.cpp"),
+        src.join("ggml-backend-reg.cpp"),
+        src.join("ggml-opt.cpp"),
+        src.join("ggml-threading.cpp"),
+        src.join("gguf.cpp"),
+        cpu.join("ggml-cpu.cpp"),
+        cpu.join("repack.cpp"),
+        cpu.join("hbm.cpp"),
+        cpu.join("traits.cpp"),
+        cpu.join("binary-ops.cpp"),
+        cpu.join("unary-ops.cpp"),
+        cpu.join("vec.cpp"),
+        cpu.join("ops.cpp"),
+        cpu.join("llamafile").join("sgemm.cpp"),
+    ];
+    // Files that exist only in some ggml versions (a user-supplied tree may be older or newer).
+    for optional in [
+        src.join("ggml-backend-meta.cpp"),
+        cpu.join("amx").join("amx.cpp"),
+        cpu.join("amx").join("mmq.cpp"),
+        cpu.join("tiled").join("tiled.cpp"),
+        cpu.join("tiled").join("tiled-kernel.cpp"),
+    ] {
+        if optional.exists() {
+            cpp_files.push(optional);
+        }
+    }
+    match target.arch.as_str() {
+        "x86_64" | "x86" => {
+            c_files.push(cpu.join("arch/x86/quants.c"));
+            cpp_files.push(cpu.join("arch/x86/repack.cpp"));
+        }
+        "aarch64" | "arm" => {
+            c_files.push(cpu.join("arch/arm/quants.c"));
+            cpp_files.push(cpu.join("arch/arm/repack.cpp"));
+        }
+        _ => {}
+    }
+
+    let mut defines: Vec<(&str, Option<&str>)> = vec![
+        ("GGML_SCHED_MAX_COPIES", Some("4")),
+        ("GGML_USE_CPU", None),
+        ("GGML_USE_LLAMAFILE", None),
+        ("GGML_USE_CPU_REPACK", None),
+        ("NDEBUG", None),
+    ];
+    match target.os.as_str() {
+        "linux" | "android" => defines.push(("_GNU_SOURCE", None)),
+        "macos" | "ios" => defines.push(("_DARWIN_C_SOURCE", None)),
+        "freebsd" => defines.push(("__BSD_VISIBLE", None)),
+        "windows" => defines.push(("_CRT_SECURE_NO_WARNINGS", None)),
+        _ => {}
+    }
+    if features.openmp {
+        defines.push(("GGML_USE_OPENMP", None));
+    }
+    if features.cuda {
+        defines.push(("GGML_USE_CUDA", None));
+    }
+    if features.metal {
+        defines.push(("GGML_USE_METAL", None));
+    }
+
+    let arch_flags = target.simd_flags();
+    let configure = |build: &mut cc::Build, cpp: bool| {
+        build
+            .include(&include_dir)
+            .include(ggml.join("include"))
+            .include(&src)
+            .include(&cpu)
+            .opt_level(3)
+            .debug(false)
+            .warnings(false)
+            .cargo_warnings(false);
+        for (name, value) in &defines {
+            build.define(name, *value);
+        }
+        for flag in &arch_flags {
+            build.flag_if_supported(flag);
+        }
+        if cpp {
+            build.cpp(true).std("c++17");
+        } else {
+            build.std("c11");
+        }
+        if features.openmp {
+            build.flag("-fopenmp");
+        }
+    };
+
+    let mut c_build = cc::Build::new();
+    configure(&mut c_build, false);
+    c_build.files(&c_files);
+    let mut cpp_build = cc::Build::new();
+    configure(&mut cpp_build, true);
+    cpp_build.files(&cpp_files);
+
+    let mut objects = Vec::new();
+    let mut compiler_is_clang = false;
+    std::thread::scope(|scope| {
+        let c = scope.spawn(|| c_build.compile_intermediates());
+        let cpp = scope.spawn(|| cpp_build.compile_intermediates());
+        objects.extend(c.join().expect("C compilation thread"));
+        objects.extend(cpp.join().expect("C++ compilation thread"));
+    });
+    if let Ok(compiler) = cpp_build.try_get_compiler() {
+        compiler_is_clang = compiler.is_like_clang();
+    }
+
+    if features.cuda {
+        objects.extend(build_cuda(&ggml, &include_dir, &defines));
+    }
+    if features.metal {
+        objects.extend(build_metal(&ggml, &include_dir, &out, &defines));
+    }
+
+    // One archive: ggml's core and its backends call each other in both directions.
+    cc::Build::new()
+        .objects(&objects)
+        .cargo_warnings(false)
+        .compile("ggml");
+
+    link_runtime(&target, &features, compiler_is_clang);
+    println!("cargo:source_dir={}", ggml.display());
+    println!("cargo:include={}", ggml.join("include").display());
+    println!("cargo:rustc-env=GGML_SYS_BUILT_VERSION={version}");
+}
+
+/// Cargo features of this crate, as the build script sees them.
+struct Features {
+    openmp: bool,
+    cuda: bool,
+    metal: bool,
+}
+
+impl Features {
+    fn from_env() -> Self {
+        let on = |name: &str| env::var_os(format!("CARGO_FEATURE_{name}")).is_some();
+        Features {
+            openmp: on("OPENMP"),
+            cuda: on("CUDA"),
+            metal: on("METAL"),
+        }
+    }
+}
+
+/// Facts about the compilation target, taken from cargo (never from `cfg!`, which describes the
+/// machine running this script).
+struct Target {
+    arch: String,
+    os: String,
+    env: String,
+    features: Vec<String>,
+    native: bool,
+}
+
+impl Target {
+    fn from_env() -> Self {
+        let var = |name: &str| env::var(name).unwrap_or_default();
+        let portable = matches!(
+            var("GGML_SYS_PORTABLE").as_str(),
+            "1" | "true" | "yes" | "on"
+        );
+        let same_machine = var("HOST") == var("TARGET");
+        Target {
+            arch: var("CARGO_CFG_TARGET_ARCH"),
+            os: var("CARGO_CFG_TARGET_OS"),
+            env: var("CARGO_CFG_TARGET_ENV"),
+            features: var("CARGO_CFG_TARGET_FEATURE")
+                .split(',')
+                .filter(|f| !f.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            native: same_machine && !portable,
+        }
+    }
+
+    /// Compiler flags selecting the SIMD level: the host's best in native mode, otherwise exactly
+    /// the target features rustc compiles for.
+    fn simd_flags(&self) -> Vec<String> {
+        if self.env == "msvc" {
+            return Vec::new();
+        }
+        match self.arch.as_str() {
+            "x86_64" | "x86" => {
+                if self.native {
+                    return vec!["-march=native".into()];
+                }
+                // Rust target feature -> GCC/Clang flag; ggml keys its kernels on the macros these set.
+                const MAP: &[(&str, &str)] = &[
+                    ("sse3", "-msse3"),
+                    ("ssse3", "-mssse3"),
+                    ("sse4.1", "-msse4.1"),
+                    ("sse4.2", "-msse4.2"),
+                    ("avx", "-mavx"),
+                    ("avx2", "-mavx2"),
+                    ("fma", "-mfma"),
+                    ("f16c", "-mf16c"),
+                    ("bmi2", "-mbmi2"),
+                    ("avx512f", "-mavx512f"),
+                    ("avx512bw", "-mavx512bw"),
+                    ("avx512dq", "-mavx512dq"),
+                    ("avx512vl", "-mavx512vl"),
+                    ("avx512vnni", "-mavx512vnni"),
+                    ("avx512bf16", "-mavx512bf16"),
+                    ("avxvnni", "-mavxvnni"),
+                ];
+                MAP.iter()
+                    .filter(|(feature, _)| self.features.iter().any(|f| f == feature))
+                    .map(|(_, flag)| (*flag).to_owned())
+                    .collect()
+            }
+            "aarch64" => {
+                if self.native && self.os != "macos" {
+                    vec!["-mcpu=native".into()]
+                } else if self.os == "macos" {
+                    // Every Apple silicon chip has dot-product and fp16 arithmetic.
+                    vec!["-mcpu=apple-m1".into()]
+                } else {
+                    let mut arch = String::from("-march=armv8.2-a");
+                    for (feature, ext) in [
+                        ("dotprod", "+dotprod"),
+                        ("fp16", "+fp16"),
+                        ("i8mm", "+i8mm"),
+                        ("sve", "+sve"),
+                    ] {
+                        if self.features.iter().any(|f| f == feature) {
+                            arch.push_str(ext);
+                        }
+                    }
+                    if !self.features.iter().any(|f| f == "dotprod" || f == "fp16") {
+                        arch = "-march=armv8-a".into();
+                    }
+                    vec![arch]
+                }
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Finds the ggml tree: the directory named by `GGML_SYS_SOURCE_DIR`, or the pinned package.
+fn locate_sources(out: &Path) -> PathBuf {
+    if let Some(dir) = env::var_os(SOURCE_DIR_ENV) {
+        let dir = PathBuf::from(dir);
+        if !dir.join("include/ggml.h").is_file() || !dir.join("src/ggml.c").is_file() {
+            fail(&format!(
+                "{SOURCE_DIR_ENV}={} is not a ggml tree (expected include/ggml.h and src/ggml.c)",
+                dir.display()
+            ));
+        }
+        println!("cargo:rerun-if-changed={}", dir.join("src").display());
+        println!("cargo:rerun-if-changed={}", dir.join("include").display());
+        return dir;
+    }
+    let package_dir = fetch_pinned_package(out);
+    let ggml = package_dir.join(GGML_SUBDIR);
+    if !ggml.join("include/ggml.h").is_file() {
+        fail(&format!(
+            "{} does not contain ggml under {GGML_SUBDIR}",
+            package_dir.display()
+        ));
+    }
+    ggml
+}
+
+/// Has cargo fetch the pinned package (see `fetch.rs`) or stops the build with the reason.
+fn fetch_pinned_package(out: &Path) -> PathBuf {
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    fetch_source_package(&cargo, &out.join("ggml-source")).unwrap_or_else(|e| {
+        fail(&format!(
+            "{e}\nAlternatively set {SOURCE_DIR_ENV} to a ggml source tree."
+        ))
+    })
+}
+
+/// Reads ggml's version from its CMakeLists.txt.
+fn ggml_version(ggml: &Path) -> String {
+    let cmake = std::fs::read_to_string(ggml.join("CMakeLists.txt")).unwrap_or_default();
+    let part = |name: &str| {
+        cmake.lines().find_map(|line| {
+            let rest = line.trim().strip_prefix(&format!("set({name} "))?;
+            Some(rest.trim_end_matches(')').trim().to_owned())
+        })
+    };
+    match (
+        part("GGML_VERSION_MAJOR"),
+        part("GGML_VERSION_MINOR"),
+        part("GGML_VERSION_PATCH"),
+    ) {
+        (Some(a), Some(b), Some(c)) => format!("{a}.{b}.{c}"),
+        _ => fail(&format!(
+            "cannot read ggml's version from {}/CMakeLists.txt",
+            ggml.display()
+        )),
+    }
+}
+
+/// Refuses to build when the committed bindings were generated from another ggml version: their
+/// struct layouts and signatures would silently disagree with the compiled code.
+fn check_bindings_version(built: &str) {
+    let bindings = std::fs::read_to_string("src/bindings.rs").unwrap_or_default();
+    let generated = bindings
+        .lines()
+        .find_map(|l| l.strip_prefix("// ggml-version: "))
+        .map(str::trim);
+    match generated {
+        Some(v) if v == built => {}
+        Some(v) => fail(&format!(
+            "src/bindings.rs was generated from ggml {v} but the sources are ggml {built}; \
+             run `cargo xtask bindgen` (needs libclang) or build the pinned version"
+        )),
+        None => fail("src/bindings.rs has no `// ggml-version:` header; run `cargo xtask bindgen`"),
+    }
+    if built != GGML_VERSION {
+        fail(&format!(
+            "src/source.rs pins ggml {GGML_VERSION} but the sources are ggml {built}"
+        ));
+    }
+}
+
+fn link_runtime(target: &Target, features: &Features, clang: bool) {
+    match target.os.as_str() {
+        "macos" | "ios" => println!("cargo:rustc-link-lib=c++"),
+        "windows" => {}
+        _ => {
+            println!("cargo:rustc-link-lib=stdc++");
+            println!("cargo:rustc-link-lib=m");
+            println!("cargo:rustc-link-lib=pthread");
+            println!("cargo:rustc-link-lib=dl");
+        }
+    }
+    if features.openmp {
+        println!(
+            "cargo:rustc-link-lib={}",
+            if clang { "omp" } else { "gomp" }
+        );
+    }
+    if target.os == "macos" || target.os == "ios" {
+        println!("cargo:rustc-link-lib=framework=Foundation");
+        if features.metal {
+            println!("cargo:rustc-link-lib=framework=Metal");
+            println!("cargo:rustc-link-lib=framework=MetalKit");
+        }
+    }
+}
+
+/// Compiles ggml's CUDA backend with nvcc. Returns the object files.
+fn build_cuda(ggml: &Path, include_dir: &Path, defines: &[(&str, Option<&str>)]) -> Vec<PathBuf> {
+    let dir = ggml.join("src/ggml-cuda");
+    let mut files = list(&dir, "cu");
+    let instances = dir.join("template-instances");
+    files.extend(list(&instances, "cu").into_iter().filter(|f| {
+        let name = f.file_name().unwrap().to_string_lossy();
+        // ggml's default set: all tile/MMA/MMQ/MMF instances, and the vector flash-attention
+        // kernels for the f16/q4_0/q8_0 K-V type pairs (GGML_CUDA_FA_ALL_QUANTS off).
+        name.starts_with("fattn-tile")
+            || name.starts_with("fattn-mma")
+            || name.starts_with("mmq")
+            || name.starts_with("mmf")
+            || ["q4_0-q4_0", "q8_0-q8_0", "f16-f16"]
+                .iter()
+                .any(|pair| name.starts_with("fattn-vec") && name.contains(pair))
+    }));
+    let arch = env::var("GGML_SYS_CUDA_ARCH").unwrap_or_else(|_| "native".into());
+    let mut build = cc::Build::new();
+    build
+        .cuda(true)
+        .cudart("shared")
+        .include(include_dir)
+        .include(ggml.join("include"))
+        .include(ggml.join("src"))
+        .include(&dir)
+        .opt_level(3)
+        .debug(false)
+        .warnings(false)
+        .cargo_warnings(false)
+        .flag("-std=c++17")
+        .flag("-use_fast_math")
+        .flag("-extended-lambda")
+        .flag("--expt-relaxed-constexpr");
+    for a in arch.split(';').filter(|a| !a.is_empty()) {
+        if a == "native" {
+            build.flag("-arch=native");
+        } else {
+            build.flag(format!("-gencode=arch=compute_{a},code=sm_{a}"));
+        }
+    }
+    for (name, value) in defines {
+        build.define(name, *value);
+    }
+    build.define("GGML_CUDA_USE_GRAPHS", None);
+    build.files(files);
+    let objects = build.compile_intermediates();
+
+    let cuda_root = env::var("CUDA_PATH")
+        .or_else(|_| env::var("CUDA_HOME"))
+        .unwrap_or_else(|_| "/usr/local/cuda".into());
+    for sub in ["lib64", "lib", "lib64/stubs", "targets/x86_64-linux/lib"] {
+        let p = Path::new(&cuda_root).join(sub);
+        if p.is_dir() {
+            println!("cargo:rustc-link-search=native={}", p.display());
+        }
+    }
+    for lib in ["cudart", "cublas", "cublasLt", "cuda"] {
+        println!("cargo:rustc-link-lib={lib}");
+    }
+    println!("cargo:rerun-if-env-changed=CUDA_PATH");
+    println!("cargo:rerun-if-env-changed=CUDA_HOME");
+    objects
+}
+
+/// Compiles ggml's Metal backend, embedding its shader source so no file is needed at run time.
+fn build_metal(
+    ggml: &Path,
+    include_dir: &Path,
+    out: &Path,
+    defines: &[(&str, Option<&str>)],
+) -> Vec<PathBuf> {
+    let dir = ggml.join("src/ggml-metal");
+    // The shader source includes ggml-common.h; inline it so the library compiles from memory.
+    let common =
+        std::fs::read_to_string(ggml.join("src/ggml-common.h")).expect("read ggml-common.h");
+    let shader =
+        std::fs::read_to_string(dir.join("ggml-metal.metal")).expect("read ggml-metal.metal");
+    let impl_h = std::fs::read_to_string(dir.join("ggml-metal-impl.h")).unwrap_or_default();
+    let shader = shader
+        .replace("#include \"../ggml-common.h\"", &common)
+        .replace("#include \"ggml-common.h\"", &common)
+        .replace("#include \"ggml-metal-impl.h\"", &impl_h);
+    let embedded = out.join("ggml-metal-embed.metal");
+    std::fs::write(&embedded, shader).expect("write embedded shader");
+    let asm = out.join("ggml-metal-embed.s");
+    std::fs::write(
+        &asm,
+        format!(
+            ".section __DATA,__ggml_metallib\n.globl _ggml_metallib_start\n_ggml_metallib_start:\n.incbin \"{}\"\n.globl _ggml_metallib_end\n_ggml_metallib_end:\n",
+            embedded.display()
+        ),
+    )
+    .expect("write embed assembly");
+
+    let mut build = cc::Build::new();
+    build
+        .include(include_dir)
+        .include(ggml.join("include"))
+        .include(ggml.join("src"))
+        .include(&dir)
+        .opt_level(3)
+        .debug(false)
+        .warnings(false)
+        .cargo_warnings(false)
+        .define("GGML_METAL_EMBED_LIBRARY", None)
+        .flag("-fobjc-arc");
+    for (name, value) in defines {
+        build.define(name, *value);
+    }
+    build.files(list(&dir, "m"));
+    build.file(&asm);
+    let mut objects = build.compile_intermediates();
+    let mut cpp = cc::Build::new();
+    cpp.cpp(true)
+        .std("c++17")
+        .include(include_dir)
+        .include(ggml.join("include"))
+        .include(ggml.join("src"))
+        .include(&dir)
+        .opt_level(3)
+        .debug(false)
+        .warnings(false)
+        .cargo_warnings(false);
+    for (name, value) in defines {
+        cpp.define(name, *value);
+    }
+    cpp.files(list(&dir, "cpp"));
+    objects.extend(cpp.compile_intermediates());
+    objects
+}
+
+fn list(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    files.retain(|p| p.extension().is_some_and(|e| e == ext));
+    files.sort();
+    files
+}
+
+fn fail(message: &str) -> ! {
+    eprintln!("error: ggml-sys: {message}");
+    std::process::exit(1);
+}

@@ -1,0 +1,1 @@
+//! `kvstore`: KV blocks between a RAM budget and disk (not implemented yet).

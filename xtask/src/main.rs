@@ -1,0 +1,120 @@
+//! Project automation, run as `cargo xtask <command>`.
+//!
+//! - `fetch-model`: download the default model into `models/` and verify its checksum.
+//! - `bindgen`: regenerate `ggml-sys/src/bindings*.rs` from the pinned ggml headers.
+//! - `ci`: formatting check, clippy with warnings denied, then the whole test suite.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+#[allow(dead_code)]
+mod source {
+    include!("../../ggml-sys/src/source.rs");
+}
+#[cfg(feature = "bindgen")]
+mod bindings;
+mod model;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("fetch-model") => model::fetch_default(&workspace_root()).map(|path| {
+            println!("{}", path.display());
+        }),
+        Some("bindgen") => bindgen(),
+        Some("ci") => ci(),
+        Some("help") | Some("--help") | Some("-h") | None => {
+            println!("usage: cargo xtask <fetch-model | bindgen | ci>");
+            Ok(())
+        }
+        Some(other) => Err(format!(
+            "unknown command `{other}` (try `cargo xtask help`)"
+        )),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root (the parent of this crate's directory).
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+/// Runs a command in the workspace root; a non-zero exit is an error naming the command.
+fn run(program: &str, args: &[&str]) -> Result<(), String> {
+    eprintln!("$ {program} {}", args.join(" "));
+    let status = Command::new(program)
+        .args(args)
+        .current_dir(workspace_root())
+        .status()
+        .map_err(|e| format!("could not run {program}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`{program} {}` failed ({status})", args.join(" ")))
+    }
+}
+
+/// `bindgen` needs libclang; the generator is compiled only on demand (feature `bindgen`).
+fn bindgen() -> Result<(), String> {
+    #[cfg(feature = "bindgen")]
+    {
+        bindings::generate(&workspace_root())
+    }
+    #[cfg(not(feature = "bindgen"))]
+    {
+        run(
+            &cargo(),
+            &[
+                "run",
+                "--quiet",
+                "--package",
+                "xtask",
+                "--features",
+                "bindgen",
+                "--",
+                "bindgen",
+            ],
+        )
+    }
+}
+
+/// What CI runs: the model (so the fidelity tests use it), format, lints, tests.
+fn ci() -> Result<(), String> {
+    let root = workspace_root();
+    if let Err(e) = model::fetch_default(&root) {
+        // Elsewhere the suite still runs (tests that need the model say they skipped it); in CI
+        // (`CI` set) a missing model is a failure, so the fidelity tests cannot silently skip.
+        if std::env::var_os("CI").is_some() {
+            return Err(e);
+        }
+        eprintln!("warning: {e}; tests that need the real model will be skipped");
+    }
+    let cargo = cargo();
+    run(&cargo, &["fmt", "--all", "--", "--check"])?;
+    run(
+        &cargo,
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    )?;
+    run(&cargo, &["test", "--workspace"])?;
+    Ok(())
+}
