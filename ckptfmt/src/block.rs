@@ -14,8 +14,8 @@ use crate::error::{FormatError, Result};
 use crate::geometry::{ElemType, Geometry, MAX_BLOCK_BYTES, MAX_TOKENS_PER_BLOCK};
 use crate::ids::{BlockId, Fingerprint};
 use crate::layout::{
-    align_up, crc_parts, BlockHeader, ALIGN, BLOCK_FLAG_HAS_PREV, BLOCK_MAGIC,
-    BLOCK_VERSION, HEADER_CRC_OFFSET, HEADER_SIZE,
+    align_up, crc_parts, BlockHeader, ALIGN, BLOCK_FLAG_HAS_PREV, BLOCK_MAGIC, BLOCK_VERSION,
+    HEADER_CRC_OFFSET, HEADER_SIZE,
 };
 use crate::quant;
 
@@ -119,7 +119,11 @@ pub fn encode_block<'a>(
     if kv.len() as u64 != geometry.block_bytes() {
         return Err(FormatError::invalid(
             "block KV",
-            format!("{} bytes, a block holds {}", kv.len(), geometry.block_bytes()),
+            format!(
+                "{} bytes, a block holds {}",
+                kv.len(),
+                geometry.block_bytes()
+            ),
         ));
     }
     if encoding == Encoding::Q8_0 && geometry.elem() != ElemType::F16 {
@@ -145,7 +149,11 @@ pub fn encode_block<'a>(
         raw_len: U64::new(kv.len() as u64),
         payload_len: U64::new(payload.len() as u64),
         payload_crc: U32::new(crc32fast::hash(&payload)),
-        flags: U32::new(if prev.is_some() { BLOCK_FLAG_HAS_PREV } else { 0 }),
+        flags: U32::new(if prev.is_some() {
+            BLOCK_FLAG_HAS_PREV
+        } else {
+            0
+        }),
         fingerprint: fp.0,
         block_id: id.0,
         prev_id: prev.map(|p| p.0).unwrap_or([0; 32]),
@@ -181,10 +189,16 @@ pub struct BlockView<'a> {
     header: &'a BlockHeader,
     tokens: &'a [U32],
     payload: &'a [u8],
+    padding: &'a [u8],
     record_len: u64,
 }
 
-pub(crate) fn truncated(what: &'static str, offset: u64, needed: u64, available: u64) -> FormatError {
+pub(crate) fn truncated(
+    what: &'static str,
+    offset: u64,
+    needed: u64,
+    available: u64,
+) -> FormatError {
     FormatError::Truncated {
         what,
         offset,
@@ -193,7 +207,12 @@ pub(crate) fn truncated(what: &'static str, offset: u64, needed: u64, available:
     }
 }
 
-pub(crate) fn check_magic(what: &'static str, found: &[u8; 8], want: &[u8; 8], offset: u64) -> Result<()> {
+pub(crate) fn check_magic(
+    what: &'static str,
+    found: &[u8; 8],
+    want: &[u8; 8],
+    offset: u64,
+) -> Result<()> {
     if found != want {
         return Err(FormatError::BadMagic {
             what,
@@ -263,7 +282,8 @@ impl<'a> BlockView<'a> {
         check_version("block", header.version.get(), BLOCK_VERSION)?;
         let encoding = Encoding::from_code(header.encoding)?;
         ElemType::from_code(header.elem)?;
-        if header.flags.get() & !BLOCK_FLAG_HAS_PREV != 0 || header.reserved.iter().any(|&b| b != 0) {
+        if header.flags.get() & !BLOCK_FLAG_HAS_PREV != 0 || header.reserved.iter().any(|&b| b != 0)
+        {
             return Err(FormatError::invalid("block header", "reserved bits set"));
         }
         let tok_end = HEADER_SIZE + 4 * n_tokens as usize;
@@ -296,27 +316,40 @@ impl<'a> BlockView<'a> {
         if avail > record_len {
             return Err(FormatError::invalid(
                 "block record",
-                format!("{} trailing bytes after offset {}", avail - record_len, base + record_len),
+                format!(
+                    "{} trailing bytes after offset {}",
+                    avail - record_len,
+                    base + record_len
+                ),
             ));
         }
-        let (tokens, _) = <[U32]>::ref_from_prefix_with_elems(&hbytes[HEADER_SIZE..], n_tokens as usize)
-            .map_err(|_| truncated("block tokens", base + HEADER_SIZE as u64, 4 * n_tokens, avail))?;
+        let (tokens, _) =
+            <[U32]>::ref_from_prefix_with_elems(&hbytes[HEADER_SIZE..], n_tokens as usize)
+                .map_err(|_| {
+                    truncated(
+                        "block tokens",
+                        base + HEADER_SIZE as u64,
+                        4 * n_tokens,
+                        avail,
+                    )
+                })?;
         let payload = &bytes[header_len as usize..(header_len + payload_len) as usize];
+        let padding = &bytes[(header_len + payload_len) as usize..record_len as usize];
         let view = BlockView {
             header,
             tokens,
             payload,
+            padding,
             record_len,
         };
         let has_prev = header.flags.get() & BLOCK_FLAG_HAS_PREV != 0;
         if !has_prev && header.prev_id != [0; 32] {
-            return Err(FormatError::invalid("block header", "prev_id set without flag"));
+            return Err(FormatError::invalid(
+                "block header",
+                "prev_id set without flag",
+            ));
         }
-        let recomputed = BlockId::chain(
-            &view.fingerprint(),
-            view.prev().as_ref(),
-            &view.tokens(),
-        );
+        let recomputed = BlockId::chain(&view.fingerprint(), view.prev().as_ref(), &view.tokens());
         if recomputed != view.id() {
             return Err(FormatError::BlockIdMismatch {
                 expected: view.id().to_hex(),
@@ -338,6 +371,16 @@ impl<'a> BlockView<'a> {
                 expected: self.header.payload_crc.get(),
                 found: crc,
             });
+        }
+        if let Some(i) = self.padding.iter().position(|&b| b != 0) {
+            let at = base
+                + u64::from(self.header.header_len.get())
+                + self.payload.len() as u64
+                + i as u64;
+            return Err(FormatError::invalid(
+                "block padding",
+                format!("non-zero byte at offset {at}"),
+            ));
         }
         Ok(())
     }

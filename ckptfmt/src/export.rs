@@ -32,11 +32,20 @@ pub const MAX_EXPORT_BLOCKS: u32 = 1 << 24;
 /// Writes an export of `manifest` whose block records (in manifest order) are
 /// `records`, durably and atomically (temporary file, sync, rename, sync of
 /// the directory). Returns the file length.
-pub fn write_export<V: Vfs>(vfs: &V, path: &Path, manifest: &Manifest, records: &[&[u8]]) -> Result<u64> {
+pub fn write_export<V: Vfs>(
+    vfs: &V,
+    path: &Path,
+    manifest: &Manifest,
+    records: &[&[u8]],
+) -> Result<u64> {
     if records.len() != manifest.block_ids.len() {
         return Err(FormatError::invalid(
             "export",
-            format!("{} records for {} blocks", records.len(), manifest.block_ids.len()),
+            format!(
+                "{} records for {} blocks",
+                records.len(),
+                manifest.block_ids.len()
+            ),
         ));
     }
     for (i, (rec, id)) in records.iter().zip(&manifest.block_ids).enumerate() {
@@ -96,9 +105,14 @@ pub fn write_export<V: Vfs>(vfs: &V, path: &Path, manifest: &Manifest, records: 
     let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
     tmp_name.push(crate::store::TMP_SUFFIX);
     let tmp = dir.join(tmp_name);
-    let mut f = vfs.create(&tmp).map_err(|e| FormatError::io("create", &tmp, e))?;
+    let mut f = vfs
+        .create(&tmp)
+        .map_err(|e| FormatError::io("create", &tmp, e))?;
     let zeros = [0u8; ALIGN as usize];
-    let mut write = |b: &[u8]| f.write_all(b).map_err(|e| FormatError::io("write", &tmp, e));
+    let mut write = |b: &[u8]| {
+        f.write_all(b)
+            .map_err(|e| FormatError::io("write", &tmp, e))
+    };
     write(&head)?;
     write(&man)?;
     write(&man_pad)?;
@@ -108,8 +122,10 @@ pub fn write_export<V: Vfs>(vfs: &V, path: &Path, manifest: &Manifest, records: 
         write(&zeros[..pad])?;
     }
     f.sync().map_err(|e| FormatError::io("fsync", &tmp, e))?;
-    vfs.rename(&tmp, path).map_err(|e| FormatError::io("rename", path, e))?;
-    vfs.sync_dir(&dir).map_err(|e| FormatError::io("fsync", &dir, e))?;
+    vfs.rename(&tmp, path)
+        .map_err(|e| FormatError::io("rename", path, e))?;
+    vfs.sync_dir(&dir)
+        .map_err(|e| FormatError::io("fsync", &dir, e))?;
     Ok(file_len)
 }
 
@@ -149,10 +165,16 @@ impl<'a> ExportView<'a> {
         if avail > file_len {
             return Err(FormatError::invalid(
                 "export",
-                format!("{} trailing bytes after offset {file_len}", avail - file_len),
+                format!(
+                    "{} trailing bytes after offset {file_len}",
+                    avail - file_len
+                ),
             ));
         }
-        if bytes[HEADER_SIZE..(ALIGN as usize).min(bytes.len())].iter().any(|&b| b != 0) {
+        if bytes[HEADER_SIZE..(ALIGN as usize).min(bytes.len())]
+            .iter()
+            .any(|&b| b != 0)
+        {
             return Err(FormatError::invalid("export header", "padding not zero"));
         }
         let n = h.n_blocks.get();
@@ -192,29 +214,49 @@ impl<'a> ExportView<'a> {
             .map_err(|_| FormatError::invalid("export index", "bad length"))?;
         let (mo, ml) = (h.manifest_offset.get(), h.manifest_len.get());
         if mo != align_up(index_end) {
-            return Err(FormatError::invalid("export manifest offset", format!("{mo}")));
+            return Err(FormatError::invalid(
+                "export manifest offset",
+                format!("{mo}"),
+            ));
         }
-        let mend = mo.checked_add(ml).filter(|&e| e <= file_len).ok_or(FormatError::OutOfBounds {
-            what: "export manifest end",
-            value: mo.saturating_add(ml),
-            limit: file_len,
-        })?;
-        if bytes[index_end as usize..mo as usize].iter().any(|&b| b != 0) {
+        let mend =
+            mo.checked_add(ml)
+                .filter(|&e| e <= file_len)
+                .ok_or(FormatError::OutOfBounds {
+                    what: "export manifest end",
+                    value: mo.saturating_add(ml),
+                    limit: file_len,
+                })?;
+        if bytes[index_end as usize..mo as usize]
+            .iter()
+            .any(|&b| b != 0)
+        {
             return Err(FormatError::invalid("export index", "padding not zero"));
         }
         let mview = ManifestView::parse_at(&bytes[mo as usize..mend as usize], mo)?;
-        if mview.fingerprint().0 != h.fingerprint || mview.geometry().digest() != h.geometry_digest {
-            return Err(FormatError::invalid("export", "header and manifest disagree on owner"));
+        if mview.fingerprint().0 != h.fingerprint || mview.geometry().digest() != h.geometry_digest
+        {
+            return Err(FormatError::invalid(
+                "export",
+                "header and manifest disagree on owner",
+            ));
         }
         let manifest = mview.to_manifest();
         if manifest.block_ids.len() != index.len() {
             return Err(FormatError::invalid(
                 "export index",
-                format!("{} entries for {} blocks", index.len(), manifest.block_ids.len()),
+                format!(
+                    "{} entries for {} blocks",
+                    index.len(),
+                    manifest.block_ids.len()
+                ),
             ));
         }
         let mut cursor = align_up(mend);
-        if bytes[mend as usize..(cursor.min(file_len)) as usize].iter().any(|&b| b != 0) {
+        if bytes[mend as usize..(cursor.min(file_len)) as usize]
+            .iter()
+            .any(|&b| b != 0)
+        {
             return Err(FormatError::invalid("export manifest", "padding not zero"));
         }
         for (i, (e, id)) in index.iter().zip(&manifest.block_ids).enumerate() {
@@ -231,14 +273,19 @@ impl<'a> ExportView<'a> {
                     format!("entry {i}: offset {off} length {len}, expected offset {cursor}"),
                 ));
             }
-            cursor = off.checked_add(len).filter(|&end| end <= file_len).ok_or(FormatError::OutOfBounds {
-                what: "export block end",
-                value: off.saturating_add(len),
-                limit: file_len,
-            })?;
+            cursor = off.checked_add(len).filter(|&end| end <= file_len).ok_or(
+                FormatError::OutOfBounds {
+                    what: "export block end",
+                    value: off.saturating_add(len),
+                    limit: file_len,
+                },
+            )?;
         }
         if cursor != file_len {
-            return Err(FormatError::invalid("export", format!("blocks end at {cursor}, file at {file_len}")));
+            return Err(FormatError::invalid(
+                "export",
+                format!("blocks end at {cursor}, file at {file_len}"),
+            ));
         }
         Ok(ExportView {
             bytes,
@@ -265,11 +312,13 @@ impl<'a> ExportView<'a> {
             limit: self.index.len() as u64,
         })?;
         let (off, len) = (e.offset.get() as usize, e.len.get() as usize);
-        self.bytes.get(off..off + len).ok_or(FormatError::OutOfBounds {
-            what: "export block end",
-            value: (off + len) as u64,
-            limit: self.bytes.len() as u64,
-        })
+        self.bytes
+            .get(off..off + len)
+            .ok_or(FormatError::OutOfBounds {
+                what: "export block end",
+                value: (off + len) as u64,
+                limit: self.bytes.len() as u64,
+            })
     }
 
     /// Block `i`, fully verified (header, id, owner, payload CRC). Touches

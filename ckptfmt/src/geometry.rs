@@ -180,7 +180,11 @@ impl Geometry {
             k_bytes_per_token,
             v_bytes_per_token,
         };
-        Self::new(vec![layer; n_layers.min(MAX_LAYERS + 1)], elem, tokens_per_block)
+        Self::new(
+            vec![layer; n_layers.min(MAX_LAYERS + 1)],
+            elem,
+            tokens_per_block,
+        )
     }
 
     /// Number of layers.
@@ -283,7 +287,10 @@ impl Geometry {
         let tpb = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
         let elem = ElemType::from_code(bytes[8])?;
         if bytes[9..16].iter().any(|&b| b != 0) {
-            return Err(FormatError::invalid("geometry record", "reserved bytes not zero"));
+            return Err(FormatError::invalid(
+                "geometry record",
+                "reserved bytes not zero",
+            ));
         }
         if n_layers == 0 || n_layers > MAX_LAYERS {
             return Err(FormatError::OutOfBounds {
@@ -297,7 +304,12 @@ impl Geometry {
         if bytes.len() != total {
             return Err(FormatError::invalid(
                 "geometry record",
-                format!("length {} but {} layers need {}", bytes.len(), n_layers, total),
+                format!(
+                    "length {} but {} layers need {}",
+                    bytes.len(),
+                    n_layers,
+                    total
+                ),
             ));
         }
         let layers = bytes[16..total]
@@ -340,7 +352,10 @@ impl Geometry {
                 .zip(&other.layers)
                 .position(|(a, b)| a != b)
                 .unwrap_or(0);
-            format!("layer {i} sizes {:?} vs {:?}", self.layers[i], other.layers[i])
+            format!(
+                "layer {i} sizes {:?} vs {:?}",
+                self.layers[i], other.layers[i]
+            )
         })
     }
 }

@@ -30,14 +30,20 @@ fn to_hex(bytes: &[u8; 32]) -> String {
 fn from_hex(what: &'static str, s: &str) -> Result<[u8; 32]> {
     let b = s.as_bytes();
     if b.len() != 64 {
-        return Err(FormatError::invalid(what, format!("expected 64 hex digits, got {}", b.len())));
+        return Err(FormatError::invalid(
+            what,
+            format!("expected 64 hex digits, got {}", b.len()),
+        ));
     }
     let digit = |c: u8| -> Result<u8> {
         match c {
             b'0'..=b'9' => Ok(c - b'0'),
             b'a'..=b'f' => Ok(c - b'a' + 10),
             b'A'..=b'F' => Ok(c - b'A' + 10),
-            _ => Err(FormatError::invalid(what, format!("bad hex digit {:?}", c as char))),
+            _ => Err(FormatError::invalid(
+                what,
+                format!("bad hex digit {:?}", c as char),
+            )),
         }
     };
     let mut out = [0u8; 32];

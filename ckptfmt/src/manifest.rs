@@ -12,7 +12,8 @@ use crate::geometry::Geometry;
 use crate::ids::{BlockId, Fingerprint};
 use crate::layout::{
     align_up, crc_parts, section, ManifestHeader, SectionEntry, ALIGN, HEADER_CRC_OFFSET,
-    HEADER_SIZE, MANIFEST_FLAG_HAS_SAMPLER, MANIFEST_MAGIC, MANIFEST_VERSION, SECTION_FLAG_REQUIRED,
+    HEADER_SIZE, MANIFEST_FLAG_HAS_SAMPLER, MANIFEST_MAGIC, MANIFEST_VERSION,
+    SECTION_FLAG_REQUIRED,
 };
 
 /// Most sections a manifest may have.
@@ -105,14 +106,22 @@ impl Manifest {
         if self.positions.len() != self.tokens.len() {
             return Err(FormatError::invalid(
                 "manifest positions",
-                format!("{} positions for {} tokens", self.positions.len(), self.tokens.len()),
+                format!(
+                    "{} positions for {} tokens",
+                    self.positions.len(),
+                    self.tokens.len()
+                ),
             ));
         }
         let expect = BlockId::chain_all(&self.fingerprint, &self.tokens, tpb as u32);
         if self.block_ids.len() != expect.len() {
             return Err(FormatError::invalid(
                 "manifest block ids",
-                format!("{} ids for {} full blocks", self.block_ids.len(), expect.len()),
+                format!(
+                    "{} ids for {} full blocks",
+                    self.block_ids.len(),
+                    expect.len()
+                ),
             ));
         }
         if let Some((a, b)) = self.block_ids.iter().zip(&expect).find(|(a, b)| a != b) {
@@ -125,13 +134,22 @@ impl Manifest {
         if self.tail_kv.len() as u64 != tail_bytes {
             return Err(FormatError::invalid(
                 "manifest tail KV",
-                format!("{} bytes for {} tail tokens, expected {tail_bytes}", self.tail_kv.len(), self.tail_tokens()),
+                format!(
+                    "{} bytes for {} tail tokens, expected {tail_bytes}",
+                    self.tail_kv.len(),
+                    self.tail_tokens()
+                ),
             ));
         }
         for (what, s) in [("name", &self.meta.name)]
             .into_iter()
             .chain(self.meta.parent.iter().map(|p| ("parent", p)))
-            .chain(self.meta.kv.iter().flat_map(|(k, v)| [("key", k), ("value", v)]))
+            .chain(
+                self.meta
+                    .kv
+                    .iter()
+                    .flat_map(|(k, v)| [("key", k), ("value", v)]),
+            )
         {
             if s.len() as u64 > u64::from(MAX_STRING) {
                 return Err(FormatError::AbsurdLength {
@@ -174,9 +192,21 @@ impl Manifest {
         self.validate()?;
         let mut sections: Vec<(u32, Vec<u8>)> = vec![
             (section::GEOMETRY, self.geometry.encode()),
-            (section::TOKENS, self.tokens.iter().flat_map(|t| t.to_le_bytes()).collect()),
-            (section::POSITIONS, self.positions.iter().flat_map(|p| p.to_le_bytes()).collect()),
-            (section::BLOCK_IDS, self.block_ids.iter().flat_map(|b| b.0).collect()),
+            (
+                section::TOKENS,
+                self.tokens.iter().flat_map(|t| t.to_le_bytes()).collect(),
+            ),
+            (
+                section::POSITIONS,
+                self.positions
+                    .iter()
+                    .flat_map(|p| p.to_le_bytes())
+                    .collect(),
+            ),
+            (
+                section::BLOCK_IDS,
+                self.block_ids.iter().flat_map(|b| b.0).collect(),
+            ),
             (section::META, encode_meta(&self.meta)),
         ];
         if let Some(s) = &self.sampler_state {
@@ -212,7 +242,11 @@ impl Manifest {
             n_tokens: U64::new(self.tokens.len() as u64),
             n_blocks: U64::new(self.tokens.len() as u64 / tpb),
             tail_tokens: U32::new(self.tail_tokens() as u32),
-            flags: U32::new(if self.sampler_state.is_some() { MANIFEST_FLAG_HAS_SAMPLER } else { 0 }),
+            flags: U32::new(if self.sampler_state.is_some() {
+                MANIFEST_FLAG_HAS_SAMPLER
+            } else {
+                0
+            }),
             fingerprint: self.fingerprint.0,
             geometry_digest: self.geometry.digest(),
             created_unix: U64::new(self.meta.created_unix),
@@ -220,7 +254,10 @@ impl Manifest {
             header_crc: U32::new(0),
         };
         out[..HEADER_SIZE].copy_from_slice(h.as_bytes());
-        h.header_crc = U32::new(crc_parts(&[&out[..HEADER_CRC_OFFSET], &out[HEADER_SIZE..table_end]]));
+        h.header_crc = U32::new(crc_parts(&[
+            &out[..HEADER_CRC_OFFSET],
+            &out[HEADER_SIZE..table_end],
+        ]));
         out[..HEADER_SIZE].copy_from_slice(h.as_bytes());
         Ok(out)
     }
@@ -277,7 +314,12 @@ impl<'a> Cursor<'a> {
     fn take(&mut self, what: &'static str, n: usize) -> Result<&'a [u8]> {
         let avail = self.bytes.len() - self.pos;
         if n > avail {
-            return Err(truncated(what, self.base + self.pos as u64, n as u64, avail as u64));
+            return Err(truncated(
+                what,
+                self.base + self.pos as u64,
+                n as u64,
+                avail as u64,
+            ));
         }
         let s = &self.bytes[self.pos..self.pos + n];
         self.pos += n;
@@ -293,7 +335,8 @@ impl<'a> Cursor<'a> {
             });
         }
         let b = self.take(what, len as usize)?;
-        String::from_utf8(b.to_vec()).map_err(|e| FormatError::invalid(what, format!("not UTF-8: {e}")))
+        String::from_utf8(b.to_vec())
+            .map_err(|e| FormatError::invalid(what, format!("not UTF-8: {e}")))
     }
 
     fn string(&mut self, what: &'static str) -> Result<String> {
@@ -303,7 +346,11 @@ impl<'a> Cursor<'a> {
 }
 
 fn decode_meta(bytes: &[u8], base: u64, created_unix: u64) -> Result<Metadata> {
-    let mut c = Cursor { bytes, pos: 0, base };
+    let mut c = Cursor {
+        bytes,
+        pos: 0,
+        base,
+    };
     let name = c.string("metadata name")?;
     let plen = c.u32("metadata parent")?;
     let parent = if plen == u32::MAX {
@@ -406,7 +453,11 @@ impl<'a> ManifestView<'a> {
         if avail > file_len {
             return Err(FormatError::invalid(
                 "manifest",
-                format!("{} trailing bytes after offset {}", avail - file_len, base + file_len),
+                format!(
+                    "{} trailing bytes after offset {}",
+                    avail - file_len,
+                    base + file_len
+                ),
             ));
         }
         if header.reserved0.get() != 0
@@ -420,11 +471,13 @@ impl<'a> ManifestView<'a> {
         let mut ranges: Vec<(u64, u64)> = Vec::with_capacity(table.len());
         for (i, e) in table.iter().enumerate() {
             let (kind, off, len) = (e.kind.get(), e.offset.get(), e.len.get());
-            let end = off.checked_add(len).filter(|&end| end <= file_len).ok_or(FormatError::OutOfBounds {
-                what: "manifest section end",
-                value: off.saturating_add(len),
-                limit: file_len,
-            })?;
+            let end = off.checked_add(len).filter(|&end| end <= file_len).ok_or(
+                FormatError::OutOfBounds {
+                    what: "manifest section end",
+                    value: off.saturating_add(len),
+                    limit: file_len,
+                },
+            )?;
             if off < table_end as u64 {
                 return Err(FormatError::OutOfBounds {
                     what: "manifest section offset (overlaps table)",
@@ -433,7 +486,10 @@ impl<'a> ManifestView<'a> {
                 });
             }
             let align = if kind == section::TAIL_KV { ALIGN } else { 8 };
-            if off % align != 0 || e.reserved.get() != 0 || e.flags.get() & !SECTION_FLAG_REQUIRED != 0 {
+            if off % align != 0
+                || e.reserved.get() != 0
+                || e.flags.get() & !SECTION_FLAG_REQUIRED != 0
+            {
                 return Err(FormatError::invalid(
                     "manifest section entry",
                     format!("entry {i}: misaligned offset {off} or reserved bits"),
@@ -464,7 +520,9 @@ impl<'a> ManifestView<'a> {
                 _ if e.flags.get() & SECTION_FLAG_REQUIRED != 0 => {
                     return Err(FormatError::invalid(
                         "manifest section table",
-                        format!("unknown required section kind {kind} (written by a newer version)"),
+                        format!(
+                            "unknown required section kind {kind} (written by a newer version)"
+                        ),
                     ));
                 }
                 _ => {}
@@ -474,22 +532,35 @@ impl<'a> ManifestView<'a> {
         let mut cursor = table_end as u64;
         for &(off, end) in &ranges {
             if off < cursor {
-                return Err(FormatError::invalid("manifest sections", format!("overlap at offset {off}")));
+                return Err(FormatError::invalid(
+                    "manifest sections",
+                    format!("overlap at offset {off}"),
+                ));
             }
             if bytes[cursor as usize..off as usize].iter().any(|&b| b != 0) {
-                return Err(FormatError::invalid("manifest padding", format!("non-zero bytes before offset {off}")));
+                return Err(FormatError::invalid(
+                    "manifest padding",
+                    format!("non-zero bytes before offset {off}"),
+                ));
             }
             cursor = end;
         }
         if bytes[cursor as usize..].iter().any(|&b| b != 0) {
-            return Err(FormatError::invalid("manifest padding", "non-zero bytes at end"));
+            return Err(FormatError::invalid(
+                "manifest padding",
+                "non-zero bytes at end",
+            ));
         }
         let need = |kind: u32, name: &'static str| {
-            found[kind as usize].ok_or_else(|| FormatError::invalid("manifest", format!("missing {name} section")))
+            found[kind as usize]
+                .ok_or_else(|| FormatError::invalid("manifest", format!("missing {name} section")))
         };
         let geometry = Geometry::decode(need(section::GEOMETRY, "geometry")?)?;
         if geometry.digest() != header.geometry_digest {
-            return Err(FormatError::invalid("manifest", "geometry digest does not match geometry section"));
+            return Err(FormatError::invalid(
+                "manifest",
+                "geometry digest does not match geometry section",
+            ));
         }
         let n_tokens = header.n_tokens.get();
         let tpb = u64::from(geometry.tokens_per_block());
@@ -502,8 +573,10 @@ impl<'a> ManifestView<'a> {
         }
         let tokens = <[U32]>::ref_from_bytes(tok_bytes)
             .map_err(|_| FormatError::invalid("manifest tokens", "length not a multiple of 4"))?;
-        let positions = <[I32]>::ref_from_bytes(need(section::POSITIONS, "positions")?)
-            .map_err(|_| FormatError::invalid("manifest positions", "length not a multiple of 4"))?;
+        let positions =
+            <[I32]>::ref_from_bytes(need(section::POSITIONS, "positions")?).map_err(|_| {
+                FormatError::invalid("manifest positions", "length not a multiple of 4")
+            })?;
         if positions.len() != tokens.len() {
             return Err(FormatError::invalid(
                 "manifest positions",
@@ -511,7 +584,9 @@ impl<'a> ManifestView<'a> {
             ));
         }
         let block_ids = <[[u8; 32]]>::ref_from_bytes(need(section::BLOCK_IDS, "block ids")?)
-            .map_err(|_| FormatError::invalid("manifest block ids", "length not a multiple of 32"))?;
+            .map_err(|_| {
+                FormatError::invalid("manifest block ids", "length not a multiple of 32")
+            })?;
         if header.n_blocks.get() != n_tokens / tpb
             || block_ids.len() as u64 != n_tokens / tpb
             || u64::from(header.tail_tokens.get()) != n_tokens % tpb
@@ -536,7 +611,10 @@ impl<'a> ManifestView<'a> {
         let has_sampler = header.flags.get() & MANIFEST_FLAG_HAS_SAMPLER != 0;
         let sampler = found[section::SAMPLER as usize];
         if sampler.is_some() != has_sampler {
-            return Err(FormatError::invalid("manifest", "sampler flag and section disagree"));
+            return Err(FormatError::invalid(
+                "manifest",
+                "sampler flag and section disagree",
+            ));
         }
         let meta_bytes = need(section::META, "metadata")?;
         let meta_off = table

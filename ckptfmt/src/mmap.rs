@@ -1,4 +1,5 @@
-//! The only module with `unsafe` code: read-only memory maps of files.
+//! The only module with `unsafe` code: read-only memory maps of files, and
+//! one writeback hint to the kernel (`sync_file_range`, Linux only).
 //!
 //! Mapping is fenced here and exposed as `unsafe fn`s, because the soundness
 //! of a `&[u8]` over a mapped file depends on something the type system
@@ -108,4 +109,22 @@ impl Export {
             backing: Backing::Mapped(map),
         })
     }
+}
+
+/// Asks the kernel to start writing `file`'s dirty pages back now, without
+/// waiting and without any durability promise (the commit protocol still
+/// syncs). Overlaps the copy into the page cache with device I/O. No-op
+/// outside Linux and on error.
+pub(crate) fn start_writeback(file: &File) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: `sync_file_range` only reads its integer arguments; the fd
+        // is valid for the call because `file` is borrowed; offset 0 and
+        // length 0 mean "the whole file"; the flag is a valid constant.
+        let _ =
+            unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = file;
 }

@@ -7,6 +7,7 @@
 //! Measured error on realistic KV distributions is in FORMAT.md.
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 /// Values per quantisation group.
 pub const GROUP: usize = 32;
@@ -24,23 +25,29 @@ pub fn q8_0_len(raw_len: u64) -> u64 {
 pub fn quantize_f16(raw: &[u8]) -> Vec<u8> {
     let n_values = raw.len() / 2;
     let mut out = Vec::with_capacity(q8_0_len(raw.len() as u64) as usize);
+    let mut halves = [f16::ZERO; GROUP];
     let mut vals = [0f32; GROUP];
     for group in raw[..n_values * 2].chunks(GROUP * 2) {
-        vals.fill(0.0);
-        for (v, b) in vals.iter_mut().zip(group.chunks_exact(2)) {
-            *v = f16::from_le_bytes([b[0], b[1]]).to_f32();
+        halves.fill(f16::ZERO);
+        for (h, b) in halves.iter_mut().zip(group.chunks_exact(2)) {
+            *h = f16::from_bits(u16::from_le_bytes([b[0], b[1]]));
         }
-        let amax = vals
-            .iter()
-            .fold(0f32, |m, v| if v.abs() > m { v.abs() } else { m });
+        // Bulk conversion uses the CPU's f16 instructions when present.
+        halves.convert_to_f32_slice(&mut vals);
+        let amax = vals.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = f16::from_f32(amax / 127.0);
         let df = d.to_f32();
-        let inv = if df > 0.0 && df.is_finite() { 1.0 / df } else { 0.0 };
+        let inv = if df > 0.0 && df.is_finite() {
+            1.0 / df
+        } else {
+            0.0
+        };
         out.extend_from_slice(&d.to_le_bytes());
-        for v in vals {
-            // `as` saturates and maps NaN to 0, so this never overflows.
-            out.push((v * inv).round().clamp(-127.0, 127.0) as i8 as u8);
-        }
+        // `as` saturates and maps NaN to 0, so this never overflows.
+        out.extend(
+            vals.iter()
+                .map(|v| (v * inv).round().clamp(-127.0, 127.0) as i8 as u8),
+        );
     }
     out
 }
@@ -53,12 +60,17 @@ pub fn dequantize_f16(q: &[u8], raw_len: u64) -> Option<Vec<u8>> {
     }
     let mut out = Vec::with_capacity(raw_len as usize);
     let mut left = (raw_len / 2) as usize;
+    let mut vals = [0f32; GROUP];
+    let mut halves = [f16::ZERO; GROUP];
     for group in q.chunks_exact(GROUP_BYTES) {
         let d = f16::from_le_bytes([group[0], group[1]]).to_f32();
+        for (v, &b) in vals.iter_mut().zip(&group[2..]) {
+            *v = f32::from(b as i8) * d;
+        }
+        halves.convert_from_f32_slice(&vals);
         let take = left.min(GROUP);
-        for &b in &group[2..2 + take] {
-            let x = f16::from_f32(f32::from(b as i8) * d);
-            out.extend_from_slice(&x.to_le_bytes());
+        for h in &halves[..take] {
+            out.extend_from_slice(&h.to_bits().to_le_bytes());
         }
         left -= take;
     }

@@ -36,6 +36,9 @@ pub const BLOCK_SUFFIX: &str = ".blk";
 pub const MANIFEST_SUFFIX: &str = ".ckpt";
 /// Suffix of files being written.
 pub const TMP_SUFFIX: &str = ".tmp";
+/// Counter that makes temporary file names unique within the process.
+static TMP_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Longest checkpoint name.
 pub const MAX_NAME_LEN: usize = 200;
 
@@ -72,6 +75,15 @@ pub struct SaveReport {
     pub bytes_written: u64,
 }
 
+/// A file written to its temporary name, not yet synced or renamed.
+#[derive(Debug)]
+struct Staged<F> {
+    tmp: PathBuf,
+    dst: PathBuf,
+    file: F,
+    len: u64,
+}
+
 /// A block read into memory and verified.
 #[derive(Debug, Clone)]
 pub struct OwnedBlock {
@@ -79,6 +91,12 @@ pub struct OwnedBlock {
 }
 
 impl OwnedBlock {
+    /// Verifies the whole record again (header, id, payload CRC) and returns
+    /// it; for callers that keep blocks and re-check them before use.
+    pub fn verify(&self) -> Result<BlockView<'_>> {
+        BlockView::parse(&self.bytes)
+    }
+
     /// The verified record.
     pub fn view(&self) -> Result<BlockView<'_>> {
         BlockView::parse_at(&self.bytes, 0, false)
@@ -97,6 +115,12 @@ pub struct MappedBlock {
 }
 
 impl MappedBlock {
+    /// Verifies the whole record again (header, id, payload CRC) and returns
+    /// it; for callers that keep blocks and re-check them before use.
+    pub fn verify(&self) -> Result<BlockView<'_>> {
+        BlockView::parse(&self.map)
+    }
+
     /// The verified record; its payload borrows the map.
     pub fn view(&self) -> Result<BlockView<'_>> {
         BlockView::parse_at(&self.map, 0, false)
@@ -128,7 +152,11 @@ pub fn check_name(name: &str) -> Result<()> {
 impl Store<StdFs> {
     /// Opens the store at `root`, creating it when absent. An existing store
     /// of another fingerprint or geometry is refused with a typed error.
-    pub fn open(root: impl AsRef<Path>, fingerprint: Fingerprint, geometry: Geometry) -> Result<Self> {
+    pub fn open(
+        root: impl AsRef<Path>,
+        fingerprint: Fingerprint,
+        geometry: Geometry,
+    ) -> Result<Self> {
         Self::open_with(StdFs, root, fingerprint, geometry)
     }
 
@@ -140,16 +168,31 @@ impl Store<StdFs> {
 
 impl<V: Vfs> Store<V> {
     /// [`Store::open`] over any [`Vfs`].
-    pub fn open_with(vfs: V, root: impl AsRef<Path>, fingerprint: Fingerprint, geometry: Geometry) -> Result<Self> {
+    pub fn open_with(
+        vfs: V,
+        root: impl AsRef<Path>,
+        fingerprint: Fingerprint,
+        geometry: Geometry,
+    ) -> Result<Self> {
         let store = Self::new(vfs, root.as_ref(), fingerprint, geometry);
         let desc = store.root.join(DESCRIPTOR_FILE);
-        if store.vfs.exists(&desc).map_err(|e| FormatError::io("stat", &desc, e))? {
-            let bytes = store.vfs.read(&desc).map_err(|e| FormatError::io("read", &desc, e))?;
+        if store
+            .vfs
+            .exists(&desc)
+            .map_err(|e| FormatError::io("stat", &desc, e))?
+        {
+            let bytes = store
+                .vfs
+                .read(&desc)
+                .map_err(|e| FormatError::io("read", &desc, e))?;
             let m = Manifest::decode(&bytes)?;
             m.check_owner(&store.fingerprint, &store.geometry)?;
         } else {
             for d in [&store.root, &store.blocks_dir, &store.manifests_dir] {
-                store.vfs.create_dir_all(d).map_err(|e| FormatError::io("mkdir", d, e))?;
+                store
+                    .vfs
+                    .create_dir_all(d)
+                    .map_err(|e| FormatError::io("mkdir", d, e))?;
             }
             let m = Manifest::new(
                 store.fingerprint,
@@ -172,7 +215,9 @@ impl<V: Vfs> Store<V> {
     /// [`Store::open_existing`] over any [`Vfs`].
     pub fn open_existing_with(vfs: V, root: impl AsRef<Path>) -> Result<Self> {
         let desc = root.as_ref().join(DESCRIPTOR_FILE);
-        let bytes = vfs.read(&desc).map_err(|e| FormatError::io("read", &desc, e))?;
+        let bytes = vfs
+            .read(&desc)
+            .map_err(|e| FormatError::io("read", &desc, e))?;
         let m = Manifest::decode(&bytes)?;
         Self::open_with(vfs, root, m.fingerprint, m.geometry)
     }
@@ -193,10 +238,16 @@ impl<V: Vfs> Store<V> {
     pub fn recover(&self) -> Result<usize> {
         let mut n = 0;
         for dir in [&self.root, &self.blocks_dir, &self.manifests_dir] {
-            for name in self.vfs.list(dir).map_err(|e| FormatError::io("list", dir, e))? {
+            for name in self
+                .vfs
+                .list(dir)
+                .map_err(|e| FormatError::io("list", dir, e))?
+            {
                 if name.ends_with(TMP_SUFFIX) {
                     let p = dir.join(&name);
-                    self.vfs.remove(&p).map_err(|e| FormatError::io("remove", &p, e))?;
+                    self.vfs
+                        .remove(&p)
+                        .map_err(|e| FormatError::io("remove", &p, e))?;
                     n += 1;
                 }
             }
@@ -226,7 +277,8 @@ impl<V: Vfs> Store<V> {
 
     /// Path of a block's file.
     pub fn block_path(&self, id: &BlockId) -> PathBuf {
-        self.blocks_dir.join(format!("{}{BLOCK_SUFFIX}", id.to_hex()))
+        self.blocks_dir
+            .join(format!("{}{BLOCK_SUFFIX}", id.to_hex()))
     }
 
     /// Path of a checkpoint's manifest.
@@ -240,27 +292,108 @@ impl<V: Vfs> Store<V> {
     fn write_file_durable(&self, dir: &Path, name: &str, parts: &[&[u8]]) -> Result<u64> {
         let (tmp, n) = self.write_tmp_synced(dir, name, parts)?;
         let dst = dir.join(name);
-        self.vfs.rename(&tmp, &dst).map_err(|e| FormatError::io("rename", &dst, e))?;
-        self.vfs.sync_dir(dir).map_err(|e| FormatError::io("fsync", dir, e))?;
+        self.vfs
+            .rename(&tmp, &dst)
+            .map_err(|e| FormatError::io("rename", &dst, e))?;
+        self.vfs
+            .sync_dir(dir)
+            .map_err(|e| FormatError::io("fsync", dir, e))?;
         Ok(n)
     }
 
     fn write_tmp_synced(&self, dir: &Path, name: &str, parts: &[&[u8]]) -> Result<(PathBuf, u64)> {
-        let tmp = dir.join(format!("{name}{TMP_SUFFIX}"));
-        let mut f = self.vfs.create(&tmp).map_err(|e| FormatError::io("create", &tmp, e))?;
-        let mut n = 0u64;
+        let mut staged = self.stage(dir, name, parts)?;
+        staged
+            .file
+            .sync()
+            .map_err(|e| FormatError::io("fsync", &staged.tmp, e))?;
+        Ok((staged.tmp, staged.len))
+    }
+
+    /// Creates a unique `dir/name.<pid>-<n>.tmp` and writes `parts` to it, without syncing.
+    fn stage(&self, dir: &Path, name: &str, parts: &[&[u8]]) -> Result<Staged<V::File>> {
+        // A unique temporary name, so concurrent saves in one process never
+        // write the same temporary file.
+        let seq = TMP_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = dir.join(format!("{name}.{}-{seq}{TMP_SUFFIX}", std::process::id()));
+        let mut file = self
+            .vfs
+            .create(&tmp)
+            .map_err(|e| FormatError::io("create", &tmp, e))?;
+        let mut len = 0u64;
         for p in parts {
-            f.write_all(p).map_err(|e| FormatError::io("write", &tmp, e))?;
-            n += p.len() as u64;
+            file.write_all(p)
+                .map_err(|e| FormatError::io("write", &tmp, e))?;
+            len += p.len() as u64;
         }
-        f.sync().map_err(|e| FormatError::io("fsync", &tmp, e))?;
-        Ok((tmp, n))
+        Ok(Staged {
+            tmp,
+            dst: dir.join(name),
+            file,
+            len,
+        })
+    }
+
+    /// The commit protocol for staged files: sync every file (in parallel
+    /// where the [`Vfs`] allows), rename the blocks into place and sync the
+    /// block directory, then rename the manifest (the commit point) and sync
+    /// its directory.
+    fn commit(
+        &self,
+        blocks: Vec<Staged<V::File>>,
+        manifest: Option<Staged<V::File>>,
+    ) -> Result<()> {
+        let mut paths = Vec::with_capacity(blocks.len() + 1);
+        let mut files = Vec::with_capacity(blocks.len() + 1);
+        for st in blocks.into_iter().chain(manifest) {
+            paths.push((st.tmp, st.dst));
+            files.push(st.file);
+        }
+        if files.is_empty() {
+            return Ok(());
+        }
+        self.vfs.sync_files(&mut files).map_err(|e| {
+            FormatError::io(
+                "fsync",
+                paths.first().map(|p| p.0.clone()).unwrap_or_default(),
+                e,
+            )
+        })?;
+        drop(files);
+        let mut block_renames = false;
+        for (tmp, dst) in &paths {
+            if dst.parent() == Some(self.blocks_dir.as_path()) {
+                self.vfs
+                    .rename(tmp, dst)
+                    .map_err(|e| FormatError::io("rename", dst, e))?;
+                block_renames = true;
+            }
+        }
+        if block_renames {
+            self.vfs
+                .sync_dir(&self.blocks_dir)
+                .map_err(|e| FormatError::io("fsync", &self.blocks_dir, e))?;
+        }
+        for (tmp, dst) in &paths {
+            if dst.parent() != Some(self.blocks_dir.as_path()) {
+                self.vfs
+                    .rename(tmp, dst)
+                    .map_err(|e| FormatError::io("rename", dst, e))?;
+                let dir = dst.parent().unwrap_or(Path::new("."));
+                self.vfs
+                    .sync_dir(dir)
+                    .map_err(|e| FormatError::io("fsync", dir, e))?;
+            }
+        }
+        Ok(())
     }
 
     /// Whether the store holds block `id` (a committed file; not verified).
     pub fn has_block(&self, id: &BlockId) -> Result<bool> {
         let p = self.block_path(id);
-        self.vfs.exists(&p).map_err(|e| FormatError::io("stat", &p, e))
+        self.vfs
+            .exists(&p)
+            .map_err(|e| FormatError::io("stat", &p, e))
     }
 
     /// Writes one block durably unless present. Returns its id and whether it was written.
@@ -270,34 +403,44 @@ impl<V: Vfs> Store<V> {
         Ok((id, report.blocks_written == 1))
     }
 
-    /// Writes the blocks the store lacks, each to a temporary file that is
-    /// synced, then renames them all and syncs the block directory once.
+    /// Writes the blocks the store lacks durably: each goes to a temporary
+    /// file, all are synced, renamed into place, and the block directory is
+    /// synced once.
     pub fn put_blocks(&self, blocks: &[BlockInput<'_>], encoding: Encoding) -> Result<SaveReport> {
+        let (staged, report) = self.stage_blocks(blocks, encoding)?;
+        self.commit(staged, None)?;
+        Ok(report)
+    }
+
+    fn stage_blocks(
+        &self,
+        blocks: &[BlockInput<'_>],
+        encoding: Encoding,
+    ) -> Result<(Vec<Staged<V::File>>, SaveReport)> {
         let mut report = SaveReport::default();
-        let mut pending = Vec::new();
+        let mut staged: Vec<Staged<V::File>> = Vec::new();
+        let mut ids = Vec::new();
         for b in blocks {
-            let enc = encode_block(&self.fingerprint, &self.geometry, b.prev, b.tokens, b.kv, encoding)?;
-            if self.has_block(&enc.id)? || pending.iter().any(|(id, _)| *id == enc.id) {
+            let enc = encode_block(
+                &self.fingerprint,
+                &self.geometry,
+                b.prev,
+                b.tokens,
+                b.kv,
+                encoding,
+            )?;
+            if ids.contains(&enc.id) || self.has_block(&enc.id)? {
                 report.blocks_reused += 1;
                 continue;
             }
             let name = format!("{}{BLOCK_SUFFIX}", enc.id.to_hex());
-            let (tmp, n) = self.write_tmp_synced(&self.blocks_dir, &name, &enc.parts())?;
-            report.bytes_written += n;
+            let st = self.stage(&self.blocks_dir, &name, &enc.parts())?;
+            report.bytes_written += st.len;
             report.blocks_written += 1;
-            pending.push((enc.id, tmp));
+            ids.push(enc.id);
+            staged.push(st);
         }
-        if pending.is_empty() {
-            return Ok(report);
-        }
-        for (id, tmp) in &pending {
-            let dst = self.block_path(id);
-            self.vfs.rename(tmp, &dst).map_err(|e| FormatError::io("rename", &dst, e))?;
-        }
-        self.vfs
-            .sync_dir(&self.blocks_dir)
-            .map_err(|e| FormatError::io("fsync", &self.blocks_dir, e))?;
-        Ok(report)
+        Ok((staged, report))
     }
 
     pub(crate) fn check_block(&self, bytes: &[u8], id: &BlockId) -> Result<()> {
@@ -329,7 +472,9 @@ impl<V: Vfs> Store<V> {
     /// Deletes block `id` durably. Checkpoints that reference it no longer verify.
     pub fn delete_block(&self, id: &BlockId) -> Result<()> {
         let p = self.block_path(id);
-        self.vfs.remove(&p).map_err(|e| FormatError::io("remove", &p, e))?;
+        self.vfs
+            .remove(&p)
+            .map_err(|e| FormatError::io("remove", &p, e))?;
         self.vfs
             .sync_dir(&self.blocks_dir)
             .map_err(|e| FormatError::io("fsync", &self.blocks_dir, e))
@@ -353,9 +498,18 @@ impl<V: Vfs> Store<V> {
     pub fn write_manifest(&self, manifest: &Manifest) -> Result<u64> {
         check_name(&manifest.meta.name)?;
         manifest.check_owner(&self.fingerprint, &self.geometry)?;
+        let st = self.stage_manifest(manifest)?;
+        let len = st.len;
+        self.commit(Vec::new(), Some(st))?;
+        Ok(len)
+    }
+
+    fn stage_manifest(&self, manifest: &Manifest) -> Result<Staged<V::File>> {
+        check_name(&manifest.meta.name)?;
+        manifest.check_owner(&self.fingerprint, &self.geometry)?;
         let bytes = manifest.encode()?;
         let name = format!("{}{MANIFEST_SUFFIX}", manifest.meta.name);
-        self.write_file_durable(&self.manifests_dir, &name, &[&bytes])
+        self.stage(&self.manifests_dir, &name, &[&bytes])
     }
 
     /// Reads and verifies the manifest of checkpoint `name`.
@@ -376,7 +530,9 @@ impl<V: Vfs> Store<V> {
     /// Deletes checkpoint `name` durably (its blocks stay; see [`Store::gc`]).
     pub fn delete_manifest(&self, name: &str) -> Result<()> {
         let p = self.manifest_path(name)?;
-        self.vfs.remove(&p).map_err(|e| FormatError::io("remove", &p, e))?;
+        self.vfs
+            .remove(&p)
+            .map_err(|e| FormatError::io("remove", &p, e))?;
         self.vfs
             .sync_dir(&self.manifests_dir)
             .map_err(|e| FormatError::io("fsync", &self.manifests_dir, e))
@@ -399,7 +555,12 @@ impl<V: Vfs> Store<V> {
     /// (asking `block_kv(i)` for block `i`'s raw KV only for those), then the
     /// manifest. Either the whole checkpoint commits, or the previous state
     /// (including an older checkpoint of the same name) stays readable.
-    pub fn save<'k, F>(&self, manifest: &Manifest, mut block_kv: F, encoding: Encoding) -> Result<SaveReport>
+    pub fn save<'k, F>(
+        &self,
+        manifest: &Manifest,
+        mut block_kv: F,
+        encoding: Encoding,
+    ) -> Result<SaveReport>
     where
         F: FnMut(usize) -> Result<Cow<'k, [u8]>>,
     {
@@ -418,14 +579,22 @@ impl<V: Vfs> Store<V> {
         let inputs: Vec<BlockInput<'_>> = kvs
             .iter()
             .map(|(i, kv)| BlockInput {
-                prev: if *i == 0 { None } else { manifest.block_ids.get(i - 1) },
+                prev: if *i == 0 {
+                    None
+                } else {
+                    manifest.block_ids.get(i - 1)
+                },
                 tokens: manifest.block_tokens(*i).unwrap_or(&[]),
                 kv,
             })
             .collect();
-        let mut report = self.put_blocks(&inputs, encoding)?;
+        let (staged, mut report) = self.stage_blocks(&inputs, encoding)?;
+        drop(inputs);
+        drop(kvs);
         report.blocks_reused += reused;
-        report.bytes_written += self.write_manifest(manifest)?;
+        let man = self.stage_manifest(manifest)?;
+        report.bytes_written += man.len;
+        self.commit(staged, Some(man))?;
         Ok(report)
     }
 
@@ -461,7 +630,9 @@ impl<V: Vfs> Store<V> {
         for id in self.list_blocks()? {
             if !live.contains(&id) {
                 let p = self.block_path(&id);
-                self.vfs.remove(&p).map_err(|e| FormatError::io("remove", &p, e))?;
+                self.vfs
+                    .remove(&p)
+                    .map_err(|e| FormatError::io("remove", &p, e))?;
                 n += 1;
             }
         }
@@ -491,31 +662,24 @@ impl<V: Vfs> Store<V> {
         let m = export.manifest();
         m.check_owner(&self.fingerprint, &self.geometry)?;
         let mut report = SaveReport::default();
-        let mut pending = Vec::new();
+        let mut staged = Vec::new();
         for (i, id) in m.block_ids.iter().enumerate() {
             if self.has_block(id)? {
                 report.blocks_reused += 1;
                 continue;
             }
             let v = export.block(i)?;
-            let rec = export.block_record(i)?;
             debug_assert_eq!(v.id(), *id);
+            let rec = export.block_record(i)?;
             let name = format!("{}{BLOCK_SUFFIX}", id.to_hex());
-            let (tmp, n) = self.write_tmp_synced(&self.blocks_dir, &name, &[rec])?;
-            report.bytes_written += n;
+            let st = self.stage(&self.blocks_dir, &name, &[rec])?;
+            report.bytes_written += st.len;
             report.blocks_written += 1;
-            pending.push((*id, tmp));
+            staged.push(st);
         }
-        for (id, tmp) in &pending {
-            let dst = self.block_path(id);
-            self.vfs.rename(tmp, &dst).map_err(|e| FormatError::io("rename", &dst, e))?;
-        }
-        if !pending.is_empty() {
-            self.vfs
-                .sync_dir(&self.blocks_dir)
-                .map_err(|e| FormatError::io("fsync", &self.blocks_dir, e))?;
-        }
-        report.bytes_written += self.write_manifest(m)?;
+        let man = self.stage_manifest(m)?;
+        report.bytes_written += man.len;
+        self.commit(staged, Some(man))?;
         Ok(report)
     }
 }

@@ -6,6 +6,8 @@
 //! ...) through minijinja-contrib's pycompat layer, a `raise_exception(message)` function, and the
 //! variables `messages`, `add_generation_prompt`, `bos_token` and `eos_token`.
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 
 use minijinja::{Environment, Error as JinjaError, ErrorKind, Value};

@@ -88,6 +88,92 @@ pub enum Error {
         /// The length of the state given.
         len: usize,
     },
+    // --- model, graph and session errors ---
+    /// The model file does not exist.
+    #[error("model file {path} not found (run `cargo xtask fetch-model` for the default model)")]
+    ModelNotFound {
+        /// The path that was tried.
+        path: PathBuf,
+    },
+    /// The GGUF's `general.architecture` is not one this engine runs.
+    #[error("unsupported model architecture `{arch}` (supported: llama, qwen2)")]
+    UnsupportedArchitecture {
+        /// The architecture named by the file.
+        arch: String,
+    },
+    /// A tensor the architecture needs is absent.
+    #[error("model is missing tensor {name}")]
+    MissingTensor {
+        /// The tensor's name.
+        name: String,
+    },
+    /// A tensor is present but unusable (wrong shape, size or placement).
+    #[error("tensor {name}: {reason}")]
+    BadTensor {
+        /// The tensor's name.
+        name: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Hyperparameters that contradict each other or the tensors.
+    #[error("invalid hyperparameters: {reason}")]
+    BadHyperparameters {
+        /// What is wrong.
+        reason: String,
+    },
+    /// Feeding these tokens would exceed the session's context window.
+    #[error("context full: {needed} tokens needed, the context holds {n_ctx}")]
+    ContextFull {
+        /// Tokens the session would hold.
+        needed: usize,
+        /// The context size.
+        n_ctx: usize,
+    },
+    /// A token id outside the vocabulary.
+    #[error("token id {id} is outside the vocabulary of {n_vocab}")]
+    BadToken {
+        /// The id.
+        id: u32,
+        /// The vocabulary size.
+        n_vocab: usize,
+    },
+    /// A request about KV cache contents outside what the session holds.
+    #[error("KV range {start}..{end} of layer {layer} is outside the {len} cached positions")]
+    KvRange {
+        /// Layer index.
+        layer: usize,
+        /// First position.
+        start: usize,
+        /// One past the last position.
+        end: usize,
+        /// Positions held (or the capacity, for writes).
+        len: usize,
+    },
+    /// KV bytes of the wrong length were supplied.
+    #[error("KV bytes for layer {layer}: expected {expected}, got {found}")]
+    KvBytes {
+        /// Layer index.
+        layer: usize,
+        /// Bytes expected.
+        expected: usize,
+        /// Bytes supplied.
+        found: usize,
+    },
+    /// Logits were asked for before any token was evaluated.
+    #[error("no logits: no token has been evaluated yet")]
+    NoLogits,
+    /// ggml could not allocate memory.
+    #[error("out of memory allocating the {what}")]
+    OutOfMemory {
+        /// What was being allocated.
+        what: &'static str,
+    },
+    /// ggml reported a failure.
+    #[error("ggml: {what}")]
+    Ggml {
+        /// What failed.
+        what: &'static str,
+    },
 }
 
 /// Result with the engine's [`Error`].

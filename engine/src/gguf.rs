@@ -201,7 +201,7 @@ macro_rules! ggml_types {
                 match self { $( GgmlType::$name => $size, )* }
             }
 
-            /// The ggml name of the type, e.g. `"q4_1"`.
+            /// The type's name, e.g. `"Q4_1"`.
             pub fn name(self) -> &'static str {
                 match self { $( GgmlType::$name => stringify!($name), )* }
             }
@@ -384,6 +384,7 @@ impl Gguf {
             // SAFETY: the map is read-only and private to this value. The documented contract of
             // `open` is that the model file is not modified while it is open; every byte read from
             // the map is bounds-checked against its length, which is fixed at map time.
+            #[allow(unsafe_code)]
             let map = unsafe { Mmap::map(&file) }.map_err(io_err)?;
             Backing::Mapped(map)
         };
@@ -478,8 +479,7 @@ impl Gguf {
     /// A bool value.
     pub fn get_bool(&self, key: &str) -> Result<bool> {
         let v = self.require(key)?;
-        v.as_bool()
-            .ok_or_else(|| Self::wrong_type(key, "bool", v))
+        v.as_bool().ok_or_else(|| Self::wrong_type(key, "bool", v))
     }
 
     /// An array value.
@@ -790,7 +790,11 @@ impl<'a> Parser<'a> {
                     n_bytes,
                 }),
                 (Some(offset), Some(_)) => {
-                    return Err(self.truncated(offset.min(file_len) as usize, n_bytes, "tensor data"))
+                    return Err(self.truncated(
+                        offset.min(file_len) as usize,
+                        n_bytes,
+                        "tensor data",
+                    ))
                 }
                 _ => {
                     return Err(
@@ -863,12 +867,18 @@ impl GgufWriter {
 
     /// Adds an array of `f32`.
     pub fn add_f32_array(&mut self, key: &str, values: &[f32]) -> &mut Self {
-        self.add(key, MetaValue::Array(values.iter().map(|&v| MetaValue::F32(v)).collect()))
+        self.add(
+            key,
+            MetaValue::Array(values.iter().map(|&v| MetaValue::F32(v)).collect()),
+        )
     }
 
     /// Adds an array of `i32`.
     pub fn add_i32_array(&mut self, key: &str, values: &[i32]) -> &mut Self {
-        self.add(key, MetaValue::Array(values.iter().map(|&v| MetaValue::I32(v)).collect()))
+        self.add(
+            key,
+            MetaValue::Array(values.iter().map(|&v| MetaValue::I32(v)).collect()),
+        )
     }
 
     /// Adds a tensor; `bytes` must hold exactly the data of `shape` (ggml order) in `dtype`.

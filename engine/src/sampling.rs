@@ -5,6 +5,8 @@
 //! seed with SplitMix64. Its whole state is four `u64`s, which [`Sampler::rng_state`] exposes as
 //! 32 little-endian bytes so that a checkpoint can resume the exact same stream.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 
 use crate::{Error, Result};
@@ -145,9 +147,8 @@ impl Sampler {
         let p = &self.params;
         let mut logits_buf;
         let mut logits = logits;
-        let penalize = p.repeat_penalty != 1.0
-            || p.frequency_penalty != 0.0
-            || p.presence_penalty != 0.0;
+        let penalize =
+            p.repeat_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
         if penalize && p.repeat_last_n > 0 && !history.is_empty() {
             logits_buf = logits.to_vec();
             apply_penalties(&mut logits_buf, history, p);

@@ -18,6 +18,8 @@
 //! Before either, special tokens (types control, user-defined and unknown; control and unknown only
 //! when `parse_special`) are cut out of the text, longest first, as llama.cpp does.
 
+#![forbid(unsafe_code)]
+
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap};
 
@@ -90,9 +92,22 @@ const EOT_TEXTS: &[&str] = &[
     "<end_of_utterance>",
 ];
 
+/// Texts of fill-in-the-middle pad / repo / file-separator tokens; llama.cpp makes them control
+/// tokens that end generation.
+const FIM_END_TEXTS: [&[&str]; 3] = [
+    &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"],
+    &[
+        "<|fim_repo|>",
+        "<|repo_name|>",
+        "<fim-repo>",
+        "<REPO>",
+        "<reponame>",
+    ],
+    &["<|file_sep|>"],
+];
+
 /// The GPT-2 pre-tokenizer regex.
-const RE_GPT2: &str =
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+const RE_GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 /// The Llama 3 pre-tokenizer regex (case-insensitive contractions spelled out).
 const RE_LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// The Qwen2 pre-tokenizer regex: like Llama 3 but one digit per piece.
@@ -202,6 +217,7 @@ pub struct Tokenizer {
     bos: Option<u32>,
     eos: Option<u32>,
     eot: Option<u32>,
+    unk: Option<u32>,
     add_bos: bool,
     add_eos: bool,
     add_space_prefix: bool,
@@ -239,7 +255,11 @@ fn int_array(g: &Gguf, key: &str) -> Result<Option<Vec<i64>>> {
                 .ok_or_else(|| Error::KeyType {
                     key: key.to_string(),
                     expected: "array of integers",
-                    found: format!("{} {}", v.type_name(), items.first().map_or("", MetaValue::type_name)),
+                    found: format!(
+                        "{} {}",
+                        v.type_name(),
+                        items.first().map_or("", MetaValue::type_name)
+                    ),
                 })
         }
     }
@@ -356,7 +376,6 @@ impl Tokenizer {
         if let Some(id) = optional_id(g, "tokenizer.ggml.unknown_token_id", n_vocab)? {
             unk = id;
         }
-        let _ = unk;
         let mut eot = optional_id(g, "tokenizer.ggml.eot_token_id", n_vocab)?.flatten();
         let mut eom = optional_id(g, "tokenizer.ggml.eom_token_id", n_vocab)?.flatten();
         if g.get("tokenizer.ggml.add_bos_token").is_some() {
@@ -371,8 +390,10 @@ impl Tokenizer {
         }
 
         // Special tokens found by their text, as llama.cpp does; they become control tokens.
-        let mut by_text: Vec<(&str, u32)> =
-            token_to_id.iter().map(|(t, &id)| (t.as_str(), id)).collect();
+        let mut by_text: Vec<(&str, u32)> = token_to_id
+            .iter()
+            .map(|(t, &id)| (t.as_str(), id))
+            .collect();
         by_text.sort_unstable_by_key(|&(_, id)| id);
         let mut make_control = Vec::new();
         for &(text, id) in &by_text {
@@ -386,6 +407,22 @@ impl Tokenizer {
             }
         }
         let mut eog = Vec::new();
+        let fim_keys = [
+            "tokenizer.ggml.fim_pad_token_id",
+            "tokenizer.ggml.fim_rep_token_id",
+            "tokenizer.ggml.fim_sep_token_id",
+        ];
+        for (key, texts) in fim_keys.into_iter().zip(FIM_END_TEXTS) {
+            let mut id = optional_id(g, key, n_vocab)?.flatten();
+            if id.is_none() {
+                id = by_text
+                    .iter()
+                    .find(|(t, _)| texts.contains(t))
+                    .map(|&(_, id)| id);
+                make_control.extend(id);
+            }
+            eog.extend(id);
+        }
         for &(text, id) in &by_text {
             if EOG_TEXTS.contains(&text) {
                 eog.push(id);
@@ -395,17 +432,13 @@ impl Tokenizer {
         for id in make_control {
             tokens[id as usize].attr |= attr::CONTROL;
         }
-        for id in [eos, eot, eom].into_iter().flatten() {
-            if !eog.contains(&id) {
-                eog.push(id);
-            }
-        }
+        eog.extend([eos, eot, eom].into_iter().flatten());
         eog.sort_unstable();
+        eog.dedup();
 
         let mut special_cache: Vec<u32> = (0..n_vocab as u32)
             .filter(|&id| {
-                tokens[id as usize].attr & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN)
-                    != 0
+                tokens[id as usize].attr & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0
             })
             .collect();
         special_cache.sort_by_key(|&id| Reverse(tokens[id as usize].text.len()));
@@ -420,18 +453,25 @@ impl Tokenizer {
             bos,
             eos,
             eot,
+            unk,
             add_bos,
             add_eos,
             add_space_prefix,
             clean_spaces,
         };
         if add_bos && bos.is_none() {
-            return Err(Error::Tokenizer("add_bos is set but there is no BOS token".into()));
+            return Err(Error::Tokenizer(
+                "add_bos is set but there is no BOS token".into(),
+            ));
         }
         if add_eos && eos.is_none() {
-            return Err(Error::Tokenizer("add_eos is set but there is no EOS token".into()));
+            return Err(Error::Tokenizer(
+                "add_eos is set but there is no EOS token".into(),
+            ));
         }
-        tok.pieces = (0..n_vocab as u32).map(|id| tok.compute_piece(id)).collect();
+        tok.pieces = (0..n_vocab as u32)
+            .map(|id| tok.compute_piece(id))
+            .collect();
         Ok(tok)
     }
 
@@ -453,6 +493,11 @@ impl Tokenizer {
     /// The end-of-turn token (from `tokenizer.ggml.eot_token_id` or found by its text).
     pub fn eot(&self) -> Option<u32> {
         self.eot
+    }
+
+    /// The unknown token.
+    pub fn unk(&self) -> Option<u32> {
+        self.unk
     }
 
     /// Whether `encode(.., add_special = true, ..)` prepends BOS.
@@ -742,7 +787,7 @@ fn clean_up_spaces(text: &[u8]) -> Vec<u8> {
     }
     // Pass 2: " ' " becomes "'"; the removed following space cannot start another match.
     let mut b = Vec::with_capacity(a.len());
-    let mut src = a.clone();
+    let mut src = a;
     let mut i = 0;
     while i < src.len() {
         let x = src[i];
@@ -940,7 +985,11 @@ impl Bpe {
                     .map(|s| self.side_ids.get(&word[s.start..s.start + s.len]).copied()),
             );
             heap.clear();
-            let add = |heap: &mut BinaryHeap<_>, syms: &[Symbol], side: &[Option<u32>], l: isize, r: isize| {
+            let add = |heap: &mut BinaryHeap<_>,
+                       syms: &[Symbol],
+                       side: &[Option<u32>],
+                       l: isize,
+                       r: isize| {
                 if l < 0 || r < 0 {
                     return;
                 }
@@ -960,7 +1009,10 @@ impl Bpe {
                 }
                 merge(&mut syms, l, r);
                 let sl = syms[l];
-                side[l] = self.side_ids.get(&word[sl.start..sl.start + sl.len]).copied();
+                side[l] = self
+                    .side_ids
+                    .get(&word[sl.start..sl.start + sl.len])
+                    .copied();
                 add(&mut heap, &syms, &side, sl.prev, l as isize);
                 add(&mut heap, &syms, &side, l as isize, sl.next);
             }

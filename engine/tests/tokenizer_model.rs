@@ -22,7 +22,9 @@ fn model_path() -> Option<PathBuf> {
 }
 
 fn fixture(name: &str) -> Vec<serde_json::Value> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
     let text = std::fs::read_to_string(&path).expect("fixture readable");
     text.lines()
         .filter(|l| !l.trim().is_empty())
@@ -51,9 +53,17 @@ fn check_cases(tok: &Tokenizer, cases: &[(String, Vec<u32>)]) {
         if &got != want {
             failures.push(format!("{text:?}\n  want {want:?}\n  got  {got:?}"));
         }
-        assert_eq!(&tok.decode_special(want), text, "decode of the ids of {text:?}");
+        assert_eq!(
+            &tok.decode_special(want),
+            text,
+            "decode of the ids of {text:?}"
+        );
     }
-    assert!(failures.is_empty(), "tokenization differs:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "tokenization differs:\n{}",
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -72,7 +82,12 @@ fn golden_prompts_match_llama_cpp() {
     let Some(tok) = load() else { return };
     let cases: Vec<(String, Vec<u32>)> = fixture("golden_visible.jsonl")
         .iter()
-        .map(|v| (v["prompt"].as_str().unwrap().to_string(), ids(&v["prompt_ids"])))
+        .map(|v| {
+            (
+                v["prompt"].as_str().unwrap().to_string(),
+                ids(&v["prompt_ids"]),
+            )
+        })
         .collect();
     assert!(!cases.is_empty());
     // The recorded prompts were tokenized with add_special, which adds nothing for SmolLM2.
@@ -136,7 +151,8 @@ fn stream_decoder_never_splits_a_character() {
 #[test]
 fn long_prompt_tokenizes_fast() {
     let Some(tok) = load() else { return };
-    let para = "The quick brown fox jumps over the lazy dog; it's 12345 times faster — naïve café. ";
+    let para =
+        "The quick brown fox jumps over the lazy dog; it's 12345 times faster — naïve café. ";
     let text = para.repeat(30);
     let start = std::time::Instant::now();
     let ids = tok.encode(&text, false, true).unwrap();

@@ -1,1 +1,577 @@
-fn main() {}
+//! `ckpt`: inspect, verify and benchmark `ckptfmt` files.
+//!
+//! - `ckpt inspect PATH [--json]`: describe a store directory, a manifest, a
+//!   block record or an export.
+//! - `ckpt verify PATH`: check every checksum and bound; exit 0 when all hold,
+//!   otherwise print one line naming the first problem and exit 1.
+//! - `ckpt bench --dir DIR --tokens N [--layers L --bytes-per-token B]`:
+//!   write and read a synthetic checkpoint and print JSON figures next to raw
+//!   `write`+`fsync` and raw `read` of the same bytes.
+
+use std::borrow::Cow;
+use std::io::{Read, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use ckptfmt::layout::{BLOCK_MAGIC, EXPORT_MAGIC, MANIFEST_MAGIC};
+use ckptfmt::{
+    BlockView, ElemType, Encoding, ExportView, Fingerprint, FormatError, Geometry, Manifest,
+    ManifestView, Metadata, StdFs, Store, Vfs, VfsFile,
+};
+use clap::{Parser, Subcommand};
+use serde_json::{json, Value};
+
+#[derive(Parser)]
+#[command(
+    name = "ckpt",
+    about = "Inspect, verify and benchmark ckptfmt checkpoints"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Describe a store directory, manifest, block or export.
+    Inspect {
+        /// File or store directory.
+        path: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Verify every checksum and bound; exit 0 when all hold.
+    Verify {
+        /// File or store directory.
+        path: PathBuf,
+    },
+    /// Write and read a synthetic checkpoint; print throughput as JSON.
+    Bench {
+        /// Directory to write in (a fresh subdirectory is used and removed).
+        #[arg(long)]
+        dir: PathBuf,
+        /// Tokens in the checkpoint.
+        #[arg(long)]
+        tokens: u64,
+        /// Layers.
+        #[arg(long, default_value_t = 30)]
+        layers: usize,
+        /// Bytes per token per layer, for K and for V each (SmolLM2-135M f16: 384).
+        #[arg(long, default_value_t = 384)]
+        bytes_per_token: u32,
+        /// Tokens per block.
+        #[arg(long, default_value_t = ckptfmt::DEFAULT_TOKENS_PER_BLOCK)]
+        tokens_per_block: u32,
+        /// Store blocks as q8_0 instead of raw.
+        #[arg(long)]
+        q8: bool,
+        /// Repetitions of each measurement (the best is reported).
+        #[arg(long, default_value_t = 3)]
+        iters: u32,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Inspect { path, json } => inspect(&path, json),
+        Cmd::Verify { path } => match verify(&path) {
+            Ok(msg) => {
+                println!("ok: {msg}");
+                return ExitCode::SUCCESS;
+            }
+            Err(e) => {
+                println!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        Cmd::Bench {
+            dir,
+            tokens,
+            layers,
+            bytes_per_token,
+            tokens_per_block,
+            q8,
+            iters,
+        } => bench(
+            &dir,
+            tokens,
+            layers,
+            bytes_per_token,
+            tokens_per_block,
+            q8,
+            iters.max(1),
+        ),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, FormatError> {
+    std::fs::read(path).map_err(|e| FormatError::io("read", path, e))
+}
+
+fn magic_of(bytes: &[u8]) -> [u8; 8] {
+    let mut m = [0u8; 8];
+    let n = bytes.len().min(8);
+    m[..n].copy_from_slice(&bytes[..n]);
+    m
+}
+
+fn geometry_json(g: &Geometry) -> Value {
+    json!({
+        "n_layers": g.n_layers(),
+        "elem": g.elem().name(),
+        "tokens_per_block": g.tokens_per_block(),
+        "bytes_per_token": g.bytes_per_token(),
+        "block_bytes": g.block_bytes(),
+        "layers": g.layers().iter().map(|l| json!([l.k_bytes_per_token, l.v_bytes_per_token])).collect::<Vec<_>>(),
+    })
+}
+
+fn manifest_json(m: &Manifest) -> Value {
+    json!({
+        "kind": "manifest",
+        "name": m.meta.name,
+        "parent": m.meta.parent,
+        "created_unix": m.meta.created_unix,
+        "fingerprint": m.fingerprint.to_hex(),
+        "geometry": geometry_json(&m.geometry),
+        "n_tokens": m.tokens.len(),
+        "n_blocks": m.block_ids.len(),
+        "tail_tokens": m.tail_tokens(),
+        "tail_kv_bytes": m.tail_kv.len(),
+        "sampler_state_bytes": m.sampler_state.as_ref().map(Vec::len),
+        "first_positions": m.positions.iter().take(4).collect::<Vec<_>>(),
+        "block_ids": m.block_ids.iter().map(|b| b.to_hex()).collect::<Vec<_>>(),
+        "meta": m.meta.kv.iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>(),
+    })
+}
+
+fn block_json(v: &BlockView<'_>) -> Value {
+    json!({
+        "kind": "block",
+        "id": v.id().to_hex(),
+        "prev": v.prev().map(|p| p.to_hex()),
+        "fingerprint": v.fingerprint().to_hex(),
+        "encoding": v.encoding().name(),
+        "n_tokens": v.n_tokens(),
+        "raw_len": v.raw_len(),
+        "payload_len": v.payload().len(),
+        "record_len": v.record_len(),
+    })
+}
+
+fn describe(path: &Path) -> Result<Value, FormatError> {
+    if path.is_dir() {
+        let store = Store::open_existing(path)?;
+        let names = store.list_manifests()?;
+        let mut cps = Vec::new();
+        for n in &names {
+            match store.read_manifest(n) {
+                Ok(m) => cps.push(json!({"name": n, "n_tokens": m.tokens.len(), "n_blocks": m.block_ids.len(), "parent": m.meta.parent})),
+                Err(e) => cps.push(json!({"name": n, "error": e.to_string()})),
+            }
+        }
+        return Ok(json!({
+            "kind": "store",
+            "fingerprint": store.fingerprint().to_hex(),
+            "geometry": geometry_json(store.geometry()),
+            "n_block_files": store.list_blocks()?.len(),
+            "checkpoints": cps,
+        }));
+    }
+    let bytes = read_file(path)?;
+    let magic = magic_of(&bytes);
+    if magic == BLOCK_MAGIC {
+        Ok(block_json(&BlockView::parse(&bytes)?))
+    } else if magic == MANIFEST_MAGIC {
+        Ok(manifest_json(&ManifestView::parse(&bytes)?.to_manifest()))
+    } else if magic == EXPORT_MAGIC {
+        let v = ExportView::parse(&bytes)?;
+        Ok(json!({
+            "kind": "export",
+            "file_len": bytes.len(),
+            "n_blocks": v.n_blocks(),
+            "manifest": manifest_json(v.manifest()),
+        }))
+    } else {
+        Err(FormatError::BadMagic {
+            what: "ckptfmt file (block, manifest or export)",
+            offset: 0,
+            found: magic,
+        })
+    }
+}
+
+fn inspect(path: &Path, as_json: bool) -> Result<(), FormatError> {
+    let v = describe(path)?;
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    } else {
+        print_plain(&v, 0);
+    }
+    Ok(())
+}
+
+fn print_plain(v: &Value, indent: usize) {
+    let pad = " ".repeat(indent);
+    match v {
+        Value::Object(map) => {
+            for (k, val) in map {
+                match val {
+                    Value::Object(_) => {
+                        println!("{pad}{k}:");
+                        print_plain(val, indent + 2);
+                    }
+                    Value::Array(a) if a.len() > 8 => println!("{pad}{k}: [{} items]", a.len()),
+                    _ => println!("{pad}{k}: {val}"),
+                }
+            }
+        }
+        _ => println!("{pad}{v}"),
+    }
+}
+
+fn verify(path: &Path) -> Result<String, FormatError> {
+    if path.is_dir() {
+        let store = Store::open_existing(path)?;
+        let names = store.list_manifests()?;
+        for n in &names {
+            store.verify_checkpoint(n)?;
+        }
+        let blocks = store.list_blocks()?;
+        for id in &blocks {
+            store.read_block(id)?;
+        }
+        return Ok(format!(
+            "store: {} checkpoints, {} blocks",
+            names.len(),
+            blocks.len()
+        ));
+    }
+    let bytes = read_file(path)?;
+    let magic = magic_of(&bytes);
+    if magic == BLOCK_MAGIC {
+        let v = BlockView::parse(&bytes)?;
+        Ok(format!("block {}", v.id()))
+    } else if magic == MANIFEST_MAGIC {
+        let m = Manifest::decode(&bytes)?;
+        Ok(format!(
+            "manifest {:?}: {} tokens, {} blocks (blocks not checked: not in a store)",
+            m.meta.name,
+            m.tokens.len(),
+            m.block_ids.len()
+        ))
+    } else if magic == EXPORT_MAGIC {
+        let v = ExportView::parse(&bytes)?;
+        v.verify_all()?;
+        Ok(format!(
+            "export: {} tokens, {} blocks",
+            v.manifest().tokens.len(),
+            v.n_blocks()
+        ))
+    } else {
+        Err(FormatError::BadMagic {
+            what: "ckptfmt file (block, manifest or export)",
+            offset: 0,
+            found: magic,
+        })
+    }
+}
+
+/// Deterministic pseudo-random f16 data shaped like KV (values mostly in [-4, 4]).
+fn synthetic_kv(n_bytes: usize, seed: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n_bytes);
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    while out.len() < n_bytes {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        let u = (s >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
+        let v = (u - 0.5) * 8.0 * u; // skewed, mostly small
+        out.extend_from_slice(&half::f16::from_f32(v).to_le_bytes());
+    }
+    out.truncate(n_bytes);
+    out
+}
+
+fn mbps(bytes: u64, d: Duration) -> f64 {
+    bytes as f64 / 1e6 / d.as_secs_f64().max(1e-9)
+}
+
+fn io_err<'p>(op: &'static str, p: &'p Path) -> impl FnOnce(std::io::Error) -> FormatError + 'p {
+    move |e| FormatError::io(op, p, e)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench(
+    dir: &Path,
+    n_tokens: u64,
+    layers: usize,
+    bpt: u32,
+    tpb: u32,
+    q8: bool,
+    iters: u32,
+) -> Result<(), FormatError> {
+    let geometry = Geometry::uniform(layers, bpt, bpt, ElemType::F16, tpb)?;
+    let fp = Fingerprint::of(b"ckpt bench");
+    let work = dir.join(format!("ckpt-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&work).map_err(io_err("mkdir", &work))?;
+    let n_blocks = (n_tokens / u64::from(tpb)) as usize;
+    let tail_tokens = n_tokens % u64::from(tpb);
+    let block_bytes = geometry.block_bytes() as usize;
+    let blocks: Vec<Vec<u8>> = (0..n_blocks)
+        .map(|i| synthetic_kv(block_bytes, i as u64 + 1))
+        .collect();
+    let tail = synthetic_kv(geometry.span_bytes(tail_tokens) as usize, 999);
+    let tokens: Vec<u32> = (0..n_tokens as u32)
+        .map(|t| t.wrapping_mul(2_654_435_761) % 49_152)
+        .collect();
+    let positions: Vec<i32> = (0..n_tokens as i32).collect();
+    let encoding = if q8 { Encoding::Q8_0 } else { Encoding::Raw };
+
+    // Durable write: a fresh store per iteration.
+    let mut best_write = Duration::MAX;
+    let mut written = 0u64;
+    let mut store_dir = work.join("store-0");
+    for it in 0..iters {
+        store_dir = work.join(format!("store-{it}"));
+        let _ = std::fs::remove_dir_all(&store_dir);
+        let store = Store::open(&store_dir, fp, geometry.clone())?;
+        let meta = Metadata {
+            name: "bench".into(),
+            ..Metadata::default()
+        };
+        let m = Manifest::new(
+            fp,
+            geometry.clone(),
+            tokens.clone(),
+            positions.clone(),
+            tail.clone(),
+            meta,
+        )?;
+        let t = Instant::now();
+        let r = store.save(&m, |i| Ok(Cow::Borrowed(&blocks[i][..])), encoding)?;
+        let d = t.elapsed();
+        written = r.bytes_written;
+        best_write = best_write.min(d);
+        if it + 1 < iters {
+            let _ = std::fs::remove_dir_all(&store_dir);
+        }
+    }
+
+    // Incremental: a checkpoint extending the last one by 64 tokens.
+    let ext_tokens = n_tokens + 64;
+    let ext_tok: Vec<u32> = (0..ext_tokens as u32)
+        .map(|t| t.wrapping_mul(2_654_435_761) % 49_152)
+        .collect();
+    let ext_blocks = (ext_tokens / u64::from(tpb)) as usize;
+    let extra: Vec<Vec<u8>> = (n_blocks..ext_blocks)
+        .map(|i| synthetic_kv(block_bytes, i as u64 + 1))
+        .collect();
+    let ext_tail = synthetic_kv(
+        geometry.span_bytes(ext_tokens % u64::from(tpb)) as usize,
+        998,
+    );
+    let ext_meta = Metadata {
+        name: "bench-extended".into(),
+        parent: Some("bench".into()),
+        ..Metadata::default()
+    };
+    let ext_m = Manifest::new(
+        fp,
+        geometry.clone(),
+        ext_tok,
+        (0..ext_tokens as i32).collect(),
+        ext_tail,
+        ext_meta,
+    )?;
+    let ext_report = {
+        let store = Store::open_existing(&store_dir)?;
+        store.save(
+            &ext_m,
+            |i| {
+                Ok(Cow::Borrowed(if i < n_blocks {
+                    &blocks[i][..]
+                } else {
+                    &extra[i - n_blocks][..]
+                }))
+            },
+            encoding,
+        )?
+    };
+
+    // Raw write + fsync of the same number of bytes, one file.
+    let raw_path = work.join("raw.bin");
+    let mut best_raw_write = Duration::MAX;
+    let chunk = synthetic_kv(block_bytes.max(1 << 20), 7);
+    for _ in 0..iters {
+        let _ = std::fs::remove_file(&raw_path);
+        let t = Instant::now();
+        let mut f = std::fs::File::create(&raw_path).map_err(io_err("create", &raw_path))?;
+        let mut left = written as usize;
+        while left > 0 {
+            let n = left.min(chunk.len());
+            f.write_all(&chunk[..n])
+                .map_err(io_err("write", &raw_path))?;
+            left -= n;
+        }
+        f.sync_data().map_err(io_err("fsync", &raw_path))?;
+        drop(f);
+        std::fs::File::open(&work)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err("fsync", &work))?;
+        best_raw_write = best_raw_write.min(t.elapsed());
+    }
+
+    // Raw write + fsync through the same writeback hint the store uses
+    // (StdFs), to show what the hint alone is worth.
+    let mut best_raw_hint_write = Duration::MAX;
+    for _ in 0..iters {
+        let _ = std::fs::remove_file(&raw_path);
+        let t = Instant::now();
+        let mut f = StdFs
+            .create(&raw_path)
+            .map_err(io_err("create", &raw_path))?;
+        let mut left = written as usize;
+        while left > 0 {
+            let n = left.min(chunk.len());
+            f.write_all(&chunk[..n])
+                .map_err(io_err("write", &raw_path))?;
+            left -= n;
+        }
+        f.sync().map_err(io_err("fsync", &raw_path))?;
+        drop(f);
+        StdFs.sync_dir(&work).map_err(io_err("fsync", &work))?;
+        best_raw_hint_write = best_raw_hint_write.min(t.elapsed());
+    }
+
+    // Read + verify of the mapped, cached checkpoint: the blocks are mapped
+    // once (as a long-lived reader keeps them); each pass reads the manifest
+    // and re-verifies every block (header, id, payload CRC) before using it.
+    let store = Store::open_existing(&store_dir)?;
+    let m0 = store.read_manifest("bench")?;
+    let maps = m0
+        .block_ids
+        .iter()
+        // SAFETY: the bench owns the directory and nothing modifies its files.
+        .map(|id| unsafe { store.map_block(id) })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut best_read = Duration::MAX;
+    let mut read_bytes = 0u64;
+    let mut checksum = 0u64;
+    for _ in 0..=iters {
+        let t = Instant::now();
+        let m = store.read_manifest("bench")?;
+        let mut n = m.tail_kv.len() as u64;
+        for mb in &maps {
+            let v = mb.verify()?;
+            let kv = v.kv()?;
+            checksum = checksum.wrapping_add(u64::from(kv[kv.len() / 2]));
+            n += kv.len() as u64;
+        }
+        best_read = best_read.min(t.elapsed());
+        read_bytes = n;
+    }
+    drop(maps);
+
+    // The same, but opening and mapping every block file on each pass.
+    let mut best_map_read = Duration::MAX;
+    for _ in 0..=iters {
+        let t = Instant::now();
+        let m = store.read_manifest("bench")?;
+        for id in &m.block_ids {
+            // SAFETY: as above.
+            let mb = unsafe { store.map_block(id) }?;
+            let v = mb.view()?;
+            let kv = v.kv()?;
+            checksum = checksum.wrapping_add(u64::from(kv[kv.len() / 2]));
+        }
+        best_map_read = best_map_read.min(t.elapsed());
+    }
+
+    // Owned read: read() every block file into memory and verify it.
+    let mut best_owned_read = Duration::MAX;
+    for _ in 0..=iters {
+        let t = Instant::now();
+        let m = store.read_manifest("bench")?;
+        for id in &m.block_ids {
+            let b = store.read_block(id)?;
+            checksum = checksum.wrapping_add(b.as_bytes().len() as u64);
+        }
+        best_owned_read = best_owned_read.min(t.elapsed());
+    }
+
+    // Raw read of the same bytes from the page cache.
+    let mut buf = vec![0u8; 1 << 20];
+    let mut best_raw_read = Duration::MAX;
+    for _ in 0..=iters {
+        let t = Instant::now();
+        let mut f = std::fs::File::open(&raw_path).map_err(io_err("open", &raw_path))?;
+        loop {
+            let n = f.read(&mut buf).map_err(io_err("read", &raw_path))?;
+            if n == 0 {
+                break;
+            }
+            checksum = checksum.wrapping_add(u64::from(buf[n / 2]));
+        }
+        best_raw_read = best_raw_read.min(t.elapsed());
+    }
+    let q8_error = (q8 && n_blocks > 0)
+        .then(|| {
+            let st = Store::open_existing(&store_dir).ok()?;
+            let m = st.read_manifest("bench").ok()?;
+            let b = st.read_block(&m.block_ids[0]).ok()?;
+            let kv = b.view().ok()?.kv().ok()?.into_owned();
+            Some(ckptfmt::quant::measure_error(&blocks[0], &kv))
+        })
+        .flatten();
+    let _ = std::fs::remove_dir_all(&work);
+
+    let w = mbps(written, best_write);
+    let rw = mbps(written, best_raw_write);
+    let r = mbps(read_bytes, best_read);
+    let rr = mbps(written, best_raw_read);
+    let out = json!({
+        "tokens": n_tokens,
+        "layers": layers,
+        "bytes_per_token_per_layer_k_and_v": bpt,
+        "bytes_per_token": geometry.bytes_per_token(),
+        "tokens_per_block": tpb,
+        "encoding": encoding.name(),
+        "blocks": n_blocks,
+        "tail_tokens": tail_tokens,
+        "bytes_written": written,
+        "iters": iters,
+        "durable_write_mb_s": w,
+        "raw_write_fsync_mb_s": rw,
+        "raw_write_hint_fsync_mb_s": mbps(written, best_raw_hint_write),
+        "durable_write_ratio": w / rw,
+        "read_verify_mb_s": r,
+        "raw_read_mb_s": rr,
+        "read_verify_ratio": r / rr,
+        "map_each_read_verify_mb_s": mbps(read_bytes, best_map_read),
+        "map_each_read_verify_ratio": mbps(read_bytes, best_map_read) / rr,
+        "owned_read_verify_mb_s": mbps(read_bytes, best_owned_read),
+        "extend_by_64_tokens": {
+            "tokens": ext_tokens,
+            "blocks_written": ext_report.blocks_written,
+            "blocks_reused": ext_report.blocks_reused,
+            "bytes_written": ext_report.bytes_written,
+            "new_tokens_kv_bytes": 64 * geometry.bytes_per_token(),
+            "overhead_bytes": ext_report.bytes_written as i64 - (64 * geometry.bytes_per_token()) as i64,
+        },
+        "q8_0_error": q8_error.map(|e| json!({"max_abs": e.max_abs, "rms": e.rms, "rel_rms": e.rel_rms})),
+        "checksum": checksum,
+    });
+    println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+    Ok(())
+}

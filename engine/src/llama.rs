@@ -1,0 +1,199 @@
+//! The llama-family forward pass as a ggml graph (llama and qwen2 architectures).
+//!
+//! Follows llama.cpp's `llm_build_llama` / `llm_build_qwen2`: pre-norm blocks of RMSNorm,
+//! grouped-query attention with RoPE (adjacent pairs for llama, halves (NeoX) for qwen2), and a
+//! SwiGLU feed-forward network; a final RMSNorm and the output head (tied to the embedding table
+//! when the file has no `output.weight`). Attention uses ggml's fused flash-attention kernel over
+//! the f16 KV cache, with a causal mask.
+
+use half::f16;
+
+use crate::error::Result;
+use crate::ggml::{DType, Graph, RopeParams, Tensor};
+use crate::kv::KvCache;
+use crate::model::{Arch, Model, RopeScaling};
+
+/// KV cells attended to are padded to a multiple of this (masked), as llama.cpp does, so the
+/// attention kernel sees few distinct shapes.
+const KV_PAD: usize = 256;
+
+/// What a forward pass returns logits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outputs {
+    /// Only the last token of the batch.
+    Last,
+    /// Every token of the batch.
+    All,
+}
+
+/// Builds the graph evaluating `tokens` at positions `kv.len()..` and writing their K and V into
+/// the cache; returns the logits tensor (`[n_vocab, n_outputs]`).
+pub(crate) fn build<'g>(
+    g: &mut Graph<'g>,
+    model: &Model,
+    kv: &KvCache,
+    tokens: &[u32],
+    outputs: Outputs,
+) -> Result<Tensor<'g>> {
+    let hp = model.hparams();
+    let n = tokens.len();
+    let n_past = kv.len();
+    let n_kv = (n_past + n)
+        .div_ceil(KV_PAD)
+        .saturating_mul(KV_PAD)
+        .min(kv.n_ctx());
+    let (head_dim, n_head, n_head_kv) = (hp.head_dim, hp.n_head, hp.n_head_kv);
+    let n_embd_kv = hp.n_embd_kv();
+    let row_bytes = n_embd_kv * 2;
+
+    let ids = g.input(
+        DType::I32,
+        &[n],
+        tokens
+            .iter()
+            .flat_map(|&t| (t as i32).to_le_bytes())
+            .collect(),
+    );
+    let pos = g.input(
+        DType::I32,
+        &[n],
+        (0..n)
+            .flat_map(|i| ((n_past + i) as i32).to_le_bytes())
+            .collect(),
+    );
+    // Causal mask: token i (at position n_past + i) sees cells 0..=n_past + i.
+    let mut mask = Vec::with_capacity(n * n_kv * 2);
+    for i in 0..n {
+        for j in 0..n_kv {
+            let v = if j <= n_past + i {
+                f16::ZERO
+            } else {
+                f16::NEG_INFINITY
+            };
+            mask.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    let mask = g.input(DType::F16, &[n_kv, n], mask);
+
+    let rope = rope_params(model);
+    let freq_factors = model.rope_freqs.map(|t| g.lift(t));
+    let scale = 1.0 / (head_dim as f32).sqrt();
+
+    let tok_embd = g.lift(model.tok_embd);
+    let mut x = g.get_rows(tok_embd, ids);
+    let n_layers = model.layers.len();
+    for (il, lw) in model.layers.iter().enumerate() {
+        let residual = x;
+        let norm = g.rms_norm(x, hp.rms_eps);
+        let w = g.lift(lw.attn_norm);
+        let cur = g.mul(norm, w);
+
+        let project = |g: &mut Graph<'g>, w, b: Option<_>| {
+            let w = g.lift(w);
+            let y = g.mul_mat(w, cur);
+            match b {
+                Some(b) => {
+                    let b = g.lift(b);
+                    g.add(y, b)
+                }
+                None => y,
+            }
+        };
+        let q = project(g, lw.wq, lw.bq);
+        let k = project(g, lw.wk, lw.bk);
+        let v = project(g, lw.wv, lw.bv);
+        let q = g.reshape_3d(q, head_dim, n_head, n);
+        let k = g.reshape_3d(k, head_dim, n_head_kv, n);
+        let q = g.rope(q, pos, freq_factors, &rope);
+        let k = g.rope(k, pos, freq_factors, &rope);
+
+        // Store this batch's K and V in rows n_past.. of the cache (converted to f16). The copies
+        // join the graph before the attention that reads them, so they run first.
+        let k_cache = g.lift(kv.tensors().k(il));
+        let v_cache = g.lift(kv.tensors().v(il));
+        let k_dst = g.view_1d(k_cache, n * n_embd_kv, n_past * row_bytes);
+        let v_dst = g.view_1d(v_cache, n * n_embd_kv, n_past * row_bytes);
+        let k_store = g.cpy(k, k_dst);
+        let v_store = g.cpy(v, v_dst);
+        g.expand(k_store);
+        g.expand(v_store);
+
+        // q: [head_dim, n, n_head]; cached k, v: [head_dim, n_kv, n_head_kv].
+        let q = g.permute(q, [0, 2, 1, 3]);
+        let k_all = g.view_3d(
+            k_cache,
+            [head_dim, n_kv, n_head_kv],
+            [row_bytes, head_dim * 2],
+            0,
+        );
+        let v_all = g.view_3d(
+            v_cache,
+            [head_dim, n_kv, n_head_kv],
+            [row_bytes, head_dim * 2],
+            0,
+        );
+        let attn = g.flash_attn(q, k_all, v_all, mask, scale);
+        let mut attn = g.reshape_2d(attn, head_dim * n_head, n);
+        let mut residual = residual;
+
+        // In the last layer only the rows that produce logits matter: drop the others before
+        // the output projection and the feed-forward network.
+        if il + 1 == n_layers && outputs == Outputs::Last && n > 1 {
+            attn = g.view_2d(
+                attn,
+                [head_dim * n_head, 1],
+                attn.nb(1),
+                (n - 1) * attn.nb(1),
+            );
+            attn = g.cont(attn);
+            residual = g.view_2d(
+                residual,
+                [hp.n_embd, 1],
+                residual.nb(1),
+                (n - 1) * residual.nb(1),
+            );
+        }
+        let wo = g.lift(lw.wo);
+        let out = g.mul_mat(wo, attn);
+        let x_attn = g.add(out, residual);
+
+        let norm = g.rms_norm(x_attn, hp.rms_eps);
+        let w = g.lift(lw.ffn_norm);
+        let cur = g.mul(norm, w);
+        let (wg, wu, wd) = (g.lift(lw.ffn_gate), g.lift(lw.ffn_up), g.lift(lw.ffn_down));
+        let gate = g.mul_mat(wg, cur);
+        let up = g.mul_mat(wu, cur);
+        let h = g.swiglu(gate, up);
+        let down = g.mul_mat(wd, h);
+        x = g.add(down, x_attn);
+    }
+    let norm = g.rms_norm(x, hp.rms_eps);
+    let w = g.lift(model.output_norm);
+    let x = g.mul(norm, w);
+    let out = g.lift(model.output);
+    debug_assert_eq!(x.ne(0), hp.n_embd);
+    Ok(g.mul_mat(out, x))
+}
+
+fn rope_params(model: &Model) -> RopeParams {
+    let hp = model.hparams();
+    let (freq_scale, ext_factor, n_ctx_orig) = match hp.rope_scaling {
+        RopeScaling::None => (1.0, 0.0, hp.n_ctx_train),
+        RopeScaling::Linear { factor } => (1.0 / factor, 0.0, hp.n_ctx_train),
+        RopeScaling::Yarn { factor, n_ctx_orig } => (1.0 / factor, 1.0, n_ctx_orig),
+    };
+    RopeParams {
+        n_dims: hp.rope_dims,
+        mode: match hp.arch {
+            Arch::Llama => 0,
+            Arch::Qwen2 => 2,
+        },
+        n_ctx_orig,
+        freq_base: hp.rope_freq_base,
+        freq_scale,
+        ext_factor,
+        attn_factor: 1.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+    }
+}

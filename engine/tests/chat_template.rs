@@ -1,0 +1,117 @@
+//! Chat templates: the real model's template reproduces the golden prompt exactly (skipped when
+//! the model file is absent), ChatML is the fallback, and template features behave like
+//! Hugging Face's Jinja environment.
+
+use std::path::PathBuf;
+
+use engine::chat::{ChatTemplate, Message, CHATML_TEMPLATE};
+use engine::gguf::{Gguf, GgufWriter};
+
+fn model_path() -> Option<PathBuf> {
+    let path = match std::env::var_os("LLAMA_HDD_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    };
+    if path.is_file() {
+        Some(path)
+    } else {
+        eprintln!("skipping: model file {} not found", path.display());
+        None
+    }
+}
+
+fn golden_chat_prompt() -> String {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden_visible.jsonl");
+    let text = std::fs::read_to_string(path).unwrap();
+    let line = text.lines().nth(2).expect("line 3");
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    v["prompt"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn real_template_renders_the_golden_prompt() {
+    let Some(path) = model_path() else { return };
+    let g = Gguf::open(&path).unwrap();
+    let t = ChatTemplate::from_gguf(&g).unwrap();
+    assert_ne!(t.source(), CHATML_TEMPLATE);
+    let messages = [
+        Message::new(
+            "system",
+            "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
+        ),
+        Message::new("user", "What is the tallest mountain in the world?"),
+    ];
+    assert_eq!(t.render(&messages, true).unwrap(), golden_chat_prompt());
+    // Without a system message this template inserts its default one.
+    let user_only = [Message::new(
+        "user",
+        "What is the tallest mountain in the world?",
+    )];
+    assert_eq!(t.render(&user_only, true).unwrap(), golden_chat_prompt());
+    // No generation prompt: the text ends after the last message.
+    let done = t.render(&messages, false).unwrap();
+    assert!(done.ends_with("world?<|im_end|>\n"), "{done:?}");
+}
+
+#[test]
+fn chatml_fallback() {
+    let mut w = GgufWriter::new();
+    w.add_str("general.architecture", "llama");
+    let g = Gguf::from_bytes(w.to_bytes().unwrap()).unwrap();
+    let t = ChatTemplate::from_gguf(&g).unwrap();
+    assert_eq!(t.source(), CHATML_TEMPLATE);
+    let messages = [
+        Message::new("system", "Be brief."),
+        Message::new("user", "Hi"),
+        Message::new("assistant", "Hello!"),
+        Message::new("user", "Bye"),
+    ];
+    let want = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
+                <|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n\
+                <|im_start|>assistant\n";
+    assert_eq!(t.render(&messages, true).unwrap(), want);
+    assert_eq!(
+        ChatTemplate::chatml().render(&messages, true).unwrap(),
+        want
+    );
+    assert_eq!(
+        ChatTemplate::chatml()
+            .render(&messages[..1], false)
+            .unwrap(),
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+    );
+}
+
+#[test]
+fn template_features() {
+    // raise_exception aborts rendering with the message.
+    let t = ChatTemplate::new(
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}{% endif %}ok",
+        "<s>",
+        "</s>",
+    )
+    .unwrap();
+    let e = t.render(&[Message::new("system", "x")], false).unwrap_err();
+    assert!(e.to_string().contains("first must be user"), "{e}");
+    assert_eq!(t.render(&[Message::new("user", "x")], false).unwrap(), "ok");
+
+    // Python string methods, bos/eos tokens and trim_blocks/lstrip_blocks.
+    let t = ChatTemplate::new(
+        "{{ bos_token }}\n{% for m in messages %}\n  {% if m.content.startswith('!') %}\n[{{ m.content.strip('!').upper() }}]{{ eos_token }}\n  {% endif %}\n{% endfor %}",
+        "<s>",
+        "</s>",
+    )
+    .unwrap();
+    let out = t
+        .render(
+            &[Message::new("user", "!hi!"), Message::new("user", "no")],
+            false,
+        )
+        .unwrap();
+    assert_eq!(out, "<s>\n[HI]</s>\n");
+
+    // A syntax error is reported when the template is compiled.
+    assert!(ChatTemplate::new("{% for %}", "", "").is_err());
+}

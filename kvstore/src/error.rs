@@ -1,0 +1,162 @@
+//! The one error type of `kvstore`: every failure names the path, block or
+//! checkpoint involved.
+
+use std::path::PathBuf;
+
+use ckptfmt::FormatError;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Every way a store operation can fail.
+///
+/// A failed call leaves the store consistent: what it reported durable
+/// before stays durable, and a failed save or delete leaves either the old
+/// or the new checkpoint, never a checkpoint with missing blocks.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// An operating-system I/O call failed.
+    #[error("I/O error during {op} on {path:?}: {source}")]
+    Io {
+        /// The operation that failed (`"read"`, `"lock"`, `"mkdir"`, ...).
+        op: &'static str,
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A `ckptfmt` call failed (I/O inside the format crate, a corrupt or
+    /// foreign file, a bad checkpoint name, ...).
+    #[error("checkpoint format error at {path:?}: {source}")]
+    Format {
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: FormatError,
+    },
+    /// Another process (or another open store in this process) holds the
+    /// directory's lock.
+    #[error("store directory {path:?} is locked by another process")]
+    Locked {
+        /// The lock file.
+        path: PathBuf,
+    },
+    /// The named checkpoint does not exist.
+    #[error("checkpoint {name:?} not found")]
+    CheckpointNotFound {
+        /// Its name.
+        name: String,
+    },
+    /// The block is stored in neither tier.
+    #[error("block {id} not found")]
+    BlockNotFound {
+        /// Block id (hex).
+        id: String,
+    },
+    /// A checkpoint refers to a block the store does not hold.
+    #[error("checkpoint {checkpoint:?} refers to block {id}, which the store does not hold")]
+    MissingBlock {
+        /// The checkpoint being saved.
+        checkpoint: String,
+        /// Block id (hex).
+        id: String,
+    },
+    /// Pinned blocks alone would exceed the RAM budget.
+    #[error("RAM budget exceeded: {pinned} bytes pinned + {needed} requested > budget {budget}")]
+    RamFull {
+        /// Bytes the call needed.
+        needed: u64,
+        /// Bytes already pinned.
+        pinned: u64,
+        /// The RAM budget.
+        budget: u64,
+    },
+    /// Writing would exceed the disk quota even after garbage collection.
+    #[error("disk quota exceeded: {used} bytes used + {needed} needed > quota {quota}")]
+    QuotaExceeded {
+        /// Bytes the call needed.
+        needed: u64,
+        /// Bytes in use after garbage collection.
+        used: u64,
+        /// The disk quota.
+        quota: u64,
+    },
+    /// The block is not pinned.
+    #[error("block {id} is not pinned")]
+    NotPinned {
+        /// Block id (hex).
+        id: String,
+    },
+    /// An argument does not fit the model's geometry or the store's rules.
+    #[error("invalid {what}: {detail}")]
+    Invalid {
+        /// The argument.
+        what: &'static str,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// The model was registered with another geometry.
+    #[error("model {fingerprint} is stored with another geometry: {detail}")]
+    GeometryMismatch {
+        /// Fingerprint (hex).
+        fingerprint: String,
+        /// Which part differs.
+        detail: String,
+    },
+    /// A write-behind spill this call waited for failed (the blocks stayed in RAM).
+    #[error("write-behind spill failed: {detail}")]
+    Spill {
+        /// The spill's error, as text.
+        detail: String,
+        /// Whether it failed for lack of space.
+        no_space: bool,
+    },
+    /// The background worker stopped (the store is being dropped).
+    #[error("the store's background worker has stopped")]
+    ShutDown,
+}
+
+impl StoreError {
+    /// Wraps an I/O error with the operation and path.
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        StoreError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// Wraps a `ckptfmt` error with the path involved.
+    pub fn format(path: impl Into<PathBuf>, source: FormatError) -> Self {
+        StoreError::Format {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// The underlying I/O error, if this error is one (directly or inside `ckptfmt`).
+    pub fn io_error(&self) -> Option<&std::io::Error> {
+        match self {
+            StoreError::Io { source, .. } => Some(source),
+            StoreError::Format {
+                source: FormatError::Io { source, .. },
+                ..
+            } => Some(source),
+            _ => None,
+        }
+    }
+
+    /// True when the disk is full (ENOSPC) or the quota is exhausted.
+    pub fn is_no_space(&self) -> bool {
+        matches!(
+            self,
+            StoreError::QuotaExceeded { .. } | StoreError::Spill { no_space: true, .. }
+        )
+            || self
+                .io_error()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::StorageFull)
+    }
+}
