@@ -253,6 +253,64 @@ impl Geometry {
             .copied()
     }
 
+    /// Splits a span of `n_tokens` tokens (a block's KV, a tail) into each
+    /// layer's K and V bytes, without copying. Fails when `span` has the
+    /// wrong length.
+    pub fn split_span<'a>(
+        &self,
+        span: &'a [u8],
+        n_tokens: u64,
+    ) -> Result<Vec<(&'a [u8], &'a [u8])>> {
+        if span.len() as u64 != self.span_bytes(n_tokens) {
+            return Err(FormatError::invalid(
+                "KV span",
+                format!(
+                    "{} bytes for {n_tokens} tokens, expected {}",
+                    span.len(),
+                    self.span_bytes(n_tokens)
+                ),
+            ));
+        }
+        Ok(self
+            .layer_spans(n_tokens)
+            .iter()
+            .map(|s| {
+                let k = &span[s.k_offset as usize..(s.k_offset + s.k_len) as usize];
+                let v = &span[s.v_offset as usize..(s.v_offset + s.v_len) as usize];
+                (k, v)
+            })
+            .collect())
+    }
+
+    /// Builds a span of `n_tokens` tokens from each layer's K and V bytes:
+    /// `part(layer_idx, is_v)` returns that region (exactly
+    /// `n_tokens × bytes per token` of the layer).
+    pub fn gather_span<'a>(
+        &self,
+        n_tokens: u64,
+        mut part: impl FnMut(usize, bool) -> &'a [u8],
+    ) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(self.span_bytes(n_tokens) as usize);
+        for (layer_idx, l) in self.layers.iter().enumerate() {
+            for (is_v, b) in [(false, l.k_bytes_per_token), (true, l.v_bytes_per_token)] {
+                let src = part(layer_idx, is_v);
+                let want = u64::from(b) * n_tokens;
+                if src.len() as u64 != want {
+                    return Err(FormatError::invalid(
+                        "KV span",
+                        format!(
+                            "layer {layer_idx} {}: {} bytes, expected {want}",
+                            if is_v { "V" } else { "K" },
+                            src.len()
+                        ),
+                    ));
+                }
+                out.extend_from_slice(src);
+            }
+        }
+        Ok(out)
+    }
+
     /// Canonical byte encoding, as stored in manifests and exports
     /// (see FORMAT.md, "Geometry record").
     pub fn encode(&self) -> Vec<u8> {

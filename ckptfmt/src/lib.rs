@@ -7,7 +7,8 @@
 //! Geometry and identity (plain data, no model code):
 //! - [`Geometry`] (`n_layers()`, per-layer [`LayerGeometry`], [`ElemType`],
 //!   `tokens_per_block()`, `bytes_per_token()`, `block_bytes()`,
-//!   `layer_spans(n_tokens)`, `block_layer_span(layer_idx)`).
+//!   `layer_spans(n_tokens)`, `block_layer_span(layer_idx)`,
+//!   `split_span(&span, n_tokens)` → per-layer `(K, V)` slices, `gather_span`).
 //! - [`Fingerprint`]`([u8; 32])`: the caller's model identity.
 //! - [`BlockId`]`([u8; 32])`: `BlockId::chain(&fp, prev, &tokens)` (BLAKE3),
 //!   `BlockId::chain_all(&fp, &tokens, tokens_per_block)`.

@@ -88,7 +88,7 @@ impl Store<StdFs> {
             });
         }
         // SAFETY: forwarded from this function's contract.
-        let map = unsafe { map_file(&path, true) }?;
+        let map = unsafe { map_file(&path, false) }?;
         self.check_block(&map, id)?;
         Ok(MappedBlock { map })
     }

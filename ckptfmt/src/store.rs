@@ -15,7 +15,7 @@
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
-use crate::block::{encode_block, BlockView, Encoding};
+use crate::block::{encode_block, BlockView, EncodedBlock, Encoding};
 use crate::error::{FormatError, Result};
 use crate::export::write_export;
 use crate::geometry::Geometry;
@@ -194,6 +194,14 @@ impl<V: Vfs> Store<V> {
                     .create_dir_all(d)
                     .map_err(|e| FormatError::io("mkdir", d, e))?;
             }
+            // Make the new directories' entries durable before anything is
+            // written into them.
+            if let Some(parent) = store.root.parent().filter(|p| !p.as_os_str().is_empty()) {
+                store
+                    .vfs
+                    .sync_dir(parent)
+                    .map_err(|e| FormatError::io("fsync", parent, e))?;
+            }
             let m = Manifest::new(
                 store.fingerprint,
                 store.geometry.clone(),
@@ -322,8 +330,11 @@ impl<V: Vfs> Store<V> {
             .map_err(|e| FormatError::io("create", &tmp, e))?;
         let mut len = 0u64;
         for p in parts {
-            file.write_all(p)
-                .map_err(|e| FormatError::io("write", &tmp, e))?;
+            if let Err(e) = file.write_all(p) {
+                drop(file);
+                self.discard([tmp.as_path()]);
+                return Err(FormatError::io("write", &tmp, e));
+            }
             len += p.len() as u64;
         }
         Ok(Staged {
@@ -338,7 +349,34 @@ impl<V: Vfs> Store<V> {
     /// where the [`Vfs`] allows), rename the blocks into place and sync the
     /// block directory, then rename the manifest (the commit point) and sync
     /// its directory.
+    /// On failure, removes the temporary files (best effort).
     fn commit(
+        &self,
+        blocks: Vec<Staged<V::File>>,
+        manifest: Option<Staged<V::File>>,
+    ) -> Result<()> {
+        let tmps: Vec<PathBuf> = blocks
+            .iter()
+            .chain(&manifest)
+            .map(|s| s.tmp.clone())
+            .collect();
+        let res = self.commit_inner(blocks, manifest);
+        if res.is_err() {
+            self.discard(tmps.iter().map(PathBuf::as_path));
+        }
+        res
+    }
+
+    /// Removes temporary files of a save that failed. Errors are ignored:
+    /// recovery removes any leftover on the next open, and a removal never
+    /// touches a committed name.
+    fn discard<'p>(&self, tmps: impl IntoIterator<Item = &'p Path>) {
+        for t in tmps {
+            let _ = self.vfs.remove(t);
+        }
+    }
+
+    fn commit_inner(
         &self,
         blocks: Vec<Staged<V::File>>,
         manifest: Option<Staged<V::File>>,
@@ -412,6 +450,9 @@ impl<V: Vfs> Store<V> {
         Ok(report)
     }
 
+    /// Stages (writes to temporary files) the blocks the store lacks. On
+    /// failure the blocks staged so far are discarded. q8_0 blocks are
+    /// quantised on several threads, a batch at a time.
     fn stage_blocks(
         &self,
         blocks: &[BlockInput<'_>],
@@ -419,28 +460,81 @@ impl<V: Vfs> Store<V> {
     ) -> Result<(Vec<Staged<V::File>>, SaveReport)> {
         let mut report = SaveReport::default();
         let mut staged: Vec<Staged<V::File>> = Vec::new();
-        let mut ids = Vec::new();
-        for b in blocks {
-            let enc = encode_block(
+        let res = (|| {
+            // The id needs only the tokens: check for each block before
+            // paying for its encoding.
+            let mut ids = std::collections::HashSet::new();
+            let mut missing = Vec::new();
+            for b in blocks {
+                let id = BlockId::chain(&self.fingerprint, b.prev, b.tokens);
+                if ids.contains(&id) || self.has_block(&id)? {
+                    report.blocks_reused += 1;
+                } else {
+                    ids.insert(id);
+                    missing.push(*b);
+                }
+            }
+            let batch = match encoding {
+                Encoding::Raw => 1,
+                Encoding::Q8_0 => std::thread::available_parallelism()
+                    .map_or(1, |n| n.get())
+                    .min(16),
+            };
+            for chunk in missing.chunks(batch) {
+                let encoded = self.encode_all(chunk, encoding);
+                for enc in encoded {
+                    let enc = enc?;
+                    let name = format!("{}{BLOCK_SUFFIX}", enc.id.to_hex());
+                    let st = self.stage(&self.blocks_dir, &name, &enc.parts())?;
+                    report.bytes_written += st.len;
+                    report.blocks_written += 1;
+                    staged.push(st);
+                }
+            }
+            Ok(())
+        })();
+        match res {
+            Ok(()) => Ok((staged, report)),
+            Err(e) => {
+                self.discard(staged.iter().map(|s| s.tmp.as_path()));
+                Err(e)
+            }
+        }
+    }
+
+    /// Encodes blocks, on one thread per block when there are several.
+    fn encode_all<'k>(
+        &self,
+        blocks: &[BlockInput<'k>],
+        encoding: Encoding,
+    ) -> Vec<Result<EncodedBlock<'k>>> {
+        let one = |b: &BlockInput<'k>| {
+            encode_block(
                 &self.fingerprint,
                 &self.geometry,
                 b.prev,
                 b.tokens,
                 b.kv,
                 encoding,
-            )?;
-            if ids.contains(&enc.id) || self.has_block(&enc.id)? {
-                report.blocks_reused += 1;
-                continue;
-            }
-            let name = format!("{}{BLOCK_SUFFIX}", enc.id.to_hex());
-            let st = self.stage(&self.blocks_dir, &name, &enc.parts())?;
-            report.bytes_written += st.len;
-            report.blocks_written += 1;
-            ids.push(enc.id);
-            staged.push(st);
+            )
+        };
+        if blocks.len() <= 1 {
+            return blocks.iter().map(one).collect();
         }
-        Ok((staged, report))
+        std::thread::scope(|s| {
+            let handles: Vec<_> = blocks.iter().map(|b| s.spawn(move || one(b))).collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(FormatError::invalid(
+                            "block encoding",
+                            "encoder thread panicked",
+                        ))
+                    })
+                })
+                .collect()
+        })
     }
 
     pub(crate) fn check_block(&self, bytes: &[u8], id: &BlockId) -> Result<()> {
@@ -592,7 +686,13 @@ impl<V: Vfs> Store<V> {
         drop(inputs);
         drop(kvs);
         report.blocks_reused += reused;
-        let man = self.stage_manifest(manifest)?;
+        let man = match self.stage_manifest(manifest) {
+            Ok(m) => m,
+            Err(e) => {
+                self.discard(staged.iter().map(|s| s.tmp.as_path()));
+                return Err(e);
+            }
+        };
         report.bytes_written += man.len;
         self.commit(staged, Some(man))?;
         Ok(report)
@@ -620,7 +720,8 @@ impl<V: Vfs> Store<V> {
         Ok(out)
     }
 
-    /// Deletes blocks referenced by no checkpoint. Returns how many.
+    /// Deletes blocks referenced by no checkpoint. Returns how many. Must not
+    /// run while a save is in progress (FORMAT.md §9.2).
     pub fn gc(&self) -> Result<usize> {
         let mut live = std::collections::HashSet::new();
         for name in self.list_manifests()? {
@@ -662,22 +763,31 @@ impl<V: Vfs> Store<V> {
         let m = export.manifest();
         m.check_owner(&self.fingerprint, &self.geometry)?;
         let mut report = SaveReport::default();
-        let mut staged = Vec::new();
-        for (i, id) in m.block_ids.iter().enumerate() {
-            if self.has_block(id)? {
-                report.blocks_reused += 1;
-                continue;
+        let mut staged: Vec<Staged<V::File>> = Vec::new();
+        let res = (|| {
+            for (i, id) in m.block_ids.iter().enumerate() {
+                if self.has_block(id)? {
+                    report.blocks_reused += 1;
+                    continue;
+                }
+                let v = export.block(i)?;
+                debug_assert_eq!(v.id(), *id);
+                let rec = export.block_record(i)?;
+                let name = format!("{}{BLOCK_SUFFIX}", id.to_hex());
+                let st = self.stage(&self.blocks_dir, &name, &[rec])?;
+                report.bytes_written += st.len;
+                report.blocks_written += 1;
+                staged.push(st);
             }
-            let v = export.block(i)?;
-            debug_assert_eq!(v.id(), *id);
-            let rec = export.block_record(i)?;
-            let name = format!("{}{BLOCK_SUFFIX}", id.to_hex());
-            let st = self.stage(&self.blocks_dir, &name, &[rec])?;
-            report.bytes_written += st.len;
-            report.blocks_written += 1;
-            staged.push(st);
-        }
-        let man = self.stage_manifest(m)?;
+            self.stage_manifest(m)
+        })();
+        let man = match res {
+            Ok(man) => man,
+            Err(e) => {
+                self.discard(staged.iter().map(|s| s.tmp.as_path()));
+                return Err(e);
+            }
+        };
         report.bytes_written += man.len;
         self.commit(staged, Some(man))?;
         Ok(report)

@@ -200,6 +200,10 @@ struct FaultState {
     fail_at: Option<(u64, FaultMode)>,
     dead: bool,
     rng: u64,
+    /// Every mutating operation attempted while alive, in order.
+    history: Vec<(&'static str, PathBuf)>,
+    /// Path of each inode when it was created (for the history).
+    inode_paths: Vec<PathBuf>,
 }
 
 fn injected() -> io::Error {
@@ -208,10 +212,11 @@ fn injected() -> io::Error {
 
 impl FaultState {
     /// Counts a mutating operation; errors when it is the chosen one.
-    fn tick(&mut self) -> io::Result<()> {
+    fn tick(&mut self, op: &'static str, path: &Path) -> io::Result<()> {
         if self.dead {
             return Err(injected());
         }
+        self.history.push((op, path.to_path_buf()));
         let n = self.ops;
         self.ops += 1;
         if let Some((at, mode)) = self.fail_at {
@@ -346,6 +351,13 @@ impl FaultFs {
         st.fail_at = None;
     }
 
+    /// Every mutating operation attempted so far (while the file system was
+    /// alive), as `(operation, path)`: `create`, `write`, `fsync`, `rename`
+    /// (destination path), `remove`, `fsync_dir`.
+    pub fn history(&self) -> Vec<(&'static str, PathBuf)> {
+        lock(&self.state).history.clone()
+    }
+
     /// Reads a file directly (test helper).
     pub fn file(&self, path: &Path) -> Option<Vec<u8>> {
         let st = lock(&self.state);
@@ -358,6 +370,7 @@ impl FaultFs {
         let ino = st.inodes.len();
         let synced = data.len();
         st.inodes.push(Inode { data, synced });
+        st.inode_paths.push(path.to_path_buf());
         st.ns.insert(path.to_path_buf(), ino);
         st.log.push((NsOp::Link(path.to_path_buf(), ino), true));
     }
@@ -366,7 +379,8 @@ impl FaultFs {
 impl VfsFile for FaultFile {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
         let mut st = lock(&self.state);
-        if let Err(e) = st.tick() {
+        let path = st.inode_paths[self.inode].clone();
+        if let Err(e) = st.tick("write", &path) {
             // A failed write may still have written a prefix.
             let n = (st.next_rand() % (buf.len() as u64 + 1)) as usize;
             st.inodes[self.inode].data.extend_from_slice(&buf[..n]);
@@ -378,7 +392,8 @@ impl VfsFile for FaultFile {
 
     fn sync(&mut self) -> io::Result<()> {
         let mut st = lock(&self.state);
-        st.tick()?;
+        let path = st.inode_paths[self.inode].clone();
+        st.tick("fsync", &path)?;
         let len = st.inodes[self.inode].data.len();
         st.inodes[self.inode].synced = len;
         Ok(())
@@ -390,13 +405,14 @@ impl Vfs for FaultFs {
 
     fn create(&self, path: &Path) -> io::Result<FaultFile> {
         let mut st = lock(&self.state);
-        st.tick()?;
+        st.tick("create", path)?;
         match path.parent() {
             Some(d) if st.dirs.contains(d) => {}
             _ => return Err(io::Error::new(io::ErrorKind::NotFound, "no such directory")),
         }
         let ino = st.inodes.len();
         st.inodes.push(Inode::default());
+        st.inode_paths.push(path.to_path_buf());
         st.ns.insert(path.to_path_buf(), ino);
         st.log.push((NsOp::Link(path.to_path_buf(), ino), false));
         Ok(FaultFile {
@@ -416,7 +432,7 @@ impl Vfs for FaultFs {
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let mut st = lock(&self.state);
-        st.tick()?;
+        st.tick("rename", to)?;
         let ino = st
             .ns
             .remove(from)
@@ -429,7 +445,7 @@ impl Vfs for FaultFs {
 
     fn remove(&self, path: &Path) -> io::Result<()> {
         let mut st = lock(&self.state);
-        st.tick()?;
+        st.tick("remove", path)?;
         st.ns
             .remove(path)
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such file"))?;
@@ -467,7 +483,7 @@ impl Vfs for FaultFs {
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let mut st = lock(&self.state);
-        st.tick()?;
+        st.tick("fsync_dir", dir)?;
         for (op, durable) in st.log.iter_mut() {
             if op.dir() == Some(dir) {
                 *durable = true;

@@ -142,6 +142,20 @@ proptest! {
     }
 
     #[test]
+    fn split_and_gather_spans_are_inverse(g in arb_geometry(), n in 0u64..12, seed in any::<u64>()) {
+        let span = Rng(seed).bytes(g.span_bytes(n) as usize);
+        let parts = g.split_span(&span, n).unwrap();
+        prop_assert_eq!(parts.len(), g.n_layers());
+        for ((k, v), l) in parts.iter().zip(g.layers()) {
+            prop_assert_eq!(k.len() as u64, u64::from(l.k_bytes_per_token) * n);
+            prop_assert_eq!(v.len() as u64, u64::from(l.v_bytes_per_token) * n);
+        }
+        let back = g.gather_span(n, |i, is_v| if is_v { parts[i].1 } else { parts[i].0 }).unwrap();
+        prop_assert_eq!(back, span.clone());
+        prop_assert!(g.split_span(&span[..span.len().saturating_sub(1)], n + u64::from(span.is_empty())).is_err());
+    }
+
+    #[test]
     fn geometry_encode_decode(g in arb_geometry()) {
         prop_assert_eq!(Geometry::decode(&g.encode()).unwrap(), g.clone());
         let spans = g.layer_spans(u64::from(g.tokens_per_block()));

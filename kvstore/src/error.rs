@@ -154,9 +154,8 @@ impl StoreError {
         matches!(
             self,
             StoreError::QuotaExceeded { .. } | StoreError::Spill { no_space: true, .. }
-        )
-            || self
-                .io_error()
-                .is_some_and(|e| e.kind() == std::io::ErrorKind::StorageFull)
+        ) || self
+            .io_error()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::StorageFull)
     }
 }

@@ -71,6 +71,6 @@ pub use io::{BlockIo, Fault, FaultIo, LockGuard};
 pub use metrics::Metrics;
 pub use policy::{EvictionPolicy, Lru, PolicyKind, S3Fifo};
 pub use store::{
-    Checkpoint, Config, GcReport, KvStore, Model, PinGuard, Prefetch, PrefixMatch,
-    RecoveryReport, VerifyLevel,
+    Checkpoint, Config, GcReport, KvStore, Model, PinGuard, Prefetch, PrefixMatch, RecoveryReport,
+    VerifyLevel,
 };

@@ -257,9 +257,8 @@ impl EvictionPolicy for S3Fifo {
             if total == 0 && self.meta.is_empty() {
                 return None;
             }
-            let from_small =
-                self.small_bytes > 0 && (self.small_bytes * 100 >= total * Self::SMALL_PERCENT
-                    || self.main_bytes == 0);
+            let from_small = self.small_bytes > 0
+                && (self.small_bytes * 100 >= total * Self::SMALL_PERCENT || self.main_bytes == 0);
             if from_small {
                 let (id, m) = self.pop_live(Queue::Small)?;
                 if m.freq > 0 {

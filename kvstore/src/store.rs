@@ -43,7 +43,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 
-use ckptfmt::store::{BLOCKS_DIR, DESCRIPTOR_FILE};
+use ckptfmt::store::{BLOCKS_DIR, DESCRIPTOR_FILE, MANIFESTS_DIR};
 use ckptfmt::{
     encode_block, BlockId, BlockInput, BlockView, Encoding, Fingerprint, FormatError, Geometry,
     Manifest, StdFs, Store,
@@ -88,6 +88,9 @@ pub struct Config {
     pub max_spill_backlog: u64,
     /// Bytes written per spill batch (one directory sync per batch).
     pub spill_batch_bytes: u64,
+    /// Concurrent file reads of one prefetch (a disk serves several reads
+    /// at once faster than one after the other).
+    pub prefetch_readers: usize,
     /// How block payloads are stored on disk.
     pub encoding: Encoding,
     /// Checks run by [`KvStore::open`].
@@ -103,6 +106,7 @@ impl Default for Config {
             background: true,
             max_spill_backlog: 256 << 20,
             spill_batch_bytes: 32 << 20,
+            prefetch_readers: 4,
             encoding: Encoding::Raw,
             verify: VerifyLevel::default(),
         }
@@ -461,11 +465,16 @@ impl<'s, V: BlockIo> Model<'s, V> {
     /// or with the spill's error when making room required a write that
     /// failed (the block is then not stored, unless already in flight).
     pub fn put(&self, prev: Option<&BlockId>, tokens: &[u32], kv: Vec<u8>) -> Result<BlockId> {
-        self.shared.put(self.idx, &self.info, prev, tokens, kv, false)
+        self.shared
+            .put(self.idx, &self.info, prev, tokens, kv, false)
     }
 
     /// Puts every full block of `tokens`, asking `kv(i)` for block `i`'s
     /// bytes only for the blocks the store does not hold yet. Returns the ids.
+    ///
+    /// Blocks found on disk are not pinned: a concurrent [`KvStore::gc`] may
+    /// reclaim them before a later save. A live session should use
+    /// [`Model::put_sequence_pinned`].
     pub fn put_sequence(
         &self,
         tokens: &[u32],
@@ -529,6 +538,19 @@ impl<'s, V: BlockIo> Model<'s, V> {
         lock_mutex(&self.shared.state).entries.contains_key(id)
     }
 
+    /// Whether block `id` is in the RAM tier now.
+    pub fn is_resident(&self, id: &BlockId) -> bool {
+        lock_mutex(&self.shared.state)
+            .entries
+            .get(id)
+            .is_some_and(|e| e.ram.is_some())
+    }
+
+    /// Path of block `id`'s file (whether or not it exists).
+    pub fn block_path(&self, id: &BlockId) -> PathBuf {
+        self.info.store.block_path(id)
+    }
+
     /// Pins block `id` in RAM (promoting it when on disk). Pins nest; a
     /// pinned block is never evicted nor garbage collected.
     pub fn pin(&self, id: &BlockId) -> Result<KvBytes> {
@@ -581,6 +603,32 @@ impl<'s, V: BlockIo> Model<'s, V> {
             }
         }
         Ok(Checkpoint { manifest, blocks })
+    }
+
+    /// Like [`Model::load`], and pins every block until the guard drops (a
+    /// resumed session's blocks stay in RAM while it runs).
+    pub fn load_pinned(&self, name: &str) -> Result<(Checkpoint, PinGuard<'s, V>)> {
+        let manifest = self.read_manifest(name)?;
+        let mut guard = PinGuard {
+            shared: self.shared,
+            ids: Vec::with_capacity(manifest.block_ids.len()),
+        };
+        let mut blocks = Vec::with_capacity(manifest.block_ids.len());
+        for id in &manifest.block_ids {
+            match self.shared.get(id, true, true)? {
+                Some(b) => {
+                    guard.ids.push(*id);
+                    blocks.push(b);
+                }
+                None => {
+                    return Err(StoreError::MissingBlock {
+                        checkpoint: name.to_string(),
+                        id: id.to_hex(),
+                    })
+                }
+            }
+        }
+        Ok((Checkpoint { manifest, blocks }, guard))
     }
 
     /// Reads the manifest of checkpoint `name`.
@@ -1108,7 +1156,10 @@ impl<V: BlockIo> Shared<V> {
 
     /// Evicts until the RAM tier fits its budget. Clean victims are dropped;
     /// dirty ones are spilled (queued for the spiller, or written inline).
-    fn make_room<'a>(&'a self, mut st: MutexGuard<'a, State>) -> (MutexGuard<'a, State>, Result<()>) {
+    fn make_room<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+    ) -> (MutexGuard<'a, State>, Result<()>) {
         let errors_at_start = st.m.spill_errors;
         loop {
             let items = st.pick_victims(self.cfg.ram_budget);
@@ -1293,6 +1344,15 @@ impl<V: BlockIo> Shared<V> {
             };
             e.in_flight = false;
             if !removed_set.contains(id) {
+                // Still on disk: a pending eviction of its RAM copy can complete.
+                if std::mem::take(&mut e.evict_after_write) {
+                    let (len, pins) = (e.len, e.pins);
+                    st.evicting_bytes -= len;
+                    if pins == 0 {
+                        st.m.evictions += 1;
+                        st.drop_ram(id);
+                    }
+                }
                 continue;
             }
             e.on_disk = false;
@@ -1330,7 +1390,10 @@ impl<V: BlockIo> Shared<V> {
         id: &BlockId,
     ) -> Result<(KvBytes, Option<BlockId>, Vec<u32>, u64)> {
         let p = info.store.block_path(id);
-        let bytes = self.io.read(&p).map_err(|e| StoreError::io("read", &p, e))?;
+        let bytes = self
+            .io
+            .read(&p)
+            .map_err(|e| StoreError::io("read", &p, e))?;
         let file_len = bytes.len() as u64;
         let (range, owned, prev, tokens) = {
             let v = BlockView::parse(&bytes).map_err(|e| StoreError::format(&p, e))?;
@@ -1455,7 +1518,11 @@ impl<V: BlockIo> Shared<V> {
             let (mut st, r) = self.make_room(st);
             if r.is_err() && !pin {
                 // The copy could not be kept; the caller still gets the data.
-                if st.entries.get(id).is_some_and(|e| e.on_disk && !e.in_flight) {
+                if st
+                    .entries
+                    .get(id)
+                    .is_some_and(|e| e.on_disk && !e.in_flight)
+                {
                     st.drop_ram(id);
                 }
             }
@@ -1528,7 +1595,10 @@ impl<V: BlockIo> Shared<V> {
                     id: id.to_hex(),
                 });
             }
-            if ids.iter().any(|id| st.entries.get(id).is_some_and(|e| e.in_flight)) {
+            if ids
+                .iter()
+                .any(|id| st.entries.get(id).is_some_and(|e| e.in_flight))
+            {
                 st = self.cond.wait(st).unwrap_or_else(|e| e.into_inner());
                 continue;
             }
@@ -1588,9 +1658,20 @@ impl<V: BlockIo> Shared<V> {
             .manifest_path(name)
             .map_err(|e| StoreError::format(&self.root, e))?;
         // On error the checkpoint may still exist: keep its references.
-        info.store
-            .delete_manifest(name)
-            .map_err(|e| StoreError::format(&path, e))?;
+        match info.store.delete_manifest(name) {
+            Ok(()) => {}
+            Err(FormatError::Io { op: "remove", source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                // An earlier delete removed the file but failed to sync the
+                // directory: finish its job.
+                let dir = info.store.root().join(MANIFESTS_DIR);
+                self.io
+                    .sync_dir(&dir)
+                    .map_err(|e| StoreError::io("fsync", &dir, e))?;
+            }
+            Err(e) => return Err(StoreError::format(&path, e)),
+        }
         let mut st = lock_mutex(&self.state);
         if let Some(old) = st.checkpoints.remove(&key) {
             st.drop_refs(&old);
@@ -1649,18 +1730,48 @@ impl<V: BlockIo> Shared<V> {
         Ok(())
     }
 
+    /// Brings `ids` into RAM with up to `prefetch_readers` concurrent
+    /// readers (scoped threads, joined before returning). Returns how many
+    /// blocks were read from disk.
     fn prefetch_ids(&self, ids: &[BlockId]) -> Result<usize> {
-        let mut n = 0;
-        for id in ids {
-            let was_cold = {
-                let st = lock_mutex(&self.state);
-                st.entries.get(id).is_some_and(|e| e.ram.is_none())
-            };
-            self.get(id, false, false)?;
-            if was_cold {
-                n += 1;
+        let readers = self.cfg.prefetch_readers.clamp(1, 64).min(ids.len().max(1));
+        let read_part = |k: usize| -> Result<usize> {
+            let mut n = 0;
+            for id in ids.iter().skip(k).step_by(readers) {
+                let was_cold = {
+                    let st = lock_mutex(&self.state);
+                    st.entries.get(id).is_some_and(|e| e.ram.is_none())
+                };
+                self.get(id, false, false)?;
+                if was_cold {
+                    n += 1;
+                }
             }
-        }
+            Ok(n)
+        };
+        let n = if readers == 1 {
+            read_part(0)?
+        } else {
+            std::thread::scope(|scope| -> Result<usize> {
+                let mut handles = Vec::with_capacity(readers - 1);
+                for k in 1..readers {
+                    let h = std::thread::Builder::new()
+                        .name("kvstore-prefetch-reader".into())
+                        .spawn_scoped(scope, move || read_part(k))
+                        .map_err(|e| StoreError::io("spawn", "kvstore-prefetch-reader", e))?;
+                    handles.push(h);
+                }
+                let mut total = read_part(0);
+                for h in handles {
+                    let r = h.join().unwrap_or(Err(StoreError::ShutDown));
+                    total = match (total, r) {
+                        (Ok(a), Ok(b)) => Ok(a + b),
+                        (Err(e), _) | (_, Err(e)) => Err(e),
+                    };
+                }
+                total
+            })?
+        };
         lock_mutex(&self.state).m.prefetched_blocks += n as u64;
         Ok(n)
     }

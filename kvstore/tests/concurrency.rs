@@ -79,9 +79,15 @@ fn threads_share_prefixes_and_sessions() {
         }
     });
     let m = store.metrics();
-    assert!(m.dedup_blocks >= (n_threads * n_sessions * 3 - 3) as u64, "{m:?}");
+    assert!(
+        m.dedup_blocks >= (n_threads * n_sessions * 3 - 3) as u64,
+        "{m:?}"
+    );
     assert!(m.spills > 0, "{m:?}");
-    assert!(m.ram_bytes <= 40 * block_bytes() as u64 + cfg.max_spill_backlog, "{m:?}");
+    assert!(
+        m.ram_bytes <= 40 * block_bytes() as u64 + cfg.max_spill_backlog,
+        "{m:?}"
+    );
     assert_eq!(m.pinned_bytes, 0);
     let expected: Vec<String> = {
         let mut v: Vec<String> = (0..n_threads)

@@ -22,7 +22,11 @@ fn seq_tokens(k: usize) -> Vec<u32> {
     let mut t = Vec::new();
     for b in 0..BLOCKS_PER_SEQ {
         for j in 0..TPB as usize {
-            let base = if b < SHARED[k] { 0 } else { 1000 * (k as u32 + 1) };
+            let base = if b < SHARED[k] {
+                0
+            } else {
+                1000 * (k as u32 + 1)
+            };
             t.push(base + (b * TPB as usize + j) as u32);
         }
     }
@@ -97,8 +101,7 @@ impl Reference {
                 continue;
             }
             let mut iter = versions.iter().flatten();
-            let mut common: HashSet<BlockId> =
-                iter.next().into_iter().flatten().copied().collect();
+            let mut common: HashSet<BlockId> = iter.next().into_iter().flatten().copied().collect();
             for v in iter {
                 let s: HashSet<BlockId> = v.iter().copied().collect();
                 common.retain(|id| s.contains(id));
@@ -295,14 +298,24 @@ fn run_with(ops: Vec<Op>, background: bool) -> Result<u64, TestCaseError> {
             });
             let s = open(&io, background);
             let report = s.recovery_report().clone();
-            prop_assert!(report.removed_checkpoints.is_empty(), "{}: {:?}", ctx, report);
+            prop_assert!(
+                report.removed_checkpoints.is_empty(),
+                "{}: {:?}",
+                ctx,
+                report
+            );
             prop_assert_eq!(report.removed_blocks, 0, "{}: {:?}", ctx, report);
             let model = s.model(fp(), geometry()).unwrap();
             let listed: HashSet<String> = model.list().into_iter().collect();
             for name in NAMES {
                 let versions = r.versions(name);
                 if !listed.contains(name) {
-                    prop_assert!(versions.contains(&None), "{}: lost checkpoint {}", ctx, name);
+                    prop_assert!(
+                        versions.contains(&None),
+                        "{}: lost checkpoint {}",
+                        ctx,
+                        name
+                    );
                     r.ckpts.insert(name, vec![None]);
                     continue;
                 }
@@ -310,7 +323,12 @@ fn run_with(ops: Vec<Op>, background: bool) -> Result<u64, TestCaseError> {
                     TestCaseError::fail(format!("{ctx}: load {name} after crash: {e}"))
                 })?;
                 let got = Some(cp.manifest.block_ids.clone());
-                prop_assert!(versions.contains(&got), "{}: unexpected version of {}", ctx, name);
+                prop_assert!(
+                    versions.contains(&got),
+                    "{}: unexpected version of {}",
+                    ctx,
+                    name
+                );
                 for (id, kv) in cp.manifest.block_ids.iter().zip(&cp.blocks) {
                     prop_assert_eq!(&kv[..], &kv_of(id)[..], "{}", ctx);
                 }
@@ -337,20 +355,20 @@ fn run_with(ops: Vec<Op>, background: bool) -> Result<u64, TestCaseError> {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 300,
+        cases: 1000,
         max_shrink_iters: 2000,
         ..ProptestConfig::default()
     })]
 
     #[test]
-    fn store_matches_reference(ops in proptest::collection::vec(op(), 1..40)) {
+    fn store_matches_reference(ops in proptest::collection::vec(op(), 1..60)) {
         run(ops)?;
     }
 }
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 60,
+        cases: 150,
         max_shrink_iters: 500,
         ..ProptestConfig::default()
     })]
@@ -363,12 +381,28 @@ proptest! {
     }
 }
 
+#[test]
+fn regression_delete_after_failed_directory_sync() {
+    run(vec![
+        Op::Save { name: 0, seq: 0, n: 0 },
+        Op::Arm { after: 0, fault: Fault::FsyncFail },
+        Op::Delete { name: 0 },
+        Op::Delete { name: 0 },
+        Op::Crash { seed: None },
+    ])
+    .unwrap();
+}
+
 /// Crashes at every mutating operation of a fixed workload, one run each.
 #[test]
 fn regression_empty_checkpoint_survives_crash() {
     run(vec![
         Op::Put { seq: 3, n: 3 },
-        Op::Save { name: 0, seq: 3, n: 0 },
+        Op::Save {
+            name: 0,
+            seq: 3,
+            n: 0,
+        },
         Op::Crash { seed: None },
     ])
     .unwrap();
@@ -378,13 +412,25 @@ fn regression_empty_checkpoint_survives_crash() {
 fn crash_at_every_operation() {
     let workload = vec![
         Op::Put { seq: 0, n: 5 },
-        Op::Save { name: 0, seq: 0, n: 3 },
+        Op::Save {
+            name: 0,
+            seq: 0,
+            n: 3,
+        },
         Op::Put { seq: 1, n: 4 },
         Op::Flush,
-        Op::Save { name: 1, seq: 1, n: 4 },
+        Op::Save {
+            name: 1,
+            seq: 1,
+            n: 4,
+        },
         Op::Delete { name: 0 },
         Op::Gc,
-        Op::Save { name: 0, seq: 2, n: 5 },
+        Op::Save {
+            name: 0,
+            seq: 2,
+            n: 5,
+        },
     ];
     // Count the operations of a clean run (setup included: faults armed
     // before the workload count from its start, so a few go past the end).

@@ -3,6 +3,7 @@
 //! - `fetch-model`: download the default model into `models/` and verify its checksum.
 //! - `bindgen`: regenerate `ggml-sys/src/bindings*.rs` from the pinned ggml headers.
 //! - `ci`: formatting check, clippy with warnings denied, then the whole test suite.
+//! - `compare-llama-cpp`: engine speed against llama.cpp's reference harness, side by side.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -13,6 +14,7 @@ mod source {
 }
 #[cfg(feature = "bindgen")]
 mod bindings;
+mod compare;
 mod model;
 
 fn main() -> ExitCode {
@@ -23,8 +25,9 @@ fn main() -> ExitCode {
         }),
         Some("bindgen") => bindgen(),
         Some("ci") => ci(),
+        Some("compare-llama-cpp") => compare::compare(&args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
-            println!("usage: cargo xtask <fetch-model | bindgen | ci>");
+            println!("usage: cargo xtask <fetch-model | bindgen | ci | compare-llama-cpp --refh PATH [--reps N]>");
             Ok(())
         }
         Some(other) => Err(format!(

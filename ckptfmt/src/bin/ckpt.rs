@@ -264,6 +264,27 @@ fn verify(path: &Path) -> Result<String, FormatError> {
         Ok(format!("block {}", v.id()))
     } else if magic == MANIFEST_MAGIC {
         let m = Manifest::decode(&bytes)?;
+        // A manifest inside a store: check its blocks too.
+        let store_root = path
+            .parent()
+            .filter(|d| {
+                d.file_name()
+                    .is_some_and(|n| n == ckptfmt::store::MANIFESTS_DIR)
+            })
+            .and_then(Path::parent)
+            .filter(|r| r.join(ckptfmt::store::DESCRIPTOR_FILE).is_file());
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(ckptfmt::store::MANIFEST_SUFFIX));
+        if let (Some(root), Some(name)) = (store_root, name) {
+            Store::open_existing(root)?.verify_checkpoint(name)?;
+            return Ok(format!(
+                "checkpoint {name:?}: {} tokens, {} blocks, all blocks verified",
+                m.tokens.len(),
+                m.block_ids.len()
+            ));
+        }
         Ok(format!(
             "manifest {:?}: {} tokens, {} blocks (blocks not checked: not in a store)",
             m.meta.name,

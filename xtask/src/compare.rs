@@ -1,0 +1,144 @@
+//! `cargo xtask compare-llama-cpp --refh PATH`: prefill and decode speed of our engine against
+//! llama.cpp's reference harness, run alternately in one script on the same machine, model,
+//! prompt and thread count; prints medians and ratios.
+
+use std::process::Command;
+
+use crate::{cargo, run, workspace_root};
+
+struct Options {
+    refh: String,
+    model: String,
+    prompt: usize,
+    gen: usize,
+    threads: usize,
+    reps: usize,
+}
+
+fn parse(args: &[String]) -> Result<Options, String> {
+    let mut o = Options {
+        refh: String::new(),
+        model: "models/SmolLM2-135M-Instruct.Q4_1.gguf".into(),
+        prompt: 512,
+        gen: 128,
+        threads: 2,
+        reps: 5,
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let num = || {
+            value
+                .parse::<usize>()
+                .map_err(|e| format!("{flag} {value}: {e}"))
+        };
+        match flag.as_str() {
+            "--refh" => o.refh = value.clone(),
+            "--model" => o.model = value.clone(),
+            "--prompt-tokens" => o.prompt = num()?,
+            "--gen-tokens" => o.gen = num()?,
+            "--threads" => o.threads = num()?,
+            "--reps" => o.reps = num()?.max(1),
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    if o.refh.is_empty() {
+        return Err("--refh PATH (llama.cpp's reference harness) is required".into());
+    }
+    Ok(o)
+}
+
+fn json_of(program: &str, args: &[String]) -> Result<serde_json::Value, String> {
+    let out = Command::new(program)
+        .args(args)
+        .current_dir(workspace_root())
+        .output()
+        .map_err(|e| format!("{program}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{program} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .ok_or(format!("{program} printed no JSON"))?;
+    serde_json::from_str(line).map_err(|e| format!("{program}: {e}"))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Runs the comparison and prints one JSON object.
+pub fn compare(args: &[String]) -> Result<(), String> {
+    let o = parse(args)?;
+    run(
+        &cargo(),
+        &["build", "--release", "--quiet", "--example", "bench"],
+    )?;
+    let ours = workspace_root().join("target/release/examples/bench");
+    let ours = ours.to_string_lossy().into_owned();
+    let (p, g, t) = (
+        o.prompt.to_string(),
+        o.gen.to_string(),
+        o.threads.to_string(),
+    );
+    let ref_args: Vec<String> = vec![
+        "bench".into(),
+        o.model.clone(),
+        p.clone(),
+        g.clone(),
+        t.clone(),
+    ];
+    let our_args: Vec<String> = [
+        "--model",
+        &o.model,
+        "--prompt-tokens",
+        &p,
+        "--gen-tokens",
+        &g,
+        "--threads",
+        &t,
+        "--reps",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (mut rp, mut rd, mut op, mut od) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for rep in 0..o.reps {
+        let r = json_of(&o.refh, &ref_args)?;
+        let e = json_of(&ours, &our_args)?;
+        let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+        eprintln!(
+            "rep {rep}: llama.cpp prefill {:.1} decode {:.1} | llama-hdd prefill {:.1} decode {:.1} tok/s",
+            f(&r, "prefill_tps"),
+            f(&r, "decode_tps"),
+            f(&e, "prefill_tps"),
+            f(&e, "decode_tps")
+        );
+        rp.push(f(&r, "prefill_tps"));
+        rd.push(f(&r, "decode_tps"));
+        op.push(f(&e, "prefill_tps"));
+        od.push(f(&e, "decode_tps"));
+    }
+    let (rp, rd, op, od) = (
+        median(&mut rp),
+        median(&mut rd),
+        median(&mut op),
+        median(&mut od),
+    );
+    let out = serde_json::json!({
+        "prompt_tokens": o.prompt, "gen_tokens": o.gen, "threads": o.threads, "reps": o.reps,
+        "llama_cpp": { "prefill_tps": rp, "decode_tps": rd },
+        "llama_hdd": { "prefill_tps": op, "decode_tps": od },
+        "ratio": { "prefill": op / rp, "decode": od / rd },
+    });
+    println!("{out}");
+    Ok(())
+}
