@@ -412,16 +412,11 @@ fn build_cuda(ggml: &Path, include_dir: &Path, defines: &[(&str, Option<&str>)])
     let mut files = list(&dir, "cu");
     let instances = dir.join("template-instances");
     files.extend(list(&instances, "cu").into_iter().filter(|f| {
+        // ggml's default set of pre-instantiated kernels: tile and MMA flash attention, MMQ, MMF.
         let name = f.file_name().unwrap().to_string_lossy();
-        // ggml's default set: all tile/MMA/MMQ/MMF instances, and the vector flash-attention
-        // kernels for the f16/q4_0/q8_0 K-V type pairs (GGML_CUDA_FA_ALL_QUANTS off).
-        name.starts_with("fattn-tile")
-            || name.starts_with("fattn-mma")
-            || name.starts_with("mmq")
-            || name.starts_with("mmf")
-            || ["q4_0-q4_0", "q8_0-q8_0", "f16-f16"]
-                .iter()
-                .any(|pair| name.starts_with("fattn-vec") && name.contains(pair))
+        ["fattn-tile", "fattn-mma", "mmq", "mmf"]
+            .iter()
+            .any(|p| name.starts_with(p))
     }));
     let arch = env::var("GGML_SYS_CUDA_ARCH").unwrap_or_else(|_| "native".into());
     let mut build = cc::Build::new();
@@ -471,7 +466,8 @@ fn build_cuda(ggml: &Path, include_dir: &Path, defines: &[(&str, Option<&str>)])
     objects
 }
 
-/// Compiles ggml's Metal backend, embedding its shader source so no file is needed at run time.
+/// Compiles ggml's Metal backend with its shader sources embedded (one start/end symbol pair per
+/// kernel library, as ggml's own build emits them), so nothing is needed at run time.
 fn build_metal(
     ggml: &Path,
     include_dir: &Path,
@@ -479,61 +475,96 @@ fn build_metal(
     defines: &[(&str, Option<&str>)],
 ) -> Vec<PathBuf> {
     let dir = ggml.join("src/ggml-metal");
-    // The shader source includes ggml-common.h; inline it so the library compiles from memory.
-    let common =
-        std::fs::read_to_string(ggml.join("src/ggml-common.h")).expect("read ggml-common.h");
-    let shader =
-        std::fs::read_to_string(dir.join("ggml-metal.metal")).expect("read ggml-metal.metal");
-    let impl_h = std::fs::read_to_string(dir.join("ggml-metal-impl.h")).unwrap_or_default();
-    let shader = shader
-        .replace("#include \"../ggml-common.h\"", &common)
-        .replace("#include \"ggml-common.h\"", &common)
-        .replace("#include \"ggml-metal-impl.h\"", &impl_h);
-    let embedded = out.join("ggml-metal-embed.metal");
-    std::fs::write(&embedded, shader).expect("write embedded shader");
-    let asm = out.join("ggml-metal-embed.s");
-    std::fs::write(
-        &asm,
-        format!(
-            ".section __DATA,__ggml_metallib\n.globl _ggml_metallib_start\n_ggml_metallib_start:\n.incbin \"{}\"\n.globl _ggml_metallib_end\n_ggml_metallib_end:\n",
-            embedded.display()
-        ),
-    )
-    .expect("write embed assembly");
+    let kernels = dir.join("kernels");
+    let read = |p: &Path| {
+        std::fs::read_to_string(p).unwrap_or_else(|e| fail(&format!("{}: {e}", p.display())))
+    };
+    let common_h = read(&ggml.join("src/ggml-common.h"));
+    let impl_h = read(&dir.join("ggml-metal-impl.h"));
+    let shared = [
+        "common.h",
+        "dequantize.h",
+        "quantize.h",
+        "fa_common.metal",
+        "fa_vec_common.metal",
+    ];
+    let embed_dir = out.join("metal-embed");
+    std::fs::create_dir_all(&embed_dir).expect("create metal-embed");
+    let mut asm_files = Vec::new();
+    for source in list(&kernels, "metal") {
+        let name = source.file_stem().unwrap().to_string_lossy().into_owned();
+        if shared.contains(&format!("{name}.metal").as_str()) {
+            continue;
+        }
+        let body = read(&source);
+        // The shared headers this kernel includes, in ggml's order, then the kernel itself.
+        let mut text = read(&kernels.join("common.h"));
+        for (header, marker) in [
+            ("dequantize.h", "#include \"dequantize.h\""),
+            ("quantize.h", "#include \"quantize.h\""),
+            ("fa_common.metal", "#include \"fa_common.metal\""),
+            ("fa_vec_common.metal", "#include \"fa_vec_common.metal\""),
+        ] {
+            if body.contains(marker) {
+                text.push_str(&read(&kernels.join(header)));
+            }
+        }
+        text.push_str(&body);
+        let mut inlined = String::new();
+        for line in text.lines() {
+            let t = line.trim();
+            if t == "#pragma once" || shared.iter().any(|h| t == format!("#include \"{h}\"")) {
+                continue;
+            }
+            if t == "__embed_ggml-common.h__" {
+                inlined.push_str(&common_h);
+            } else if t == "#include \"ggml-metal-impl.h\"" {
+                inlined.push_str(&impl_h);
+            } else {
+                inlined.push_str(line);
+            }
+            inlined.push('\n');
+        }
+        let embedded = embed_dir.join(format!("{name}.metal"));
+        std::fs::write(&embedded, inlined).expect("write embedded kernel");
+        let sym = name.replace('-', "_");
+        let asm = embed_dir.join(format!("{name}.s"));
+        std::fs::write(
+            &asm,
+            format!(
+                ".section __DATA,__ggml_metallib\n.globl _ggml_metallib_{sym}_start\n_ggml_metallib_{sym}_start:\n\
+                 .incbin \"{}\"\n.globl _ggml_metallib_{sym}_end\n_ggml_metallib_{sym}_end:\n",
+                embedded.display()
+            ),
+        )
+        .expect("write embed assembly");
+        asm_files.push(asm);
+    }
 
-    let mut build = cc::Build::new();
-    build
-        .include(include_dir)
-        .include(ggml.join("include"))
-        .include(ggml.join("src"))
-        .include(&dir)
-        .opt_level(3)
-        .debug(false)
-        .warnings(false)
-        .cargo_warnings(false)
-        .define("GGML_METAL_EMBED_LIBRARY", None)
-        .flag("-fobjc-arc");
-    for (name, value) in defines {
-        build.define(name, *value);
-    }
-    build.files(list(&dir, "m"));
-    build.file(&asm);
-    let mut objects = build.compile_intermediates();
+    let configure = |build: &mut cc::Build| {
+        build
+            .include(include_dir)
+            .include(ggml.join("include"))
+            .include(ggml.join("src"))
+            .include(&dir)
+            .opt_level(3)
+            .debug(false)
+            .warnings(false)
+            .cargo_warnings(false)
+            .define("GGML_METAL_EMBED_LIBRARY", None);
+        for (name, value) in defines {
+            build.define(name, *value);
+        }
+    };
+    let mut objc = cc::Build::new();
+    configure(&mut objc);
+    objc.flag("-fobjc-arc")
+        .files(list(&dir, "m"))
+        .files(&asm_files);
+    let mut objects = objc.compile_intermediates();
     let mut cpp = cc::Build::new();
-    cpp.cpp(true)
-        .std("c++17")
-        .include(include_dir)
-        .include(ggml.join("include"))
-        .include(ggml.join("src"))
-        .include(&dir)
-        .opt_level(3)
-        .debug(false)
-        .warnings(false)
-        .cargo_warnings(false);
-    for (name, value) in defines {
-        cpp.define(name, *value);
-    }
-    cpp.files(list(&dir, "cpp"));
+    configure(&mut cpp);
+    cpp.cpp(true).std("c++17").files(list(&dir, "cpp"));
     objects.extend(cpp.compile_intermediates());
     objects
 }

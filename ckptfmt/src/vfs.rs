@@ -166,6 +166,9 @@ pub enum CrashMode {
     /// A random prefix of the unsynced directory operations survives, and each
     /// file keeps a random part of its unsynced bytes (possibly zero-filled).
     Random(u64),
+    /// Each unsynced directory operation survives or not independently (no
+    /// ordering between them), and file data as with [`CrashMode::Random`].
+    Reorder(u64),
 }
 
 #[derive(Debug, Clone)]
@@ -293,12 +296,21 @@ impl FaultFs {
     pub fn crash(&self, mode: CrashMode) {
         let mut st = lock(&self.state);
         let st = &mut *st;
-        let (keep_ops, random) = match mode {
-            CrashMode::DropUnsynced => (0, false),
+        let pending = st.log.iter().filter(|(_, d)| !*d).count();
+        // Which unsynced directory operations survive, in log order.
+        let (keep, random): (Vec<bool>, bool) = match mode {
+            CrashMode::DropUnsynced => (vec![false; pending], false),
             CrashMode::Random(seed) => {
                 st.rng = seed;
-                let pending = st.log.iter().filter(|(_, d)| !*d).count() as u64;
-                ((st.next_rand() % (pending + 1)) as usize, true)
+                let cut = (st.next_rand() % (pending as u64 + 1)) as usize;
+                ((0..pending).map(|i| i < cut).collect(), true)
+            }
+            CrashMode::Reorder(seed) => {
+                st.rng = seed;
+                (
+                    (0..pending).map(|_| st.next_rand() & 1 == 1).collect(),
+                    true,
+                )
             }
         };
         let mut ns: BTreeMap<PathBuf, usize> = BTreeMap::new();
@@ -306,7 +318,7 @@ impl FaultFs {
         for (op, durable) in &st.log {
             if !*durable {
                 pending_seen += 1;
-                if pending_seen > keep_ops {
+                if !keep[pending_seen - 1] {
                     continue;
                 }
             }
@@ -569,5 +581,22 @@ mod tests {
                 assert!(b == b"0123456789"[i] || b == 0);
             }
         }
+    }
+
+    #[test]
+    fn reorder_crash_keeps_unsynced_entries_independently() {
+        let mut seen = BTreeSet::new();
+        for seed in 0..64 {
+            let fs = FaultFs::new();
+            fs.create_dir_all(Path::new("/d")).unwrap();
+            write(&fs, "/d/a", b"a", true);
+            write(&fs, "/d/b", b"b", true);
+            fs.crash(CrashMode::Reorder(seed));
+            let a = fs.file(Path::new("/d/a")).is_some();
+            let b = fs.file(Path::new("/d/b")).is_some();
+            seen.insert((a, b));
+        }
+        // Including "b survived but the earlier a did not", which a prefix model never gives.
+        assert_eq!(seen.len(), 4, "{seen:?}");
     }
 }

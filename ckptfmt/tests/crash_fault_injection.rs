@@ -36,6 +36,7 @@ fn run_all(extend_to: usize, same_name: bool) {
 
     let mut crash_modes = vec![None, Some(CrashMode::DropUnsynced)];
     crash_modes.extend((1..=8).map(|seed| Some(CrashMode::Random(seed))));
+    crash_modes.extend((1..=8).map(|seed| Some(CrashMode::Reorder(seed))));
     let mut outcomes = [0usize; 2];
     for k in 0..total {
         for fault in [FaultMode::Error, FaultMode::Crash] {

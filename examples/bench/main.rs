@@ -39,7 +39,9 @@ fn main() -> Result<()> {
     let args = Args::parse();
     let model = Model::load(&args.model)?;
     let n_vocab = model.hparams().n_vocab;
-    let prompt: Vec<u32> = (0..args.prompt_tokens).map(|i| (100 + (i * 7919) % (n_vocab - 200)) as u32).collect();
+    let prompt: Vec<u32> = (0..args.prompt_tokens)
+        .map(|i| (100 + (i * 7919) % (n_vocab - 200)) as u32)
+        .collect();
     let params = SessionParams {
         n_ctx: args.prompt_tokens + args.gen_tokens + 16,
         n_threads: args.threads,
@@ -55,7 +57,11 @@ fn main() -> Result<()> {
         let t = Instant::now();
         for _ in 0..args.gen_tokens {
             let logits = session.logits()?;
-            let next = logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i) as u32;
+            let next = logits
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .map_or(0, |(i, _)| i) as u32;
             session.feed(&[next])?;
         }
         decode.push(args.gen_tokens as f64 / t.elapsed().as_secs_f64());

@@ -64,8 +64,13 @@ struct Args {
 fn main() -> Result<()> {
     let args = Args::parse();
     ensure_model(&args.model)?;
-    let model = Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
-    let params = SessionParams { n_ctx: args.ctx, n_threads: args.threads, ..SessionParams::default() };
+    let model =
+        Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let params = SessionParams {
+        n_ctx: args.ctx,
+        n_threads: args.threads,
+        ..SessionParams::default()
+    };
     let mut session = Session::new(model.clone(), params)?;
     let mut sampler = Sampler::new(SamplerParams {
         temperature: args.temp,
@@ -80,7 +85,8 @@ fn main() -> Result<()> {
     let interrupted = Arc::new(AtomicBool::new(false));
     {
         let flag = interrupted.clone();
-        ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
+        ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
+            .context("installing the Ctrl-C handler")?;
     }
 
     let hp = model.hparams();
@@ -119,7 +125,12 @@ fn main() -> Result<()> {
         // Render the whole conversation and feed only what the session does not hold yet.
         let prompt = model.chat_template().render(&messages, true)?;
         let ids = model.tokenizer().encode(&prompt, true, true)?;
-        let common = session.tokens().iter().zip(&ids).take_while(|(a, b)| a == b).count();
+        let common = session
+            .tokens()
+            .iter()
+            .zip(&ids)
+            .take_while(|(a, b)| a == b)
+            .count();
         // Keep at least one token to evaluate, so there are fresh logits to sample from.
         let common = common.min(ids.len().saturating_sub(1));
         session.truncate(common);
@@ -130,7 +141,10 @@ fn main() -> Result<()> {
         }
 
         interrupted.store(false, Ordering::SeqCst);
-        let gen = GenerateParams { max_tokens: args.max_tokens, stop_strings: Vec::new() };
+        let gen = GenerateParams {
+            max_tokens: args.max_tokens,
+            stop_strings: Vec::new(),
+        };
         let mut out = std::io::stdout();
         let reply = session.generate(&mut sampler, &gen, |piece| {
             let _ = out.write_all(piece.as_bytes());
@@ -154,7 +168,10 @@ fn main() -> Result<()> {
 }
 
 fn initial_messages(args: &Args) -> Vec<Message> {
-    args.system.iter().map(|s| Message::new("system", s.as_str())).collect()
+    args.system
+        .iter()
+        .map(|s| Message::new("system", s.as_str()))
+        .collect()
 }
 
 /// Fetches the default model with `cargo xtask fetch-model` when it is missing.
@@ -165,7 +182,10 @@ fn ensure_model(path: &Path) -> Result<()> {
     if path != Path::new(DEFAULT_MODEL) {
         bail!("model file {} not found", path.display());
     }
-    eprintln!("{} is missing; fetching it (about 90 MB)...", path.display());
+    eprintln!(
+        "{} is missing; fetching it (about 90 MB)...",
+        path.display()
+    );
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = std::process::Command::new(cargo)
         .args(["xtask", "fetch-model"])

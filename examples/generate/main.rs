@@ -40,8 +40,13 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let model = Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
-    let params = SessionParams { n_ctx: args.ctx, n_threads: args.threads, ..SessionParams::default() };
+    let model =
+        Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let params = SessionParams {
+        n_ctx: args.ctx,
+        n_threads: args.threads,
+        ..SessionParams::default()
+    };
     if let Some(golden) = &args.golden {
         let file = std::fs::File::open(golden).with_context(|| golden.display().to_string())?;
         let stdout = std::io::stdout();
@@ -51,7 +56,9 @@ fn main() -> Result<()> {
                 continue;
             }
             let v: serde_json::Value = serde_json::from_str(&line)?;
-            let prompt = v["prompt"].as_str().context("a golden line without a `prompt`")?;
+            let prompt = v["prompt"]
+                .as_str()
+                .context("a golden line without a `prompt`")?;
             let ids = model.tokenizer().encode(prompt, true, true)?;
             let mut session = Session::new(model.clone(), params.clone())?;
             let logits = session.feed(&ids)?.to_vec();
@@ -84,7 +91,10 @@ fn main() -> Result<()> {
     let mut session = Session::new(model, params)?;
     session.feed_text(&prompt)?;
     let mut sampler = Sampler::new(SamplerParams::greedy());
-    let gen = GenerateParams { max_tokens: args.n_gen, ..GenerateParams::default() };
+    let gen = GenerateParams {
+        max_tokens: args.n_gen,
+        ..GenerateParams::default()
+    };
     print!("{prompt}");
     session.generate(&mut sampler, &gen, |piece| {
         print!("{piece}");

@@ -47,11 +47,17 @@ fn main() {
     }
     if want("service") {
         for policy in [PolicyKind::Lru, PolicyKind::S3Fifo] {
-            bench_service(scratch.path(), policy, &[1, 4]);
+            bench_service(scratch.path(), policy, &[1, 4], 16, "service");
         }
     }
     if want("cold") {
-        bench_service(scratch.path(), PolicyKind::S3Fifo, &[1, 2, 4, 8]);
+        bench_service(
+            scratch.path(),
+            PolicyKind::S3Fifo,
+            &[1, 2, 4, 8],
+            64,
+            "cold",
+        );
     }
 }
 
@@ -324,7 +330,7 @@ fn delta(a: &Metrics, b: &Metrics) -> (u64, u64, u64) {
     )
 }
 
-fn bench_service(dir: &Path, policy: PolicyKind, readers: &[usize]) {
+fn bench_service(dir: &Path, policy: PolicyKind, readers: &[usize], n_cold: usize, label: &str) {
     // SmolLM2's 23,040 bytes per token scaled down 64x: 30 layers x (6 + 6) bytes.
     const SCALE: u64 = 64;
     let geometry = Geometry::uniform(30, 6, 6, ElemType::F16, 64).unwrap();
@@ -361,7 +367,7 @@ fn bench_service(dir: &Path, policy: PolicyKind, readers: &[usize]) {
         logical as f64 / (1 << 20) as f64,
         cfg.ram_budget as f64 / (1 << 20) as f64
     );
-    let root = dir.join(format!("service-{policy:?}"));
+    let root = dir.join(format!("{label}-{policy:?}"));
     let store = KvStore::open(&root, cfg.clone()).unwrap();
     let model = store.model(fp, geometry.clone()).unwrap();
     let t = Instant::now();
@@ -426,7 +432,10 @@ fn bench_service(dir: &Path, policy: PolicyKind, readers: &[usize]) {
     drop(store);
     // Cold resumes: reopen (the RAM tier starts empty) and bring sessions
     // that do not share the prompt into RAM, against a raw read of the same files.
-    let cold: Vec<usize> = (0..n_sessions).filter(|s| s % 2 == 1).take(16).collect();
+    let cold: Vec<usize> = (0..n_sessions)
+        .filter(|s| s % 2 == 1)
+        .take(n_cold)
+        .collect();
     for &r in readers {
         let store = KvStore::open(
             &root,

@@ -1660,9 +1660,11 @@ impl<V: BlockIo> Shared<V> {
         // On error the checkpoint may still exist: keep its references.
         match info.store.delete_manifest(name) {
             Ok(()) => {}
-            Err(FormatError::Io { op: "remove", source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound =>
-            {
+            Err(FormatError::Io {
+                op: "remove",
+                source,
+                ..
+            }) if source.kind() == std::io::ErrorKind::NotFound => {
                 // An earlier delete removed the file but failed to sync the
                 // directory: finish its job.
                 let dir = info.store.root().join(MANIFESTS_DIR);

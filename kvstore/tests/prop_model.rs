@@ -384,8 +384,15 @@ proptest! {
 #[test]
 fn regression_delete_after_failed_directory_sync() {
     run(vec![
-        Op::Save { name: 0, seq: 0, n: 0 },
-        Op::Arm { after: 0, fault: Fault::FsyncFail },
+        Op::Save {
+            name: 0,
+            seq: 0,
+            n: 0,
+        },
+        Op::Arm {
+            after: 0,
+            fault: Fault::FsyncFail,
+        },
         Op::Delete { name: 0 },
         Op::Delete { name: 0 },
         Op::Crash { seed: None },

@@ -263,3 +263,25 @@ fn both_policies_work() {
         assert!(store.metrics().ram_bytes <= 3 * block_bytes() as u64);
     }
 }
+
+#[test]
+fn second_process_is_locked() {
+    // The child: this same test binary, run with the directory in the environment.
+    if let Some(dir) = std::env::var_os("KVSTORE_LOCK_CHILD_DIR") {
+        let err = KvStore::open(&dir, Config::default()).unwrap_err();
+        assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let _store = KvStore::open(dir.path(), Config::default()).unwrap();
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "second_process_is_locked", "--test-threads=1"])
+        .env("KVSTORE_LOCK_CHILD_DIR", dir.path())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "the child process could open a locked store"
+    );
+}
