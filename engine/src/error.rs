@@ -174,6 +174,9 @@ pub enum Error {
         /// What failed.
         what: &'static str,
     },
+    /// A checkpoint could not be read or written (corrupt, truncated, foreign, I/O).
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] ckptfmt::FormatError),
 }
 
 /// Result with the engine's [`Error`].

@@ -22,6 +22,7 @@
 #![deny(unsafe_code)]
 
 pub mod chat;
+pub mod checkpoint;
 mod error;
 mod ggml;
 pub mod gguf;

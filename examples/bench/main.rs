@@ -33,6 +33,10 @@ struct Args {
     /// Repetitions; the median is reported.
     #[arg(long, default_value_t = 3)]
     reps: usize,
+    /// Also save the prefilled session as a checkpoint in this directory and restore it into a
+    /// fresh session, reporting both times against the prefill time.
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
 }
 
 fn main() -> Result<()> {
@@ -49,11 +53,27 @@ fn main() -> Result<()> {
     };
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
-    for _ in 0..args.reps.max(1) {
+    let (mut save_ms, mut restore_ms, mut saved_bytes) = (Vec::new(), Vec::new(), 0u64);
+    for rep in 0..args.reps.max(1) {
         let mut session = Session::new(model.clone(), params.clone())?;
         let t = Instant::now();
         session.feed(&prompt)?;
         prefill.push(args.prompt_tokens as f64 / t.elapsed().as_secs_f64());
+        if let Some(dir) = &args.checkpoint {
+            // A fresh directory per repetition, so every save writes all blocks.
+            let dir = dir.join(format!("rep{rep}"));
+            let _ = std::fs::remove_dir_all(&dir);
+            let store = engine::checkpoint::open_store(&dir, &session)?;
+            let t = Instant::now();
+            let saved = session.save_checkpoint(&store, "bench", Vec::new(), None)?;
+            save_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            saved_bytes = saved.bytes_written;
+            let mut fresh = Session::new(model.clone(), params.clone())?;
+            let t = Instant::now();
+            fresh.restore_checkpoint(&store, "bench")?;
+            restore_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            anyhow::ensure!(fresh.tokens() == session.tokens(), "restore lost tokens");
+        }
         let t = Instant::now();
         for _ in 0..args.gen_tokens {
             let logits = session.logits()?;
@@ -66,14 +86,24 @@ fn main() -> Result<()> {
         }
         decode.push(args.gen_tokens as f64 / t.elapsed().as_secs_f64());
     }
-    let out = serde_json::json!({
-        "prefill_tps": median(&mut prefill),
+    let prefill_tps = median(&mut prefill);
+    let mut out = serde_json::json!({
+        "prefill_tps": prefill_tps,
         "decode_tps": median(&mut decode),
         "n_prompt": args.prompt_tokens,
         "n_gen": args.gen_tokens,
         "threads": args.threads,
         "reps": args.reps,
     });
+    if !save_ms.is_empty() {
+        let prefill_ms = args.prompt_tokens as f64 / prefill_tps * 1e3;
+        out["checkpoint"] = serde_json::json!({
+            "save_ms": median(&mut save_ms),
+            "restore_ms": median(&mut restore_ms),
+            "bytes": saved_bytes,
+            "prefill_ms": prefill_ms,
+        });
+    }
     println!("{out}");
     Ok(())
 }

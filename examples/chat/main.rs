@@ -7,12 +7,17 @@
 //! Type a message and press Enter; the reply streams as it is generated. Ctrl-C stops a reply
 //! (the program keeps running); `/reset` starts over; `/quit` (or Ctrl-D) leaves. The default
 //! model is fetched on first use.
+//!
+//! The conversation is saved as a checkpoint (KV cache, tokens, messages, sampler state) in
+//! `--store` under `--session` after every reply; starting again resumes it from disk instead of
+//! re-reading it. `--fresh` ignores the saved conversation.
 
 use std::io::Write;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
@@ -59,6 +64,15 @@ struct Args {
     /// Longest reply in tokens.
     #[arg(long, default_value_t = 512)]
     max_tokens: usize,
+    /// Directory of saved conversations.
+    #[arg(long, default_value = "sessions")]
+    store: PathBuf,
+    /// Name of this conversation in the store.
+    #[arg(long, default_value = "default")]
+    session: String,
+    /// Start a new conversation even if one is saved under this name.
+    #[arg(long)]
+    fresh: bool,
 }
 
 fn main() -> Result<()> {
@@ -98,7 +112,37 @@ fn main() -> Result<()> {
         args.threads,
         session.params().n_ctx
     );
+    let store = engine::checkpoint::open_store(&args.store, &session)
+        .with_context(|| format!("opening the conversation store {}", args.store.display()))?;
     let mut messages = initial_messages(&args);
+    if !args.fresh && store.list_manifests()?.contains(&args.session) {
+        let t = Instant::now();
+        match session.restore_checkpoint(&store, &args.session) {
+            Ok(m) => {
+                let took = t.elapsed();
+                if let Some((_, json)) = m.meta.kv.iter().find(|(k, _)| k == "messages") {
+                    messages = from_json(json)?;
+                }
+                if let Some(state) = &m.sampler_state {
+                    sampler.set_rng_state(state)?;
+                }
+                eprintln!(
+                    "(resumed conversation `{}`: {} messages, {} tokens restored from disk in {:.1} ms)",
+                    args.session,
+                    messages.len(),
+                    session.tokens().len(),
+                    took.as_secs_f64() * 1e3
+                );
+                for msg in &messages {
+                    eprintln!("{}: {}", msg.role, msg.content);
+                }
+            }
+            Err(e) => eprintln!(
+                "(could not resume `{}`: {e}; starting a new conversation)",
+                args.session
+            ),
+        }
+    }
     let mut editor = rustyline::DefaultEditor::new()?;
     loop {
         let line = match editor.readline("> ") {
@@ -114,6 +158,9 @@ fn main() -> Result<()> {
             "/reset" => {
                 messages = initial_messages(&args);
                 session.clear();
+                if store.list_manifests()?.contains(&args.session) {
+                    store.delete_manifest(&args.session)?;
+                }
                 eprintln!("(conversation reset)");
                 continue;
             }
@@ -163,8 +210,45 @@ fn main() -> Result<()> {
             _ => {}
         }
         messages.push(Message::new("assistant", reply.text.trim()));
+
+        let t = Instant::now();
+        let meta = vec![("messages".to_owned(), to_json(&messages))];
+        match session.save_checkpoint(&store, &args.session, meta, Some(sampler.rng_state())) {
+            Ok(saved) => eprintln!(
+                "(saved: {} tokens, {} new blocks, {} reused, {:.1} KiB written in {:.1} ms)",
+                session.tokens().len(),
+                saved.blocks_written,
+                saved.blocks_reused,
+                saved.bytes_written as f64 / 1024.0,
+                t.elapsed().as_secs_f64() * 1e3
+            ),
+            Err(e) => eprintln!("(could not save the conversation: {e})"),
+        }
     }
     Ok(())
+}
+
+fn to_json(messages: &[Message]) -> String {
+    let list: Vec<_> = messages
+        .iter()
+        .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+        .collect();
+    serde_json::Value::Array(list).to_string()
+}
+
+fn from_json(json: &str) -> Result<Vec<Message>> {
+    let value: serde_json::Value = serde_json::from_str(json).context("saved messages")?;
+    let list = value.as_array().context("saved messages are not a list")?;
+    list.iter()
+        .map(|m| {
+            let field = |k: &str| {
+                m[k].as_str()
+                    .map(str::to_owned)
+                    .context("a saved message lacks a field")
+            };
+            Ok(Message::new(field("role")?, field("content")?))
+        })
+        .collect()
 }
 
 fn initial_messages(args: &Args) -> Vec<Message> {

@@ -13,10 +13,20 @@
 //!   threads. A second open of the same directory fails with
 //!   [`StoreError::Locked`].
 //! - [`KvStore::model`]`(fingerprint, geometry)` → [`Model`]: `put`,
-//!   `put_sequence`, `get`, `contains`, `pin`/`unpin`/`pin_all`, `save`,
-//!   `load`, `list`, `delete`, `longest_prefix`, `prefetch`.
-//! - Store-wide: `flush`, `gc`, `gc_to`, `metrics` ([`Metrics`]),
-//!   `recovery_report` ([`RecoveryReport`]).
+//!   `put_sequence`, `put_sequence_pinned` (a live session), `get`,
+//!   `contains`, `is_resident`, `pin`/`unpin`/`pin_all` ([`PinGuard`]),
+//!   `save`, `load`, `load_pinned`, `read_manifest`, `list`, `delete`,
+//!   `longest_prefix` ([`PrefixMatch`]), `prefetch` ([`Prefetch`]).
+//! - Store-wide: `flush`, `gc`, `gc_to` ([`GcReport`]), `metrics`
+//!   ([`Metrics`]), `recovery_report` ([`RecoveryReport`]), `close`.
+//! - Eviction: [`EvictionPolicy`] with [`Lru`] and [`S3Fifo`] (the default,
+//!   chosen by measurement: see `BENCH_NOTES.md`).
+//! - I/O: [`BlockIo`] (`ckptfmt`'s `Vfs` plus the directory lock), real
+//!   ([`ckptfmt::StdFs`]) or fault-injecting ([`FaultIo`], [`Fault`]).
+//! - Errors: one enum, [`StoreError`].
+//!
+//! A second open of a directory that is in use fails with
+//! [`StoreError::Locked`]; directories are not shared between processes.
 //!
 //! # Durability
 //!

@@ -47,3 +47,20 @@ pub struct Metrics {
     /// Block files now on disk (durable).
     pub disk_blocks: u64,
 }
+
+impl Metrics {
+    /// Gets that RAM could not answer (answered from disk, or missed).
+    pub fn ram_misses(&self) -> u64 {
+        self.disk_hits + self.misses
+    }
+
+    /// Fraction of gets answered from RAM (0 when there was none).
+    pub fn ram_hit_rate(&self) -> f64 {
+        let all = self.ram_hits + self.disk_hits + self.misses;
+        if all == 0 {
+            0.0
+        } else {
+            self.ram_hits as f64 / all as f64
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! Saving a session's KV cache as a `ckptfmt` checkpoint and restoring it without running the
+//! model.
+//!
+//! The session's cache layout (`kv.rs`: per layer, K then V rows of f16, token-major) maps onto
+//! ckptfmt's block span (per layer, the K bytes of the block's tokens then their V bytes), so a
+//! block is gathered with one copy per layer and restored with one write per layer.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ckptfmt::{
+    ElemType, Encoding, Fingerprint, Geometry, LayerGeometry, Manifest, Metadata, Store,
+};
+
+/// A checkpoint's KV for one write: (first position, tokens, per-layer K and V).
+type Pieces<'a> = Vec<(usize, usize, Vec<(&'a [u8], &'a [u8])>)>;
+
+use crate::error::{Error, Result};
+use crate::kv::KvLayout;
+use crate::session::Session;
+
+/// Tokens per block in stores the engine creates (ckptfmt's measured default).
+pub const TOKENS_PER_BLOCK: u32 = ckptfmt::DEFAULT_TOKENS_PER_BLOCK;
+
+/// What a save did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SaveSummary {
+    /// Full blocks written now.
+    pub blocks_written: usize,
+    /// Full blocks already in the store (shared prefix or an earlier save).
+    pub blocks_reused: usize,
+    /// Bytes written, including headers and the manifest.
+    pub bytes_written: u64,
+}
+
+/// The checkpoint geometry of a KV layout: f16 elements, `tokens_per_block` tokens per block.
+pub fn geometry(layout: &KvLayout, tokens_per_block: u32) -> Result<Geometry> {
+    let layers = (0..layout.n_layers)
+        .map(|l| LayerGeometry {
+            k_bytes_per_token: layout.k_bytes_per_token[l] as u32,
+            v_bytes_per_token: layout.v_bytes_per_token[l] as u32,
+        })
+        .collect();
+    Ok(Geometry::new(layers, ElemType::F16, tokens_per_block)?)
+}
+
+/// Opens (or creates) a checkpoint store at `dir` for `session`'s model.
+pub fn open_store(dir: &std::path::Path, session: &Session) -> Result<Store> {
+    let geometry = geometry(session.kv_layout(), TOKENS_PER_BLOCK)?;
+    let fingerprint = Fingerprint(session.model().fingerprint());
+    Ok(Store::open(dir, fingerprint, geometry)?)
+}
+
+impl Session {
+    /// Gathers the KV span of positions `start..start + n` in ckptfmt's block layout.
+    fn kv_span(&self, geometry: &Geometry, start: usize, n: usize) -> Result<Vec<u8>> {
+        let layout = self.kv_layout();
+        let mut per_layer = Vec::with_capacity(layout.n_layers);
+        for l in 0..layout.n_layers {
+            let mut k = vec![0u8; n * layout.k_bytes_per_token[l]];
+            let mut v = vec![0u8; n * layout.v_bytes_per_token[l]];
+            self.read_kv(l, start..start + n, &mut k, &mut v)?;
+            per_layer.push((k, v));
+        }
+        Ok(geometry.gather_span(n as u64, |l, is_v| {
+            if is_v {
+                &per_layer[l].1
+            } else {
+                &per_layer[l].0
+            }
+        })?)
+    }
+
+    /// Saves the session under `name` in `store`: writes only the blocks the store lacks (a
+    /// shared prefix or an earlier save of this conversation is reused), then the manifest,
+    /// durably. `meta` and `sampler_state` travel with it.
+    pub fn save_checkpoint(
+        &self,
+        store: &Store,
+        name: &str,
+        meta: Vec<(String, String)>,
+        sampler_state: Option<Vec<u8>>,
+    ) -> Result<SaveSummary> {
+        let geometry = geometry(self.kv_layout(), TOKENS_PER_BLOCK)?;
+        let fingerprint = Fingerprint(self.model().fingerprint());
+        let tpb = geometry.tokens_per_block() as usize;
+        let tokens = self.tokens().to_vec();
+        let n_full = tokens.len() / tpb;
+        let tail = self.kv_span(&geometry, n_full * tpb, tokens.len() - n_full * tpb)?;
+        let created_unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let positions = (0..tokens.len() as i32).collect();
+        let metadata = Metadata {
+            name: name.to_owned(),
+            parent: None,
+            created_unix,
+            kv: meta,
+        };
+        let mut manifest = Manifest::new(
+            fingerprint,
+            geometry.clone(),
+            tokens,
+            positions,
+            tail,
+            metadata,
+        )?;
+        manifest.sampler_state = sampler_state;
+        // Gather only the blocks the store does not have yet.
+        let mut missing = HashMap::new();
+        for (i, id) in manifest.block_ids.iter().enumerate() {
+            if !store.has_block(id)? {
+                missing.insert(i, self.kv_span(&geometry, i * tpb, tpb)?);
+            }
+        }
+        let report = store.save(
+            &manifest,
+            |i| {
+                missing
+                    .get(&i)
+                    .map(|kv| Cow::Borrowed(kv.as_slice()))
+                    .ok_or(ckptfmt::FormatError::NotFound {
+                        what: "block gathered for saving",
+                        name: format!("block {i}"),
+                    })
+            },
+            Encoding::Raw,
+        )?;
+        Ok(SaveSummary {
+            blocks_written: report.blocks_written,
+            blocks_reused: report.blocks_reused,
+            bytes_written: report.bytes_written,
+        })
+    }
+
+    /// Replaces this session's contents with checkpoint `name` of `store`: every block is
+    /// verified (checksums, ids, model fingerprint, geometry) before anything is written to the
+    /// cache, so a bad checkpoint leaves the session as it was. Returns the manifest (metadata,
+    /// sampler state).
+    pub fn restore_checkpoint(&mut self, store: &Store, name: &str) -> Result<Manifest> {
+        let manifest = store.read_manifest(name)?;
+        manifest.check_owner(
+            &Fingerprint(self.model().fingerprint()),
+            &geometry(self.kv_layout(), manifest.geometry.tokens_per_block())?,
+        )?;
+        if manifest.tokens.len() > self.params().n_ctx {
+            return Err(Error::ContextFull {
+                needed: manifest.tokens.len(),
+                n_ctx: self.params().n_ctx,
+            });
+        }
+        // Read and verify every block first (raw blocks are then borrowed, not copied again).
+        let blocks = manifest.block_ids.iter().map(|id| store.read_block(id)).collect::<Result<Vec<_>, _>>()?;
+        let mut spans = Vec::with_capacity(blocks.len() + 1);
+        for block in &blocks {
+            spans.push(block.view()?.kv()?);
+        }
+        spans.push(Cow::Borrowed(manifest.tail_kv.as_slice()));
+        let tpb = manifest.geometry.tokens_per_block() as usize;
+        // Split every span before touching the cache, so any inconsistency leaves it intact.
+        let mut pieces: Pieces<'_> = Vec::with_capacity(spans.len());
+        for (i, span) in spans.iter().enumerate() {
+            let start = i * tpb;
+            let n = if i < manifest.block_ids.len() {
+                tpb
+            } else {
+                manifest.tokens.len() - start
+            };
+            if n > 0 {
+                pieces.push((start, n, manifest.geometry.split_span(span, n as u64)?));
+            }
+        }
+        // Rows past the restored length keep older finite values (masked out); no need to zero.
+        self.truncate(0);
+        for (start, n, layers) in pieces {
+            for (l, (k, v)) in layers.into_iter().enumerate() {
+                self.write_kv(l, start..start + n, k, v)?;
+            }
+        }
+        self.commit_restored(manifest.tokens.clone())?;
+        Ok(manifest)
+    }
+}

@@ -1,0 +1,111 @@
+//! Saving a session as a ckptfmt checkpoint and restoring it in a fresh session, on tiny models
+//! that the test writes: identical logits, incremental saves, and refusal of bad checkpoints.
+
+mod common;
+
+use common::*;
+use engine::checkpoint::{open_store, TOKENS_PER_BLOCK};
+use engine::{Error, Session};
+
+#[test]
+fn restore_reproduces_the_next_logits_exactly() {
+    let c = cfg(Shape::Llama, false);
+    let (dir, model, _) = build(&c, 21);
+    let toks = tokens(100); // one full block of 64 and a tail of 36 before the probe token
+    let n = 99;
+    let mut a = Session::new(model.clone(), params(512)).unwrap();
+    a.feed(&toks[..n]).unwrap();
+    let store = open_store(&dir.path().join("store"), &a).unwrap();
+    let meta = vec![("messages".to_owned(), "[]".to_owned())];
+    let saved = a
+        .save_checkpoint(&store, "chat", meta.clone(), Some(vec![9; 32]))
+        .unwrap();
+    assert_eq!(saved.blocks_written, n / TOKENS_PER_BLOCK as usize);
+    let want = a.feed(&toks[n..]).unwrap().to_vec();
+
+    let mut b = Session::new(model, params(512)).unwrap();
+    b.feed(&toks[50..60]).unwrap(); // whatever it held before is replaced
+    let m = b.restore_checkpoint(&store, "chat").unwrap();
+    assert_eq!(m.meta.kv, meta);
+    assert_eq!(m.sampler_state, Some(vec![9; 32]));
+    assert_eq!(b.tokens(), &toks[..n]);
+    let got = b.feed(&toks[n..]).unwrap().to_vec();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn extending_a_conversation_writes_only_new_blocks() {
+    let c = cfg(Shape::Qwen2, false);
+    let (dir, model, _) = build(&c, 22);
+    let toks = tokens(120);
+    let mut s = Session::new(model, params(512)).unwrap();
+    s.feed(&toks[..70]).unwrap();
+    let store = open_store(&dir.path().join("store"), &s).unwrap();
+    let first = s.save_checkpoint(&store, "c", Vec::new(), None).unwrap();
+    assert_eq!((first.blocks_written, first.blocks_reused), (1, 0));
+    s.feed(&toks[70..]).unwrap();
+    let second = s.save_checkpoint(&store, "c", Vec::new(), None).unwrap();
+    assert_eq!((second.blocks_written, second.blocks_reused), (0, 1));
+    // Another conversation with the same first 64 tokens shares that block.
+    let other = s
+        .save_checkpoint(&store, "other", Vec::new(), None)
+        .unwrap();
+    assert_eq!((other.blocks_written, other.blocks_reused), (0, 1));
+}
+
+#[test]
+fn a_corrupt_or_foreign_checkpoint_is_refused_and_the_session_kept() {
+    let c = cfg(Shape::Llama, false);
+    let (dir, model, _) = build(&c, 23);
+    let toks = tokens(80);
+    let mut s = Session::new(model.clone(), params(512)).unwrap();
+    s.feed(&toks).unwrap();
+    let root = dir.path().join("store");
+    let store = open_store(&root, &s).unwrap();
+    s.save_checkpoint(&store, "c", Vec::new(), None).unwrap();
+
+    // Flip one byte in the middle of every block file: the restore must fail, typed.
+    let mut flipped = 0;
+    for entry in walk(&root) {
+        let name = entry.file_name().unwrap().to_string_lossy().into_owned();
+        if name.ends_with(".blk") {
+            let mut bytes = std::fs::read(&entry).unwrap();
+            let mid = bytes.len() - 100;
+            bytes[mid] ^= 1;
+            std::fs::write(&entry, bytes).unwrap();
+            flipped += 1;
+        }
+    }
+    assert!(flipped > 0, "no block file found under the store");
+    let mut fresh = Session::new(model, params(512)).unwrap();
+    fresh.feed(&toks[..5]).unwrap();
+    let err = fresh.restore_checkpoint(&store, "c").unwrap_err();
+    assert!(matches!(err, Error::Checkpoint(_)), "{err}");
+    assert_eq!(
+        fresh.tokens(),
+        &toks[..5],
+        "a failed restore must leave the session as it was"
+    );
+
+    // A different model (other weights, same shapes) has another fingerprint: refused.
+    let (_dir2, other_model, _) = build(&c, 24);
+    let other = Session::new(other_model, params(512)).unwrap();
+    assert!(matches!(
+        open_store(&root, &other),
+        Err(Error::Checkpoint(_))
+    ));
+    assert!(matches!(store.read_manifest("missing"), Err(_)));
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}

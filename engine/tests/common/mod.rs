@@ -1,0 +1,410 @@
+//! Tiny llama- and qwen2-shaped models written by the tests, and a naive Rust forward pass of
+//! the same network to check the engine against.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use engine::gguf::{GgmlType, GgufWriter};
+use engine::{Model, SessionParams};
+use half::f16;
+
+/// Deterministic pseudo-random numbers (SplitMix64).
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn f32(&mut self) -> f32 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f32() * scale).collect()
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+pub enum Shape {
+    Llama,
+    Qwen2,
+}
+
+pub struct Cfg {
+    pub shape: Shape,
+    pub n_vocab: usize,
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub n_ff: usize,
+    pub n_layer: usize,
+    pub tied: bool,
+    pub eps: f32,
+    pub base: f32,
+}
+
+impl Cfg {
+    pub fn head_dim(&self) -> usize {
+        self.n_embd / self.n_head
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.head_dim() * self.n_head_kv
+    }
+}
+
+/// Weights in ggml order: a matrix `[k, m]` is m rows of k contiguous values.
+pub struct Layer {
+    pub attn_norm: Vec<f32>,
+    pub wq: Vec<f32>,
+    pub wk: Vec<f32>,
+    pub wv: Vec<f32>,
+    pub wo: Vec<f32>,
+    pub bq: Vec<f32>,
+    pub bk: Vec<f32>,
+    pub bv: Vec<f32>,
+    pub ffn_norm: Vec<f32>,
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    pub down: Vec<f32>,
+}
+
+pub struct Weights {
+    pub embd: Vec<f32>,
+    pub out_norm: Vec<f32>,
+    pub output: Vec<f32>,
+    pub layers: Vec<Layer>,
+}
+
+pub fn make_weights(c: &Cfg, seed: u64) -> Weights {
+    let mut r = Rng(seed);
+    let (e, kv, ff) = (c.n_embd, c.kv_dim(), c.n_ff);
+    let norm = |r: &mut Rng| r.vec(e, 0.5).iter().map(|v| 1.0 + v).collect::<Vec<_>>();
+    let layers = (0..c.n_layer)
+        .map(|_| Layer {
+            attn_norm: norm(&mut r),
+            wq: r.vec(e * e, 0.3),
+            wk: r.vec(e * kv, 0.3),
+            wv: r.vec(e * kv, 0.3),
+            wo: r.vec(e * e, 0.3),
+            bq: r.vec(e, 0.2),
+            bk: r.vec(kv, 0.2),
+            bv: r.vec(kv, 0.2),
+            ffn_norm: norm(&mut r),
+            gate: r.vec(e * ff, 0.3),
+            up: r.vec(e * ff, 0.3),
+            down: r.vec(ff * e, 0.3),
+        })
+        .collect();
+    let embd = r.vec(e * c.n_vocab, 1.0);
+    let output = if c.tied {
+        embd.clone()
+    } else {
+        r.vec(e * c.n_vocab, 0.3)
+    };
+    Weights {
+        embd,
+        out_norm: norm(&mut r),
+        output,
+        layers,
+    }
+}
+
+pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+pub fn f16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|x| f16::from_f32(*x).to_le_bytes())
+        .collect()
+}
+
+/// Rounds through f16, for weights stored as f16.
+pub fn via_f16(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|x| f16::from_f32(*x).to_f32()).collect()
+}
+
+/// Writes the model; the FFN matrices are stored as f16 (so the reference rounds them too).
+pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
+    let arch = if c.shape == Shape::Llama {
+        "llama"
+    } else {
+        "qwen2"
+    };
+    let mut g = GgufWriter::new();
+    g.add_str("general.architecture", arch);
+    let k = |s: &str| format!("{arch}.{s}");
+    g.add_u32(&k("context_length"), 256);
+    g.add_u32(&k("embedding_length"), c.n_embd as u32);
+    g.add_u32(&k("block_count"), c.n_layer as u32);
+    g.add_u32(&k("feed_forward_length"), c.n_ff as u32);
+    g.add_u32(&k("attention.head_count"), c.n_head as u32);
+    g.add_u32(&k("attention.head_count_kv"), c.n_head_kv as u32);
+    g.add_f32(&k("attention.layer_norm_rms_epsilon"), c.eps);
+    g.add_f32(&k("rope.freq_base"), c.base);
+    // A byte-level vocabulary of single characters, no merges.
+    let tokens: Vec<String> = (0..c.n_vocab)
+        .map(|i| {
+            char::from(b'!' + (i % 90) as u8)
+                .to_string()
+                .repeat(1 + i / 90)
+        })
+        .collect();
+    g.add_str("tokenizer.ggml.model", "gpt2");
+    g.add_str("tokenizer.ggml.pre", "default");
+    g.add_str_array("tokenizer.ggml.tokens", &tokens);
+    g.add_i32_array("tokenizer.ggml.token_type", &vec![1; c.n_vocab]);
+    g.add_str_array::<&str>("tokenizer.ggml.merges", &[]);
+    g.add_u32("tokenizer.ggml.eos_token_id", 0);
+
+    let (e, kv, ff, v) = (
+        c.n_embd as u64,
+        c.kv_dim() as u64,
+        c.n_ff as u64,
+        c.n_vocab as u64,
+    );
+    g.add_tensor(
+        "token_embd.weight",
+        &[e, v],
+        GgmlType::F32,
+        f32_bytes(&w.embd),
+    );
+    g.add_tensor(
+        "output_norm.weight",
+        &[e],
+        GgmlType::F32,
+        f32_bytes(&w.out_norm),
+    );
+    if !c.tied {
+        g.add_tensor(
+            "output.weight",
+            &[e, v],
+            GgmlType::F32,
+            f32_bytes(&w.output),
+        );
+    }
+    for (l, lw) in w.layers.iter_mut().enumerate() {
+        let n = |s: &str| format!("blk.{l}.{s}");
+        g.add_tensor(
+            &n("attn_norm.weight"),
+            &[e],
+            GgmlType::F32,
+            f32_bytes(&lw.attn_norm),
+        );
+        g.add_tensor(
+            &n("attn_q.weight"),
+            &[e, e],
+            GgmlType::F32,
+            f32_bytes(&lw.wq),
+        );
+        g.add_tensor(
+            &n("attn_k.weight"),
+            &[e, kv],
+            GgmlType::F32,
+            f32_bytes(&lw.wk),
+        );
+        g.add_tensor(
+            &n("attn_v.weight"),
+            &[e, kv],
+            GgmlType::F32,
+            f32_bytes(&lw.wv),
+        );
+        g.add_tensor(
+            &n("attn_output.weight"),
+            &[e, e],
+            GgmlType::F32,
+            f32_bytes(&lw.wo),
+        );
+        if c.shape == Shape::Qwen2 {
+            g.add_tensor(&n("attn_q.bias"), &[e], GgmlType::F32, f32_bytes(&lw.bq));
+            g.add_tensor(&n("attn_k.bias"), &[kv], GgmlType::F32, f32_bytes(&lw.bk));
+            g.add_tensor(&n("attn_v.bias"), &[kv], GgmlType::F32, f32_bytes(&lw.bv));
+        } else {
+            lw.bq
+                .iter_mut()
+                .chain(lw.bk.iter_mut())
+                .chain(lw.bv.iter_mut())
+                .for_each(|b| *b = 0.0);
+        }
+        g.add_tensor(
+            &n("ffn_norm.weight"),
+            &[e],
+            GgmlType::F32,
+            f32_bytes(&lw.ffn_norm),
+        );
+        g.add_tensor(
+            &n("ffn_gate.weight"),
+            &[e, ff],
+            GgmlType::F16,
+            f16_bytes(&lw.gate),
+        );
+        g.add_tensor(
+            &n("ffn_up.weight"),
+            &[e, ff],
+            GgmlType::F16,
+            f16_bytes(&lw.up),
+        );
+        g.add_tensor(
+            &n("ffn_down.weight"),
+            &[ff, e],
+            GgmlType::F16,
+            f16_bytes(&lw.down),
+        );
+        lw.gate = via_f16(&lw.gate);
+        lw.up = via_f16(&lw.up);
+        lw.down = via_f16(&lw.down);
+    }
+    g.write(path).unwrap();
+}
+
+/// `w` holds `rows` rows of `x.len()` values: returns `w · x`.
+pub fn matvec(w: &[f32], x: &[f32]) -> Vec<f32> {
+    w.chunks(x.len())
+        .map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum())
+        .collect()
+}
+
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let s = 1.0 / (ms + eps).sqrt();
+    x.iter().zip(w).map(|(a, b)| a * s * b).collect()
+}
+
+/// RoPE over every head of `x` at position `pos`: adjacent pairs (llama) or halves (NeoX).
+pub fn rope(x: &mut [f32], head_dim: usize, pos: usize, base: f32, neox: bool) {
+    for head in x.chunks_mut(head_dim) {
+        for i in 0..head_dim / 2 {
+            let theta = pos as f32 * base.powf(-2.0 * i as f32 / head_dim as f32);
+            let (a, b) = if neox {
+                (i, i + head_dim / 2)
+            } else {
+                (2 * i, 2 * i + 1)
+            };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * theta.cos() - x1 * theta.sin();
+            head[b] = x0 * theta.sin() + x1 * theta.cos();
+        }
+    }
+}
+
+/// The whole network on `tokens`, one position at a time; returns logits after each token.
+pub fn reference(c: &Cfg, w: &Weights, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let (e, hd) = (c.n_embd, c.head_dim());
+    let group = c.n_head / c.n_head_kv;
+    let mut keys: Vec<Vec<Vec<f32>>> = vec![Vec::new(); c.n_layer];
+    let mut values: Vec<Vec<Vec<f32>>> = vec![Vec::new(); c.n_layer];
+    let mut all = Vec::new();
+    for (pos, &t) in tokens.iter().enumerate() {
+        let mut x = w.embd[t as usize * e..(t as usize + 1) * e].to_vec();
+        for (l, lw) in w.layers.iter().enumerate() {
+            let h = rms_norm(&x, &lw.attn_norm, c.eps);
+            let add =
+                |v: Vec<f32>, b: &[f32]| v.iter().zip(b).map(|(a, b)| a + b).collect::<Vec<f32>>();
+            let mut q = add(matvec(&lw.wq, &h), &lw.bq);
+            let mut k = add(matvec(&lw.wk, &h), &lw.bk);
+            let v = add(matvec(&lw.wv, &h), &lw.bv);
+            let neox = c.shape == Shape::Qwen2;
+            rope(&mut q, hd, pos, c.base, neox);
+            rope(&mut k, hd, pos, c.base, neox);
+            // The cache and the attention kernel hold Q, K and V as f16.
+            keys[l].push(via_f16(&k));
+            values[l].push(via_f16(&v));
+            let q = via_f16(&q);
+            let mut att = vec![0f32; e];
+            for head in 0..c.n_head {
+                let kvh = head / group;
+                let qh = &q[head * hd..(head + 1) * hd];
+                let scores: Vec<f32> = keys[l]
+                    .iter()
+                    .map(|kr| {
+                        kr[kvh * hd..(kvh + 1) * hd]
+                            .iter()
+                            .zip(qh)
+                            .map(|(a, b)| a * b)
+                            .sum::<f32>()
+                            / (hd as f32).sqrt()
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let exps: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f32 = exps.iter().sum();
+                for (p, ex) in exps.iter().enumerate() {
+                    for d in 0..hd {
+                        att[head * hd + d] += ex / sum * values[l][p][kvh * hd + d];
+                    }
+                }
+            }
+            let o = matvec(&lw.wo, &att);
+            x = x.iter().zip(&o).map(|(a, b)| a + b).collect();
+            // ggml multiplies f16 weights with activations converted to f16.
+            let h = via_f16(&rms_norm(&x, &lw.ffn_norm, c.eps));
+            let gate = matvec(&lw.gate, &h);
+            let up = matvec(&lw.up, &h);
+            let act: Vec<f32> = gate
+                .iter()
+                .zip(&up)
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            let d = matvec(&lw.down, &via_f16(&act));
+            x = x.iter().zip(&d).map(|(a, b)| a + b).collect();
+        }
+        let h = rms_norm(&x, &w.out_norm, c.eps);
+        all.push(matvec(&w.output, &h));
+    }
+    all
+}
+
+pub fn cfg(shape: Shape, tied: bool) -> Cfg {
+    Cfg {
+        shape,
+        n_vocab: 97,
+        n_embd: 32,
+        n_head: 4,
+        n_head_kv: 2,
+        n_ff: 48,
+        n_layer: 2,
+        tied,
+        eps: 1e-5,
+        base: 10000.0,
+    }
+}
+
+pub fn build(c: &Cfg, seed: u64) -> (tempfile::TempDir, Arc<Model>, Weights) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    let mut w = make_weights(c, seed);
+    write_model(c, &mut w, &path);
+    let model = Model::load(&path).unwrap();
+    (dir, model, w)
+}
+
+pub fn params(n_ubatch: usize) -> SessionParams {
+    SessionParams {
+        n_ctx: 128,
+        n_threads: 2,
+        n_ubatch,
+    }
+}
+
+/// Differences are judged relative to the largest logit: ggml's flash-attention kernel
+/// accumulates f16 values in f16, which costs up to a few 1e-3 of the output's scale over 40
+/// positions; a wrong rotation, mask or head mapping costs orders of magnitude more.
+pub fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        worst <= tol * scale,
+        "{what}: largest difference {worst} > {tol} x {scale}"
+    );
+}
+
+pub fn tokens(n: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 37 + 11) % 97) as u32).collect()
+}
