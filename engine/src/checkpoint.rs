@@ -151,7 +151,11 @@ impl Session {
             });
         }
         // Read and verify every block first (raw blocks are then borrowed, not copied again).
-        let blocks = manifest.block_ids.iter().map(|id| store.read_block(id)).collect::<Result<Vec<_>, _>>()?;
+        let blocks = manifest
+            .block_ids
+            .iter()
+            .map(|id| store.read_block(id))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut spans = Vec::with_capacity(blocks.len() + 1);
         for block in &blocks {
             spans.push(block.view()?.kv()?);

@@ -94,7 +94,10 @@ fn a_corrupt_or_foreign_checkpoint_is_refused_and_the_session_kept() {
         open_store(&root, &other),
         Err(Error::Checkpoint(_))
     ));
-    assert!(matches!(store.read_manifest("missing"), Err(_)));
+    assert!(matches!(
+        store.read_manifest("missing"),
+        Err(ckptfmt::FormatError::NotFound { .. })
+    ));
 }
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
