@@ -50,7 +50,6 @@ impl BlockIo for StdFs {
     /// An advisory, whole-file lock (`flock` on Unix, `LockFileEx` on
     /// Windows), released when the process exits, even by a kill.
     // The lock API is std's since 1.89; the workspace's declared MSRV is older.
-    #[allow(clippy::incompatible_msrv)]
     fn lock(&self, path: &Path) -> io::Result<LockGuard> {
         let f = OpenOptions::new()
             .read(true)

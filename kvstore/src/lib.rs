@@ -20,7 +20,7 @@
 //! - Store-wide: `flush`, `gc`, `gc_to` ([`GcReport`]), `metrics`
 //!   ([`Metrics`]), `recovery_report` ([`RecoveryReport`]), `close`.
 //! - Eviction: [`EvictionPolicy`] with [`Lru`] and [`S3Fifo`] (the default,
-//!   chosen by measurement: see `BENCH_NOTES.md`).
+//!   chosen by measurement: see the kvstore section of `docs/BENCHMARKS.md`).
 //! - I/O: [`BlockIo`] (`ckptfmt`'s `Vfs` plus the directory lock), real
 //!   ([`ckptfmt::StdFs`]) or fault-injecting ([`FaultIo`], [`Fault`]).
 //! - Errors: one enum, [`StoreError`].

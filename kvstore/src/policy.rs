@@ -14,7 +14,7 @@
 //!   left) leaves from the small queue without displacing the hot set.
 //!   Operations are amortised O(1) (queues with lazy deletion).
 //!
-//! The default is chosen by measurement (see `BENCH_NOTES.md`): see
+//! The default is chosen by measurement (see the kvstore section of `docs/BENCHMARKS.md`): see
 //! [`PolicyKind::default`].
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -52,7 +52,7 @@ pub enum PolicyKind {
 
 impl Default for PolicyKind {
     /// S3-FIFO: on the synthetic service trace (Zipf sessions plus cold
-    /// session scans) it had the higher RAM hit rate (see `BENCH_NOTES.md`).
+    /// session scans) it had the higher RAM hit rate (see the kvstore section of `docs/BENCHMARKS.md`).
     fn default() -> Self {
         PolicyKind::S3Fifo
     }
