@@ -71,7 +71,7 @@ pub fn quantize_f16(raw: &[u8]) -> Vec<u8> {
 /// Decodes q8_0 back to `raw_len` bytes of f16. Returns `None` when `q`
 /// does not have exactly [`q8_0_len`]`(raw_len)` bytes.
 pub fn dequantize_f16(q: &[u8], raw_len: u64) -> Option<Vec<u8>> {
-    if q.len() as u64 != q8_0_len(raw_len) || raw_len % 2 != 0 {
+    if q.len() as u64 != q8_0_len(raw_len) || !raw_len.is_multiple_of(2) {
         return None;
     }
     let mut out = vec![0u8; raw_len as usize];

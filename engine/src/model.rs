@@ -145,7 +145,10 @@ impl HParams {
             rope_dims: u("rope.dimension_count").unwrap_or(head_dim),
             rope_scaling,
         };
-        if hp.n_layer == 0 || hp.head_dim == 0 || hp.rope_dims > hp.head_dim || hp.head_dim % 2 != 0
+        if hp.n_layer == 0
+            || hp.head_dim == 0
+            || hp.rope_dims > hp.head_dim
+            || !hp.head_dim.is_multiple_of(2)
         {
             return Err(Error::BadHyperparameters {
                 reason: format!("{hp:?}"),

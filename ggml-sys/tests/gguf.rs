@@ -47,7 +47,7 @@ fn write_gguf(path: &std::path::Path) -> Vec<f32> {
     out.extend_from_slice(&0u32.to_le_bytes());
     out.extend_from_slice(&64u64.to_le_bytes());
 
-    while out.len() % ALIGN != 0 {
+    while !out.len().is_multiple_of(ALIGN) {
         out.push(0);
     }
     let values: Vec<f32> = (0..12)
@@ -61,7 +61,7 @@ fn write_gguf(path: &std::path::Path) -> Vec<f32> {
     for v in &values[12..] {
         out.extend_from_slice(&v.to_le_bytes());
     }
-    while out.len() % ALIGN != 0 {
+    while !out.len().is_multiple_of(ALIGN) {
         out.push(0); // the data section ends padded, like every tensor in it
     }
     std::fs::write(path, out).unwrap();
