@@ -105,8 +105,12 @@ fn main() {
         ("GGML_USE_CPU_REPACK", None),
         ("NDEBUG", None),
     ];
+    // As ggml's own build: GNU dialects (no __STRICT_ANSI__), POSIX 2001 interfaces.
     match target.os.as_str() {
-        "linux" | "android" => defines.push(("_GNU_SOURCE", None)),
+        "linux" | "android" => {
+            defines.push(("_GNU_SOURCE", None));
+            defines.push(("_XOPEN_SOURCE", Some("600")));
+        }
         "macos" | "ios" => defines.push(("_DARWIN_C_SOURCE", None)),
         "freebsd" => defines.push(("__BSD_VISIBLE", None)),
         "windows" => defines.push(("_CRT_SECURE_NO_WARNINGS", None)),
@@ -139,10 +143,14 @@ fn main() {
         for flag in &arch_flags {
             build.flag_if_supported(flag);
         }
+        // Position-independent code (needed for Rust's PIE executables and for cdylibs) makes GCC
+        // assume that global functions may be interposed, which blocks inlining between ggml's
+        // own functions; ggml is linked statically, so nothing can interpose them.
+        build.flag_if_supported("-fno-semantic-interposition");
         if cpp {
-            build.cpp(true).std("c++17");
+            build.cpp(true).std("gnu++17");
         } else {
-            build.std("c11");
+            build.std("gnu11");
         }
         if features.openmp {
             build.flag("-fopenmp");

@@ -56,12 +56,22 @@ struct Context(NonNull<sys::ggml_context>);
 
 impl Context {
     fn new(n_tensors: usize, extra: usize) -> Result<Context> {
-        init_logging();
+        Context::with_arena(Context::arena_size(n_tensors, extra), std::ptr::null_mut())
+    }
+
+    fn arena_size(n_tensors: usize, extra: usize) -> usize {
         // SAFETY: a pure size computation.
-        let mem_size = n_tensors * unsafe { sys::ggml_tensor_overhead() } + extra;
+        n_tensors * unsafe { sys::ggml_tensor_overhead() } + extra
+    }
+
+    /// A context whose metadata lives in `arena` (`mem_size` bytes, 16-byte aligned, owned by
+    /// the caller and kept alive and unused elsewhere until the context is dropped), or in
+    /// memory ggml allocates when `arena` is null.
+    fn with_arena(mem_size: usize, arena: *mut c_void) -> Result<Context> {
+        init_logging();
         let params = sys::ggml_init_params {
             mem_size,
-            mem_buffer: std::ptr::null_mut(),
+            mem_buffer: arena,
             no_alloc: true,
         };
         // SAFETY: ggml allocates the metadata arena itself; null means out of memory.
@@ -345,6 +355,9 @@ impl KvTensors {
 /// Builds and runs graphs on one backend, reusing the compute buffer between runs.
 pub(crate) struct Compute {
     galloc: NonNull<sys::ggml_gallocr>,
+    /// Metadata arena reused by every graph: a fresh allocation per token would cost page
+    /// faults on each decode step.
+    arena: Vec<u128>,
 }
 
 // SAFETY: owned by one session and used under `&mut self`.
@@ -365,7 +378,10 @@ impl Compute {
         // SAFETY: the CPU buffer type is a static object.
         let galloc = unsafe { sys::ggml_gallocr_new(sys::ggml_backend_cpu_buffer_type()) };
         NonNull::new(galloc)
-            .map(|galloc| Compute { galloc })
+            .map(|galloc| Compute {
+                galloc,
+                arena: Vec::new(),
+            })
             .ok_or(Error::Ggml {
                 what: "could not create a graph allocator",
             })
@@ -379,7 +395,13 @@ impl Compute {
     {
         // SAFETY: a pure size computation.
         let extra = unsafe { sys::ggml_graph_overhead_custom(MAX_NODES, false) };
-        let ctx = Context::new(MAX_NODES, extra)?;
+        let size = Context::arena_size(MAX_NODES, extra);
+        if self.arena.len() * 16 < size {
+            self.arena = vec![0u128; size.div_ceil(16)];
+        }
+        // The arena outlives `ctx` (dropped at the end of this call) and nothing else uses it
+        // meanwhile: `run` holds `&mut self`.
+        let ctx = Context::with_arena(size, self.arena.as_mut_ptr().cast())?;
         // SAFETY: the context has room for a graph of MAX_NODES nodes.
         let graph = unsafe { sys::ggml_new_graph_custom(ctx.0.as_ptr(), MAX_NODES, false) };
         let graph = NonNull::new(graph).ok_or(Error::Ggml {

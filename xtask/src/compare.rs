@@ -1,5 +1,5 @@
 //! `cargo xtask compare-llama-cpp --refh PATH`: prefill and decode speed of our engine against
-//! llama.cpp's reference harness, run alternately in one script on the same machine, model,
+//! llama.cpp's reference harness, run alternately (first one, then the other first) in one script on the same machine, model,
 //! prompt and thread count; prints medians and ratios.
 
 use std::process::Command;
@@ -112,8 +112,14 @@ pub fn compare(args: &[String]) -> Result<(), String> {
     .collect();
     let (mut rp, mut rd, mut op, mut od) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for rep in 0..o.reps {
-        let r = json_of(&o.refh, &ref_args)?;
-        let e = json_of(&ours, &our_args)?;
+        // Alternate which program runs first, so neither always meets a warmer machine.
+        let (r, e) = if rep % 2 == 0 {
+            let r = json_of(&o.refh, &ref_args)?;
+            (r, json_of(&ours, &our_args)?)
+        } else {
+            let e = json_of(&ours, &our_args)?;
+            (json_of(&o.refh, &ref_args)?, e)
+        };
         let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
         eprintln!(
             "rep {rep}: llama.cpp prefill {:.1} decode {:.1} | llama-hdd prefill {:.1} decode {:.1} tok/s",
