@@ -2,24 +2,14 @@
 //! the model file is absent), ChatML is the fallback, and template features behave like
 //! Hugging Face's Jinja environment.
 
+mod common;
+
+use common::real_model_path;
+
 use std::path::PathBuf;
 
 use engine::chat::{ChatTemplate, Message, CHATML_TEMPLATE};
 use engine::gguf::{Gguf, GgufWriter};
-
-fn model_path() -> Option<PathBuf> {
-    let path = match std::env::var_os("LLAMA_HDD_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-    };
-    if path.is_file() {
-        Some(path)
-    } else {
-        eprintln!("skipping: model file {} not found", path.display());
-        None
-    }
-}
 
 fn golden_chat_prompt() -> String {
     let path =
@@ -32,7 +22,9 @@ fn golden_chat_prompt() -> String {
 
 #[test]
 fn real_template_renders_the_golden_prompt() {
-    let Some(path) = model_path() else { return };
+    let Some(path) = real_model_path() else {
+        return;
+    };
     let g = Gguf::open(&path).unwrap();
     let t = ChatTemplate::from_gguf(&g).unwrap();
     assert_ne!(t.source(), CHATML_TEMPLATE);

@@ -1,7 +1,7 @@
 //! GGUF reader and writer: round trips, typed errors on corrupt or truncated input, and the real
 //! model's header (skipped when the model file is absent).
 
-use std::path::PathBuf;
+mod common;
 
 use engine::gguf::{GgmlType, Gguf, GgufWriter, MetaValue};
 use engine::Error;
@@ -318,15 +318,9 @@ fn type_sizes() {
 
 #[test]
 fn real_model_header() {
-    let path = match std::env::var_os("LLAMA_HDD_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-    };
-    if !path.is_file() {
-        eprintln!("skipping: model file {} not found", path.display());
+    let Some(path) = common::real_model_path() else {
         return;
-    }
+    };
     let g = Gguf::open(&path).unwrap();
     assert_eq!(g.version(), 3);
     assert_eq!(g.get_str("general.architecture").unwrap(), "llama");

@@ -4,30 +4,14 @@
 //! Needs `models/SmolLM2-135M-Instruct.Q4_1.gguf` (or `LLAMA_HDD_MODEL`); without it the tests
 //! say so and pass, except under CI (`CI` set), where a missing model fails them.
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::Arc;
 
 use engine::{Model, Session, SessionParams};
 
 fn model() -> Option<Arc<Model>> {
-    let path = std::env::var_os("LLAMA_HDD_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    if !path.exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must run the golden tests: {} is missing",
-            path.display()
-        );
-        eprintln!(
-            "skipped: {} not present (run `cargo xtask fetch-model`)",
-            path.display()
-        );
-        return None;
-    }
+    let path = common::real_model_path()?;
     Some(Model::load(&path).expect("the real model loads"))
 }
 

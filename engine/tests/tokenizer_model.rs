@@ -1,25 +1,14 @@
 //! Tokenizer parity with llama.cpp on the real SmolLM2 vocabulary (skipped when the model file is
 //! absent): every fixture line must tokenize to exactly the recorded ids.
 
+mod common;
+
+use common::real_model_path;
+
 use std::path::PathBuf;
 
 use engine::gguf::Gguf;
 use engine::tokenizer::{StreamDecoder, Tokenizer};
-
-/// The model file: `$LLAMA_HDD_MODEL`, else `<workspace>/models/SmolLM2-135M-Instruct.Q4_1.gguf`.
-fn model_path() -> Option<PathBuf> {
-    let path = match std::env::var_os("LLAMA_HDD_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-    };
-    if path.is_file() {
-        Some(path)
-    } else {
-        eprintln!("skipping: model file {} not found", path.display());
-        None
-    }
-}
 
 fn fixture(name: &str) -> Vec<serde_json::Value> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -41,7 +30,7 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
 }
 
 fn load() -> Option<Tokenizer> {
-    let path = model_path()?;
+    let path = real_model_path()?;
     let g = Gguf::open(&path).expect("model opens");
     Some(Tokenizer::from_gguf(&g).expect("tokenizer builds"))
 }

@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use engine::gguf::{GgmlType, GgufWriter};
@@ -407,4 +407,29 @@ pub fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
 
 pub fn tokens(n: usize) -> Vec<u32> {
     (0..n).map(|i| ((i * 37 + 11) % 97) as u32).collect()
+}
+
+/// The real model: `$LLAMA_HDD_MODEL`, else `<workspace>/models/SmolLM2-135M-Instruct.Q4_1.gguf`.
+/// `None`, with a note on stderr, when it is absent; under CI (`CI` set) absence fails the test,
+/// so the tests that need it cannot pass by skipping.
+pub fn real_model_path() -> Option<PathBuf> {
+    let path = std::env::var_os("LLAMA_HDD_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    if path.is_file() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI must run the real-model tests, but {} is missing",
+        path.display()
+    );
+    eprintln!(
+        "skipped: {} not present (run `cargo xtask fetch-model`)",
+        path.display()
+    );
+    None
 }
