@@ -154,11 +154,18 @@ impl Session {
         self.eval(tokens, Outputs::All)
     }
 
-    fn eval(&mut self, tokens: &[u32], outputs: Outputs) -> Result<Vec<f32>> {
+    /// Refuses token ids outside the vocabulary.
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
         let n_vocab = self.model.hparams().n_vocab;
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(Error::BadToken { id, n_vocab });
+        match tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            Some(&id) => Err(Error::BadToken { id, n_vocab }),
+            None => Ok(()),
         }
+    }
+
+    fn eval(&mut self, tokens: &[u32], outputs: Outputs) -> Result<Vec<f32>> {
+        self.check_tokens(tokens)?;
+        let n_vocab = self.model.hparams().n_vocab;
         let needed = self.tokens.len() + tokens.len();
         if needed > self.params.n_ctx {
             return Err(Error::ContextFull {
@@ -301,10 +308,7 @@ impl Session {
     /// with [`Session::write_kv`] for every layer. The next [`Session::feed`] continues after
     /// them; there are no logits until then.
     pub fn commit_restored(&mut self, tokens: Vec<u32>) -> Result<()> {
-        let n_vocab = self.model.hparams().n_vocab;
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(Error::BadToken { id, n_vocab });
-        }
+        self.check_tokens(&tokens)?;
         self.kv.set_len(tokens.len())?;
         self.tokens = tokens;
         self.logits = None;
