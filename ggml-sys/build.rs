@@ -427,18 +427,10 @@ fn build_cuda(ggml: &Path, include_dir: &Path, defines: &[(&str, Option<&str>)])
             .any(|p| name.starts_with(p))
     }));
     let arch = env::var("GGML_SYS_CUDA_ARCH").unwrap_or_else(|_| "native".into());
-    let mut build = cc::Build::new();
+    let mut build = backend_build(ggml, include_dir, &dir, defines);
     build
         .cuda(true)
         .cudart("shared")
-        .include(include_dir)
-        .include(ggml.join("include"))
-        .include(ggml.join("src"))
-        .include(&dir)
-        .opt_level(3)
-        .debug(false)
-        .warnings(false)
-        .cargo_warnings(false)
         .flag("-std=c++17")
         .flag("-use_fast_math")
         .flag("-extended-lambda")
@@ -449,9 +441,6 @@ fn build_cuda(ggml: &Path, include_dir: &Path, defines: &[(&str, Option<&str>)])
         } else {
             build.flag(format!("-gencode=arch=compute_{a},code=sm_{a}"));
         }
-    }
-    for (name, value) in defines {
-        build.define(name, *value);
     }
     build.define("GGML_CUDA_USE_GRAPHS", None);
     build.files(files);
@@ -549,32 +538,43 @@ fn build_metal(
         asm_files.push(asm);
     }
 
-    let configure = |build: &mut cc::Build| {
-        build
-            .include(include_dir)
-            .include(ggml.join("include"))
-            .include(ggml.join("src"))
-            .include(&dir)
-            .opt_level(3)
-            .debug(false)
-            .warnings(false)
-            .cargo_warnings(false)
-            .define("GGML_METAL_EMBED_LIBRARY", None);
-        for (name, value) in defines {
-            build.define(name, *value);
-        }
-    };
-    let mut objc = cc::Build::new();
-    configure(&mut objc);
-    objc.flag("-fobjc-arc")
+    let mut objc = backend_build(ggml, include_dir, &dir, defines);
+    objc.define("GGML_METAL_EMBED_LIBRARY", None)
+        .flag("-fobjc-arc")
         .files(list(&dir, "m"))
         .files(&asm_files);
     let mut objects = objc.compile_intermediates();
-    let mut cpp = cc::Build::new();
-    configure(&mut cpp);
-    cpp.cpp(true).std("c++17").files(list(&dir, "cpp"));
+    let mut cpp = backend_build(ggml, include_dir, &dir, defines);
+    cpp.define("GGML_METAL_EMBED_LIBRARY", None)
+        .cpp(true)
+        .std("gnu++17")
+        .files(list(&dir, "cpp"));
     objects.extend(cpp.compile_intermediates());
     objects
+}
+
+/// A compiler invocation for a backend's sources: ggml's headers, the backend's directory,
+/// optimised, quiet, with the shared definitions.
+fn backend_build(
+    ggml: &Path,
+    include_dir: &Path,
+    backend_dir: &Path,
+    defines: &[(&str, Option<&str>)],
+) -> cc::Build {
+    let mut build = cc::Build::new();
+    build
+        .include(include_dir)
+        .include(ggml.join("include"))
+        .include(ggml.join("src"))
+        .include(backend_dir)
+        .opt_level(3)
+        .debug(false)
+        .warnings(false)
+        .cargo_warnings(false);
+    for (name, value) in defines {
+        build.define(name, *value);
+    }
+    build
 }
 
 fn list(dir: &Path, ext: &str) -> Vec<PathBuf> {
