@@ -163,20 +163,83 @@ impl HParams {
     }
 }
 
-/// Indices into [`Weights`] of one block's tensors.
-pub(crate) struct LayerWeights {
-    pub attn_norm: RawTensor,
-    pub wq: RawTensor,
-    pub wk: RawTensor,
-    pub wv: RawTensor,
-    pub wo: RawTensor,
-    pub bq: Option<RawTensor>,
-    pub bk: Option<RawTensor>,
-    pub bv: Option<RawTensor>,
-    pub ffn_norm: RawTensor,
-    pub ffn_gate: RawTensor,
-    pub ffn_up: RawTensor,
-    pub ffn_down: RawTensor,
+/// One block's tensors: weight handles, or indices into the weight list while loading.
+pub(crate) struct LayerWeights<T = RawTensor> {
+    pub attn_norm: T,
+    pub wq: T,
+    pub wk: T,
+    pub wv: T,
+    pub wo: T,
+    pub bq: Option<T>,
+    pub bk: Option<T>,
+    pub bv: Option<T>,
+    pub ffn_norm: T,
+    pub ffn_gate: T,
+    pub ffn_up: T,
+    pub ffn_down: T,
+}
+
+impl<T: Copy> LayerWeights<T> {
+    fn map<U>(&self, f: impl Fn(T) -> U) -> LayerWeights<U> {
+        LayerWeights {
+            attn_norm: f(self.attn_norm),
+            wq: f(self.wq),
+            wk: f(self.wk),
+            wv: f(self.wv),
+            wo: f(self.wo),
+            bq: self.bq.map(&f),
+            bk: self.bk.map(&f),
+            bv: self.bv.map(&f),
+            ffn_norm: f(self.ffn_norm),
+            ffn_gate: f(self.ffn_gate),
+            ffn_up: f(self.ffn_up),
+            ffn_down: f(self.ffn_down),
+        }
+    }
+}
+
+/// The weight tensors a model needs, checked against the file and collected for mapping.
+struct Specs<'a> {
+    gguf: &'a Gguf,
+    list: Vec<WeightSpec<'a>>,
+}
+
+impl<'a> Specs<'a> {
+    /// The tensor's index in the list, after checking its shape and type; `None` if absent.
+    fn find(&mut self, name: &str, shape: &[usize]) -> Result<Option<usize>> {
+        let Some(info) = self.gguf.tensor(name) else {
+            return Ok(None);
+        };
+        let want: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+        if info.shape != want {
+            return Err(Error::BadTensor {
+                name: name.to_owned(),
+                reason: format!("shape {:?}, expected {:?}", info.shape, want),
+            });
+        }
+        let code = info.dtype as u32;
+        if !ggml::type_is_supported(code) {
+            return Err(Error::UnsupportedTensorType {
+                type_code: code,
+                tensor: name.to_owned(),
+            });
+        }
+        self.list.push(WeightSpec {
+            name: &info.name,
+            ggml_type: code,
+            shape: &info.shape,
+            offset: info.offset as usize,
+            n_bytes: info.n_bytes as usize,
+        });
+        Ok(Some(self.list.len() - 1))
+    }
+
+    /// Like [`Specs::find`], but a missing tensor is an error.
+    fn require(&mut self, name: &str, shape: &[usize]) -> Result<usize> {
+        self.find(name, shape)?.ok_or_else(|| Error::MissingTensor {
+            name: name.to_owned(),
+        })
+    }
 }
 
 /// A model ready to run: share it between sessions with [`Arc`].
@@ -223,95 +286,52 @@ impl Model {
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         let chat_template = ChatTemplate::from_gguf(&gguf)?;
 
-        let mut specs: Vec<WeightSpec<'_>> = Vec::new();
-        let mut find = |name: &str, shape: &[usize], required: bool| -> Result<Option<usize>> {
-            let Some(info) = gguf.tensor(name) else {
-                return if required {
-                    Err(Error::MissingTensor {
-                        name: name.to_owned(),
-                    })
-                } else {
-                    Ok(None)
-                };
-            };
-            let want: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
-            if info.shape != want {
-                return Err(Error::BadTensor {
-                    name: name.to_owned(),
-                    reason: format!("shape {:?}, expected {:?}", info.shape, want),
-                });
-            }
-            let code = info.dtype as u32;
-            if !ggml::type_is_supported(code) {
-                return Err(Error::UnsupportedTensorType {
-                    type_code: code,
-                    tensor: name.to_owned(),
-                });
-            }
-            specs.push(WeightSpec {
-                name: &info.name,
-                ggml_type: code,
-                shape: &info.shape,
-                offset: info.offset as usize,
-                n_bytes: info.n_bytes as usize,
-            });
-            Ok(Some(specs.len() - 1))
+        let mut specs = Specs {
+            gguf: &gguf,
+            list: Vec::new(),
         };
-
         let (e, kv, q) = (hp.n_embd, hp.n_embd_kv(), hp.head_dim * hp.n_head);
-        let tok_embd = find("token_embd.weight", &[e, hp.n_vocab], true)?.unwrap();
-        let output_norm = find("output_norm.weight", &[e], true)?.unwrap();
+        let tok_embd = specs.require("token_embd.weight", &[e, hp.n_vocab])?;
+        let output_norm = specs.require("output_norm.weight", &[e])?;
         // Models with tied embeddings have no output matrix and reuse the embedding table.
-        let output = find("output.weight", &[e, hp.n_vocab], false)?.unwrap_or(tok_embd);
-        let rope_freqs = find("rope_freqs.weight", &[hp.rope_dims / 2], false)?;
-        let biases = hp.arch == Arch::Qwen2;
+        let output = specs
+            .find("output.weight", &[e, hp.n_vocab])?
+            .unwrap_or(tok_embd);
+        let rope_freqs = specs.find("rope_freqs.weight", &[hp.rope_dims / 2])?;
         let mut layer_idx = Vec::with_capacity(hp.n_layer);
         for l in 0..hp.n_layer {
             let n = |s: &str| format!("blk.{l}.{s}");
-            layer_idx.push([
-                find(&n("attn_norm.weight"), &[e], true)?,
-                find(&n("attn_q.weight"), &[e, q], true)?,
-                find(&n("attn_k.weight"), &[e, kv], true)?,
-                find(&n("attn_v.weight"), &[e, kv], true)?,
-                find(&n("attn_output.weight"), &[q, e], true)?,
-                find(&n("attn_q.bias"), &[q], biases)?,
-                find(&n("attn_k.bias"), &[kv], biases)?,
-                find(&n("attn_v.bias"), &[kv], biases)?,
-                find(&n("ffn_norm.weight"), &[e], true)?,
-                find(&n("ffn_gate.weight"), &[e, hp.n_ff], true)?,
-                find(&n("ffn_up.weight"), &[e, hp.n_ff], true)?,
-                find(&n("ffn_down.weight"), &[hp.n_ff, e], true)?,
-            ]);
+            // qwen2 has Q/K/V biases; for llama they are optional (some finetunes carry them).
+            let bias = |specs: &mut Specs<'_>, name: &str, dim: usize| match hp.arch {
+                Arch::Qwen2 => specs.require(&n(name), &[dim]).map(Some),
+                Arch::Llama => specs.find(&n(name), &[dim]),
+            };
+            layer_idx.push(LayerWeights {
+                attn_norm: specs.require(&n("attn_norm.weight"), &[e])?,
+                wq: specs.require(&n("attn_q.weight"), &[e, q])?,
+                wk: specs.require(&n("attn_k.weight"), &[e, kv])?,
+                wv: specs.require(&n("attn_v.weight"), &[e, kv])?,
+                wo: specs.require(&n("attn_output.weight"), &[q, e])?,
+                bq: bias(&mut specs, "attn_q.bias", q)?,
+                bk: bias(&mut specs, "attn_k.bias", kv)?,
+                bv: bias(&mut specs, "attn_v.bias", kv)?,
+                ffn_norm: specs.require(&n("ffn_norm.weight"), &[e])?,
+                ffn_gate: specs.require(&n("ffn_gate.weight"), &[e, hp.n_ff])?,
+                ffn_up: specs.require(&n("ffn_up.weight"), &[e, hp.n_ff])?,
+                ffn_down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e])?,
+            });
         }
-        let weights = Weights::map(gguf.bytes(), &specs)?;
+        let weights = Weights::map(gguf.bytes(), &specs.list)?;
         let fingerprint = fingerprint(&gguf, &hp, &tokenizer);
-        drop(specs);
-
-        let w = |i: Option<usize>| i.map(|i| weights.get(i));
         let layers = layer_idx
             .into_iter()
-            .map(
-                |[an, q, k, v, o, bq, bk, bv, fnorm, g, u, d]| LayerWeights {
-                    attn_norm: w(an).unwrap(),
-                    wq: w(q).unwrap(),
-                    wk: w(k).unwrap(),
-                    wv: w(v).unwrap(),
-                    wo: w(o).unwrap(),
-                    bq: w(bq),
-                    bk: w(bk),
-                    bv: w(bv),
-                    ffn_norm: w(fnorm).unwrap(),
-                    ffn_gate: w(g).unwrap(),
-                    ffn_up: w(u).unwrap(),
-                    ffn_down: w(d).unwrap(),
-                },
-            )
+            .map(|l| l.map(|i| weights.get(i)))
             .collect();
         Ok(Model {
             tok_embd: weights.get(tok_embd),
             output_norm: weights.get(output_norm),
             output: weights.get(output),
-            rope_freqs: w(rope_freqs),
+            rope_freqs: rope_freqs.map(|i| weights.get(i)),
             layers,
             hparams: hp,
             tokenizer,
