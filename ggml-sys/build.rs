@@ -47,6 +47,7 @@ fn main() {
     .expect("write ggml-version.h");
 
     let features = Features::from_env();
+    let cuda_root = features.cuda.then(check_cuda_toolkit);
     let src = ggml.join("src");
     let cpu = src.join("ggml-cpu");
 
@@ -176,8 +177,8 @@ fn main() {
         compiler_is_clang = compiler.is_like_clang();
     }
 
-    if features.cuda {
-        objects.extend(build_cuda(&ggml, &include_dir, &defines));
+    if let Some(root) = &cuda_root {
+        objects.extend(build_cuda(&ggml, &include_dir, &defines, root));
     }
     if features.metal {
         objects.extend(build_metal(&ggml, &include_dir, &out, &defines));
@@ -414,8 +415,39 @@ fn link_runtime(target: &Target, features: &Features, clang: bool) {
     }
 }
 
+/// Finds the CUDA toolkit (`CUDA_PATH`, `CUDA_HOME`, else /usr/local/cuda) and makes sure nvcc
+/// can be run, before any compilation starts; returns the toolkit's root.
+fn check_cuda_toolkit() -> String {
+    let cuda_root = env::var("CUDA_PATH")
+        .or_else(|_| env::var("CUDA_HOME"))
+        .unwrap_or_else(|_| "/usr/local/cuda".into());
+    let on_path = |exe: &str| {
+        env::var_os("PATH")
+            .is_some_and(|paths| env::split_paths(&paths).any(|d| d.join(exe).is_file()))
+    };
+    if env::var_os("NVCC").is_none()
+        && !on_path("nvcc")
+        && !Path::new(&cuda_root).join("bin/nvcc").is_file()
+    {
+        fail(&format!(
+            "the `cuda` feature needs the CUDA toolkit: nvcc was not found on PATH, in NVCC, or under \
+             {cuda_root}/bin (set CUDA_PATH to the toolkit)"
+        ));
+    }
+    if env::var_os("NVCC").is_none() && !on_path("nvcc") {
+        // cc looks for nvcc on PATH or in NVCC; point it at the toolkit's.
+        env::set_var("NVCC", Path::new(&cuda_root).join("bin/nvcc"));
+    }
+    cuda_root
+}
+
 /// Compiles ggml's CUDA backend with nvcc. Returns the object files.
-fn build_cuda(ggml: &Path, include_dir: &Path, defines: &[(&str, Option<&str>)]) -> Vec<PathBuf> {
+fn build_cuda(
+    ggml: &Path,
+    include_dir: &Path,
+    defines: &[(&str, Option<&str>)],
+    cuda_root: &str,
+) -> Vec<PathBuf> {
     let dir = ggml.join("src/ggml-cuda");
     let mut files = list(&dir, "cu");
     let instances = dir.join("template-instances");
@@ -446,9 +478,6 @@ fn build_cuda(ggml: &Path, include_dir: &Path, defines: &[(&str, Option<&str>)])
     build.files(files);
     let objects = build.compile_intermediates();
 
-    let cuda_root = env::var("CUDA_PATH")
-        .or_else(|_| env::var("CUDA_HOME"))
-        .unwrap_or_else(|_| "/usr/local/cuda".into());
     for sub in ["lib64", "lib", "lib64/stubs", "targets/x86_64-linux/lib"] {
         let p = Path::new(&cuda_root).join(sub);
         if p.is_dir() {
