@@ -35,6 +35,7 @@ fn bench(c: &mut Criterion) {
         n_ctx: 1024,
         n_threads: 2,
         n_ubatch: 512,
+        flash_attn: true,
     };
     let prompt: Vec<u32> = (0..128).map(|i| 100 + (i * 7919) % 48_952).collect();
     let mut g = c.benchmark_group("forward");

@@ -610,6 +610,13 @@ impl<'g> Graph<'g> {
     pub(crate) fn cont(&mut self, x: Tensor<'g>) -> Tensor<'g> {
         op!(self, sys::ggml_cont(self.ctx(), x.raw))
     }
+    /// `softmax(x * scale + mask)` over `ne[0]`; `mask` (f16 or f32 `[ne0, ne1]`) broadcasts.
+    pub(crate) fn soft_max(&mut self, x: Tensor<'g>, mask: Tensor<'g>, scale: f32) -> Tensor<'g> {
+        op!(
+            self,
+            sys::ggml_soft_max_ext(self.ctx(), x.raw, mask.raw, scale, 0.0)
+        )
+    }
     pub(crate) fn swiglu(&mut self, gate: Tensor<'g>, up: Tensor<'g>) -> Tensor<'g> {
         op!(self, sys::ggml_swiglu_split(self.ctx(), gate.raw, up.raw))
     }

@@ -34,6 +34,7 @@ pub(crate) fn build<'g>(
     kv: &KvCache,
     tokens: &[u32],
     outputs: Outputs,
+    flash_attn: bool,
 ) -> Result<Tensor<'g>> {
     let hp = model.hparams();
     let n = tokens.len();
@@ -132,7 +133,20 @@ pub(crate) fn build<'g>(
             [row_bytes, head_dim * 2],
             0,
         );
-        let attn = g.flash_attn(q, k_all, v_all, mask, scale);
+        let attn = if flash_attn {
+            // Result: [head_dim, n_head, n].
+            g.flash_attn(q, k_all, v_all, mask, scale)
+        } else {
+            // Unfused: scores [n_kv, n, n_head], softmax, then V transposed to
+            // [n_kv, head_dim, n_head_kv] (a copy, since the cache stores V token-major).
+            let kq = g.mul_mat(k_all, q);
+            let kq = g.soft_max(kq, mask, scale);
+            let v_t = g.permute(v_all, [1, 0, 2, 3]);
+            let v_t = g.cont(v_t);
+            let kqv = g.mul_mat(v_t, kq);
+            let kqv = g.permute(kqv, [0, 2, 1, 3]);
+            g.cont(kqv)
+        };
         let mut attn = g.reshape_2d(attn, head_dim * n_head, n);
         let mut residual = residual;
 

@@ -21,6 +21,9 @@ pub struct SessionParams {
     pub n_threads: usize,
     /// Largest number of tokens evaluated in one graph during prefill.
     pub n_ubatch: usize,
+    /// Attention through ggml's fused flash-attention kernel (the default, and faster here:
+    /// see docs/BENCHMARKS.md) or as separate matrix products and a softmax.
+    pub flash_attn: bool,
 }
 
 impl Default for SessionParams {
@@ -29,6 +32,7 @@ impl Default for SessionParams {
             n_ctx: 4096,
             n_threads: std::thread::available_parallelism().map_or(4, |n| n.get()),
             n_ubatch: 512,
+            flash_attn: true,
         }
     }
 }
@@ -186,9 +190,10 @@ impl Session {
             };
             let model = &self.model;
             let kv = &self.kv;
-            let logits = self
-                .compute
-                .run(&self.backend, |g| llama::build(g, model, kv, chunk, want))?;
+            let flash_attn = self.params.flash_attn;
+            let logits = self.compute.run(&self.backend, |g| {
+                llama::build(g, model, kv, chunk, want, flash_attn)
+            })?;
             self.kv.advance(chunk.len());
             self.tokens.extend_from_slice(chunk);
             if outputs == Outputs::All {

@@ -55,6 +55,7 @@ fn params() -> SessionParams {
         n_ctx: 512,
         n_threads: 2,
         n_ubatch: 512,
+        flash_attn: true,
     }
 }
 

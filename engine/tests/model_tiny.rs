@@ -29,6 +29,21 @@ fn check_against_reference(shape: Shape, tied: bool) {
 }
 
 #[test]
+fn unfused_attention_matches_reference_too() {
+    let c = cfg(Shape::Qwen2, false);
+    let (_dir, model, w) = build(&c, 8);
+    let toks = tokens(40);
+    let want = reference(&c, &w, &toks);
+    let mut p = params(16);
+    p.flash_attn = false;
+    let mut s = Session::new(model, p).unwrap();
+    let all = s.feed_all_logits(&toks).unwrap();
+    for (i, row) in all.chunks(c.n_vocab).enumerate() {
+        assert_close(row, &want[i], 5e-3, &format!("position {i}"));
+    }
+}
+
+#[test]
 fn llama_shape_matches_reference() {
     check_against_reference(Shape::Llama, false);
 }
@@ -113,6 +128,7 @@ fn bad_inputs_give_typed_errors() {
             n_ctx: 16,
             n_threads: 1,
             n_ubatch: 8,
+            flash_attn: true,
         },
     )
     .unwrap();

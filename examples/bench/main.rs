@@ -30,6 +30,9 @@ struct Args {
     /// Threads.
     #[arg(long, default_value_t = std::thread::available_parallelism().map_or(4, |n| n.get()))]
     threads: usize,
+    /// Compute attention without ggml's fused flash-attention kernel.
+    #[arg(long)]
+    no_flash_attn: bool,
     /// Repetitions; the median is reported.
     #[arg(long, default_value_t = 3)]
     reps: usize,
@@ -49,6 +52,7 @@ fn main() -> Result<()> {
     let params = SessionParams {
         n_ctx: args.prompt_tokens + args.gen_tokens + 16,
         n_threads: args.threads,
+        flash_attn: !args.no_flash_attn,
         ..SessionParams::default()
     };
     let mut prefill = Vec::new();

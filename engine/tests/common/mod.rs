@@ -385,6 +385,7 @@ pub fn params(n_ubatch: usize) -> SessionParams {
         n_ctx: 128,
         n_threads: 2,
         n_ubatch,
+        flash_attn: true,
     }
 }
 
