@@ -175,3 +175,27 @@ fn bad_inputs_give_typed_errors() {
         matches!(Model::load(&other), Err(Error::UnsupportedArchitecture { arch }) if arch == "mamba")
     );
 }
+
+#[test]
+fn models_are_shared_across_threads_and_sessions_move_between_them() {
+    fn shared<T: Send + Sync>() {}
+    fn movable<T: Send>() {}
+    shared::<Model>();
+    movable::<Session>();
+    // And it works: two sessions on two threads over one model give the same logits.
+    let c = cfg(Shape::Llama, false);
+    let (_dir, model, _) = build(&c, 14);
+    let toks = tokens(20);
+    let run = |m: std::sync::Arc<Model>, t: Vec<u32>| {
+        std::thread::spawn(move || {
+            Session::new(m, params(512))
+                .unwrap()
+                .feed(&t)
+                .unwrap()
+                .to_vec()
+        })
+    };
+    let a = run(model.clone(), toks.clone());
+    let b = run(model, toks);
+    assert_eq!(a.join().unwrap(), b.join().unwrap());
+}
