@@ -4,6 +4,10 @@
 //! The session's cache layout (`kv.rs`: per layer, K then V rows of f16, token-major) maps onto
 //! ckptfmt's block span (per layer, the K bytes of the block's tokens then their V bytes), so a
 //! block is gathered with one copy per layer and restored with one write per layer.
+//!
+//! Restoring streams block by block rather than reading everything first: holding all blocks
+//! at once cost fresh memory (page faults) for the whole checkpoint, 5x the time of streaming
+//! (docs/BENCHMARKS.md).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -12,9 +16,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use ckptfmt::{
     ElemType, Encoding, Fingerprint, Geometry, LayerGeometry, Manifest, Metadata, Store,
 };
-
-/// A checkpoint's KV for one write: (first position, tokens, per-layer K and V).
-type Pieces<'a> = Vec<(usize, usize, Vec<(&'a [u8], &'a [u8])>)>;
 
 use crate::error::{Error, Result};
 use crate::kv::KvLayout;
@@ -70,6 +71,20 @@ impl Session {
                 &per_layer[l].0
             }
         })?)
+    }
+
+    /// Writes a span of `n` tokens starting at position `start` (ckptfmt layout) into the cache.
+    fn write_span(
+        &mut self,
+        geometry: &Geometry,
+        start: usize,
+        n: usize,
+        span: &[u8],
+    ) -> Result<()> {
+        for (l, (k, v)) in geometry.split_span(span, n as u64)?.into_iter().enumerate() {
+            self.write_kv(l, start..start + n, k, v)?;
+        }
+        Ok(())
     }
 
     /// Saves the session under `name` in `store`: writes only the blocks the store lacks (a
@@ -134,10 +149,11 @@ impl Session {
         })
     }
 
-    /// Replaces this session's contents with checkpoint `name` of `store`: every block is
-    /// verified (checksums, ids, model fingerprint, geometry) before anything is written to the
-    /// cache, so a bad checkpoint leaves the session as it was. Returns the manifest (metadata,
-    /// sampler state).
+    /// Replaces this session's contents with checkpoint `name` of `store`. The manifest's
+    /// model fingerprint and geometry are checked first; then each block is read, verified
+    /// (checksums, id) and copied into the cache in turn, reusing one buffer. If anything fails
+    /// the session is cleared and the error returned: it never holds a partial restore. Returns
+    /// the manifest (metadata, sampler state).
     pub fn restore_checkpoint(&mut self, store: &Store, name: &str) -> Result<Manifest> {
         let manifest = store.read_manifest(name)?;
         manifest.check_owner(
@@ -150,37 +166,26 @@ impl Session {
                 n_ctx: self.params().n_ctx,
             });
         }
-        // Read and verify every block first (raw blocks are then borrowed, not copied again).
-        let blocks = manifest
-            .block_ids
-            .iter()
-            .map(|id| store.read_block(id))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut spans = Vec::with_capacity(blocks.len() + 1);
-        for block in &blocks {
-            spans.push(block.view()?.kv()?);
-        }
-        spans.push(Cow::Borrowed(manifest.tail_kv.as_slice()));
-        let tpb = manifest.geometry.tokens_per_block() as usize;
-        // Split every span before touching the cache, so any inconsistency leaves it intact.
-        let mut pieces: Pieces<'_> = Vec::with_capacity(spans.len());
-        for (i, span) in spans.iter().enumerate() {
-            let start = i * tpb;
-            let n = if i < manifest.block_ids.len() {
-                tpb
-            } else {
-                manifest.tokens.len() - start
-            };
-            if n > 0 {
-                pieces.push((start, n, manifest.geometry.split_span(span, n as u64)?));
-            }
-        }
-        // Rows past the restored length keep older finite values (masked out); no need to zero.
+        // Stream: read and verify one block, copy it into the cache, reuse the memory for the
+        // next. On any failure the session is cleared, so it never holds a partial restore.
         self.truncate(0);
-        for (start, n, layers) in pieces {
-            for (l, (k, v)) in layers.into_iter().enumerate() {
-                self.write_kv(l, start..start + n, k, v)?;
+        let tpb = manifest.geometry.tokens_per_block() as usize;
+        let result = (|| -> Result<()> {
+            for (i, id) in manifest.block_ids.iter().enumerate() {
+                let block = store.read_block(id)?;
+                let view = block.view()?;
+                self.write_span(&manifest.geometry, i * tpb, tpb, &view.kv()?)?;
             }
+            let start = manifest.block_ids.len() * tpb;
+            let n_tail = manifest.tokens.len() - start;
+            if n_tail > 0 {
+                self.write_span(&manifest.geometry, start, n_tail, &manifest.tail_kv)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            self.clear();
+            return Err(e);
         }
         self.commit_restored(manifest.tokens.clone())?;
         Ok(manifest)
