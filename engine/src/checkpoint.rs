@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ckptfmt::{
-    ElemType, Encoding, Fingerprint, Geometry, LayerGeometry, Manifest, Metadata, Store,
+    BlockId, ElemType, Encoding, Fingerprint, Geometry, LayerGeometry, Manifest, Metadata, Store,
 };
 
 use crate::error::{Error, Result};
@@ -71,6 +71,51 @@ impl Session {
                 &per_layer[l].0
             }
         })?)
+    }
+
+    /// Clears this session and starts it from the longest run of `tokens`' leading full blocks that
+    /// `store` already holds, from any conversation: block ids are chained hashes of the model
+    /// and every token before them, so an id present in the store means that whole prefix was
+    /// computed before. Returns the number of tokens restored (a multiple of the block size,
+    /// possibly 0); feed `tokens[n..]` next. On failure the session is left empty.
+    pub fn restore_prefix(&mut self, store: &Store, tokens: &[u32]) -> Result<usize> {
+        let geometry = geometry(self.kv_layout(), TOKENS_PER_BLOCK)?;
+        let tpb = TOKENS_PER_BLOCK as usize;
+        // Keep at least one token to evaluate, so the caller gets logits.
+        let usable = tokens.len().saturating_sub(1).min(self.params().n_ctx);
+        let ids = BlockId::chain_all(
+            &Fingerprint(self.model().fingerprint()),
+            &tokens[..usable],
+            TOKENS_PER_BLOCK,
+        );
+        let mut n_blocks = 0;
+        while n_blocks < ids.len() && store.has_block(&ids[n_blocks])? {
+            n_blocks += 1;
+        }
+        self.clear();
+        let result = (|| -> Result<()> {
+            self.write_blocks(store, &geometry, &ids[..n_blocks])?;
+            self.commit_restored(tokens[..n_blocks * tpb].to_vec())
+        })();
+        match result {
+            Ok(()) => Ok(n_blocks * tpb),
+            Err(e) => {
+                self.clear();
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads, verifies and writes full blocks `ids` into positions `0..ids.len() * block size`,
+    /// one block in memory at a time.
+    fn write_blocks(&mut self, store: &Store, geometry: &Geometry, ids: &[BlockId]) -> Result<()> {
+        let tpb = geometry.tokens_per_block() as usize;
+        for (i, id) in ids.iter().enumerate() {
+            let block = store.read_block(id)?;
+            let view = block.view()?;
+            self.write_span(geometry, i * tpb, tpb, &view.kv()?)?;
+        }
+        Ok(())
     }
 
     /// Writes a span of `n` tokens starting at position `start` (ckptfmt layout) into the cache.
@@ -171,11 +216,7 @@ impl Session {
         self.truncate(0);
         let tpb = manifest.geometry.tokens_per_block() as usize;
         let result = (|| -> Result<()> {
-            for (i, id) in manifest.block_ids.iter().enumerate() {
-                let block = store.read_block(id)?;
-                let view = block.view()?;
-                self.write_span(&manifest.geometry, i * tpb, tpb, &view.kv()?)?;
-            }
+            self.write_blocks(store, &manifest.geometry, &manifest.block_ids)?;
             let start = manifest.block_ids.len() * tpb;
             let n_tail = manifest.tokens.len() - start;
             if n_tail > 0 {

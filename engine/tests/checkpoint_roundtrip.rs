@@ -113,3 +113,38 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+#[test]
+fn a_new_conversation_reuses_a_stored_prefix_from_another() {
+    let c = cfg(Shape::Llama, false);
+    let (dir, model, _) = build(&c, 25);
+    let mut p = params(512);
+    p.n_ctx = 256;
+    let shared = tokens(150);
+    let mut a = Session::new(model.clone(), p.clone()).unwrap();
+    a.feed(&shared).unwrap();
+    let store = open_store(&dir.path().join("store"), &a).unwrap();
+    a.save_checkpoint(&store, "first", Vec::new(), None)
+        .unwrap();
+
+    // A second conversation: the same 140 leading tokens, then its own.
+    let mut prompt = shared[..140].to_vec();
+    prompt.extend([3, 1, 4, 1, 5, 9, 2, 6]);
+    let mut b = Session::new(model.clone(), p.clone()).unwrap();
+    let reused = b.restore_prefix(&store, &prompt).unwrap();
+    assert_eq!(reused, 128, "two full blocks of the shared 140 tokens");
+    assert_eq!(b.tokens(), &prompt[..128]);
+    let got = b.feed(&prompt[reused..]).unwrap().to_vec();
+    // The same split, computed from scratch.
+    let mut fresh = Session::new(model.clone(), p.clone()).unwrap();
+    fresh.feed(&prompt[..128]).unwrap();
+    let want = fresh.feed(&prompt[128..]).unwrap().to_vec();
+    assert_eq!(got, want);
+
+    // A prompt that differs in its first block shares nothing.
+    let mut other = prompt.clone();
+    other[10] = 77;
+    let mut d = Session::new(model, p).unwrap();
+    assert_eq!(d.restore_prefix(&store, &other).unwrap(), 0);
+    assert!(d.tokens().is_empty());
+}

@@ -10,7 +10,8 @@
 //!
 //! The conversation is saved as a checkpoint (KV cache, tokens, messages, sampler state) in
 //! `--store` under `--session` after every reply; starting again resumes it from disk instead of
-//! re-reading it. `--fresh` ignores the saved conversation.
+//! re-reading it. `--fresh` ignores the saved conversation. A new conversation whose prompt
+//! begins like an earlier one (same system prompt, say) reuses the stored KV of that prefix.
 
 use std::io::Write;
 use std::ops::ControlFlow;
@@ -172,6 +173,19 @@ fn main() -> Result<()> {
         // Render the whole conversation and feed only what the session does not hold yet.
         let prompt = model.chat_template().render(&messages, true)?;
         let ids = model.tokenizer().encode(&prompt, true, true)?;
+        if session.tokens().is_empty() {
+            // A new conversation may start like an earlier one (a long system prompt, say):
+            // take the KV of the blocks the store already holds instead of computing them.
+            let t = Instant::now();
+            match session.restore_prefix(&store, &ids) {
+                Ok(0) => {}
+                Ok(n) => eprintln!(
+                    "(reused {n} prompt tokens from earlier conversations in {:.1} ms)",
+                    t.elapsed().as_secs_f64() * 1e3
+                ),
+                Err(e) => eprintln!("(could not reuse stored blocks: {e})"),
+            }
+        }
         let common = session
             .tokens()
             .iter()
