@@ -140,6 +140,9 @@ impl Session {
     }
 
     /// Evaluates `tokens` after those held and returns the logits following the last one.
+    ///
+    /// Tokens that would not fit in the context give [`Error::ContextFull`], and an id outside
+    /// the vocabulary [`Error::BadToken`]; in both cases the session is left unchanged.
     pub fn feed(&mut self, tokens: &[u32]) -> Result<&[f32]> {
         self.eval(tokens, Outputs::Last)?;
         self.logits()
