@@ -44,6 +44,38 @@ fn unfused_attention_matches_reference_too() {
 }
 
 #[test]
+fn llama3_rope_frequency_factors_match_reference() {
+    let mut c = cfg(Shape::Llama, false);
+    // Factors like Llama 3's: high frequencies untouched, low ones stretched.
+    let half = c.head_dim() / 2;
+    c.rope_freqs = Some(
+        (0..half)
+            .map(|i| 1.0 + 7.0 * i as f32 / (half - 1) as f32)
+            .collect(),
+    );
+    let (_dir, model, w) = build(&c, 9);
+    let toks = tokens(40);
+    let want = reference(&c, &w, &toks);
+    let mut s = Session::new(model, params(16)).unwrap();
+    let all = s.feed_all_logits(&toks).unwrap();
+    for (i, row) in all.chunks(c.n_vocab).enumerate() {
+        assert_close(row, &want[i], 5e-3, &format!("position {i}"));
+    }
+    // Without the factors the reference differs: the test sees them.
+    let plain = Cfg {
+        rope_freqs: None,
+        ..c
+    };
+    let other = reference(&plain, &w, &toks);
+    let worst = other[39]
+        .iter()
+        .zip(&want[39])
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(worst > 0.05, "frequency factors changed nothing ({worst})");
+}
+
+#[test]
 fn llama_shape_matches_reference() {
     check_against_reference(Shape::Llama, false);
 }

@@ -43,6 +43,8 @@ pub struct Cfg {
     pub tied: bool,
     pub eps: f32,
     pub base: f32,
+    /// Llama-3-style RoPE frequency factors (`rope_freqs.weight`, `head_dim / 2` values).
+    pub rope_freqs: Option<Vec<f32>>,
 }
 
 impl Cfg {
@@ -171,6 +173,14 @@ pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
         GgmlType::F32,
         f32_bytes(&w.embd),
     );
+    if let Some(f) = &c.rope_freqs {
+        g.add_tensor(
+            "rope_freqs.weight",
+            &[f.len() as u64],
+            GgmlType::F32,
+            f32_bytes(f),
+        );
+    }
     g.add_tensor(
         "output_norm.weight",
         &[e],
@@ -273,10 +283,18 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
 }
 
 /// RoPE over every head of `x` at position `pos`: adjacent pairs (llama) or halves (NeoX).
-pub fn rope(x: &mut [f32], head_dim: usize, pos: usize, base: f32, neox: bool) {
+pub fn rope(
+    x: &mut [f32],
+    head_dim: usize,
+    pos: usize,
+    base: f32,
+    neox: bool,
+    factors: Option<&[f32]>,
+) {
     for head in x.chunks_mut(head_dim) {
         for i in 0..head_dim / 2 {
-            let theta = pos as f32 * base.powf(-2.0 * i as f32 / head_dim as f32);
+            let factor = factors.map_or(1.0, |f| f[i]);
+            let theta = pos as f32 * base.powf(-2.0 * i as f32 / head_dim as f32) / factor;
             let (a, b) = if neox {
                 (i, i + head_dim / 2)
             } else {
@@ -306,8 +324,8 @@ pub fn reference(c: &Cfg, w: &Weights, tokens: &[u32]) -> Vec<Vec<f32>> {
             let mut k = add(matvec(&lw.wk, &h), &lw.bk);
             let v = add(matvec(&lw.wv, &h), &lw.bv);
             let neox = c.shape == Shape::Qwen2;
-            rope(&mut q, hd, pos, c.base, neox);
-            rope(&mut k, hd, pos, c.base, neox);
+            rope(&mut q, hd, pos, c.base, neox, c.rope_freqs.as_deref());
+            rope(&mut k, hd, pos, c.base, neox, c.rope_freqs.as_deref());
             // The cache and the attention kernel hold Q, K and V as f16.
             keys[l].push(via_f16(&k));
             values[l].push(via_f16(&v));
@@ -368,6 +386,7 @@ pub fn cfg(shape: Shape, tied: bool) -> Cfg {
         tied,
         eps: 1e-5,
         base: 10000.0,
+        rope_freqs: None,
     }
 }
 
