@@ -1190,19 +1190,32 @@ impl<V: BlockIo> Shared<V> {
                 self.cond.notify_all();
                 continue;
             }
-            st.writes_in_progress += 1;
-            drop(st);
-            let r = self.write_batch(&items);
-            st = lock_mutex(&self.state);
-            st.writes_in_progress -= 1;
-            let done = self.item_lens(&items);
-            st.finish_writes(&done, r.is_ok(), true);
+            let r;
+            (st, r) = self.write_unlocked(st, &items, true);
             self.cond.notify_all();
             if let Err(e) = r {
                 st.m.spill_errors += 1;
                 return (st, Err(e));
             }
         }
+    }
+
+    /// Writes `items` with the state lock released (counted in `writes_in_progress`), then
+    /// retakes it and records the outcome; returns the guard and the write's result.
+    fn write_unlocked<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        items: &[WriteItem],
+        spill: bool,
+    ) -> (MutexGuard<'a, State>, Result<()>) {
+        st.writes_in_progress += 1;
+        drop(st);
+        let r = self.write_batch(items);
+        let mut st = lock_mutex(&self.state);
+        st.writes_in_progress -= 1;
+        let done = self.item_lens(items);
+        st.finish_writes(&done, r.is_ok(), spill);
+        (st, r)
     }
 
     fn item_lens(&self, items: &[WriteItem]) -> Vec<(BlockId, u64)> {
@@ -1611,13 +1624,8 @@ impl<V: BlockIo> Shared<V> {
             .filter_map(|id| st.claim_dirty(id))
             .collect();
         st.add_refs(&ids);
-        st.writes_in_progress += 1;
-        drop(st);
-        let r = self.write_batch(&items);
-        st = lock_mutex(&self.state);
-        st.writes_in_progress -= 1;
-        let done = self.item_lens(&items);
-        st.finish_writes(&done, r.is_ok(), false);
+        let r;
+        (st, r) = self.write_unlocked(st, &items, false);
         self.cond.notify_all();
         if let Err(e) = r {
             st.m.spill_errors += 1;
@@ -1812,13 +1820,7 @@ impl<V: BlockIo> Shared<V> {
                     })
                 })
                 .collect();
-            st.writes_in_progress += 1;
-            drop(st);
-            let r = self.write_batch(&items);
-            let mut st = lock_mutex(&self.state);
-            st.writes_in_progress -= 1;
-            let done = self.item_lens(&items);
-            st.finish_writes(&done, r.is_ok(), true);
+            let (mut st, r) = self.write_unlocked(st, &items, true);
             let unwritten: Vec<(BlockId, u64)> = ids
                 .iter()
                 .filter(|id| !items.iter().any(|i| i.id == **id))
