@@ -2,6 +2,10 @@
 //! hand from the algorithm: repeatedly merge the adjacent pair with the lowest merge rank (ties:
 //! leftmost), on pieces cut by the pre-tokenizer regex.
 
+mod common;
+
+use common::Vocab;
+
 use engine::gguf::{Gguf, GgufWriter};
 use engine::tokenizer::{StreamDecoder, Tokenizer};
 
@@ -26,23 +30,6 @@ const SPECIALS: [(&str, i32); 4] = [
 const MERGES: [&str; 12] = [
     "l l", "h e", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "b c", "a b", "a a", "x y", "1 2",
 ];
-
-struct Vocab {
-    tok: Tokenizer,
-    texts: Vec<String>,
-}
-
-impl Vocab {
-    fn id(&self, text: &str) -> u32 {
-        self.texts
-            .iter()
-            .position(|t| t == text)
-            .unwrap_or_else(|| panic!("{text}")) as u32
-    }
-    fn ids(&self, texts: &[&str]) -> Vec<u32> {
-        texts.iter().map(|t| self.id(t)).collect()
-    }
-}
 
 fn build(pre: &str, extra: impl FnOnce(&mut GgufWriter)) -> Vocab {
     let mut texts: Vec<String> = SPECIALS.iter().map(|(t, _)| t.to_string()).collect();

@@ -2,25 +2,12 @@
 //! from the algorithm: repeatedly merge the adjacent pair whose concatenation is the token with
 //! the highest score (ties: leftmost), with `<0xXX>` byte fallback.
 
+mod common;
+
+use common::Vocab;
+
 use engine::gguf::{Gguf, GgufWriter};
 use engine::tokenizer::{StreamDecoder, Tokenizer};
-
-struct Vocab {
-    tok: Tokenizer,
-    texts: Vec<String>,
-}
-
-impl Vocab {
-    fn id(&self, text: &str) -> u32 {
-        self.texts
-            .iter()
-            .position(|t| t == text)
-            .unwrap_or_else(|| panic!("{text}")) as u32
-    }
-    fn ids(&self, texts: &[&str]) -> Vec<u32> {
-        texts.iter().map(|t| self.id(t)).collect()
-    }
-}
 
 const PIECES: [(&str, f32); 22] = [
     ("▁", -10.0),

@@ -453,3 +453,23 @@ pub fn real_model_path() -> Option<PathBuf> {
     );
     None
 }
+
+/// A test vocabulary: the tokenizer built from it and its token texts, to name ids by text.
+pub struct Vocab {
+    pub tok: engine::tokenizer::Tokenizer,
+    pub texts: Vec<String>,
+}
+
+impl Vocab {
+    /// The id of the token whose text is `text`.
+    pub fn id(&self, text: &str) -> u32 {
+        self.texts
+            .iter()
+            .position(|t| t == text)
+            .unwrap_or_else(|| panic!("no token {text}")) as u32
+    }
+    /// The ids of `texts`, in order.
+    pub fn ids(&self, texts: &[&str]) -> Vec<u32> {
+        texts.iter().map(|t| self.id(t)).collect()
+    }
+}
