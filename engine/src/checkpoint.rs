@@ -54,32 +54,12 @@ pub fn open_store(dir: &std::path::Path, session: &Session) -> Result<Store> {
 }
 
 impl Session {
-    /// Gathers the KV span of positions `start..start + n` in ckptfmt's block layout.
-    fn kv_span(&self, geometry: &Geometry, start: usize, n: usize) -> Result<Vec<u8>> {
-        let layout = self.kv_layout();
-        let mut per_layer = Vec::with_capacity(layout.n_layers);
-        for l in 0..layout.n_layers {
-            let mut k = vec![0u8; n * layout.k_bytes_per_token[l]];
-            let mut v = vec![0u8; n * layout.v_bytes_per_token[l]];
-            self.read_kv(l, start..start + n, &mut k, &mut v)?;
-            per_layer.push((k, v));
-        }
-        Ok(geometry.gather_span(n as u64, |l, is_v| {
-            if is_v {
-                &per_layer[l].1
-            } else {
-                &per_layer[l].0
-            }
-        })?)
-    }
-
     /// Clears this session and starts it from the longest run of `tokens`' leading full blocks that
     /// `store` already holds, from any conversation: block ids are chained hashes of the model
     /// and every token before them, so an id present in the store means that whole prefix was
     /// computed before. Returns the number of tokens restored (a multiple of the block size,
-    /// possibly 0); feed `tokens[n..]` next. On failure the session is left empty.
+    /// possibly 0); feed `tokens[n..]` next. On failure the session is left as it was.
     pub fn restore_prefix(&mut self, store: &Store, tokens: &[u32]) -> Result<usize> {
-        let geometry = geometry(self.kv_layout(), TOKENS_PER_BLOCK)?;
         let tpb = TOKENS_PER_BLOCK as usize;
         // Keep at least one token to evaluate, so the caller gets logits.
         let usable = tokens.len().saturating_sub(1).min(self.params().n_ctx);
@@ -92,44 +72,13 @@ impl Session {
         while n_blocks < ids.len() && store.has_block(&ids[n_blocks])? {
             n_blocks += 1;
         }
-        self.clear();
-        let result = (|| -> Result<()> {
-            self.write_blocks(store, &geometry, &ids[..n_blocks])?;
-            self.commit_restored(tokens[..n_blocks * tpb].to_vec())
-        })();
-        match result {
-            Ok(()) => Ok(n_blocks * tpb),
-            Err(e) => {
-                self.clear();
-                Err(e)
-            }
-        }
-    }
-
-    /// Reads, verifies and writes full blocks `ids` into positions `0..ids.len() * block size`,
-    /// one block in memory at a time.
-    fn write_blocks(&mut self, store: &Store, geometry: &Geometry, ids: &[BlockId]) -> Result<()> {
-        let tpb = geometry.tokens_per_block() as usize;
-        for (i, id) in ids.iter().enumerate() {
-            let block = store.read_block(id)?;
-            let view = block.view()?;
-            self.write_span(geometry, i * tpb, tpb, &view.kv()?)?;
-        }
-        Ok(())
-    }
-
-    /// Writes a span of `n` tokens starting at position `start` (ckptfmt layout) into the cache.
-    fn write_span(
-        &mut self,
-        geometry: &Geometry,
-        start: usize,
-        n: usize,
-        span: &[u8],
-    ) -> Result<()> {
-        for (l, (k, v)) in geometry.split_span(span, n as u64)?.into_iter().enumerate() {
-            self.write_kv(l, start..start + n, k, v)?;
-        }
-        Ok(())
+        let n = n_blocks * tpb;
+        let seq = self.seq();
+        self.context_mut()
+            .import(seq, &tokens[..n], &[], |_, id, sink| {
+                read_block(store, id, sink)
+            })?;
+        Ok(n)
     }
 
     /// Saves the session under `name` in `store`: writes only the blocks the store lacks (a
@@ -142,12 +91,17 @@ impl Session {
         meta: Vec<(String, String)>,
         sampler_state: Option<Vec<u8>>,
     ) -> Result<SaveSummary> {
+        let ctx = self.context();
+        let seq = self.seq();
         let geometry = geometry(self.kv_layout(), TOKENS_PER_BLOCK)?;
         let fingerprint = Fingerprint(self.model().fingerprint());
         let tpb = geometry.tokens_per_block() as usize;
         let tokens = self.tokens().to_vec();
         let n_full = tokens.len() / tpb;
-        let tail = self.kv_span(&geometry, n_full * tpb, tokens.len() - n_full * tpb)?;
+        let mut tail = Vec::new();
+        if tokens.len() % tpb != 0 {
+            ctx.read_page(seq, n_full, &mut tail)?;
+        }
         let created_unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -171,7 +125,9 @@ impl Session {
         let mut missing = HashMap::new();
         for (i, id) in manifest.block_ids.iter().enumerate() {
             if !store.has_block(id)? {
-                missing.insert(i, self.kv_span(&geometry, i * tpb, tpb)?);
+                let mut span = Vec::new();
+                ctx.read_page(seq, i, &mut span)?;
+                missing.insert(i, span);
             }
         }
         let report = store.save(
@@ -195,40 +151,55 @@ impl Session {
     }
 
     /// Replaces this session's contents with checkpoint `name` of `store`. The manifest's
-    /// model fingerprint and geometry are checked first; then each block is read, verified
-    /// (checksums, id) and copied into the cache in turn, reusing one buffer. If anything fails
-    /// the session is cleared and the error returned: it never holds a partial restore. Returns
-    /// the manifest (metadata, sampler state).
+    /// model fingerprint and geometry are checked first; then each block the session does not
+    /// already hold is read, verified (checksums, id) and copied into a free page. If anything
+    /// fails the session is left exactly as it was. Returns the manifest (metadata, sampler
+    /// state).
     pub fn restore_checkpoint(&mut self, store: &Store, name: &str) -> Result<Manifest> {
         let manifest = store.read_manifest(name)?;
         manifest.check_owner(
             &Fingerprint(self.model().fingerprint()),
             &geometry(self.kv_layout(), manifest.geometry.tokens_per_block())?,
         )?;
+        if manifest.geometry.tokens_per_block() != TOKENS_PER_BLOCK {
+            return Err(ckptfmt::FormatError::invalid(
+                "checkpoint geometry",
+                format!(
+                    "{} tokens per block, the engine's pages hold {TOKENS_PER_BLOCK}",
+                    manifest.geometry.tokens_per_block()
+                ),
+            )
+            .into());
+        }
         if manifest.tokens.len() > self.params().n_ctx {
             return Err(Error::ContextFull {
                 needed: manifest.tokens.len(),
                 n_ctx: self.params().n_ctx,
             });
         }
-        // Stream: read and verify one block, copy it into the cache, reuse the memory for the
-        // next. On any failure the session is cleared, so it never holds a partial restore.
-        self.truncate(0);
-        let tpb = manifest.geometry.tokens_per_block() as usize;
-        let result = (|| -> Result<()> {
-            self.write_blocks(store, &manifest.geometry, &manifest.block_ids)?;
-            let start = manifest.block_ids.len() * tpb;
-            let n_tail = manifest.tokens.len() - start;
-            if n_tail > 0 {
-                self.write_span(&manifest.geometry, start, n_tail, &manifest.tail_kv)?;
-            }
-            Ok(())
-        })();
-        if let Err(e) = result {
-            self.clear();
-            return Err(e);
-        }
-        self.commit_restored(manifest.tokens.clone())?;
+        let seq = self.seq();
+        self.context_mut()
+            .import(seq, &manifest.tokens, &manifest.tail_kv, |i, id, sink| {
+                if manifest.block_ids.get(i) != Some(id) {
+                    return Err(ckptfmt::FormatError::invalid(
+                        "checkpoint manifest",
+                        format!("block {i} id does not chain from its tokens"),
+                    )
+                    .into());
+                }
+                read_block(store, id, sink)
+            })?;
         Ok(manifest)
     }
+}
+
+/// Reads and verifies block `id` of `store` and hands its KV span to `sink`.
+fn read_block(
+    store: &Store,
+    id: &BlockId,
+    sink: &mut dyn FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    let block = store.read_block(id)?;
+    let view = block.view()?;
+    sink(&view.kv()?)
 }

@@ -177,6 +177,59 @@ pub enum Error {
     /// A checkpoint could not be read or written (corrupt, truncated, foreign, I/O).
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] ckptfmt::FormatError),
+    /// A sequence id that the context does not hold (never created, or removed).
+    #[error("unknown sequence {seq}")]
+    UnknownSequence {
+        /// The id.
+        seq: crate::SeqId,
+    },
+    /// An operation that needs an empty sequence got one holding tokens.
+    #[error("sequence {seq} is not empty")]
+    SequenceNotEmpty {
+        /// The id.
+        seq: crate::SeqId,
+    },
+    /// A batch names the same sequence twice.
+    #[error("sequence {seq} appears twice in one batch")]
+    DuplicateSequence {
+        /// The id.
+        seq: crate::SeqId,
+    },
+    /// A batch item's first position does not continue its sequence.
+    #[error("sequence {seq}: tokens start at position {found}, but the sequence continues at {expected}")]
+    PositionGap {
+        /// The id.
+        seq: crate::SeqId,
+        /// The sequence's length.
+        expected: usize,
+        /// The position given.
+        found: usize,
+    },
+    /// A batch (or one of its items) holds no token.
+    #[error("empty batch")]
+    EmptyBatch,
+    /// A batch holds more tokens than one graph evaluates.
+    #[error("batch of {n_tokens} tokens exceeds the context's n_batch of {n_batch}")]
+    BatchTooLarge {
+        /// Tokens in the batch.
+        n_tokens: usize,
+        /// The limit.
+        n_batch: usize,
+    },
+    /// The KV page pool has too few free pages: evict, spill or queue, then try again.
+    #[error("KV pool exhausted: {needed} pages needed, {free} free of {total}")]
+    OutOfPages {
+        /// Pages the operation needs.
+        needed: usize,
+        /// Pages free.
+        free: usize,
+        /// Pages in the pool.
+        total: usize,
+    },
+    /// A block reader stopped an import after its bytes were refused (the refusal is the error
+    /// the import returns).
+    #[error("import aborted")]
+    ImportAborted,
 }
 
 /// Result with the engine's [`Error`].

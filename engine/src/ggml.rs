@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 pub(crate) enum DType {
     F16,
     I32,
+    I64,
 }
 
 impl DType {
@@ -29,6 +30,7 @@ impl DType {
         match self {
             DType::F16 => sys::GGML_TYPE_F16,
             DType::I32 => sys::GGML_TYPE_I32,
+            DType::I64 => sys::GGML_TYPE_I64,
         }
     }
 }
@@ -258,62 +260,88 @@ impl Weights {
     }
 }
 
-/// Per-layer K and V tensors of a KV cache, each `[row_bytes / 2, n_ctx]` in f16 (one row per
-/// token position, token-major), in one CPU buffer.
+/// Per-layer K and V tensors of a KV page pool, each `[row_bytes / 2, n_cells]` in f16 (one row
+/// per cell, token-major), in one CPU buffer over anonymous memory.
+///
+/// The memory is mapped anonymously, so the kernel hands out zeroed pages on first touch: a large
+/// pool costs address space, not RAM, until its cells are used, and never-written cells read as
+/// zeros (finite, so masked attention over them stays defined).
 pub(crate) struct KvTensors {
     k: Vec<RawTensor>,
     v: Vec<RawTensor>,
-    buffer: Buffer,
+    _buffer: Buffer,
     _ctx: Context,
+    /// Declared after the buffer that points into it, so it is unmapped last.
+    _memory: memmap2::MmapMut,
 }
 
-// SAFETY: owned by one session; mutated only through `&mut self` or graphs run under it.
+// SAFETY: owned by one context; mutated only through `&mut self` or graphs run under it.
 unsafe impl Send for KvTensors {}
 
+/// Alignment of each tensor inside the pool's memory (ggml's CPU buffers need 32).
+const KV_TENSOR_ALIGN: usize = 64;
+
 impl KvTensors {
-    /// Allocates `n_layers` pairs of f16 tensors with `k_dims[l]`/`v_dims[l]` elements per token.
-    pub(crate) fn new(
-        backend: &Backend,
-        k_dims: &[usize],
-        v_dims: &[usize],
-        n_ctx: usize,
-    ) -> Result<KvTensors> {
+    /// Allocates `n_layers` pairs of f16 tensors of `n_cells` rows with `k_dims[l]`/`v_dims[l]`
+    /// elements per row.
+    pub(crate) fn new(k_dims: &[usize], v_dims: &[usize], n_cells: usize) -> Result<KvTensors> {
         let ctx = Context::new(2 * k_dims.len() + 1, 0)?;
-        let make = |dims: usize| {
+        let sizes: Vec<usize> = k_dims
+            .iter()
+            .chain(v_dims)
+            .map(|&d| (d * 2 * n_cells).next_multiple_of(KV_TENSOR_ALIGN))
+            .collect();
+        let total = sizes.iter().sum::<usize>().max(KV_TENSOR_ALIGN);
+        let mut memory = memmap2::MmapMut::map_anon(total)
+            .map_err(|_| Error::OutOfMemory { what: "KV cache" })?;
+        // SAFETY: the mapping is page-aligned, `total` bytes long, and outlives the buffer
+        // (field order of `KvTensors`).
+        let raw = unsafe {
+            sys::ggml_backend_cpu_buffer_from_ptr(memory.as_mut_ptr().cast(), memory.len())
+        };
+        let buffer = NonNull::new(raw)
+            .map(Buffer)
+            .ok_or(Error::OutOfMemory { what: "KV cache" })?;
+        let base = memory.as_mut_ptr();
+        let mut offset = 0usize;
+        let mut tensors = Vec::with_capacity(sizes.len());
+        for (&dims, &size) in k_dims.iter().chain(v_dims).zip(&sizes) {
             // SAFETY: live context with room for every tensor (counted above).
             let t = unsafe {
                 sys::ggml_new_tensor_2d(
                     ctx.0.as_ptr(),
                     sys::GGML_TYPE_F16,
                     dims as i64,
-                    n_ctx as i64,
+                    n_cells as i64,
                 )
             };
-            NonNull::new(t).map(RawTensor).ok_or(Error::Ggml {
+            let t = NonNull::new(t).ok_or(Error::Ggml {
                 what: "KV context is full",
-            })
-        };
-        let k = k_dims
-            .iter()
-            .map(|&d| make(d))
-            .collect::<Result<Vec<_>>>()?;
-        let v = v_dims
-            .iter()
-            .map(|&d| make(d))
-            .collect::<Result<Vec<_>>>()?;
-        // SAFETY: allocates every tensor of the context in one backend buffer.
-        let raw =
-            unsafe { sys::ggml_backend_alloc_ctx_tensors(ctx.0.as_ptr(), backend.0.as_ptr()) };
-        let buffer = NonNull::new(raw)
-            .map(Buffer)
-            .ok_or(Error::OutOfMemory { what: "KV cache" })?;
-        // SAFETY: live buffer; zeroing makes unused cells defined.
-        unsafe { sys::ggml_backend_buffer_clear(buffer.0.as_ptr(), 0) };
+            })?;
+            // SAFETY: `offset + size <= total` by construction, and `size` covers the tensor's
+            // bytes; the address is 64-byte aligned within the page-aligned mapping.
+            let status = unsafe {
+                sys::ggml_backend_tensor_alloc(
+                    buffer.0.as_ptr(),
+                    t.as_ptr(),
+                    base.add(offset).cast(),
+                )
+            };
+            if status != sys::GGML_STATUS_SUCCESS {
+                return Err(Error::Ggml {
+                    what: "could not place a KV tensor",
+                });
+            }
+            offset += size;
+            tensors.push(RawTensor(t));
+        }
+        let v = tensors.split_off(k_dims.len());
         Ok(KvTensors {
-            k,
+            k: tensors,
             v,
-            buffer,
+            _buffer: buffer,
             _ctx: ctx,
+            _memory: memory,
         })
     }
 
@@ -325,30 +353,53 @@ impl KvTensors {
         self.v[layer]
     }
 
+    fn tensor(&self, layer: usize, value: bool) -> RawTensor {
+        if value {
+            self.v[layer]
+        } else {
+            self.k[layer]
+        }
+    }
+
     /// Copies `out.len()` bytes starting at byte `offset` of layer `layer`'s K (or V) tensor.
     pub(crate) fn read(&self, layer: usize, value: bool, offset: usize, out: &mut [u8]) {
-        let t = if value { self.v[layer] } else { self.k[layer] };
-        // SAFETY: callers stay within the tensor (checked by `crate::kv`); ggml copies bytes.
+        let t = self.tensor(layer, value);
+        // SAFETY: live tensor; the range is inside it (asserted), and ggml copies bytes.
         unsafe {
-            debug_assert!(offset + out.len() <= sys::ggml_nbytes(t.0.as_ptr()));
+            assert!(offset + out.len() <= sys::ggml_nbytes(t.0.as_ptr()));
             sys::ggml_backend_tensor_get(t.0.as_ptr(), out.as_mut_ptr().cast(), offset, out.len())
         }
     }
 
     /// Writes `data` at byte `offset` of layer `layer`'s K (or V) tensor.
     pub(crate) fn write(&mut self, layer: usize, value: bool, offset: usize, data: &[u8]) {
-        let t = if value { self.v[layer] } else { self.k[layer] };
-        // SAFETY: callers stay within the tensor (checked by `crate::kv`); ggml copies bytes.
+        let t = self.tensor(layer, value);
+        // SAFETY: live tensor; the range is inside it (asserted), and ggml copies bytes.
         unsafe {
-            debug_assert!(offset + data.len() <= sys::ggml_nbytes(t.0.as_ptr()));
+            assert!(offset + data.len() <= sys::ggml_nbytes(t.0.as_ptr()));
             sys::ggml_backend_tensor_set(t.0.as_ptr(), data.as_ptr().cast(), offset, data.len())
         }
     }
 
-    /// Zeroes every cell.
-    pub(crate) fn clear(&mut self) {
-        // SAFETY: live buffer.
-        unsafe { sys::ggml_backend_buffer_clear(self.buffer.0.as_ptr(), 0) };
+    /// Copies `len` bytes at `from` to `to` within layer `layer`'s K (or V) tensor (ranges must
+    /// not overlap).
+    pub(crate) fn copy_within(
+        &mut self,
+        layer: usize,
+        value: bool,
+        from: usize,
+        to: usize,
+        len: usize,
+    ) {
+        let t = self.tensor(layer, value);
+        // SAFETY: live CPU tensor whose data pointer covers `ggml_nbytes` bytes; both ranges
+        // lie inside it and do not overlap (asserted).
+        unsafe {
+            let n = sys::ggml_nbytes(t.0.as_ptr());
+            assert!(from + len <= n && to + len <= n && (from + len <= to || to + len <= from));
+            let data = (*t.0.as_ptr()).data.cast::<u8>();
+            std::ptr::copy_nonoverlapping(data.add(from), data.add(to), len);
+        }
     }
 }
 
@@ -466,13 +517,9 @@ pub(crate) struct Tensor<'g> {
 impl<'g> Tensor<'g> {
     /// Size of dimension `i` (ggml order).
     pub(crate) fn ne(&self, i: usize) -> usize {
-        // SAFETY: the tensor is live for 'g; ne has four entries and i < 4 is asserted.
+        // SAFETY: the tensor is live for 'g; `ne` has four entries and the index is clamped
+        // to 3.
         unsafe { (*self.raw).ne[i.min(3)] as usize }
-    }
-    /// Stride of dimension `i` in bytes.
-    pub(crate) fn nb(&self, i: usize) -> usize {
-        // SAFETY: as in `ne`.
-        unsafe { (*self.raw).nb[i.min(3)] }
     }
 }
 
@@ -565,24 +612,6 @@ impl<'g> Graph<'g> {
             sys::ggml_permute(self.ctx(), x.raw, axes[0], axes[1], axes[2], axes[3])
         )
     }
-    pub(crate) fn view_1d(&mut self, x: Tensor<'g>, ne0: usize, offset: usize) -> Tensor<'g> {
-        op!(
-            self,
-            sys::ggml_view_1d(self.ctx(), x.raw, ne0 as i64, offset)
-        )
-    }
-    pub(crate) fn view_2d(
-        &mut self,
-        x: Tensor<'g>,
-        ne: [usize; 2],
-        nb1: usize,
-        offset: usize,
-    ) -> Tensor<'g> {
-        op!(
-            self,
-            sys::ggml_view_2d(self.ctx(), x.raw, ne[0] as i64, ne[1] as i64, nb1, offset)
-        )
-    }
     pub(crate) fn view_3d(
         &mut self,
         x: Tensor<'g>,
@@ -604,8 +633,18 @@ impl<'g> Graph<'g> {
             )
         )
     }
-    pub(crate) fn cpy(&mut self, from: Tensor<'g>, to: Tensor<'g>) -> Tensor<'g> {
-        op!(self, sys::ggml_cpy(self.ctx(), from.raw, to.raw))
+    /// Writes row `i` of `src` (`[ne0, n]`, f32) into row `rows[i]` (i64 `[n]`) of `dst`
+    /// (`[ne0, m]`), converting to `dst`'s type; returns a view of `dst`.
+    pub(crate) fn set_rows(
+        &mut self,
+        dst: Tensor<'g>,
+        src: Tensor<'g>,
+        rows: Tensor<'g>,
+    ) -> Tensor<'g> {
+        op!(
+            self,
+            sys::ggml_set_rows(self.ctx(), dst.raw, src.raw, rows.raw)
+        )
     }
     pub(crate) fn cont(&mut self, x: Tensor<'g>) -> Tensor<'g> {
         op!(self, sys::ggml_cont(self.ctx(), x.raw))

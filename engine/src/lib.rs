@@ -16,24 +16,48 @@
 //!
 //! Parts: [`gguf`] reads (and, for tests, writes) GGUF files over a memory map; [`tokenizer`]
 //! and [`chat`] turn text and conversations into token ids; [`Model`] holds hyperparameters and
-//! weights mapped in place; [`Session`] evaluates tokens on ggml and keeps the [`kv`] cache;
-//! [`sampling`] picks the next token. All FFI is fenced in one private module (`ggml`).
+//! weights mapped in place; a [`Context`] owns the backend and a pool of [`kv`] pages shared by
+//! many sequences, evaluated together in one [`Batch`] per step; [`Session`] is one sequence in
+//! a context of its own; [`sampling`] picks the next token. All FFI is fenced in one private
+//! module (`ggml`).
+//!
+//! Many sequences, one step at a time:
+//!
+//! ```no_run
+//! use engine::{Batch, Context, ContextParams, Logits, Model};
+//! # fn main() -> engine::Result<()> {
+//! let model = Model::load("models/SmolLM2-135M-Instruct.Q4_1.gguf")?;
+//! let mut ctx = Context::new(model, ContextParams { kv_tokens: 8192, ..Default::default() })?;
+//! let (a, b) = (ctx.new_sequence(), ctx.new_sequence());
+//! let mut batch = Batch::new();
+//! batch.add(a, &[1, 2, 3], Logits::Last); // a prefill chunk
+//! batch.add(b, &[4], Logits::Last); // a decode step
+//! let out = ctx.decode(&batch)?;
+//! let (logits_a, logits_b) = (out.logits(0), out.logits(1));
+//! # let _ = (logits_a, logits_b); Ok(()) }
+//! ```
 
 #![deny(unsafe_code)]
 
+mod batch;
 pub mod chat;
 pub mod checkpoint;
+mod context;
 mod error;
 mod ggml;
 pub mod gguf;
 pub mod kv;
 mod llama;
 mod model;
+mod pages;
 pub mod sampling;
 mod session;
 pub mod tokenizer;
 
+pub use batch::{Batch, BatchOutput, Logits};
+pub use context::{Context, ContextParams, SeqId};
 pub use error::{Error, Result};
-pub use kv::{KvCache, KvLayout};
+pub use kv::{KvLayout, KvStats, PAGE_TOKENS};
 pub use model::{Arch, HParams, Model, RopeScaling};
+pub use pages::ImportSummary;
 pub use session::{GenerateParams, Generation, Session, SessionParams, StopReason};

@@ -6,43 +6,24 @@
 //! when the file has no `output.weight`). Attention uses ggml's fused flash-attention kernel over
 //! the f16 KV cache, with a causal mask.
 
-use half::f16;
-
+use crate::batch::Plan;
 use crate::error::Result;
-use crate::ggml::{DType, Graph, RopeParams, Tensor};
-use crate::kv::KvCache;
+use crate::ggml::{DType, Graph, KvTensors, RopeParams, Tensor};
 use crate::model::{Arch, Model, RopeScaling};
 
-/// KV cells attended to are padded to a multiple of this (masked), as llama.cpp does, so the
-/// attention kernel sees few distinct shapes.
-const KV_PAD: usize = 256;
-
-/// What a forward pass returns logits for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Outputs {
-    /// Only the last token of the batch.
-    Last,
-    /// Every token of the batch.
-    All,
-}
-
-/// Builds the graph evaluating `tokens` at positions `kv.len()..` and writing their K and V into
-/// the cache; returns the logits tensor (`[n_vocab, n_outputs]`).
+/// Builds the graph evaluating the batch `plan` describes: each token's K and V are written
+/// into its cell of the page pool, each token attends to the cells its mask allows; returns the
+/// logits tensor (`[n_vocab, plan.out_rows.len()]`).
 pub(crate) fn build<'g>(
     g: &mut Graph<'g>,
     model: &Model,
-    kv: &KvCache,
-    tokens: &[u32],
-    outputs: Outputs,
+    kv: &KvTensors,
+    plan: &Plan,
     flash_attn: bool,
 ) -> Result<Tensor<'g>> {
     let hp = model.hparams();
-    let n = tokens.len();
-    let n_past = kv.len();
-    let n_kv = (n_past + n)
-        .div_ceil(KV_PAD)
-        .saturating_mul(KV_PAD)
-        .min(kv.n_ctx());
+    let n = plan.tokens.len();
+    let n_kv = plan.n_kv;
     let (head_dim, n_head, n_head_kv) = (hp.head_dim, hp.n_head, hp.n_head_kv);
     let n_embd_kv = hp.n_embd_kv();
     let row_bytes = n_embd_kv * 2;
@@ -50,31 +31,22 @@ pub(crate) fn build<'g>(
     let ids = g.input(
         DType::I32,
         &[n],
-        tokens
+        plan.tokens
             .iter()
             .flat_map(|&t| (t as i32).to_le_bytes())
             .collect(),
     );
-    let pos = g.input(
-        DType::I32,
-        &[n],
-        (0..n)
-            .flat_map(|i| ((n_past + i) as i32).to_le_bytes())
-            .collect(),
-    );
-    // Causal mask: token i (at position n_past + i) sees cells 0..=n_past + i.
-    let mut mask = Vec::with_capacity(n * n_kv * 2);
-    for i in 0..n {
-        for j in 0..n_kv {
-            let v = if j <= n_past + i {
-                f16::ZERO
-            } else {
-                f16::NEG_INFINITY
-            };
-            mask.extend_from_slice(&v.to_le_bytes());
-        }
-    }
-    let mask = g.input(DType::F16, &[n_kv, n], mask);
+    let pos = g.input(DType::I32, &[n], plan.positions.clone());
+    let cells = g.input(DType::I64, &[n], plan.cells.clone());
+    let mask = g.input(DType::F16, &[n_kv, n], plan.mask.clone());
+    let n_out = plan.out_rows.len();
+    let out_ids = (n_out < n).then(|| {
+        g.input(
+            DType::I32,
+            &[n_out],
+            plan.out_rows.iter().flat_map(|r| r.to_le_bytes()).collect(),
+        )
+    });
 
     let rope = rope_params(model);
     let freq_factors = model.rope_freqs.map(|t| g.lift(t));
@@ -108,14 +80,13 @@ pub(crate) fn build<'g>(
         let q = g.rope(q, pos, freq_factors, &rope);
         let k = g.rope(k, pos, freq_factors, &rope);
 
-        // Store this batch's K and V in rows n_past.. of the cache (converted to f16). The copies
-        // join the graph before the attention that reads them, so they run first.
-        let k_cache = g.lift(kv.tensors().k(il));
-        let v_cache = g.lift(kv.tensors().v(il));
-        let k_dst = g.view_1d(k_cache, n * n_embd_kv, n_past * row_bytes);
-        let v_dst = g.view_1d(v_cache, n * n_embd_kv, n_past * row_bytes);
-        let k_store = g.cpy(k, k_dst);
-        let v_store = g.cpy(v, v_dst);
+        // Store this batch's K and V in their cells (converted to f16). The stores join the
+        // graph before the attention that reads the cache, so they run first.
+        let k_cache = g.lift(kv.k(il));
+        let v_cache = g.lift(kv.v(il));
+        let k_rows = g.reshape_2d(k, n_embd_kv, n);
+        let k_store = g.set_rows(k_cache, k_rows, cells);
+        let v_store = g.set_rows(v_cache, v, cells);
         g.expand(k_store);
         g.expand(v_store);
 
@@ -152,20 +123,9 @@ pub(crate) fn build<'g>(
 
         // In the last layer only the rows that produce logits matter: drop the others before
         // the output projection and the feed-forward network.
-        if il + 1 == n_layers && outputs == Outputs::Last && n > 1 {
-            attn = g.view_2d(
-                attn,
-                [head_dim * n_head, 1],
-                attn.nb(1),
-                (n - 1) * attn.nb(1),
-            );
-            attn = g.cont(attn);
-            residual = g.view_2d(
-                residual,
-                [hp.n_embd, 1],
-                residual.nb(1),
-                (n - 1) * residual.nb(1),
-            );
+        if let (true, Some(out_ids)) = (il + 1 == n_layers, out_ids) {
+            attn = g.get_rows(attn, out_ids);
+            residual = g.get_rows(residual, out_ids);
         }
         let wo = g.lift(lw.wo);
         let out = g.mul_mat(wo, attn);

@@ -1,12 +1,12 @@
-//! A conversation with a model: its KV cache, the tokens it holds, and generation.
+//! A conversation with a model: one sequence of its own [`Context`], and generation.
 
 use std::ops::{ControlFlow, Range};
 use std::sync::Arc;
 
+use crate::batch::Logits;
+use crate::context::{Context, ContextParams, SeqId};
 use crate::error::{Error, Result};
-use crate::ggml::{Backend, Compute};
-use crate::kv::{KvCache, KvLayout};
-use crate::llama::{self, Outputs};
+use crate::kv::KvLayout;
 use crate::model::Model;
 use crate::sampling::Sampler;
 use crate::tokenizer::StreamDecoder;
@@ -81,62 +81,80 @@ pub struct Generation {
     pub stop: StopReason,
 }
 
-/// One sequence being evaluated: a KV cache, the tokens in it and the latest logits.
+/// One sequence in a context of its own: the simple API for one conversation. Its page pool
+/// holds `2 * n_ctx` tokens, so a restore can fill free pages before it replaces the
+/// conversation (the second half costs address space, not memory, until used).
 pub struct Session {
-    model: Arc<Model>,
-    params: SessionParams,
-    backend: Backend,
-    compute: Compute,
-    kv: KvCache,
-    tokens: Vec<u32>,
-    logits: Option<Vec<f32>>,
+    ctx: Context,
+    seq: SeqId,
 }
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
-            .field("params", &self.params)
-            .field("n_tokens", &self.tokens.len())
-            .finish_non_exhaustive()
+            .field("context", &self.ctx)
+            .field("n_tokens", &self.tokens().len())
+            .finish()
     }
 }
 
 impl Session {
     /// Opens a session on `model` with an empty context.
-    pub fn new(model: Arc<Model>, mut params: SessionParams) -> Result<Session> {
-        params.n_ctx = params.n_ctx.clamp(1, model.hparams().n_ctx_train.max(1));
-        params.n_ubatch = params.n_ubatch.max(1);
-        let backend = Backend::cpu(params.n_threads)?;
-        let kv = KvCache::new(&backend, model.hparams(), params.n_ctx)?;
-        Ok(Session {
+    pub fn new(model: Arc<Model>, params: SessionParams) -> Result<Session> {
+        let n_ctx = params.n_ctx.clamp(1, model.hparams().n_ctx_train.max(1));
+        let mut ctx = Context::new(
             model,
-            params,
-            backend,
-            compute: Compute::new()?,
-            kv,
-            tokens: Vec::new(),
-            logits: None,
-        })
+            ContextParams {
+                n_ctx,
+                kv_tokens: 2 * n_ctx,
+                n_threads: params.n_threads,
+                n_batch: params.n_ubatch.max(1),
+                flash_attn: params.flash_attn,
+            },
+        )?;
+        let seq = ctx.new_sequence();
+        Ok(Session { ctx, seq })
     }
 
     /// The model.
     pub fn model(&self) -> &Arc<Model> {
-        &self.model
+        self.ctx.model()
     }
 
     /// The parameters in effect (after clamping).
-    pub fn params(&self) -> &SessionParams {
-        &self.params
+    pub fn params(&self) -> SessionParams {
+        let p = self.ctx.params();
+        SessionParams {
+            n_ctx: p.n_ctx,
+            n_threads: p.n_threads,
+            n_ubatch: p.n_batch,
+            flash_attn: p.flash_attn,
+        }
+    }
+
+    /// The context the session's sequence lives in.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// The context, for the step API or page import (the sequence is [`Session::seq`]).
+    pub fn context_mut(&mut self) -> &mut Context {
+        &mut self.ctx
+    }
+
+    /// The session's sequence in its context.
+    pub fn seq(&self) -> SeqId {
+        self.seq
     }
 
     /// Tokens held, position `i` being `tokens()[i]`.
     pub fn tokens(&self) -> &[u32] {
-        &self.tokens
+        self.ctx.tokens(self.seq).unwrap_or(&[])
     }
 
     /// Logits after the last evaluated token.
     pub fn logits(&self) -> Result<&[f32]> {
-        self.logits.as_deref().ok_or(Error::NoLogits)
+        self.ctx.logits(self.seq)
     }
 
     /// Evaluates `tokens` after those held and returns the logits following the last one.
@@ -144,70 +162,35 @@ impl Session {
     /// Tokens that would not fit in the context give [`Error::ContextFull`], and an id outside
     /// the vocabulary [`Error::BadToken`]; in both cases the session is left unchanged.
     pub fn feed(&mut self, tokens: &[u32]) -> Result<&[f32]> {
-        self.eval(tokens, Outputs::Last)?;
+        self.ctx.feed(self.seq, tokens, Logits::Last)?;
         self.logits()
     }
 
     /// Tokenizes `text` (special tokens recognised; BOS added first when the session is empty
     /// and the model asks for it) and feeds it.
     pub fn feed_text(&mut self, text: &str) -> Result<&[f32]> {
-        let add_special = self.tokens.is_empty();
-        let ids = self.model.tokenizer().encode(text, add_special, true)?;
+        let add_special = self.tokens().is_empty();
+        let ids = self.model().tokenizer().encode(text, add_special, true)?;
         self.feed(&ids)
     }
 
     /// Evaluates `tokens` and returns the logits after every one of them, `n_vocab` per token.
     pub fn feed_all_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.eval(tokens, Outputs::All)
+        self.ctx.feed(self.seq, tokens, Logits::All)
     }
 
-    /// Refuses token ids outside the vocabulary.
-    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
-        let n_vocab = self.model.hparams().n_vocab;
-        match tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            Some(&id) => Err(Error::BadToken { id, n_vocab }),
-            None => Ok(()),
-        }
-    }
-
-    fn eval(&mut self, tokens: &[u32], outputs: Outputs) -> Result<Vec<f32>> {
-        self.check_tokens(tokens)?;
-        let n_vocab = self.model.hparams().n_vocab;
-        let needed = self.tokens.len() + tokens.len();
-        if needed > self.params.n_ctx {
-            return Err(Error::ContextFull {
-                needed,
-                n_ctx: self.params.n_ctx,
-            });
-        }
-        let mut all = Vec::new();
-        let chunks = tokens.chunks(self.params.n_ubatch);
-        let n_chunks = chunks.len();
-        for (i, chunk) in chunks.enumerate() {
-            let last_chunk = i + 1 == n_chunks;
-            // Logits of earlier micro-batches are needed only when every position is asked for.
-            let want = if outputs == Outputs::All {
-                Outputs::All
-            } else {
-                Outputs::Last
+    /// Makes sure there are logits after the last token: after a restore there are none, so the
+    /// last token is evaluated again (its KV is rewritten with the same values).
+    pub fn ensure_logits(&mut self) -> Result<&[f32]> {
+        if self.ctx.logits(self.seq).is_err() {
+            let Some(&last) = self.tokens().last() else {
+                return Err(Error::NoLogits);
             };
-            let model = &self.model;
-            let kv = &self.kv;
-            let flash_attn = self.params.flash_attn;
-            let logits = self.compute.run(&self.backend, |g| {
-                llama::build(g, model, kv, chunk, want, flash_attn)
-            })?;
-            self.kv.advance(chunk.len());
-            self.tokens.extend_from_slice(chunk);
-            if outputs == Outputs::All {
-                all.extend_from_slice(&logits);
-            }
-            if last_chunk {
-                let tail = logits.len() - n_vocab;
-                self.logits = Some(logits[tail..].to_vec());
-            }
+            let n = self.tokens().len();
+            self.ctx.truncate(self.seq, n - 1)?;
+            self.feed(&[last])?;
         }
-        Ok(all)
+        self.logits()
     }
 
     /// Samples and feeds tokens until a stop condition; `on_text` receives the text as it
@@ -226,17 +209,17 @@ impl Session {
             if generated.len() >= params.max_tokens {
                 break StopReason::MaxTokens;
             }
-            if self.tokens.len() >= self.params.n_ctx {
+            if self.tokens().len() >= self.ctx.params().n_ctx {
                 break StopReason::ContextFull;
             }
-            let logits = self.logits()?;
-            let token = sampler.sample(logits, &self.tokens);
-            if self.model.tokenizer().is_eog(token) {
+            self.ensure_logits()?;
+            let token = sampler.sample(self.ctx.logits(self.seq)?, self.tokens());
+            if self.model().tokenizer().is_eog(token) {
                 break StopReason::EndOfGeneration;
             }
             self.feed(&[token])?;
             generated.push(token);
-            text.push_str(&decoder.push(self.model.tokenizer(), token));
+            text.push_str(&decoder.push(self.model().tokenizer(), token));
             if let Some(cut) = find_stop(&text, &params.stop_strings) {
                 text.truncate(cut);
                 if cut > emitted && on_text(&text[emitted..]).is_break() {
@@ -270,23 +253,18 @@ impl Session {
 
     /// Forgets every token at or after position `len`.
     pub fn truncate(&mut self, len: usize) {
-        if len < self.tokens.len() {
-            self.tokens.truncate(len);
-            self.kv.truncate(len);
-            self.logits = None;
-        }
+        // The session's own sequence always exists.
+        let _ = self.ctx.truncate(self.seq, len);
     }
 
     /// Forgets everything.
     pub fn clear(&mut self) {
-        self.tokens.clear();
-        self.kv.clear();
-        self.logits = None;
+        self.truncate(0);
     }
 
     /// The byte layout of this session's KV cache.
     pub fn kv_layout(&self) -> &KvLayout {
-        self.kv.layout()
+        self.ctx.kv_layout()
     }
 
     /// Copies the K and V bytes of `positions` (within the tokens held) of `layer`.
@@ -297,30 +275,7 @@ impl Session {
         k: &mut [u8],
         v: &mut [u8],
     ) -> Result<()> {
-        self.kv.read(layer, positions, k, v)
-    }
-
-    /// Writes K and V bytes of `positions` of `layer` (up to the capacity). They count only
-    /// after [`Session::commit_restored`].
-    pub fn write_kv(
-        &mut self,
-        layer: usize,
-        positions: Range<usize>,
-        k: &[u8],
-        v: &[u8],
-    ) -> Result<()> {
-        self.kv.write(layer, positions, k, v)
-    }
-
-    /// Declares that the KV cache now holds `tokens` at positions `0..tokens.len()`, written
-    /// with [`Session::write_kv`] for every layer. The next [`Session::feed`] continues after
-    /// them; there are no logits until then.
-    pub fn commit_restored(&mut self, tokens: Vec<u32>) -> Result<()> {
-        self.check_tokens(&tokens)?;
-        self.kv.set_len(tokens.len())?;
-        self.tokens = tokens;
-        self.logits = None;
-        Ok(())
+        self.ctx.read_kv(self.seq, layer, positions, k, v)
     }
 }
 

@@ -8,6 +8,7 @@ mod common;
 
 use std::sync::Arc;
 
+use common::{export_pages, import_pages};
 use engine::{Model, Session, SessionParams};
 
 fn model() -> Option<Arc<Model>> {
@@ -121,15 +122,82 @@ fn restored_kv_of_the_real_model_continues_identically() {
         "SmolLM2-135M in f16: 30 layers x (384 + 384) bytes"
     );
     let mut b = Session::new(model, params()).unwrap();
-    for l in 0..layout.n_layers {
-        let mut k = vec![0u8; n * layout.k_bytes_per_token[l]];
-        let mut v = vec![0u8; n * layout.v_bytes_per_token[l]];
-        a.read_kv(l, 0..n, &mut k, &mut v).unwrap();
-        b.write_kv(l, 0..n, &k, &v).unwrap();
-    }
-    b.commit_restored(ids[..n].to_vec()).unwrap();
+    import_pages(&mut b, &export_pages(&a)).unwrap();
     let want = a.feed(&ids[n..]).unwrap().to_vec();
     let got = b.feed(&ids[n..]).unwrap().to_vec();
     assert_eq!(got, want);
     assert_eq!(argmax(&got), case.greedy[0]);
+}
+
+/// The ten largest logits' ids, largest first.
+fn top10(logits: &[f32]) -> Vec<u32> {
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    order[..10].iter().map(|&i| i as u32).collect()
+}
+
+#[test]
+fn golden_prompts_decoded_together_match_each_alone() {
+    use engine::{Batch, Context, ContextParams, Logits};
+    let Some(model) = model() else { return };
+    let cases = golden();
+    let n_prompt: usize = cases.iter().map(|c| c.prompt_ids.len()).sum();
+    let mut ctx = Context::new(
+        model.clone(),
+        ContextParams {
+            n_ctx: 512,
+            kv_tokens: cases.len() * 512,
+            n_threads: 2,
+            n_batch: n_prompt.max(cases.len()),
+            flash_attn: true,
+        },
+    )
+    .unwrap();
+    let seqs: Vec<_> = cases.iter().map(|_| ctx.new_sequence()).collect();
+
+    // Every prompt prefilled in one batch, then every sequence decoded in one batch per step.
+    let mut batch = Batch::new();
+    for (case, &seq) in cases.iter().zip(&seqs) {
+        batch.add(seq, &case.prompt_ids, Logits::Last);
+    }
+    let out = ctx.decode(&batch).unwrap();
+    let first: Vec<Vec<f32>> = (0..cases.len()).map(|i| out.logits(i).to_vec()).collect();
+    let mut greedy: Vec<Vec<u32>> = vec![Vec::new(); cases.len()];
+    let mut live: Vec<usize> = (0..cases.len()).collect();
+    while !live.is_empty() {
+        let mut batch = Batch::new();
+        let mut still = Vec::new();
+        for &i in &live {
+            let next = argmax(ctx.logits(seqs[i]).unwrap());
+            greedy[i].push(next);
+            if greedy[i].len() < cases[i].greedy.len() && !model.tokenizer().is_eog(next) {
+                batch.add(seqs[i], &[next], Logits::Last);
+                still.push(i);
+            }
+        }
+        if !batch.is_empty() {
+            ctx.decode(&batch).unwrap();
+        }
+        live = still;
+    }
+
+    for (i, case) in cases.iter().enumerate() {
+        let mut alone = Session::new(model.clone(), params()).unwrap();
+        let want = alone.feed(&case.prompt_ids).unwrap().to_vec();
+        assert_eq!(
+            top10(&first[i]),
+            top10(&want),
+            "top-10 of {:?}",
+            case.prompt
+        );
+        for id in top10(&want) {
+            let (got, want) = (first[i][id as usize], want[id as usize]);
+            assert!(
+                (got - want).abs() <= 2e-3,
+                "logit of {id} after {:?}: {got} together, {want} alone",
+                case.prompt
+            );
+        }
+        assert_eq!(greedy[i], case.greedy, "greedy tokens of {:?}", case.prompt);
+    }
 }

@@ -94,41 +94,34 @@ fn qwen2_shape_with_biases_matches_reference() {
 fn restored_kv_gives_the_same_logits_as_prefill() {
     let c = cfg(Shape::Llama, false);
     let (_dir, model, _) = build(&c, 11);
-    let toks = tokens(50);
-    let n = 37;
+    let toks = tokens(110);
+    // A full page and a partial one.
+    let n = 100;
     let mut a = Session::new(model.clone(), params(512)).unwrap();
     a.feed(&toks[..n]).unwrap();
-    let layout = a.kv_layout().clone();
-    let mut saved = Vec::new();
-    for l in 0..layout.n_layers {
-        let mut k = vec![0u8; n * layout.k_bytes_per_token[l]];
-        let mut v = vec![0u8; n * layout.v_bytes_per_token[l]];
-        a.read_kv(l, 0..n, &mut k, &mut v).unwrap();
-        assert!(
-            k.iter().any(|&b| b != 0) && v.iter().any(|&b| b != 0),
-            "layer {l} KV is empty"
-        );
-        saved.push((k, v));
-    }
+    let saved = export_pages(&a);
+    assert_eq!((saved.blocks.len(), saved.tokens.len()), (1, n));
+    assert!(
+        saved
+            .blocks
+            .iter()
+            .chain([&saved.tail])
+            .all(|b| b.iter().any(|&x| x != 0)),
+        "exported KV is empty"
+    );
     let want = a.feed(&toks[n..n + 1]).unwrap().to_vec();
 
     let mut b = Session::new(model, params(512)).unwrap();
-    for (l, (k, v)) in saved.iter().enumerate() {
-        b.write_kv(l, 0..n, k, v).unwrap();
-    }
-    b.commit_restored(toks[..n].to_vec()).unwrap();
+    import_pages(&mut b, &saved).unwrap();
     assert!(matches!(b.logits(), Err(Error::NoLogits)));
     let got = b.feed(&toks[n..n + 1]).unwrap().to_vec();
     assert_eq!(got, want, "restored KV must reproduce the logits exactly");
 
     // A cache restored with the wrong bytes must not: the test can fail.
     let mut c2 = Session::new(b.model().clone(), params(512)).unwrap();
-    for (l, (k, v)) in saved.iter().enumerate() {
-        let mut k = k.clone();
-        k[5] ^= 0x40;
-        c2.write_kv(l, 0..n, &k, v).unwrap();
-    }
-    c2.commit_restored(toks[..n].to_vec()).unwrap();
+    let mut bad = saved;
+    bad.blocks[0][5] ^= 0x40;
+    import_pages(&mut c2, &bad).unwrap();
     assert_ne!(c2.feed(&toks[n..n + 1]).unwrap(), &want[..]);
 }
 

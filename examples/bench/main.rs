@@ -4,8 +4,17 @@
 //! `100 + (i * 7919) mod (n_vocab - 200)`, so both programs evaluate the same tokens. Decoding is
 //! greedy and continues from the prompt.
 //!
+//! With `--sequences N`, N sequences each get their own synthetic prompt (sequence `s` shifts
+//! the formula by `s * 131`, as llama.cpp's batched harness does), are prefilled one after the
+//! other and then decoded together, one token per sequence per step, in one batch; the figures
+//! are aggregate tokens per second. `--shared-prefix P` puts a common prefix of P tokens before
+//! every sequence's own prompt: the first sequence computes it and the others share its pages.
+//! The JSON then also reports the KV pages in use, with and without that sharing.
+//!
 //! ```text
 //! cargo run --release --example bench -- --model M --prompt-tokens 512 --gen-tokens 128 --threads 2
+//! cargo run --release --example bench -- --sequences 8 --prompt-tokens 128 --gen-tokens 64
+//! cargo run --release --example bench -- --sequences 8 --shared-prefix 1024 --prompt-tokens 64
 //! ```
 
 use std::path::PathBuf;
@@ -13,7 +22,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::Parser;
-use engine::{Model, Session, SessionParams};
+use engine::{Batch, Context, ContextParams, Logits, Model, Session, SessionParams, PAGE_TOKENS};
 
 #[derive(Parser)]
 #[command(about = "Measure prefill and decode tokens per second")]
@@ -38,13 +47,114 @@ struct Args {
     reps: usize,
     /// Also save the prefilled session as a checkpoint in this directory and restore it into a
     /// fresh session, reporting both times against the prefill time.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["sequences", "shared_prefix"])]
     checkpoint: Option<PathBuf>,
+    /// Sequences decoded together.
+    #[arg(long, default_value_t = 1)]
+    sequences: usize,
+    /// Tokens of a prefix common to every sequence, computed once and shared.
+    #[arg(long, default_value_t = 0)]
+    shared_prefix: usize,
+}
+
+fn argmax(logits: &[f32]) -> u32 {
+    logits
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map_or(0, |(i, _)| i) as u32
+}
+
+/// `--sequences N` / `--shared-prefix P`: aggregate prefill and decode speed of N sequences in
+/// one context, and the pages they hold.
+fn batched(args: &Args, model: &std::sync::Arc<Model>) -> Result<serde_json::Value> {
+    let n_vocab = model.hparams().n_vocab;
+    let (ns, np, ng, pre) = (
+        args.sequences.max(1),
+        args.prompt_tokens,
+        args.gen_tokens,
+        args.shared_prefix,
+    );
+    let token = |i: usize| (100 + (i * 7919) % (n_vocab - 200)) as u32;
+    let prefix: Vec<u32> = (0..pre).map(|i| token(i + 1_000_003)).collect();
+    let prompts: Vec<Vec<u32>> = (0..ns)
+        .map(|s| {
+            let own = (0..np).map(|i| token(i + s * 131));
+            prefix.iter().copied().chain(own).collect()
+        })
+        .collect();
+    let per_seq = pre + np + ng + 16;
+    let mut prefill = Vec::new();
+    let mut decode = Vec::new();
+    let mut stats = Default::default();
+    let mut attached = 0;
+    for _ in 0..args.reps.max(1) {
+        let mut ctx = Context::new(
+            model.clone(),
+            ContextParams {
+                n_ctx: per_seq,
+                kv_tokens: ns * per_seq,
+                n_threads: args.threads,
+                n_batch: 512.max(ns),
+                flash_attn: !args.no_flash_attn,
+            },
+        )?;
+        let seqs: Vec<_> = (0..ns).map(|_| ctx.new_sequence()).collect();
+        let t = Instant::now();
+        attached = 0;
+        for (&seq, prompt) in seqs.iter().zip(&prompts) {
+            // The shared prefix's full pages are found by block id once the first sequence
+            // holds them (keep at least one token to evaluate for logits).
+            let n = ctx.attach_prefix(seq, &prompt[..prompt.len() - 1])?;
+            attached += n;
+            ctx.feed(seq, &prompt[n..], Logits::Last)?;
+        }
+        prefill.push((ns * (pre + np) - attached) as f64 / t.elapsed().as_secs_f64());
+        let mut next: Vec<u32> = seqs
+            .iter()
+            .map(|&s| ctx.logits(s).map(argmax))
+            .collect::<engine::Result<_>>()?;
+        let t = Instant::now();
+        for _ in 0..ng {
+            let mut batch = Batch::new();
+            for (&seq, &tok) in seqs.iter().zip(&next) {
+                batch.add(seq, &[tok], Logits::Last);
+            }
+            let out = ctx.decode(&batch)?;
+            for (i, tok) in next.iter_mut().enumerate() {
+                *tok = argmax(out.logits(i));
+            }
+        }
+        if ng > 0 {
+            decode.push((ns * ng) as f64 / t.elapsed().as_secs_f64());
+        }
+        stats = ctx.stats();
+    }
+    let stats: engine::KvStats = stats;
+    Ok(serde_json::json!({
+        "sequences": ns,
+        "shared_prefix": pre,
+        "n_prompt": np,
+        "n_gen": ng,
+        "threads": args.threads,
+        "reps": args.reps,
+        "prefill_tps": median(&mut prefill),
+        "decode_tps": if decode.is_empty() { 0.0 } else { median(&mut decode) },
+        "tokens_attached": attached,
+        "kv_pages_used": stats.pages_used,
+        "kv_pages_shared": stats.pages_shared,
+        "kv_pages_without_sharing": stats.pages_referenced,
+        "page_tokens": PAGE_TOKENS,
+    }))
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
     let model = Model::load(&args.model)?;
+    if args.sequences > 1 || args.shared_prefix > 0 {
+        println!("{}", batched(&args, &model)?);
+        return Ok(());
+    }
     let n_vocab = model.hparams().n_vocab;
     let prompt: Vec<u32> = (0..args.prompt_tokens)
         .map(|i| (100 + (i * 7919) % (n_vocab - 200)) as u32)
@@ -80,12 +190,7 @@ fn main() -> Result<()> {
         }
         let t = Instant::now();
         for _ in 0..args.gen_tokens {
-            let logits = session.logits()?;
-            let next = logits
-                .iter()
-                .enumerate()
-                .max_by(|a, b| a.1.total_cmp(b.1))
-                .map_or(0, |(i, _)| i) as u32;
+            let next = argmax(session.logits()?);
             session.feed(&[next])?;
         }
         decode.push(args.gen_tokens as f64 / t.elapsed().as_secs_f64());

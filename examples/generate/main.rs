@@ -2,7 +2,7 @@
 //! the ten largest logits after it and the greedy continuation) or a plain prompt.
 //!
 //! ```text
-//! cargo run --release --example generate -- --model M --golden FILE.jsonl [-n 32]
+//! cargo run --release --example generate -- --model M --golden FILE.jsonl [-n 32] [--together]
 //! cargo run --release --example generate -- --model M --prompt "Once upon a time" [-n 64]
 //! ```
 
@@ -13,7 +13,10 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Parser;
 use engine::sampling::{Sampler, SamplerParams};
-use engine::{GenerateParams, Model, Session, SessionParams};
+use engine::{
+    Batch, Context as EngineContext, ContextParams, GenerateParams, Logits, Model, Session,
+    SessionParams,
+};
 
 #[derive(Parser)]
 #[command(about = "Generate text or reproduce golden outputs")]
@@ -36,6 +39,62 @@ struct Args {
     /// Context size.
     #[arg(long, default_value_t = 2048)]
     ctx: usize,
+    /// Golden mode: evaluate every prompt of the file in one batch (and decode them together)
+    /// instead of one after the other. The output is the same.
+    #[arg(long, requires = "golden")]
+    together: bool,
+}
+
+/// The ten largest logits after each prompt and its greedy continuation, for `prompts`
+/// prefilled in one batch and decoded together.
+fn golden_batch(
+    ctx: &mut EngineContext,
+    prompts: &[Vec<u32>],
+    n_gen: usize,
+) -> Result<Vec<(Vec<(usize, f32)>, Vec<u32>)>> {
+    let seqs: Vec<_> = prompts.iter().map(|_| ctx.new_sequence()).collect();
+    let mut batch = Batch::new();
+    for (ids, &seq) in prompts.iter().zip(&seqs) {
+        batch.add(seq, ids, Logits::Last);
+    }
+    ctx.decode(&batch)?;
+    let mut results: Vec<(Vec<(usize, f32)>, Vec<u32>)> = Vec::new();
+    for &seq in &seqs {
+        let logits = ctx.logits(seq)?;
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+        results.push((
+            order[..10].iter().map(|&i| (i, logits[i])).collect(),
+            Vec::new(),
+        ));
+    }
+    let mut live: Vec<usize> = if n_gen == 0 {
+        Vec::new()
+    } else {
+        (0..prompts.len()).collect()
+    };
+    while !live.is_empty() {
+        let mut batch = Batch::new();
+        let mut still = Vec::new();
+        for &i in &live {
+            let next = argmax(ctx.logits(seqs[i])?);
+            let greedy = &mut results[i].1;
+            greedy.push(next);
+            // Like llama.cpp's reference run: an end-of-generation token ends the list.
+            if greedy.len() < n_gen && !ctx.model().tokenizer().is_eog(next) {
+                batch.add(seqs[i], &[next], Logits::Last);
+                still.push(i);
+            }
+        }
+        if !batch.is_empty() {
+            ctx.decode(&batch)?;
+        }
+        live = still;
+    }
+    for seq in seqs {
+        ctx.remove_sequence(seq)?;
+    }
+    Ok(results)
 }
 
 fn main() -> Result<()> {
@@ -49,7 +108,7 @@ fn main() -> Result<()> {
     };
     if let Some(golden) = &args.golden {
         let file = std::fs::File::open(golden).with_context(|| golden.display().to_string())?;
-        let stdout = std::io::stdout();
+        let mut prompts = Vec::new();
         for line in std::io::BufReader::new(file).lines() {
             let line = line?;
             if line.trim().is_empty() {
@@ -58,24 +117,35 @@ fn main() -> Result<()> {
             let v: serde_json::Value = serde_json::from_str(&line)?;
             let prompt = v["prompt"]
                 .as_str()
-                .context("a golden line without a `prompt`")?;
-            let ids = model.tokenizer().encode(prompt, true, true)?;
-            let mut session = Session::new(model.clone(), params.clone())?;
-            let logits = session.feed(&ids)?.to_vec();
-            let mut order: Vec<usize> = (0..logits.len()).collect();
-            order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
-            let top10: Vec<(usize, f32)> = order[..10].iter().map(|&i| (i, logits[i])).collect();
-            let mut greedy = Vec::with_capacity(args.n_gen);
-            for _ in 0..args.n_gen {
-                let logits = session.logits()?;
-                let next = argmax(logits);
-                greedy.push(next);
-                // Like llama.cpp's reference run: an end-of-generation token ends the list.
-                if model.tokenizer().is_eog(next) {
-                    break;
-                }
-                session.feed(&[next])?;
+                .context("a golden line without a `prompt`")?
+                .to_owned();
+            let ids = model.tokenizer().encode(&prompt, true, true)?;
+            prompts.push((prompt, ids));
+        }
+        let n_prompt: usize = prompts.iter().map(|p| p.1.len()).sum();
+        let n_seq = if args.together { prompts.len() } else { 1 };
+        let mut ctx = EngineContext::new(
+            model.clone(),
+            ContextParams {
+                n_ctx: args.ctx,
+                kv_tokens: n_seq * (n_prompt + args.n_gen),
+                n_threads: args.threads,
+                n_batch: n_prompt.max(prompts.len()),
+                ..ContextParams::default()
+            },
+        )?;
+        let ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.1.clone()).collect();
+        let results = if args.together {
+            golden_batch(&mut ctx, &ids, args.n_gen)?
+        } else {
+            let mut all = Vec::new();
+            for one in ids.chunks(1) {
+                all.extend(golden_batch(&mut ctx, one, args.n_gen)?);
             }
+            all
+        };
+        let stdout = std::io::stdout();
+        for ((prompt, ids), (top10, greedy)) in prompts.iter().zip(results) {
             let out = serde_json::json!({
                 "prompt": prompt,
                 "prompt_ids": ids,

@@ -473,3 +473,37 @@ impl Vocab {
         texts.iter().map(|t| self.id(t)).collect()
     }
 }
+
+/// A sequence's KV as checkpoint spans: its full pages, then the partial last one.
+pub struct Exported {
+    pub tokens: Vec<u32>,
+    pub blocks: Vec<Vec<u8>>,
+    pub tail: Vec<u8>,
+}
+
+/// Copies `s`'s pages out with the page API.
+pub fn export_pages(s: &engine::Session) -> Exported {
+    let n = s.tokens().len();
+    let read = |i| {
+        let mut span = Vec::new();
+        s.context().read_page(s.seq(), i, &mut span).unwrap();
+        span
+    };
+    Exported {
+        tokens: s.tokens().to_vec(),
+        blocks: (0..n / engine::PAGE_TOKENS).map(read).collect(),
+        tail: if n % engine::PAGE_TOKENS == 0 {
+            Vec::new()
+        } else {
+            read(n / engine::PAGE_TOKENS)
+        },
+    }
+}
+
+/// Fills `s` from `e` with the page API (no model evaluation).
+pub fn import_pages(s: &mut engine::Session, e: &Exported) -> engine::Result<()> {
+    let seq = s.seq();
+    s.context_mut()
+        .import(seq, &e.tokens, &e.tail, |i, _, sink| sink(&e.blocks[i]))
+        .map(|_| ())
+}

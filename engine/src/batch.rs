@@ -1,0 +1,257 @@
+//! A batch of work for one forward pass: tokens of several sequences, each tagged with its
+//! sequence and position, and the plan that turns it into the graph's inputs.
+
+use std::ops::Range;
+
+use half::f16;
+
+use crate::context::SeqId;
+use crate::kv::PAGE_TOKENS;
+
+/// KV cells attended to are padded to a multiple of this (masked), as llama.cpp does, so the
+/// attention kernel sees few distinct shapes.
+const KV_PAD: usize = 256;
+
+/// Which logits a batch item asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// None: a prefill chunk whose logits nobody reads.
+    None,
+    /// After the item's last token only (the usual case).
+    Last,
+    /// After every token of the item.
+    All,
+}
+
+/// Tokens of one sequence in a [`Batch`].
+#[derive(Clone, Debug)]
+pub(crate) struct BatchItem {
+    pub seq: SeqId,
+    /// Position of the first token; `None` means "right after the tokens the sequence holds".
+    pub pos: Option<usize>,
+    pub tokens: Vec<u32>,
+    pub logits: Logits,
+}
+
+/// Work for one [`Context::decode`](crate::Context::decode): prefill chunks of some sequences
+/// and single decode tokens of others, evaluated in one graph (continuous batching).
+///
+/// Each sequence appears at most once; its tokens continue it without a gap.
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    pub(crate) items: Vec<BatchItem>,
+}
+
+impl Batch {
+    /// An empty batch.
+    pub fn new() -> Batch {
+        Batch::default()
+    }
+
+    /// Appends `tokens` to `seq` (after the tokens it holds); returns the item's index, which
+    /// [`BatchOutput::logits`] takes.
+    pub fn add(&mut self, seq: SeqId, tokens: &[u32], logits: Logits) -> usize {
+        self.items.push(BatchItem {
+            seq,
+            pos: None,
+            tokens: tokens.to_vec(),
+            logits,
+        });
+        self.items.len() - 1
+    }
+
+    /// Like [`Batch::add`], stating the position of the first token; a position other than the
+    /// sequence's length is refused with [`Error::PositionGap`](crate::Error::PositionGap).
+    pub fn add_at(&mut self, seq: SeqId, pos: usize, tokens: &[u32], logits: Logits) -> usize {
+        let i = self.add(seq, tokens, logits);
+        self.items[i].pos = Some(pos);
+        i
+    }
+
+    /// Tokens in the batch.
+    pub fn n_tokens(&self) -> usize {
+        self.items.iter().map(|i| i.tokens.len()).sum()
+    }
+
+    /// Items in the batch.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Whether the batch holds no item.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Removes every item.
+    pub fn clear(&mut self) {
+        self.items.clear();
+    }
+}
+
+/// The logits a [`Context::decode`](crate::Context::decode) produced.
+#[derive(Clone, Debug)]
+pub struct BatchOutput {
+    pub(crate) n_vocab: usize,
+    pub(crate) logits: Vec<f32>,
+    /// Output rows of each item, in batch order.
+    pub(crate) rows: Vec<Range<usize>>,
+}
+
+impl BatchOutput {
+    /// Logits of item `item` (as returned by [`Batch::add`]): `n_vocab` per row asked for (none,
+    /// the last token's, or every token's); empty for an unknown item.
+    pub fn logits(&self, item: usize) -> &[f32] {
+        match self.rows.get(item) {
+            Some(r) => &self.logits[r.start * self.n_vocab..r.end * self.n_vocab],
+            None => &[],
+        }
+    }
+
+    /// Vocabulary size (floats per row).
+    pub fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+}
+
+/// One sequence's part of a planned batch.
+pub(crate) struct PlanItem<'a> {
+    /// Page table covering every position up to the end of this item's tokens.
+    pub pages: &'a [u32],
+    /// Position of the item's first token.
+    pub start: usize,
+    pub tokens: &'a [u32],
+    pub logits: Logits,
+}
+
+/// The graph's inputs for a batch.
+pub(crate) struct Plan {
+    pub tokens: Vec<u32>,
+    /// Position of each token in its sequence (i32 bytes).
+    pub positions: Vec<u8>,
+    /// Pool cell each token's K and V go to (i64 bytes).
+    pub cells: Vec<u8>,
+    /// Cells attended to: `0..n_kv`.
+    pub n_kv: usize,
+    /// f16 `[n_kv, n_tokens]`: 0 where a token may attend to a cell, -inf elsewhere.
+    pub mask: Vec<u8>,
+    /// Batch rows whose logits are computed (i32), ascending.
+    pub out_rows: Vec<i32>,
+    /// Output rows of each item.
+    pub item_rows: Vec<Range<usize>>,
+}
+
+impl Plan {
+    /// Plans `items` over a pool of `n_cells` cells. Each token attends to the cells of its own
+    /// sequence at positions up to its own.
+    pub(crate) fn new(items: &[PlanItem<'_>], n_cells: usize) -> Plan {
+        let n: usize = items.iter().map(|i| i.tokens.len()).sum();
+        let max_page = items
+            .iter()
+            .flat_map(|i| i.pages.iter())
+            .max()
+            .map_or(0, |&p| p as usize + 1);
+        let n_kv = (max_page * PAGE_TOKENS)
+            .div_ceil(KV_PAD)
+            .saturating_mul(KV_PAD)
+            .min(n_cells);
+        let mut plan = Plan {
+            tokens: Vec::with_capacity(n),
+            positions: Vec::with_capacity(n * 4),
+            cells: Vec::with_capacity(n * 8),
+            n_kv,
+            mask: Vec::new(),
+            out_rows: Vec::new(),
+            item_rows: Vec::with_capacity(items.len()),
+        };
+        let neg_inf = f16::NEG_INFINITY.to_le_bytes();
+        let mut mask = neg_inf.repeat(n_kv * n);
+        let mut row = 0;
+        for item in items {
+            let first_out = plan.out_rows.len();
+            for (i, &token) in item.tokens.iter().enumerate() {
+                let pos = item.start + i;
+                let cell = item.pages[pos / PAGE_TOKENS] as usize * PAGE_TOKENS + pos % PAGE_TOKENS;
+                plan.tokens.push(token);
+                plan.positions
+                    .extend_from_slice(&(pos as i32).to_le_bytes());
+                plan.cells.extend_from_slice(&(cell as i64).to_le_bytes());
+                // Positions 0..=pos of this sequence, page by page.
+                let mask_row = &mut mask[row * n_kv * 2..(row + 1) * n_kv * 2];
+                for (pi, &page) in item.pages.iter().enumerate() {
+                    let first = pi * PAGE_TOKENS;
+                    if first > pos {
+                        break;
+                    }
+                    let visible = (pos - first + 1).min(PAGE_TOKENS);
+                    let c = page as usize * PAGE_TOKENS;
+                    mask_row[c * 2..(c + visible) * 2].fill(0);
+                }
+                let wanted = match item.logits {
+                    Logits::None => false,
+                    Logits::Last => i + 1 == item.tokens.len(),
+                    Logits::All => true,
+                };
+                if wanted {
+                    plan.out_rows.push(row as i32);
+                }
+                row += 1;
+            }
+            plan.item_rows.push(first_out..plan.out_rows.len());
+        }
+        plan.mask = mask;
+        plan
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn visible(plan: &Plan, row: usize) -> Vec<usize> {
+        (0..plan.n_kv)
+            .filter(|&c| {
+                let b = &plan.mask[(row * plan.n_kv + c) * 2..][..2];
+                f16::from_le_bytes([b[0], b[1]]) == f16::ZERO
+            })
+            .collect()
+    }
+
+    #[test]
+    fn tokens_see_only_their_own_sequence_up_to_their_position() {
+        // Sequence a holds pages 2 then 0 and feeds positions 64..66; b holds page 1 and feeds
+        // position 3.
+        let a_pages = [2, 0];
+        let b_pages = [1];
+        let items = [
+            PlanItem {
+                pages: &a_pages,
+                start: 64,
+                tokens: &[7, 8],
+                logits: Logits::Last,
+            },
+            PlanItem {
+                pages: &b_pages,
+                start: 3,
+                tokens: &[9],
+                logits: Logits::None,
+            },
+        ];
+        let plan = Plan::new(&items, 1024);
+        assert_eq!(plan.n_kv, 256);
+        let cells: Vec<i64> = plan
+            .cells
+            .chunks(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(cells, [0, 1, 67]);
+        let mut a0: Vec<usize> = (128..192).collect();
+        a0.push(0);
+        assert_eq!(visible(&plan, 0), a0);
+        a0.push(1);
+        assert_eq!(visible(&plan, 1), a0);
+        assert_eq!(visible(&plan, 2), vec![64, 65, 66, 67]);
+        assert_eq!(plan.out_rows, [1]);
+        assert_eq!(plan.item_rows, [0..1, 1..1]);
+    }
+}

@@ -1,0 +1,551 @@
+//! One engine context per model: the backend, its thread pool, the compute allocator and the KV
+//! page pool, shared by any number of sequences.
+//!
+//! The step API: create sequences, add their work to a [`Batch`], run it with
+//! [`Context::decode`] (one graph for every sequence in the batch), read each sequence's logits
+//! and sample. [`Session`](crate::Session) is the single-sequence convenience over the same
+//! calls.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use ckptfmt::{BlockId, Fingerprint};
+
+use crate::batch::{Batch, BatchOutput, Logits, Plan, PlanItem};
+use crate::error::{Error, Result};
+use crate::ggml::{Backend, Compute, KvTensors};
+use crate::kv::{KvLayout, KvStats, PagePool, PAGE_TOKENS};
+use crate::llama;
+use crate::model::Model;
+
+/// How a [`Context`] runs.
+#[derive(Clone, Debug)]
+pub struct ContextParams {
+    /// Most positions one sequence may hold. Clamped to the model's training context length.
+    pub n_ctx: usize,
+    /// KV budget of the page pool, in tokens over all sequences (rounded up to whole pages of
+    /// [`PAGE_TOKENS`]); 0 means `n_ctx`. Shared pages count once.
+    pub kv_tokens: usize,
+    /// Threads for ggml's kernels.
+    pub n_threads: usize,
+    /// Most tokens one [`Context::decode`] evaluates.
+    pub n_batch: usize,
+    /// Attention through ggml's fused flash-attention kernel (the default, and faster here:
+    /// see docs/BENCHMARKS.md) or as separate matrix products and a softmax.
+    pub flash_attn: bool,
+}
+
+impl Default for ContextParams {
+    fn default() -> Self {
+        ContextParams {
+            n_ctx: 4096,
+            kv_tokens: 0,
+            n_threads: std::thread::available_parallelism().map_or(4, |n| n.get()),
+            n_batch: 512,
+            flash_attn: true,
+        }
+    }
+}
+
+/// A sequence of a [`Context`]. Ids are never reused, so a stale id is an error, not another
+/// sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SeqId(pub(crate) u64);
+
+impl std::fmt::Display for SeqId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "seq{}", self.0)
+    }
+}
+
+/// What a sequence holds: positions `0..tokens.len()` in the pages of its table.
+#[derive(Debug, Default)]
+pub(crate) struct Sequence {
+    /// `pages[i]` holds positions `i * PAGE_TOKENS ..`; exactly `ceil(len / PAGE_TOKENS)` pages.
+    pub pages: Vec<u32>,
+    pub tokens: Vec<u32>,
+    /// Chained block ids of the full pages.
+    pub ids: Vec<BlockId>,
+    /// Logits after the last token, when it was evaluated with logits asked for.
+    pub logits: Option<Vec<f32>>,
+}
+
+/// The engine's state for one model: backend, thread pool, compute buffer and KV page pool.
+pub struct Context {
+    model: Arc<Model>,
+    params: ContextParams,
+    layout: KvLayout,
+    fingerprint: Fingerprint,
+    backend: Backend,
+    compute: Compute,
+    pub(crate) kv: KvTensors,
+    pub(crate) pool: PagePool,
+    pub(crate) seqs: BTreeMap<SeqId, Sequence>,
+    next_seq: u64,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("params", &self.params)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    /// A context for `model` with an empty page pool of `params.kv_tokens` tokens.
+    pub fn new(model: Arc<Model>, mut params: ContextParams) -> Result<Context> {
+        params.n_ctx = params.n_ctx.clamp(1, model.hparams().n_ctx_train.max(1));
+        params.n_batch = params.n_batch.max(1);
+        let kv_tokens = if params.kv_tokens == 0 {
+            params.n_ctx
+        } else {
+            params.kv_tokens
+        };
+        let n_pages = kv_tokens.div_ceil(PAGE_TOKENS).max(1);
+        params.kv_tokens = n_pages * PAGE_TOKENS;
+        let layout = KvLayout::for_model(model.hparams());
+        let dims = vec![model.hparams().n_embd_kv(); model.hparams().n_layer];
+        let kv = KvTensors::new(&dims, &dims, n_pages * PAGE_TOKENS)?;
+        Ok(Context {
+            fingerprint: Fingerprint(model.fingerprint()),
+            backend: Backend::cpu(params.n_threads)?,
+            compute: Compute::new()?,
+            kv,
+            pool: PagePool::new(n_pages),
+            seqs: BTreeMap::new(),
+            next_seq: 0,
+            layout,
+            params,
+            model,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// The parameters in effect (after clamping and rounding).
+    pub fn params(&self) -> &ContextParams {
+        &self.params
+    }
+
+    /// The byte layout of the KV pages.
+    pub fn kv_layout(&self) -> &KvLayout {
+        &self.layout
+    }
+
+    /// The model's fingerprint, the root of every block id.
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
+    }
+
+    /// Occupancy of the page pool.
+    pub fn stats(&self) -> KvStats {
+        let (pages_used, pages_shared) = self.pool.counts();
+        KvStats {
+            pages_total: self.pool.n_pages(),
+            pages_used,
+            pages_shared,
+            pages_referenced: self.seqs.values().map(|s| s.pages.len()).sum(),
+            sequences: self.seqs.len(),
+        }
+    }
+
+    /// A new, empty sequence. It holds no page until tokens are added.
+    pub fn new_sequence(&mut self) -> SeqId {
+        let id = SeqId(self.next_seq);
+        self.next_seq += 1;
+        self.seqs.insert(id, Sequence::default());
+        id
+    }
+
+    /// A new sequence holding the first `len` positions of `src`, sharing its pages (no KV is
+    /// copied; a shared, partly filled page is copied when either sequence writes into it).
+    pub fn fork(&mut self, src: SeqId, len: usize) -> Result<SeqId> {
+        let s = self.seq(src)?;
+        if len > s.tokens.len() {
+            return Err(Error::KvRange {
+                layer: 0,
+                start: 0,
+                end: len,
+                len: s.tokens.len(),
+            });
+        }
+        let pages = s.pages[..len.div_ceil(PAGE_TOKENS)].to_vec();
+        let fork = Sequence {
+            tokens: s.tokens[..len].to_vec(),
+            ids: s.ids[..len / PAGE_TOKENS].to_vec(),
+            logits: if len == s.tokens.len() {
+                s.logits.clone()
+            } else {
+                None
+            },
+            pages,
+        };
+        for &p in &fork.pages {
+            self.pool.retain(p);
+        }
+        let id = self.new_sequence();
+        self.seqs.insert(id, fork);
+        Ok(id)
+    }
+
+    /// Starts the empty sequence `seq` from the longest run of `tokens`' leading full blocks
+    /// already resident in the pool (held by any live sequence), sharing those pages. Returns
+    /// the number of tokens attached (a multiple of [`PAGE_TOKENS`], possibly 0).
+    pub fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> Result<usize> {
+        self.check_tokens(tokens)?;
+        let usable = tokens.len().min(self.params.n_ctx);
+        let s = self.seq(seq)?;
+        if !s.tokens.is_empty() {
+            return Err(Error::SequenceNotEmpty { seq });
+        }
+        let mut ids = Vec::new();
+        let mut pages = Vec::new();
+        for block in tokens[..usable].chunks_exact(PAGE_TOKENS) {
+            let id = BlockId::chain(&self.fingerprint, ids.last(), block);
+            match self.pool.find(&id) {
+                Some(page) => {
+                    ids.push(id);
+                    pages.push(page);
+                }
+                None => break,
+            }
+        }
+        for &p in &pages {
+            self.pool.retain(p);
+        }
+        let n = pages.len() * PAGE_TOKENS;
+        let s = self.seq_mut(seq)?;
+        s.tokens = tokens[..n].to_vec();
+        s.ids = ids;
+        s.pages = pages;
+        s.logits = None;
+        Ok(n)
+    }
+
+    /// Drops `seq`, returning the pages only it held.
+    pub fn remove_sequence(&mut self, seq: SeqId) -> Result<()> {
+        let s = self
+            .seqs
+            .remove(&seq)
+            .ok_or(Error::UnknownSequence { seq })?;
+        for p in s.pages {
+            self.pool.release(p);
+        }
+        Ok(())
+    }
+
+    /// Live sequences, oldest first.
+    pub fn sequences(&self) -> impl Iterator<Item = SeqId> + '_ {
+        self.seqs.keys().copied()
+    }
+
+    /// Tokens held by `seq`, position `i` being `tokens[i]`.
+    pub fn tokens(&self, seq: SeqId) -> Result<&[u32]> {
+        Ok(&self.seq(seq)?.tokens)
+    }
+
+    /// Logits after `seq`'s last token, if it was evaluated with logits asked for.
+    pub fn logits(&self, seq: SeqId) -> Result<&[f32]> {
+        self.seq(seq)?.logits.as_deref().ok_or(Error::NoLogits)
+    }
+
+    /// Chained block ids of `seq`'s full pages (page `i` holds block `ids[i]`).
+    pub fn block_ids(&self, seq: SeqId) -> Result<&[BlockId]> {
+        Ok(&self.seq(seq)?.ids)
+    }
+
+    /// Forgets every position of `seq` at or after `len` (no-op when already shorter).
+    pub fn truncate(&mut self, seq: SeqId, len: usize) -> Result<()> {
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(Error::UnknownSequence { seq })?;
+        if len >= s.tokens.len() {
+            return Ok(());
+        }
+        s.tokens.truncate(len);
+        s.ids.truncate(len / PAGE_TOKENS);
+        s.logits = None;
+        for p in s.pages.drain(len.div_ceil(PAGE_TOKENS)..) {
+            self.pool.release(p);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn seq(&self, seq: SeqId) -> Result<&Sequence> {
+        self.seqs.get(&seq).ok_or(Error::UnknownSequence { seq })
+    }
+
+    fn seq_mut(&mut self, seq: SeqId) -> Result<&mut Sequence> {
+        self.seqs
+            .get_mut(&seq)
+            .ok_or(Error::UnknownSequence { seq })
+    }
+
+    /// Refuses token ids outside the vocabulary.
+    pub(crate) fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        let n_vocab = self.model.hparams().n_vocab;
+        match tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            Some(&id) => Err(Error::BadToken { id, n_vocab }),
+            None => Ok(()),
+        }
+    }
+
+    /// Pages needed to append `n` tokens to `s`: new pages, plus a copy of a shared, partly
+    /// filled last page.
+    fn pages_needed(&self, s: &Sequence, n: usize) -> usize {
+        let len = s.tokens.len();
+        let grow = (len + n).div_ceil(PAGE_TOKENS) - s.pages.len();
+        let copy = len % PAGE_TOKENS != 0 && self.pool.refs(*s.pages.last().unwrap_or(&0)) > 1;
+        grow + usize::from(copy)
+    }
+
+    /// Copies the first `rows` rows of `from` into `to`, in every layer.
+    pub(crate) fn copy_page(&mut self, from: u32, to: u32, rows: usize) {
+        for l in 0..self.layout.n_layers {
+            for (value, bytes) in [
+                (false, self.layout.k_bytes_per_token[l]),
+                (true, self.layout.v_bytes_per_token[l]),
+            ] {
+                let page_bytes = PAGE_TOKENS * bytes;
+                self.kv.copy_within(
+                    l,
+                    value,
+                    from as usize * page_bytes,
+                    to as usize * page_bytes,
+                    rows * bytes,
+                );
+            }
+        }
+    }
+
+    /// Evaluates `batch` in one graph: every item's tokens are appended to its sequence (their
+    /// K and V written into its pages) and the logits asked for are returned, and kept per
+    /// sequence (see [`Context::logits`]).
+    ///
+    /// Checked before anything changes: the sequences exist and appear once, positions continue
+    /// their sequences, token ids are in the vocabulary, each sequence stays within `n_ctx`, the
+    /// batch within `n_batch` tokens and the pool has the pages needed
+    /// ([`Error::OutOfPages`]). On any error no sequence changes.
+    pub fn decode(&mut self, batch: &Batch) -> Result<BatchOutput> {
+        let n_tokens = batch.n_tokens();
+        if batch.is_empty() || n_tokens == 0 {
+            return Err(Error::EmptyBatch);
+        }
+        if n_tokens > self.params.n_batch {
+            return Err(Error::BatchTooLarge {
+                n_tokens,
+                n_batch: self.params.n_batch,
+            });
+        }
+        let mut needed = 0;
+        for (i, item) in batch.items.iter().enumerate() {
+            if batch.items[..i].iter().any(|o| o.seq == item.seq) {
+                return Err(Error::DuplicateSequence { seq: item.seq });
+            }
+            let s = self.seq(item.seq)?;
+            let len = s.tokens.len();
+            if let Some(pos) = item.pos.filter(|&p| p != len) {
+                return Err(Error::PositionGap {
+                    seq: item.seq,
+                    expected: len,
+                    found: pos,
+                });
+            }
+            if item.tokens.is_empty() {
+                return Err(Error::EmptyBatch);
+            }
+            self.check_tokens(&item.tokens)?;
+            if len + item.tokens.len() > self.params.n_ctx {
+                return Err(Error::ContextFull {
+                    needed: len + item.tokens.len(),
+                    n_ctx: self.params.n_ctx,
+                });
+            }
+            needed += self.pages_needed(s, item.tokens.len());
+        }
+        if needed > self.pool.n_free() {
+            return Err(Error::OutOfPages {
+                needed,
+                free: self.pool.n_free(),
+                total: self.pool.n_pages(),
+            });
+        }
+
+        // New page tables; the old ones stay valid until the graph succeeded.
+        let (tables, fresh, replaced) = self.prepare_tables(batch)?;
+
+        let plan_items: Vec<PlanItem<'_>> = batch
+            .items
+            .iter()
+            .zip(&tables)
+            .map(|(item, table)| PlanItem {
+                pages: table,
+                start: self.seqs[&item.seq].tokens.len(),
+                tokens: &item.tokens,
+                logits: item.logits,
+            })
+            .collect();
+        let mut plan = Plan::new(&plan_items, self.pool.n_pages() * PAGE_TOKENS);
+        let discard_output = plan.out_rows.is_empty();
+        if discard_output {
+            // The graph needs an output: compute the last row's logits and drop them.
+            plan.out_rows.push(n_tokens as i32 - 1);
+        }
+        let model = &self.model;
+        let kv = &self.kv;
+        let flash_attn = self.params.flash_attn;
+        let result = self.compute.run(&self.backend, |g| {
+            llama::build(g, model, kv, &plan, flash_attn)
+        });
+        let logits = match result {
+            Ok(logits) => logits,
+            Err(e) => {
+                for p in fresh {
+                    self.pool.release(p);
+                }
+                return Err(e);
+            }
+        };
+
+        // Commit.
+        for p in replaced {
+            self.pool.release(p);
+        }
+        let n_vocab = self.model.hparams().n_vocab;
+        for ((item, table), rows) in batch.items.iter().zip(tables).zip(&plan.item_rows) {
+            let fingerprint = self.fingerprint;
+            let s = self.seqs.get_mut(&item.seq).expect("checked above");
+            s.pages = table;
+            s.tokens.extend_from_slice(&item.tokens);
+            while s.ids.len() < s.tokens.len() / PAGE_TOKENS {
+                let i = s.ids.len();
+                let id = BlockId::chain(
+                    &fingerprint,
+                    s.ids.last(),
+                    &s.tokens[i * PAGE_TOKENS..(i + 1) * PAGE_TOKENS],
+                );
+                self.pool.index(s.pages[i], id);
+                s.ids.push(id);
+            }
+            s.logits = if rows.is_empty() || discard_output {
+                None
+            } else {
+                Some(logits[(rows.end - 1) * n_vocab..rows.end * n_vocab].to_vec())
+            };
+        }
+        let logits = if discard_output { Vec::new() } else { logits };
+        Ok(BatchOutput {
+            n_vocab,
+            logits,
+            rows: plan.item_rows,
+        })
+    }
+
+    /// Page tables for `batch`'s sequences after its tokens, the pages newly taken, and the
+    /// shared pages replaced by private copies (released only at commit). A partly filled last
+    /// page is copied when shared, and unindexed otherwise, before anything writes into it.
+    #[allow(clippy::type_complexity)]
+    fn prepare_tables(&mut self, batch: &Batch) -> Result<(Vec<Vec<u32>>, Vec<u32>, Vec<u32>)> {
+        let mut tables = Vec::with_capacity(batch.items.len());
+        let mut fresh = Vec::new();
+        let mut replaced = Vec::new();
+        for item in &batch.items {
+            let s = &self.seqs[&item.seq];
+            let len = s.tokens.len();
+            let mut table = s.pages.clone();
+            let take = |pool: &mut PagePool, fresh: &mut Vec<u32>| {
+                let page = pool.alloc();
+                fresh.extend(page);
+                page
+            };
+            if len % PAGE_TOKENS != 0 {
+                let last = table.len() - 1;
+                let page = table[last];
+                if self.pool.refs(page) > 1 {
+                    let Some(copy) = take(&mut self.pool, &mut fresh) else {
+                        break;
+                    };
+                    self.copy_page(page, copy, len % PAGE_TOKENS);
+                    replaced.push(page);
+                    table[last] = copy;
+                } else {
+                    self.pool.unindex(page);
+                }
+            }
+            while table.len() < (len + item.tokens.len()).div_ceil(PAGE_TOKENS) {
+                let Some(page) = take(&mut self.pool, &mut fresh) else {
+                    break;
+                };
+                table.push(page);
+            }
+            tables.push(table);
+        }
+        let complete = tables.len() == batch.items.len()
+            && batch.items.iter().zip(&tables).all(|(item, t)| {
+                t.len()
+                    == (self.seqs[&item.seq].tokens.len() + item.tokens.len()).div_ceil(PAGE_TOKENS)
+            });
+        if !complete {
+            let free = self.pool.n_free();
+            for p in fresh {
+                self.pool.release(p);
+            }
+            return Err(Error::OutOfPages {
+                needed: free + 1,
+                free,
+                total: self.pool.n_pages(),
+            });
+        }
+        Ok((tables, fresh, replaced))
+    }
+
+    /// Appends `tokens` to `seq` in micro-batches of `n_batch` and returns the logits after the
+    /// last one (every token's when `logits` is [`Logits::All`]).
+    ///
+    /// Checked first as a whole (sequence, vocabulary, context, pages); a failure in a later
+    /// micro-batch leaves the earlier ones evaluated.
+    pub fn feed(&mut self, seq: SeqId, tokens: &[u32], logits: Logits) -> Result<Vec<f32>> {
+        let s = self.seq(seq)?;
+        self.check_tokens(tokens)?;
+        let needed = s.tokens.len() + tokens.len();
+        if needed > self.params.n_ctx {
+            return Err(Error::ContextFull {
+                needed,
+                n_ctx: self.params.n_ctx,
+            });
+        }
+        let pages = self.pages_needed(s, tokens.len());
+        if pages > self.pool.n_free() {
+            return Err(Error::OutOfPages {
+                needed: pages,
+                free: self.pool.n_free(),
+                total: self.pool.n_pages(),
+            });
+        }
+        let mut all = Vec::new();
+        let chunks = tokens.chunks(self.params.n_batch);
+        let n_chunks = chunks.len();
+        for (i, chunk) in chunks.enumerate() {
+            let want = match logits {
+                Logits::All => Logits::All,
+                _ if i + 1 == n_chunks => logits,
+                _ => Logits::None,
+            };
+            let mut batch = Batch::new();
+            batch.add(seq, chunk, want);
+            let out = self.decode(&batch)?;
+            if logits == Logits::All {
+                all.extend_from_slice(out.logits(0));
+            } else if i + 1 == n_chunks {
+                all = out.logits(0).to_vec();
+            }
+        }
+        Ok(all)
+    }
+}

@@ -1,0 +1,275 @@
+//! KV pages in and out of a [`Context`] as checkpoint blocks, without running the model.
+//!
+//! A page's bytes as a block follow ckptfmt's span layout: layer after layer, the K bytes of the
+//! page's tokens, then their V bytes (see [`crate::kv`]). Export copies one layer's rows at a
+//! time; import fills free pages and switches the sequence over only when every block arrived,
+//! so a failed import leaves the sequence as it was.
+
+use std::ops::Range;
+
+use ckptfmt::BlockId;
+
+use crate::context::{Context, SeqId};
+use crate::error::{Error, Result};
+use crate::kv::PAGE_TOKENS;
+
+/// What [`Context::import`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ImportSummary {
+    /// Full blocks found resident in the pool and shared, not read.
+    pub blocks_shared: usize,
+    /// Full blocks read through the caller's reader.
+    pub blocks_read: usize,
+    /// Tokens of the partial last block written from the tail bytes.
+    pub tail_tokens: usize,
+}
+
+impl Context {
+    /// Bytes of one span of `n` tokens (ckptfmt's layout).
+    pub fn span_bytes(&self, n: usize) -> usize {
+        n * self.kv_layout().bytes_per_token()
+    }
+
+    /// Copies the KV of `seq`'s page `index` (positions `index * PAGE_TOKENS ..`, up to the
+    /// sequence's length) into `out` as a checkpoint span; returns the number of tokens.
+    pub fn read_page(&self, seq: SeqId, index: usize, out: &mut Vec<u8>) -> Result<usize> {
+        let s = self.seq(seq)?;
+        let len = s.tokens.len();
+        let Some(&page) = s.pages.get(index) else {
+            return Err(Error::KvRange {
+                layer: 0,
+                start: index * PAGE_TOKENS,
+                end: (index + 1) * PAGE_TOKENS,
+                len,
+            });
+        };
+        let n = (len - index * PAGE_TOKENS).min(PAGE_TOKENS);
+        out.clear();
+        out.resize(self.span_bytes(n), 0);
+        let layout = self.kv_layout();
+        let mut off = 0;
+        for l in 0..layout.n_layers {
+            for (value, bytes) in [
+                (false, layout.k_bytes_per_token[l]),
+                (true, layout.v_bytes_per_token[l]),
+            ] {
+                let page_off = page as usize * PAGE_TOKENS * bytes;
+                self.kv
+                    .read(l, value, page_off, &mut out[off..off + n * bytes]);
+                off += n * bytes;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Copies the K and V bytes of `positions` (within the tokens held) of `layer` of `seq`
+    /// into `k` and `v`, which must be exactly `positions.len() * {k,v}_bytes_per_token[layer]`
+    /// long.
+    pub fn read_kv(
+        &self,
+        seq: SeqId,
+        layer: usize,
+        positions: Range<usize>,
+        k: &mut [u8],
+        v: &mut [u8],
+    ) -> Result<()> {
+        let s = self.seq(seq)?;
+        let layout = self.kv_layout();
+        if layer >= layout.n_layers
+            || positions.start > positions.end
+            || positions.end > s.tokens.len()
+        {
+            return Err(Error::KvRange {
+                layer,
+                start: positions.start,
+                end: positions.end,
+                len: s.tokens.len(),
+            });
+        }
+        let n = positions.len();
+        for (value, out) in [(false, k), (true, v)] {
+            let bytes = if value {
+                layout.v_bytes_per_token[layer]
+            } else {
+                layout.k_bytes_per_token[layer]
+            };
+            if out.len() != n * bytes {
+                return Err(Error::KvBytes {
+                    layer,
+                    expected: n * bytes,
+                    found: out.len(),
+                });
+            }
+            let mut p = positions.start;
+            while p < positions.end {
+                let run = (PAGE_TOKENS - p % PAGE_TOKENS).min(positions.end - p);
+                let cell = s.pages[p / PAGE_TOKENS] as usize * PAGE_TOKENS + p % PAGE_TOKENS;
+                let dst = (p - positions.start) * bytes;
+                self.kv
+                    .read(layer, value, cell * bytes, &mut out[dst..dst + run * bytes]);
+                p += run;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a span of `n` tokens into rows `0..n` of `page`.
+    fn write_page(&mut self, page: u32, n: usize, span: &[u8]) -> Result<()> {
+        if span.len() != self.span_bytes(n) {
+            return Err(Error::KvBytes {
+                layer: 0,
+                expected: self.span_bytes(n),
+                found: span.len(),
+            });
+        }
+        let layout = self.kv_layout().clone();
+        let mut off = 0;
+        for l in 0..layout.n_layers {
+            for (value, bytes) in [
+                (false, layout.k_bytes_per_token[l]),
+                (true, layout.v_bytes_per_token[l]),
+            ] {
+                let page_off = page as usize * PAGE_TOKENS * bytes;
+                self.kv
+                    .write(l, value, page_off, &span[off..off + n * bytes]);
+                off += n * bytes;
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces the contents of `seq` with `tokens`, whose KV comes from checkpoint blocks: for
+    /// each full block `i` (id chained from the model's fingerprint, as [`Context::block_ids`]
+    /// gives) a page already resident in the pool is shared; otherwise `read(i, &id, sink)`
+    /// must call `sink` with the block's verified span bytes. The partial last block comes from
+    /// `tail` (its span bytes; empty when `tokens` fill whole blocks).
+    ///
+    /// Blocks go into free pages and the sequence switches over only at the end: on any error
+    /// (a failed read, wrong sizes, too few free pages: [`Error::OutOfPages`]) the sequence is
+    /// left exactly as it was. There are no logits until a token is evaluated.
+    pub fn import<F>(
+        &mut self,
+        seq: SeqId,
+        tokens: &[u32],
+        tail: &[u8],
+        mut read: F,
+    ) -> Result<ImportSummary>
+    where
+        F: FnMut(usize, &BlockId, &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()>,
+    {
+        self.seq(seq)?;
+        self.check_tokens(tokens)?;
+        if tokens.len() > self.params().n_ctx {
+            return Err(Error::ContextFull {
+                needed: tokens.len(),
+                n_ctx: self.params().n_ctx,
+            });
+        }
+        let n_full = tokens.len() / PAGE_TOKENS;
+        let n_tail = tokens.len() % PAGE_TOKENS;
+        if tail.len() != self.span_bytes(n_tail) {
+            return Err(Error::KvBytes {
+                layer: 0,
+                expected: self.span_bytes(n_tail),
+                found: tail.len(),
+            });
+        }
+        let fingerprint = self.fingerprint();
+        let mut ids: Vec<BlockId> = Vec::with_capacity(n_full);
+        for block in tokens.chunks_exact(PAGE_TOKENS) {
+            ids.push(BlockId::chain(&fingerprint, ids.last(), block));
+        }
+        let resident: Vec<Option<u32>> = ids.iter().map(|id| self.pool.find(id)).collect();
+        let needed = resident.iter().filter(|p| p.is_none()).count() + usize::from(n_tail > 0);
+        if needed > self.pool.n_free() {
+            return Err(Error::OutOfPages {
+                needed,
+                free: self.pool.n_free(),
+                total: self.pool.n_pages(),
+            });
+        }
+        let mut pages = Vec::with_capacity(n_full + 1);
+        let mut summary = ImportSummary::default();
+        let result = (|| -> Result<()> {
+            for (i, (id, page)) in ids.iter().zip(&resident).enumerate() {
+                if let Some(page) = *page {
+                    self.pool.retain(page);
+                    pages.push(page);
+                    summary.blocks_shared += 1;
+                    continue;
+                }
+                let page = self.pool.alloc().ok_or(Error::OutOfPages {
+                    needed,
+                    free: 0,
+                    total: self.pool.n_pages(),
+                })?;
+                pages.push(page);
+                let mut sink_result = Ok(());
+                let mut called = false;
+                let read_result = read(i, id, &mut |span| {
+                    called = true;
+                    sink_result = self.write_page(page, PAGE_TOKENS, span);
+                    sink_result.clone_result()
+                });
+                // The sink's own refusal explains the failure better than its echo.
+                sink_result?;
+                read_result?;
+                if !called {
+                    return Err(Error::KvBytes {
+                        layer: 0,
+                        expected: self.span_bytes(PAGE_TOKENS),
+                        found: 0,
+                    });
+                }
+                summary.blocks_read += 1;
+            }
+            if n_tail > 0 {
+                let page = self.pool.alloc().ok_or(Error::OutOfPages {
+                    needed,
+                    free: 0,
+                    total: self.pool.n_pages(),
+                })?;
+                pages.push(page);
+                self.write_page(page, n_tail, tail)?;
+                summary.tail_tokens = n_tail;
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            for p in pages {
+                self.pool.release(p);
+            }
+            return Err(e);
+        }
+        for (&page, id) in pages.iter().zip(&ids) {
+            self.pool.index(page, *id);
+        }
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(Error::UnknownSequence { seq })?;
+        let old = std::mem::replace(&mut s.pages, pages);
+        s.tokens = tokens.to_vec();
+        s.ids = ids;
+        s.logits = None;
+        for p in old {
+            self.pool.release(p);
+        }
+        Ok(summary)
+    }
+}
+
+/// `Result<()>` is not `Clone` (the error holds I/O errors); the sink hands the caller a copy
+/// of its outcome as a plain signal and keeps the real error for itself.
+trait CloneResult {
+    fn clone_result(&self) -> Result<()>;
+}
+
+impl CloneResult for Result<()> {
+    fn clone_result(&self) -> Result<()> {
+        match self {
+            Ok(()) => Ok(()),
+            Err(_) => Err(Error::ImportAborted),
+        }
+    }
+}
