@@ -5,8 +5,9 @@
 //! - workspace crates depend only downward, as [`CRATES`] says (read from `cargo metadata`, so a
 //!   new crate must be declared there);
 //! - no file is longer than [`MAX_LINES`], generated bindings aside;
-//! - library crates inherit the workspace lints (`missing_docs`), never `allow(missing_docs)`, and
-//!   every file starts with a `//!` module doc;
+//! - library crates inherit the workspace lints (`missing_docs`) and never `allow(missing_docs)`
+//!   (save the waivers of [`MISSING_DOCS_ALLOWED`]);
+//! - every file starts with a `//!` module doc, files pulled in by `include!` aside;
 //! - library code (`src/` of a library crate, outside `src/bin/` and test-only items) neither
 //!   prints (`println!`, `print!`, `eprintln!`, `eprint!`, `dbg!`) nor calls `.unwrap()`.
 //!
