@@ -4,6 +4,8 @@
 //! - `bindgen`: regenerate `ggml-sys/src/bindings*.rs` from the pinned ggml headers.
 //! - `ci`: formatting check, clippy with warnings denied, then the whole test suite.
 //! - `compare-llama-cpp`: engine speed against llama.cpp's reference harness, side by side.
+//! - `tidy`: the promises of `ARCHITECTURE.md` checked on the sources (the unsafe fence, downward
+//!   dependencies, file length, docs, no printing or `.unwrap()` in library code).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -16,6 +18,7 @@ mod source {
 mod bindings;
 mod compare;
 mod model;
+mod tidy;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -26,8 +29,9 @@ fn main() -> ExitCode {
         Some("bindgen") => bindgen(),
         Some("ci") => ci(),
         Some("compare-llama-cpp") => compare::compare(&args[1..]),
+        Some("tidy") => tidy::tidy(&workspace_root()),
         Some("help") | Some("--help") | Some("-h") | None => {
-            println!("usage: cargo xtask <fetch-model | bindgen | ci | compare-llama-cpp --refh PATH [--reps N]>");
+            println!("usage: cargo xtask <fetch-model | bindgen | ci | tidy | compare-llama-cpp --refh PATH [--reps N]>");
             Ok(())
         }
         Some(other) => Err(format!(
