@@ -33,7 +33,7 @@ pub mod sampling;
 mod session;
 pub mod tokenizer;
 
-pub use error::{Error, Result};
+pub use error::{Error, GgufProblem, Result, TokenizerError};
 pub use kv::{KvCache, KvLayout};
-pub use model::{Arch, HParams, Model, RopeScaling};
+pub use model::{Arch, HParams, Model, RopeScaling, FINGERPRINT_VERSION};
 pub use session::{GenerateParams, Generation, Session, SessionParams, StopReason};
