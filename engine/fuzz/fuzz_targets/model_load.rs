@@ -29,6 +29,10 @@ fuzz_target!(|data: &[u8]| {
     let Ok(mut s) = Session::new(std::sync::Arc::new(model), params) else {
         return;
     };
-    let tokens: Vec<u32> = data.iter().take(3).map(|&b| u32::from(b) % n_vocab).collect();
+    let tokens: Vec<u32> = data
+        .iter()
+        .take(3)
+        .map(|&b| u32::from(b) % n_vocab)
+        .collect();
     let _ = s.feed(&tokens);
 });
