@@ -5,6 +5,11 @@
 //! `lstrip_blocks` on, Python string/dict/list methods (`.strip()`, `.startswith()`, `.items()`,
 //! ...) through minijinja-contrib's pycompat layer, a `raise_exception(message)` function, and the
 //! variables `messages`, `add_generation_prompt`, `bos_token` and `eos_token`.
+//!
+//! Templates come from model files, which are untrusted: rendering is bounded. Each render gets
+//! fuel (minijinja instructions) and an output budget that grow with the conversation
+//! ([`render_limits`]), and minijinja's recursion limit applies; a template that exceeds them
+//! fails with [`Error::ChatTemplate`] instead of running away.
 
 #![forbid(unsafe_code)]
 
@@ -23,6 +28,45 @@ pub const CHATML_TEMPLATE: &str = "{%- for message in messages -%}\
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";
 
 const TEMPLATE_NAME: &str = "chat";
+
+/// Recursion depth (macros, includes, nested blocks) a template may reach.
+const RECURSION_LIMIT: usize = 100;
+
+/// The fuel (minijinja instructions) and output bytes a render of `messages` may use: a fixed
+/// allowance plus a share per message and per byte of message text, far above what real chat
+/// templates need (they spend tens of instructions per message and copy each text once or twice).
+pub fn render_limits(messages: &[Message]) -> (u64, usize) {
+    let text: usize = messages
+        .iter()
+        .map(|m| m.role.len() + m.content.len())
+        .sum();
+    let fuel = 200_000 + 5_000 * messages.len() as u64 + text as u64 / 4;
+    let output = 256 * 1024 + 4 * text;
+    (fuel, output)
+}
+
+/// A `Vec` that refuses to grow past a limit.
+struct Bounded {
+    out: Vec<u8>,
+    limit: usize,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.out.len() + buf.len() > self.limit {
+            return Err(std::io::Error::other(format!(
+                "rendered text exceeds {} bytes",
+                self.limit
+            )));
+        }
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
 
 /// One message of a conversation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,6 +116,7 @@ impl ChatTemplate {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        env.set_recursion_limit(RECURSION_LIMIT);
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
@@ -91,12 +136,14 @@ impl ChatTemplate {
     pub fn from_gguf(g: &Gguf) -> Result<ChatTemplate> {
         let token_text = |key: &str| -> String {
             let id = g.get(key).and_then(|v| v.as_u64());
-            let tokens = g.get("tokenizer.ggml.tokens").and_then(|v| v.as_array());
+            let tokens = g
+                .get("tokenizer.ggml.tokens")
+                .and_then(|v| v.as_array())
+                .and_then(|a| a.as_strs());
             match (id, tokens) {
                 (Some(id), Some(tokens)) => usize::try_from(id)
                     .ok()
                     .and_then(|i| tokens.get(i))
-                    .and_then(|v| v.as_str())
                     .unwrap_or_default()
                     .to_string(),
                 _ => String::new(),
@@ -122,7 +169,11 @@ impl ChatTemplate {
 
     /// Renders `messages`; with `add_generation_prompt` the text ends where the assistant's reply
     /// starts.
+    ///
+    /// Fails with [`Error::ChatTemplate`] when the template fails, or runs out of the fuel or
+    /// output budget of [`render_limits`].
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        let (fuel, limit) = render_limits(messages);
         let messages: Vec<Value> = messages
             .iter()
             .map(|m| {
@@ -138,9 +189,16 @@ impl ChatTemplate {
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
         };
-        self.env
-            .get_template(TEMPLATE_NAME)
-            .and_then(|t| t.render(ctx))
-            .map_err(Error::ChatTemplate)
+        // Fuel is set per environment; a clone of the environment shares the compiled template.
+        let mut env = self.env.clone();
+        env.set_fuel(Some(fuel));
+        let mut out = Bounded {
+            out: Vec::new(),
+            limit,
+        };
+        env.get_template(TEMPLATE_NAME)
+            .and_then(|t| t.render_captured_to(ctx, &mut out))
+            .map_err(Error::ChatTemplate)?;
+        Ok(String::from_utf8_lossy(&out.out).into_owned())
     }
 }

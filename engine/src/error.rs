@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 /// Everything that can go wrong in the engine.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// An I/O error on a file.
     #[error("{path}: {source}")]
@@ -50,7 +51,7 @@ pub enum Error {
         /// Where the problem was found.
         offset: u64,
         /// What is wrong.
-        reason: String,
+        reason: GgufProblem,
     },
     /// A tensor uses a ggml type code this engine does not know.
     #[error("unsupported tensor type {type_code} for tensor {tensor}")]
@@ -78,7 +79,7 @@ pub enum Error {
     },
     /// The vocabulary in a GGUF file cannot be used, or text cannot be tokenized with it.
     #[error("tokenizer: {0}")]
-    Tokenizer(String),
+    Tokenizer(#[from] TokenizerError),
     /// A chat template failed to parse or render.
     #[error("chat template: {0:#}")]
     ChatTemplate(#[source] minijinja::Error),
@@ -114,6 +115,17 @@ pub enum Error {
         name: String,
         /// What is wrong with it.
         reason: String,
+    },
+    /// A hyperparameter (or other model metadata value) that the graph or ggml's kernels cannot
+    /// run with; found before any graph is built.
+    #[error("GGUF metadata {key} = {value}: {requirement}")]
+    InvalidHParam {
+        /// The metadata key, e.g. `llama.rope.dimension_count`.
+        key: String,
+        /// The value found (or derived), as text.
+        value: String,
+        /// What the engine requires of it.
+        requirement: String,
     },
     /// Hyperparameters that contradict each other or the tensors.
     #[error("invalid hyperparameters: {reason}")]
@@ -230,6 +242,161 @@ pub enum Error {
     /// the import returns).
     #[error("import aborted")]
     ImportAborted,
+}
+
+/// What is wrong in a corrupt GGUF file ([`Error::GgufCorrupt`]).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GgufProblem {
+    /// A bool that is neither 0 nor 1.
+    #[error("bool value {0}")]
+    BadBool(u8),
+    /// A metadata value type code outside 0..=12.
+    #[error("unknown metadata value type {0}")]
+    UnknownValueType(u32),
+    /// An array element type code outside 0..=12.
+    #[error("unknown array element type {0}")]
+    UnknownElementType(u32),
+    /// Arrays nested deeper than the reader accepts.
+    #[error("arrays nested more than {max} deep")]
+    NestedTooDeep {
+        /// The deepest nesting accepted.
+        max: u32,
+    },
+    /// An array count that the rest of the file cannot hold.
+    #[error("array of {count} elements cannot fit in the {left} bytes left")]
+    ArrayTooLong {
+        /// The declared count.
+        count: u64,
+        /// Bytes left in the file.
+        left: u64,
+    },
+    /// Header counts that the rest of the file cannot hold.
+    #[error("{n_kv} metadata entries and {n_tensors} tensors cannot fit in the {left} bytes left")]
+    TooManyEntries {
+        /// Declared metadata entries.
+        n_kv: u64,
+        /// Declared tensors.
+        n_tensors: u64,
+        /// Bytes left in the file.
+        left: u64,
+    },
+    /// A metadata key that is not UTF-8.
+    #[error("metadata key is not UTF-8")]
+    KeyNotUtf8,
+    /// A key that appears twice.
+    #[error("duplicate metadata key {0}")]
+    DuplicateKey(String),
+    /// `general.alignment` that is not a power-of-two `u32`.
+    #[error("bad general.alignment {0}")]
+    BadAlignment(String),
+    /// A tensor name that is not UTF-8.
+    #[error("tensor name is not UTF-8")]
+    TensorNameNotUtf8,
+    /// A tensor with more dimensions than ggml has.
+    #[error("tensor {name} has {n_dims} dimensions")]
+    TooManyDims {
+        /// The tensor's name.
+        name: String,
+        /// Its declared dimension count.
+        n_dims: u32,
+    },
+    /// A shape whose rows are not whole blocks of the type, or whose size overflows.
+    #[error("tensor {name}: shape {shape:?} is not a whole number of {} blocks or is too large", dtype.name())]
+    BadShape {
+        /// The tensor's name.
+        name: String,
+        /// Its shape.
+        shape: Vec<u64>,
+        /// Its type.
+        dtype: crate::gguf::GgmlType,
+    },
+    /// A tensor offset that is not a multiple of the alignment.
+    #[error("tensor {name}: offset {offset} is not aligned to {alignment}")]
+    Misaligned {
+        /// The tensor's name.
+        name: String,
+        /// Its offset in the data section.
+        offset: u64,
+        /// The file's alignment.
+        alignment: u32,
+    },
+    /// A tensor offset whose end overflows.
+    #[error("tensor {name}: offset {offset} overflows")]
+    OffsetOverflow {
+        /// The tensor's name.
+        name: String,
+        /// Its offset in the data section.
+        offset: u64,
+    },
+    /// A tensor name that appears twice.
+    #[error("duplicate tensor {0}")]
+    DuplicateTensor(String),
+    /// The writer was given tensor bytes that do not match the shape and type.
+    #[error("tensor {name}: {given} bytes given, {expected:?} expected")]
+    TensorSize {
+        /// The tensor's name.
+        name: String,
+        /// Bytes given.
+        given: u64,
+        /// Bytes the shape and type need (`None` when they cannot be computed).
+        expected: Option<u64>,
+    },
+}
+
+/// Why a vocabulary cannot be used or a text cannot be tokenized ([`Error::Tokenizer`]).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TokenizerError {
+    /// `tokenizer.ggml.tokens` is empty or has more than `u32::MAX` entries.
+    #[error("vocabulary of {n_vocab} tokens")]
+    VocabSize {
+        /// The number of tokens.
+        n_vocab: usize,
+    },
+    /// A per-token array (scores, token types) shorter than the vocabulary.
+    #[error("{key} has {len} entries for a vocabulary of {n_vocab}")]
+    ShortArray {
+        /// The metadata key.
+        key: &'static str,
+        /// Its length.
+        len: usize,
+        /// The vocabulary size.
+        n_vocab: usize,
+    },
+    /// A `tokenizer.ggml.*_token_id` outside the vocabulary.
+    #[error("{key} = {id} is outside the vocabulary of {n_vocab}")]
+    TokenIdOutOfRange {
+        /// The metadata key.
+        key: String,
+        /// The id found.
+        id: u64,
+        /// The vocabulary size.
+        n_vocab: usize,
+    },
+    /// `tokenizer.ggml.pre` names a pre-tokenizer this engine does not know.
+    #[error("unknown pre-tokenizer type '{0}'")]
+    UnknownPreTokenizer(String),
+    /// `tokenizer.ggml.model` names a tokenizer model this engine does not run.
+    #[error("unsupported tokenizer model '{0}'")]
+    UnsupportedModel(String),
+    /// BOS or EOS is to be added but the vocabulary has no such token.
+    #[error("add_{which} is set but there is no {which} token")]
+    MissingSpecialToken {
+        /// `"bos"` or `"eos"`.
+        which: &'static str,
+    },
+    /// A byte that neither a `<0xXX>` token nor a one-byte token covers.
+    #[error("no byte token for 0x{0:02X}")]
+    NoByteToken(u8),
+    /// A pre-tokenizer regex failed to compile.
+    #[error("pre-tokenizer regex {pattern}: {message}")]
+    Regex {
+        /// The regex.
+        pattern: &'static str,
+        /// The regex engine's message.
+        message: String,
+    },
 }
 
 /// Result with the engine's [`Error`].

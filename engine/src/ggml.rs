@@ -734,3 +734,42 @@ pub(crate) fn type_is_supported(ggml_type: u32) -> bool {
     let traits = unsafe { &*sys::ggml_get_type_traits(ggml_type) };
     traits.blck_size > 0 && traits.type_size > 0
 }
+
+/// What ggml says about a tensor type: its block size, bytes per block and name, and what the
+/// CPU backend can do with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TypeFacts {
+    pub block_size: u64,
+    pub type_size: u64,
+    pub name: String,
+    /// Usable as the weight of a matrix multiplication (the CPU has a dot product for it).
+    pub matmul_weight: bool,
+    /// Convertible to f32 (what `get_rows` needs of an embedding table).
+    pub to_float: bool,
+}
+
+/// ggml's facts about `ggml_type`; `None` for codes ggml does not know or no longer supports.
+pub(crate) fn type_facts(ggml_type: u32) -> Option<TypeFacts> {
+    if ggml_type >= sys::GGML_TYPE_COUNT {
+        return None;
+    }
+    // SAFETY: the type id is in range; both tables are static arrays indexed by it.
+    let (traits, cpu) = unsafe {
+        (
+            &*sys::ggml_get_type_traits(ggml_type),
+            &*sys::ggml_get_type_traits_cpu(ggml_type),
+        )
+    };
+    if traits.blck_size <= 0 || traits.type_size == 0 || traits.type_name.is_null() {
+        return None;
+    }
+    // SAFETY: ggml's type names are static NUL-terminated strings.
+    let name = unsafe { std::ffi::CStr::from_ptr(traits.type_name) };
+    Some(TypeFacts {
+        block_size: traits.blck_size as u64,
+        type_size: traits.type_size as u64,
+        name: name.to_string_lossy().into_owned(),
+        matmul_weight: cpu.vec_dot.is_some(),
+        to_float: traits.to_float.is_some() || ggml_type == sys::GGML_TYPE_F32,
+    })
+}

@@ -2,6 +2,11 @@
 //!
 //! Hyperparameters follow llama.cpp's GGUF keys (`{arch}.embedding_length`, ...). Weights stay
 //! in the memory-mapped file: ggml reads them where they lie, nothing is copied.
+//!
+//! Loading validates everything the file controls before any ggml object is made: the
+//! hyperparameters (`hparams`), every tensor's shape against them, and every tensor's type
+//! against what its kernel accepts (matrices need a CPU dot product, the embedding table a
+//! conversion to f32, norms, biases and RoPE factors must be f32).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -9,8 +14,13 @@ use std::sync::Arc;
 use crate::chat::ChatTemplate;
 use crate::error::{Error, Result};
 use crate::ggml::{self, RawTensor, WeightSpec, Weights};
-use crate::gguf::{Gguf, MetaValue};
+use crate::gguf::{GgmlType, Gguf};
 use crate::tokenizer::Tokenizer;
+
+mod fingerprint;
+mod hparams;
+
+pub use fingerprint::FINGERPRINT_VERSION;
 
 /// The model families this engine runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,77 +102,6 @@ pub struct HParams {
     pub rope_scaling: RopeScaling,
 }
 
-impl HParams {
-    /// Reads and validates the hyperparameters of `gguf`.
-    pub fn from_gguf(gguf: &Gguf) -> Result<HParams> {
-        let arch = Arch::from_name(gguf.get_str("general.architecture")?)?;
-        let a = arch.name();
-        let u = |key: &str| gguf.get_u32(&format!("{a}.{key}")).map(|v| v as usize);
-        let n_embd = u("embedding_length")?;
-        let n_head = u("attention.head_count")?;
-        let n_head_kv = u("attention.head_count_kv").unwrap_or(n_head);
-        if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
-            return Err(Error::BadHyperparameters {
-                reason: format!("{n_head} query heads and {n_head_kv} KV heads"),
-            });
-        }
-        let head_dim = u("attention.key_length").unwrap_or(n_embd / n_head);
-        let n_vocab = match gguf.get(&format!("{a}.vocab_size")) {
-            Some(_) => u("vocab_size")?,
-            None => gguf.get_array("tokenizer.ggml.tokens")?.len(),
-        };
-        let factor = gguf
-            .get_f32(&format!("{a}.rope.scaling.factor"))
-            .unwrap_or(0.0);
-        let scaling_type = gguf
-            .get(&format!("{a}.rope.scaling.type"))
-            .and_then(MetaValue::as_str)
-            .unwrap_or("none");
-        let n_ctx_train = u("context_length")?;
-        let rope_scaling = match (scaling_type, factor) {
-            (_, f) if f <= 1.0 => RopeScaling::None,
-            ("linear", f) => RopeScaling::Linear { factor: f },
-            ("yarn", f) => RopeScaling::Yarn {
-                factor: f,
-                n_ctx_orig: u("rope.scaling.original_context_length").unwrap_or(n_ctx_train),
-            },
-            _ => RopeScaling::None,
-        };
-        let hp = HParams {
-            arch,
-            n_vocab,
-            n_ctx_train,
-            n_embd,
-            n_layer: u("block_count")?,
-            n_head,
-            n_head_kv,
-            head_dim,
-            n_ff: u("feed_forward_length")?,
-            rms_eps: gguf.get_f32(&format!("{a}.attention.layer_norm_rms_epsilon"))?,
-            rope_freq_base: gguf
-                .get_f32(&format!("{a}.rope.freq_base"))
-                .unwrap_or(10_000.0),
-            rope_dims: u("rope.dimension_count").unwrap_or(head_dim),
-            rope_scaling,
-        };
-        if hp.n_layer == 0
-            || hp.head_dim == 0
-            || hp.rope_dims > hp.head_dim
-            || !hp.head_dim.is_multiple_of(2)
-        {
-            return Err(Error::BadHyperparameters {
-                reason: format!("{hp:?}"),
-            });
-        }
-        Ok(hp)
-    }
-
-    /// K (and V) elements per token per layer: `head_dim * n_head_kv`.
-    pub fn n_embd_kv(&self) -> usize {
-        self.head_dim * self.n_head_kv
-    }
-}
-
 /// One block's tensors: weight handles, or indices into the weight list while loading.
 pub(crate) struct LayerWeights<T = RawTensor> {
     pub attn_norm: T,
@@ -198,6 +137,38 @@ impl<T: Copy> LayerWeights<T> {
     }
 }
 
+/// What a tensor is used for, which decides the types its kernels accept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// The weight of a matrix multiplication.
+    Matrix,
+    /// The embedding table (`get_rows`); also a matrix when the output is tied to it.
+    Embedding { tied: bool },
+    /// Norm weights, biases, RoPE factors: element-wise operands, f32 only.
+    Vector,
+}
+
+impl Role {
+    fn accepts(self, dtype: GgmlType) -> bool {
+        let Some(facts) = ggml::type_facts(dtype as u32) else {
+            return false;
+        };
+        match self {
+            Role::Matrix => facts.matmul_weight,
+            Role::Embedding { tied } => facts.to_float && (!tied || facts.matmul_weight),
+            Role::Vector => dtype == GgmlType::F32,
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Role::Matrix => "a matrix weight (no CPU dot product for it)",
+            Role::Embedding { .. } => "the embedding table",
+            Role::Vector => "a norm, bias or RoPE factor vector (f32 only)",
+        }
+    }
+}
+
 /// The weight tensors a model needs, checked against the file and collected for mapping.
 struct Specs<'a> {
     gguf: &'a Gguf,
@@ -206,7 +177,7 @@ struct Specs<'a> {
 
 impl<'a> Specs<'a> {
     /// The tensor's index in the list, after checking its shape and type; `None` if absent.
-    fn find(&mut self, name: &str, shape: &[usize]) -> Result<Option<usize>> {
+    fn find(&mut self, name: &str, shape: &[usize], role: Role) -> Result<Option<usize>> {
         let Some(info) = self.gguf.tensor(name) else {
             return Ok(None);
         };
@@ -224,6 +195,12 @@ impl<'a> Specs<'a> {
                 tensor: name.to_owned(),
             });
         }
+        if !role.accepts(info.dtype) {
+            return Err(Error::BadTensor {
+                name: name.to_owned(),
+                reason: format!("type {} cannot be {}", info.dtype.name(), role.describe()),
+            });
+        }
         self.list.push(WeightSpec {
             name: &info.name,
             ggml_type: code,
@@ -235,10 +212,11 @@ impl<'a> Specs<'a> {
     }
 
     /// Like [`Specs::find`], but a missing tensor is an error.
-    fn require(&mut self, name: &str, shape: &[usize]) -> Result<usize> {
-        self.find(name, shape)?.ok_or_else(|| Error::MissingTensor {
-            name: name.to_owned(),
-        })
+    fn require(&mut self, name: &str, shape: &[usize], role: Role) -> Result<usize> {
+        self.find(name, shape, role)?
+            .ok_or_else(|| Error::MissingTensor {
+                name: name.to_owned(),
+            })
     }
 }
 
@@ -286,43 +264,61 @@ impl Model {
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         let chat_template = ChatTemplate::from_gguf(&gguf)?;
 
+        if tokenizer.n_vocab() != hp.n_vocab {
+            let key = match gguf.get(&format!("{}.vocab_size", hp.arch.name())) {
+                Some(_) => format!("{}.vocab_size", hp.arch.name()),
+                None => "tokenizer.ggml.tokens".to_owned(),
+            };
+            return Err(Error::InvalidHParam {
+                key,
+                value: hp.n_vocab.to_string(),
+                requirement: format!("must equal the tokenizer's {} tokens", tokenizer.n_vocab()),
+            });
+        }
+
         let mut specs = Specs {
             gguf: &gguf,
             list: Vec::new(),
         };
         let (e, kv, q) = (hp.n_embd, hp.n_embd_kv(), hp.head_dim * hp.n_head);
-        let tok_embd = specs.require("token_embd.weight", &[e, hp.n_vocab])?;
-        let output_norm = specs.require("output_norm.weight", &[e])?;
+        let tied = gguf.tensor("output.weight").is_none();
+        let tok_embd = specs.require(
+            "token_embd.weight",
+            &[e, hp.n_vocab],
+            Role::Embedding { tied },
+        )?;
+        let output_norm = specs.require("output_norm.weight", &[e], Role::Vector)?;
         // Models with tied embeddings have no output matrix and reuse the embedding table.
         let output = specs
-            .find("output.weight", &[e, hp.n_vocab])?
+            .find("output.weight", &[e, hp.n_vocab], Role::Matrix)?
             .unwrap_or(tok_embd);
-        let rope_freqs = specs.find("rope_freqs.weight", &[hp.rope_dims / 2])?;
+        let rope_freqs = specs.find("rope_freqs.weight", &[hp.rope_dims / 2], Role::Vector)?;
         let mut layer_idx = Vec::with_capacity(hp.n_layer);
         for l in 0..hp.n_layer {
             let n = |s: &str| format!("blk.{l}.{s}");
             // qwen2 has Q/K/V biases; for llama they are optional (some finetunes carry them).
             let bias = |specs: &mut Specs<'_>, name: &str, dim: usize| match hp.arch {
-                Arch::Qwen2 => specs.require(&n(name), &[dim]).map(Some),
-                Arch::Llama => specs.find(&n(name), &[dim]),
+                Arch::Qwen2 => specs.require(&n(name), &[dim], Role::Vector).map(Some),
+                Arch::Llama => specs.find(&n(name), &[dim], Role::Vector),
             };
+            let (m, v) = (Role::Matrix, Role::Vector);
             layer_idx.push(LayerWeights {
-                attn_norm: specs.require(&n("attn_norm.weight"), &[e])?,
-                wq: specs.require(&n("attn_q.weight"), &[e, q])?,
-                wk: specs.require(&n("attn_k.weight"), &[e, kv])?,
-                wv: specs.require(&n("attn_v.weight"), &[e, kv])?,
-                wo: specs.require(&n("attn_output.weight"), &[q, e])?,
+                attn_norm: specs.require(&n("attn_norm.weight"), &[e], v)?,
+                wq: specs.require(&n("attn_q.weight"), &[e, q], m)?,
+                wk: specs.require(&n("attn_k.weight"), &[e, kv], m)?,
+                wv: specs.require(&n("attn_v.weight"), &[e, kv], m)?,
+                wo: specs.require(&n("attn_output.weight"), &[q, e], m)?,
                 bq: bias(&mut specs, "attn_q.bias", q)?,
                 bk: bias(&mut specs, "attn_k.bias", kv)?,
                 bv: bias(&mut specs, "attn_v.bias", kv)?,
-                ffn_norm: specs.require(&n("ffn_norm.weight"), &[e])?,
-                ffn_gate: specs.require(&n("ffn_gate.weight"), &[e, hp.n_ff])?,
-                ffn_up: specs.require(&n("ffn_up.weight"), &[e, hp.n_ff])?,
-                ffn_down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e])?,
+                ffn_norm: specs.require(&n("ffn_norm.weight"), &[e], v)?,
+                ffn_gate: specs.require(&n("ffn_gate.weight"), &[e, hp.n_ff], m)?,
+                ffn_up: specs.require(&n("ffn_up.weight"), &[e, hp.n_ff], m)?,
+                ffn_down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e], m)?,
             });
         }
         let weights = Weights::map(gguf.bytes(), &specs.list)?;
-        let fingerprint = fingerprint(&gguf, &hp, &tokenizer);
+        let fingerprint = fingerprint::fingerprint(&gguf, &hp, &tokenizer);
         let layers = layer_idx
             .into_iter()
             .map(|l| l.map(|i| weights.get(i)))
@@ -357,34 +353,12 @@ impl Model {
         &self.chat_template
     }
 
-    /// 32 bytes that identify the model's computation: BLAKE3 over the architecture,
-    /// hyperparameters, every tensor's name, type and shape, a sample of every tensor's bytes
-    /// (its first and last 4 KiB, so fine-tunes of one base differ) and the vocabulary. KV caches
-    /// are only interchangeable between models with equal fingerprints.
+    /// 32 bytes that identify the model's computation: BLAKE3 over an explicit, versioned
+    /// encoding ([`FINGERPRINT_VERSION`]) of the architecture, every hyperparameter, every
+    /// tensor's name, type and shape, a sample of every tensor's bytes (its first and last 4 KiB,
+    /// so fine-tunes of one base differ) and the vocabulary. KV caches are only interchangeable
+    /// between models with equal fingerprints.
     pub fn fingerprint(&self) -> [u8; 32] {
         self.fingerprint
     }
-}
-
-fn fingerprint(gguf: &Gguf, hp: &HParams, tokenizer: &Tokenizer) -> [u8; 32] {
-    let mut h = blake3::Hasher::new();
-    h.update(b"llama-hdd model fingerprint v1\0");
-    h.update(format!("{hp:?}").as_bytes());
-    for t in gguf.tensors() {
-        h.update(t.name.as_bytes());
-        h.update(&(t.dtype as u32).to_le_bytes());
-        for d in &t.shape {
-            h.update(&d.to_le_bytes());
-        }
-        let data = gguf.tensor_bytes(t);
-        let sample = 4096.min(data.len());
-        h.update(&data[..sample]);
-        h.update(&data[data.len() - sample..]);
-    }
-    for id in 0..tokenizer.n_vocab() as u32 {
-        let piece = tokenizer.token_bytes(id);
-        h.update(&(piece.len() as u32).to_le_bytes());
-        h.update(piece);
-    }
-    *h.finalize().as_bytes()
 }

@@ -40,8 +40,11 @@ fn round_trip_metadata_and_tensors() {
     assert!(g.get_bool("tokenizer.ggml.add_bos_token").unwrap());
     assert_eq!(g.get("misc.i8"), Some(&MetaValue::I8(-3)));
     assert_eq!(g.get("misc.i64").and_then(MetaValue::as_i64), Some(-9));
-    let toks = g.get("tokenizer.ggml.tokens").unwrap().as_array().unwrap();
-    assert_eq!(toks[2].as_str(), Some("ü"));
+    let toks = g.get_strs("tokenizer.ggml.tokens").unwrap();
+    assert_eq!(toks.get(2), Some("ü"));
+    let types = g.get_array("tokenizer.ggml.token_type").unwrap();
+    assert_eq!(types.to_i64s(), Some(vec![1, 3, 6]));
+    assert_eq!(types.get(1), Some(MetaValue::I32(3)));
     let keys: Vec<&str> = g.metadata().map(|(k, _)| k).collect();
     assert_eq!(keys[0], "general.architecture");
     assert_eq!(keys.len(), 12);

@@ -507,3 +507,20 @@ pub fn import_pages(s: &mut engine::Session, e: &Exported) -> engine::Result<()>
         .import(seq, &e.tokens, &e.tail, |i, _, sink| sink(&e.blocks[i]))
         .map(|_| ())
 }
+
+/// Writes `c`'s tiny model to `dir/name`, after `edit` has changed its metadata or tensors.
+pub fn write_edited(
+    c: &Cfg,
+    dir: &Path,
+    name: &str,
+    edit: impl FnOnce(&mut GgufWriter),
+) -> PathBuf {
+    let base = dir.join("base.gguf");
+    write_model(c, &mut make_weights(c, 7), &base);
+    let gguf = engine::gguf::Gguf::open(&base).unwrap();
+    let mut w = GgufWriter::from_gguf(&gguf);
+    edit(&mut w);
+    let path = dir.join(name);
+    w.write(&path).unwrap();
+    path
+}

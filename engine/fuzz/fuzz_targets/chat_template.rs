@@ -1,0 +1,37 @@
+//! A hostile chat template and hostile messages: compiling and rendering never panic, and a
+//! render stays within its fuel and output budget (`chat::render_limits`).
+//!
+//! Input: template source, a 0 byte, then messages as `role \x01 content` separated by `\x02`.
+
+#![no_main]
+
+use engine::chat::{render_limits, ChatTemplate, Message};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let (src, rest) = match data.iter().position(|&b| b == 0) {
+        Some(i) => (&data[..i], &data[i + 1..]),
+        None => (data, &[][..]),
+    };
+    let src = String::from_utf8_lossy(src);
+    let messages: Vec<Message> = rest
+        .split(|&b| b == 2)
+        .filter(|m| !m.is_empty())
+        .map(|m| {
+            let (role, content) = match m.iter().position(|&b| b == 1) {
+                Some(i) => (&m[..i], &m[i + 1..]),
+                None => (&b"user"[..], m),
+            };
+            Message::new(
+                String::from_utf8_lossy(role),
+                String::from_utf8_lossy(content),
+            )
+        })
+        .collect();
+    let Ok(t) = ChatTemplate::new(&src, "<s>", "</s>") else {
+        return;
+    };
+    if let Ok(out) = t.render(&messages, true) {
+        assert!(out.len() <= render_limits(&messages).1);
+    }
+});

@@ -1,0 +1,269 @@
+//! GGUF files: a bounds-checked reader over a memory map (and, with the `test-util` feature, a
+//! small writer that tests use to make tiny models).
+//!
+//! Parts: [`value`] (the metadata value model), [`types`] (the ggml type table), the parser, and
+//! the writer.
+//!
+//! The format (GGUF v2 and v3, little-endian):
+//!
+//! ```text
+//! u32 magic "GGUF" | u32 version | u64 n_tensors | u64 n_kv
+//! n_kv    x { string key | u32 value_type | value }
+//! n_tensors x { string name | u32 n_dims | u64 ne[n_dims] | u32 ggml_type | u64 offset }
+//! padding to `general.alignment` (default 32)
+//! tensor data; each tensor's `offset` is relative to the start of this section
+//! ```
+//!
+//! A string is a `u64` byte length followed by that many bytes. An array value is a `u32` element
+//! type, a `u64` count and the elements. Every length and count is checked against the bytes that
+//! remain before anything is allocated, so a truncated or corrupt file gives an [`Error`] and never
+//! a panic or a huge allocation. Tensor data ranges are validated once, at open.
+
+use std::fs::File;
+use std::path::Path;
+
+use memmap2::Mmap;
+
+use crate::{Error, Result};
+
+mod parse;
+pub mod types;
+pub mod value;
+#[cfg(any(test, feature = "test-util"))]
+mod writer;
+
+pub use types::GgmlType;
+pub use value::{MetaArray, MetaValue, StrArray};
+#[cfg(any(test, feature = "test-util"))]
+pub use writer::GgufWriter;
+
+/// The four bytes every GGUF file starts with.
+pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
+/// The version the writer produces.
+pub const GGUF_VERSION: u32 = 3;
+/// The data alignment used when `general.alignment` is absent.
+pub const GGUF_DEFAULT_ALIGNMENT: u32 = 32;
+/// Most dimensions a ggml tensor can have.
+pub const GGML_MAX_DIMS: usize = 4;
+
+/// Where a tensor's data lies in the file, with its shape and type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// The tensor's name, e.g. `blk.0.attn_q.weight`.
+    pub name: String,
+    /// Dimensions in ggml order: `shape[0]` (ne0) is the contiguous one.
+    pub shape: Vec<u64>,
+    /// The element type.
+    pub dtype: GgmlType,
+    /// Absolute byte offset of the data in the file.
+    pub offset: u64,
+    /// Size of the data in bytes.
+    pub n_bytes: u64,
+}
+
+impl TensorInfo {
+    /// Number of elements.
+    pub fn n_elements(&self) -> u64 {
+        self.shape.iter().product()
+    }
+}
+
+enum Backing {
+    Mapped(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Backing {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Backing::Mapped(map) => map,
+            Backing::Owned(bytes) => bytes,
+        }
+    }
+}
+
+/// An open, validated GGUF file.
+pub struct Gguf {
+    backing: Backing,
+    version: u32,
+    alignment: u32,
+    data_offset: u64,
+    kvs: Vec<(String, MetaValue)>,
+    /// Indices into `kvs`, sorted by key.
+    kv_order: Vec<u32>,
+    tensors: Vec<TensorInfo>,
+    /// Indices into `tensors`, sorted by name.
+    tensor_order: Vec<u32>,
+}
+
+impl std::fmt::Debug for Gguf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gguf")
+            .field("version", &self.version)
+            .field("n_kv", &self.kvs.len())
+            .field("n_tensors", &self.tensors.len())
+            .field("len", &self.bytes().len())
+            .finish()
+    }
+}
+
+impl Gguf {
+    /// Maps and validates the file at `path`.
+    ///
+    /// The file is memory-mapped read-only. It must not be modified while the [`Gguf`] lives
+    /// (as with every mmap-based model loader); the engine never writes to model files.
+    pub fn open(path: &Path) -> Result<Gguf> {
+        let io_err = |source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io_err)?;
+        let len = file.metadata().map_err(io_err)?.len();
+        let backing = if len == 0 {
+            // Mapping an empty file fails on some platforms; it is truncated either way.
+            Backing::Owned(Vec::new())
+        } else {
+            // SAFETY: the map is read-only and private to this value. The documented contract of
+            // `open` is that the model file is not modified while it is open; every byte read from
+            // the map is bounds-checked against its length, which is fixed at map time.
+            #[allow(unsafe_code)]
+            let map = unsafe { Mmap::map(&file) }.map_err(io_err)?;
+            Backing::Mapped(map)
+        };
+        Gguf::parse(backing, path)
+    }
+
+    /// Validates a GGUF file held in memory (used by tests and tools).
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<Gguf> {
+        Gguf::parse(Backing::Owned(bytes), Path::new("<memory>"))
+    }
+
+    fn parse(backing: Backing, path: &Path) -> Result<Gguf> {
+        let header = parse::Parser::new(backing.bytes(), path).parse_header()?;
+        Ok(Gguf {
+            backing,
+            version: header.version,
+            alignment: header.alignment,
+            data_offset: header.data_offset,
+            kvs: header.kvs,
+            kv_order: header.kv_order,
+            tensors: header.tensors,
+            tensor_order: header.tensor_order,
+        })
+    }
+
+    /// The GGUF version (2 or 3).
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// The data alignment in bytes.
+    pub fn alignment(&self) -> u32 {
+        self.alignment
+    }
+
+    /// Absolute offset of the tensor data section.
+    pub fn data_offset(&self) -> u64 {
+        self.data_offset
+    }
+
+    /// The value of a metadata key.
+    pub fn get(&self, key: &str) -> Option<&MetaValue> {
+        let i = self
+            .kv_order
+            .binary_search_by(|&i| self.kvs[i as usize].0.as_str().cmp(key))
+            .ok()?;
+        Some(&self.kvs[self.kv_order[i] as usize].1)
+    }
+
+    fn require(&self, key: &str) -> Result<&MetaValue> {
+        self.get(key).ok_or_else(|| Error::MissingKey {
+            key: key.to_string(),
+        })
+    }
+
+    fn wrong_type(key: &str, expected: &'static str, found: &MetaValue) -> Error {
+        Error::KeyType {
+            key: key.to_string(),
+            expected,
+            found: found.describe(),
+        }
+    }
+
+    /// A string value.
+    pub fn get_str(&self, key: &str) -> Result<&str> {
+        let v = self.require(key)?;
+        v.as_str().ok_or_else(|| Self::wrong_type(key, "string", v))
+    }
+
+    /// An integer value of any integer type that fits in `u32`.
+    pub fn get_u32(&self, key: &str) -> Result<u32> {
+        let v = self.require(key)?;
+        v.as_u64()
+            .and_then(|x| u32::try_from(x).ok())
+            .ok_or_else(|| Self::wrong_type(key, "integer that fits u32", v))
+    }
+
+    /// A float value (`f32`, or `f64` rounded to `f32`).
+    pub fn get_f32(&self, key: &str) -> Result<f32> {
+        let v = self.require(key)?;
+        v.as_f64()
+            .map(|x| x as f32)
+            .ok_or_else(|| Self::wrong_type(key, "float", v))
+    }
+
+    /// A bool value.
+    pub fn get_bool(&self, key: &str) -> Result<bool> {
+        let v = self.require(key)?;
+        v.as_bool().ok_or_else(|| Self::wrong_type(key, "bool", v))
+    }
+
+    /// An array value.
+    pub fn get_array(&self, key: &str) -> Result<&MetaArray> {
+        let v = self.require(key)?;
+        v.as_array()
+            .ok_or_else(|| Self::wrong_type(key, "array", v))
+    }
+
+    /// An array of strings.
+    pub fn get_strs(&self, key: &str) -> Result<&StrArray> {
+        let v = self.require(key)?;
+        v.as_array()
+            .and_then(MetaArray::as_strs)
+            .ok_or_else(|| Self::wrong_type(key, "array of strings", v))
+    }
+
+    /// All metadata, in file order.
+    pub fn metadata(&self) -> impl Iterator<Item = (&str, &MetaValue)> {
+        self.kvs.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// All tensors, in file order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    /// A tensor by name.
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        let i = self
+            .tensor_order
+            .binary_search_by(|&i| self.tensors[i as usize].name.as_str().cmp(name))
+            .ok()?;
+        Some(&self.tensors[self.tensor_order[i] as usize])
+    }
+
+    /// The data of a tensor of this file (its range was validated at open).
+    ///
+    /// # Panics
+    /// If `t` describes a range outside this file (a [`TensorInfo`] from another file).
+    pub fn tensor_bytes(&self, t: &TensorInfo) -> &[u8] {
+        let start = usize::try_from(t.offset).expect("tensor offset fits usize");
+        let len = usize::try_from(t.n_bytes).expect("tensor size fits usize");
+        &self.bytes()[start..start + len]
+    }
+
+    /// The whole file.
+    pub fn bytes(&self) -> &[u8] {
+        self.backing.bytes()
+    }
+}

@@ -1,0 +1,237 @@
+//! Hyperparameters read from GGUF metadata and validated against what the graph (`llama.rs`) and
+//! ggml's kernels require, before any ggml object exists.
+//!
+//! Every value a model file controls is checked here or by the tensor checks of
+//! [`Model::from_gguf`](super::Model::from_gguf): a malformed model is an
+//! [`Error::InvalidHParam`] naming the key, never a hang, an abort inside ggml (`GGML_ASSERT`) or
+//! a silently wrong answer. The requirements, with the kernel that needs each:
+//!
+//! | value | requirement | why |
+//! |---|---|---|
+//! | `embedding_length`, `feed_forward_length` | 1..=2^20 | tensor widths; overflow-free sizes |
+//! | `block_count` | 1..=4096 | one set of tensors per block |
+//! | `attention.head_count` | 1..=2^20 | heads of the Q reshape |
+//! | `attention.head_count_kv` | divides `head_count` | grouped-query attention broadcast |
+//! | `attention.key_length` (or `embedding_length / head_count`, exact) | even, heads × length ≤ 2^20 | Q/K reshape, flash attention |
+//! | `attention.value_length` | equal to the key length | the KV cache stores K and V rows alike |
+//! | `rope.dimension_count` | even, 1..=key length | `ggml_rope` asserts `n_dims % 2 == 0` and `n_dims <= ne0`; 0 spins forever |
+//! | `rope.freq_base`, `attention.layer_norm_rms_epsilon` | finite, > 0 (ε < 1) | NaN logits otherwise |
+//! | `rope.scaling.type` / `.factor` / `.original_context_length` | none, linear or yarn; factor finite > 0; length ≥ 1 | |
+//! | `context_length`, vocabulary size | 1..=i32::MAX | positions and token ids are `i32` in the graph |
+
+use crate::error::{Error, Result};
+use crate::gguf::Gguf;
+
+use super::{Arch, HParams, RopeScaling};
+
+/// Largest width (embedding, feed-forward, heads × head dimension) accepted.
+pub(crate) const MAX_WIDTH: usize = 1 << 20;
+/// Most transformer blocks accepted.
+pub(crate) const MAX_LAYERS: usize = 4096;
+/// Largest context length and vocabulary size accepted (positions and ids are `i32` in ggml).
+pub(crate) const MAX_POSITIONS: usize = i32::MAX as usize;
+
+fn invalid(key: &str, value: impl std::fmt::Display, requirement: impl Into<String>) -> Error {
+    Error::InvalidHParam {
+        key: key.to_owned(),
+        value: value.to_string(),
+        requirement: requirement.into(),
+    }
+}
+
+/// Reads `{arch}.*` keys with typed errors.
+struct Keys<'g> {
+    gguf: &'g Gguf,
+    arch: &'static str,
+}
+
+impl Keys<'_> {
+    fn key(&self, name: &str) -> String {
+        format!("{}.{name}", self.arch)
+    }
+
+    fn present(&self, name: &str) -> bool {
+        self.gguf.get(&self.key(name)).is_some()
+    }
+
+    /// A required integer in `lo..=hi`.
+    fn int(&self, name: &str, lo: usize, hi: usize) -> Result<usize> {
+        let key = self.key(name);
+        let v = self.gguf.get_u32(&key)? as usize;
+        if v < lo || v > hi {
+            return Err(invalid(&key, v, format!("must be in {lo}..={hi}")));
+        }
+        Ok(v)
+    }
+
+    /// An optional integer in `lo..=hi`.
+    fn opt_int(&self, name: &str, lo: usize, hi: usize) -> Result<Option<usize>> {
+        match self.present(name) {
+            true => self.int(name, lo, hi).map(Some),
+            false => Ok(None),
+        }
+    }
+
+    /// A required float, finite and in `(0, hi)`.
+    fn positive(&self, name: &str, hi: f32) -> Result<f32> {
+        let key = self.key(name);
+        let v = self.gguf.get_f32(&key)?;
+        if !(v.is_finite() && v > 0.0 && v < hi) {
+            return Err(invalid(&key, v, format!("must be finite, > 0 and < {hi}")));
+        }
+        Ok(v)
+    }
+
+    fn opt_positive(&self, name: &str, hi: f32) -> Result<Option<f32>> {
+        match self.present(name) {
+            true => self.positive(name, hi).map(Some),
+            false => Ok(None),
+        }
+    }
+}
+
+impl HParams {
+    /// Reads and validates the hyperparameters of `gguf` (see the module docs for the rules).
+    pub fn from_gguf(gguf: &Gguf) -> Result<HParams> {
+        let arch = Arch::from_name(gguf.get_str("general.architecture")?)?;
+        let k = Keys {
+            gguf,
+            arch: arch.name(),
+        };
+        let n_embd = k.int("embedding_length", 1, MAX_WIDTH)?;
+        let n_layer = k.int("block_count", 1, MAX_LAYERS)?;
+        let n_ff = k.int("feed_forward_length", 1, MAX_WIDTH)?;
+        let n_head = k.int("attention.head_count", 1, MAX_WIDTH)?;
+        let n_head_kv = k
+            .opt_int("attention.head_count_kv", 1, n_head)?
+            .unwrap_or(n_head);
+        if n_head % n_head_kv != 0 {
+            return Err(invalid(
+                &k.key("attention.head_count_kv"),
+                n_head_kv,
+                format!("must divide attention.head_count ({n_head})"),
+            ));
+        }
+        let head_dim = match k.opt_int("attention.key_length", 1, MAX_WIDTH)? {
+            Some(d) => d,
+            None if n_embd % n_head == 0 => n_embd / n_head,
+            None => {
+                return Err(invalid(
+                    &k.key("embedding_length"),
+                    n_embd,
+                    format!(
+                        "must be a multiple of attention.head_count ({n_head}) when \
+                         attention.key_length is absent"
+                    ),
+                ))
+            }
+        };
+        let (head_key, head_value) = match k.present("attention.key_length") {
+            true => (k.key("attention.key_length"), head_dim),
+            false => (k.key("embedding_length"), n_embd),
+        };
+        if head_dim % 2 != 0 {
+            return Err(invalid(
+                &head_key,
+                head_value,
+                format!("gives an odd head dimension {head_dim}"),
+            ));
+        }
+        if head_dim.checked_mul(n_head).is_none_or(|q| q > MAX_WIDTH) {
+            return Err(invalid(
+                &head_key,
+                head_value,
+                format!("gives {n_head} heads of {head_dim}, wider than {MAX_WIDTH}"),
+            ));
+        }
+        if let Some(v) = k.opt_int("attention.value_length", 1, MAX_WIDTH)? {
+            if v != head_dim {
+                return Err(invalid(
+                    &k.key("attention.value_length"),
+                    v,
+                    format!("must equal the key length {head_dim}"),
+                ));
+            }
+        }
+        let rope_dims = k
+            .opt_int("rope.dimension_count", 1, head_dim)?
+            .unwrap_or(head_dim);
+        if rope_dims % 2 != 0 {
+            return Err(invalid(
+                &k.key("rope.dimension_count"),
+                rope_dims,
+                "must be even",
+            ));
+        }
+        let n_ctx_train = k.int("context_length", 1, MAX_POSITIONS)?;
+        let n_vocab = match k.present("vocab_size") {
+            true => k.int("vocab_size", 1, MAX_POSITIONS)?,
+            false => {
+                let n = gguf.get_array("tokenizer.ggml.tokens")?.len();
+                if n == 0 || n > MAX_POSITIONS {
+                    return Err(invalid(
+                        "tokenizer.ggml.tokens",
+                        format!("{n} tokens"),
+                        format!("must hold 1..={MAX_POSITIONS} tokens"),
+                    ));
+                }
+                n
+            }
+        };
+        let rms_eps = k.positive("attention.layer_norm_rms_epsilon", 1.0)?;
+        let rope_freq_base = k
+            .opt_positive("rope.freq_base", f32::INFINITY)?
+            .unwrap_or(10_000.0);
+        let rope_scaling = rope_scaling(&k, n_ctx_train)?;
+        Ok(HParams {
+            arch,
+            n_vocab,
+            n_ctx_train,
+            n_embd,
+            n_layer,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ff,
+            rms_eps,
+            rope_freq_base,
+            rope_dims,
+            rope_scaling,
+        })
+    }
+
+    /// K (and V) elements per token per layer: `head_dim * n_head_kv`.
+    pub fn n_embd_kv(&self) -> usize {
+        self.head_dim * self.n_head_kv
+    }
+}
+
+fn rope_scaling(k: &Keys<'_>, n_ctx_train: usize) -> Result<RopeScaling> {
+    let type_key = k.key("rope.scaling.type");
+    let kind = match k.gguf.get(&type_key) {
+        None => "none",
+        Some(_) => k.gguf.get_str(&type_key)?,
+    };
+    let factor = k.opt_positive("rope.scaling.factor", f32::INFINITY)?;
+    let n_ctx_orig = k.opt_int("rope.scaling.original_context_length", 1, MAX_POSITIONS)?;
+    // A factor of at most 1 means no scaling, as in llama.cpp.
+    let factor = match factor {
+        Some(f) if f > 1.0 => f,
+        _ => return known_kind(&type_key, kind).map(|_| RopeScaling::None),
+    };
+    Ok(match known_kind(&type_key, kind)? {
+        "linear" => RopeScaling::Linear { factor },
+        "yarn" => RopeScaling::Yarn {
+            factor,
+            n_ctx_orig: n_ctx_orig.unwrap_or(n_ctx_train),
+        },
+        _ => RopeScaling::None,
+    })
+}
+
+fn known_kind<'a>(key: &str, kind: &'a str) -> Result<&'a str> {
+    match kind {
+        "none" | "linear" | "yarn" => Ok(kind),
+        other => Err(invalid(key, other, "must be none, linear or yarn")),
+    }
+}
