@@ -124,6 +124,19 @@ pub(crate) struct PlanItem<'a> {
     pub logits: Logits,
 }
 
+/// One sequence's attention in a planned batch: its tokens (batch rows) attend to a window of
+/// the pool's cells that covers its pages.
+pub(crate) struct SeqAttention {
+    /// Batch rows of the sequence's tokens.
+    pub rows: Range<usize>,
+    /// First cell of the window.
+    pub first_cell: usize,
+    /// Cells in the window.
+    pub n_kv: usize,
+    /// f16 `[n_kv, rows.len()]`: 0 where a token may attend to a cell, -inf elsewhere.
+    pub mask: Vec<u8>,
+}
+
 /// The graph's inputs for a batch.
 pub(crate) struct Plan {
     pub tokens: Vec<u32>,
@@ -131,10 +144,10 @@ pub(crate) struct Plan {
     pub positions: Vec<u8>,
     /// Pool cell each token's K and V go to (i64 bytes).
     pub cells: Vec<u8>,
-    /// Cells attended to: `0..n_kv`.
-    pub n_kv: usize,
-    /// f16 `[n_kv, n_tokens]`: 0 where a token may attend to a cell, -inf elsewhere.
-    pub mask: Vec<u8>,
+    /// Attention of each sequence, in batch order. Each sequence attends on its own, so a
+    /// sequence evaluates the same kernels with the same shapes whether it runs alone or beside
+    /// others (ggml picks its attention kernel by the number of queries).
+    pub attention: Vec<SeqAttention>,
     /// Batch rows whose logits are computed (i32), ascending.
     pub out_rows: Vec<i32>,
     /// Output rows of each item.
@@ -146,28 +159,27 @@ impl Plan {
     /// sequence at positions up to its own.
     pub(crate) fn new(items: &[PlanItem<'_>], n_cells: usize) -> Plan {
         let n: usize = items.iter().map(|i| i.tokens.len()).sum();
-        let max_page = items
-            .iter()
-            .flat_map(|i| i.pages.iter())
-            .max()
-            .map_or(0, |&p| p as usize + 1);
-        let n_kv = (max_page * PAGE_TOKENS)
-            .div_ceil(KV_PAD)
-            .saturating_mul(KV_PAD)
-            .min(n_cells);
         let mut plan = Plan {
             tokens: Vec::with_capacity(n),
             positions: Vec::with_capacity(n * 4),
             cells: Vec::with_capacity(n * 8),
-            n_kv,
-            mask: Vec::new(),
+            attention: Vec::with_capacity(items.len()),
             out_rows: Vec::new(),
             item_rows: Vec::with_capacity(items.len()),
         };
         let neg_inf = f16::NEG_INFINITY.to_le_bytes();
-        let mut mask = neg_inf.repeat(n_kv * n);
         let mut row = 0;
         for item in items {
+            // The window: from the sequence's lowest page to past its highest, padded.
+            let lo = item.pages.iter().min().map_or(0, |&p| p as usize) * PAGE_TOKENS;
+            let hi = item.pages.iter().max().map_or(0, |&p| p as usize + 1) * PAGE_TOKENS;
+            let n_kv = (hi - lo)
+                .div_ceil(KV_PAD)
+                .saturating_mul(KV_PAD)
+                .min(n_cells);
+            let first_cell = lo.min(n_cells - n_kv);
+            let m = item.tokens.len();
+            let mut mask = neg_inf.repeat(n_kv * m);
             let first_out = plan.out_rows.len();
             for (i, &token) in item.tokens.iter().enumerate() {
                 let pos = item.start + i;
@@ -177,29 +189,34 @@ impl Plan {
                     .extend_from_slice(&(pos as i32).to_le_bytes());
                 plan.cells.extend_from_slice(&(cell as i64).to_le_bytes());
                 // Positions 0..=pos of this sequence, page by page.
-                let mask_row = &mut mask[row * n_kv * 2..(row + 1) * n_kv * 2];
+                let mask_row = &mut mask[i * n_kv * 2..(i + 1) * n_kv * 2];
                 for (pi, &page) in item.pages.iter().enumerate() {
                     let first = pi * PAGE_TOKENS;
                     if first > pos {
                         break;
                     }
                     let visible = (pos - first + 1).min(PAGE_TOKENS);
-                    let c = page as usize * PAGE_TOKENS;
+                    let c = page as usize * PAGE_TOKENS - first_cell;
                     mask_row[c * 2..(c + visible) * 2].fill(0);
                 }
                 let wanted = match item.logits {
                     Logits::None => false,
-                    Logits::Last => i + 1 == item.tokens.len(),
+                    Logits::Last => i + 1 == m,
                     Logits::All => true,
                 };
                 if wanted {
-                    plan.out_rows.push(row as i32);
+                    plan.out_rows.push((row + i) as i32);
                 }
-                row += 1;
             }
+            plan.attention.push(SeqAttention {
+                rows: row..row + m,
+                first_cell,
+                n_kv,
+                mask,
+            });
+            row += m;
             plan.item_rows.push(first_out..plan.out_rows.len());
         }
-        plan.mask = mask;
         plan
     }
 }
@@ -208,12 +225,15 @@ impl Plan {
 mod tests {
     use super::*;
 
-    fn visible(plan: &Plan, row: usize) -> Vec<usize> {
-        (0..plan.n_kv)
+    /// Cells (of the pool) that batch row `row` of sequence `seq` may attend to.
+    fn visible(plan: &Plan, seq: usize, row: usize) -> Vec<usize> {
+        let a = &plan.attention[seq];
+        (0..a.n_kv)
             .filter(|&c| {
-                let b = &plan.mask[(row * plan.n_kv + c) * 2..][..2];
+                let b = &a.mask[(row * a.n_kv + c) * 2..][..2];
                 f16::from_le_bytes([b[0], b[1]]) == f16::ZERO
             })
+            .map(|c| c + a.first_cell)
             .collect()
     }
 
@@ -238,19 +258,27 @@ mod tests {
             },
         ];
         let plan = Plan::new(&items, 1024);
-        assert_eq!(plan.n_kv, 256);
+        assert_eq!(
+            (plan.attention[0].first_cell, plan.attention[0].n_kv),
+            (0, 256)
+        );
+        assert_eq!(
+            (plan.attention[1].first_cell, plan.attention[1].n_kv),
+            (64, 256)
+        );
+        assert_eq!(plan.attention[1].rows, 2..3);
         let cells: Vec<i64> = plan
             .cells
             .chunks(8)
             .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
             .collect();
         assert_eq!(cells, [0, 1, 67]);
-        let mut a0: Vec<usize> = (128..192).collect();
-        a0.push(0);
-        assert_eq!(visible(&plan, 0), a0);
-        a0.push(1);
-        assert_eq!(visible(&plan, 1), a0);
-        assert_eq!(visible(&plan, 2), vec![64, 65, 66, 67]);
+        let mut a0: Vec<usize> = vec![0];
+        a0.extend(128..192);
+        assert_eq!(visible(&plan, 0, 0), a0);
+        a0.insert(1, 1);
+        assert_eq!(visible(&plan, 0, 1), a0);
+        assert_eq!(visible(&plan, 1, 0), vec![64, 65, 66, 67]);
         assert_eq!(plan.out_rows, [1]);
         assert_eq!(plan.item_rows, [0..1, 1..1]);
     }

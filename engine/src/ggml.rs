@@ -633,6 +633,10 @@ impl<'g> Graph<'g> {
             )
         )
     }
+    /// `a` and `b` joined along dimension `dim` (the other dimensions must agree).
+    pub(crate) fn concat(&mut self, a: Tensor<'g>, b: Tensor<'g>, dim: i32) -> Tensor<'g> {
+        op!(self, sys::ggml_concat(self.ctx(), a.raw, b.raw, dim))
+    }
     /// Writes row `i` of `src` (`[ne0, n]`, f32) into row `rows[i]` (i64 `[n]`) of `dst`
     /// (`[ne0, m]`), converting to `dst`'s type; returns a view of `dst`.
     pub(crate) fn set_rows(

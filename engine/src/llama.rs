@@ -23,7 +23,6 @@ pub(crate) fn build<'g>(
 ) -> Result<Tensor<'g>> {
     let hp = model.hparams();
     let n = plan.tokens.len();
-    let n_kv = plan.n_kv;
     let (head_dim, n_head, n_head_kv) = (hp.head_dim, hp.n_head, hp.n_head_kv);
     let n_embd_kv = hp.n_embd_kv();
     let row_bytes = n_embd_kv * 2;
@@ -38,7 +37,11 @@ pub(crate) fn build<'g>(
     );
     let pos = g.input(DType::I32, &[n], plan.positions.clone());
     let cells = g.input(DType::I64, &[n], plan.cells.clone());
-    let mask = g.input(DType::F16, &[n_kv, n], plan.mask.clone());
+    let masks: Vec<Tensor<'g>> = plan
+        .attention
+        .iter()
+        .map(|a| g.input(DType::F16, &[a.n_kv, a.rows.len()], a.mask.clone()))
+        .collect();
     let n_out = plan.out_rows.len();
     let out_ids = (n_out < n).then(|| {
         g.input(
@@ -90,34 +93,45 @@ pub(crate) fn build<'g>(
         g.expand(k_store);
         g.expand(v_store);
 
-        // q: [head_dim, n, n_head]; cached k, v: [head_dim, n_kv, n_head_kv].
-        let q = g.permute(q, [0, 2, 1, 3]);
-        let k_all = g.view_3d(
-            k_cache,
-            [head_dim, n_kv, n_head_kv],
-            [row_bytes, head_dim * 2],
-            0,
-        );
-        let v_all = g.view_3d(
-            v_cache,
-            [head_dim, n_kv, n_head_kv],
-            [row_bytes, head_dim * 2],
-            0,
-        );
-        let attn = if flash_attn {
-            // Result: [head_dim, n_head, n].
-            g.flash_attn(q, k_all, v_all, mask, scale)
-        } else {
-            // Unfused: scores [n_kv, n, n_head], softmax, then V transposed to
-            // [n_kv, head_dim, n_head_kv] (a copy, since the cache stores V token-major).
-            let kq = g.mul_mat(k_all, q);
-            let kq = g.soft_max(kq, mask, scale);
-            let v_t = g.permute(v_all, [1, 0, 2, 3]);
-            let v_t = g.cont(v_t);
-            let kqv = g.mul_mat(v_t, kq);
-            let kqv = g.permute(kqv, [0, 2, 1, 3]);
-            g.cont(kqv)
-        };
+        // Each sequence attends on its own, over the window of cells holding its pages.
+        // Per sequence, q: [head_dim, m, n_head]; cached k, v: [head_dim, n_kv, n_head_kv].
+        let mut parts = Vec::with_capacity(plan.attention.len());
+        for (a, &mask) in plan.attention.iter().zip(&masks) {
+            let m = a.rows.len();
+            let q_bytes = head_dim * n_head * 4;
+            let q = g.view_3d(
+                q,
+                [head_dim, n_head, m],
+                [head_dim * 4, q_bytes],
+                a.rows.start * q_bytes,
+            );
+            let q = g.permute(q, [0, 2, 1, 3]);
+            let window = |g: &mut Graph<'g>, cache| {
+                g.view_3d(
+                    cache,
+                    [head_dim, a.n_kv, n_head_kv],
+                    [row_bytes, head_dim * 2],
+                    a.first_cell * row_bytes,
+                )
+            };
+            let k = window(g, k_cache);
+            let v = window(g, v_cache);
+            parts.push(if flash_attn {
+                // Result: [head_dim, n_head, m].
+                g.flash_attn(q, k, v, mask, scale)
+            } else {
+                // Unfused: scores [n_kv, m, n_head], softmax, then V transposed to
+                // [n_kv, head_dim, n_head_kv] (a copy, since the cache stores V token-major).
+                let kq = g.mul_mat(k, q);
+                let kq = g.soft_max(kq, mask, scale);
+                let v_t = g.permute(v, [1, 0, 2, 3]);
+                let v_t = g.cont(v_t);
+                let kqv = g.mul_mat(v_t, kq);
+                let kqv = g.permute(kqv, [0, 2, 1, 3]);
+                g.cont(kqv)
+            });
+        }
+        let attn = concat_tokens(g, parts);
         let mut attn = g.reshape_2d(attn, head_dim * n_head, n);
         let mut residual = residual;
 
@@ -147,6 +161,22 @@ pub(crate) fn build<'g>(
     let out = g.lift(model.output);
     debug_assert_eq!(x.ne(0), hp.n_embd);
     Ok(g.mul_mat(out, x))
+}
+
+/// Joins `[head_dim, n_head, m_i]` tensors along the token dimension, pairwise so that each
+/// row is copied about log2(parts) times.
+fn concat_tokens<'g>(g: &mut Graph<'g>, mut parts: Vec<Tensor<'g>>) -> Tensor<'g> {
+    while parts.len() > 1 {
+        parts = parts
+            .chunks(2)
+            .map(|pair| match *pair {
+                [a, b] => g.concat(a, b, 2),
+                [a] => a,
+                _ => unreachable!("chunks of two"),
+            })
+            .collect();
+    }
+    parts[0]
 }
 
 fn rope_params(model: &Model) -> RopeParams {
