@@ -85,7 +85,7 @@ pub trait Vfs: Send + Sync {
 }
 
 /// Creates `dir` and its missing parents, and makes each new directory's
-/// entry durable by syncing its parent (a new directory whose parent was
+/// entry (and `dir`'s in any case) durable by syncing its parent (a new directory whose parent was
 /// never synced may vanish in a power loss, and everything in it with it).
 pub fn create_dir_durable<V: Vfs + ?Sized>(vfs: &V, dir: &Path) -> io::Result<()> {
     let mut missing = Vec::new();
@@ -96,9 +96,12 @@ pub fn create_dir_durable<V: Vfs + ?Sized>(vfs: &V, dir: &Path) -> io::Result<()
         missing.push(d);
     }
     if missing.is_empty() {
-        return Ok(());
+        // It may have been created by an attempt whose parent sync failed:
+        // sync its parent again (cheap, and only done when opening).
+        missing.push(dir);
+    } else {
+        vfs.create_dir_all(dir)?;
     }
-    vfs.create_dir_all(dir)?;
     for d in missing.iter().rev() {
         match d.parent() {
             Some(p) if !p.as_os_str().is_empty() => vfs.sync_dir(p)?,
