@@ -130,6 +130,35 @@ pub enum FormatError {
         /// Its name or id.
         name: String,
     },
+    /// A manifest file holds the checkpoint of another name (it was copied
+    /// over this one).
+    #[error("manifest {path:?} holds checkpoint {found:?}, not {expected:?}")]
+    NameMismatch {
+        /// The manifest file.
+        path: PathBuf,
+        /// The name its file name gives.
+        expected: String,
+        /// The name inside.
+        found: String,
+    },
+    /// Another process holds the store's lock in a way this call cannot share.
+    #[error("store lock {path:?} is held ({wanted} wanted) by another process; live writers: pids {pids:?}")]
+    Busy {
+        /// The lock file.
+        path: PathBuf,
+        /// The mode this call needed (`"shared"` or `"exclusive"`).
+        wanted: &'static str,
+        /// Pids of the processes with the store open for writing (one of them holds it).
+        pids: Vec<u32>,
+    },
+    /// The store was opened read-only and the call would write.
+    #[error("store {path:?} is open read-only; {op} would write")]
+    ReadOnly {
+        /// The store's directory.
+        path: PathBuf,
+        /// The refused operation.
+        op: &'static str,
+    },
 }
 
 impl FormatError {
@@ -153,6 +182,12 @@ impl FormatError {
     /// True when the error says the data is damaged or foreign, as opposed to
     /// an I/O failure or a missing item.
     pub fn is_corruption(&self) -> bool {
-        !matches!(self, FormatError::Io { .. } | FormatError::NotFound { .. })
+        !matches!(
+            self,
+            FormatError::Io { .. }
+                | FormatError::NotFound { .. }
+                | FormatError::Busy { .. }
+                | FormatError::ReadOnly { .. }
+        )
     }
 }

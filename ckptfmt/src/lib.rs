@@ -35,7 +35,8 @@
 //!   `load_kv_spans(&manifest)`, `list_manifests()`, `delete_manifest(name)`.
 //! - `export(name, path)` and `import(&ExportView)`.
 //!
-//! Errors: one enum, [`FormatError`]. Crash tests use [`FaultFs`].
+//! Errors: one enum, [`FormatError`]. Crash tests use `FaultFs` (feature
+//! `test-util`).
 //!
 //! # Example
 //!
@@ -67,20 +68,27 @@
 pub mod block;
 pub mod error;
 pub mod export;
+#[cfg(any(test, feature = "test-util"))]
+pub mod fault;
 pub mod geometry;
 pub mod ids;
 pub mod layout;
 pub mod manifest;
 pub mod mmap;
 pub mod quant;
+pub mod sharing;
 pub mod store;
 pub mod vfs;
 
 pub use block::{encode_block, BlockView, EncodedBlock, Encoding};
 pub use error::{FormatError, Result};
 pub use export::{write_export, Export, ExportView};
+#[cfg(any(test, feature = "test-util"))]
+pub use fault::{CrashMode, FaultFs, FaultMode};
 pub use geometry::{ElemType, Geometry, LayerGeometry, LayerSpan, DEFAULT_TOKENS_PER_BLOCK};
 pub use ids::{BlockId, Fingerprint};
 pub use manifest::{Manifest, ManifestView, Metadata};
-pub use store::{BlockInput, MappedBlock, OwnedBlock, SaveReport, Store};
-pub use vfs::{CrashMode, FaultFs, FaultMode, StdFs, Vfs, VfsFile};
+pub use store::{
+    BadBlock, BlockInput, CheckpointHealth, MappedBlock, OwnedBlock, SaveReport, Store,
+};
+pub use vfs::{create_dir_durable, FileLock, LockMode, StdFs, Vfs, VfsFile};

@@ -1,15 +1,13 @@
 //! The file-system seam: every write the crate makes goes through [`Vfs`].
 //!
-//! [`StdFs`] is the real implementation over `std::fs`. [`FaultFs`] is an
-//! in-memory file system for tests that can fail any mutating call and can
-//! "crash", keeping only what was made durable (plus, optionally, a random
-//! part of what was not), the way a power loss does.
+//! [`StdFs`] is the real implementation over `std::fs`. The in-memory,
+//! fault-injecting `FaultFs` lives in `fault.rs`, behind the `test-util`
+//! feature.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::fs;
+use std::fmt;
+use std::fs::{self, TryLockError};
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::path::Path;
 
 /// A file open for writing through a [`Vfs`].
 pub trait VfsFile: Send {
@@ -18,6 +16,36 @@ pub trait VfsFile: Send {
     /// Makes the written data durable (fdatasync). An error means the data
     /// may be lost; callers fail the operation and never retry.
     fn sync(&mut self) -> io::Result<()>;
+}
+
+/// How an advisory lock is shared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockMode {
+    /// Any number of shared holders at once, and no exclusive one.
+    Shared,
+    /// One holder, and no shared one.
+    Exclusive,
+}
+
+/// A held advisory lock; dropping it releases the lock. The operating system
+/// releases it too when its process exits, even by a kill.
+pub struct FileLock {
+    _inner: Box<dyn Send + Sync>,
+}
+
+impl FileLock {
+    /// Wraps anything whose drop releases the lock.
+    pub fn new(inner: impl Send + Sync + 'static) -> Self {
+        FileLock {
+            _inner: Box::new(inner),
+        }
+    }
+}
+
+impl fmt::Debug for FileLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FileLock")
+    }
 }
 
 /// The file-system operations the crate needs.
@@ -40,12 +68,47 @@ pub trait Vfs: Send + Sync {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
     /// Makes the directory's entries (creations, renames, removals) durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Tries to take an advisory lock on the file at `path` without waiting:
+    /// `Ok(None)` when another holder has it in a conflicting mode. With
+    /// `create` the file is created when absent; without, the file is only
+    /// opened for reading (which works on a read-only store).
+    ///
+    /// Locks taken through separate calls conflict with each other even in
+    /// one process (they behave like `flock` on separate open files).
+    fn try_lock(&self, path: &Path, mode: LockMode, create: bool) -> io::Result<Option<FileLock>>;
     /// Syncs several files; the first error is returned and fails the caller.
     /// The default syncs one after the other; [`StdFs`] syncs in parallel,
     /// which lets the file system merge the flushes (see FORMAT.md, "Measurements").
     fn sync_files(&self, files: &mut [Self::File]) -> io::Result<()> {
         files.iter_mut().try_for_each(VfsFile::sync)
     }
+}
+
+/// Creates `dir` and its missing parents, and makes each new directory's
+/// entry (and `dir`'s in any case) durable by syncing its parent (a new directory whose parent was
+/// never synced may vanish in a power loss, and everything in it with it).
+pub fn create_dir_durable<V: Vfs + ?Sized>(vfs: &V, dir: &Path) -> io::Result<()> {
+    let mut missing = Vec::new();
+    for d in dir.ancestors() {
+        if d.as_os_str().is_empty() || vfs.exists(d)? {
+            break;
+        }
+        missing.push(d);
+    }
+    if missing.is_empty() {
+        // It may have been created by an attempt whose parent sync failed:
+        // sync its parent again (cheap, and only done when opening).
+        missing.push(dir);
+    } else {
+        vfs.create_dir_all(dir)?;
+    }
+    for d in missing.iter().rev() {
+        match d.parent() {
+            Some(p) if !p.as_os_str().is_empty() => vfs.sync_dir(p)?,
+            _ => vfs.sync_dir(Path::new("."))?,
+        }
+    }
+    Ok(())
 }
 
 /// Most threads [`StdFs::sync_files`] uses.
@@ -123,6 +186,29 @@ impl Vfs for StdFs {
         fs::File::open(dir)?.sync_all()
     }
 
+    /// `flock` on Unix, `LockFileEx` on Windows (std's file locks).
+    fn try_lock(&self, path: &Path, mode: LockMode, create: bool) -> io::Result<Option<FileLock>> {
+        let f = if create {
+            fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)?
+        } else {
+            fs::File::open(path)?
+        };
+        let r = match mode {
+            LockMode::Shared => f.try_lock_shared(),
+            LockMode::Exclusive => f.try_lock(),
+        };
+        match r {
+            Ok(()) => Ok(Some(FileLock::new(f))),
+            Err(TryLockError::WouldBlock) => Ok(None),
+            Err(TryLockError::Error(e)) => Err(e),
+        }
+    }
+
     fn sync_files(&self, files: &mut [StdFile]) -> io::Result<()> {
         if files.len() <= 1 {
             return files.iter_mut().try_for_each(VfsFile::sync);
@@ -147,456 +233,5 @@ impl Vfs for StdFs {
     }
 }
 
-/// What [`FaultFs`] does when its countdown reaches the chosen operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FaultMode {
-    /// The operation fails (a failed write may have written a prefix); the
-    /// file system keeps working afterwards.
-    Error,
-    /// The operation fails and so does every later one, until
-    /// [`FaultFs::crash`] is called: the process "died" at that point.
-    Crash,
-}
-
-/// What a crash keeps of data that was not made durable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CrashMode {
-    /// Everything not synced is lost.
-    DropUnsynced,
-    /// A random prefix of the unsynced directory operations survives, and each
-    /// file keeps a random part of its unsynced bytes (possibly zero-filled).
-    Random(u64),
-    /// Each unsynced directory operation survives or not independently (no
-    /// ordering between them), and file data as with [`CrashMode::Random`].
-    Reorder(u64),
-}
-
-#[derive(Debug, Clone)]
-enum NsOp {
-    Link(PathBuf, usize),
-    Unlink(PathBuf),
-    Rename(PathBuf, PathBuf),
-}
-
-impl NsOp {
-    fn dir(&self) -> Option<&Path> {
-        match self {
-            NsOp::Link(p, _) | NsOp::Unlink(p) | NsOp::Rename(_, p) => p.parent(),
-        }
-    }
-}
-
-#[derive(Debug, Default)]
-struct Inode {
-    data: Vec<u8>,
-    synced: usize,
-}
-
-#[derive(Debug, Default)]
-struct FaultState {
-    inodes: Vec<Inode>,
-    ns: BTreeMap<PathBuf, usize>,
-    dirs: BTreeSet<PathBuf>,
-    /// Directory operations, each with a flag saying whether it is durable.
-    log: Vec<(NsOp, bool)>,
-    ops: u64,
-    fail_at: Option<(u64, FaultMode)>,
-    dead: bool,
-    rng: u64,
-    /// Every mutating operation attempted while alive, in order.
-    history: Vec<(&'static str, PathBuf)>,
-    /// Path of each inode when it was created (for the history).
-    inode_paths: Vec<PathBuf>,
-}
-
-fn injected() -> io::Error {
-    io::Error::other("injected fault")
-}
-
-impl FaultState {
-    /// Counts a mutating operation; errors when it is the chosen one.
-    fn tick(&mut self, op: &'static str, path: &Path) -> io::Result<()> {
-        if self.dead {
-            return Err(injected());
-        }
-        self.history.push((op, path.to_path_buf()));
-        let n = self.ops;
-        self.ops += 1;
-        if let Some((at, mode)) = self.fail_at {
-            if n == at {
-                if mode == FaultMode::Crash {
-                    self.dead = true;
-                }
-                return Err(injected());
-            }
-        }
-        Ok(())
-    }
-
-    fn next_rand(&mut self) -> u64 {
-        // splitmix64
-        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn check_alive(&self) -> io::Result<()> {
-        if self.dead {
-            Err(injected())
-        } else {
-            Ok(())
-        }
-    }
-}
-
-/// An in-memory, fault-injecting [`Vfs`] for crash tests. Cloning shares the
-/// same file system.
-///
-/// Semantics follow a journaling file system on a disk with a volatile cache:
-/// file data is durable once the file is synced; creations, renames and
-/// removals are durable once their directory is synced.
-#[derive(Debug, Clone, Default)]
-pub struct FaultFs {
-    state: Arc<Mutex<FaultState>>,
-}
-
-/// A file of [`FaultFs`].
-#[derive(Debug)]
-pub struct FaultFile {
-    state: Arc<Mutex<FaultState>>,
-    inode: usize,
-}
-
-fn lock(m: &Mutex<FaultState>) -> MutexGuard<'_, FaultState> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl FaultFs {
-    /// An empty file system.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Number of mutating operations performed so far.
-    pub fn ops(&self) -> u64 {
-        lock(&self.state).ops
-    }
-
-    /// Makes mutating operation number `at` (counted by [`FaultFs::ops`])
-    /// fail with `mode`; `None` disarms.
-    pub fn fail_at(&self, at: Option<(u64, FaultMode)>) {
-        lock(&self.state).fail_at = at;
-    }
-
-    /// Simulates a power loss: afterwards the file system holds what was
-    /// durable (and, with [`CrashMode::Random`], part of what was not), and
-    /// works again.
-    pub fn crash(&self, mode: CrashMode) {
-        let mut st = lock(&self.state);
-        let st = &mut *st;
-        let pending = st.log.iter().filter(|(_, d)| !*d).count();
-        // Which unsynced directory operations survive, in log order.
-        let (keep, random): (Vec<bool>, bool) = match mode {
-            CrashMode::DropUnsynced => (vec![false; pending], false),
-            CrashMode::Random(seed) => {
-                st.rng = seed;
-                let cut = (st.next_rand() % (pending as u64 + 1)) as usize;
-                ((0..pending).map(|i| i < cut).collect(), true)
-            }
-            CrashMode::Reorder(seed) => {
-                st.rng = seed;
-                (
-                    (0..pending).map(|_| st.next_rand() & 1 == 1).collect(),
-                    true,
-                )
-            }
-        };
-        let mut ns: BTreeMap<PathBuf, usize> = BTreeMap::new();
-        let mut pending_seen = 0usize;
-        for (op, durable) in &st.log {
-            if !*durable {
-                pending_seen += 1;
-                if !keep[pending_seen - 1] {
-                    continue;
-                }
-            }
-            match op {
-                NsOp::Link(p, ino) => {
-                    ns.insert(p.clone(), *ino);
-                }
-                NsOp::Unlink(p) => {
-                    ns.remove(p);
-                }
-                NsOp::Rename(from, to) => {
-                    if let Some(ino) = ns.remove(from) {
-                        ns.insert(to.clone(), ino);
-                    }
-                }
-            }
-        }
-        for i in 0..st.inodes.len() {
-            let (synced, len) = (st.inodes[i].synced, st.inodes[i].data.len());
-            let keep = if random && len > synced {
-                let r = st.next_rand();
-                let extra = (r % (len - synced + 1) as u64) as usize;
-                if r & (1 << 40) != 0 {
-                    // The size grew but the data did not reach the disk.
-                    st.inodes[i].data[synced + extra..].fill(0);
-                    len
-                } else {
-                    synced + extra
-                }
-            } else {
-                synced
-            };
-            st.inodes[i].data.truncate(keep);
-            st.inodes[i].synced = keep;
-        }
-        st.log = ns
-            .iter()
-            .map(|(p, &i)| (NsOp::Link(p.clone(), i), true))
-            .collect();
-        st.ns = ns;
-        st.dead = false;
-        st.fail_at = None;
-    }
-
-    /// Every mutating operation attempted so far (while the file system was
-    /// alive), as `(operation, path)`: `create`, `write`, `fsync`, `rename`
-    /// (destination path), `remove`, `fsync_dir`.
-    pub fn history(&self) -> Vec<(&'static str, PathBuf)> {
-        lock(&self.state).history.clone()
-    }
-
-    /// Reads a file directly (test helper).
-    pub fn file(&self, path: &Path) -> Option<Vec<u8>> {
-        let st = lock(&self.state);
-        st.ns.get(path).map(|&i| st.inodes[i].data.clone())
-    }
-
-    /// Replaces a file's contents directly, durably (test helper for corruption).
-    pub fn set_file(&self, path: &Path, data: Vec<u8>) {
-        let mut st = lock(&self.state);
-        let ino = st.inodes.len();
-        let synced = data.len();
-        st.inodes.push(Inode { data, synced });
-        st.inode_paths.push(path.to_path_buf());
-        st.ns.insert(path.to_path_buf(), ino);
-        st.log.push((NsOp::Link(path.to_path_buf(), ino), true));
-    }
-}
-
-impl VfsFile for FaultFile {
-    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        let mut st = lock(&self.state);
-        let path = st.inode_paths[self.inode].clone();
-        if let Err(e) = st.tick("write", &path) {
-            // A failed write may still have written a prefix.
-            let n = (st.next_rand() % (buf.len() as u64 + 1)) as usize;
-            st.inodes[self.inode].data.extend_from_slice(&buf[..n]);
-            return Err(e);
-        }
-        st.inodes[self.inode].data.extend_from_slice(buf);
-        Ok(())
-    }
-
-    fn sync(&mut self) -> io::Result<()> {
-        let mut st = lock(&self.state);
-        let path = st.inode_paths[self.inode].clone();
-        st.tick("fsync", &path)?;
-        let len = st.inodes[self.inode].data.len();
-        st.inodes[self.inode].synced = len;
-        Ok(())
-    }
-}
-
-impl Vfs for FaultFs {
-    type File = FaultFile;
-
-    fn create(&self, path: &Path) -> io::Result<FaultFile> {
-        let mut st = lock(&self.state);
-        st.tick("create", path)?;
-        match path.parent() {
-            Some(d) if st.dirs.contains(d) => {}
-            _ => return Err(io::Error::new(io::ErrorKind::NotFound, "no such directory")),
-        }
-        let ino = st.inodes.len();
-        st.inodes.push(Inode::default());
-        st.inode_paths.push(path.to_path_buf());
-        st.ns.insert(path.to_path_buf(), ino);
-        st.log.push((NsOp::Link(path.to_path_buf(), ino), false));
-        Ok(FaultFile {
-            state: Arc::clone(&self.state),
-            inode: ino,
-        })
-    }
-
-    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
-        let st = lock(&self.state);
-        st.check_alive()?;
-        st.ns
-            .get(path)
-            .map(|&i| st.inodes[i].data.clone())
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such file"))
-    }
-
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        let mut st = lock(&self.state);
-        st.tick("rename", to)?;
-        let ino = st
-            .ns
-            .remove(from)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such file"))?;
-        st.ns.insert(to.to_path_buf(), ino);
-        st.log
-            .push((NsOp::Rename(from.to_path_buf(), to.to_path_buf()), false));
-        Ok(())
-    }
-
-    fn remove(&self, path: &Path) -> io::Result<()> {
-        let mut st = lock(&self.state);
-        st.tick("remove", path)?;
-        st.ns
-            .remove(path)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such file"))?;
-        st.log.push((NsOp::Unlink(path.to_path_buf()), false));
-        Ok(())
-    }
-
-    fn exists(&self, path: &Path) -> io::Result<bool> {
-        let st = lock(&self.state);
-        st.check_alive()?;
-        Ok(st.ns.contains_key(path) || st.dirs.contains(path))
-    }
-
-    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
-        let st = lock(&self.state);
-        st.check_alive()?;
-        Ok(st
-            .ns
-            .keys()
-            .filter(|p| p.parent() == Some(dir))
-            .filter_map(|p| p.file_name().and_then(|n| n.to_str()).map(String::from))
-            .collect())
-    }
-
-    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        let mut st = lock(&self.state);
-        st.check_alive()?;
-        // Directories are treated as durable at once: the crash tests target
-        // file data and entries, not directory creation.
-        for d in dir.ancestors() {
-            st.dirs.insert(d.to_path_buf());
-        }
-        Ok(())
-    }
-
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        let mut st = lock(&self.state);
-        st.tick("fsync_dir", dir)?;
-        for (op, durable) in st.log.iter_mut() {
-            if op.dir() == Some(dir) {
-                *durable = true;
-            }
-        }
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn write(fs: &FaultFs, path: &str, data: &[u8], sync: bool) {
-        let mut f = fs.create(Path::new(path)).unwrap();
-        f.write_all(data).unwrap();
-        if sync {
-            f.sync().unwrap();
-        }
-    }
-
-    #[test]
-    fn crash_drops_unsynced_data_and_entries() {
-        let fs = FaultFs::new();
-        fs.create_dir_all(Path::new("/d")).unwrap();
-        write(&fs, "/d/synced", b"abc", true);
-        write(&fs, "/d/unsynced", b"xyz", false);
-        fs.sync_dir(Path::new("/d")).unwrap();
-        write(&fs, "/d/late", b"late", true); // data synced, entry not
-        fs.crash(CrashMode::DropUnsynced);
-        assert_eq!(fs.file(Path::new("/d/synced")).unwrap(), b"abc");
-        assert_eq!(fs.file(Path::new("/d/unsynced")).unwrap(), b"");
-        assert!(fs.file(Path::new("/d/late")).is_none());
-    }
-
-    #[test]
-    fn rename_is_durable_only_after_dir_sync() {
-        let fs = FaultFs::new();
-        fs.create_dir_all(Path::new("/d")).unwrap();
-        write(&fs, "/d/a.tmp", b"new", true);
-        fs.sync_dir(Path::new("/d")).unwrap();
-        fs.rename(Path::new("/d/a.tmp"), Path::new("/d/a")).unwrap();
-        fs.crash(CrashMode::DropUnsynced);
-        assert!(fs.file(Path::new("/d/a")).is_none());
-        assert_eq!(fs.file(Path::new("/d/a.tmp")).unwrap(), b"new");
-        fs.rename(Path::new("/d/a.tmp"), Path::new("/d/a")).unwrap();
-        fs.sync_dir(Path::new("/d")).unwrap();
-        fs.crash(CrashMode::DropUnsynced);
-        assert_eq!(fs.file(Path::new("/d/a")).unwrap(), b"new");
-    }
-
-    #[test]
-    fn fault_fails_the_chosen_op_and_crash_mode_kills_the_rest() {
-        let fs = FaultFs::new();
-        fs.create_dir_all(Path::new("/d")).unwrap();
-        fs.fail_at(Some((fs.ops() + 1, FaultMode::Crash)));
-        let mut f = fs.create(Path::new("/d/x")).unwrap();
-        assert!(f.write_all(b"data").is_err());
-        assert!(f.sync().is_err());
-        assert!(fs.read(Path::new("/d/x")).is_err());
-        fs.crash(CrashMode::DropUnsynced);
-        assert!(
-            fs.read(Path::new("/d/x")).is_err(),
-            "entry was never synced"
-        );
-        write(&fs, "/d/y", b"ok", true);
-    }
-
-    #[test]
-    fn random_crash_keeps_a_prefix_of_unsynced_data() {
-        for seed in 0..50 {
-            let fs = FaultFs::new();
-            fs.create_dir_all(Path::new("/d")).unwrap();
-            let mut f = fs.create(Path::new("/d/x")).unwrap();
-            f.write_all(b"0123").unwrap();
-            f.sync().unwrap();
-            fs.sync_dir(Path::new("/d")).unwrap();
-            f.write_all(b"456789").unwrap();
-            fs.crash(CrashMode::Random(seed));
-            let got = fs.file(Path::new("/d/x")).unwrap();
-            assert!(got.starts_with(b"0123") && got.len() <= 10, "{got:?}");
-            for (i, &b) in got.iter().enumerate().skip(4) {
-                assert!(b == b"0123456789"[i] || b == 0);
-            }
-        }
-    }
-
-    #[test]
-    fn reorder_crash_keeps_unsynced_entries_independently() {
-        let mut seen = BTreeSet::new();
-        for seed in 0..64 {
-            let fs = FaultFs::new();
-            fs.create_dir_all(Path::new("/d")).unwrap();
-            write(&fs, "/d/a", b"a", true);
-            write(&fs, "/d/b", b"b", true);
-            fs.crash(CrashMode::Reorder(seed));
-            let a = fs.file(Path::new("/d/a")).is_some();
-            let b = fs.file(Path::new("/d/b")).is_some();
-            seen.insert((a, b));
-        }
-        // Including "b survived but the earlier a did not", which a prefix model never gives.
-        assert_eq!(seen.len(), 4, "{seen:?}");
-    }
-}
+#[cfg(any(test, feature = "test-util"))]
+pub use crate::fault::{CrashMode, FaultFile, FaultFs, FaultMode};

@@ -37,12 +37,25 @@ pub enum StoreError {
         #[source]
         source: FormatError,
     },
-    /// Another process (or another open store in this process) holds the
-    /// directory's lock.
-    #[error("store directory {path:?} is locked by another process")]
-    Locked {
+    /// Another process holds a model store's lock in a way this call
+    /// cannot share (a save waiting for a collection, or the reverse), for
+    /// longer than the lock timeout.
+    #[error("store lock {path:?} is held ({wanted} wanted); live writers: pids {pids:?}")]
+    Busy {
         /// The lock file.
         path: PathBuf,
+        /// The mode the call needed (`"shared"` or `"exclusive"`).
+        wanted: &'static str,
+        /// Pids of the processes with that model store open for writing.
+        pids: Vec<u32>,
+    },
+    /// The store was opened read-only and the call would write.
+    #[error("store {path:?} is open read-only; {op} would write")]
+    ReadOnly {
+        /// The store's directory.
+        path: PathBuf,
+        /// The refused operation.
+        op: &'static str,
     },
     /// The named checkpoint does not exist.
     #[error("checkpoint {name:?} not found")]
@@ -107,12 +120,11 @@ pub enum StoreError {
         detail: String,
     },
     /// A write-behind spill this call waited for failed (the blocks stayed in RAM).
-    #[error("write-behind spill failed: {detail}")]
+    #[error("write-behind spill failed: {source}")]
     Spill {
-        /// The spill's error, as text.
-        detail: String,
-        /// Whether it failed for lack of space.
-        no_space: bool,
+        /// The spill's error.
+        #[source]
+        source: std::sync::Arc<StoreError>,
     },
     /// The background worker stopped (the store is being dropped).
     #[error("the store's background worker has stopped")]
@@ -131,9 +143,13 @@ impl StoreError {
 
     /// Wraps a `ckptfmt` error with the path involved.
     pub fn format(path: impl Into<PathBuf>, source: FormatError) -> Self {
-        StoreError::Format {
-            path: path.into(),
-            source,
+        match source {
+            FormatError::Busy { path, wanted, pids } => StoreError::Busy { path, wanted, pids },
+            FormatError::ReadOnly { path, op } => StoreError::ReadOnly { path, op },
+            source => StoreError::Format {
+                path: path.into(),
+                source,
+            },
         }
     }
 
@@ -151,11 +167,12 @@ impl StoreError {
 
     /// True when the disk is full (ENOSPC) or the quota is exhausted.
     pub fn is_no_space(&self) -> bool {
-        matches!(
-            self,
-            StoreError::QuotaExceeded { .. } | StoreError::Spill { no_space: true, .. }
-        ) || self
-            .io_error()
+        match self {
+            StoreError::QuotaExceeded { .. } => return true,
+            StoreError::Spill { source } => return source.is_no_space(),
+            _ => {}
+        }
+        self.io_error()
             .is_some_and(|e| e.kind() == std::io::ErrorKind::StorageFull)
     }
 }

@@ -1,5 +1,6 @@
 //! `kvstore`: the KV blocks of many sequences between a RAM budget and a disk
-//! quota, with shared prefixes, eviction, prefetch and crash recovery.
+//! quota, with shared prefixes, eviction, prefetch and crash recovery, in a
+//! directory that several processes may share.
 //!
 //! Built on `ckptfmt`'s contract: a block is `tokens_per_block` tokens of KV
 //! named by [`BlockId::chain`] (so equal prefixes share blocks), a checkpoint
@@ -8,34 +9,34 @@
 //!
 //! # API overview
 //!
-//! - [`KvStore::open`] (or [`KvStore::open_with`] over any [`BlockIo`]) with a
-//!   [`Config`]: RAM budget, disk quota, eviction [`PolicyKind`], background
-//!   threads. A second open of the same directory fails with
-//!   [`StoreError::Locked`].
-//! - [`KvStore::model`]`(fingerprint, geometry)` → [`Model`]: `put`,
-//!   `put_sequence`, `put_sequence_pinned` (a live session), `get`,
-//!   `contains`, `is_resident`, `pin`/`unpin`/`pin_all` ([`PinGuard`]),
-//!   `save`, `load`, `load_pinned`, `read_manifest`, `list`, `delete`,
-//!   `longest_prefix` ([`PrefixMatch`]), `prefetch` ([`Prefetch`]).
-//! - Store-wide: `flush`, `gc`, `gc_to` ([`GcReport`]), `metrics`
+//! - [`KvStore::open`] (shared: any number of processes may open a
+//!   directory at once), [`KvStore::open_read_only`] (writes nothing), or
+//!   `open_with` / `open_read_only_with` over any [`BlockIo`], with a
+//!   [`Config`]: RAM budget, disk quota, eviction [`PolicyKind`], threads.
+//! - [`KvStore::model`]`(fingerprint, geometry)` → [`ModelStore`], an owned
+//!   handle (`Send + Sync + 'static`, `Clone`):
+//!   - blocks: `block_id(prev, tokens)`, `put(prev, tokens, kv)`,
+//!     `put_sequence`, `put_sequence_pinned` ([`PinGuard`]), `contains`,
+//!     `get` (verified bytes), `is_resident`, `pin`/`unpin`/`pin_all`;
+//!   - checkpoints: `save(&manifest)`, `read_manifest`, `load`,
+//!     `load_pinned`, `list`, `checkpoints` ([`CheckpointInfo`]: tokens,
+//!     bytes it alone holds, last use), `delete`, `checkpoint_health`
+//!     ([`CheckpointHealth`]: how many leading blocks verify; damaged ones
+//!     are quarantined), `longest_prefix` ([`PrefixMatch`]), `prefetch`
+//!     ([`Prefetch`]).
+//! - Store-wide: `flush`, `gc`, `gc_to(bytes)` ([`GcReport`]), `metrics`
 //!   ([`Metrics`]), `recovery_report` ([`RecoveryReport`]), `close`.
-//! - Eviction: [`EvictionPolicy`] with [`Lru`] and [`S3Fifo`] (the default,
-//!   chosen by measurement: see the kvstore section of `docs/BENCHMARKS.md`).
-//! - I/O: [`BlockIo`] (`ckptfmt`'s `Vfs` plus the directory lock), real
-//!   ([`ckptfmt::StdFs`]) or fault-injecting ([`FaultIo`], [`Fault`]).
-//! - Errors: one enum, [`StoreError`].
-//!
-//! A second open of a directory that is in use fails with
-//! [`StoreError::Locked`]; directories are not shared between processes.
+//! - Migration of a bare `ckptfmt` store directory: [`legacy`].
+//! - Errors: one enum, [`StoreError`] (`Busy` names the pids of the
+//!   processes holding a lock this call needed).
 //!
 //! # Durability
 //!
 //! `put` stores in RAM. A block becomes durable when it is spilled
 //! (write-behind, when evicted), at [`KvStore::flush`], or when a checkpoint
 //! referencing it is saved; `save` returns after the manifest is durable.
-//! After a crash, [`KvStore::open`] rebuilds the index from the files: every
-//! checkpoint's blocks exist (and verify, with [`VerifyLevel::Full`]);
-//! temporary files of unfinished writes are removed.
+//! After a crash, [`KvStore::open`] rebuilds the index from the files and
+//! reports (never deletes) checkpoints whose blocks are missing or damaged.
 //!
 //! # Example
 //!
@@ -68,19 +69,33 @@
 #![forbid(unsafe_code)]
 
 pub mod bytes;
+mod config;
 pub mod error;
+#[cfg(feature = "test-util")]
+pub mod fault;
+mod gc;
+mod handle;
 pub mod io;
+pub mod legacy;
 pub mod metrics;
+mod persist;
 pub mod policy;
+mod recovery;
+mod state;
 pub mod store;
+mod tier;
+mod worker;
 
 pub use bytes::KvBytes;
-pub use ckptfmt::{BlockId, CrashMode, Fingerprint, Geometry, Manifest};
+#[cfg(feature = "test-util")]
+pub use ckptfmt::CrashMode;
+pub use ckptfmt::{BadBlock, BlockId, CheckpointHealth, Fingerprint, Geometry, Manifest};
+pub use config::{Config, DamagedCheckpoint, GcReport, RecoveryReport, VerifyLevel};
 pub use error::{Result, StoreError};
-pub use io::{BlockIo, Fault, FaultIo, LockGuard};
+#[cfg(feature = "test-util")]
+pub use fault::{Fault, FaultIo};
+pub use handle::{Checkpoint, CheckpointInfo, ModelStore, PinGuard, Prefetch, PrefixMatch};
+pub use io::BlockIo;
 pub use metrics::Metrics;
 pub use policy::{EvictionPolicy, Lru, PolicyKind, S3Fifo};
-pub use store::{
-    Checkpoint, Config, GcReport, KvStore, Model, PinGuard, Prefetch, PrefixMatch, RecoveryReport,
-    VerifyLevel,
-};
+pub use store::KvStore;

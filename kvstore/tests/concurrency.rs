@@ -99,7 +99,7 @@ fn threads_share_prefixes_and_sessions() {
         v
     };
     let model = store.model(fp(), geometry()).unwrap();
-    assert_eq!(model.list(), expected);
+    assert_eq!(model.list().unwrap(), expected);
     drop(model);
     drop(Arc::try_unwrap(store).unwrap());
 
@@ -111,9 +111,9 @@ fn threads_share_prefixes_and_sessions() {
         },
     )
     .unwrap();
-    assert!(store.recovery_report().removed_checkpoints.is_empty());
+    assert!(store.recovery_report().damaged_checkpoints.is_empty());
     let model = store.model(fp(), geometry()).unwrap();
-    assert_eq!(model.list(), expected);
+    assert_eq!(model.list().unwrap(), expected);
     for name in &expected {
         let cp = model.load(name).unwrap();
         for (id, kv) in cp.manifest.block_ids.iter().zip(&cp.blocks) {
@@ -157,5 +157,6 @@ fn store_is_send_and_sync() {
     fn check<T: Send + Sync>() {}
     check::<KvStore>();
     check::<KvStore<kvstore::FaultIo>>();
-    check::<kvstore::Model<'static>>();
+    check::<kvstore::ModelStore>();
+    check::<kvstore::PinGuard>();
 }

@@ -298,14 +298,14 @@ fn run_with(ops: Vec<Op>, background: bool) -> Result<u64, TestCaseError> {
             let s = open(&io, background);
             let report = s.recovery_report().clone();
             prop_assert!(
-                report.removed_checkpoints.is_empty(),
+                report.damaged_checkpoints.is_empty(),
                 "{}: {:?}",
                 ctx,
                 report
             );
-            prop_assert_eq!(report.removed_blocks, 0, "{}: {:?}", ctx, report);
+            prop_assert_eq!(report.quarantined_blocks, 0, "{}: {:?}", ctx, report);
             let model = s.model(fp(), geometry()).unwrap();
-            let listed: HashSet<String> = model.list().into_iter().collect();
+            let listed: HashSet<String> = model.list().unwrap().into_iter().collect();
             for name in NAMES {
                 let versions = r.versions(name);
                 if !listed.contains(name) {

@@ -30,7 +30,7 @@ fn cfg(verify: VerifyLevel) -> Config {
 }
 
 #[test]
-fn full_verification_drops_damaged_blocks_and_their_checkpoints() {
+fn full_verification_quarantines_damaged_blocks_and_reports_their_checkpoints() {
     let io = FaultIo::new();
     let (_ids, path) = setup(&io);
     let mut bytes = io.file(&path).unwrap();
@@ -42,12 +42,19 @@ fn full_verification_drops_damaged_blocks_and_their_checkpoints() {
 
     let store = KvStore::open_with(io.clone(), Path::new("/kv"), cfg(VerifyLevel::Full)).unwrap();
     let report = store.recovery_report().clone();
-    assert_eq!(report.removed_blocks, 1, "{report:?}");
-    assert_eq!(report.removed_checkpoints.len(), 1, "{report:?}");
-    assert_eq!(report.removed_checkpoints[0].1, "long");
+    assert_eq!(report.quarantined_blocks, 1, "{report:?}");
+    assert_eq!(report.damaged_checkpoints.len(), 1, "{report:?}");
+    assert_eq!(report.damaged_checkpoints[0].name, "long");
+    assert_eq!(report.damaged_checkpoints[0].good_blocks, 2);
     assert!(io.file(&tmp).is_none(), "temporary file left behind");
+    assert!(io.file(&path).is_none(), "damaged block not moved aside");
     let model = store.model(fp(), geometry()).unwrap();
-    assert_eq!(model.list(), vec!["short".to_string()]);
+    // Nothing is deleted: the damaged checkpoint stays, restorable up to block 2.
+    assert_eq!(
+        model.list().unwrap(),
+        vec!["long".to_string(), "short".to_string()]
+    );
+    assert_eq!(model.checkpoint_health("long").unwrap().good_blocks, 2);
     let cp = model.load("short").unwrap();
     for (id, kv) in cp.manifest.block_ids.iter().zip(&cp.blocks) {
         assert_eq!(&kv[..], &kv_of(id)[..]);
@@ -65,7 +72,7 @@ fn lazy_verification_reports_damage_on_read() {
 
     let store = KvStore::open_with(io.clone(), Path::new("/kv"), cfg(VerifyLevel::Exists)).unwrap();
     let model = store.model(fp(), geometry()).unwrap();
-    assert_eq!(model.list().len(), 2);
+    assert_eq!(model.list().unwrap().len(), 2);
     match model.get(&ids[2]) {
         Err(StoreError::Format { path: p, source }) => {
             assert_eq!(p, path);
@@ -74,10 +81,15 @@ fn lazy_verification_reports_damage_on_read() {
         other => panic!("expected a corruption error, got {other:?}"),
     }
     assert!(model.load("short").is_ok());
+    // Quarantined: never reused.
+    assert!(!model.contains(&ids[2]));
+    assert!(io.file(&path).is_none());
+    let h = model.checkpoint_health("long").unwrap();
+    assert_eq!((h.good_blocks, h.first_bad.unwrap().index), (2, 2));
 }
 
 #[test]
-fn missing_block_drops_its_checkpoints_even_without_full_verification() {
+fn missing_block_is_reported_even_without_full_verification() {
     let io = FaultIo::new();
     let (_ids, path) = setup(&io);
     {
@@ -86,9 +98,13 @@ fn missing_block_drops_its_checkpoints_even_without_full_verification() {
     }
     let store = KvStore::open_with(io.clone(), Path::new("/kv"), cfg(VerifyLevel::Exists)).unwrap();
     let report = store.recovery_report();
-    assert_eq!(report.removed_checkpoints.len(), 1, "{report:?}");
+    assert_eq!(report.damaged_checkpoints.len(), 1, "{report:?}");
+    assert_eq!(report.damaged_checkpoints[0].name, "long");
     let model = store.model(fp(), geometry()).unwrap();
-    assert_eq!(model.list(), vec!["short".to_string()]);
+    assert_eq!(
+        model.list().unwrap(),
+        vec!["long".to_string(), "short".to_string()]
+    );
 }
 
 #[test]

@@ -171,7 +171,7 @@ fn block_json(v: &BlockView<'_>) -> Value {
 
 fn describe(path: &Path) -> Result<Value, FormatError> {
     if path.is_dir() {
-        let store = Store::open_existing(path)?;
+        let store = Store::open_read_only(path)?;
         let names = store.list_manifests()?;
         let mut cps = Vec::new();
         for n in &names {
@@ -242,7 +242,7 @@ fn print_plain(v: &Value, indent: usize) {
 
 fn verify(path: &Path) -> Result<String, FormatError> {
     if path.is_dir() {
-        let store = Store::open_existing(path)?;
+        let store = Store::open_read_only(path)?;
         let names = store.list_manifests()?;
         for n in &names {
             store.verify_checkpoint(n)?;
@@ -278,7 +278,7 @@ fn verify(path: &Path) -> Result<String, FormatError> {
             .and_then(|n| n.to_str())
             .and_then(|n| n.strip_suffix(ckptfmt::store::MANIFEST_SUFFIX));
         if let (Some(root), Some(name)) = (store_root, name) {
-            Store::open_existing(root)?.verify_checkpoint(name)?;
+            Store::open_read_only(root)?.verify_checkpoint(name)?;
             return Ok(format!(
                 "checkpoint {name:?}: {} tokens, {} blocks, all blocks verified",
                 m.tokens.len(),

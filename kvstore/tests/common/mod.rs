@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use ckptfmt::{ElemType, Fingerprint, Geometry, Manifest, Metadata};
-use kvstore::{BlockId, Config, Model};
+use kvstore::{BlockId, Config, ModelStore};
 
 /// Tokens per block of the test geometry.
 pub const TPB: u32 = 4;
@@ -41,7 +41,7 @@ pub fn inline_config(ram_blocks: u64) -> Config {
 
 /// Puts every full block of `tokens` with contents from [`kv_of`].
 pub fn put_tokens<V: kvstore::BlockIo>(
-    model: &Model<'_, V>,
+    model: &ModelStore<V>,
     tokens: &[u32],
 ) -> kvstore::Result<Vec<BlockId>> {
     let ids = BlockId::chain_all(&fp(), tokens, TPB);

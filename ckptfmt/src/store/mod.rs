@@ -4,16 +4,29 @@
 //! ROOT/store.ckpt              store descriptor: a manifest with no tokens (fingerprint, geometry)
 //! ROOT/blocks/<id-hex>.blk     one block record per file, named by its id
 //! ROOT/manifests/<name>.ckpt   one manifest per checkpoint
-//! *.tmp                        files being written; removed by recovery
+//! ROOT/quarantine/             block files that failed verification, moved aside
+//! ROOT/LOCK, ROOT/owners/      sharing between processes (see `sharing.rs`)
+//! *.<owner>-<n>.tmp            files being written; removed once their owner is gone
 //! ```
 //!
 //! Every file is written to a temporary name, synced, renamed into place and
 //! the directory synced (FORMAT.md, "Commit protocol"). A save writes the
 //! blocks the store lacks, then the manifest; the manifest's rename is the
-//! commit point. A store has one writer at a time.
+//! commit point. Several processes may open a store for writing at once;
+//! [`Store::open_read_only`] writes nothing at all.
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
+
+mod cleanup;
+mod commit;
+mod health;
+
+pub use health::{BadBlock, CheckpointHealth};
+
+use std::time::Duration;
+
+use commit::Staged;
 
 use crate::block::{encode_block, BlockView, EncodedBlock, Encoding};
 use crate::error::{FormatError, Result};
@@ -22,7 +35,8 @@ use crate::geometry::Geometry;
 use crate::ids::{BlockId, Fingerprint};
 use crate::manifest::{Manifest, Metadata};
 use crate::mmap::Mapped;
-use crate::vfs::{StdFs, Vfs, VfsFile};
+use crate::sharing::{self, Owner, DEFAULT_LOCK_TIMEOUT};
+use crate::vfs::{create_dir_durable, FileLock, LockMode, StdFs, Vfs};
 
 /// File name of the store descriptor.
 pub const DESCRIPTOR_FILE: &str = "store.ckpt";
@@ -34,10 +48,10 @@ pub const MANIFESTS_DIR: &str = "manifests";
 pub const BLOCK_SUFFIX: &str = ".blk";
 /// Suffix of manifest files.
 pub const MANIFEST_SUFFIX: &str = ".ckpt";
+/// Directory of quarantined block files.
+pub const QUARANTINE_DIR: &str = "quarantine";
 /// Suffix of files being written.
 pub const TMP_SUFFIX: &str = ".tmp";
-/// Counter that makes temporary file names unique within the process.
-static TMP_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Longest checkpoint name.
 pub const MAX_NAME_LEN: usize = 200;
@@ -51,6 +65,9 @@ pub struct Store<V: Vfs = StdFs> {
     manifests_dir: PathBuf,
     fingerprint: Fingerprint,
     geometry: Geometry,
+    /// The registration of a store open for writing; `None` when read-only.
+    owner: Option<Owner>,
+    lock_timeout: Duration,
 }
 
 /// One block to write: its predecessor, its tokens and its raw KV bytes.
@@ -73,15 +90,6 @@ pub struct SaveReport {
     pub blocks_reused: usize,
     /// Bytes written to files (blocks and manifest).
     pub bytes_written: u64,
-}
-
-/// A file written to its temporary name, not yet synced or renamed.
-#[derive(Debug)]
-struct Staged<F> {
-    tmp: PathBuf,
-    dst: PathBuf,
-    file: F,
-    len: u64,
 }
 
 /// A block read into memory and verified.
@@ -150,8 +158,9 @@ pub fn check_name(name: &str) -> Result<()> {
 }
 
 impl Store<StdFs> {
-    /// Opens the store at `root`, creating it when absent. An existing store
-    /// of another fingerprint or geometry is refused with a typed error.
+    /// Opens the store at `root` for writing, creating it when absent. An
+    /// existing store of another fingerprint or geometry is refused with a
+    /// typed error. Other processes may have the store open at the same time.
     pub fn open(
         root: impl AsRef<Path>,
         fingerprint: Fingerprint,
@@ -160,9 +169,17 @@ impl Store<StdFs> {
         Self::open_with(StdFs, root, fingerprint, geometry)
     }
 
-    /// Opens an existing store, taking fingerprint and geometry from its descriptor.
+    /// Opens an existing store for writing, taking fingerprint and geometry
+    /// from its descriptor.
     pub fn open_existing(root: impl AsRef<Path>) -> Result<Self> {
         Self::open_existing_with(StdFs, root)
+    }
+
+    /// Opens an existing store read-only: creates, removes, locks and
+    /// recovers nothing (works on a read-only copy). Every call that would
+    /// write fails with [`FormatError::ReadOnly`].
+    pub fn open_read_only(root: impl AsRef<Path>) -> Result<Self> {
+        Self::open_read_only_with(StdFs, root)
     }
 }
 
@@ -174,7 +191,16 @@ impl<V: Vfs> Store<V> {
         fingerprint: Fingerprint,
         geometry: Geometry,
     ) -> Result<Self> {
-        let store = Self::new(vfs, root.as_ref(), fingerprint, geometry);
+        let mut store = Self::new(vfs, root.as_ref(), fingerprint, geometry);
+        // Make the new directories' entries durable before anything is
+        // written into them.
+        for d in [&store.root, &store.blocks_dir, &store.manifests_dir] {
+            create_dir_durable(&store.vfs, d).map_err(|e| FormatError::io("mkdir", d, e))?;
+        }
+        {
+            let _shared = store.lock(LockMode::Shared)?;
+            store.owner = Some(sharing::register(&store.vfs, &store.root)?);
+        }
         let desc = store.root.join(DESCRIPTOR_FILE);
         if store
             .vfs
@@ -188,20 +214,6 @@ impl<V: Vfs> Store<V> {
             let m = Manifest::decode(&bytes)?;
             m.check_owner(&store.fingerprint, &store.geometry)?;
         } else {
-            for d in [&store.root, &store.blocks_dir, &store.manifests_dir] {
-                store
-                    .vfs
-                    .create_dir_all(d)
-                    .map_err(|e| FormatError::io("mkdir", d, e))?;
-            }
-            // Make the new directories' entries durable before anything is
-            // written into them.
-            if let Some(parent) = store.root.parent().filter(|p| !p.as_os_str().is_empty()) {
-                store
-                    .vfs
-                    .sync_dir(parent)
-                    .map_err(|e| FormatError::io("fsync", parent, e))?;
-            }
             let m = Manifest::new(
                 store.fingerprint,
                 store.geometry.clone(),
@@ -222,12 +234,26 @@ impl<V: Vfs> Store<V> {
 
     /// [`Store::open_existing`] over any [`Vfs`].
     pub fn open_existing_with(vfs: V, root: impl AsRef<Path>) -> Result<Self> {
-        let desc = root.as_ref().join(DESCRIPTOR_FILE);
-        let bytes = vfs
-            .read(&desc)
-            .map_err(|e| FormatError::io("read", &desc, e))?;
-        let m = Manifest::decode(&bytes)?;
+        let m = Self::read_descriptor(&vfs, root.as_ref())?;
         Self::open_with(vfs, root, m.fingerprint, m.geometry)
+    }
+
+    /// [`Store::open_read_only`] over any [`Vfs`].
+    pub fn open_read_only_with(vfs: V, root: impl AsRef<Path>) -> Result<Self> {
+        let m = Self::read_descriptor(&vfs, root.as_ref())?;
+        Ok(Self::new(vfs, root.as_ref(), m.fingerprint, m.geometry))
+    }
+
+    fn read_descriptor(vfs: &V, root: &Path) -> Result<Manifest> {
+        let desc = root.join(DESCRIPTOR_FILE);
+        let bytes = vfs.read(&desc).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => FormatError::NotFound {
+                what: "store descriptor",
+                name: desc.display().to_string(),
+            },
+            _ => FormatError::io("read", &desc, e),
+        })?;
+        Manifest::decode(&bytes)
     }
 
     fn new(vfs: V, root: &Path, fingerprint: Fingerprint, geometry: Geometry) -> Self {
@@ -238,29 +264,64 @@ impl<V: Vfs> Store<V> {
             manifests_dir: root.join(MANIFESTS_DIR),
             fingerprint,
             geometry,
+            owner: None,
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
         }
     }
 
-    /// Removes leftover temporary files (from a save that did not commit).
-    /// Returns how many were removed. Called by `open`.
-    pub fn recover(&self) -> Result<usize> {
-        let mut n = 0;
-        for dir in [&self.root, &self.blocks_dir, &self.manifests_dir] {
-            for name in self
-                .vfs
-                .list(dir)
-                .map_err(|e| FormatError::io("list", dir, e))?
-            {
-                if name.ends_with(TMP_SUFFIX) {
-                    let p = dir.join(&name);
-                    self.vfs
-                        .remove(&p)
-                        .map_err(|e| FormatError::io("remove", &p, e))?;
-                    n += 1;
-                }
-            }
-        }
-        Ok(n)
+    /// Whether the store was opened read-only.
+    pub fn is_read_only(&self) -> bool {
+        self.owner.is_none()
+    }
+
+    /// How long a call waits for the store lock before failing with
+    /// [`FormatError::Busy`] (default [`DEFAULT_LOCK_TIMEOUT`]).
+    pub fn set_lock_timeout(&mut self, timeout: Duration) {
+        self.lock_timeout = timeout;
+    }
+
+    /// The registration of a writable store; `op` names the refused call.
+    fn owner(&self, op: &'static str) -> Result<&Owner> {
+        self.owner.as_ref().ok_or_else(|| FormatError::ReadOnly {
+            path: self.root.clone(),
+            op,
+        })
+    }
+
+    fn lock(&self, mode: LockMode) -> Result<FileLock> {
+        sharing::acquire(&self.vfs, &self.root, mode, self.lock_timeout, true)?
+            .ok_or_else(|| FormatError::invalid("store lock", format!("{:?} missing", self.root)))
+    }
+
+    /// Takes the store lock shared, for a save's span from its presence
+    /// checks to its manifest's commit: no collection deletes blocks
+    /// meanwhile. Waits for a running collection (up to the lock timeout).
+    pub fn lock_shared(&self) -> Result<FileLock> {
+        self.owner("lock")?;
+        self.lock(LockMode::Shared)
+    }
+
+    /// Takes the store lock exclusive (no save in progress in any process),
+    /// waiting up to the lock timeout; [`FormatError::Busy`] names the live
+    /// writers' pids when it cannot.
+    pub fn lock_exclusive(&self) -> Result<FileLock> {
+        self.owner("lock")?;
+        self.lock(LockMode::Exclusive)
+    }
+
+    /// A reader's shared lock when the store has a lock file it can open;
+    /// `None` on a store no writer opened or that cannot be locked (a
+    /// read-only copy): readers never create anything.
+    pub(crate) fn read_lock(&self) -> Option<FileLock> {
+        sharing::acquire(
+            &self.vfs,
+            &self.root,
+            LockMode::Shared,
+            self.lock_timeout,
+            false,
+        )
+        .ok()
+        .flatten()
     }
 
     /// The model fingerprint of this store.
@@ -293,137 +354,6 @@ impl<V: Vfs> Store<V> {
     pub fn manifest_path(&self, name: &str) -> Result<PathBuf> {
         check_name(name)?;
         Ok(self.manifests_dir.join(format!("{name}{MANIFEST_SUFFIX}")))
-    }
-
-    /// Writes `parts` to `dir/name` durably: temporary file, write, sync,
-    /// rename, sync of the directory. Any failure fails the call; nothing is retried.
-    fn write_file_durable(&self, dir: &Path, name: &str, parts: &[&[u8]]) -> Result<u64> {
-        let (tmp, n) = self.write_tmp_synced(dir, name, parts)?;
-        let dst = dir.join(name);
-        self.vfs
-            .rename(&tmp, &dst)
-            .map_err(|e| FormatError::io("rename", &dst, e))?;
-        self.vfs
-            .sync_dir(dir)
-            .map_err(|e| FormatError::io("fsync", dir, e))?;
-        Ok(n)
-    }
-
-    fn write_tmp_synced(&self, dir: &Path, name: &str, parts: &[&[u8]]) -> Result<(PathBuf, u64)> {
-        let mut staged = self.stage(dir, name, parts)?;
-        staged
-            .file
-            .sync()
-            .map_err(|e| FormatError::io("fsync", &staged.tmp, e))?;
-        Ok((staged.tmp, staged.len))
-    }
-
-    /// Creates a unique `dir/name.<pid>-<n>.tmp` and writes `parts` to it, without syncing.
-    fn stage(&self, dir: &Path, name: &str, parts: &[&[u8]]) -> Result<Staged<V::File>> {
-        // A unique temporary name, so concurrent saves in one process never
-        // write the same temporary file.
-        let seq = TMP_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tmp = dir.join(format!("{name}.{}-{seq}{TMP_SUFFIX}", std::process::id()));
-        let mut file = self
-            .vfs
-            .create(&tmp)
-            .map_err(|e| FormatError::io("create", &tmp, e))?;
-        let mut len = 0u64;
-        for p in parts {
-            if let Err(e) = file.write_all(p) {
-                drop(file);
-                self.discard([tmp.as_path()]);
-                return Err(FormatError::io("write", &tmp, e));
-            }
-            len += p.len() as u64;
-        }
-        Ok(Staged {
-            tmp,
-            dst: dir.join(name),
-            file,
-            len,
-        })
-    }
-
-    /// The commit protocol for staged files: sync every file (in parallel
-    /// where the [`Vfs`] allows), rename the blocks into place and sync the
-    /// block directory, then rename the manifest (the commit point) and sync
-    /// its directory.
-    /// On failure, removes the temporary files (best effort).
-    fn commit(
-        &self,
-        blocks: Vec<Staged<V::File>>,
-        manifest: Option<Staged<V::File>>,
-    ) -> Result<()> {
-        let tmps: Vec<PathBuf> = blocks
-            .iter()
-            .chain(&manifest)
-            .map(|s| s.tmp.clone())
-            .collect();
-        let res = self.commit_inner(blocks, manifest);
-        if res.is_err() {
-            self.discard(tmps.iter().map(PathBuf::as_path));
-        }
-        res
-    }
-
-    /// Removes temporary files of a save that failed. Errors are ignored:
-    /// recovery removes any leftover on the next open, and a removal never
-    /// touches a committed name.
-    fn discard<'p>(&self, tmps: impl IntoIterator<Item = &'p Path>) {
-        for t in tmps {
-            let _ = self.vfs.remove(t);
-        }
-    }
-
-    fn commit_inner(
-        &self,
-        blocks: Vec<Staged<V::File>>,
-        manifest: Option<Staged<V::File>>,
-    ) -> Result<()> {
-        let mut paths = Vec::with_capacity(blocks.len() + 1);
-        let mut files = Vec::with_capacity(blocks.len() + 1);
-        for st in blocks.into_iter().chain(manifest) {
-            paths.push((st.tmp, st.dst));
-            files.push(st.file);
-        }
-        if files.is_empty() {
-            return Ok(());
-        }
-        self.vfs.sync_files(&mut files).map_err(|e| {
-            FormatError::io(
-                "fsync",
-                paths.first().map(|p| p.0.clone()).unwrap_or_default(),
-                e,
-            )
-        })?;
-        drop(files);
-        let mut block_renames = false;
-        for (tmp, dst) in &paths {
-            if dst.parent() == Some(self.blocks_dir.as_path()) {
-                self.vfs
-                    .rename(tmp, dst)
-                    .map_err(|e| FormatError::io("rename", dst, e))?;
-                block_renames = true;
-            }
-        }
-        if block_renames {
-            self.vfs
-                .sync_dir(&self.blocks_dir)
-                .map_err(|e| FormatError::io("fsync", &self.blocks_dir, e))?;
-        }
-        for (tmp, dst) in &paths {
-            if dst.parent() != Some(self.blocks_dir.as_path()) {
-                self.vfs
-                    .rename(tmp, dst)
-                    .map_err(|e| FormatError::io("rename", dst, e))?;
-                let dir = dst.parent().unwrap_or(Path::new("."));
-                self.vfs
-                    .sync_dir(dir)
-                    .map_err(|e| FormatError::io("fsync", dir, e))?;
-            }
-        }
-        Ok(())
     }
 
     /// Whether the store holds block `id` (a committed file; not verified).
@@ -565,6 +495,7 @@ impl<V: Vfs> Store<V> {
 
     /// Deletes block `id` durably. Checkpoints that reference it no longer verify.
     pub fn delete_block(&self, id: &BlockId) -> Result<()> {
+        self.owner("delete_block")?;
         let p = self.block_path(id);
         self.vfs
             .remove(&p)
@@ -588,7 +519,9 @@ impl<V: Vfs> Store<V> {
     }
 
     /// Writes a manifest atomically under `manifest.meta.name`, replacing
-    /// any checkpoint of that name. Does not check that its blocks exist.
+    /// any checkpoint of that name. Does not check that its blocks exist: a
+    /// caller that checked should hold [`Store::lock_shared`] from its check
+    /// until this returns.
     pub fn write_manifest(&self, manifest: &Manifest) -> Result<u64> {
         check_name(&manifest.meta.name)?;
         manifest.check_owner(&self.fingerprint, &self.geometry)?;
@@ -606,7 +539,9 @@ impl<V: Vfs> Store<V> {
         self.stage(&self.manifests_dir, &name, &[&bytes])
     }
 
-    /// Reads and verifies the manifest of checkpoint `name`.
+    /// Reads and verifies the manifest of checkpoint `name`, including that
+    /// the name inside is `name` (a manifest copied over another's file is
+    /// refused with [`FormatError::NameMismatch`]).
     pub fn read_manifest(&self, name: &str) -> Result<Manifest> {
         let p = self.manifest_path(name)?;
         let bytes = self.vfs.read(&p).map_err(|e| match e.kind() {
@@ -618,11 +553,19 @@ impl<V: Vfs> Store<V> {
         })?;
         let m = Manifest::decode(&bytes)?;
         m.check_owner(&self.fingerprint, &self.geometry)?;
+        if m.meta.name != name {
+            return Err(FormatError::NameMismatch {
+                path: p,
+                expected: name.to_string(),
+                found: m.meta.name,
+            });
+        }
         Ok(m)
     }
 
     /// Deletes checkpoint `name` durably (its blocks stay; see [`Store::gc`]).
     pub fn delete_manifest(&self, name: &str) -> Result<()> {
+        self.owner("delete_manifest")?;
         let p = self.manifest_path(name)?;
         self.vfs
             .remove(&p)
@@ -661,6 +604,8 @@ impl<V: Vfs> Store<V> {
         check_name(&manifest.meta.name)?;
         manifest.check_owner(&self.fingerprint, &self.geometry)?;
         manifest.validate()?;
+        // No collection between the presence checks and the commit.
+        let _shared = self.lock_shared()?;
         let mut kvs: Vec<(usize, Cow<'k, [u8]>)> = Vec::new();
         let mut reused = 0;
         for (i, id) in manifest.block_ids.iter().enumerate() {
@@ -702,6 +647,7 @@ impl<V: Vfs> Store<V> {
     /// (present, intact, same owner) without keeping them: run before
     /// restoring so that a restore never stops half-way on bad data.
     pub fn verify_checkpoint(&self, name: &str) -> Result<Manifest> {
+        let _shared = self.read_lock();
         let m = self.read_manifest(name)?;
         for id in &m.block_ids {
             self.read_block(id)?;
@@ -720,9 +666,13 @@ impl<V: Vfs> Store<V> {
         Ok(out)
     }
 
-    /// Deletes blocks referenced by no checkpoint. Returns how many. Must not
-    /// run while a save is in progress (FORMAT.md §9.2).
+    /// Deletes blocks referenced by no checkpoint, and temporary files of
+    /// dead writers. Returns how many blocks. Holds the exclusive store lock,
+    /// so no save in any process is between its presence checks and its
+    /// commit (FORMAT.md §9.2); a damaged manifest stops the collection.
     pub fn gc(&self) -> Result<usize> {
+        let _excl = self.lock_exclusive()?;
+        self.remove_dead_tmps()?;
         let mut live = std::collections::HashSet::new();
         for name in self.list_manifests()? {
             live.extend(self.read_manifest(&name)?.block_ids);
@@ -762,6 +712,7 @@ impl<V: Vfs> Store<V> {
     pub fn import(&self, export: &crate::export::ExportView<'_>) -> Result<SaveReport> {
         let m = export.manifest();
         m.check_owner(&self.fingerprint, &self.geometry)?;
+        let _shared = self.lock_shared()?;
         let mut report = SaveReport::default();
         let mut staged: Vec<Staged<V::File>> = Vec::new();
         let res = (|| {

@@ -1,0 +1,121 @@
+//! Damage: how much of a checkpoint verifies, and quarantine of block files
+//! that do not.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{Store, BLOCK_SUFFIX, QUARANTINE_DIR};
+use crate::error::{FormatError, Result};
+use crate::ids::BlockId;
+use crate::manifest::Manifest;
+use crate::vfs::{create_dir_durable, Vfs};
+
+static QUARANTINE_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// The first block of a checkpoint that does not verify.
+#[derive(Debug)]
+pub struct BadBlock {
+    /// Its index in the checkpoint.
+    pub index: usize,
+    /// Its id.
+    pub id: BlockId,
+    /// Its file.
+    pub path: PathBuf,
+    /// Why it does not verify (missing, damaged, foreign).
+    pub error: FormatError,
+}
+
+/// How much of a checkpoint verifies.
+#[derive(Debug)]
+pub struct CheckpointHealth {
+    /// The checkpoint's manifest (it verified).
+    pub manifest: Manifest,
+    /// Leading blocks that verify: the checkpoint is restorable up to
+    /// `good_blocks * tokens_per_block` tokens.
+    pub good_blocks: usize,
+    /// The first block that does not, `None` when the whole checkpoint verifies.
+    pub first_bad: Option<BadBlock>,
+}
+
+impl CheckpointHealth {
+    /// Whether every block verifies.
+    pub fn is_intact(&self) -> bool {
+        self.first_bad.is_none()
+    }
+}
+
+impl<V: Vfs> Store<V> {
+    /// Reads checkpoint `name`'s manifest and verifies its blocks in order,
+    /// stopping at the first that is missing or damaged. Errors only when the
+    /// manifest itself cannot be read or verified, or on an I/O failure.
+    pub fn checkpoint_health(&self, name: &str) -> Result<CheckpointHealth> {
+        let _shared = self.read_lock();
+        let manifest = self.read_manifest(name)?;
+        let mut first_bad = None;
+        let mut good_blocks = manifest.block_ids.len();
+        for (index, id) in manifest.block_ids.iter().enumerate() {
+            match self.read_block(id) {
+                Ok(_) => {}
+                Err(e) if e.is_corruption() || matches!(e, FormatError::NotFound { .. }) => {
+                    good_blocks = index;
+                    first_bad = Some(BadBlock {
+                        index,
+                        id: *id,
+                        path: self.block_path(id),
+                        error: e,
+                    });
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(CheckpointHealth {
+            manifest,
+            good_blocks,
+            first_bad,
+        })
+    }
+
+    /// Moves block `id`'s file into the quarantine directory when it does not
+    /// verify, so that no later save reuses it (the next save of that block
+    /// writes it again). Returns the quarantined file's new path, or `None`
+    /// when the file is absent or verifies (someone wrote it again). Takes
+    /// the exclusive store lock, so no save is relying on the file.
+    pub fn quarantine_block(&self, id: &BlockId) -> Result<Option<PathBuf>> {
+        let owner = self.owner("quarantine_block")?;
+        let _excl = self.lock_exclusive()?;
+        let p = self.block_path(id);
+        match self.read_block(id) {
+            Ok(_) | Err(FormatError::NotFound { .. }) => return Ok(None),
+            Err(e) if e.is_corruption() => {}
+            Err(e) => return Err(e),
+        }
+        let dir = self.root.join(QUARANTINE_DIR);
+        create_dir_durable(&self.vfs, &dir).map_err(|e| FormatError::io("mkdir", &dir, e))?;
+        let seq = QUARANTINE_SEQ.fetch_add(1, Ordering::Relaxed);
+        let dst = dir.join(format!(
+            "{}.{}-{seq}{BLOCK_SUFFIX}",
+            id.to_hex(),
+            owner.token
+        ));
+        self.vfs
+            .rename(&p, &dst)
+            .map_err(|e| FormatError::io("rename", &p, e))?;
+        for d in [&dir, &self.blocks_dir] {
+            self.vfs
+                .sync_dir(d)
+                .map_err(|e| FormatError::io("fsync", d, e))?;
+        }
+        Ok(Some(dst))
+    }
+
+    /// Files in the quarantine directory.
+    pub fn quarantined(&self) -> Result<Vec<PathBuf>> {
+        let dir = self.root.join(QUARANTINE_DIR);
+        match self.vfs.list(&dir) {
+            Ok(names) => Ok(names.into_iter().map(|n| dir.join(n)).collect()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(FormatError::io("list", &dir, e)),
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! Settings of a store and what opening it found.
+
+use ckptfmt::Encoding;
+
+use crate::policy::PolicyKind;
+
+/// How much checking [`crate::KvStore::open`] does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VerifyLevel {
+    /// Every checkpoint's blocks must exist (one directory listing); block
+    /// contents are verified when read.
+    #[default]
+    Exists,
+    /// Every block file is read and verified (CRC, id, owner); damaged files
+    /// are quarantined before checkpoints are checked.
+    Full,
+}
+
+/// Settings of a store.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Bytes of KV the RAM tier may hold (pinned blocks included).
+    pub ram_budget: u64,
+    /// Bytes of block files the disk tier may hold.
+    pub disk_quota: u64,
+    /// Eviction policy of the RAM tier.
+    pub policy: PolicyKind,
+    /// Spill and prefetch on background threads. When false, spills run in
+    /// the calling thread and prefetches run inline (deterministic; tests).
+    pub background: bool,
+    /// Most bytes waiting to be spilled before a put waits for the spiller.
+    pub max_spill_backlog: u64,
+    /// Bytes written per spill batch (one directory sync per batch).
+    pub spill_batch_bytes: u64,
+    /// Concurrent file reads of one prefetch (a disk serves several reads
+    /// at once faster than one after the other).
+    pub prefetch_readers: usize,
+    /// How block payloads are stored on disk.
+    pub encoding: Encoding,
+    /// Checks run by [`crate::KvStore::open`].
+    pub verify: VerifyLevel,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            ram_budget: 1 << 30,
+            disk_quota: 16 << 30,
+            policy: PolicyKind::default(),
+            background: true,
+            max_spill_backlog: 256 << 20,
+            spill_batch_bytes: 32 << 20,
+            prefetch_readers: 4,
+            encoding: Encoding::Raw,
+            verify: VerifyLevel::default(),
+        }
+    }
+}
+
+/// A checkpoint that cannot be restored whole, found when the store opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DamagedCheckpoint {
+    /// Fingerprint of its model (hex).
+    pub fingerprint: String,
+    /// Its name.
+    pub name: String,
+    /// Leading blocks present (restorable up to there); 0 when the manifest
+    /// itself is damaged.
+    pub good_blocks: usize,
+    /// What is wrong.
+    pub reason: String,
+}
+
+/// What [`crate::KvStore::open`] found. Nothing is deleted: damaged
+/// checkpoints stay on disk (reported here) until deleted on purpose.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Models found.
+    pub models: usize,
+    /// Block files found (after quarantining damaged ones).
+    pub blocks: usize,
+    /// Checkpoints whose blocks are all present.
+    pub checkpoints: usize,
+    /// Block files moved to quarantine because they did not verify (only
+    /// with [`VerifyLevel::Full`]).
+    pub quarantined_blocks: usize,
+    /// Checkpoints with a missing or damaged block, or a damaged manifest.
+    pub damaged_checkpoints: Vec<DamagedCheckpoint>,
+}
+
+/// What a garbage collection reclaimed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GcReport {
+    /// Block files deleted.
+    pub blocks: u64,
+    /// Bytes of those files.
+    pub bytes: u64,
+    /// Models not collected because one of their manifests is damaged (its
+    /// blocks are unknown, so none of the model's blocks can be proven unneeded).
+    pub skipped_models: u64,
+}

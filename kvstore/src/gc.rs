@@ -1,0 +1,203 @@
+//! Garbage collection: deleting block files no checkpoint of any process
+//! references and this process has not pinned, least recently used first.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use ckptfmt::{BlockId, FormatError};
+
+use crate::config::GcReport;
+use crate::error::{Result, StoreError};
+use crate::io::BlockIo;
+use crate::store::{lock_mutex, ModelInfo, Shared};
+
+/// A block file chosen for deletion.
+struct Victim {
+    id: BlockId,
+    model: usize,
+    record_len: u64,
+    /// Whether this process's index knows it (and marked it in flight).
+    claimed: bool,
+}
+
+impl<V: BlockIo> Shared<V> {
+    /// The blocks every checkpoint of a model references (read from disk);
+    /// `None` when a manifest cannot be read (its blocks are unknown).
+    fn live_blocks(&self, info: &ModelInfo<V>) -> Result<Option<HashSet<BlockId>>> {
+        let store = &info.store;
+        // A manifest removal (a delete whose directory sync failed, or one in
+        // flight in another process) must be durable before its blocks go:
+        // otherwise a crash brings back a checkpoint without its blocks.
+        let manifests_dir = store.root().join(ckptfmt::store::MANIFESTS_DIR);
+        self.io
+            .sync_dir(&manifests_dir)
+            .map_err(|e| StoreError::io("fsync", &manifests_dir, e))?;
+        let mut live = HashSet::new();
+        let names = store
+            .list_manifests()
+            .map_err(|e| StoreError::format(store.root(), e))?;
+        for name in names {
+            match store.read_manifest(&name) {
+                Ok(m) => live.extend(m.block_ids),
+                // Deleted meanwhile: nothing to keep.
+                Err(FormatError::NotFound { .. }) => {}
+                Err(e) if e.is_corruption() => return Ok(None),
+                Err(e) => return Err(StoreError::format(store.root(), e)),
+            }
+        }
+        Ok(Some(live))
+    }
+
+    pub(crate) fn gc_to(&self, target: u64) -> Result<GcReport> {
+        self.writable("gc")?;
+        let mut models: Vec<(usize, Arc<ModelInfo<V>>)> =
+            self.models_read().iter().cloned().enumerate().collect();
+        // One lock order for every process: by fingerprint.
+        models.sort_by_key(|(_, m)| m.fp.to_hex());
+        let mut report = GcReport::default();
+        let mut locks = Vec::with_capacity(models.len());
+        for (_, m) in &models {
+            locks.push(
+                m.store
+                    .lock_exclusive()
+                    .map_err(|e| StoreError::format(m.store.root(), e))?,
+            );
+        }
+        let mut used = 0u64;
+        let mut cands: Vec<(u64, Victim)> = Vec::new();
+        {
+            let mut per_model = Vec::new();
+            for (idx, m) in &models {
+                let files = m
+                    .store
+                    .list_blocks()
+                    .map_err(|e| StoreError::format(&m.blocks_dir, e))?;
+                used += files.len() as u64 * m.record_len;
+                match self.live_blocks(m)? {
+                    Some(live) => per_model.push((*idx, m, files, live)),
+                    None => report.skipped_models += 1,
+                }
+            }
+            let st = lock_mutex(&self.state);
+            for (idx, m, files, live) in per_model {
+                for id in files {
+                    if live.contains(&id) {
+                        continue;
+                    }
+                    let last = match st.entries.get(&id) {
+                        Some(e) if e.in_flight || e.pins > 0 => continue,
+                        Some(e) => e.last_access,
+                        None => 0,
+                    };
+                    cands.push((
+                        last,
+                        Victim {
+                            id,
+                            model: idx,
+                            record_len: m.record_len,
+                            claimed: false,
+                        },
+                    ));
+                }
+            }
+        }
+        cands.sort_unstable_by_key(|(last, v)| (*last, v.id.to_hex()));
+        let victims: Vec<Victim> = {
+            let mut st = lock_mutex(&self.state);
+            let mut out = Vec::new();
+            for (_, mut v) in cands {
+                if used <= target {
+                    break;
+                }
+                if let Some(e) = st.entries.get_mut(&v.id) {
+                    if e.in_flight || e.pins > 0 {
+                        continue;
+                    }
+                    e.in_flight = true;
+                    v.claimed = true;
+                }
+                used = used.saturating_sub(v.record_len);
+                out.push(v);
+            }
+            out
+        };
+        if victims.is_empty() {
+            return Ok(report);
+        }
+        let mut removed = HashSet::new();
+        let mut first_err = None;
+        let mut dirs: HashSet<usize> = HashSet::new();
+        for v in &victims {
+            let info = self.model_info(v.model);
+            let p = info.store.block_path(&v.id);
+            match self.io.remove(&p) {
+                Ok(()) => {
+                    removed.insert(v.id);
+                    dirs.insert(v.model);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    first_err.get_or_insert(StoreError::io("remove", &p, e));
+                }
+            }
+        }
+        for model in dirs {
+            let info = self.model_info(model);
+            if let Err(e) = self.io.sync_dir(&info.blocks_dir) {
+                // The removals may come back after a crash: harmless, the
+                // blocks are complete and unreferenced.
+                first_err.get_or_insert(StoreError::io("fsync", &info.blocks_dir, e));
+            }
+        }
+        drop(locks);
+        let mut st = lock_mutex(&self.state);
+        for v in &victims {
+            if removed.contains(&v.id) {
+                report.blocks += 1;
+                report.bytes += v.record_len;
+            }
+            if !v.claimed {
+                continue;
+            }
+            let Some(e) = st.entries.get_mut(&v.id) else {
+                continue;
+            };
+            e.in_flight = false;
+            let (len, pins, had_ram) = (e.len, e.pins, e.ram.is_some());
+            let evict = std::mem::take(&mut e.evict_after_write);
+            if !removed.contains(&v.id) {
+                // Still on disk: a pending eviction of its RAM copy can complete.
+                if evict {
+                    st.evicting_bytes -= len;
+                    if pins == 0 {
+                        st.m.evictions += 1;
+                        st.drop_ram(&v.id);
+                    }
+                }
+                continue;
+            }
+            let was_on_disk = std::mem::replace(&mut e.on_disk, false);
+            if was_on_disk {
+                st.disk_bytes = st.disk_bytes.saturating_sub(v.record_len);
+            }
+            if !had_ram {
+                st.entries.remove(&v.id);
+            } else if evict {
+                // It was picked for eviction while its file was going away:
+                // it is dirty again and stays in RAM.
+                st.evicting_bytes -= len;
+                if pins == 0 {
+                    st.policy.insert(v.id, len);
+                }
+            }
+        }
+        st.m.gc_blocks += report.blocks;
+        st.m.gc_bytes += report.bytes;
+        drop(st);
+        self.cond.notify_all();
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(report),
+        }
+    }
+}

@@ -1,0 +1,384 @@
+//! The owned handles: [`ModelStore`] (one model's blocks and checkpoints)
+//! and [`PinGuard`].
+
+use std::path::PathBuf;
+use std::sync::{mpsc, Arc};
+
+use ckptfmt::{BlockId, CheckpointHealth, Fingerprint, FormatError, Geometry, Manifest};
+
+use crate::bytes::KvBytes;
+use crate::error::{Result, StoreError};
+use crate::io::BlockIo;
+use crate::state::PrefetchJob;
+use crate::store::{lock_mutex, ModelInfo, Shared};
+use crate::tier::{Access, Hold};
+
+/// A model's part of a store: its fingerprint and geometry, and the block
+/// and checkpoint operations. Owned and cheap to clone (`Send + Sync +
+/// 'static`); it stays usable after the [`crate::KvStore`] is dropped.
+pub struct ModelStore<V: BlockIo = ckptfmt::StdFs> {
+    shared: Arc<Shared<V>>,
+    idx: usize,
+    info: Arc<ModelInfo<V>>,
+}
+
+impl<V: BlockIo> Clone for ModelStore<V> {
+    fn clone(&self) -> Self {
+        ModelStore {
+            shared: Arc::clone(&self.shared),
+            idx: self.idx,
+            info: Arc::clone(&self.info),
+        }
+    }
+}
+
+/// Pins blocks until dropped (see [`ModelStore::pin_all`]). Owned.
+pub struct PinGuard<V: BlockIo = ckptfmt::StdFs> {
+    shared: Arc<Shared<V>>,
+    ids: Vec<BlockId>,
+    pinned: bool,
+}
+
+/// A checkpoint read back: its manifest and the KV of each full block.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    /// The manifest (tokens, positions, tail KV, metadata).
+    pub manifest: Manifest,
+    /// The raw KV of each block, in order.
+    pub blocks: Vec<KvBytes>,
+}
+
+/// One checkpoint as listed by [`ModelStore::checkpoints`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    /// Its name.
+    pub name: String,
+    /// Tokens it holds (blocks and tail).
+    pub n_tokens: usize,
+    /// Bytes of the block files no other checkpoint references, plus its
+    /// manifest: what deleting it (and collecting) frees.
+    pub own_bytes: u64,
+    /// When it was last saved (Unix seconds, from its metadata; 0 when unknown).
+    pub last_used_unix: u64,
+}
+
+/// The longest stored prefix of a token sequence.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrefixMatch {
+    /// Ids of the stored blocks covering the prefix, in order.
+    pub block_ids: Vec<BlockId>,
+    /// Tokens covered (`block_ids.len() * tokens_per_block`).
+    pub n_tokens: usize,
+}
+
+/// Completion of a prefetch request.
+#[derive(Debug)]
+pub struct Prefetch {
+    rx: mpsc::Receiver<Result<usize>>,
+}
+
+impl Prefetch {
+    /// Waits until the checkpoint's blocks are in RAM; returns how many were
+    /// read from disk.
+    pub fn wait(self) -> Result<usize> {
+        self.rx.recv().map_err(|_| StoreError::ShutDown)?
+    }
+}
+
+impl<V: BlockIo> ModelStore<V> {
+    pub(crate) fn new(shared: Arc<Shared<V>>, idx: usize) -> Self {
+        let info = shared.model_info(idx);
+        ModelStore { shared, idx, info }
+    }
+
+    /// The model's fingerprint.
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.info.fp
+    }
+
+    /// The model's KV geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.info.geometry
+    }
+
+    /// The id of the block holding `tokens` after `prev`.
+    pub fn block_id(&self, prev: Option<&BlockId>, tokens: &[u32]) -> BlockId {
+        BlockId::chain(&self.info.fp, prev, tokens)
+    }
+
+    /// Stores a block in RAM (it becomes durable when spilled, flushed or
+    /// saved). `tokens` holds exactly `tokens_per_block` ids and `kv` exactly
+    /// `block_bytes()` bytes. A block the store already holds (in this
+    /// process or on disk) is not stored again (equal ids, equal bytes).
+    ///
+    /// Fails with [`StoreError::RamFull`] when pinned blocks leave no room,
+    /// or with the spill's error when making room required a write that
+    /// failed (the block is then not stored, unless already in flight).
+    pub fn put(&self, prev: Option<&BlockId>, tokens: &[u32], kv: Vec<u8>) -> Result<BlockId> {
+        self.shared
+            .put(self.idx, &self.info, prev, tokens, kv, Hold::Cache)
+    }
+
+    /// Puts every full block of `tokens`, asking `kv(i)` for block `i`'s
+    /// bytes only for the blocks the store does not hold yet. Returns the ids.
+    ///
+    /// Blocks found on disk are not pinned: a concurrent collection may
+    /// reclaim them before a later save. A live session should use
+    /// [`ModelStore::put_sequence_pinned`].
+    pub fn put_sequence(
+        &self,
+        tokens: &[u32],
+        kv: impl FnMut(usize) -> Vec<u8>,
+    ) -> Result<Vec<BlockId>> {
+        self.put_sequence_with(tokens, kv, Hold::Cache)
+            .map(|g| g.into_ids())
+    }
+
+    /// Like [`ModelStore::put_sequence`], but pins every block as it is
+    /// stored (or found), so a live session's blocks cannot be evicted or
+    /// collected between the put and a later save. All or none: on error,
+    /// the pins taken so far are released.
+    pub fn put_sequence_pinned(
+        &self,
+        tokens: &[u32],
+        kv: impl FnMut(usize) -> Vec<u8>,
+    ) -> Result<PinGuard<V>> {
+        self.put_sequence_with(tokens, kv, Hold::Pin)
+    }
+
+    /// Both of the above: the guard holds pins only with [`Hold::Pin`].
+    fn put_sequence_with(
+        &self,
+        tokens: &[u32],
+        mut kv: impl FnMut(usize) -> Vec<u8>,
+        hold: Hold,
+    ) -> Result<PinGuard<V>> {
+        let tpb = self.info.geometry.tokens_per_block() as usize;
+        let mut prev: Option<BlockId> = None;
+        let mut guard = PinGuard::empty(Arc::clone(&self.shared), hold);
+        for (i, chunk) in tokens.chunks_exact(tpb).enumerate() {
+            let id = BlockId::chain(&self.info.fp, prev.as_ref(), chunk);
+            let found = match hold {
+                Hold::Cache => self.shared.touch_if_present(&id),
+                Hold::Pin => self.contains(&id) && self.shared.get(&id, Access::Pin)?.is_some(),
+            };
+            if found {
+                if hold == Hold::Pin {
+                    let mut st = lock_mutex(&self.shared.state);
+                    st.m.dedup_blocks += 1;
+                    st.m.dedup_bytes += self.info.block_bytes;
+                }
+            } else {
+                self.shared
+                    .put(self.idx, &self.info, prev.as_ref(), chunk, kv(i), hold)?;
+            }
+            guard.push(id);
+            prev = Some(id);
+        }
+        Ok(guard)
+    }
+
+    /// The verified KV of block `id`: from RAM, or read from disk, verified
+    /// and promoted into RAM. `Ok(None)` when neither tier holds it. A file
+    /// that fails verification is quarantined (and the error returned).
+    pub fn get(&self, id: &BlockId) -> Result<Option<KvBytes>> {
+        self.shared.get(id, Access::Get)
+    }
+
+    /// Whether the store holds block `id` in either tier (a file written by
+    /// another process counts; a quarantined one does not).
+    pub fn contains(&self, id: &BlockId) -> bool {
+        self.shared.contains(self.idx, &self.info, id)
+    }
+
+    /// Whether block `id` is in the RAM tier now.
+    pub fn is_resident(&self, id: &BlockId) -> bool {
+        lock_mutex(&self.shared.state)
+            .entries
+            .get(id)
+            .is_some_and(|e| e.ram.is_some())
+    }
+
+    /// Path of block `id`'s file (whether or not it exists).
+    pub fn block_path(&self, id: &BlockId) -> PathBuf {
+        self.info.store.block_path(id)
+    }
+
+    /// Pins block `id` in RAM (promoting it when on disk). Pins nest; a
+    /// pinned block is never evicted nor garbage collected by this process.
+    pub fn pin(&self, id: &BlockId) -> Result<KvBytes> {
+        self.shared
+            .get(id, Access::Pin)?
+            .ok_or_else(|| StoreError::BlockNotFound { id: id.to_hex() })
+    }
+
+    /// Releases one pin of block `id`.
+    pub fn unpin(&self, id: &BlockId) -> Result<()> {
+        self.shared.unpin(id)
+    }
+
+    /// Pins every block of `ids` until the guard is dropped (all or none).
+    pub fn pin_all(&self, ids: &[BlockId]) -> Result<PinGuard<V>> {
+        let mut guard = PinGuard::empty(Arc::clone(&self.shared), Hold::Pin);
+        for id in ids {
+            self.pin(id)?;
+            guard.push(*id);
+        }
+        Ok(guard)
+    }
+
+    /// Saves checkpoint `manifest.meta.name` durably: writes the blocks of
+    /// the manifest that are not durable yet, then the manifest (the commit
+    /// point), replacing any checkpoint of that name. Every block of the
+    /// manifest must be in the store. On error, either the old or the new
+    /// checkpoint remains.
+    pub fn save(&self, manifest: &Manifest) -> Result<()> {
+        self.shared.save(self.idx, &self.info, manifest)
+    }
+
+    /// Reads checkpoint `name`: its manifest and every block's KV (from RAM,
+    /// or from disk with promotion).
+    pub fn load(&self, name: &str) -> Result<Checkpoint> {
+        self.load_with(name, Hold::Cache).map(|(c, _)| c)
+    }
+
+    /// Like [`ModelStore::load`], and pins every block until the guard drops
+    /// (a resumed session's blocks stay in RAM while it runs).
+    pub fn load_pinned(&self, name: &str) -> Result<(Checkpoint, PinGuard<V>)> {
+        self.load_with(name, Hold::Pin)
+    }
+
+    fn load_with(&self, name: &str, hold: Hold) -> Result<(Checkpoint, PinGuard<V>)> {
+        let manifest = self.read_manifest(name)?;
+        let access = match hold {
+            Hold::Cache => Access::Get,
+            Hold::Pin => Access::Pin,
+        };
+        let mut guard = PinGuard::empty(Arc::clone(&self.shared), hold);
+        let mut blocks = Vec::with_capacity(manifest.block_ids.len());
+        for id in &manifest.block_ids {
+            let b = self
+                .shared
+                .get(id, access)?
+                .ok_or_else(|| StoreError::MissingBlock {
+                    checkpoint: name.to_string(),
+                    id: id.to_hex(),
+                })?;
+            guard.push(*id);
+            blocks.push(b);
+        }
+        Ok((Checkpoint { manifest, blocks }, guard))
+    }
+
+    /// Reads the manifest of checkpoint `name` (verified, its name checked).
+    pub fn read_manifest(&self, name: &str) -> Result<Manifest> {
+        let path = self
+            .info
+            .store
+            .manifest_path(name)
+            .map_err(|e| StoreError::format(&self.shared.root, e))?;
+        self.info.store.read_manifest(name).map_err(|e| match e {
+            FormatError::NotFound { .. } => StoreError::CheckpointNotFound {
+                name: name.to_string(),
+            },
+            e => StoreError::format(path, e),
+        })
+    }
+
+    /// How much of checkpoint `name` is restorable: its blocks are checked in
+    /// order (from RAM when resident, else their files are verified) up to
+    /// the first missing or damaged one, which is quarantined when damaged.
+    pub fn checkpoint_health(&self, name: &str) -> Result<CheckpointHealth> {
+        self.shared.checkpoint_health(&self.info, name)
+    }
+
+    /// Names of this model's checkpoints (from disk: those of every
+    /// process), sorted.
+    pub fn list(&self) -> Result<Vec<String>> {
+        let mut v = self
+            .info
+            .store
+            .list_manifests()
+            .map_err(|e| StoreError::format(self.info.store.root(), e))?;
+        v.sort();
+        Ok(v)
+    }
+
+    /// Every checkpoint with its size, the bytes only it holds and its last
+    /// use, sorted by name. A damaged manifest is listed with 0 tokens.
+    pub fn checkpoints(&self) -> Result<Vec<CheckpointInfo>> {
+        self.shared.checkpoint_infos(&self.info)
+    }
+
+    /// Deletes checkpoint `name` durably. Its blocks stay until collected.
+    pub fn delete(&self, name: &str) -> Result<()> {
+        self.shared.delete(&self.info, name)
+    }
+
+    /// The longest chain of stored blocks (in either tier, saved in a
+    /// checkpoint or not, written by any process) that is a prefix of `tokens`.
+    pub fn longest_prefix(&self, tokens: &[u32]) -> PrefixMatch {
+        let tpb = self.info.geometry.tokens_per_block();
+        let ids = BlockId::chain_all(&self.info.fp, tokens, tpb);
+        let block_ids: Vec<BlockId> = ids.into_iter().take_while(|id| self.contains(id)).collect();
+        PrefixMatch {
+            n_tokens: block_ids.len() * tpb as usize,
+            block_ids,
+        }
+    }
+
+    /// Brings checkpoint `name`'s blocks into RAM on the background thread
+    /// (inline when the store runs without one).
+    pub fn prefetch(&self, name: &str) -> Result<Prefetch> {
+        let ids = self.read_manifest(name)?.block_ids;
+        let (tx, rx) = mpsc::channel();
+        if self.shared.cfg.background {
+            let mut st = lock_mutex(&self.shared.state);
+            if st.shutdown {
+                return Err(StoreError::ShutDown);
+            }
+            st.prefetch_queue.push_back(PrefetchJob { ids, done: tx });
+            drop(st);
+            self.shared.cond.notify_all();
+        } else {
+            let _ = tx.send(self.shared.prefetch_ids(&ids));
+        }
+        Ok(Prefetch { rx })
+    }
+}
+
+impl<V: BlockIo> PinGuard<V> {
+    /// A guard that releases its blocks' pins on drop with [`Hold::Pin`];
+    /// with [`Hold::Cache`] it only collects ids.
+    fn empty(shared: Arc<Shared<V>>, hold: Hold) -> Self {
+        PinGuard {
+            shared,
+            ids: Vec::new(),
+            pinned: hold == Hold::Pin,
+        }
+    }
+
+    fn push(&mut self, id: BlockId) {
+        self.ids.push(id);
+    }
+
+    fn into_ids(mut self) -> Vec<BlockId> {
+        std::mem::take(&mut self.ids)
+    }
+
+    /// The pinned blocks.
+    pub fn ids(&self) -> &[BlockId] {
+        &self.ids
+    }
+}
+
+impl<V: BlockIo> Drop for PinGuard<V> {
+    fn drop(&mut self) {
+        if !self.pinned {
+            return;
+        }
+        for id in &self.ids {
+            let _ = self.shared.unpin(id);
+        }
+    }
+}
