@@ -99,7 +99,7 @@ impl Session {
         let tokens = self.tokens().to_vec();
         let n_full = tokens.len() / tpb;
         let mut tail = Vec::new();
-        if tokens.len() % tpb != 0 {
+        if !tokens.len().is_multiple_of(tpb) {
             ctx.read_page(seq, n_full, &mut tail)?;
         }
         let created_unix = SystemTime::now()

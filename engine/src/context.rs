@@ -301,7 +301,8 @@ impl Context {
     fn pages_needed(&self, s: &Sequence, n: usize) -> usize {
         let len = s.tokens.len();
         let grow = (len + n).div_ceil(PAGE_TOKENS) - s.pages.len();
-        let copy = len % PAGE_TOKENS != 0 && self.pool.refs(*s.pages.last().unwrap_or(&0)) > 1;
+        let copy =
+            !len.is_multiple_of(PAGE_TOKENS) && self.pool.refs(*s.pages.last().unwrap_or(&0)) > 1;
         grow + usize::from(copy)
     }
 
@@ -464,7 +465,7 @@ impl Context {
                 fresh.extend(page);
                 page
             };
-            if len % PAGE_TOKENS != 0 {
+            if !len.is_multiple_of(PAGE_TOKENS) {
                 let last = table.len() - 1;
                 let page = table[last];
                 if self.pool.refs(page) > 1 {

@@ -171,7 +171,8 @@ fn bad_batches_are_typed_errors_and_change_nothing() {
         };
         batch
     };
-    let cases: Vec<(Batch, fn(&Error) -> bool)> = vec![
+    type Case = (Batch, fn(&Error) -> bool);
+    let cases: Vec<Case> = vec![
         (one(gone, None, 1), |e| {
             matches!(e, Error::UnknownSequence { .. })
         }),
@@ -266,10 +267,9 @@ fn a_failed_import_leaves_the_sequence_as_it_was() {
     other.feed(&stream(11, 90)).unwrap();
     let exported = export_pages(&other);
     let seq = a.seq();
-    let failures: [&dyn Fn(
-        &[u8],
-        &mut dyn FnMut(&[u8]) -> engine::Result<()>,
-    ) -> engine::Result<()>; 2] = [&|_, _| Err(Error::NoLogits), &|block, sink| {
+    type Sink<'a> = &'a mut dyn FnMut(&[u8]) -> engine::Result<()>;
+    type Failure = dyn Fn(&[u8], Sink<'_>) -> engine::Result<()>;
+    let failures: [&Failure; 2] = [&|_, _| Err(Error::NoLogits), &|block, sink| {
         sink(&block[..block.len() - 1])
     }];
     for fail in failures {

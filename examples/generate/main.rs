@@ -45,20 +45,23 @@ struct Args {
     together: bool,
 }
 
+/// The ten largest logits after a prompt (id, logit) and its greedy continuation.
+type GoldenResult = (Vec<(usize, f32)>, Vec<u32>);
+
 /// The ten largest logits after each prompt and its greedy continuation, for `prompts`
 /// prefilled in one batch and decoded together.
 fn golden_batch(
     ctx: &mut EngineContext,
     prompts: &[Vec<u32>],
     n_gen: usize,
-) -> Result<Vec<(Vec<(usize, f32)>, Vec<u32>)>> {
+) -> Result<Vec<GoldenResult>> {
     let seqs: Vec<_> = prompts.iter().map(|_| ctx.new_sequence()).collect();
     let mut batch = Batch::new();
     for (ids, &seq) in prompts.iter().zip(&seqs) {
         batch.add(seq, ids, Logits::Last);
     }
     ctx.decode(&batch)?;
-    let mut results: Vec<(Vec<(usize, f32)>, Vec<u32>)> = Vec::new();
+    let mut results: Vec<GoldenResult> = Vec::new();
     for &seq in &seqs {
         let logits = ctx.logits(seq)?;
         let mut order: Vec<usize> = (0..logits.len()).collect();

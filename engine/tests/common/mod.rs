@@ -492,7 +492,7 @@ pub fn export_pages(s: &engine::Session) -> Exported {
     Exported {
         tokens: s.tokens().to_vec(),
         blocks: (0..n / engine::PAGE_TOKENS).map(read).collect(),
-        tail: if n % engine::PAGE_TOKENS == 0 {
+        tail: if n.is_multiple_of(engine::PAGE_TOKENS) {
             Vec::new()
         } else {
             read(n / engine::PAGE_TOKENS)
