@@ -254,6 +254,23 @@ impl Context {
         self.seq(seq)?.logits.as_deref().ok_or(Error::NoLogits)
     }
 
+    /// Logits after `seq`'s last token, computing them when the sequence has none (after an
+    /// import, say) without touching its KV: the last token is evaluated again in a scratch
+    /// sequence that shares the others' pages (one page is copied).
+    pub fn ensure_logits(&mut self, seq: SeqId) -> Result<&[f32]> {
+        let s = self.seq(seq)?;
+        if s.logits.is_none() {
+            let Some(&last) = s.tokens.last() else {
+                return Err(Error::NoLogits);
+            };
+            let scratch = self.fork(seq, s.tokens.len() - 1)?;
+            let logits = self.feed(scratch, &[last], Logits::Last);
+            self.remove_sequence(scratch)?;
+            self.seq_mut(seq)?.logits = Some(logits?);
+        }
+        self.logits(seq)
+    }
+
     /// Chained block ids of `seq`'s full pages (page `i` holds block `ids[i]`).
     pub fn block_ids(&self, seq: SeqId) -> Result<&[BlockId]> {
         Ok(&self.seq(seq)?.ids)

@@ -189,6 +189,10 @@ pub enum Error {
     /// A checkpoint could not be read or written (corrupt, truncated, foreign, I/O).
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] ckptfmt::FormatError),
+    /// The conversation store failed (I/O, a damaged or foreign checkpoint, a lock held by
+    /// another process).
+    #[error("store: {0}")]
+    Store(#[from] kvstore::StoreError),
     /// A sequence id that the context does not hold (never created, or removed).
     #[error("unknown sequence {seq}")]
     UnknownSequence {

@@ -41,7 +41,6 @@
 
 mod batch;
 pub mod chat;
-pub mod checkpoint;
 mod context;
 mod error;
 mod ggml;
@@ -52,6 +51,7 @@ mod model;
 mod pages;
 pub mod sampling;
 mod session;
+pub mod store;
 pub mod tokenizer;
 
 pub use batch::{Batch, BatchOutput, Logits};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::batch::Logits;
 use crate::context::{Context, ContextParams, SeqId};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kv::KvLayout;
 use crate::model::Model;
 use crate::sampling::Sampler;
@@ -179,18 +179,10 @@ impl Session {
         self.ctx.feed(self.seq, tokens, Logits::All)
     }
 
-    /// Makes sure there are logits after the last token: after a restore there are none, so the
-    /// last token is evaluated again (its KV is rewritten with the same values).
+    /// Logits after the last token, computed when there are none (after a restore) without
+    /// changing the KV (see [`Context::ensure_logits`]).
     pub fn ensure_logits(&mut self) -> Result<&[f32]> {
-        if self.ctx.logits(self.seq).is_err() {
-            let Some(&last) = self.tokens().last() else {
-                return Err(Error::NoLogits);
-            };
-            let n = self.tokens().len();
-            self.ctx.truncate(self.seq, n - 1)?;
-            self.feed(&[last])?;
-        }
-        self.logits()
+        self.ctx.ensure_logits(self.seq)
     }
 
     /// Samples and feeds tokens until a stop condition; `on_text` receives the text as it

@@ -22,6 +22,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::Parser;
+use engine::store::{CheckpointMeta, SessionStore, StoreConfig};
 use engine::{Batch, Context, ContextParams, Logits, Model, Session, SessionParams, PAGE_TOKENS};
 
 #[derive(Parser)]
@@ -177,14 +178,18 @@ fn main() -> Result<()> {
             // A fresh directory per repetition, so every save writes all blocks.
             let dir = dir.join(format!("rep{rep}"));
             let _ = std::fs::remove_dir_all(&dir);
-            let store = engine::checkpoint::open_store(&dir, &session)?;
+            let store = SessionStore::open(&dir, &model, StoreConfig::default())?;
             let t = Instant::now();
-            let saved = session.save_checkpoint(&store, "bench", Vec::new(), None)?;
+            let saved = store.save(&session, "bench", &CheckpointMeta::default())?;
             save_ms.push(t.elapsed().as_secs_f64() * 1e3);
             saved_bytes = saved.bytes_written;
+            // Another process restores it: a fresh store handle (empty RAM tier, so every
+            // block is read from its file and verified) and a fresh session.
+            drop(store);
+            let store = SessionStore::open(&dir, &model, StoreConfig::default())?;
             let mut fresh = Session::new(model.clone(), params.clone())?;
             let t = Instant::now();
-            fresh.restore_checkpoint(&store, "bench")?;
+            store.restore(&mut fresh, "bench")?;
             restore_ms.push(t.elapsed().as_secs_f64() * 1e3);
             anyhow::ensure!(fresh.tokens() == session.tokens(), "restore lost tokens");
         }

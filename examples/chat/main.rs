@@ -24,6 +24,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use engine::chat::Message;
 use engine::sampling::{Sampler, SamplerParams};
+use engine::store::{CheckpointMeta, SessionStore, StoreConfig};
 use engine::{GenerateParams, Model, Session, SessionParams, StopReason};
 use rustyline::error::ReadlineError;
 
@@ -113,15 +114,15 @@ fn main() -> Result<()> {
         args.threads,
         session.params().n_ctx
     );
-    let store = engine::checkpoint::open_store(&args.store, &session)
+    let store = SessionStore::open(&args.store, &model, StoreConfig::default())
         .with_context(|| format!("opening the conversation store {}", args.store.display()))?;
     let mut messages = initial_messages(&args);
-    if !args.fresh && store.list_manifests()?.contains(&args.session) {
+    if !args.fresh && store.exists(&args.session)? {
         let t = Instant::now();
-        match session.restore_checkpoint(&store, &args.session) {
+        match store.restore(&mut session, &args.session) {
             Ok(m) => {
                 let took = t.elapsed();
-                if let Some((_, json)) = m.meta.kv.iter().find(|(k, _)| k == "messages") {
+                if let Some(json) = m.app.get("messages") {
                     messages = from_json(json)?;
                 }
                 if let Some(state) = &m.sampler_state {
@@ -159,8 +160,8 @@ fn main() -> Result<()> {
             "/reset" => {
                 messages = initial_messages(&args);
                 session.clear();
-                if store.list_manifests()?.contains(&args.session) {
-                    store.delete_manifest(&args.session)?;
+                if store.exists(&args.session)? {
+                    store.delete(&args.session)?;
                 }
                 eprintln!("(conversation reset)");
                 continue;
@@ -177,7 +178,7 @@ fn main() -> Result<()> {
             // A new conversation may start like an earlier one (a long system prompt, say):
             // take the KV of the blocks the store already holds instead of computing them.
             let t = Instant::now();
-            match session.restore_prefix(&store, &ids) {
+            match store.restore_prefix(&mut session, &ids) {
                 Ok(0) => {}
                 Ok(n) => eprintln!(
                     "(reused {n} prompt tokens from earlier conversations in {:.1} ms)",
@@ -226,8 +227,12 @@ fn main() -> Result<()> {
         messages.push(Message::new("assistant", reply.text.trim()));
 
         let t = Instant::now();
-        let meta = vec![("messages".to_owned(), to_json(&messages))];
-        match session.save_checkpoint(&store, &args.session, meta, Some(sampler.rng_state())) {
+        let meta = CheckpointMeta {
+            sampler_state: Some(sampler.rng_state()),
+            app: [("messages".to_owned(), to_json(&messages))].into(),
+            ..CheckpointMeta::default()
+        };
+        match store.save(&session, &args.session, &meta) {
             Ok(saved) => eprintln!(
                 "(saved: {} tokens, {} new blocks, {} reused, {:.1} KiB written in {:.1} ms)",
                 session.tokens().len(),

@@ -1,6 +1,8 @@
 //! `cargo xtask compare-llama-cpp --refh PATH`: prefill and decode speed of our engine against
 //! llama.cpp's reference harness, run alternately (first one, then the other first) in one script on the same machine, model,
-//! prompt and thread count; prints medians and ratios.
+//! prompt and thread count; prints medians and ratios. With `--sequences N` both decode N
+//! sequences together (llama.cpp's `refh batched`, our `bench --sequences N`) and the figures
+//! are aggregate tokens per second.
 
 use std::process::Command;
 
@@ -13,6 +15,7 @@ struct Options {
     gen: usize,
     threads: usize,
     reps: usize,
+    sequences: usize,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -23,6 +26,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         gen: 128,
         threads: 2,
         reps: 5,
+        sequences: 1,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -39,6 +43,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--gen-tokens" => o.gen = num()?,
             "--threads" => o.threads = num()?,
             "--reps" => o.reps = num()?.max(1),
+            "--sequences" => o.sequences = num()?.max(1),
             other => return Err(format!("unknown option {other}")),
         }
     }
@@ -88,13 +93,25 @@ pub fn compare(args: &[String]) -> Result<(), String> {
         o.gen.to_string(),
         o.threads.to_string(),
     );
-    let ref_args: Vec<String> = vec![
-        "bench".into(),
-        o.model.clone(),
-        p.clone(),
-        g.clone(),
-        t.clone(),
-    ];
+    let n = o.sequences.to_string();
+    let ref_args: Vec<String> = if o.sequences > 1 {
+        vec![
+            "batched".into(),
+            o.model.clone(),
+            n.clone(),
+            p.clone(),
+            g.clone(),
+            t.clone(),
+        ]
+    } else {
+        vec![
+            "bench".into(),
+            o.model.clone(),
+            p.clone(),
+            g.clone(),
+            t.clone(),
+        ]
+    };
     let our_args: Vec<String> = [
         "--model",
         &o.model,
@@ -106,6 +123,8 @@ pub fn compare(args: &[String]) -> Result<(), String> {
         &t,
         "--reps",
         "1",
+        "--sequences",
+        &n,
     ]
     .iter()
     .map(|s| s.to_string())
@@ -141,6 +160,7 @@ pub fn compare(args: &[String]) -> Result<(), String> {
     );
     let out = serde_json::json!({
         "prompt_tokens": o.prompt, "gen_tokens": o.gen, "threads": o.threads, "reps": o.reps,
+        "sequences": o.sequences,
         "llama_cpp": { "prefill_tps": rp, "decode_tps": rd },
         "llama_hdd": { "prefill_tps": op, "decode_tps": od },
         "ratio": { "prefill": op / rp, "decode": od / rd },

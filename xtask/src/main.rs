@@ -31,7 +31,7 @@ fn main() -> ExitCode {
         Some("compare-llama-cpp") => compare::compare(&args[1..]),
         Some("tidy") => tidy::tidy(&workspace_root()),
         Some("help") | Some("--help") | Some("-h") | None => {
-            println!("usage: cargo xtask <fetch-model | bindgen | ci | tidy | compare-llama-cpp --refh PATH [--reps N]>");
+            println!("usage: cargo xtask <fetch-model | bindgen | ci | tidy | compare-llama-cpp --refh PATH [--reps N] [--sequences N]>");
             Ok(())
         }
         Some(other) => Err(format!(

@@ -1,0 +1,365 @@
+//! Conversations on disk: sessions saved to and restored from a `kvstore` directory, the one
+//! persistence path of the chat, the examples, the library and the server.
+//!
+//! A [`SessionStore`] is one model's part of a store directory. Saving puts the session's full
+//! pages as blocks (only those the store does not hold: a page is a block, named by its chained
+//! id) and commits a manifest under the checkpoint's name; restoring fills free pages from the
+//! verified blocks and switches the session over only when all arrived. Several processes may
+//! use one directory at once; kvstore keeps their blocks and manifests consistent, and only its
+//! gc, under the disk budget, removes blocks no checkpoint needs.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ckptfmt::{BlockId, ElemType, Fingerprint, Geometry, LayerGeometry, Manifest, Metadata};
+use kvstore::{KvStore, ModelStore};
+
+use crate::error::{Error, Result};
+use crate::kv::{KvLayout, PAGE_TOKENS};
+use crate::model::Model;
+use crate::session::Session;
+
+/// Tokens per checkpoint block: one KV page.
+const TOKENS_PER_BLOCK: u32 = PAGE_TOKENS as u32;
+
+/// The checkpoint geometry of a KV layout: f16 elements, one page per block.
+pub fn geometry(layout: &KvLayout) -> Result<Geometry> {
+    let layers = (0..layout.n_layers)
+        .map(|l| LayerGeometry {
+            k_bytes_per_token: layout.k_bytes_per_token[l] as u32,
+            v_bytes_per_token: layout.v_bytes_per_token[l] as u32,
+        })
+        .collect();
+    Ok(Geometry::new(layers, ElemType::F16, TOKENS_PER_BLOCK)?)
+}
+
+/// What a save did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SaveSummary {
+    /// Full blocks put now.
+    pub blocks_written: usize,
+    /// Full blocks the store already held (a shared prefix or an earlier save).
+    pub blocks_reused: usize,
+    /// KV bytes handed to the store (new blocks and the partial last block).
+    pub bytes_written: u64,
+    /// Checkpoints dropped, least recently used first, to keep the disk budget.
+    pub evicted: Vec<String>,
+}
+
+/// Budgets of a [`SessionStore`].
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// Bytes of KV blocks kept in RAM (recently used blocks restore without reading files).
+    pub ram_bytes: u64,
+    /// Bytes of block files on disk; `None` for no limit. After each save, gc removes blocks
+    /// that no checkpoint references, least recently used first, until the files fit; it never
+    /// removes a block a checkpoint still references.
+    pub disk_bytes: Option<u64>,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            ram_bytes: 256 << 20,
+            disk_bytes: None,
+        }
+    }
+}
+
+/// What a checkpoint carries besides its tokens and KV.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CheckpointMeta {
+    /// The sampler's RNG state, to continue the same random stream.
+    pub sampler_state: Option<Vec<u8>>,
+    /// Token counts at the end of each turn, oldest first (what `undo` goes back to).
+    pub turns: Vec<usize>,
+    /// Application data (the chat keeps its messages here), by key.
+    pub app: BTreeMap<String, String>,
+    /// The checkpoint this one was branched from, if any.
+    pub parent: Option<String>,
+    /// When it was saved (Unix seconds).
+    pub saved_unix: u64,
+}
+
+/// One stored checkpoint, as [`SessionStore::checkpoints`] lists them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    /// Its name.
+    pub name: String,
+    /// Tokens it holds.
+    pub tokens: usize,
+    /// Bytes no other checkpoint shares: what deleting it frees.
+    pub own_bytes: u64,
+    /// When it was last saved (Unix seconds).
+    pub last_used_unix: u64,
+}
+
+const TURNS_KEY: &str = "turns";
+const APP_PREFIX: &str = "app.";
+
+impl CheckpointMeta {
+    fn to_pairs(&self) -> Vec<(String, String)> {
+        let turns = self.turns.iter().map(usize::to_string).collect::<Vec<_>>();
+        let mut kv = vec![(TURNS_KEY.to_owned(), turns.join(","))];
+        kv.extend(
+            self.app
+                .iter()
+                .map(|(k, v)| (format!("{APP_PREFIX}{k}"), v.clone())),
+        );
+        kv
+    }
+
+    fn from_manifest(m: &Manifest) -> CheckpointMeta {
+        let mut meta = CheckpointMeta {
+            sampler_state: m.sampler_state.clone(),
+            parent: m.meta.parent.clone(),
+            saved_unix: m.meta.created_unix,
+            ..CheckpointMeta::default()
+        };
+        for (k, v) in &m.meta.kv {
+            if k == TURNS_KEY {
+                meta.turns = v.split(',').filter_map(|t| t.parse().ok()).collect();
+            } else if let Some(key) = k.strip_prefix(APP_PREFIX) {
+                meta.app.insert(key.to_owned(), v.clone());
+            } else {
+                // Checkpoints written before typed metadata kept application data unprefixed.
+                meta.app.insert(k.clone(), v.clone());
+            }
+        }
+        meta
+    }
+}
+
+/// One model's conversations in a store directory.
+pub struct SessionStore {
+    store: KvStore,
+    handle: ModelStore,
+    fingerprint: Fingerprint,
+    disk_bytes: Option<u64>,
+}
+
+impl std::fmt::Debug for SessionStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionStore")
+            .field("root", &self.store.root())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SessionStore {
+    /// Opens (or creates) the store at `dir` for `model`'s conversations. Other processes may
+    /// have it open too.
+    pub fn open(dir: &Path, model: &Model, config: StoreConfig) -> Result<SessionStore> {
+        // The disk budget is kept here, by dropping old checkpoints after a save (see
+        // `collect`), not by refusing the save.
+        let cfg = kvstore::Config {
+            ram_budget: config.ram_bytes,
+            disk_quota: u64::MAX,
+            ..kvstore::Config::default()
+        };
+        let store = KvStore::open(dir, cfg)?;
+        let fingerprint = Fingerprint(model.fingerprint());
+        let layout = crate::kv::KvLayout::for_model(model.hparams());
+        let handle = store.model(fingerprint, geometry(&layout)?)?;
+        Ok(SessionStore {
+            store,
+            handle,
+            fingerprint,
+            disk_bytes: config.disk_bytes,
+        })
+    }
+
+    /// The store's directory.
+    pub fn root(&self) -> &Path {
+        self.store.root()
+    }
+
+    /// Whether a checkpoint `name` exists.
+    pub fn exists(&self, name: &str) -> Result<bool> {
+        Ok(self.handle.list()?.iter().any(|n| n == name))
+    }
+
+    /// Every checkpoint of this model, with the bytes each alone holds.
+    pub fn checkpoints(&self) -> Result<Vec<CheckpointInfo>> {
+        Ok(self
+            .handle
+            .checkpoints()?
+            .into_iter()
+            .map(|c| CheckpointInfo {
+                name: c.name,
+                tokens: c.n_tokens,
+                own_bytes: c.own_bytes,
+                last_used_unix: c.last_used_unix,
+            })
+            .collect())
+    }
+
+    /// Saves `session` as checkpoint `name` (replacing an older one of that name): puts the
+    /// full pages the store lacks, then commits the manifest durably. Under a disk budget, gc
+    /// runs afterwards.
+    pub fn save(
+        &self,
+        session: &Session,
+        name: &str,
+        meta: &CheckpointMeta,
+    ) -> Result<SaveSummary> {
+        let ctx = session.context();
+        let seq = session.seq();
+        let tokens = session.tokens().to_vec();
+        let ids = ctx.block_ids(seq)?.to_vec();
+        let mut summary = SaveSummary::default();
+        let mut span = Vec::new();
+        let mut prev: Option<BlockId> = None;
+        for (i, id) in ids.iter().enumerate() {
+            if self.handle.contains(id) {
+                summary.blocks_reused += 1;
+            } else {
+                ctx.read_page(seq, i, &mut span)?;
+                let block_tokens =
+                    &tokens[i * TOKENS_PER_BLOCK as usize..][..TOKENS_PER_BLOCK as usize];
+                self.handle
+                    .put(prev.as_ref(), block_tokens, std::mem::take(&mut span))?;
+                summary.blocks_written += 1;
+                summary.bytes_written += self.handle.geometry().block_bytes();
+            }
+            prev = Some(*id);
+        }
+        let mut tail = Vec::new();
+        if ids.len() * (TOKENS_PER_BLOCK as usize) < tokens.len() {
+            ctx.read_page(seq, ids.len(), &mut tail)?;
+        }
+        let saved_unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let positions = (0..tokens.len() as i32).collect();
+        let mut manifest = Manifest::new(
+            self.fingerprint,
+            self.handle.geometry().clone(),
+            tokens,
+            positions,
+            tail,
+            Metadata {
+                name: name.to_owned(),
+                parent: meta.parent.clone(),
+                created_unix: saved_unix,
+                kv: meta.to_pairs(),
+            },
+        )?;
+        manifest.sampler_state = meta.sampler_state.clone();
+        summary.bytes_written += manifest.tail_kv.len() as u64;
+        self.handle.save(&manifest)?;
+        summary.evicted = self.collect(name)?;
+        Ok(summary)
+    }
+
+    /// Replaces `session`'s conversation with checkpoint `name`. The manifest's model and
+    /// layout are checked first ([`Error::Checkpoint`] for another model's), then every block
+    /// the session does not already hold is read and verified into free pages; on any failure
+    /// the session is left exactly as it was. There are no logits until a token is evaluated
+    /// ([`Session::generate`] evaluates the last token again when it needs them).
+    pub fn restore(&self, session: &mut Session, name: &str) -> Result<CheckpointMeta> {
+        let manifest = self.handle.read_manifest(name)?;
+        manifest.check_owner(&self.fingerprint, self.handle.geometry())?;
+        if manifest.tokens.len() > session.params().n_ctx {
+            return Err(Error::ContextFull {
+                needed: manifest.tokens.len(),
+                n_ctx: session.params().n_ctx,
+            });
+        }
+        let seq = session.seq();
+        let handle = &self.handle;
+        session
+            .context_mut()
+            .import(seq, &manifest.tokens, &manifest.tail_kv, |i, id, sink| {
+                if manifest.block_ids.get(i) != Some(id) {
+                    return Err(ckptfmt::FormatError::invalid(
+                        "checkpoint manifest",
+                        format!("block {i} id does not chain from its tokens"),
+                    )
+                    .into());
+                }
+                read_block(handle, id, sink)
+            })?;
+        Ok(CheckpointMeta::from_manifest(&manifest))
+    }
+
+    /// Starts `session` from the longest run of `tokens`' leading full blocks that the store
+    /// holds, from any conversation (block ids chain the model and every earlier token, so a
+    /// stored id means that whole prefix was computed before). Returns the tokens restored (a
+    /// multiple of the block size, possibly 0, always fewer than `tokens.len()` so that one
+    /// token is left to evaluate); feed `tokens[n..]` next. On failure the session is left as
+    /// it was.
+    pub fn restore_prefix(&self, session: &mut Session, tokens: &[u32]) -> Result<usize> {
+        let tpb = TOKENS_PER_BLOCK as usize;
+        let usable = tokens.len().saturating_sub(1).min(session.params().n_ctx);
+        let ids = BlockId::chain_all(&self.fingerprint, &tokens[..usable], TOKENS_PER_BLOCK);
+        let n_blocks = ids.iter().take_while(|id| self.handle.contains(id)).count();
+        let n = n_blocks * tpb;
+        let seq = session.seq();
+        let handle = &self.handle;
+        session
+            .context_mut()
+            .import(seq, &tokens[..n], &[], |_, id, sink| {
+                read_block(handle, id, sink)
+            })?;
+        Ok(n)
+    }
+
+    /// Deletes checkpoint `name` (its blocks go at the next gc unless another checkpoint
+    /// holds them).
+    pub fn delete(&self, name: &str) -> Result<()> {
+        self.handle.delete(name)?;
+        Ok(())
+    }
+
+    /// Saves checkpoint `from` again under the name `to` (with `from` as its parent), writing
+    /// no KV: the blocks are shared.
+    pub fn branch(&self, from: &str, to: &str) -> Result<()> {
+        let mut manifest = self.handle.read_manifest(from)?;
+        manifest.meta.name = to.to_owned();
+        manifest.meta.parent = Some(from.to_owned());
+        self.handle.save(&manifest)?;
+        Ok(())
+    }
+
+    /// Keeps the disk budget, if there is one: gc removes blocks no checkpoint needs; while
+    /// the block files still exceed the budget, the least recently used checkpoint other than
+    /// `keep` is deleted (the budget is the user's request to keep only what fits) and gc runs
+    /// again. Returns the checkpoints deleted.
+    pub fn collect(&self, keep: &str) -> Result<Vec<String>> {
+        let Some(budget) = self.disk_bytes else {
+            return Ok(Vec::new());
+        };
+        let mut evicted = Vec::new();
+        self.store.gc_to(budget)?;
+        while self.store.metrics().disk_bytes > budget {
+            let mut candidates = self.checkpoints()?;
+            candidates.retain(|c| c.name != keep);
+            let Some(oldest) = candidates.into_iter().min_by_key(|c| c.last_used_unix) else {
+                break;
+            };
+            self.delete(&oldest.name)?;
+            evicted.push(oldest.name);
+            self.store.gc_to(budget)?;
+        }
+        Ok(evicted)
+    }
+
+    /// Makes every block put so far durable.
+    pub fn flush(&self) -> Result<()> {
+        Ok(self.store.flush()?)
+    }
+}
+
+/// Reads and verifies block `id` and hands its KV span to `sink`.
+fn read_block(
+    handle: &ModelStore,
+    id: &BlockId,
+    sink: &mut dyn FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    match handle.get(id)? {
+        Some(bytes) => sink(&bytes),
+        None => Err(kvstore::StoreError::BlockNotFound { id: id.to_hex() }.into()),
+    }
+}
