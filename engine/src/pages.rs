@@ -11,7 +11,7 @@ use ckptfmt::BlockId;
 
 use crate::context::{Context, SeqId};
 use crate::error::{Error, Result};
-use crate::kv::PAGE_TOKENS;
+use crate::kv::{KvLayout, PAGE_TOKENS};
 
 /// What [`Context::import`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -46,18 +46,9 @@ impl Context {
         let n = (len - index * PAGE_TOKENS).min(PAGE_TOKENS);
         out.clear();
         out.resize(self.span_bytes(n), 0);
-        let layout = self.kv_layout();
-        let mut off = 0;
-        for l in 0..layout.n_layers {
-            for (value, bytes) in [
-                (false, layout.k_bytes_per_token[l]),
-                (true, layout.v_bytes_per_token[l]),
-            ] {
-                let page_off = page as usize * PAGE_TOKENS * bytes;
-                self.kv
-                    .read(l, value, page_off, &mut out[off..off + n * bytes]);
-                off += n * bytes;
-            }
+        for part in span_parts(self.kv_layout(), page, n) {
+            self.kv
+                .read(part.layer, part.value, part.offset, &mut out[part.span]);
         }
         Ok(n)
     }
@@ -122,18 +113,9 @@ impl Context {
                 found: span.len(),
             });
         }
-        let layout = self.kv_layout().clone();
-        let mut off = 0;
-        for l in 0..layout.n_layers {
-            for (value, bytes) in [
-                (false, layout.k_bytes_per_token[l]),
-                (true, layout.v_bytes_per_token[l]),
-            ] {
-                let page_off = page as usize * PAGE_TOKENS * bytes;
-                self.kv
-                    .write(l, value, page_off, &span[off..off + n * bytes]);
-                off += n * bytes;
-            }
+        for part in span_parts(self.kv_layout(), page, n) {
+            self.kv
+                .write(part.layer, part.value, part.offset, &span[part.span]);
         }
         Ok(())
     }
@@ -257,6 +239,37 @@ impl Context {
         }
         Ok(summary)
     }
+}
+
+/// Where one layer's K (or V) rows of a page lie: in the layer's tensor, and in the page's span.
+struct SpanPart {
+    layer: usize,
+    value: bool,
+    /// Byte offset of the page's first row in the layer's tensor.
+    offset: usize,
+    /// Bytes of the span (ckptfmt's layout: per layer, K then V).
+    span: Range<usize>,
+}
+
+/// The parts of a span of `n` tokens of `page`, in span order.
+fn span_parts(layout: &KvLayout, page: u32, n: usize) -> Vec<SpanPart> {
+    let mut parts = Vec::with_capacity(2 * layout.n_layers);
+    let mut off = 0;
+    for layer in 0..layout.n_layers {
+        for (value, bytes) in [
+            (false, layout.k_bytes_per_token[layer]),
+            (true, layout.v_bytes_per_token[layer]),
+        ] {
+            parts.push(SpanPart {
+                layer,
+                value,
+                offset: page as usize * PAGE_TOKENS * bytes,
+                span: off..off + n * bytes,
+            });
+            off += n * bytes;
+        }
+    }
+    parts
 }
 
 /// `Result<()>` is not `Clone` (the error holds I/O errors); the sink hands the caller a copy
