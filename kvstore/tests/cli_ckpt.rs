@@ -477,9 +477,11 @@ fn verify_and_inspect_a_sound_store_and_its_files() {
         assert_eq!(code, 0, "{p:?}: {text}");
         assert!(text.lines().last().unwrap().starts_with("ok: "), "{text}");
     }
-    let (code, text) = ckpt(&["verify", s(&root)]);
-    assert_eq!(code, 0);
-    assert_eq!(text.trim(), "ok: 1 models, 1 checkpoints, 2 block files");
+    for p in [&root, &mdir] {
+        let (code, text) = ckpt(&["verify", s(p)]);
+        assert_eq!(code, 0);
+        assert_eq!(text.trim(), "ok: 1 models, 1 checkpoints, 2 block files");
+    }
 
     let (code, text) = ckpt(&["inspect", s(&export), "--json"]);
     assert_eq!(code, 0, "{text}");

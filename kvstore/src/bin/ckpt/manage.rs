@@ -176,8 +176,8 @@ pub fn rm(
     m.delete(name)?;
     writeln!(
         out,
-        "deleted checkpoint {name:?} of model {}; `ckpt gc` frees the {own} bytes ({}) \
-         only it held",
+        "deleted checkpoint {name:?} of model {}; it alone held {own} bytes ({}): its \
+         manifest, gone now, and blocks that `ckpt gc` frees",
         short(m),
         format_size(own)
     )?;

@@ -81,10 +81,16 @@ pub fn verify_dir(dir: &Path, out: &mut dyn Write) -> Result<ExitCode, CliError>
             }
         }
         Layout::LegacyCkptfmt => {
-            t.notes.push(format!(
+            // One model's directory inside a store directory is no legacy store.
+            let in_store = dir
+                .parent()
+                .is_some_and(|p| p.file_name().is_some_and(|n| n == MODELS_DIR));
+            if !in_store {
+                t.notes.push(format!(
                 "{} is a bare ckptfmt store (the layout before kvstore); `ckpt migrate` imports it",
                 dir.display()
             ));
+            }
             verify_store(dir, None, &mut t);
         }
         Layout::Unknown => {
