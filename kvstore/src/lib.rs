@@ -27,6 +27,10 @@
 //! - Store-wide: `flush`, `gc`, `gc_to(bytes)` ([`GcReport`]), `metrics`
 //!   ([`Metrics`]), `recovery_report` ([`RecoveryReport`]), `close`.
 //! - Migration of a bare `ckptfmt` store directory: [`legacy`].
+//! - Disk budgets as people write them (`50MB`, `1GiB`): [`parse_size`],
+//!   [`format_size`].
+//! - The `ckpt` tool (feature `cli`, on by default): `ckpt ls | rm | gc |
+//!   migrate | verify | inspect | bench` on a store directory.
 //! - Errors: one enum, [`StoreError`] (`Busy` names the pids of the
 //!   processes holding a lock this call needed).
 //!
@@ -81,6 +85,7 @@ pub mod metrics;
 mod persist;
 pub mod policy;
 mod recovery;
+pub mod size;
 mod state;
 pub mod store;
 mod tier;
@@ -98,4 +103,5 @@ pub use handle::{Checkpoint, CheckpointInfo, ModelStore, PinGuard, Prefetch, Pre
 pub use io::BlockIo;
 pub use metrics::Metrics;
 pub use policy::{EvictionPolicy, Lru, PolicyKind, S3Fifo};
+pub use size::{format_size, parse_size};
 pub use store::KvStore;

@@ -1,311 +1,37 @@
-//! `ckpt`: inspect, verify and benchmark `ckptfmt` files.
+//! `ckpt bench`: writes and reads a synthetic checkpoint through a bare
+//! `ckptfmt` store and prints JSON figures next to raw `write`+`fsync` and
+//! raw `read` of the same bytes (`docs/BENCHMARKS.md`).
 //!
-//! - `ckpt inspect PATH [--json]`: describe a store directory, a manifest, a
-//!   block record or an export.
-//! - `ckpt verify PATH`: check every checksum and bound; exit 0 when all hold,
-//!   otherwise print one line naming the first problem and exit 1.
-//! - `ckpt bench --dir DIR --tokens N [--layers L --bytes-per-token B]`:
-//!   write and read a synthetic checkpoint and print JSON figures next to raw
-//!   `write`+`fsync` and raw `read` of the same bytes.
+//! The only `unsafe` of the tool: the mapped read passes map block files of
+//! the scratch directory the bench created and never modifies (`UNSAFE.md`).
 
 use std::borrow::Cow;
-use std::io::{Read, Write as _};
-use std::path::{Path, PathBuf};
-use std::process::ExitCode;
+use std::io::{Read, Write};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ckptfmt::layout::{BLOCK_MAGIC, EXPORT_MAGIC, MANIFEST_MAGIC};
 use ckptfmt::{
-    BlockView, ElemType, Encoding, ExportView, Fingerprint, FormatError, Geometry, Manifest,
-    ManifestView, Metadata, StdFs, Store, Vfs, VfsFile,
+    ElemType, Encoding, Fingerprint, FormatError, Geometry, Manifest, Metadata, StdFs, Store, Vfs,
+    VfsFile,
 };
-use clap::{Parser, Subcommand};
-use serde_json::{json, Value};
+use serde_json::json;
 
-#[derive(Parser)]
-#[command(
-    name = "ckpt",
-    about = "Inspect, verify and benchmark ckptfmt checkpoints"
-)]
-struct Cli {
-    #[command(subcommand)]
-    cmd: Cmd,
-}
+use crate::CliError;
 
-#[derive(Subcommand)]
-enum Cmd {
-    /// Describe a store directory, manifest, block or export.
-    Inspect {
-        /// File or store directory.
-        path: PathBuf,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Verify every checksum and bound; exit 0 when all hold.
-    Verify {
-        /// File or store directory.
-        path: PathBuf,
-    },
-    /// Write and read a synthetic checkpoint; print throughput as JSON.
-    Bench {
-        /// Directory to write in (a fresh subdirectory is used and removed).
-        #[arg(long)]
-        dir: PathBuf,
-        /// Tokens in the checkpoint.
-        #[arg(long)]
-        tokens: u64,
-        /// Layers.
-        #[arg(long, default_value_t = 30)]
-        layers: usize,
-        /// Bytes per token per layer, for K and for V each (SmolLM2-135M f16: 384).
-        #[arg(long, default_value_t = 384)]
-        bytes_per_token: u32,
-        /// Tokens per block.
-        #[arg(long, default_value_t = ckptfmt::DEFAULT_TOKENS_PER_BLOCK)]
-        tokens_per_block: u32,
-        /// Store blocks as q8_0 instead of raw.
-        #[arg(long)]
-        q8: bool,
-        /// Repetitions of each measurement (the best is reported).
-        #[arg(long, default_value_t = 3)]
-        iters: u32,
-    },
-}
-
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let res = match cli.cmd {
-        Cmd::Inspect { path, json } => inspect(&path, json),
-        Cmd::Verify { path } => match verify(&path) {
-            Ok(msg) => {
-                println!("ok: {msg}");
-                return ExitCode::SUCCESS;
-            }
-            Err(e) => {
-                println!("error: {e}");
-                return ExitCode::FAILURE;
-            }
-        },
-        Cmd::Bench {
-            dir,
-            tokens,
-            layers,
-            bytes_per_token,
-            tokens_per_block,
-            q8,
-            iters,
-        } => bench(
-            &dir,
-            tokens,
-            layers,
-            bytes_per_token,
-            tokens_per_block,
-            q8,
-            iters.max(1),
-        ),
-    };
-    match res {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn read_file(path: &Path) -> Result<Vec<u8>, FormatError> {
-    std::fs::read(path).map_err(|e| FormatError::io("read", path, e))
-}
-
-fn magic_of(bytes: &[u8]) -> [u8; 8] {
-    let mut m = [0u8; 8];
-    let n = bytes.len().min(8);
-    m[..n].copy_from_slice(&bytes[..n]);
-    m
-}
-
-fn geometry_json(g: &Geometry) -> Value {
-    json!({
-        "n_layers": g.n_layers(),
-        "elem": g.elem().name(),
-        "tokens_per_block": g.tokens_per_block(),
-        "bytes_per_token": g.bytes_per_token(),
-        "block_bytes": g.block_bytes(),
-        "layers": g.layers().iter().map(|l| json!([l.k_bytes_per_token, l.v_bytes_per_token])).collect::<Vec<_>>(),
-    })
-}
-
-fn manifest_json(m: &Manifest) -> Value {
-    json!({
-        "kind": "manifest",
-        "name": m.meta.name,
-        "parent": m.meta.parent,
-        "created_unix": m.meta.created_unix,
-        "fingerprint": m.fingerprint.to_hex(),
-        "geometry": geometry_json(&m.geometry),
-        "n_tokens": m.tokens.len(),
-        "n_blocks": m.block_ids.len(),
-        "tail_tokens": m.tail_tokens(),
-        "tail_kv_bytes": m.tail_kv.len(),
-        "sampler_state_bytes": m.sampler_state.as_ref().map(Vec::len),
-        "first_positions": m.positions.iter().take(4).collect::<Vec<_>>(),
-        "block_ids": m.block_ids.iter().map(|b| b.to_hex()).collect::<Vec<_>>(),
-        "meta": m.meta.kv.iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>(),
-    })
-}
-
-fn block_json(v: &BlockView<'_>) -> Value {
-    json!({
-        "kind": "block",
-        "id": v.id().to_hex(),
-        "prev": v.prev().map(|p| p.to_hex()),
-        "fingerprint": v.fingerprint().to_hex(),
-        "encoding": v.encoding().name(),
-        "n_tokens": v.n_tokens(),
-        "raw_len": v.raw_len(),
-        "payload_len": v.payload().len(),
-        "record_len": v.record_len(),
-    })
-}
-
-fn describe(path: &Path) -> Result<Value, FormatError> {
-    if path.is_dir() {
-        let store = Store::open_read_only(path)?;
-        let names = store.list_manifests()?;
-        let mut cps = Vec::new();
-        for n in &names {
-            match store.read_manifest(n) {
-                Ok(m) => cps.push(json!({"name": n, "n_tokens": m.tokens.len(), "n_blocks": m.block_ids.len(), "parent": m.meta.parent})),
-                Err(e) => cps.push(json!({"name": n, "error": e.to_string()})),
-            }
-        }
-        return Ok(json!({
-            "kind": "store",
-            "fingerprint": store.fingerprint().to_hex(),
-            "geometry": geometry_json(store.geometry()),
-            "n_block_files": store.list_blocks()?.len(),
-            "checkpoints": cps,
-        }));
-    }
-    let bytes = read_file(path)?;
-    let magic = magic_of(&bytes);
-    if magic == BLOCK_MAGIC {
-        Ok(block_json(&BlockView::parse(&bytes)?))
-    } else if magic == MANIFEST_MAGIC {
-        Ok(manifest_json(&ManifestView::parse(&bytes)?.to_manifest()))
-    } else if magic == EXPORT_MAGIC {
-        let v = ExportView::parse(&bytes)?;
-        Ok(json!({
-            "kind": "export",
-            "file_len": bytes.len(),
-            "n_blocks": v.n_blocks(),
-            "manifest": manifest_json(v.manifest()),
-        }))
-    } else {
-        Err(FormatError::BadMagic {
-            what: "ckptfmt file (block, manifest or export)",
-            offset: 0,
-            found: magic,
-        })
-    }
-}
-
-fn inspect(path: &Path, as_json: bool) -> Result<(), FormatError> {
-    let v = describe(path)?;
-    if as_json {
-        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-    } else {
-        print_plain(&v, 0);
-    }
-    Ok(())
-}
-
-fn print_plain(v: &Value, indent: usize) {
-    let pad = " ".repeat(indent);
-    match v {
-        Value::Object(map) => {
-            for (k, val) in map {
-                match val {
-                    Value::Object(_) => {
-                        println!("{pad}{k}:");
-                        print_plain(val, indent + 2);
-                    }
-                    Value::Array(a) if a.len() > 8 => println!("{pad}{k}: [{} items]", a.len()),
-                    _ => println!("{pad}{k}: {val}"),
-                }
-            }
-        }
-        _ => println!("{pad}{v}"),
-    }
-}
-
-fn verify(path: &Path) -> Result<String, FormatError> {
-    if path.is_dir() {
-        let store = Store::open_read_only(path)?;
-        let names = store.list_manifests()?;
-        for n in &names {
-            store.verify_checkpoint(n)?;
-        }
-        let blocks = store.list_blocks()?;
-        for id in &blocks {
-            store.read_block(id)?;
-        }
-        return Ok(format!(
-            "store: {} checkpoints, {} blocks",
-            names.len(),
-            blocks.len()
-        ));
-    }
-    let bytes = read_file(path)?;
-    let magic = magic_of(&bytes);
-    if magic == BLOCK_MAGIC {
-        let v = BlockView::parse(&bytes)?;
-        Ok(format!("block {}", v.id()))
-    } else if magic == MANIFEST_MAGIC {
-        let m = Manifest::decode(&bytes)?;
-        // A manifest inside a store: check its blocks too.
-        let store_root = path
-            .parent()
-            .filter(|d| {
-                d.file_name()
-                    .is_some_and(|n| n == ckptfmt::store::MANIFESTS_DIR)
-            })
-            .and_then(Path::parent)
-            .filter(|r| r.join(ckptfmt::store::DESCRIPTOR_FILE).is_file());
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_suffix(ckptfmt::store::MANIFEST_SUFFIX));
-        if let (Some(root), Some(name)) = (store_root, name) {
-            Store::open_read_only(root)?.verify_checkpoint(name)?;
-            return Ok(format!(
-                "checkpoint {name:?}: {} tokens, {} blocks, all blocks verified",
-                m.tokens.len(),
-                m.block_ids.len()
-            ));
-        }
-        Ok(format!(
-            "manifest {:?}: {} tokens, {} blocks (blocks not checked: not in a store)",
-            m.meta.name,
-            m.tokens.len(),
-            m.block_ids.len()
-        ))
-    } else if magic == EXPORT_MAGIC {
-        let v = ExportView::parse(&bytes)?;
-        v.verify_all()?;
-        Ok(format!(
-            "export: {} tokens, {} blocks",
-            v.manifest().tokens.len(),
-            v.n_blocks()
-        ))
-    } else {
-        Err(FormatError::BadMagic {
-            what: "ckptfmt file (block, manifest or export)",
-            offset: 0,
-            found: magic,
-        })
-    }
+/// What to measure.
+pub struct BenchArgs {
+    /// Tokens in the checkpoint.
+    pub tokens: u64,
+    /// Layers.
+    pub layers: usize,
+    /// Bytes per token per layer, for K and for V each.
+    pub bytes_per_token: u32,
+    /// Tokens per block.
+    pub tokens_per_block: u32,
+    /// Store blocks as q8_0.
+    pub q8: bool,
+    /// Repetitions of each measurement.
+    pub iters: u32,
 }
 
 /// Deterministic pseudo-random f16 data shaped like KV (values mostly in [-4, 4]).
@@ -332,16 +58,27 @@ fn io_err<'p>(op: &'static str, p: &'p Path) -> impl FnOnce(std::io::Error) -> F
     move |e| FormatError::io(op, p, e)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn bench(
-    dir: &Path,
-    n_tokens: u64,
-    layers: usize,
-    bpt: u32,
-    tpb: u32,
-    q8: bool,
-    iters: u32,
-) -> Result<(), FormatError> {
+/// Runs the bench in a fresh subdirectory of `dir` (removed afterwards) and
+/// prints the figures as JSON.
+pub fn run(dir: &Path, args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let figures = measure(dir, args)?;
+    writeln!(
+        out,
+        "{}",
+        serde_json::to_string_pretty(&figures).unwrap_or_default()
+    )?;
+    Ok(())
+}
+
+fn measure(dir: &Path, args: &BenchArgs) -> Result<serde_json::Value, FormatError> {
+    let (n_tokens, layers, bpt, tpb, q8) = (
+        args.tokens,
+        args.layers,
+        args.bytes_per_token,
+        args.tokens_per_block,
+        args.q8,
+    );
+    let iters = args.iters.max(1);
     let geometry = Geometry::uniform(layers, bpt, bpt, ElemType::F16, tpb)?;
     let fp = Fingerprint::of(b"ckpt bench");
     let work = dir.join(format!("ckpt-bench-{}", std::process::id()));
@@ -593,6 +330,5 @@ fn bench(
         "q8_0_error": q8_error.map(|e| json!({"max_abs": e.max_abs, "rms": e.rms, "rel_rms": e.rel_rms})),
         "checksum": checksum,
     });
-    println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
-    Ok(())
+    Ok(out)
 }
