@@ -416,9 +416,9 @@ impl Context {
             plan.out_rows.push(n_tokens as i32 - 1);
         }
         let model = &self.model;
-        let kv = &self.kv;
+        let kv = &mut self.kv;
         let flash_attn = self.params.flash_attn;
-        let result = self.compute.run(&self.backend, |g| {
+        let result = self.compute.run(&mut self.backend, |g| {
             llama::build(g, model, kv, &plan, flash_attn)
         });
         let logits = match result {

@@ -8,16 +8,17 @@
 
 use crate::batch::Plan;
 use crate::error::Result;
-use crate::ggml::{DType, Graph, KvTensors, RopeParams, Tensor};
+use crate::ggml::{DType, Graph, KvTensors, RopeParams, Tensor, TensorMut};
 use crate::model::{Arch, Model, RopeScaling};
 
 /// Builds the graph evaluating the batch `plan` describes: each token's K and V are written
 /// into its cell of the page pool, each token attends to the cells its mask allows; returns the
-/// logits tensor (`[n_vocab, plan.out_rows.len()]`).
-pub(crate) fn build<'g>(
-    g: &mut Graph<'g>,
-    model: &Model,
-    kv: &KvTensors,
+/// logits tensor (`[n_vocab, plan.out_rows.len()]`). The KV pool is borrowed mutably for the
+/// graph's life: the graph writes its cells.
+pub(crate) fn build<'g, 'w>(
+    g: &mut Graph<'g, 'w>,
+    model: &'w Model,
+    kv: &'w mut KvTensors,
     plan: &Plan,
     flash_attn: bool,
 ) -> Result<Tensor<'g>> {
@@ -52,19 +53,21 @@ pub(crate) fn build<'g>(
     });
 
     let rope = rope_params(model);
-    let freq_factors = model.rope_freqs.map(|t| g.lift(t));
+    let kv = kv.tensors_mut();
+    let freq_factors = model.rope_freqs().map(|t| g.lift(t));
     let scale = 1.0 / (head_dim as f32).sqrt();
 
-    let tok_embd = g.lift(model.tok_embd);
+    let tok_embd = g.lift(model.tok_embd());
     let mut x = g.get_rows(tok_embd, ids);
-    let n_layers = model.layers.len();
-    for (il, lw) in model.layers.iter().enumerate() {
+    let n_layers = hp.n_layer;
+    for il in 0..n_layers {
+        let lw = model.layer(il);
         let residual = x;
         let norm = g.rms_norm(x, hp.rms_eps);
         let w = g.lift(lw.attn_norm);
         let cur = g.mul(norm, w);
 
-        let project = |g: &mut Graph<'g>, w, b: Option<_>| {
+        let project = |g: &mut Graph<'g, 'w>, w, b: Option<_>| {
             let w = g.lift(w);
             let y = g.mul_mat(w, cur);
             match b {
@@ -85,8 +88,8 @@ pub(crate) fn build<'g>(
 
         // Store this batch's K and V in their cells (converted to f16). The stores join the
         // graph before the attention that reads the cache, so they run first.
-        let k_cache = g.lift(kv.k(il));
-        let v_cache = g.lift(kv.v(il));
+        let k_cache = g.lift_mut(kv.k(il));
+        let v_cache = g.lift_mut(kv.v(il));
         let k_rows = g.reshape_2d(k, n_embd_kv, n);
         let k_store = g.set_rows(k_cache, k_rows, cells);
         let v_store = g.set_rows(v_cache, v, cells);
@@ -106,9 +109,9 @@ pub(crate) fn build<'g>(
                 a.rows.start * q_bytes,
             );
             let q = g.permute(q, [0, 2, 1, 3]);
-            let window = |g: &mut Graph<'g>, cache| {
+            let window = |g: &mut Graph<'g, 'w>, cache: TensorMut<'g>| {
                 g.view_3d(
-                    cache,
+                    cache.as_tensor(),
                     [head_dim, a.n_kv, n_head_kv],
                     [row_bytes, head_dim * 2],
                     a.first_cell * row_bytes,
@@ -156,16 +159,16 @@ pub(crate) fn build<'g>(
         x = g.add(down, x_attn);
     }
     let norm = g.rms_norm(x, hp.rms_eps);
-    let w = g.lift(model.output_norm);
+    let w = g.lift(model.output_norm());
     let x = g.mul(norm, w);
-    let out = g.lift(model.output);
+    let out = g.lift(model.output());
     debug_assert_eq!(x.ne(0), hp.n_embd);
     Ok(g.mul_mat(out, x))
 }
 
 /// Joins `[head_dim, n_head, m_i]` tensors along the token dimension, pairwise so that each
 /// row is copied about log2(parts) times.
-fn concat_tokens<'g>(g: &mut Graph<'g>, mut parts: Vec<Tensor<'g>>) -> Tensor<'g> {
+fn concat_tokens<'g>(g: &mut Graph<'g, '_>, mut parts: Vec<Tensor<'g>>) -> Tensor<'g> {
     while parts.len() > 1 {
         parts = parts
             .chunks(2)

@@ -102,8 +102,8 @@ pub struct HParams {
     pub rope_scaling: RopeScaling,
 }
 
-/// One block's tensors: weight handles, or indices into the weight list while loading.
-pub(crate) struct LayerWeights<T = RawTensor> {
+/// One block's tensors: indices into the model's weights, or handles borrowed from them.
+pub(crate) struct LayerWeights<T = usize> {
     pub attn_norm: T,
     pub wq: T,
     pub wk: T,
@@ -226,14 +226,14 @@ pub struct Model {
     tokenizer: Tokenizer,
     chat_template: ChatTemplate,
     fingerprint: [u8; 32],
-    pub(crate) tok_embd: RawTensor,
-    pub(crate) output_norm: RawTensor,
-    pub(crate) output: RawTensor,
-    pub(crate) rope_freqs: Option<RawTensor>,
-    pub(crate) layers: Vec<LayerWeights>,
-    // Declared after the tensors that point into them: dropped last.
-    _weights: Weights,
-    _gguf: Gguf,
+    // Indices into `weights`; the tensors are borrowed from it when a graph is built.
+    tok_embd: usize,
+    output_norm: usize,
+    output: usize,
+    rope_freqs: Option<usize>,
+    layers: Vec<LayerWeights>,
+    /// The weights, which own the mapped file their tensors point into.
+    weights: Weights,
 }
 
 impl std::fmt::Debug for Model {
@@ -260,6 +260,8 @@ impl Model {
 
     /// Builds a model from an opened GGUF file.
     pub fn from_gguf(gguf: Gguf) -> Result<Model> {
+        // Shared with the weights, which keep it alive for as long as their tensors point into it.
+        let gguf = Arc::new(gguf);
         let hp = HParams::from_gguf(&gguf)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         let chat_template = ChatTemplate::from_gguf(&gguf)?;
@@ -317,25 +319,45 @@ impl Model {
                 ffn_down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e], m)?,
             });
         }
-        let weights = Weights::map(gguf.bytes(), &specs.list)?;
+        let weights = Weights::map(Arc::clone(&gguf), &specs.list)?;
         let fingerprint = fingerprint::fingerprint(&gguf, &hp, &tokenizer);
-        let layers = layer_idx
-            .into_iter()
-            .map(|l| l.map(|i| weights.get(i)))
-            .collect();
         Ok(Model {
-            tok_embd: weights.get(tok_embd),
-            output_norm: weights.get(output_norm),
-            output: weights.get(output),
-            rope_freqs: rope_freqs.map(|i| weights.get(i)),
-            layers,
+            tok_embd,
+            output_norm,
+            output,
+            rope_freqs,
+            layers: layer_idx,
             hparams: hp,
             tokenizer,
             chat_template,
             fingerprint,
-            _weights: weights,
-            _gguf: gguf,
+            weights,
         })
+    }
+
+    /// The token embedding table.
+    pub(crate) fn tok_embd(&self) -> RawTensor<'_> {
+        self.weights.get(self.tok_embd)
+    }
+
+    /// The final norm's weight.
+    pub(crate) fn output_norm(&self) -> RawTensor<'_> {
+        self.weights.get(self.output_norm)
+    }
+
+    /// The output head (the embedding table when they are tied).
+    pub(crate) fn output(&self) -> RawTensor<'_> {
+        self.weights.get(self.output)
+    }
+
+    /// RoPE frequency factors, when the file has them.
+    pub(crate) fn rope_freqs(&self) -> Option<RawTensor<'_>> {
+        self.rope_freqs.map(|i| self.weights.get(i))
+    }
+
+    /// Block `il`'s tensors.
+    pub(crate) fn layer(&self, il: usize) -> LayerWeights<RawTensor<'_>> {
+        self.layers[il].map(|i| self.weights.get(i))
     }
 
     /// The hyperparameters.

@@ -2,7 +2,7 @@
 //!
 //! - `fetch-model`: download the default model into `models/` and verify its checksum.
 //! - `bindgen`: regenerate `ggml-sys/src/bindings*.rs` from the pinned ggml headers.
-//! - `ci`: formatting check, clippy with warnings denied, then the whole test suite.
+//! - `ci`: formatting check, clippy with warnings denied, `tidy`, then the whole test suite.
 //! - `compare-llama-cpp`: engine speed against llama.cpp's reference harness, side by side.
 //! - `tidy`: the promises of `ARCHITECTURE.md` checked on the sources (the unsafe fence, downward
 //!   dependencies, file length, docs, no printing or `.unwrap()` in library code).
@@ -98,7 +98,7 @@ fn bindgen() -> Result<(), String> {
     }
 }
 
-/// What CI runs: the model (so the fidelity tests use it), format, lints, tests.
+/// What CI runs: the model (so the fidelity tests use it), format, lints, tidy, tests.
 fn ci() -> Result<(), String> {
     let root = workspace_root();
     if let Err(e) = model::fetch_default(&root) {
@@ -122,6 +122,8 @@ fn ci() -> Result<(), String> {
             "warnings",
         ],
     )?;
+    eprintln!("$ cargo xtask tidy");
+    tidy::tidy(&root)?;
     run(&cargo, &["test", "--workspace"])?;
     Ok(())
 }

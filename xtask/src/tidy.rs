@@ -20,7 +20,7 @@ use std::fmt;
 use std::path::Path;
 use std::process::Command;
 
-use proc_macro2::{Delimiter, TokenTree};
+use proc_macro2::{Delimiter, TokenStream, TokenTree};
 use serde_json::Value;
 
 mod deps;
@@ -57,7 +57,22 @@ const UNSAFE_FENCE: &[(&str, Fence)] = &[
     ("ckptfmt/src/mmap.rs", Fence::Anywhere),
     // The `ckpt` tool's bench calls ckptfmt's `unsafe fn` maps (listed in `UNSAFE.md`).
     ("kvstore/src/bin/ckpt/bench.rs", Fence::Anywhere),
+    // ckptfmt's own test and bench of the mapped read path: test-only callers of the fenced maps.
+    (
+        "ckptfmt/tests/store_behaviour.rs",
+        Fence::CallsOnly(CKPTFMT_MAP_FNS),
+    ),
+    (
+        "ckptfmt/benches/ckptfmt.rs",
+        Fence::CallsOnly(CKPTFMT_MAP_FNS),
+    ),
+    // A test's counting global allocator (`unsafe impl GlobalAlloc` forwarding to `System`).
+    ("engine/tests/gguf_memory.rs", Fence::Anywhere),
 ];
+
+/// ckptfmt's `unsafe fn` memory maps (`ckptfmt/src/mmap.rs`), the only calls a
+/// [`Fence::CallsOnly`] caller of them may wrap in `unsafe`.
+const CKPTFMT_MAP_FNS: &[&str] = &["map_file", "map_block", "map"];
 
 /// Files that may say `allow(missing_docs)`, with the reason.
 const MISSING_DOCS_ALLOWED: &[(&str, &str)] = &[(
@@ -108,6 +123,9 @@ enum Fence {
     Anywhere,
     /// Only `unsafe { Mmap::map(..) }`, and one such site in the whole workspace.
     MmapMapOnly,
+    /// Only blocks that are one call of a listed `unsafe fn` (`unsafe { x.f(..) }`,
+    /// `unsafe { T::f(..) }`): callers of a fenced API, never `unsafe` of their own.
+    CallsOnly(&'static [&'static str]),
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -377,6 +395,14 @@ fn check_unsafe(source: &Source, mmap_sites: &mut Vec<(String, usize)>) -> Vec<V
                     line,
                     "`unsafe` other than the one `unsafe { Mmap::map(..) }` of the GGUF reader",
                 )),
+                Some(Fence::CallsOnly(fns)) if is_one_call_block(trees.get(i + 1), fns) => {}
+                Some(Fence::CallsOnly(fns)) => violations.push(Violation::new(
+                    &source.path,
+                    line,
+                    format!(
+                        "`unsafe` other than a block calling one of the fenced `unsafe fn`s {fns:?}"
+                    ),
+                )),
                 None => violations.push(Violation::new(
                     &source.path,
                     line,
@@ -411,6 +437,37 @@ fn is_mmap_map_block(tree: Option<&TokenTree>) -> bool {
             && is_punct(Some(c2), ':')
             && is_ident(map, "map")
             && args.delimiter() == Delimiter::Parenthesis)
+}
+
+/// `{ path::to::f(..) }` or `{ receiver.f(..) }` with `f` in `fns`: a block that is exactly one
+/// call of a listed function (its receiver and arguments may be any expression without `unsafe`).
+fn is_one_call_block(tree: Option<&TokenTree>, fns: &[&str]) -> bool {
+    let Some(TokenTree::Group(block)) = tree else {
+        return false;
+    };
+    if block.delimiter() != Delimiter::Brace {
+        return false;
+    }
+    let trees: Vec<TokenTree> = block.stream().into_iter().collect();
+    let [receiver @ .., sep, TokenTree::Ident(name), TokenTree::Group(args)] = trees.as_slice()
+    else {
+        return false;
+    };
+    let called_on = is_punct(Some(sep), '.') || is_punct(Some(sep), ':');
+    // One expression: no statement before the call, and no `unsafe` hidden in its operands.
+    let mut plain = !receiver.is_empty() && !receiver.iter().any(|t| is_punct(Some(t), ';'));
+    let operands: TokenStream = receiver
+        .iter()
+        .cloned()
+        .chain([TokenTree::Group(args.clone())])
+        .collect();
+    each_level(&operands, &mut |level| {
+        plain &= !level.iter().any(|t| is_ident(t, "unsafe"));
+    });
+    called_on
+        && plain
+        && args.delimiter() == Delimiter::Parenthesis
+        && fns.contains(&name.to_string().as_str())
 }
 
 /// Library code neither prints nor calls `.unwrap()`, test-only items aside.

@@ -84,6 +84,32 @@ fn the_gguf_reader_may_hold_exactly_one_mmap_map() {
 }
 
 #[test]
+fn callers_of_fenced_unsafe_fns_may_only_call_them() {
+    let calls =
+        "fn f() {\n    let a = unsafe { store.map_block(&BlockId([1; 32])) }.unwrap();\n    \
+                 let b = unsafe { Export::map(&path) };\n}\n";
+    for path in [
+        "ckptfmt/tests/store_behaviour.rs",
+        "ckptfmt/benches/ckptfmt.rs",
+    ] {
+        assert_eq!(unsafe_violations(path, calls), [], "{path}");
+    }
+    // Anything else unsafe in those files is reported: another function, a second statement,
+    // unsafe hidden in the arguments, an unsafe fn or impl of their own.
+    let text = "fn f() {\n    unsafe { std::ptr::read(p) };\n    \
+                unsafe { store.map_block(id); other() };\n    \
+                unsafe { store.map_block(unsafe { g() }) };\n}\n\
+                unsafe fn map() {}\nunsafe impl Send for X {}\n";
+    let mut found = unsafe_violations("ckptfmt/tests/store_behaviour.rs", text);
+    found.sort();
+    let lines: Vec<usize> = found.iter().map(|v| v.line).collect();
+    assert_eq!(lines, [3, 4, 5, 5, 7, 8], "{found:?}");
+    assert!(found[0].what.contains("map_block"));
+    // Other tests of the crate get no such waiver.
+    assert_eq!(unsafe_violations("ckptfmt/tests/other.rs", calls).len(), 2);
+}
+
+#[test]
 fn printing_and_unwrap_in_library_code_are_reported() {
     let text = "//! doc\nfn f(x: Option<u8>) -> u8 {\n    println!(\"hi\");\n    dbg!(x);\n    \
                     eprint!(\"{}\", x.unwrap());\n    x.unwrap()\n}\n";

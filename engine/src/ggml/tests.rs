@@ -1,0 +1,220 @@
+//! The checks the owners make before calling into ggml, and the paths that read and write
+//! tensor data: weights in place over a file they keep alive, KV bytes and KV cells written by a
+//! graph.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::gguf::{GgmlType, Gguf, GgufWriter};
+
+fn spec<'a>(ggml_type: u32, shape: &'a [u64], n_bytes: usize) -> WeightSpec<'a> {
+    WeightSpec {
+        name: "t",
+        ggml_type,
+        shape,
+        offset: 0,
+        n_bytes,
+    }
+}
+
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// A GGUF file with one f32 tensor `w` of shape `[4, 2]`, opened (memory-mapped) from disk.
+fn one_tensor_file(dir: &std::path::Path, values: &[f32; 8]) -> Arc<Gguf> {
+    let path = dir.join("w.gguf");
+    GgufWriter::new()
+        .add_tensor("w", &[4, 2], GgmlType::F32, f32_bytes(values))
+        .write(&path)
+        .expect("write the file");
+    Arc::new(Gguf::open(&path).expect("open the file"))
+}
+
+fn weight_spec(gguf: &Gguf) -> WeightSpec<'_> {
+    let info = gguf.tensor("w").expect("tensor w");
+    WeightSpec {
+        name: &info.name,
+        ggml_type: info.dtype as u32,
+        shape: &info.shape,
+        offset: info.offset as usize,
+        n_bytes: info.n_bytes as usize,
+    }
+}
+
+#[test]
+fn weight_specs_must_agree_with_their_type_before_ggml_sees_them() {
+    let f32_code = GgmlType::F32 as u32;
+    let q4_0 = GgmlType::Q4_0 as u32;
+    assert_eq!(
+        spec(f32_code, &[4, 2], 32).checked_ne().ok(),
+        Some(vec![4, 2])
+    );
+    assert_eq!(
+        spec(q4_0, &[64, 3], 2 * 18 * 3).checked_ne().ok(),
+        Some(vec![64, 3])
+    );
+    let refused = [
+        spec(f32_code, &[4, 2], 31),         // one byte short
+        spec(q4_0, &[48, 1], 27),            // rows not whole blocks
+        spec(f32_code, &[], 0),              // no dimension
+        spec(f32_code, &[1, 1, 1, 1, 1], 4), // five
+        spec(9_999, &[4], 16),               // a type ggml does not know
+        spec(f32_code, &[u64::MAX, 2], 0),   // a size that overflows
+        spec(f32_code, &[1 << 62, 2, 2], 0), // the same, in the outer dimensions
+        spec(f32_code, &[1 << 63], 0),       // a dimension past i64
+    ];
+    for s in &refused {
+        assert!(
+            matches!(s.checked_ne(), Err(Error::BadTensor { .. })),
+            "{:?} accepted",
+            s.shape
+        );
+    }
+}
+
+#[test]
+fn weights_point_into_the_file_and_keep_it_alive() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let values = [1.0, -2.0, 3.5, 0.25, 8.0, -0.5, 6.0, 7.0];
+    let gguf = one_tensor_file(dir.path(), &values);
+    let spec = weight_spec(&gguf);
+    let (offset, n_bytes) = (spec.offset, spec.n_bytes);
+
+    let past_the_end = WeightSpec {
+        offset: gguf.bytes().len() - n_bytes + 1,
+        ..weight_spec(&gguf)
+    };
+    assert!(matches!(
+        Weights::map(Arc::clone(&gguf), &[past_the_end]),
+        Err(Error::BadTensor { .. })
+    ));
+
+    let weights = Weights::map(Arc::clone(&gguf), &[spec]).expect("map");
+    let file_start = gguf.bytes().as_ptr() as usize;
+    // SAFETY: a live tensor of `weights`; reads its data pointer.
+    let data = unsafe { (*weights.get(0).ptr.as_ptr()).data } as usize;
+    assert_eq!(
+        data,
+        file_start + offset,
+        "not copied: the tensor is in the file"
+    );
+    assert_eq!(Arc::strong_count(&gguf), 2, "the weights hold the file");
+    drop(gguf);
+
+    // The file's only owner is now the weights; a graph still reads the values.
+    let mut backend = Backend::cpu(1).expect("backend");
+    let mut compute = Compute::new().expect("compute");
+    let out = compute
+        .run(&mut backend, |g| {
+            let w = g.lift(weights.get(0));
+            Ok(g.cont(w))
+        })
+        .expect("run");
+    assert_eq!(out, values);
+}
+
+#[test]
+fn a_lifted_tensor_cannot_be_the_output() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let gguf = one_tensor_file(dir.path(), &[0.0; 8]);
+    let spec = weight_spec(&gguf);
+    let weights = Weights::map(Arc::clone(&gguf), &[spec]).expect("map");
+    let mut backend = Backend::cpu(1).expect("backend");
+    let mut compute = Compute::new().expect("compute");
+    let result = compute.run(&mut backend, |g| Ok(g.lift(weights.get(0))));
+    assert!(matches!(result, Err(Error::Ggml { .. })), "{result:?}");
+}
+
+#[test]
+fn kv_bytes_are_written_copied_and_read_back_in_range_only() {
+    let mut kv = KvTensors::new(&[4, 2], &[4, 2], 8).expect("pool");
+    // Layer 0's K: 8 rows of 4 f16 = 64 bytes.
+    let row: Vec<u8> = (1..=8).collect();
+    kv.write(0, false, 8, &row);
+    kv.copy_within(0, false, 8, 40, 8);
+    let mut all = vec![0xff; 64];
+    kv.read(0, false, 0, &mut all);
+    assert_eq!(&all[8..16], &row[..]);
+    assert_eq!(&all[40..48], &row[..]);
+    assert!(all[..8].iter().chain(&all[16..40]).all(|&b| b == 0));
+    // Layer 0's V is another tensor, untouched.
+    kv.read(0, true, 0, &mut all);
+    assert!(all.iter().all(|&b| b == 0));
+
+    let panics = |f: &mut dyn FnMut(&mut KvTensors)| {
+        let mut kv = KvTensors::new(&[4], &[4], 8).expect("pool");
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut kv))).is_err()
+    };
+    assert!(panics(&mut |kv| kv.read(0, false, 60, &mut [0; 8])));
+    assert!(panics(&mut |kv| kv.read(0, false, usize::MAX, &mut [0; 2])));
+    assert!(panics(&mut |kv| kv.write(0, true, 57, &[0; 8])));
+    assert!(
+        panics(&mut |kv| kv.copy_within(0, false, 0, 4, 8)),
+        "overlap"
+    );
+    assert!(panics(&mut |kv| kv.copy_within(0, false, usize::MAX, 0, 2)));
+    assert!(!panics(&mut |kv| kv.read(0, false, 56, &mut [0; 8])));
+}
+
+#[test]
+fn a_graph_writes_kv_cells_through_the_exclusive_handles() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let values = [1.0, -2.0, 3.5, 0.25, 8.0, -0.5, 6.0, 7.0];
+    let gguf = one_tensor_file(dir.path(), &values);
+    let weights = Weights::map(Arc::clone(&gguf), &[weight_spec(&gguf)]).expect("map");
+    let mut kv = KvTensors::new(&[4], &[4], 4).expect("pool");
+    let mut backend = Backend::cpu(1).expect("backend");
+    let mut compute = Compute::new().expect("compute");
+    let kv_mut = kv.tensors_mut();
+    compute
+        .run(&mut backend, |g| {
+            // Rows 0 and 1 of `w` into cells 3 and 1 of layer 0's V.
+            let w = g.lift(weights.get(0));
+            let cells = g.input(
+                DType::I64,
+                &[2],
+                [3i64, 1].iter().flat_map(|c| c.to_le_bytes()).collect(),
+            );
+            let dst = g.lift_mut(kv_mut.v(0));
+            let store = g.set_rows(dst, w, cells);
+            g.expand(store);
+            Ok(g.cont(w))
+        })
+        .expect("run");
+    let f16_row = |r: &[f32]| -> Vec<u8> {
+        r.iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect()
+    };
+    let mut cells = vec![0xff; 32];
+    kv.read(0, true, 0, &mut cells);
+    assert_eq!(&cells[24..32], &f16_row(&values[..4])[..]);
+    assert_eq!(&cells[8..16], &f16_row(&values[4..])[..]);
+    assert!(cells[..8].iter().chain(&cells[16..24]).all(|&b| b == 0));
+    kv.read(0, false, 0, &mut cells);
+    assert!(cells.iter().all(|&b| b == 0), "K is another tensor");
+}
+
+#[test]
+fn a_view_cannot_reach_past_its_source() {
+    let mut backend = Backend::cpu(1).expect("backend");
+    let mut compute = Compute::new().expect("compute");
+    let mut view = |offset: usize, nb1: usize| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            compute.run(&mut backend, |g| {
+                // 8 f16 values: 16 bytes.
+                let x = g.input(DType::F16, &[8], (0u8..16).collect());
+                let v = g.view_3d(x, [2, 2, 1], [nb1, 16], offset);
+                // An f16 output: `run` reports it as an error after computing, which is fine.
+                Ok(g.cont(v))
+            })
+        }))
+        .is_ok()
+    };
+    assert!(view(0, 4), "rows 0..2 and 2..4 (8 bytes)");
+    assert!(view(8, 4), "the last 8 bytes");
+    assert!(!view(10, 4), "two bytes past the end");
+    assert!(!view(0, 14), "a stride that reaches past the end");
+    assert!(!view(usize::MAX, 4), "an offset that overflows");
+}
