@@ -237,9 +237,6 @@ impl Chat {
 
     /// Saves under the current name; a failure is reported, not fatal.
     fn autosave(&self) {
-        if self.session.tokens().is_empty() {
-            return;
-        }
         if let Err(e) = self.save_as(self.name()) {
             eprintln!("(could not save `{}`: {})", self.name(), why(e));
         }
