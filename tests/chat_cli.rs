@@ -742,3 +742,52 @@ fn conversations_in_the_earlier_layout_are_migrated_once_and_left_in_place() {
         second.stderr
     );
 }
+
+#[test]
+fn a_disk_budget_drops_the_least_recently_used_conversations_and_says_so() {
+    let env = Env::new();
+    let budget = 30_000u64;
+    let mut evicted = Vec::new();
+    for i in 0..6 {
+        let name = format!("c{i}");
+        // Each conversation fills a block of its own.
+        let message = format!("{i} {}", long_message());
+        let run = env.chat(
+            &["--session", &name, "--cache-disk", "30KB"],
+            &format!("{message}\n"),
+        );
+        if let Some(line) = run
+            .stderr
+            .lines()
+            .find(|l| l.contains("dropped the least recently used conversations"))
+        {
+            evicted.extend(
+                line.rsplit_once("conversations ")
+                    .unwrap()
+                    .1
+                    .trim_end_matches(')')
+                    .split(", ")
+                    .map(str::to_owned),
+            );
+        }
+        let block_bytes: u64 = env
+            .files_in("blocks")
+            .iter()
+            .map(|p| std::fs::metadata(p).unwrap().len())
+            .sum();
+        assert!(
+            block_bytes <= budget,
+            "{block_bytes} bytes of blocks after `{name}`"
+        );
+    }
+    assert!(!evicted.is_empty(), "nothing was dropped");
+    for name in &evicted {
+        assert!(!env.exists(name), "`{name}` was reported dropped");
+    }
+    // The conversation saved last is kept, whole.
+    assert!(!evicted.contains(&"c5".to_owned()));
+    assert_eq!(
+        users(&env.restore("c5").unwrap().0),
+        [format!("5 {}", long_message())]
+    );
+}
