@@ -73,6 +73,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bytes;
+pub mod claim;
 mod config;
 pub mod error;
 #[cfg(feature = "test-util")]
@@ -95,6 +96,7 @@ pub use bytes::KvBytes;
 #[cfg(feature = "test-util")]
 pub use ckptfmt::CrashMode;
 pub use ckptfmt::{BadBlock, BlockId, CheckpointHealth, Fingerprint, Geometry, Manifest};
+pub use claim::{claim, Claim};
 pub use config::{Config, DamagedCheckpoint, GcReport, RecoveryReport, VerifyLevel};
 pub use error::{Result, StoreError};
 #[cfg(feature = "test-util")]

@@ -1,0 +1,793 @@
+//! The chat example driven through a pipe, as a script would, on a tiny model the test writes:
+//! nothing is lost without being asked (fresh starts, failed resumes, a smaller context, two
+//! chats on one name), the commands, option checking, identical replies after a restart, the
+//! prompt built from the template's delta, and two chats saving into one store at once.
+//!
+//! The chat binary is the example that `cargo test` builds beside the tests; a filtered run
+//! needs it built first: `cargo build --example chat && cargo test --test chat_cli`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use engine::gguf::{GgmlType, GgufWriter};
+use engine::store::{SessionStore, StoreConfig};
+use engine::{Model, Session, SessionParams};
+
+/// The chat example next to this test's executable (`target/<profile>/examples/chat`).
+fn chat_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().unwrap().parent().unwrap();
+    let bin = profile_dir
+        .join("examples")
+        .join(format!("chat{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it with `cargo build --example chat`",
+        bin.display()
+    );
+    bin
+}
+
+/// Deterministic pseudo-random weights (SplitMix64).
+struct Rng(u64);
+impl Rng {
+    fn f32(&mut self) -> f32 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn tensor(&mut self, n: usize, scale: f32, offset: f32) -> Vec<u8> {
+        (0..n)
+            .flat_map(|_| (offset + self.f32() * scale).to_le_bytes())
+            .collect()
+    }
+}
+
+/// GPT-2's byte-level alphabet: the character standing for each byte.
+fn byte_chars() -> Vec<char> {
+    let printable = |b: u32| {
+        (u32::from('!')..=u32::from('~')).contains(&b)
+            || (0xA1..=0xAC).contains(&b)
+            || (0xAE..=0xFF).contains(&b)
+    };
+    let mut extra = 0;
+    (0..256u32)
+        .map(|b| {
+            if printable(b) {
+                char::from_u32(b).unwrap()
+            } else {
+                extra += 1;
+                char::from_u32(255 + extra).unwrap()
+            }
+        })
+        .collect()
+}
+
+/// Writes a tiny llama model with a byte-level vocabulary (every text encodes), merges of the
+/// letters `a`-`h` in pairs (so a reply sampled letter by letter tokenizes differently when its
+/// text is encoded again), ChatML's control tokens, and `template` as its chat template (ChatML
+/// when `None`).
+fn write_model(path: &Path, template: Option<&str>) {
+    let (n_embd, n_head, n_head_kv, n_ff, n_layer) = (32usize, 4usize, 2usize, 48usize, 2usize);
+    let kv = n_embd / n_head * n_head_kv;
+    let mut tokens: Vec<String> = byte_chars().iter().map(char::to_string).collect();
+    let letters = "abcdefgh";
+    let mut merges = Vec::new();
+    for a in letters.chars() {
+        for b in letters.chars() {
+            tokens.push(format!("{a}{b}"));
+            merges.push(format!("{a} {b}"));
+        }
+    }
+    let mut types = vec![1i32; tokens.len()];
+    for special in ["<|im_start|>", "<|im_end|>"] {
+        tokens.push(special.to_owned());
+        types.push(3);
+    }
+    let n_vocab = tokens.len();
+    let mut g = GgufWriter::new();
+    g.add_str("general.architecture", "llama")
+        .add_u32("llama.context_length", 8192)
+        .add_u32("llama.embedding_length", n_embd as u32)
+        .add_u32("llama.block_count", n_layer as u32)
+        .add_u32("llama.feed_forward_length", n_ff as u32)
+        .add_u32("llama.attention.head_count", n_head as u32)
+        .add_u32("llama.attention.head_count_kv", n_head_kv as u32)
+        .add_f32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+        .add_f32("llama.rope.freq_base", 10000.0)
+        .add_str("tokenizer.ggml.model", "gpt2")
+        .add_str("tokenizer.ggml.pre", "default")
+        .add_str_array("tokenizer.ggml.tokens", &tokens)
+        .add_i32_array("tokenizer.ggml.token_type", &types)
+        .add_str_array("tokenizer.ggml.merges", &merges)
+        .add_u32("tokenizer.ggml.eos_token_id", n_vocab as u32 - 1);
+    if let Some(t) = template {
+        g.add_str("tokenizer.chat_template", t);
+    }
+    let mut r = Rng(7);
+    let (e, v) = (n_embd as u64, n_vocab as u64);
+    g.add_tensor(
+        "token_embd.weight",
+        &[e, v],
+        GgmlType::F32,
+        r.tensor(n_embd * n_vocab, 1.0, 0.0),
+    );
+    g.add_tensor(
+        "output_norm.weight",
+        &[e],
+        GgmlType::F32,
+        r.tensor(n_embd, 0.5, 1.0),
+    );
+    g.add_tensor(
+        "output.weight",
+        &[e, v],
+        GgmlType::F32,
+        r.tensor(n_embd * n_vocab, 0.3, 0.0),
+    );
+    for l in 0..n_layer {
+        let n = |s: &str| format!("blk.{l}.{s}");
+        let (kv64, ff64) = (kv as u64, n_ff as u64);
+        let mut add = |name: &str, dims: &[u64], scale: f32, offset: f32| {
+            let count = dims.iter().product::<u64>() as usize;
+            g.add_tensor(
+                &n(name),
+                dims,
+                GgmlType::F32,
+                r.tensor(count, scale, offset),
+            );
+        };
+        add("attn_norm.weight", &[e], 0.5, 1.0);
+        add("attn_q.weight", &[e, e], 0.3, 0.0);
+        add("attn_k.weight", &[e, kv64], 0.3, 0.0);
+        add("attn_v.weight", &[e, kv64], 0.3, 0.0);
+        add("attn_output.weight", &[e, e], 0.3, 0.0);
+        add("ffn_norm.weight", &[e], 0.5, 1.0);
+        add("ffn_gate.weight", &[e, ff64], 0.3, 0.0);
+        add("ffn_up.weight", &[e, ff64], 0.3, 0.0);
+        add("ffn_down.weight", &[ff64, e], 0.3, 0.0);
+    }
+    g.write(path).unwrap();
+}
+
+/// A directory with a tiny model and a store.
+struct Env {
+    dir: tempfile::TempDir,
+    model: PathBuf,
+}
+
+impl Env {
+    fn new() -> Env {
+        Env::with_template(None)
+    }
+
+    fn with_template(template: Option<&str>) -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("tiny.gguf");
+        write_model(&model, template);
+        Env { dir, model }
+    }
+
+    fn store(&self) -> PathBuf {
+        self.dir.path().join("store")
+    }
+
+    /// The chat command with the test's defaults (tiny model, greedy, short replies); `args`
+    /// come last, so they override.
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = self.command_without_store(&[]);
+        cmd.arg("--store").arg(self.store()).args(args);
+        cmd
+    }
+
+    /// The chat command, run in the test's directory, without `--store`.
+    fn command_without_store(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(chat_bin());
+        cmd.current_dir(self.dir.path())
+            .arg("--model")
+            .arg(&self.model)
+            .args(["--threads", "1", "--temp", "0", "--max-tokens", "6"])
+            .args(["--ctx", "2048", "--cache-ram", "8MiB"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    }
+
+    /// Runs the chat on `input` to its end.
+    fn run(&self, args: &[&str], input: &str) -> Run {
+        run(self.command(args), input)
+    }
+
+    /// Runs the chat on `input` and checks that it succeeded.
+    fn chat(&self, args: &[&str], input: &str) -> Run {
+        let run = self.run(args, input);
+        assert!(run.ok, "chat failed:\n{}", run.stderr);
+        run
+    }
+
+    /// The messages of checkpoint `name`, restored through the library (every block read and
+    /// verified), and its token count.
+    fn restore(&self, name: &str) -> engine::Result<(Vec<(String, String)>, usize)> {
+        let model = Model::load(&self.model)?;
+        let store = SessionStore::open(&self.store(), &model, StoreConfig::default())?;
+        let params = SessionParams {
+            n_ctx: 8192,
+            n_threads: 1,
+            ..SessionParams::default()
+        };
+        let mut session = Session::new(model.clone(), params)?;
+        let meta = store.restore(&mut session, name)?;
+        let json: serde_json::Value = serde_json::from_str(&meta.app["messages"]).unwrap();
+        let messages = json
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                (
+                    m["role"].as_str().unwrap().to_owned(),
+                    m["content"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        Ok((messages, session.tokens().len()))
+    }
+
+    fn exists(&self, name: &str) -> bool {
+        let model = Model::load(&self.model).unwrap();
+        let store = SessionStore::open(&self.store(), &model, StoreConfig::default()).unwrap();
+        store.exists(name).unwrap()
+    }
+
+    /// Files under the store whose path has a component `dir` (`blocks`, `manifests`).
+    fn files_in(&self, dir: &str) -> Vec<PathBuf> {
+        walk(&self.store())
+            .into_iter()
+            .filter(|p| p.components().any(|c| c.as_os_str() == dir))
+            .collect()
+    }
+}
+
+/// Runs `cmd` on `input` to its end.
+fn run(mut cmd: Command, input: &str) -> Run {
+    let mut child = cmd.spawn().unwrap();
+    // A chat that refused its options has exited and closed its input already.
+    let _ = child.stdin.take().unwrap().write_all(input.as_bytes());
+    let out = child.wait_with_output().unwrap();
+    Run {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}
+
+struct Run {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    /// How many times `needle` appears on stderr.
+    fn count(&self, needle: &str) -> usize {
+        self.stderr.matches(needle).count()
+    }
+
+    /// Numbers following `prefix` on each stderr line that has it.
+    fn numbers_after(&self, prefix: &str) -> Vec<usize> {
+        self.stderr
+            .lines()
+            .filter_map(|l| l.split_once(prefix))
+            .map(|(_, rest)| {
+                rest.trim_start()
+                    .split(|c: char| !c.is_ascii_digit())
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap()
+            })
+            .collect()
+    }
+}
+
+fn users(messages: &[(String, String)]) -> Vec<&str> {
+    messages
+        .iter()
+        .filter(|(role, _)| role == "user")
+        .map(|(_, content)| content.as_str())
+        .collect()
+}
+
+/// Flips one byte in the middle of `path`.
+fn corrupt(path: &Path) -> Vec<u8> {
+    let original = std::fs::read(path).unwrap();
+    let mut bytes = original.clone();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x5A;
+    std::fs::write(path, &bytes).unwrap();
+    original
+}
+
+/// A message long enough that the conversation fills a full 64-token block.
+fn long_message() -> String {
+    "the quick brown fox jumps over the lazy dog while seven wizards quietly box jugs of liquor"
+        .into()
+}
+
+#[test]
+fn fresh_start_keeps_the_old_conversation() {
+    let env = Env::new();
+    env.chat(&["--session", "talk"], "hello\n");
+    let before = env.restore("talk").unwrap();
+    let run = env.chat(&["--session", "talk", "--fresh"], "again\n/quit\n");
+    assert!(
+        run.stderr.contains("new conversation `talk-2`"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(env.restore("talk").unwrap(), before);
+    assert_eq!(users(&before.0), ["hello"]);
+    assert_eq!(users(&env.restore("talk-2").unwrap().0), ["again"]);
+    // /reset likewise starts a new name and keeps the old one.
+    let run = env.chat(&["--session", "talk"], "/reset\nthird\n");
+    assert!(
+        run.stderr.contains("new conversation `talk-3`"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(env.restore("talk").unwrap(), before);
+    assert_eq!(users(&env.restore("talk-3").unwrap().0), ["third"]);
+}
+
+#[test]
+fn a_failed_resume_keeps_the_old_checkpoint_and_goes_on_under_a_new_name() {
+    let env = Env::new();
+    // A damaged block.
+    env.chat(&["--session", "talk"], &format!("{}\n", long_message()));
+    let before = env.restore("talk").unwrap();
+    assert!(before.1 > 64, "{} tokens fill no block", before.1);
+    let blocks = env.files_in("blocks");
+    assert!(!blocks.is_empty());
+    let originals: Vec<_> = blocks.iter().map(|b| (b.clone(), corrupt(b))).collect();
+    let run = env.chat(&["--session", "talk"], "more\n");
+    assert!(
+        run.stderr.contains("could not resume `talk`"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("goes on as `talk-2`"), "{}", run.stderr);
+    assert_eq!(users(&env.restore("talk-2").unwrap().0), ["more"]);
+    // Repaired (the block put back as it was), the old conversation restores whole.
+    for (path, bytes) in &originals {
+        std::fs::write(path, bytes).unwrap();
+    }
+    assert_eq!(env.restore("talk").unwrap(), before);
+
+    // A damaged manifest: refused, and left byte for byte as it was.
+    env.chat(&["--session", "other"], "hello\n");
+    let manifest = env
+        .files_in("manifests")
+        .into_iter()
+        .find(|p| p.file_name().unwrap().to_string_lossy().contains("other"))
+        .expect("the manifest of `other`");
+    corrupt(&manifest);
+    let damaged = std::fs::read(&manifest).unwrap();
+    let run = env.chat(&["--session", "other"], "next\n");
+    assert!(
+        run.stderr.contains("could not resume `other`"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("goes on as `other-2`"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(std::fs::read(&manifest).unwrap(), damaged);
+    assert_eq!(users(&env.restore("other-2").unwrap().0), ["next"]);
+}
+
+#[test]
+fn a_smaller_context_keeps_the_checkpoint() {
+    let env = Env::new();
+    env.chat(&["--session", "talk"], &format!("{}\n", long_message()));
+    let before = env.restore("talk").unwrap();
+    let run = env.chat(&["--session", "talk", "--ctx", "32"], "short\n");
+    assert!(
+        run.stderr.contains("could not resume `talk`"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("goes on as `talk-2`"), "{}", run.stderr);
+    assert_eq!(env.restore("talk").unwrap(), before);
+    // With the context it needs, it resumes.
+    let run = env.chat(&["--session", "talk"], "");
+    assert!(
+        run.stderr.contains("resumed `talk`: 2 messages"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn a_second_chat_on_a_name_in_use_gets_a_new_name() {
+    let env = Env::new();
+    let mut first: Child = env.command(&["--session", "talk"]).spawn().unwrap();
+    let mut stderr = BufReader::new(first.stderr.take().unwrap());
+    // Wait until the first chat has its name.
+    let mut line = String::new();
+    while !line.contains("new conversation `talk`") {
+        line.clear();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "the first chat ended"
+        );
+    }
+    let second = env.chat(&["--session", "talk"], "from the second\n");
+    let pid = first.id().to_string();
+    assert!(
+        second.stderr.contains("`talk` is open in another chat") && second.stderr.contains(&pid),
+        "{}",
+        second.stderr
+    );
+    assert!(
+        second.stderr.contains("goes on as `talk-2`"),
+        "{}",
+        second.stderr
+    );
+    let mut stdin = first.stdin.take().unwrap();
+    stdin.write_all(b"from the first\n/quit\n").unwrap();
+    drop(stdin);
+    assert!(first.wait().unwrap().success());
+    assert_eq!(users(&env.restore("talk").unwrap().0), ["from the first"]);
+    assert_eq!(
+        users(&env.restore("talk-2").unwrap().0),
+        ["from the second"]
+    );
+}
+
+#[test]
+fn commands_save_load_list_branch_undo_delete() {
+    let env = Env::new();
+    let script = "\
+one
+/save snap
+two
+/branch side
+three
+/list
+/undo
+/load snap
+/delete side
+/list
+/delete snap
+/delete talk
+/save
+/load nothing-here
+/frobnicate
+/help
+";
+    let run = env.chat(&["--session", "talk"], script);
+    let err = &run.stderr;
+    // /branch: the conversation goes on as `side`; `talk` stays at two turns.
+    assert!(err.contains("now on `side`, branched from `talk`"), "{err}");
+    let saved = run.numbers_after("(saved `side`:");
+    // The branch itself, the turn "three", then /undo.
+    assert_eq!(saved.len(), 3, "{err}");
+    assert_eq!(saved[2], saved[0], "undo goes back to the branch point");
+    let undo_line = err
+        .lines()
+        .skip_while(|l| !l.contains("took back the last turn"))
+        .nth(1)
+        .unwrap();
+    assert!(undo_line.contains("0 new blocks"), "{undo_line}");
+    // The first listing shows all three, the current one marked; the second lacks `side`.
+    let (first, second) = run
+        .stdout
+        .split_once("* snap")
+        .expect("a listing on `snap`");
+    assert!(
+        first.contains("* side") && first.contains("  talk "),
+        "{first}"
+    );
+    assert!(first.contains("  snap "), "{first}");
+    assert!(
+        second.contains("  talk ") && !second.contains("side"),
+        "{second}"
+    );
+    assert!(err.contains("now on `snap`; `side` is kept"), "{err}");
+    assert!(err.contains("deleted `side`"), "{err}");
+    // Deleting the conversation in use is refused; bad commands are explained.
+    assert!(err.contains("`snap` is the conversation in use"), "{err}");
+    assert!(err.contains("deleted `talk`"), "{err}");
+    assert!(err.contains("usage: /save NAME"), "{err}");
+    assert!(err.contains("no conversation `nothing-here`"), "{err}");
+    assert!(err.contains("unknown command /frobnicate"), "{err}");
+    assert!(run.stdout.contains("/branch NAME"), "{}", run.stdout);
+    assert!(!env.exists("side") && !env.exists("talk"));
+    assert_eq!(users(&env.restore("snap").unwrap().0), ["one"]);
+
+    // Undoing the only turn is saved too: a restart does not bring it back.
+    env.chat(&["--session", "undone"], "first\n/undo\n");
+    assert_eq!(env.restore("undone").unwrap(), (Vec::new(), 0));
+}
+
+#[test]
+fn bad_options_exit_non_zero_and_write_nothing() {
+    let env = Env::new();
+    let long = "x".repeat(101);
+    let bad: &[&[&str]] = &[
+        &["--ctx", "0"],
+        &["--threads", "0"],
+        &["--temp", "nan"],
+        &["--temp", "-1"],
+        &["--top-p", "0"],
+        &["--top-p", "1.5"],
+        &["--min-p", "2"],
+        &["--repeat-penalty", "0"],
+        &["--max-tokens", "0"],
+        &["--session", ""],
+        &["--session", "a/b"],
+        &["--session", ".."],
+        &["--session", "up..there"],
+        &["--session", ".hidden"],
+        &["--session", &long],
+        &["--cache-disk", "12XB"],
+        &["--cache-disk", "-5MB"],
+        &["--cache-ram", "0"],
+        &["--no-such-option"],
+    ];
+    for args in bad {
+        let run = env.run(args, "hello\n");
+        assert!(!run.ok, "{args:?} was accepted");
+        assert!(run.stderr.contains("error"), "{args:?}: {}", run.stderr);
+        assert!(run.stdout.is_empty(), "{args:?}: {}", run.stdout);
+        assert!(!env.store().exists(), "{args:?} created the store");
+    }
+    let run = env.chat(
+        &[
+            "--cache-disk",
+            "50MB",
+            "--cache-ram",
+            "1GiB",
+            "--session",
+            "ok",
+        ],
+        "/quit\n",
+    );
+    assert!(run.ok);
+}
+
+#[test]
+fn a_restored_conversation_answers_as_it_would_have_without_the_restart() {
+    for temp in ["0", "0.9"] {
+        let env = Env::new();
+        let args = ["--temp", temp, "--max-tokens", "12"];
+        let whole = env.chat(
+            &[&args[..], &["--session", "one-go"]].concat(),
+            "hi\nand then\n",
+        );
+        let first = env.chat(&[&args[..], &["--session", "split"]].concat(), "hi\n");
+        let second = env.chat(&[&args[..], &["--session", "split"]].concat(), "and then\n");
+        assert!(
+            second.stderr.contains("resumed `split`"),
+            "{}",
+            second.stderr
+        );
+        assert_eq!(
+            format!("{}{}", first.stdout, second.stdout),
+            whole.stdout,
+            "temperature {temp}"
+        );
+        assert_eq!(
+            env.restore("split").unwrap().1,
+            env.restore("one-go").unwrap().1
+        );
+    }
+}
+
+/// Checks that every turn but the first kept all the tokens the session held after the
+/// previous save (the reply's sampled tokens included), and that no turn fell back to
+/// re-tokenizing the conversation.
+fn assert_every_turn_extends_the_last(run: &Run, name: &str) {
+    let kept = run.numbers_after("(prompt:");
+    let saved = run.numbers_after(&format!("(saved `{name}`:"));
+    assert_eq!(kept.len(), saved.len());
+    for i in 1..kept.len() {
+        assert_eq!(kept[i], saved[i - 1], "turn {i} of `{name}`");
+    }
+    assert_eq!(run.count("re-tokenizing"), 0);
+}
+
+#[test]
+fn a_template_that_does_not_extend_its_prompts_falls_back_and_is_counted() {
+    // Prefix-stable ChatML: no fallback.
+    let env = Env::new();
+    let run = env.chat(&["--session", "t"], "ab\ncd ef\ngh\n");
+    assert_every_turn_extends_the_last(&run, "t");
+    // A template that starts with the number of messages never extends its previous prompt.
+    let counting = "{{ messages|length }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n\
+                    {{ m['content'] }}<|im_end|>\n{% endfor %}\
+                    {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+    let env = Env::with_template(Some(counting));
+    let run = env.chat(&["--session", "t"], "ab\ncd ef\ngh\n");
+    assert_eq!(
+        run.count("re-tokenizing the conversation"),
+        2,
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("2 turns re-tokenized"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(users(&env.restore("t").unwrap().0), ["ab", "cd ef", "gh"]);
+}
+
+#[test]
+fn two_chats_saving_every_turn_into_one_store_both_complete() {
+    const TURNS: usize = 200;
+    let env = Env::new();
+    let script = |tag: &str| {
+        let mut s: String = (0..TURNS).map(|i| format!("{tag} {i}\n")).collect();
+        s.push_str("/quit\n");
+        s
+    };
+    let args = |name: &'static str| ["--session", name, "--ctx", "8192", "--max-tokens", "2"];
+    let spawn = |name: &'static str| {
+        let env = &env;
+        let input = script(name);
+        move || env.run(&args(name), &input)
+    };
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(spawn("alpha"));
+        let b = s.spawn(spawn("beta"));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    for (run, name) in [(&a, "alpha"), (&b, "beta")] {
+        assert!(run.ok, "{name}: {}", run.stderr);
+        assert_eq!(run.count(&format!("(saved `{name}`:")), TURNS, "{name}");
+        assert_eq!(run.count("could not"), 0, "{name}: {}", run.stderr);
+        assert_every_turn_extends_the_last(run, name);
+        let (messages, tokens) = env.restore(name).unwrap();
+        assert_eq!(messages.len(), 2 * TURNS, "{name}");
+        let want: Vec<String> = (0..TURNS).map(|i| format!("{name} {i}")).collect();
+        assert_eq!(users(&messages), want, "{name}");
+        assert_eq!(
+            Some(&tokens),
+            run.numbers_after(&format!("(saved `{name}`:")).last()
+        );
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let dest = to.join(e.file_name());
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
+
+#[test]
+fn conversations_in_the_earlier_layout_are_migrated_once_and_left_in_place() {
+    let env = Env::new();
+    // A model's directory in a store is a bare checkpoint store: the earlier layout.
+    let seed = env.dir.path().join("seed");
+    let mut cmd = env.command_without_store(&["--session", "old-talk"]);
+    cmd.arg("--store").arg(&seed);
+    assert!(run(cmd, "hello\n").ok);
+    let model_dir = std::fs::read_dir(seed.join("models"))
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    let legacy = env.dir.path().join("sessions");
+    copy_dir(&model_dir, &legacy);
+    let files_before: Vec<_> = walk(&legacy)
+        .into_iter()
+        .map(|p| (p.clone(), std::fs::read(&p).unwrap()))
+        .collect();
+
+    // The default store is `store/` next to `sessions/`.
+    let first = run(
+        env.command_without_store(&["--session", "old-talk"]),
+        "again\n",
+    );
+    assert!(first.ok, "{}", first.stderr);
+    assert!(
+        first.stderr.contains("migrated 1 conversations: old-talk"),
+        "{}",
+        first.stderr
+    );
+    assert!(
+        first.stderr.contains("resumed `old-talk`"),
+        "{}",
+        first.stderr
+    );
+    let (messages, _) = env.restore("old-talk").unwrap();
+    assert_eq!(users(&messages), ["hello", "again"]);
+    // `sessions/` is untouched, and the next start does not migrate again.
+    for (path, bytes) in &files_before {
+        assert_eq!(&std::fs::read(path).unwrap(), bytes, "{}", path.display());
+    }
+    let second = run(env.command_without_store(&["--session", "old-talk"]), "");
+    assert!(!second.stderr.contains("migrated"), "{}", second.stderr);
+    assert!(
+        second.stderr.contains("resumed `old-talk`: 4 messages"),
+        "{}",
+        second.stderr
+    );
+}
+
+#[test]
+fn a_disk_budget_drops_the_least_recently_used_conversations_and_says_so() {
+    let env = Env::new();
+    let budget = 30_000u64;
+    let mut evicted = Vec::new();
+    for i in 0..6 {
+        let name = format!("c{i}");
+        // Each conversation fills a block of its own.
+        let message = format!("{i} {}", long_message());
+        let run = env.chat(
+            &["--session", &name, "--cache-disk", "30KB"],
+            &format!("{message}\n"),
+        );
+        if let Some(line) = run
+            .stderr
+            .lines()
+            .find(|l| l.contains("dropped the least recently used conversations"))
+        {
+            evicted.extend(
+                line.rsplit_once("conversations ")
+                    .unwrap()
+                    .1
+                    .trim_end_matches(')')
+                    .split(", ")
+                    .map(str::to_owned),
+            );
+        }
+        let block_bytes: u64 = env
+            .files_in("blocks")
+            .iter()
+            .map(|p| std::fs::metadata(p).unwrap().len())
+            .sum();
+        assert!(
+            block_bytes <= budget,
+            "{block_bytes} bytes of blocks after `{name}`"
+        );
+    }
+    assert!(!evicted.is_empty(), "nothing was dropped");
+    for name in &evicted {
+        assert!(!env.exists(name), "`{name}` was reported dropped");
+    }
+    // The conversation saved last is kept, whole.
+    assert!(!evicted.contains(&"c5".to_owned()));
+    assert_eq!(
+        users(&env.restore("c5").unwrap().0),
+        [format!("5 {}", long_message())]
+    );
+}
