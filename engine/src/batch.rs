@@ -217,8 +217,64 @@ impl Plan {
             row += m;
             plan.item_rows.push(first_out..plan.out_rows.len());
         }
+        plan.attention = group_small(std::mem::take(&mut plan.attention), n_cells);
         plan
     }
+}
+
+/// Below this many queries, ggml's CPU flash attention computes each query on its own (above,
+/// it tiles queries together and sums in another order): sequences whose queries together stay
+/// below it can share one attention op without changing a single result.
+const QUERY_TILE: usize = 64;
+
+/// Merges runs of consecutive sequences with few tokens (decode steps, above all) into one
+/// attention over the union of their windows, each row masked to its own sequence's cells. One
+/// op per group instead of one per sequence saves a thread barrier per sequence and layer.
+fn group_small(parts: Vec<SeqAttention>, n_cells: usize) -> Vec<SeqAttention> {
+    let mut groups: Vec<Vec<SeqAttention>> = Vec::new();
+    for part in parts {
+        match groups.last_mut() {
+            Some(g)
+                if g.iter().map(|a| a.rows.len()).sum::<usize>() + part.rows.len() < QUERY_TILE =>
+            {
+                g.push(part)
+            }
+            _ => groups.push(vec![part]),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|mut g| {
+            if g.len() == 1 {
+                return g
+                    .pop()
+                    .unwrap_or_else(|| unreachable!("a group holds a part"));
+            }
+            let lo = g.iter().map(|a| a.first_cell).min().unwrap_or(0);
+            let hi = g.iter().map(|a| a.first_cell + a.n_kv).max().unwrap_or(0);
+            let n_kv = (hi - lo)
+                .div_ceil(KV_PAD)
+                .saturating_mul(KV_PAD)
+                .min(n_cells);
+            let first_cell = lo.min(n_cells - n_kv);
+            let rows = g[0].rows.start..g[g.len() - 1].rows.end;
+            let mut mask = f16::NEG_INFINITY.to_le_bytes().repeat(n_kv * rows.len());
+            for a in &g {
+                let shift = (a.first_cell - first_cell) * 2;
+                for (i, src) in a.mask.chunks(a.n_kv * 2).enumerate() {
+                    let r = a.rows.start - rows.start + i;
+                    let dst = &mut mask[r * n_kv * 2 + shift..][..a.n_kv * 2];
+                    dst.copy_from_slice(src);
+                }
+            }
+            SeqAttention {
+                rows,
+                first_cell,
+                n_kv,
+                mask,
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -235,6 +291,33 @@ mod tests {
             })
             .map(|c| c + a.first_cell)
             .collect()
+    }
+
+    #[test]
+    fn a_long_prefill_attends_alone() {
+        let (a_pages, b_pages) = ([0u32, 1], [2u32]);
+        let long: Vec<u32> = (0..70).collect();
+        let items = [
+            PlanItem {
+                pages: &a_pages,
+                start: 0,
+                tokens: &long,
+                logits: Logits::Last,
+            },
+            PlanItem {
+                pages: &b_pages,
+                start: 5,
+                tokens: &[1],
+                logits: Logits::Last,
+            },
+        ];
+        let plan = Plan::new(&items, 1024);
+        let rows: Vec<_> = plan.attention.iter().map(|a| a.rows.clone()).collect();
+        assert_eq!(
+            rows,
+            [0..70, 70..71],
+            "70 queries would change ggml's kernel"
+        );
     }
 
     #[test]
@@ -258,15 +341,10 @@ mod tests {
             },
         ];
         let plan = Plan::new(&items, 1024);
-        assert_eq!(
-            (plan.attention[0].first_cell, plan.attention[0].n_kv),
-            (0, 256)
-        );
-        assert_eq!(
-            (plan.attention[1].first_cell, plan.attention[1].n_kv),
-            (64, 256)
-        );
-        assert_eq!(plan.attention[1].rows, 2..3);
+        // Three queries: one attention over the union of both windows.
+        assert_eq!(plan.attention.len(), 1);
+        let a = &plan.attention[0];
+        assert_eq!((a.first_cell, a.n_kv, a.rows.clone()), (0, 512, 0..3));
         let cells: Vec<i64> = plan
             .cells
             .chunks(8)
@@ -278,7 +356,7 @@ mod tests {
         assert_eq!(visible(&plan, 0, 0), a0);
         a0.insert(1, 1);
         assert_eq!(visible(&plan, 0, 1), a0);
-        assert_eq!(visible(&plan, 1, 0), vec![64, 65, 66, 67]);
+        assert_eq!(visible(&plan, 0, 2), vec![64, 65, 66, 67]);
         assert_eq!(plan.out_rows, [1]);
         assert_eq!(plan.item_rows, [0..1, 1..1]);
     }

@@ -325,7 +325,7 @@ impl SessionStore {
 
     /// Keeps the disk budget, if there is one: gc removes blocks no checkpoint needs; while
     /// the block files still exceed the budget, the least recently used checkpoint other than
-    /// `keep` is deleted (the budget is the user's request to keep only what fits) and gc runs
+    /// `keep` and other than those a live process has claimed (`kvstore::claim`) is deleted (the budget is the user's request to keep only what fits) and gc runs
     /// again. Returns the checkpoints deleted.
     pub fn collect(&self, keep: &str) -> Result<Vec<String>> {
         let Some(budget) = self.disk_bytes else {
@@ -333,11 +333,16 @@ impl SessionStore {
         };
         let mut evicted = Vec::new();
         self.store.gc_to(budget)?;
+        let mut candidates = self.checkpoints()?;
+        candidates.retain(|c| c.name != keep);
+        candidates.sort_by_key(|c| std::cmp::Reverse(c.last_used_unix));
         while self.store.metrics().disk_bytes > budget {
-            let mut candidates = self.checkpoints()?;
-            candidates.retain(|c| c.name != keep);
-            let Some(oldest) = candidates.into_iter().min_by_key(|c| c.last_used_unix) else {
+            let Some(oldest) = candidates.pop() else {
                 break;
+            };
+            // A conversation that a live process holds (its claim) is not dropped.
+            let Ok(_claim) = kvstore::claim(self.store.root(), &oldest.name) else {
+                continue;
             };
             self.delete(&oldest.name)?;
             evicted.push(oldest.name);
