@@ -122,6 +122,12 @@ impl Context {
         })
     }
 
+    /// Touches the first `num / den` of the pool's memory now, so that filling those pages later
+    /// (a restore, a prefill) takes no page faults.
+    pub(crate) fn prefault(&mut self, num: usize, den: usize) {
+        self.kv.prefault(num, den);
+    }
+
     /// The model.
     pub fn model(&self) -> &Arc<Model> {
         &self.model

@@ -112,6 +112,9 @@ impl Session {
                 flash_attn: params.flash_attn,
             },
         )?;
+        // The first half of the pool (the context window) will be used: touch it now, as a
+        // cache cleared at creation would be, so a restore or prefill pays no page faults.
+        ctx.prefault(1, 2);
         let seq = ctx.new_sequence();
         Ok(Session { ctx, seq })
     }

@@ -363,7 +363,7 @@ fn read_block(
     id: &BlockId,
     sink: &mut dyn FnMut(&[u8]) -> Result<()>,
 ) -> Result<()> {
-    match handle.get(id)? {
+    match handle.get_uncached(id)? {
         Some(bytes) => sink(&bytes),
         None => Err(kvstore::StoreError::BlockNotFound { id: id.to_hex() }.into()),
     }

@@ -185,6 +185,13 @@ impl<V: BlockIo> ModelStore<V> {
         self.shared.get(id, Access::Get)
     }
 
+    /// Like [`ModelStore::get`], but a block read from disk is not promoted into RAM: for a
+    /// caller that copies the bytes elsewhere at once (restoring a session), where caching them
+    /// would cost fresh memory and evict blocks more likely to be read again.
+    pub fn get_uncached(&self, id: &BlockId) -> Result<Option<KvBytes>> {
+        self.shared.get(id, Access::Peek)
+    }
+
     /// Whether the store holds block `id` in either tier (a file written by
     /// another process counts; a quarantined one does not).
     pub fn contains(&self, id: &BlockId) -> bool {

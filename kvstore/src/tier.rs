@@ -21,6 +21,9 @@ pub(crate) enum Access {
     Pin,
     /// A prefetch: neither counted nor pinned.
     Prefetch,
+    /// A caller's read that does not promote a block read from disk into RAM (a restore that
+    /// copies the bytes elsewhere at once): counted, never cached.
+    Peek,
 }
 
 /// Whether a put keeps the block pinned.
@@ -387,6 +390,10 @@ impl<V: BlockIo> Shared<V> {
                 }
             };
             st.m.bytes_read += r.file_len;
+            if access == Access::Peek {
+                st.m.disk_hits += 1;
+                return Ok(Some(r.data));
+            }
             let Some(e) = st.entries.get_mut(id) else {
                 continue;
             };

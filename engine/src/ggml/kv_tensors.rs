@@ -203,6 +203,22 @@ impl KvTensors {
         }
     }
 
+    /// Touches the first `fraction_num / fraction_den` of every tensor's memory (zeros over
+    /// zeros), so that writes there later take no page faults: what a pool that will be filled
+    /// soon (a session's own context) pays once at creation instead of in a restore.
+    pub(crate) fn prefault(&mut self, fraction_num: usize, fraction_den: usize) {
+        for layer in 0..self.k.len() {
+            for value in [false, true] {
+                let n = self.n_bytes(layer, value);
+                let len = n / fraction_den.max(1) * fraction_num.min(fraction_den);
+                let t = self.tensor(layer, value);
+                // SAFETY: live CPU tensor; `0..len` lies inside its `n` bytes, and `&mut self`
+                // excludes every other reader and writer.
+                unsafe { sys::ggml_backend_tensor_memset(t.as_ptr(), 0, 0, len) }
+            }
+        }
+    }
+
     /// Copies `len` bytes at `from` to `to` within layer `layer`'s K (or V) tensor.
     ///
     /// # Panics
