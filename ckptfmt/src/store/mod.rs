@@ -496,25 +496,38 @@ impl<V: Vfs> Store<V> {
     /// Deletes block `id` durably. Checkpoints that reference it no longer verify.
     pub fn delete_block(&self, id: &BlockId) -> Result<()> {
         self.owner("delete_block")?;
-        let p = self.block_path(id);
-        self.vfs
-            .remove(&p)
-            .map_err(|e| FormatError::io("remove", &p, e))?;
-        self.vfs
-            .sync_dir(&self.blocks_dir)
-            .map_err(|e| FormatError::io("fsync", &self.blocks_dir, e))
+        self.remove_durably(&self.block_path(id), &self.blocks_dir)
     }
 
     /// Ids of all committed blocks.
     pub fn list_blocks(&self) -> Result<Vec<BlockId>> {
+        Ok(self
+            .list_stems(&self.blocks_dir, BLOCK_SUFFIX)?
+            .iter()
+            .filter_map(|h| BlockId::from_hex(h).ok())
+            .collect())
+    }
+
+    /// Removes `path` and makes the removal durable by syncing its directory `dir`.
+    fn remove_durably(&self, path: &Path, dir: &Path) -> Result<()> {
+        self.vfs
+            .remove(path)
+            .map_err(|e| FormatError::io("remove", path, e))?;
+        self.vfs
+            .sync_dir(dir)
+            .map_err(|e| FormatError::io("fsync", dir, e))
+    }
+
+    /// Names of the files of `dir` ending in `suffix`, without it.
+    fn list_stems(&self, dir: &Path, suffix: &str) -> Result<Vec<String>> {
         let names = self
             .vfs
-            .list(&self.blocks_dir)
-            .map_err(|e| FormatError::io("list", &self.blocks_dir, e))?;
+            .list(dir)
+            .map_err(|e| FormatError::io("list", dir, e))?;
         Ok(names
             .iter()
-            .filter_map(|n| n.strip_suffix(BLOCK_SUFFIX))
-            .filter_map(|h| BlockId::from_hex(h).ok())
+            .filter_map(|n| n.strip_suffix(suffix))
+            .map(String::from)
             .collect())
     }
 
@@ -523,8 +536,6 @@ impl<V: Vfs> Store<V> {
     /// caller that checked should hold [`Store::lock_shared`] from its check
     /// until this returns.
     pub fn write_manifest(&self, manifest: &Manifest) -> Result<u64> {
-        check_name(&manifest.meta.name)?;
-        manifest.check_owner(&self.fingerprint, &self.geometry)?;
         let st = self.stage_manifest(manifest)?;
         let len = st.len;
         self.commit(Vec::new(), Some(st))?;
@@ -566,26 +577,12 @@ impl<V: Vfs> Store<V> {
     /// Deletes checkpoint `name` durably (its blocks stay; see [`Store::gc`]).
     pub fn delete_manifest(&self, name: &str) -> Result<()> {
         self.owner("delete_manifest")?;
-        let p = self.manifest_path(name)?;
-        self.vfs
-            .remove(&p)
-            .map_err(|e| FormatError::io("remove", &p, e))?;
-        self.vfs
-            .sync_dir(&self.manifests_dir)
-            .map_err(|e| FormatError::io("fsync", &self.manifests_dir, e))
+        self.remove_durably(&self.manifest_path(name)?, &self.manifests_dir)
     }
 
     /// Names of all committed checkpoints.
     pub fn list_manifests(&self) -> Result<Vec<String>> {
-        let names = self
-            .vfs
-            .list(&self.manifests_dir)
-            .map_err(|e| FormatError::io("list", &self.manifests_dir, e))?;
-        Ok(names
-            .iter()
-            .filter_map(|n| n.strip_suffix(MANIFEST_SUFFIX))
-            .map(String::from)
-            .collect())
+        self.list_stems(&self.manifests_dir, MANIFEST_SUFFIX)
     }
 
     /// Saves a checkpoint: writes the blocks of `manifest` the store lacks
