@@ -94,7 +94,8 @@ fn batched(args: &Args, model: &std::sync::Arc<Model>) -> Result<serde_json::Val
             model.clone(),
             ContextParams {
                 n_ctx: per_seq,
-                kv_tokens: ns * per_seq,
+                // Every sequence rounds up to whole pages.
+                kv_tokens: ns * per_seq.div_ceil(PAGE_TOKENS) * PAGE_TOKENS,
                 n_threads: args.threads,
                 n_batch: 512.max(ns),
                 flash_attn: !args.no_flash_attn,
