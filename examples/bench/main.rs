@@ -50,6 +50,10 @@ struct Args {
     /// fresh session, reporting both times against the prefill time.
     #[arg(long, conflicts_with_all = ["sequences", "shared_prefix"])]
     checkpoint: Option<PathBuf>,
+    /// With `--checkpoint`: restores of the saved checkpoint per repetition (each into a fresh
+    /// session through a fresh store handle); the median is reported.
+    #[arg(long, default_value_t = 1, requires = "checkpoint")]
+    restore_reps: usize,
     /// Sequences decoded together.
     #[arg(long, default_value_t = 1)]
     sequences: usize,
@@ -162,7 +166,7 @@ fn main() -> Result<()> {
         .map(|i| (100 + (i * 7919) % (n_vocab - 200)) as u32)
         .collect();
     let params = SessionParams {
-        n_ctx: args.prompt_tokens + args.gen_tokens + 16,
+        n_ctx: args.prompt_tokens + args.gen_tokens.max(64) + 16,
         n_threads: args.threads,
         flash_attn: !args.no_flash_attn,
         ..SessionParams::default()
@@ -170,6 +174,7 @@ fn main() -> Result<()> {
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
     let (mut save_ms, mut restore_ms, mut saved_bytes) = (Vec::new(), Vec::new(), 0u64);
+    let (mut turn_ms, mut turn_bytes) = (Vec::new(), 0u64);
     for rep in 0..args.reps.max(1) {
         let mut session = Session::new(model.clone(), params.clone())?;
         let t = Instant::now();
@@ -187,13 +192,30 @@ fn main() -> Result<()> {
             // Another process restores it: a fresh store handle (empty RAM tier, so every
             // block is read from its file and verified) and a fresh session.
             drop(store);
+            for _ in 0..args.restore_reps.max(1) {
+                let store = SessionStore::open(&dir, &model, StoreConfig::default())?;
+                let mut fresh = Session::new(model.clone(), params.clone())?;
+                let t = Instant::now();
+                store.restore(&mut fresh, "bench")?;
+                restore_ms.push(t.elapsed().as_secs_f64() * 1e3);
+                anyhow::ensure!(fresh.tokens() == session.tokens(), "restore lost tokens");
+            }
+            // One more turn: 64 tokens more, saved again under the same name; only the new
+            // full block and the manifest (with the partial last block) are written.
+            let turn: Vec<u32> = (0..64)
+                .map(|i| (100 + ((i + args.prompt_tokens) * 7919) % (n_vocab - 200)) as u32)
+                .collect();
+            session.feed(&turn)?;
             let store = SessionStore::open(&dir, &model, StoreConfig::default())?;
-            let mut fresh = Session::new(model.clone(), params.clone())?;
             let t = Instant::now();
-            store.restore(&mut fresh, "bench")?;
-            restore_ms.push(t.elapsed().as_secs_f64() * 1e3);
-            anyhow::ensure!(fresh.tokens() == session.tokens(), "restore lost tokens");
+            let saved = store.save(&session, "bench", &CheckpointMeta::default())?;
+            turn_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            turn_bytes = saved.bytes_written;
+            session.truncate(args.prompt_tokens);
         }
+        // After the checkpoint's extra turn was cut off again, the logits are recomputed here,
+        // outside the timing.
+        session.ensure_logits()?;
         let t = Instant::now();
         for _ in 0..args.gen_tokens {
             let next = argmax(session.logits()?);
@@ -216,6 +238,8 @@ fn main() -> Result<()> {
             "save_ms": median(&mut save_ms),
             "restore_ms": median(&mut restore_ms),
             "bytes": saved_bytes,
+            "save_turn_ms": median(&mut turn_ms),
+            "save_turn_bytes": turn_bytes,
             "prefill_ms": prefill_ms,
         });
     }

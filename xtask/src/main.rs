@@ -4,6 +4,8 @@
 //! - `bindgen`: regenerate `ggml-sys/src/bindings*.rs` from the pinned ggml headers.
 //! - `ci`: formatting check, clippy with warnings denied, `tidy`, then the whole test suite.
 //! - `compare-llama-cpp`: engine speed against llama.cpp's reference harness, side by side.
+//! - `crash-test`: SIGKILL a process saving conversations N times; every committed checkpoint
+//!   must restore to the bytes it was saved with, and `ckpt verify` must pass.
 //! - `tidy`: the promises of `ARCHITECTURE.md` checked on the sources (the unsafe fence, downward
 //!   dependencies, file length, docs, no printing or `.unwrap()` in library code).
 
@@ -17,6 +19,7 @@ mod source {
 #[cfg(feature = "bindgen")]
 mod bindings;
 mod compare;
+mod crash;
 mod model;
 mod tidy;
 
@@ -29,9 +32,10 @@ fn main() -> ExitCode {
         Some("bindgen") => bindgen(),
         Some("ci") => ci(),
         Some("compare-llama-cpp") => compare::compare(&args[1..]),
+        Some("crash-test") => crash::crash_test(&args[1..]),
         Some("tidy") => tidy::tidy(&workspace_root()),
         Some("help") | Some("--help") | Some("-h") | None => {
-            println!("usage: cargo xtask <fetch-model | bindgen | ci | tidy | compare-llama-cpp --refh PATH [--reps N] [--sequences N]>");
+            println!("usage: cargo xtask <fetch-model | bindgen | ci | tidy | compare-llama-cpp --refh PATH [--reps N] [--sequences N] | crash-test [--kills N]>");
             Ok(())
         }
         Some(other) => Err(format!(

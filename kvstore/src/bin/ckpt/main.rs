@@ -17,6 +17,8 @@
 //!   reports every bad one by name, then a summary; on a single block,
 //!   manifest or export file, checks it. Exit status 1 when anything is bad.
 //! - `ckpt inspect PATH [--json]`: describes a store directory or one file.
+//! - `ckpt bench-shared --dir DIR --processes N`: several processes saving into one store
+//!   at once, against raw writes of the same bytes.
 //! - `ckpt bench --dir DIR --tokens N [...]`: the format's write and read
 //!   figures against raw I/O, as JSON.
 //!
@@ -26,6 +28,7 @@
 mod bench;
 mod files;
 mod manage;
+mod shared;
 mod verify;
 
 use std::io::{self, BufWriter, Write};
@@ -117,6 +120,35 @@ enum Cmd {
         #[arg(long, default_value_t = 3)]
         iters: u32,
     },
+    /// Several processes saving into one store at once, against raw writes of the same bytes;
+    /// prints JSON.
+    BenchShared {
+        /// Directory to work in (a fresh subdirectory is used and removed); with `--worker`,
+        /// the store itself.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Processes saving at once (the run with 1 process is measured too).
+        #[arg(long, default_value_t = 2)]
+        processes: usize,
+        /// Checkpoints each process saves.
+        #[arg(long, default_value_t = 8)]
+        checkpoints: usize,
+        /// Tokens of each checkpoint.
+        #[arg(long, default_value_t = 512)]
+        tokens: u32,
+        /// Layers.
+        #[arg(long, default_value_t = 30)]
+        layers: usize,
+        /// Bytes per token per layer, for K and for V each.
+        #[arg(long, default_value_t = 384)]
+        bytes_per_token: u32,
+        /// Repetitions (alternating store and raw runs; medians are reported).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Internal: run as worker N of a measurement.
+        #[arg(long, hide = true)]
+        worker: Option<usize>,
+    },
 }
 
 /// Why a command failed.
@@ -172,6 +204,28 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<ExitCode, CliError> {
                 iters,
             };
             bench::run(&dir, &args, out).map(|()| ExitCode::SUCCESS)
+        }
+        Cmd::BenchShared {
+            dir,
+            processes,
+            checkpoints,
+            tokens,
+            layers,
+            bytes_per_token,
+            reps,
+            worker,
+        } => {
+            let args = shared::SharedArgs {
+                checkpoints,
+                tokens,
+                layers,
+                bytes_per_token,
+            };
+            match worker {
+                Some(id) => shared::worker(&dir, id, &args),
+                None => shared::run(&dir, processes, reps, &args, out),
+            }
+            .map(|()| ExitCode::SUCCESS)
         }
     }
 }
