@@ -1,10 +1,11 @@
 //! The two halves of the kill harness (`cargo xtask crash-test`).
 //!
 //! `work` saves conversations through the chat's save path ([`SessionStore::save`]) forever:
-//! it picks one of a few names, restores it (or starts afresh), adds a few tokens, and saves it
-//! again, now and then deleting a name instead. Before each change it appends an intent line to
-//! a journal and syncs it; after the change returns it appends a done line. It is meant to be
-//! killed (SIGKILL) at any moment.
+//! now and then it restores a stored conversation or adds a few tokens to the one it holds, and
+//! it saves that conversation under one of a few names again and again, sometimes deleting a
+//! name instead. It prints `ready` once it has started. Before each change it appends an intent
+//! line to a journal and syncs it; after the change returns it appends a done line. It is meant
+//! to be killed (SIGKILL) at any moment.
 //!
 //! `check` runs after a kill. Every name must hold exactly the state its last done line records
 //! (`old`), or the state its intent after that records (`new`: the kill came after the commit
@@ -162,30 +163,41 @@ fn work(c: &Common, seed: u64) -> Result<()> {
         .open(&c.journal)?;
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let mut session = Session::new(model.clone(), params())?;
+    // The harness starts its clock here, so kills land in the loop, not in the start-up.
+    println!("ready");
+    std::io::stdout().flush()?;
+    let mut state = state_of(&session)?;
     loop {
         let name = format!("c{}", rng.below(NAMES as u64));
-        if rng.below(20) == 0 {
-            append(&mut journal, &State::Absent.line("I", &name))?;
-            if store.exists(&name)? {
-                store.delete(&name)?;
+        match rng.below(10) {
+            0 => {
+                append(&mut journal, &State::Absent.line("I", &name))?;
+                if store.exists(&name)? {
+                    store.delete(&name)?;
+                }
+                append(&mut journal, &State::Absent.line("D", &name))?;
+                continue;
             }
-            append(&mut journal, &State::Absent.line("D", &name))?;
-            continue;
+            // Continue from a stored conversation.
+            1 if store.exists(&name)? => {
+                store.restore(&mut session, &name)?;
+                state = state_of(&session)?;
+            }
+            // A few tokens more (or a new conversation when this one is full).
+            2..=4 => {
+                let add = 1 + rng.below(24) as usize;
+                if session.tokens().len() + add > N_CTX {
+                    session.clear();
+                }
+                let tokens: Vec<u32> = (0..add)
+                    .map(|_| (100 + rng.below(n_vocab - 200)) as u32)
+                    .collect();
+                session.feed(&tokens)?;
+                state = state_of(&session)?;
+            }
+            // Otherwise the conversation is saved as it is: most of the time goes to saving.
+            _ => {}
         }
-        if store.exists(&name)? {
-            store.restore(&mut session, &name)?;
-        } else {
-            session.clear();
-        }
-        let add = 1 + rng.below(24) as usize;
-        if session.tokens().len() + add > N_CTX {
-            session.clear();
-        }
-        let tokens: Vec<u32> = (0..add)
-            .map(|_| (100 + rng.below(n_vocab - 200)) as u32)
-            .collect();
-        session.feed(&tokens)?;
-        let state = state_of(&session)?;
         append(&mut journal, &state.line("I", &name))?;
         store.save(&session, &name, &CheckpointMeta::default())?;
         append(&mut journal, &state.line("D", &name))?;

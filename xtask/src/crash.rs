@@ -3,6 +3,7 @@
 //! saved with (the `crashtest` example does the saving and the checking), and every few kills
 //! that `ckpt verify` finds every file of the store sound.
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -29,8 +30,8 @@ fn parse(args: &[String]) -> Result<Options, String> {
             .to_string_lossy()
             .into_owned(),
         dir: root.join("target/crash-test"),
-        min_ms: 30,
-        max_ms: 600,
+        min_ms: 0,
+        max_ms: 1000,
         verify_every: 10,
     };
     let mut it = args.iter();
@@ -143,10 +144,24 @@ pub fn crash_test(args: &[String]) -> Result<(), String> {
         let mut work = common("work")
             .arg("--seed")
             .arg((kill + 1).to_string())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| format!("starting {}: {e}", child.display()))?;
+        // The clock starts once the worker has loaded the model and opened the store.
+        let mut ready = String::new();
+        if let Some(out) = work.stdout.take() {
+            BufReader::new(out)
+                .read_line(&mut ready)
+                .map_err(|e| e.to_string())?;
+        }
+        if ready.trim() != "ready" {
+            let out = work.wait_with_output().map_err(|e| e.to_string())?;
+            return Err(format!(
+                "the worker did not start:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
         let delay = o.min_ms + next(o.max_ms - o.min_ms);
         std::thread::sleep(Duration::from_millis(delay));
         if let Ok(Some(status)) = work.try_wait() {
