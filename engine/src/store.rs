@@ -52,9 +52,9 @@ pub struct SaveSummary {
 pub struct StoreConfig {
     /// Bytes of KV blocks kept in RAM (recently used blocks restore without reading files).
     pub ram_bytes: u64,
-    /// Bytes of block files on disk; `None` for no limit. After each save, gc removes blocks
-    /// that no checkpoint references, least recently used first, until the files fit; it never
-    /// removes a block a checkpoint still references.
+    /// Bytes of block files and manifests on disk; `None` for no limit. After each save, gc
+    /// removes blocks that no checkpoint references, then the least recently used checkpoints,
+    /// until the files fit (see [`SessionStore::collect`]).
     pub disk_bytes: Option<u64>,
 }
 
@@ -323,20 +323,23 @@ impl SessionStore {
         Ok(())
     }
 
-    /// Keeps the disk budget, if there is one: gc removes blocks no checkpoint needs; while
-    /// the block files still exceed the budget, the least recently used checkpoint other than
-    /// `keep` and other than those a live process has claimed (`kvstore::claim`) is deleted (the budget is the user's request to keep only what fits) and gc runs
-    /// again. Returns the checkpoints deleted.
+    /// Keeps the disk budget, if there is one. The budget covers block files and this model's
+    /// manifests (which carry each checkpoint's partial last block): gc removes blocks no
+    /// checkpoint needs; while the files still exceed the budget, the least recently used
+    /// checkpoint other than `keep` and other than those a live process has claimed
+    /// (`kvstore::claim`) is deleted (the budget is the user's request to keep only what fits)
+    /// and gc runs again. Returns the checkpoints deleted.
     pub fn collect(&self, keep: &str) -> Result<Vec<String>> {
         let Some(budget) = self.disk_bytes else {
             return Ok(Vec::new());
         };
         let mut evicted = Vec::new();
-        self.store.gc_to(budget)?;
         let mut candidates = self.checkpoints()?;
+        let mut manifests: u64 = candidates.iter().map(|c| self.manifest_bytes(c)).sum();
+        self.store.gc_to(budget.saturating_sub(manifests))?;
         candidates.retain(|c| c.name != keep);
         candidates.sort_by_key(|c| std::cmp::Reverse(c.last_used_unix));
-        while self.store.metrics().disk_bytes > budget {
+        while self.store.metrics().disk_bytes + manifests > budget {
             let Some(oldest) = candidates.pop() else {
                 break;
             };
@@ -344,11 +347,22 @@ impl SessionStore {
             let Ok(_claim) = kvstore::claim(self.store.root(), &oldest.name) else {
                 continue;
             };
+            let freed = self.manifest_bytes(&oldest);
             self.delete(&oldest.name)?;
+            manifests = manifests.saturating_sub(freed);
             evicted.push(oldest.name);
-            self.store.gc_to(budget)?;
+            self.store.gc_to(budget.saturating_sub(manifests))?;
         }
         Ok(evicted)
+    }
+
+    /// Size of `checkpoint`'s manifest file (0 when it cannot be read: it is then not counted).
+    fn manifest_bytes(&self, checkpoint: &CheckpointInfo) -> u64 {
+        self.handle
+            .manifest_path(&checkpoint.name)
+            .ok()
+            .and_then(|p| std::fs::metadata(p).ok())
+            .map_or(0, |m| m.len())
     }
 
     /// Makes every block put so far durable.

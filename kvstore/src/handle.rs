@@ -206,6 +206,14 @@ impl<V: BlockIo> ModelStore<V> {
             .is_some_and(|e| e.ram.is_some())
     }
 
+    /// Path of checkpoint `name`'s manifest file (whether or not it exists).
+    pub fn manifest_path(&self, name: &str) -> Result<PathBuf> {
+        self.info
+            .store
+            .manifest_path(name)
+            .map_err(|e| StoreError::format(self.info.store.root(), e))
+    }
+
     /// Path of block `id`'s file (whether or not it exists).
     pub fn block_path(&self, id: &BlockId) -> PathBuf {
         self.info.store.block_path(id)
