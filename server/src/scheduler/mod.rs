@@ -15,15 +15,19 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use engine::sampling::{Sampler, SamplerParams};
-use engine::store::{CheckpointMeta, SessionStore};
+use engine::store::SessionStore;
 use engine::tokenizer::StreamDecoder;
 use engine::{Batch, Context, Logits, Model, SeqId, PAGE_TOKENS};
-use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::cache::Writer;
+
+mod slots;
+mod stop;
+
 use crate::error::{Result, ServerError};
 use crate::metrics::Metrics;
+use stop::{find_stop, safe_prefix_len};
 
 /// Finished sequences kept resident at most (each holds at least its partial last page).
 const MAX_CACHED: usize = 256;
@@ -357,27 +361,41 @@ impl Scheduler {
         &mut self,
         job: Job,
     ) -> std::result::Result<Active, (mpsc::UnboundedSender<Event>, ServerError)> {
-        let seq = self.ctx.new_sequence();
+        let mut seq = self.ctx.new_sequence();
         let prompt = job.prompt;
         // One token is always evaluated, for its logits.
         let usable = &prompt[..prompt.len().saturating_sub(1)];
         let mut from_ram = 0;
         let mut from_store = 0;
         if job.params.cache_prompt {
-            from_ram = self.ctx.attach_prefix(seq, usable).unwrap_or(0);
-            if let Some(store) = self.store.clone() {
-                if store.prefix_blocks(usable) * PAGE_TOKENS > from_ram {
-                    let mut result = store.restore_prefix_seq(&mut self.ctx, seq, &prompt);
-                    if let Err(engine::Error::OutOfPages { needed, .. }) = result {
-                        self.make_room(needed);
-                        result = store.restore_prefix_seq(&mut self.ctx, seq, &prompt);
-                    }
-                    match result {
-                        Ok(n) => from_store = n.saturating_sub(from_ram),
-                        Err(e) => self
-                            .metrics
-                            .cache_error(format!("restore failed, computed instead: {e}")),
-                    }
+            let stored = self
+                .store
+                .as_ref()
+                .map_or(0, |s| s.prefix_blocks(usable) * PAGE_TOKENS);
+            // A resident sequence that shares more than the stored blocks is forked, partly
+            // filled last page included (a repeated or extended prompt costs nothing).
+            let resident = self.longest_resident(usable);
+            if let Some((n, src)) = resident.filter(|&(n, _)| n > 0 && n >= stored) {
+                if let Ok(forked) = self.ctx.fork(src, n) {
+                    let _ = self.ctx.remove_sequence(seq);
+                    seq = forked;
+                    from_ram = n;
+                }
+            }
+            if from_ram == 0 {
+                from_ram = self.ctx.attach_prefix(seq, usable).unwrap_or(0);
+            }
+            if let Some(store) = self.store.clone().filter(|_| stored > from_ram) {
+                let mut result = store.restore_prefix_seq(&mut self.ctx, seq, &prompt);
+                if let Err(engine::Error::OutOfPages { needed, .. }) = result {
+                    self.make_room(needed);
+                    result = store.restore_prefix_seq(&mut self.ctx, seq, &prompt);
+                }
+                match result {
+                    Ok(n) => from_store = n.saturating_sub(from_ram),
+                    Err(e) => self
+                        .metrics
+                        .cache_error(format!("restore failed, computed instead: {e}")),
                 }
             }
         }
@@ -405,6 +423,18 @@ impl Scheduler {
             first_token: None,
             ticket: self.tickets,
         })
+    }
+
+    /// The finished sequence sharing the longest token prefix with `tokens`, and its length.
+    fn longest_resident(&self, tokens: &[u32]) -> Option<(usize, SeqId)> {
+        self.cached
+            .iter()
+            .filter_map(|&s| {
+                let held = self.ctx.tokens(s).ok()?;
+                let n = held.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+                Some((n, s))
+            })
+            .max()
     }
 
     /// Drops cached sequences, least recently finished first, until `pages` are free or none
@@ -610,106 +640,6 @@ impl Scheduler {
             }
         }
     }
-
-    fn slots_json(&self) -> serde_json::Value {
-        let n_ctx = self.ctx.params().n_ctx;
-        let slots: Vec<_> = self
-            .slots
-            .iter()
-            .enumerate()
-            .map(|(id, s)| {
-                let seq = s.active.as_ref().map(|a| a.seq).or(s.last);
-                let n_past = seq
-                    .and_then(|q| self.ctx.tokens(q).ok())
-                    .map_or(0, <[u32]>::len);
-                json!({
-                    "id": id,
-                    "n_ctx": n_ctx,
-                    "is_processing": s.active.is_some(),
-                    "n_past": n_past,
-                    "n_decoded": s.active.as_ref().map_or(0, |a| a.generated.len()),
-                    "n_cached": s.active.as_ref().map_or(0, |a| a.cache_n),
-                })
-            })
-            .collect();
-        serde_json::Value::Array(slots)
-    }
-
-    fn slot_action(&mut self, id: usize, action: SlotAction) -> Result<serde_json::Value> {
-        let n_slots = self.slots.len();
-        let slot = self
-            .slots
-            .get(id)
-            .ok_or(ServerError::UnknownSlot { id, n_slots })?;
-        if slot.active.is_some() {
-            return Err(ServerError::BadRequest(format!(
-                "slot {id} is processing a request"
-            )));
-        }
-        let slot_store = self.slot_store.clone().ok_or(ServerError::NotEnabled {
-            what: "saving and restoring slots",
-            how: "give --slot-save-path, or run with the prompt cache",
-        })?;
-        let started = Instant::now();
-        let ms = || started.elapsed().as_secs_f64() * 1e3;
-        match action {
-            SlotAction::Save(name) => {
-                let seq = slot.last.ok_or_else(|| {
-                    ServerError::BadRequest(format!("slot {id} holds no conversation to save"))
-                })?;
-                let summary =
-                    slot_store.save_seq(&self.ctx, seq, &name, &CheckpointMeta::default())?;
-                let n_saved = self.ctx.tokens(seq)?.len();
-                Ok(json!({
-                    "id_slot": id,
-                    "filename": name,
-                    "n_saved": n_saved,
-                    "n_written": summary.bytes_written,
-                    "timings": { "save_ms": ms() },
-                }))
-            }
-            SlotAction::Restore(name) => {
-                if !slot_store.exists(&name)? {
-                    return Err(ServerError::BadRequest(format!(
-                        "no saved slot named {name:?}"
-                    )));
-                }
-                let seq = self.ctx.new_sequence();
-                let mut result = slot_store.restore_seq(&mut self.ctx, seq, &name);
-                if let Err(engine::Error::OutOfPages { needed, .. }) = result {
-                    self.make_room(needed);
-                    result = slot_store.restore_seq(&mut self.ctx, seq, &name);
-                }
-                if let Err(e) = result {
-                    let _ = self.ctx.remove_sequence(seq);
-                    return Err(e.into());
-                }
-                let n_restored = self.ctx.tokens(seq)?.len();
-                let n_read = self.ctx.span_bytes(n_restored);
-                self.slots[id].last = Some(seq);
-                self.cached.push_back(seq);
-                Ok(json!({
-                    "id_slot": id,
-                    "filename": name,
-                    "n_restored": n_restored,
-                    "n_read": n_read,
-                    "timings": { "restore_ms": ms() },
-                }))
-            }
-            SlotAction::Erase => {
-                let n_erased = match self.slots[id].last.take() {
-                    Some(seq) => {
-                        let n = self.ctx.tokens(seq).map_or(0, <[u32]>::len);
-                        self.cached.retain(|&s| s != seq);
-                        let _ = self.ctx.remove_sequence(seq);
-                        n
-                    }
-                    None => 0,
-                };
-                Ok(json!({ "id_slot": id, "n_erased": n_erased }))
-            }
-        }
-    }
 }
 
 /// Sends the text of `a` up to byte `upto` that was not sent yet.
@@ -717,53 +647,5 @@ fn flush_text(a: &mut Active, upto: usize) {
     if upto > a.sent {
         let _ = a.events.send(Event::Text(a.text[a.sent..upto].to_owned()));
         a.sent = upto;
-    }
-}
-
-/// Byte offset where the earliest stop string starts, if one occurs.
-fn find_stop(text: &str, stops: &[String]) -> Option<usize> {
-    stops
-        .iter()
-        .filter(|s| !s.is_empty())
-        .filter_map(|s| text.find(s.as_str()))
-        .min()
-}
-
-/// Length of the longest prefix of `text` after which no continuation can complete a stop
-/// string that starts before it.
-fn safe_prefix_len(text: &str, stops: &[String]) -> usize {
-    let mut safe = text.len();
-    for stop in stops.iter().filter(|s| !s.is_empty()) {
-        for (start, _) in text.char_indices().rev().take(stop.chars().count()) {
-            if stop.starts_with(&text[start..]) {
-                safe = safe.min(start);
-            }
-        }
-    }
-    safe
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn stops(s: &[&str]) -> Vec<String> {
-        s.iter().map(|s| (*s).to_owned()).collect()
-    }
-
-    #[test]
-    fn a_stop_string_is_found_at_its_earliest_start() {
-        assert_eq!(
-            find_stop("abc END xyz STOP", &stops(&["STOP", "END"])),
-            Some(4)
-        );
-        assert_eq!(find_stop("abc", &stops(&["", "x"])), None);
-    }
-
-    #[test]
-    fn text_that_may_begin_a_stop_string_is_held_back() {
-        assert_eq!(safe_prefix_len("hello EN", &stops(&["END"])), 6);
-        assert_eq!(safe_prefix_len("hello", &stops(&["END"])), 5);
-        assert_eq!(safe_prefix_len("héé", &stops(&["éx"])), 3);
     }
 }
