@@ -102,3 +102,38 @@ async fn the_next_chat_turn_reuses_the_previous_turn_and_its_reply() {
     );
     srv.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_disk_budget_holds_and_keeps_the_most_recent_prompt() {
+    let env = Env::new();
+    let budget = 64 * 1024;
+    let srv = env.start(&["--cache-disk", "64KiB"]).await;
+    let prompt = |i: usize| format!("{i} {}", "abcdefgh".repeat(30));
+    for i in 0..6 {
+        let (status, body) = srv
+            .post("/completion", &json!({"prompt": prompt(i), "n_predict": 1}))
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    srv.stop().await;
+
+    let srv = env.start(&["--metrics"]).await;
+    let (_, metrics) = srv.get("/metrics").await;
+    let text = metrics.as_str().unwrap();
+    let on_disk: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("llamahdd:cache_disk_bytes "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(on_disk > 0 && on_disk <= budget, "{on_disk} bytes on disk");
+    let (_, last) = srv
+        .post("/completion", &json!({"prompt": prompt(5), "n_predict": 1}))
+        .await;
+    assert!(last["timings"]["cache_n"].as_u64().unwrap() > 0, "{last}");
+    let (_, first) = srv
+        .post("/completion", &json!({"prompt": prompt(0), "n_predict": 1}))
+        .await;
+    assert_eq!(first["timings"]["cache_n"], 0, "{first}");
+    srv.stop().await;
+}

@@ -274,13 +274,10 @@ impl Scheduler {
             }
             self.step();
         }
+        // The writer's last round flushes every block, then keeps the disk budget (a flush
+        // after that would write the collected blocks' RAM copies again).
         if let Some(w) = self.writer.take() {
             w.finish();
-        }
-        if let Some(store) = &self.store {
-            if let Err(e) = store.flush() {
-                self.metrics.cache_error(format!("final flush failed: {e}"));
-            }
         }
     }
 
