@@ -438,6 +438,16 @@ impl SessionStore {
         self.store.metrics()
     }
 
+    /// Keeps the disk budget, if there is one, by removing only blocks that no checkpoint
+    /// references (least recently used first), never a checkpoint: for a prompt cache, whose
+    /// blocks nobody named.
+    pub fn collect_unreferenced(&self) -> Result<()> {
+        if let Some(budget) = self.disk_bytes {
+            self.store.gc_to(budget)?;
+        }
+        Ok(())
+    }
+
     /// Makes every block put so far durable.
     pub fn flush(&self) -> Result<()> {
         Ok(self.store.flush()?)

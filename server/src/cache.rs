@@ -65,7 +65,7 @@ impl Drop for Writer {
 }
 
 /// The writer thread's loop: put what arrives, flush whenever the queue runs dry, keep the disk
-/// budget.
+/// budget with unreferenced blocks.
 fn write_behind(store: &SessionStore, metrics: &Metrics, rx: &mpsc::Receiver<Vec<NewBlock>>) {
     while let Ok(blocks) = rx.recv() {
         let mut batches = vec![blocks];
@@ -79,7 +79,8 @@ fn write_behind(store: &SessionStore, metrics: &Metrics, rx: &mpsc::Receiver<Vec
         if let Err(e) = store.flush() {
             metrics.cache_error(format!("flush failed: {e}"));
         }
-        if let Err(e) = store.collect("") {
+        // Unnamed prompt blocks go first and only: saved conversations stay.
+        if let Err(e) = store.collect_unreferenced() {
             metrics.cache_error(format!("keeping the disk budget failed: {e}"));
         }
     }
