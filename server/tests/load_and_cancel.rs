@@ -63,7 +63,13 @@ async fn a_client_that_leaves_frees_its_slot() {
     let mut resp = srv
         .client
         .post(format!("{}/completion", srv.url))
-        .json(&json!({"prompt": "go on and on", "n_predict": 3000, "stream": true, "temperature": 1.0}))
+        .json(&json!({
+            "prompt": "go on and on",
+            "n_predict": 3000,
+            "stream": true,
+            "temperature": 1.0,
+            "ignore_eos": true,
+        }))
         .send()
         .await
         .unwrap();
@@ -92,5 +98,38 @@ async fn a_client_that_leaves_frees_its_slot() {
         .post("/completion", &json!({"prompt": "next", "n_predict": 2}))
         .await;
     assert_eq!(status, 200, "{body}");
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_gives_up_on_a_whole_answer_frees_its_slot() {
+    let env = Env::new();
+    let srv = env.start(&["-np", "1", "-c", "4096"]).await;
+    let impatient = srv
+        .client
+        .post(format!("{}/completion", srv.url))
+        .timeout(Duration::from_millis(200))
+        .json(&json!({
+            "prompt": "go on and on",
+            "n_predict": 4000,
+            "temperature": 1.0,
+            "ignore_eos": true,
+        }))
+        .send()
+        .await;
+    assert!(impatient.is_err(), "4000 tokens came back within 200 ms");
+    let t0 = Instant::now();
+    loop {
+        let (_, slots) = srv.get("/slots").await;
+        if slots[0]["is_processing"] == false {
+            assert!(slots[0]["n_past"].as_u64().unwrap() < 4000, "{slots}");
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "slot still busy: {slots}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     srv.stop().await;
 }

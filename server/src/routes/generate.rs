@@ -73,6 +73,8 @@ struct Sampling {
     cache_prompt: Option<bool>,
     id_slot: Option<i64>,
     #[serde(default)]
+    ignore_eos: bool,
+    #[serde(default)]
     stream: bool,
 }
 
@@ -384,6 +386,7 @@ fn gen_params(st: &AppState, s: &Sampling, max_tokens: Option<i64>) -> Result<Ge
         stop,
         cache_prompt: s.cache_prompt.unwrap_or(true),
         id_slot,
+        ignore_eos: s.ignore_eos,
     })
 }
 

@@ -45,6 +45,8 @@ pub struct GenParams {
     pub cache_prompt: bool,
     /// The slot to run in, if the client asked for one.
     pub id_slot: Option<usize>,
+    /// Never sample an end-of-generation token (llama.cpp's `ignore_eos`).
+    pub ignore_eos: bool,
 }
 
 /// A request for the scheduler.
@@ -499,7 +501,17 @@ impl Scheduler {
                         a.fed += n_prompt;
                         if wants_logits {
                             let history = self.ctx.tokens(a.seq).unwrap_or(&[]);
-                            let token = a.sampler.sample(out.logits(item), history);
+                            let token = if a.params.ignore_eos {
+                                let mut logits = out.logits(item).to_vec();
+                                for &t in self.model.tokenizer().eog_tokens() {
+                                    if let Some(l) = logits.get_mut(t as usize) {
+                                        *l = f32::NEG_INFINITY;
+                                    }
+                                }
+                                a.sampler.sample(&logits, history)
+                            } else {
+                                a.sampler.sample(out.logits(item), history)
+                            };
                             self.on_token(slot, token);
                         }
                     }
