@@ -15,6 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use ckptfmt::{BlockId, ElemType, Fingerprint, Geometry, LayerGeometry, Manifest, Metadata};
 use kvstore::{KvStore, ModelStore};
 
+use crate::context::{Context, SeqId};
 use crate::error::{Error, Result};
 use crate::kv::{KvLayout, PAGE_TOKENS};
 use crate::model::Model;
@@ -131,6 +132,20 @@ impl CheckpointMeta {
     }
 }
 
+/// A full page's block, copied out of a context and not yet in the store (see
+/// [`SessionStore::new_blocks`]).
+#[derive(Clone, Debug)]
+pub struct NewBlock {
+    /// The id of the block before it, `None` for the first.
+    pub prev: Option<BlockId>,
+    /// Its own chained id.
+    pub id: BlockId,
+    /// Its tokens (one page).
+    pub tokens: Vec<u32>,
+    /// Its KV bytes as a checkpoint span.
+    pub kv: Vec<u8>,
+}
+
 /// One model's conversations in a store directory.
 pub struct SessionStore {
     store: KvStore,
@@ -138,6 +153,12 @@ pub struct SessionStore {
     fingerprint: Fingerprint,
     disk_bytes: Option<u64>,
 }
+
+// The server hands a store to its writer thread and shares it with its scheduler.
+const _: fn() = || {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<SessionStore>();
+};
 
 impl std::fmt::Debug for SessionStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -204,27 +225,29 @@ impl SessionStore {
         name: &str,
         meta: &CheckpointMeta,
     ) -> Result<SaveSummary> {
-        let ctx = session.context();
-        let seq = session.seq();
-        let tokens = session.tokens().to_vec();
+        self.save_seq(session.context(), session.seq(), name, meta)
+    }
+
+    /// Saves sequence `seq` of `ctx` as checkpoint `name`, as [`SessionStore::save`] does for
+    /// a session.
+    pub fn save_seq(
+        &self,
+        ctx: &Context,
+        seq: SeqId,
+        name: &str,
+        meta: &CheckpointMeta,
+    ) -> Result<SaveSummary> {
+        let tokens = ctx.tokens(seq)?.to_vec();
         let ids = ctx.block_ids(seq)?.to_vec();
-        let mut summary = SaveSummary::default();
-        let mut span = Vec::new();
-        let mut prev: Option<BlockId> = None;
-        for (i, id) in ids.iter().enumerate() {
-            if self.handle.contains(id) {
-                summary.blocks_reused += 1;
-            } else {
-                ctx.read_page(seq, i, &mut span)?;
-                let block_tokens =
-                    &tokens[i * TOKENS_PER_BLOCK as usize..][..TOKENS_PER_BLOCK as usize];
-                self.handle
-                    .put(prev.as_ref(), block_tokens, std::mem::take(&mut span))?;
-                summary.blocks_written += 1;
-                summary.bytes_written += self.handle.geometry().block_bytes();
-            }
-            prev = Some(*id);
-        }
+        let mut summary = SaveSummary {
+            blocks_reused: ids.len(),
+            ..SaveSummary::default()
+        };
+        let new = self.new_blocks(ctx, seq, 0)?;
+        summary.blocks_reused -= new.len();
+        summary.blocks_written = self.put_blocks(new)?;
+        summary.bytes_written =
+            summary.blocks_written as u64 * self.handle.geometry().block_bytes();
         let mut tail = Vec::new();
         if ids.len() * (TOKENS_PER_BLOCK as usize) < tokens.len() {
             ctx.read_page(seq, ids.len(), &mut tail)?;
@@ -253,34 +276,86 @@ impl SessionStore {
         Ok(summary)
     }
 
+    /// Copies the full pages of `seq`, from page `from` on, that the store does not hold yet:
+    /// the bytes to hand to [`SessionStore::put_blocks`], possibly on another thread (a page
+    /// read is a memory copy; storing it is not).
+    pub fn new_blocks(&self, ctx: &Context, seq: SeqId, from: usize) -> Result<Vec<NewBlock>> {
+        let tpb = TOKENS_PER_BLOCK as usize;
+        let tokens = ctx.tokens(seq)?;
+        let ids = ctx.block_ids(seq)?;
+        let mut out = Vec::new();
+        for (i, id) in ids.iter().enumerate().skip(from) {
+            if self.handle.contains(id) {
+                continue;
+            }
+            let mut kv = Vec::new();
+            ctx.read_page(seq, i, &mut kv)?;
+            out.push(NewBlock {
+                prev: i.checked_sub(1).map(|p| ids[p]),
+                id: *id,
+                tokens: tokens[i * tpb..(i + 1) * tpb].to_vec(),
+                kv,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Puts blocks (as [`SessionStore::new_blocks`] returns them) into the store's RAM tier;
+    /// they become durable at the next spill or [`SessionStore::flush`]. Returns how many the
+    /// store did not hold yet.
+    pub fn put_blocks(&self, blocks: Vec<NewBlock>) -> Result<usize> {
+        let mut put = 0;
+        for b in blocks {
+            if self.handle.contains(&b.id) {
+                continue;
+            }
+            self.handle.put(b.prev.as_ref(), &b.tokens, b.kv)?;
+            put += 1;
+        }
+        Ok(put)
+    }
+
+    /// How many of `tokens`' leading full blocks the store holds (in either tier, from any
+    /// process).
+    pub fn prefix_blocks(&self, tokens: &[u32]) -> usize {
+        BlockId::chain_all(&self.fingerprint, tokens, TOKENS_PER_BLOCK)
+            .iter()
+            .take_while(|id| self.handle.contains(id))
+            .count()
+    }
+
     /// Replaces `session`'s conversation with checkpoint `name`. The manifest's model and
     /// layout are checked first ([`Error::Checkpoint`] for another model's), then every block
     /// the session does not already hold is read and verified into free pages; on any failure
     /// the session is left exactly as it was. There are no logits until a token is evaluated
     /// ([`Session::generate`] evaluates the last token again when it needs them).
     pub fn restore(&self, session: &mut Session, name: &str) -> Result<CheckpointMeta> {
+        let seq = session.seq();
+        self.restore_seq(session.context_mut(), seq, name)
+    }
+
+    /// Replaces sequence `seq` of `ctx` with checkpoint `name`, as [`SessionStore::restore`]
+    /// does for a session (blocks resident in the pool are shared, not read).
+    pub fn restore_seq(&self, ctx: &mut Context, seq: SeqId, name: &str) -> Result<CheckpointMeta> {
         let manifest = self.handle.read_manifest(name)?;
         manifest.check_owner(&self.fingerprint, self.handle.geometry())?;
-        if manifest.tokens.len() > session.params().n_ctx {
+        if manifest.tokens.len() > ctx.params().n_ctx {
             return Err(Error::ContextFull {
                 needed: manifest.tokens.len(),
-                n_ctx: session.params().n_ctx,
+                n_ctx: ctx.params().n_ctx,
             });
         }
-        let seq = session.seq();
         let handle = &self.handle;
-        session
-            .context_mut()
-            .import(seq, &manifest.tokens, &manifest.tail_kv, |i, id, sink| {
-                if manifest.block_ids.get(i) != Some(id) {
-                    return Err(ckptfmt::FormatError::invalid(
-                        "checkpoint manifest",
-                        format!("block {i} id does not chain from its tokens"),
-                    )
-                    .into());
-                }
-                read_block(handle, id, sink)
-            })?;
+        ctx.import(seq, &manifest.tokens, &manifest.tail_kv, |i, id, sink| {
+            if manifest.block_ids.get(i) != Some(id) {
+                return Err(ckptfmt::FormatError::invalid(
+                    "checkpoint manifest",
+                    format!("block {i} id does not chain from its tokens"),
+                )
+                .into());
+            }
+            read_block(handle, id, sink)
+        })?;
         Ok(CheckpointMeta::from_manifest(&manifest))
     }
 
@@ -291,18 +366,25 @@ impl SessionStore {
     /// token is left to evaluate); feed `tokens[n..]` next. On failure the session is left as
     /// it was.
     pub fn restore_prefix(&self, session: &mut Session, tokens: &[u32]) -> Result<usize> {
-        let tpb = TOKENS_PER_BLOCK as usize;
-        let usable = tokens.len().saturating_sub(1).min(session.params().n_ctx);
-        let ids = BlockId::chain_all(&self.fingerprint, &tokens[..usable], TOKENS_PER_BLOCK);
-        let n_blocks = ids.iter().take_while(|id| self.handle.contains(id)).count();
-        let n = n_blocks * tpb;
         let seq = session.seq();
+        self.restore_prefix_seq(session.context_mut(), seq, tokens)
+    }
+
+    /// Replaces sequence `seq` of `ctx` with the longest stored prefix of `tokens`, as
+    /// [`SessionStore::restore_prefix`] does for a session (blocks resident in the pool are
+    /// shared, not read).
+    pub fn restore_prefix_seq(
+        &self,
+        ctx: &mut Context,
+        seq: SeqId,
+        tokens: &[u32],
+    ) -> Result<usize> {
+        let usable = tokens.len().saturating_sub(1).min(ctx.params().n_ctx);
+        let n = self.prefix_blocks(&tokens[..usable]) * TOKENS_PER_BLOCK as usize;
         let handle = &self.handle;
-        session
-            .context_mut()
-            .import(seq, &tokens[..n], &[], |_, id, sink| {
-                read_block(handle, id, sink)
-            })?;
+        ctx.import(seq, &tokens[..n], &[], |_, id, sink| {
+            read_block(handle, id, sink)
+        })?;
         Ok(n)
     }
 
@@ -363,6 +445,21 @@ impl SessionStore {
             .ok()
             .and_then(|p| std::fs::metadata(p).ok())
             .map_or(0, |m| m.len())
+    }
+
+    /// The store's counters (both tiers, this process).
+    pub fn metrics(&self) -> kvstore::Metrics {
+        self.store.metrics()
+    }
+
+    /// Keeps the disk budget, if there is one, by removing only blocks that no checkpoint
+    /// references (least recently used first), never a checkpoint: for a prompt cache, whose
+    /// blocks nobody named.
+    pub fn collect_unreferenced(&self) -> Result<()> {
+        if let Some(budget) = self.disk_bytes {
+            self.store.gc_to(budget)?;
+        }
+        Ok(())
     }
 
     /// Makes every block put so far durable.

@@ -1,0 +1,140 @@
+//! The persistent side of the prompt cache: the write-behind thread that puts new KV blocks
+//! into the store without delaying any response, and the text index that lets a chat's next
+//! turn reuse the tokens its reply was sampled as.
+
+use std::collections::VecDeque;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use engine::store::{NewBlock, SessionStore};
+
+use crate::metrics::Metrics;
+
+/// The write-behind thread: blocks copied out of the KV pool by the scheduler (a memory copy)
+/// are put into the store here, then flushed to disk, so a restart or a crash loses at most the
+/// blocks still in this thread's queue.
+#[derive(Debug)]
+pub struct Writer {
+    tx: Option<mpsc::Sender<Vec<NewBlock>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Writer {
+    /// Starts the thread over `store`.
+    pub fn start(store: Arc<SessionStore>, metrics: Arc<Metrics>) -> Writer {
+        let (tx, rx) = mpsc::channel::<Vec<NewBlock>>();
+        let thread = std::thread::Builder::new()
+            .name("cache-writer".into())
+            .spawn(move || write_behind(&store, &metrics, &rx))
+            .ok();
+        Writer {
+            tx: Some(tx),
+            thread,
+        }
+    }
+
+    /// Queues blocks for the store; never blocks.
+    pub fn send(&self, blocks: Vec<NewBlock>) {
+        if blocks.is_empty() {
+            return;
+        }
+        if let Some(tx) = &self.tx {
+            // The thread only ends after `finish`; a send to a thread that died is lost, as a
+            // crash would lose it.
+            let _ = tx.send(blocks);
+        }
+    }
+
+    /// Writes everything queued, flushes, and ends the thread.
+    pub fn finish(mut self) {
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The writer thread's loop: put what arrives, flush whenever the queue runs dry, keep the disk
+/// budget with unreferenced blocks.
+fn write_behind(store: &SessionStore, metrics: &Metrics, rx: &mpsc::Receiver<Vec<NewBlock>>) {
+    while let Ok(blocks) = rx.recv() {
+        let mut batches = vec![blocks];
+        batches.extend(rx.try_iter());
+        for blocks in batches {
+            match store.put_blocks(blocks) {
+                Ok(n) => Metrics::add(&metrics.blocks_written, n as u64),
+                Err(e) => metrics.cache_error(format!("storing blocks failed: {e}")),
+            }
+        }
+        if let Err(e) = store.flush() {
+            metrics.cache_error(format!("flush failed: {e}"));
+        }
+        // Unnamed prompt blocks go first and only: saved conversations stay.
+        if let Err(e) = store.collect_unreferenced() {
+            metrics.cache_error(format!("keeping the disk budget failed: {e}"));
+        }
+    }
+}
+
+/// Conversations as text with the tokens the model saw: a chat's next turn repeats the earlier
+/// turns as text, and tokenizing a sampled reply again may give other tokens than those sampled
+/// (which would end the cached prefix at the reply). A prompt that starts with a known text
+/// takes its tokens from here and tokenizes only the rest.
+#[derive(Debug)]
+pub struct TextIndex {
+    entries: VecDeque<(String, Vec<u32>)>,
+    capacity: usize,
+    /// Lookups that found an entry.
+    pub hits: u64,
+    /// Lookups where the entry's tokens differ from the text tokenized again.
+    pub retokenize_mismatches: u64,
+}
+
+impl TextIndex {
+    /// An index of at most `capacity` conversations (oldest dropped first).
+    pub fn new(capacity: usize) -> TextIndex {
+        TextIndex {
+            entries: VecDeque::new(),
+            capacity,
+            hits: 0,
+            retokenize_mismatches: 0,
+        }
+    }
+
+    /// Remembers that `text` was evaluated as `tokens`.
+    pub fn insert(&mut self, text: String, tokens: Vec<u32>) {
+        if text.is_empty() || tokens.is_empty() {
+            return;
+        }
+        self.entries.retain(|(t, _)| !text.starts_with(t.as_str()));
+        if self.entries.len() >= self.capacity {
+            self.entries.pop_front();
+        }
+        self.entries.push_back((text, tokens));
+    }
+
+    /// The longest known text that `text` starts with: its length in bytes and its tokens.
+    pub fn longest_prefix(&mut self, text: &str) -> Option<(usize, Vec<u32>)> {
+        let (i, _) = self
+            .entries
+            .iter()
+            .enumerate()
+            .filter(|(_, (t, _))| text.starts_with(t.as_str()))
+            .max_by_key(|(_, (t, _))| t.len())?;
+        let entry = self.entries.remove(i)?;
+        let found = (entry.0.len(), entry.1.clone());
+        self.entries.push_back(entry);
+        self.hits += 1;
+        Some(found)
+    }
+}

@@ -1,0 +1,147 @@
+//! The server's one error type, and how each variant answers over HTTP: an OpenAI-style JSON
+//! object `{"error": {"message", "type", "code"}}` with the matching status.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+/// Everything that can go wrong in the server, from the command line to a request.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// A request body that is not the JSON the endpoint expects.
+    #[error("invalid request body: {reason}")]
+    BadJson {
+        /// What serde said (line, column and the field).
+        reason: String,
+    },
+    /// A request that parsed but asks for something impossible.
+    #[error("{0}")]
+    BadRequest(String),
+    /// A prompt that does not fit the context.
+    #[error("the prompt has {n_prompt} tokens, more than the context of {n_ctx} allows (one position is needed to generate)")]
+    PromptTooLong {
+        /// Tokens in the prompt.
+        n_prompt: usize,
+        /// Positions per sequence.
+        n_ctx: usize,
+    },
+    /// A token id outside the vocabulary.
+    #[error("token id {id} is outside the vocabulary of {n_vocab}")]
+    BadToken {
+        /// The id.
+        id: u32,
+        /// Vocabulary size.
+        n_vocab: usize,
+    },
+    /// No API key, or the wrong one.
+    #[error("invalid or missing API key")]
+    Unauthorized,
+    /// A body over the size limit.
+    #[error("the request body is larger than the limit of {limit} bytes")]
+    BodyTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// A slot id that does not exist.
+    #[error("slot {id} does not exist (there are {n_slots})")]
+    UnknownSlot {
+        /// The id asked for.
+        id: usize,
+        /// Slots the server has.
+        n_slots: usize,
+    },
+    /// A slot filename that could name a path outside the store.
+    #[error("invalid slot filename {name:?}: a plain name without '/', '\\' or '..' is required")]
+    BadFilename {
+        /// The name given.
+        name: String,
+    },
+    /// An endpoint that is switched off.
+    #[error("{what} is not enabled on this server ({how})")]
+    NotEnabled {
+        /// The feature.
+        what: &'static str,
+        /// The option that enables it.
+        how: &'static str,
+    },
+    /// The KV pool cannot hold the request even after the prompt cache was emptied.
+    #[error("the KV cache is full: {0}")]
+    Busy(String),
+    /// The server is shutting down.
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    /// The engine failed (model, KV cache, store).
+    #[error(transparent)]
+    Engine(#[from] engine::Error),
+    /// A command-line option that makes no sense.
+    #[error("invalid option {option}: {reason}")]
+    BadOption {
+        /// The option.
+        option: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// I/O outside the engine: binding the port, reading the key file.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The server's result type.
+pub type Result<T, E = ServerError> = std::result::Result<T, E>;
+
+impl ServerError {
+    /// The HTTP status this error answers with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ServerError::BadJson { .. }
+            | ServerError::BadRequest(_)
+            | ServerError::PromptTooLong { .. }
+            | ServerError::BadToken { .. }
+            | ServerError::UnknownSlot { .. }
+            | ServerError::BadFilename { .. } => StatusCode::BAD_REQUEST,
+            ServerError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ServerError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ServerError::NotEnabled { .. } => StatusCode::NOT_IMPLEMENTED,
+            ServerError::Busy(_) | ServerError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ServerError::Engine(engine::Error::ContextFull { .. }) => StatusCode::BAD_REQUEST,
+            ServerError::Engine(_) | ServerError::BadOption { .. } | ServerError::Io { .. } => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        }
+    }
+
+    /// The OpenAI error `type` string.
+    pub fn kind(&self) -> &'static str {
+        match self.status() {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::NOT_IMPLEMENTED => "not_supported_error",
+            StatusCode::SERVICE_UNAVAILABLE => "unavailable_error",
+            s if s.is_client_error() => "invalid_request_error",
+            _ => "server_error",
+        }
+    }
+
+    /// The error as the JSON object clients read.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "error": {
+                "message": self.to_string(),
+                "type": self.kind(),
+                "code": self.status().as_u16(),
+            }
+        })
+    }
+}
+
+impl IntoResponse for ServerError {
+    fn into_response(self) -> Response {
+        (self.status(), Json(self.to_json())).into_response()
+    }
+}

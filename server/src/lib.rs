@@ -1,0 +1,164 @@
+//! `server`: an OpenAI- and llama-server-compatible HTTP server over the engine, whose prompt
+//! cache survives restarts.
+//!
+//! One scheduler thread ([`scheduler`]) owns the engine's context and runs continuous batching
+//! over every active request; the HTTP handlers (`routes`, on tokio and axum) tokenize, check
+//! and hand work to it through channels, and stream the text back. Every prompt starts from the
+//! longest prefix already computed, in memory or in the store directory ([`cache`]), and its
+//! new KV blocks are written behind the response.
+//!
+//! ```no_run
+//! # async fn run() -> server::Result<()> {
+//! let args = server::Args::parse_from_argv(["llama-hdd-server", "-m", "model.gguf"]).unwrap();
+//! let server = server::Server::bind(args.check()?).await?;
+//! println!("listening on http://{}", server.local_addr());
+//! server.run_until(async { let _ = tokio::signal::ctrl_c().await; }).await
+//! # }
+//! ```
+
+#![forbid(unsafe_code)]
+
+pub mod args;
+pub mod cache;
+pub mod error;
+pub mod metrics;
+mod routes;
+pub mod scheduler;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use engine::store::{SessionStore, StoreConfig};
+use engine::{Context, ContextParams, Model, PAGE_TOKENS};
+use tokio::sync::mpsc;
+
+pub use args::{Args, Config};
+pub use error::{Result, ServerError};
+
+use crate::cache::TextIndex;
+use crate::metrics::Metrics;
+use crate::routes::AppState;
+use crate::scheduler::{Command, Parts};
+
+/// Conversations the chat text index remembers.
+const TEXT_INDEX_ENTRIES: usize = 1024;
+
+/// A server bound to its address, its model loaded and its scheduler running.
+pub struct Server {
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    scheduler: std::thread::JoinHandle<()>,
+}
+
+impl Server {
+    /// Loads the model, opens the cache, starts the scheduler and binds the port.
+    pub async fn bind(config: Config) -> Result<Server> {
+        let args = &config.args;
+        let model = Model::load(&args.model)?;
+        let defaults = ContextParams::default();
+        let n_ctx = args.ctx_size.min(model.hparams().n_ctx_train.max(1));
+        // Each slot may need its context plus one copied page; as much again keeps finished
+        // prompts resident for the next requests.
+        let kv_tokens = 2 * args.parallel * (n_ctx.div_ceil(PAGE_TOKENS) + 1) * PAGE_TOKENS;
+        let ctx = Context::new(
+            Arc::clone(&model),
+            ContextParams {
+                n_ctx,
+                kv_tokens,
+                n_threads: args.threads.unwrap_or(defaults.n_threads),
+                ..defaults
+            },
+        )?;
+        let n_ctx = ctx.params().n_ctx;
+        let store_config = StoreConfig {
+            ram_bytes: config.cache_ram,
+            disk_bytes: config.cache_disk,
+        };
+        let store = if args.no_cache {
+            None
+        } else {
+            Some(Arc::new(SessionStore::open(
+                &args.cache_dir,
+                &model,
+                store_config.clone(),
+            )?))
+        };
+        let slot_store = match &args.slot_save_path {
+            Some(dir) => Some(Arc::new(SessionStore::open(dir, &model, store_config)?)),
+            None => store.clone(),
+        };
+        let metrics = Arc::new(Metrics::default());
+        let (tx, rx) = mpsc::unbounded_channel();
+        let scheduler = scheduler::spawn(
+            Parts {
+                ctx,
+                n_slots: args.parallel,
+                store: store.clone(),
+                slot_store,
+                metrics: Arc::clone(&metrics),
+            },
+            rx,
+        );
+        let addr = format!("{}:{}", args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .map_err(|source| ServerError::Io {
+                what: format!("listening on {addr}"),
+                source,
+            })?;
+        let state = Arc::new(AppState {
+            tx,
+            model,
+            n_ctx,
+            n_slots: args.parallel,
+            metrics,
+            cache_dir: store.as_ref().map(|_| args.cache_dir.clone()),
+            store,
+            texts: Mutex::new(TextIndex::new(TEXT_INDEX_ENTRIES)),
+            started_unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            config,
+        });
+        Ok(Server {
+            listener,
+            state,
+            scheduler,
+        })
+    }
+
+    /// The address it listens on (the port chosen when `--port 0`).
+    pub fn local_addr(&self) -> SocketAddr {
+        // A bound listener always has an address.
+        self.listener
+            .local_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+
+    /// Serves until `shutdown` completes; then takes no more connections, lets the requests
+    /// in flight finish, stops the scheduler and flushes the prompt cache to disk.
+    pub async fn run_until<F>(self, shutdown: F) -> Result<()>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let Server {
+            listener,
+            state,
+            scheduler,
+        } = self;
+        let tx = state.tx.clone();
+        let app = routes::router(state);
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await;
+        let _ = tx.send(Command::Shutdown);
+        drop(tx);
+        let _ = tokio::task::spawn_blocking(move || scheduler.join()).await;
+        served.map_err(|source| ServerError::Io {
+            what: "serving".into(),
+            source,
+        })
+    }
+}

@@ -1,0 +1,180 @@
+//! Counters the scheduler keeps and `/metrics` shows in Prometheus' text format.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Counters shared by the scheduler (which writes them) and the HTTP side (which reads them).
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Prompt tokens of every request.
+    pub prompt_tokens: AtomicU64,
+    /// Prompt tokens evaluated (not found in any cache).
+    pub prompt_tokens_computed: AtomicU64,
+    /// Prompt tokens whose KV was shared from pages resident in memory.
+    pub prompt_tokens_from_ram: AtomicU64,
+    /// Prompt tokens whose KV was read from the store (its RAM tier or disk).
+    pub prompt_tokens_from_store: AtomicU64,
+    /// Tokens generated.
+    pub tokens_predicted: AtomicU64,
+    /// Requests finished (any reason).
+    pub requests_finished: AtomicU64,
+    /// Requests being evaluated now.
+    pub requests_processing: AtomicU64,
+    /// Requests waiting for a slot.
+    pub requests_waiting: AtomicU64,
+    /// KV pages of the pool in use.
+    pub kv_pages_used: AtomicU64,
+    /// KV pages of the pool.
+    pub kv_pages_total: AtomicU64,
+    /// Blocks handed to the store by the write-behind thread.
+    pub blocks_written: AtomicU64,
+    /// Finished sequences dropped from memory to make room.
+    pub cache_evictions: AtomicU64,
+    /// Problems of the prompt cache that cost only speed (a failed restore or write).
+    pub cache_errors: AtomicU64,
+    /// The last of those problems, as text.
+    pub last_cache_error: Mutex<Option<String>>,
+}
+
+/// Byte counters of the store, read when the metrics are rendered.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StoreBytes {
+    /// Bytes read from block files.
+    pub read: u64,
+    /// Bytes written to block and manifest files.
+    pub written: u64,
+    /// Bytes of block files on disk.
+    pub on_disk: u64,
+}
+
+impl Metrics {
+    /// Adds `n` to a counter.
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Sets a gauge.
+    pub fn set(gauge: &AtomicU64, n: u64) {
+        gauge.store(n, Ordering::Relaxed);
+    }
+
+    /// Records a problem of the prompt cache that costs only speed.
+    pub fn cache_error(&self, what: String) {
+        Metrics::add(&self.cache_errors, 1);
+        if let Ok(mut last) = self.last_cache_error.lock() {
+            *last = Some(what);
+        }
+    }
+
+    /// The counters in Prometheus' text exposition format.
+    pub fn render(&self, store: StoreBytes) -> String {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let rows: [(&str, &str, &str, u64); 16] = [
+            (
+                "prompt_tokens_total",
+                "counter",
+                "Prompt tokens of all requests.",
+                get(&self.prompt_tokens),
+            ),
+            (
+                "prompt_tokens_computed_total",
+                "counter",
+                "Prompt tokens evaluated by the model.",
+                get(&self.prompt_tokens_computed),
+            ),
+            (
+                "prompt_tokens_from_ram_total",
+                "counter",
+                "Prompt tokens shared from KV pages in memory.",
+                get(&self.prompt_tokens_from_ram),
+            ),
+            (
+                "prompt_tokens_from_store_total",
+                "counter",
+                "Prompt tokens restored from the prompt cache store.",
+                get(&self.prompt_tokens_from_store),
+            ),
+            (
+                "tokens_predicted_total",
+                "counter",
+                "Tokens generated.",
+                get(&self.tokens_predicted),
+            ),
+            (
+                "requests_finished_total",
+                "counter",
+                "Requests finished.",
+                get(&self.requests_finished),
+            ),
+            (
+                "requests_processing",
+                "gauge",
+                "Requests being evaluated.",
+                get(&self.requests_processing),
+            ),
+            (
+                "requests_deferred",
+                "gauge",
+                "Requests waiting for a slot.",
+                get(&self.requests_waiting),
+            ),
+            (
+                "kv_pages_used",
+                "gauge",
+                "KV pages in use.",
+                get(&self.kv_pages_used),
+            ),
+            (
+                "kv_pages_total",
+                "gauge",
+                "KV pages in the pool.",
+                get(&self.kv_pages_total),
+            ),
+            (
+                "cache_blocks_written_total",
+                "counter",
+                "KV blocks handed to the store.",
+                get(&self.blocks_written),
+            ),
+            (
+                "cache_evictions_total",
+                "counter",
+                "Cached prompts dropped from memory.",
+                get(&self.cache_evictions),
+            ),
+            (
+                "cache_errors_total",
+                "counter",
+                "Prompt cache failures that cost only speed.",
+                get(&self.cache_errors),
+            ),
+            (
+                "cache_bytes_read_total",
+                "counter",
+                "Bytes read from the store's files.",
+                store.read,
+            ),
+            (
+                "cache_bytes_written_total",
+                "counter",
+                "Bytes written to the store's files.",
+                store.written,
+            ),
+            (
+                "cache_disk_bytes",
+                "gauge",
+                "Bytes of block files on disk.",
+                store.on_disk,
+            ),
+        ];
+        let mut out = String::new();
+        for (name, kind, help, value) in rows {
+            // Writing to a String cannot fail.
+            let _ = writeln!(out, "# HELP llamahdd:{name} {help}");
+            let _ = writeln!(out, "# TYPE llamahdd:{name} {kind}");
+            let _ = writeln!(out, "llamahdd:{name} {value}");
+        }
+        out
+    }
+}

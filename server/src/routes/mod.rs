@@ -1,0 +1,138 @@
+//! The HTTP side: the router, the shared state handlers see, the API-key check and the JSON
+//! body extractor that turns every bad body into an OpenAI-style error.
+
+mod generate;
+mod info;
+mod slots;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use engine::store::SessionStore;
+use engine::Model;
+use serde::de::DeserializeOwned;
+use subtle::ConstantTimeEq;
+use tokio::sync::mpsc;
+
+use crate::args::Config;
+use crate::cache::TextIndex;
+use crate::error::ServerError;
+use crate::metrics::Metrics;
+use crate::scheduler::Command;
+
+/// What every handler can reach.
+pub struct AppState {
+    /// The scheduler's inbox.
+    pub tx: mpsc::UnboundedSender<Command>,
+    /// The model (tokenizer and chat template are used on the handlers' threads).
+    pub model: Arc<Model>,
+    /// The checked options.
+    pub config: Config,
+    /// Positions per request.
+    pub n_ctx: usize,
+    /// Slots.
+    pub n_slots: usize,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// The prompt cache store, for its byte counters.
+    pub store: Option<Arc<SessionStore>>,
+    /// Where the prompt cache lives, unless `--no-cache`.
+    pub cache_dir: Option<PathBuf>,
+    /// Chat texts and the tokens they were evaluated as.
+    pub texts: Mutex<TextIndex>,
+    /// When the server started (Unix seconds).
+    pub started_unix: u64,
+}
+
+/// The router of every endpoint.
+pub fn router(state: Arc<AppState>) -> Router {
+    let limit = state.config.max_body;
+    Router::new()
+        .route("/health", get(info::health))
+        .route("/v1/health", get(info::health))
+        .route("/v1/models", get(info::models))
+        .route("/models", get(info::models))
+        .route("/props", get(info::props))
+        .route("/v1/chat/completions", post(generate::chat))
+        .route("/chat/completions", post(generate::chat))
+        .route("/v1/completions", post(generate::completions))
+        .route("/completion", post(generate::completion))
+        .route("/completions", post(generate::completion))
+        .route("/tokenize", post(info::tokenize))
+        .route("/detokenize", post(info::detokenize))
+        .route("/apply-template", post(info::apply_template))
+        .route("/slots", get(slots::list))
+        .route("/slots/{id}", post(slots::action))
+        .route("/metrics", get(slots::metrics))
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            require_key,
+        ))
+        .layer(axum::extract::DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+async fn not_found() -> Response {
+    let body = serde_json::json!({
+        "error": { "message": "no such endpoint", "type": "not_found_error", "code": 404 }
+    });
+    (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
+}
+
+/// Refuses requests without the API key (when one is set), comparing in constant time.
+async fn require_key(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.config.api_key {
+        let path = req.uri().path();
+        if path != "/health" && path != "/v1/health" {
+            let headers = req.headers();
+            let given = headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+                .unwrap_or("");
+            if !bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
+                return ServerError::Unauthorized.into_response();
+            }
+        }
+    }
+    next.run(req).await
+}
+
+/// A JSON body (an empty one reads as `null`): a body over the limit is 413, anything that does not parse into `T` is 400,
+/// both as OpenAI-style errors.
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
+    type Rejection = ServerError;
+
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
+        let limit = state.config.max_body;
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ServerError::BodyTooLarge { limit }
+            } else {
+                ServerError::BadRequest(e.body_text())
+            }
+        })?;
+        // An empty body reads as `null` (for endpoints whose body is optional).
+        let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+            b"null"
+        } else {
+            &bytes
+        };
+        serde_json::from_slice(text)
+            .map(JsonBody)
+            .map_err(|e| ServerError::BadJson {
+                reason: e.to_string(),
+            })
+    }
+}

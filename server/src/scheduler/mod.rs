@@ -1,0 +1,660 @@
+//! The scheduler: one thread owns the engine's [`Context`] and runs continuous batching over
+//! every active request. Each step builds one [`Batch`]: one decode token of each generating
+//! request, then prefill chunks of new ones up to `n_batch` tokens; the sampled tokens go back
+//! to each request's channel. HTTP handlers talk to it only through channels, so nothing they
+//! do blocks a step, and a request whose receiver is gone (the client left) is cancelled at
+//! the next step.
+//!
+//! The prompt cache lives here too: finished sequences stay resident as an LRU list while the
+//! pool has room, and a new request starts from the longest prefix found in the pool (pages
+//! shared by block id) or in the store (blocks read into free pages), computing only the rest.
+//! Its new full blocks are copied out after it finishes and handed to the write-behind thread.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use engine::sampling::{Sampler, SamplerParams};
+use engine::store::SessionStore;
+use engine::tokenizer::StreamDecoder;
+use engine::{Batch, Context, Logits, Model, SeqId, PAGE_TOKENS};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::cache::Writer;
+
+mod slots;
+mod stop;
+
+use crate::error::{Result, ServerError};
+use crate::metrics::Metrics;
+use stop::{find_stop, safe_prefix_len};
+
+/// Finished sequences kept resident at most (each holds at least its partial last page).
+const MAX_CACHED: usize = 256;
+
+/// How one request generates.
+#[derive(Clone, Debug)]
+pub struct GenParams {
+    /// Most tokens to generate (also cut by the context).
+    pub max_tokens: usize,
+    /// Sampling.
+    pub sampler: SamplerParams,
+    /// Generation stops before the first of these strings.
+    pub stop: Vec<String>,
+    /// Reuse cached prefixes (llama.cpp's `cache_prompt`; on by default).
+    pub cache_prompt: bool,
+    /// The slot to run in, if the client asked for one.
+    pub id_slot: Option<usize>,
+    /// Never sample an end-of-generation token (llama.cpp's `ignore_eos`).
+    pub ignore_eos: bool,
+}
+
+/// A request for the scheduler.
+#[derive(Debug)]
+pub struct Job {
+    /// Prompt tokens (not empty, checked against the context by the handler).
+    pub prompt: Vec<u32>,
+    /// How to generate.
+    pub params: GenParams,
+    /// Where the text goes; dropping the receiver cancels the request.
+    pub events: mpsc::UnboundedSender<Event>,
+}
+
+/// What a request receives.
+#[derive(Debug)]
+pub enum Event {
+    /// More text (never part of a stop string, never a partial character).
+    Text(String),
+    /// The end, with its figures.
+    Done(Box<Finish>),
+    /// The request failed.
+    Failed(ServerError),
+}
+
+/// Why a generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-generation token.
+    EndOfGeneration,
+    /// A stop string.
+    StopString,
+    /// `max_tokens` or the context ran out.
+    Length,
+    /// The client left.
+    Cancelled,
+}
+
+impl FinishReason {
+    /// OpenAI's `finish_reason`.
+    pub fn as_openai(self) -> &'static str {
+        match self {
+            FinishReason::Length => "length",
+            _ => "stop",
+        }
+    }
+}
+
+/// The figures of a finished request.
+#[derive(Clone, Debug)]
+pub struct Finish {
+    /// Why it ended.
+    pub reason: FinishReason,
+    /// The slot it ran in.
+    pub slot: usize,
+    /// Prompt tokens in all.
+    pub n_prompt: usize,
+    /// Prompt tokens whose KV came from a cache (pool or store).
+    pub cache_n: usize,
+    /// Prompt tokens evaluated.
+    pub prompt_n: usize,
+    /// Time from admission to the first token's logits.
+    pub prompt_ms: f64,
+    /// Tokens generated.
+    pub predicted_n: usize,
+    /// Time from the first token to the end.
+    pub predicted_ms: f64,
+    /// The generated tokens (without an end-of-generation token).
+    pub tokens: Vec<u32>,
+}
+
+/// A `/slots/{id}` action.
+#[derive(Clone, Debug)]
+pub enum SlotAction {
+    /// Save the slot's last conversation as a named checkpoint.
+    Save(String),
+    /// Load a named checkpoint into the slot.
+    Restore(String),
+    /// Forget the slot's last conversation.
+    Erase,
+}
+
+/// A message to the scheduler.
+#[derive(Debug)]
+pub enum Command {
+    /// Generate.
+    Generate(Job),
+    /// Report the slots as llama-server's `/slots` JSON.
+    Slots(oneshot::Sender<serde_json::Value>),
+    /// Act on one slot.
+    Slot {
+        /// Slot id.
+        id: usize,
+        /// What to do.
+        action: SlotAction,
+        /// The llama-server JSON answer.
+        reply: oneshot::Sender<Result<serde_json::Value>>,
+    },
+    /// Take no more requests; finish the running and waiting ones, flush the cache and end.
+    Shutdown,
+}
+
+/// What the scheduler needs besides its context.
+pub struct Parts {
+    /// The context (moved onto the scheduler thread).
+    pub ctx: Context,
+    /// Slots (requests evaluated at once).
+    pub n_slots: usize,
+    /// The prompt cache store, unless `--no-cache`.
+    pub store: Option<Arc<SessionStore>>,
+    /// Where `/slots` save and restore go, if anywhere.
+    pub slot_store: Option<Arc<SessionStore>>,
+    /// Shared counters.
+    pub metrics: Arc<Metrics>,
+}
+
+/// A request being evaluated.
+struct Active {
+    events: mpsc::UnboundedSender<Event>,
+    params: GenParams,
+    seq: SeqId,
+    prompt: Vec<u32>,
+    /// Prompt tokens the sequence holds.
+    fed: usize,
+    cache_n: usize,
+    sampler: Sampler,
+    decoder: StreamDecoder,
+    generated: Vec<u32>,
+    /// Generated text so far, and how much of it was sent.
+    text: String,
+    sent: usize,
+    /// A sampled token to feed at the next step.
+    pending: Option<u32>,
+    admitted: Instant,
+    first_token: Option<Instant>,
+    /// Order of admission, to pick the newest when the pool runs out.
+    ticket: u64,
+}
+
+/// A slot: at most one active request, and the sequence it last ran.
+#[derive(Default)]
+struct Slot {
+    active: Option<Active>,
+    last: Option<SeqId>,
+}
+
+/// The scheduler thread's state.
+struct Scheduler {
+    ctx: Context,
+    model: Arc<Model>,
+    store: Option<Arc<SessionStore>>,
+    slot_store: Option<Arc<SessionStore>>,
+    writer: Option<Writer>,
+    metrics: Arc<Metrics>,
+    slots: Vec<Slot>,
+    queue: VecDeque<Job>,
+    /// Finished sequences kept resident, least recently finished first.
+    cached: VecDeque<SeqId>,
+    tickets: u64,
+    /// Shutdown was asked for.
+    closing: bool,
+}
+
+/// Starts the scheduler thread; it ends (after finishing or cancelling its work and flushing
+/// the cache) when every sender of `rx` is gone.
+pub fn spawn(parts: Parts, rx: mpsc::UnboundedReceiver<Command>) -> std::thread::JoinHandle<()> {
+    let writer = parts
+        .store
+        .as_ref()
+        .map(|s| Writer::start(Arc::clone(s), Arc::clone(&parts.metrics)));
+    let mut sched = Scheduler {
+        model: Arc::clone(parts.ctx.model()),
+        ctx: parts.ctx,
+        store: parts.store,
+        slot_store: parts.slot_store,
+        writer,
+        metrics: parts.metrics,
+        slots: (0..parts.n_slots).map(|_| Slot::default()).collect(),
+        queue: VecDeque::new(),
+        cached: VecDeque::new(),
+        tickets: 0,
+        closing: false,
+    };
+    std::thread::Builder::new()
+        .name("scheduler".into())
+        .spawn(move || sched.run(rx))
+        .expect("spawning the scheduler thread")
+}
+
+impl Scheduler {
+    fn run(&mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
+        let mut open = true;
+        loop {
+            // Take every command waiting; sleep only when there is nothing to do.
+            loop {
+                let idle = self.queue.is_empty() && self.slots.iter().all(|s| s.active.is_none());
+                let cmd = if idle && open {
+                    rx.blocking_recv()
+                } else {
+                    match rx.try_recv() {
+                        Ok(c) => Some(c),
+                        Err(mpsc::error::TryRecvError::Empty) => break,
+                        Err(mpsc::error::TryRecvError::Disconnected) => None,
+                    }
+                };
+                match cmd {
+                    Some(c) => {
+                        self.command(c);
+                        if self.closing {
+                            open = false;
+                            break;
+                        }
+                    }
+                    None => {
+                        open = false;
+                        break;
+                    }
+                }
+            }
+            self.cancel_abandoned();
+            self.admit();
+            self.publish_gauges();
+            if self.slots.iter().all(|s| s.active.is_none()) {
+                if !open && self.queue.is_empty() {
+                    break;
+                }
+                continue;
+            }
+            self.step();
+        }
+        // The writer's last round flushes every block, then keeps the disk budget (a flush
+        // after that would write the collected blocks' RAM copies again).
+        if let Some(w) = self.writer.take() {
+            w.finish();
+        }
+    }
+
+    fn command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Generate(job) => {
+                self.queue.push_back(job);
+            }
+            Command::Slots(reply) => {
+                let _ = reply.send(self.slots_json());
+            }
+            Command::Slot { id, action, reply } => {
+                let _ = reply.send(self.slot_action(id, action));
+            }
+            Command::Shutdown => self.closing = true,
+        }
+    }
+
+    fn publish_gauges(&self) {
+        let stats = self.ctx.stats();
+        let processing = self.slots.iter().filter(|s| s.active.is_some()).count();
+        Metrics::set(&self.metrics.requests_processing, processing as u64);
+        Metrics::set(&self.metrics.requests_waiting, self.queue.len() as u64);
+        Metrics::set(&self.metrics.kv_pages_used, stats.pages_used as u64);
+        Metrics::set(&self.metrics.kv_pages_total, stats.pages_total as u64);
+    }
+
+    /// Ends the requests whose client is gone, and drops waiting ones likewise.
+    fn cancel_abandoned(&mut self) {
+        for i in 0..self.slots.len() {
+            if self.slots[i]
+                .active
+                .as_ref()
+                .is_some_and(|a| a.events.is_closed())
+            {
+                self.finish(i, FinishReason::Cancelled);
+            }
+        }
+        self.queue.retain(|j| !j.events.is_closed());
+    }
+
+    /// Moves waiting requests into free slots, first come first served (a request for a
+    /// particular slot waits for that one without holding up the others).
+    fn admit(&mut self) {
+        let mut i = 0;
+        while i < self.queue.len() {
+            let want = self.queue[i].params.id_slot;
+            let free = match want {
+                Some(id) => {
+                    (id < self.slots.len() && self.slots[id].active.is_none()).then_some(id)
+                }
+                None => self.slots.iter().position(|s| s.active.is_none()),
+            };
+            let Some(slot) = free else {
+                if want.is_none() {
+                    break;
+                }
+                i += 1;
+                continue;
+            };
+            let Some(job) = self.queue.remove(i) else {
+                break;
+            };
+            match self.start(job) {
+                Ok(active) => {
+                    // The slot's previous conversation stays in the cache list.
+                    self.slots[slot].active = Some(active);
+                }
+                Err((events, e)) => {
+                    let _ = events.send(Event::Failed(e));
+                }
+            }
+        }
+    }
+
+    /// A new sequence for `job`, starting from the longest cached prefix of its prompt.
+    fn start(
+        &mut self,
+        job: Job,
+    ) -> std::result::Result<Active, (mpsc::UnboundedSender<Event>, ServerError)> {
+        let mut seq = self.ctx.new_sequence();
+        let prompt = job.prompt;
+        // One token is always evaluated, for its logits.
+        let usable = &prompt[..prompt.len().saturating_sub(1)];
+        let mut from_ram = 0;
+        let mut from_store = 0;
+        if job.params.cache_prompt {
+            let stored = self
+                .store
+                .as_ref()
+                .map_or(0, |s| s.prefix_blocks(usable) * PAGE_TOKENS);
+            // A resident sequence that shares more than the stored blocks is forked, partly
+            // filled last page included (a repeated or extended prompt costs nothing).
+            let resident = self.longest_resident(usable);
+            if let Some((n, src)) = resident.filter(|&(n, _)| n > 0 && n >= stored) {
+                if let Ok(forked) = self.ctx.fork(src, n) {
+                    let _ = self.ctx.remove_sequence(seq);
+                    seq = forked;
+                    from_ram = n;
+                }
+            }
+            if from_ram == 0 {
+                from_ram = self.ctx.attach_prefix(seq, usable).unwrap_or(0);
+            }
+            if let Some(store) = self.store.clone().filter(|_| stored > from_ram) {
+                let mut result = store.restore_prefix_seq(&mut self.ctx, seq, &prompt);
+                if let Err(engine::Error::OutOfPages { needed, .. }) = result {
+                    self.make_room(needed);
+                    result = store.restore_prefix_seq(&mut self.ctx, seq, &prompt);
+                }
+                match result {
+                    Ok(n) => from_store = n.saturating_sub(from_ram),
+                    Err(e) => self
+                        .metrics
+                        .cache_error(format!("restore failed, computed instead: {e}")),
+                }
+            }
+        }
+        let cache_n = from_ram + from_store;
+        let m = &self.metrics;
+        Metrics::add(&m.prompt_tokens, prompt.len() as u64);
+        Metrics::add(&m.prompt_tokens_from_ram, from_ram as u64);
+        Metrics::add(&m.prompt_tokens_from_store, from_store as u64);
+        Metrics::add(&m.prompt_tokens_computed, (prompt.len() - cache_n) as u64);
+        self.tickets += 1;
+        Ok(Active {
+            events: job.events,
+            sampler: Sampler::new(job.params.sampler.clone()),
+            params: job.params,
+            seq,
+            fed: cache_n,
+            cache_n,
+            prompt,
+            decoder: StreamDecoder::new(),
+            generated: Vec::new(),
+            text: String::new(),
+            sent: 0,
+            pending: None,
+            admitted: Instant::now(),
+            first_token: None,
+            ticket: self.tickets,
+        })
+    }
+
+    /// The finished sequence sharing the longest token prefix with `tokens`, and its length.
+    fn longest_resident(&self, tokens: &[u32]) -> Option<(usize, SeqId)> {
+        self.cached
+            .iter()
+            .filter_map(|&s| {
+                let held = self.ctx.tokens(s).ok()?;
+                let n = held.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+                Some((n, s))
+            })
+            .max()
+    }
+
+    /// Drops cached sequences, least recently finished first, until `pages` are free or none
+    /// is left. Returns whether that many are free.
+    fn make_room(&mut self, pages: usize) -> bool {
+        loop {
+            let stats = self.ctx.stats();
+            if stats.pages_total - stats.pages_used >= pages {
+                return true;
+            }
+            let Some(seq) = self.cached.pop_front() else {
+                return false;
+            };
+            let _ = self.ctx.remove_sequence(seq);
+            for slot in &mut self.slots {
+                if slot.last == Some(seq) {
+                    slot.last = None;
+                }
+            }
+            Metrics::add(&self.metrics.cache_evictions, 1);
+        }
+    }
+
+    /// One batch: a decode token of each generating request, prefill chunks of the others.
+    fn step(&mut self) {
+        let n_batch = self.ctx.params().n_batch;
+        loop {
+            let mut batch = Batch::new();
+            // (slot, prompt tokens fed by the item, whether logits were asked for)
+            let mut items: Vec<(usize, usize, bool)> = Vec::new();
+            let mut budget = n_batch;
+            for (i, slot) in self.slots.iter().enumerate() {
+                if let Some(a) = &slot.active {
+                    if let Some(t) = a.pending {
+                        batch.add(a.seq, &[t], Logits::Last);
+                        items.push((i, 0, true));
+                        budget -= 1;
+                    }
+                }
+            }
+            for (i, slot) in self.slots.iter().enumerate() {
+                let Some(a) = &slot.active else { continue };
+                if a.fed >= a.prompt.len() || budget == 0 {
+                    continue;
+                }
+                let n = (a.prompt.len() - a.fed).min(budget);
+                let last = a.fed + n == a.prompt.len();
+                let logits = if last { Logits::Last } else { Logits::None };
+                batch.add(a.seq, &a.prompt[a.fed..a.fed + n], logits);
+                items.push((i, n, last));
+                budget -= n;
+            }
+            if batch.is_empty() {
+                return;
+            }
+            match self.ctx.decode(&batch) {
+                Ok(out) => {
+                    for (item, &(slot, n_prompt, wants_logits)) in items.iter().enumerate() {
+                        let Some(a) = self.slots[slot].active.as_mut() else {
+                            continue;
+                        };
+                        if n_prompt == 0 {
+                            a.pending = None;
+                        }
+                        a.fed += n_prompt;
+                        if wants_logits {
+                            let history = self.ctx.tokens(a.seq).unwrap_or(&[]);
+                            let token = if a.params.ignore_eos {
+                                let mut logits = out.logits(item).to_vec();
+                                for &t in self.model.tokenizer().eog_tokens() {
+                                    if let Some(l) = logits.get_mut(t as usize) {
+                                        *l = f32::NEG_INFINITY;
+                                    }
+                                }
+                                a.sampler.sample(&logits, history)
+                            } else {
+                                a.sampler.sample(out.logits(item), history)
+                            };
+                            self.on_token(slot, token);
+                        }
+                    }
+                    return;
+                }
+                Err(engine::Error::OutOfPages { needed, .. }) => {
+                    if !self.make_room(needed) {
+                        // Even an empty cache is not enough: the newest request gives way.
+                        let newest = self
+                            .slots
+                            .iter()
+                            .enumerate()
+                            .filter_map(|(i, s)| s.active.as_ref().map(|a| (a.ticket, i)))
+                            .max();
+                        if let Some((_, slot)) = newest {
+                            self.fail(
+                                slot,
+                                ServerError::Busy(format!(
+                                    "{needed} more pages were needed than the pool of {} has",
+                                    self.ctx.stats().pages_total
+                                )),
+                            );
+                        }
+                    }
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    for &(slot, _, _) in &items {
+                        self.fail(slot, ServerError::Busy(msg.clone()));
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Handles a token sampled for the request in `slot`.
+    fn on_token(&mut self, slot: usize, token: u32) {
+        let model = Arc::clone(&self.model);
+        let tok = model.tokenizer();
+        let n_ctx = self.ctx.params().n_ctx;
+        let Some(a) = self.slots[slot].active.as_mut() else {
+            return;
+        };
+        if a.first_token.is_none() {
+            a.first_token = Some(Instant::now());
+        }
+        if tok.is_eog(token) {
+            self.finish(slot, FinishReason::EndOfGeneration);
+            return;
+        }
+        a.generated.push(token);
+        Metrics::add(&self.metrics.tokens_predicted, 1);
+        a.text.push_str(&a.decoder.push(tok, token));
+        if let Some(cut) = find_stop(&a.text, &a.params.stop) {
+            a.text.truncate(cut);
+            flush_text(a, cut);
+            self.finish(slot, FinishReason::StopString);
+            return;
+        }
+        let safe = safe_prefix_len(&a.text, &a.params.stop).max(a.sent);
+        flush_text(a, safe);
+        let held = a.prompt.len() + a.generated.len();
+        if a.generated.len() >= a.params.max_tokens || held >= n_ctx {
+            let rest = a.decoder.flush();
+            a.text.push_str(&rest);
+            let end = a.text.len();
+            flush_text(a, end);
+            self.finish(slot, FinishReason::Length);
+            return;
+        }
+        a.pending = Some(token);
+    }
+
+    /// Ends the request in `slot`: sends its figures, keeps its sequence cached and queues its
+    /// new blocks for the store.
+    fn finish(&mut self, slot: usize, reason: FinishReason) {
+        let Some(mut a) = self.slots[slot].active.take() else {
+            return;
+        };
+        if reason == FinishReason::EndOfGeneration {
+            let rest = a.decoder.flush();
+            a.text.push_str(&rest);
+            let end = a.text.len();
+            flush_text(&mut a, end);
+        }
+        let now = Instant::now();
+        let first = a.first_token.unwrap_or(now);
+        let finish = Finish {
+            reason,
+            slot,
+            n_prompt: a.prompt.len(),
+            cache_n: a.cache_n,
+            prompt_n: a.prompt.len() - a.cache_n,
+            prompt_ms: (first - a.admitted).as_secs_f64() * 1e3,
+            predicted_n: a.generated.len(),
+            predicted_ms: (now - first).as_secs_f64() * 1e3,
+            tokens: std::mem::take(&mut a.generated),
+        };
+        let _ = a.events.send(Event::Done(Box::new(finish)));
+        Metrics::add(&self.metrics.requests_finished, 1);
+        self.keep(slot, a.seq, a.cache_n);
+    }
+
+    /// Fails the request in `slot` and drops its sequence.
+    fn fail(&mut self, slot: usize, e: ServerError) {
+        if let Some(a) = self.slots[slot].active.take() {
+            let _ = a.events.send(Event::Failed(e));
+            let _ = self.ctx.remove_sequence(a.seq);
+            Metrics::add(&self.metrics.requests_finished, 1);
+        }
+    }
+
+    /// Keeps a finished sequence resident as the slot's last one and queues its full blocks
+    /// from `cache_n` on (the ones before came from a cache) for the store.
+    fn keep(&mut self, slot: usize, seq: SeqId, cache_n: usize) {
+        if let (Some(store), Some(writer)) = (&self.store, &self.writer) {
+            match store.new_blocks(&self.ctx, seq, cache_n / PAGE_TOKENS) {
+                Ok(blocks) => writer.send(blocks),
+                Err(e) => self
+                    .metrics
+                    .cache_error(format!("reading pages failed: {e}")),
+            }
+        }
+        self.slots[slot].last = Some(seq);
+        self.cached.push_back(seq);
+        while self.cached.len() > MAX_CACHED {
+            if let Some(old) = self.cached.pop_front() {
+                let _ = self.ctx.remove_sequence(old);
+                for s in &mut self.slots {
+                    if s.last == Some(old) {
+                        s.last = None;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Sends the text of `a` up to byte `upto` that was not sent yet.
+fn flush_text(a: &mut Active, upto: usize) {
+    if upto > a.sent {
+        let _ = a.events.send(Event::Text(a.text[a.sent..upto].to_owned()));
+        a.sent = upto;
+    }
+}

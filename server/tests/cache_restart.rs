@@ -1,0 +1,139 @@
+//! The prompt cache: a repeated prompt starts from the blocks computed before, in the same
+//! server and in a new one on the same cache directory, and the text it generates is the same
+//! as when everything was computed.
+
+mod common;
+
+use common::Env;
+use serde_json::{json, Value};
+
+/// A chat whose prompt spans several 64-token blocks.
+fn long_chat() -> Value {
+    json!({
+        "messages": [
+            {"role": "system", "content": "abcdefgh ".repeat(30)},
+            {"role": "user", "content": "What comes next?"}
+        ],
+        "max_tokens": 10,
+        "temperature": 0,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_prompt_is_served_from_the_cache_across_a_restart() {
+    let env = Env::new();
+    let first = env.start(&[]).await;
+    let (status, cold) = first.post("/v1/chat/completions", &long_chat()).await;
+    assert_eq!(status, 200, "{cold}");
+    let n_prompt = cold["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        n_prompt > 3 * 64,
+        "the prompt should span blocks: {n_prompt}"
+    );
+    assert_eq!(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(cold["timings"]["prompt_n"], n_prompt);
+
+    // Same server: the pages are still resident.
+    // The partly filled last page is shared too: only the last token is evaluated again
+    // (for its logits).
+    let (_, warm) = first.post("/v1/chat/completions", &long_chat()).await;
+    let warm_cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(warm_cached, n_prompt - 1, "{warm}");
+    assert_eq!(warm["choices"], cold["choices"]);
+    first.stop().await;
+
+    // The store holds whole blocks only.
+    let cached = (n_prompt - 1) / 64 * 64;
+
+    // A new server on the same directory reads the blocks from disk.
+    let second = env.start(&[]).await;
+    let (status, restarted) = second.post("/v1/chat/completions", &long_chat()).await;
+    assert_eq!(status, 200, "{restarted}");
+    assert_eq!(restarted["timings"]["cache_n"], cached);
+    assert_eq!(
+        restarted["timings"]["prompt_n"].as_u64().unwrap(),
+        n_prompt - cached
+    );
+    assert_eq!(restarted["choices"], cold["choices"]);
+
+    // cache_prompt: false computes everything again, with the same result.
+    let mut body = long_chat();
+    body["cache_prompt"] = json!(false);
+    let (_, uncached) = second.post("/v1/chat/completions", &body).await;
+    assert_eq!(uncached["timings"]["cache_n"], 0);
+    assert_eq!(uncached["choices"], cold["choices"]);
+    second.stop().await;
+
+    // --no-cache keeps nothing on disk for the next server.
+    let third = env.start(&["--no-cache"]).await;
+    let (_, none) = third.post("/v1/chat/completions", &long_chat()).await;
+    assert_eq!(none["timings"]["cache_n"], 0);
+    third.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_chat_turn_reuses_the_previous_turn_and_its_reply() {
+    let env = Env::new();
+    let srv = env.start(&[]).await;
+    let mut messages = vec![
+        json!({"role": "system", "content": "abcdefgh ".repeat(20)}),
+        json!({"role": "user", "content": "first question"}),
+    ];
+    let body = |m: &Vec<Value>| json!({"messages": m, "max_tokens": 70, "temperature": 0});
+    let (_, turn1) = srv.post("/v1/chat/completions", &body(&messages)).await;
+    let reply = turn1["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let held = turn1["usage"]["prompt_tokens"].as_u64().unwrap()
+        + turn1["usage"]["completion_tokens"].as_u64().unwrap();
+    messages.push(json!({"role": "assistant", "content": reply}));
+    messages.push(json!({"role": "user", "content": "second question"}));
+    let (_, turn2) = srv.post("/v1/chat/completions", &body(&messages)).await;
+    let cached = turn2["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    // Every full block of the first turn, reply included, is reused.
+    assert!(
+        cached >= (held - 1) / 64 * 64,
+        "cached {cached} of {held}: {turn2}"
+    );
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_disk_budget_holds_and_keeps_the_most_recent_prompt() {
+    let env = Env::new();
+    let budget = 64 * 1024;
+    let srv = env.start(&["--cache-disk", "64KiB"]).await;
+    let prompt = |i: usize| format!("{i} {}", "abcdefgh".repeat(30));
+    for i in 0..6 {
+        let (status, body) = srv
+            .post("/completion", &json!({"prompt": prompt(i), "n_predict": 1}))
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    srv.stop().await;
+
+    let srv = env.start(&["--metrics"]).await;
+    let (_, metrics) = srv.get("/metrics").await;
+    let text = metrics.as_str().unwrap();
+    let on_disk: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("llamahdd:cache_disk_bytes "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(on_disk > 0 && on_disk <= budget, "{on_disk} bytes on disk");
+    let (_, last) = srv
+        .post("/completion", &json!({"prompt": prompt(5), "n_predict": 1}))
+        .await;
+    assert!(last["timings"]["cache_n"].as_u64().unwrap() > 0, "{last}");
+    let (_, first) = srv
+        .post("/completion", &json!({"prompt": prompt(0), "n_predict": 1}))
+        .await;
+    assert_eq!(first["timings"]["cache_n"], 0, "{first}");
+    srv.stop().await;
+}

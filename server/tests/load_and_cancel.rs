@@ -1,0 +1,135 @@
+//! Sixteen clients at once on four slots all get their answers (the rest wait in the queue);
+//! a client that leaves mid-stream frees its slot.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Env;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_concurrent_clients_all_complete() {
+    let env = Env::new();
+    let srv = env.start(&["-np", "4"]).await;
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let client = srv.client.clone();
+        let url = srv.url.clone();
+        tasks.push(tokio::spawn(async move {
+            let stream = i % 2 == 0;
+            let body = json!({
+                "messages": [{"role": "user", "content": format!("client {i} asks")}],
+                "max_tokens": 8,
+                "temperature": 0.7,
+                "seed": i,
+                "stream": stream,
+            });
+            let resp = client
+                .post(format!("{url}/v1/chat/completions"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status().as_u16(), 200);
+            let text = resp.text().await.unwrap();
+            if stream {
+                assert!(
+                    text.trim_end().ends_with("data: [DONE]"),
+                    "client {i}: {text}"
+                );
+            } else {
+                let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+                assert!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 8);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (_, slots) = srv.get("/slots").await;
+    assert!(slots
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|s| s["is_processing"] == false));
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_frees_its_slot() {
+    let env = Env::new();
+    let srv = env.start(&["-np", "1", "-c", "4096"]).await;
+    let mut resp = srv
+        .client
+        .post(format!("{}/completion", srv.url))
+        .json(&json!({
+            "prompt": "go on and on",
+            "n_predict": 3000,
+            "stream": true,
+            "temperature": 1.0,
+            "ignore_eos": true,
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert!(resp.chunk().await.unwrap().is_some());
+    let (_, slots) = srv.get("/slots").await;
+    assert_eq!(slots[0]["is_processing"], true, "{slots}");
+    drop(resp);
+
+    // The only slot comes free long before 3000 tokens could have been generated.
+    let t0 = Instant::now();
+    loop {
+        let (_, slots) = srv.get("/slots").await;
+        if slots[0]["is_processing"] == false {
+            let decoded = slots[0]["n_past"].as_u64().unwrap();
+            assert!(decoded < 3000, "{slots}");
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "slot still busy: {slots}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, body) = srv
+        .post("/completion", &json!({"prompt": "next", "n_predict": 2}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_gives_up_on_a_whole_answer_frees_its_slot() {
+    let env = Env::new();
+    let srv = env.start(&["-np", "1", "-c", "4096"]).await;
+    let impatient = srv
+        .client
+        .post(format!("{}/completion", srv.url))
+        .timeout(Duration::from_millis(200))
+        .json(&json!({
+            "prompt": "go on and on",
+            "n_predict": 4000,
+            "temperature": 1.0,
+            "ignore_eos": true,
+        }))
+        .send()
+        .await;
+    assert!(impatient.is_err(), "4000 tokens came back within 200 ms");
+    let t0 = Instant::now();
+    loop {
+        let (_, slots) = srv.get("/slots").await;
+        if slots[0]["is_processing"] == false {
+            assert!(slots[0]["n_past"].as_u64().unwrap() < 4000, "{slots}");
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "slot still busy: {slots}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    srv.stop().await;
+}
