@@ -246,6 +246,17 @@ pub enum Error {
     /// the import returns).
     #[error("import aborted")]
     ImportAborted,
+    /// A document to ingest holds no token.
+    #[error("empty document: nothing to ingest")]
+    EmptyDocument,
+    /// A session handed to an ingestion holds tokens that do not begin the document.
+    #[error("sequence {seq} holds {held} tokens that are not a prefix of the document")]
+    NotAPrefix {
+        /// The session's sequence.
+        seq: crate::SeqId,
+        /// Tokens it holds.
+        held: usize,
+    },
 }
 
 /// What is wrong in a corrupt GGUF file ([`Error::GgufCorrupt`]).
