@@ -53,6 +53,7 @@ mod model;
 mod pages;
 pub mod sampling;
 mod session;
+mod shift;
 pub mod store;
 pub mod tokenizer;
 

@@ -206,6 +206,9 @@ impl SessionStore {
     ) -> Result<SaveSummary> {
         let ctx = session.context();
         let seq = session.seq();
+        if ctx.seq(seq)?.shift_root.is_some() {
+            return Err(Error::ShiftedCheckpoint { seq });
+        }
         let tokens = session.tokens().to_vec();
         let ids = ctx.block_ids(seq)?.to_vec();
         let mut summary = SaveSummary::default();
