@@ -1,8 +1,8 @@
 //! The ingest example run as a user would, on a tiny model the test writes: killed with
 //! SIGKILL at random moments, each rerun completes, recomputes at most one checkpoint interval
 //! and ends with the same KV bytes as an uninterrupted run; Ctrl-C stops with everything kept;
-//! bad files are refused with a message and a non-zero exit; the chat answers, and the last line
-//! is the JSON summary.
+//! bad files are refused with a message and a non-zero exit; a document longer than the context
+//! is read with context shifts; the chat answers, and the last line is the JSON summary.
 //!
 //! The binary is the example that `cargo test` builds beside the tests; a filtered run needs it
 //! built first: `cargo build --example ingest && cargo test --test ingest_cli`.
@@ -373,7 +373,7 @@ fn bad_files_are_refused_with_a_message() {
         (&missing, "missing.txt"),
         (&long, "more than the context"),
     ] {
-        let run = env.run(file, "store", &["--no-chat"], "");
+        let run = env.run(file, "store", &["--no-chat", "--no-shift"], "");
         assert_eq!(run.code, Some(1), "{}: {}", file.display(), run.stderr);
         assert!(
             run.stderr.contains(says),
@@ -401,4 +401,22 @@ fn the_chat_answers_and_the_summary_comes_last() {
     assert_eq!(run.field("tokens"), 200);
     // The chat does not change the stored document.
     assert_eq!(env.stored("store").unwrap().0, 200);
+}
+
+#[test]
+fn a_document_longer_than_the_context_is_read_with_shifts() {
+    let env = Env::new(3000);
+    let run = env.run(
+        &env.doc,
+        "store",
+        &["--no-chat", "--ctx", "1024", "--keep", "16"],
+        "",
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.field("tokens"), 3000);
+    assert_eq!(run.field("computed"), 3000);
+    assert!(run.field("shifts") >= 3, "{}", run.stdout);
+    // The checkpoint holds what was read before the first shift.
+    let (kept, _) = env.stored("store").unwrap();
+    assert!(kept <= 1024 && kept.is_multiple_of(INTERVAL), "{kept}");
 }

@@ -9,6 +9,12 @@
 //! session's `n_ubatch` and of the interval), so an interrupted and resumed ingestion computes
 //! every token in the same graphs, and ends with the same KV bytes and logits, as an
 //! uninterrupted one.
+//!
+//! A document longer than the context window is read to its end with a [`ShiftPolicy`]: when
+//! the next micro-batch would not fit, the session is shifted ([`Session::shift`]: the first
+//! `n_keep` tokens stay, the oldest after them are discarded, the rest re-rotated in place). A
+//! shifted sequence cannot be checkpointed yet, so checkpoints stop at the first shift; a
+//! resumed ingestion restores the last one before it and shifts at the same places again.
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -34,6 +40,21 @@ pub struct IngestParams {
     /// Tokens between durable checkpoints, rounded up to whole KV pages ([`PAGE_TOKENS`]);
     /// at most this many tokens are evaluated again after a crash.
     pub interval: usize,
+    /// What to do when the document outgrows the context: shift it, or (`None`) refuse a
+    /// document longer than the context before evaluating anything.
+    pub shift: Option<ShiftPolicy>,
+}
+
+/// Context shift during an ingestion, with llama.cpp's `--context-shift` semantics: when the
+/// next micro-batch does not fit in the context, keep the first `n_keep` tokens (a title, a
+/// system prompt), discard the oldest `n_discard` after them and move the rest down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShiftPolicy {
+    /// Tokens kept at the start.
+    pub n_keep: usize,
+    /// Tokens discarded per shift; `None` for half of those after `n_keep` (llama.cpp's
+    /// default). At least as many as the next micro-batch needs are discarded.
+    pub n_discard: Option<usize>,
 }
 
 impl IngestParams {
@@ -42,6 +63,7 @@ impl IngestParams {
         IngestParams {
             name: name.into(),
             interval: DEFAULT_INTERVAL,
+            shift: None,
         }
     }
 
@@ -66,6 +88,8 @@ pub struct Progress {
     pub elapsed: Duration,
     /// Evaluated tokens per second over `elapsed` (checkpoints included).
     pub tokens_per_s: f64,
+    /// Context shifts so far.
+    pub shifts: usize,
 }
 
 /// What an ingestion did.
@@ -119,7 +143,8 @@ pub fn checkpoint_name(label: &str) -> String {
 /// and the logits after its last token.
 ///
 /// Errors: [`Error::EmptyDocument`]; [`Error::ContextFull`] when the document exceeds the
-/// session's context (checked before anything is evaluated); [`Error::NotAPrefix`] when the
+/// session's context and `params.shift` is `None` (checked before anything is evaluated), or
+/// when a shift cannot make room (`n_keep` leaves no room for a micro-batch); [`Error::NotAPrefix`] when the
 /// session holds other tokens; a failed save (a full disk, say) stops the ingestion with the
 /// store's error, every checkpoint saved before it intact and resumable.
 pub fn ingest(
@@ -134,7 +159,7 @@ pub fn ingest(
         return Err(Error::EmptyDocument);
     }
     let n_ctx = session.params().n_ctx;
-    if total > n_ctx {
+    if total > n_ctx && params.shift.is_none() {
         return Err(Error::ContextFull {
             needed: total,
             n_ctx,
@@ -168,7 +193,7 @@ pub fn ingest(
         ..CheckpointMeta::default()
     };
     let started = Instant::now();
-    let progress = |done: usize, computed: usize| {
+    let progress = |done: usize, computed: usize, shifts: usize| {
         let elapsed = started.elapsed();
         let secs = elapsed.as_secs_f64();
         Progress {
@@ -182,9 +207,10 @@ pub fn ingest(
             } else {
                 0.0
             },
+            shifts,
         }
     };
-    if on_progress(&progress(restored, 0)).is_break() {
+    if on_progress(&progress(restored, 0, 0)).is_break() {
         return Ok(report);
     }
 
@@ -198,16 +224,34 @@ pub fn ingest(
         } else {
             Logits::None
         };
+        let held = session.tokens().len();
+        if held + (end - done) > n_ctx {
+            let policy = params.shift.ok_or(Error::ContextFull {
+                needed: held + end - done,
+                n_ctx,
+            })?;
+            let n_left = held.saturating_sub(policy.n_keep);
+            let needed = held + (end - done) - n_ctx;
+            let n_discard = policy.n_discard.unwrap_or(n_left / 2).max(needed);
+            if n_discard > n_left {
+                return Err(Error::ContextFull {
+                    needed: policy.n_keep + (end - done),
+                    n_ctx,
+                });
+            }
+            session.shift(policy.n_keep, n_discard)?;
+            report.shifts += 1;
+        }
         session.context_mut().feed(seq, &tokens[done..end], want)?;
         report.computed += end - done;
         done = end;
-        if done.is_multiple_of(interval) || done == total {
+        if report.shifts == 0 && (done.is_multiple_of(interval) || done == total) {
             store.save(session, &params.name, &meta)?;
             report.checkpoints += 1;
             saved = done;
         }
-        if on_progress(&progress(done, report.computed)).is_break() {
-            if saved < done {
+        if on_progress(&progress(done, report.computed, report.shifts)).is_break() {
+            if saved < done && report.shifts == 0 {
                 store.save(session, &params.name, &meta)?;
                 report.checkpoints += 1;
             }

@@ -10,7 +10,7 @@ use std::ops::ControlFlow;
 use std::path::Path;
 
 use common::*;
-use engine::ingest::{ingest, IngestParams};
+use engine::ingest::{ingest, IngestParams, ShiftPolicy};
 use engine::store::{SessionStore, StoreConfig};
 use engine::{Error, Model, Session};
 
@@ -31,6 +31,7 @@ fn doc_params() -> IngestParams {
     IngestParams {
         name: "doc".to_owned(),
         interval: INTERVAL,
+        shift: None,
     }
 }
 
@@ -186,4 +187,71 @@ fn bad_input_is_a_typed_error_that_changes_nothing() {
     assert_eq!(s.tokens(), &[1, 2, 3]);
     assert!(kv_bytes(&s) == before);
     assert!(!store.exists("doc").unwrap());
+}
+
+#[test]
+fn a_document_longer_than_the_context_is_shifted_and_resumes_to_the_same_bits() {
+    let c = cfg(Shape::Qwen2, false);
+    let (dir, model, _) = build(&c, 9);
+    let doc = tokens(600);
+    let params = IngestParams {
+        shift: Some(ShiftPolicy {
+            n_keep: 8,
+            n_discard: None,
+        }),
+        ..doc_params()
+    };
+    let without = ingest(
+        &mut session(&model),
+        &open(&dir.path().join("refused"), &model),
+        &doc,
+        &doc_params(),
+        continue_all,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(without, Error::ContextFull { needed: 600, .. }),
+        "{without}"
+    );
+
+    let whole_store = open(&dir.path().join("whole"), &model);
+    let mut whole = session(&model);
+    let report = ingest(&mut whole, &whole_store, &doc, &params, continue_all).unwrap();
+    assert!(report.finished);
+    assert_eq!((report.restored, report.computed), (0, 600));
+    assert!(report.shifts >= 2, "{report:?}");
+    let held = whole.tokens().to_vec();
+    assert!(held.len() <= 256);
+    assert_eq!(&held[..8], &doc[..8]);
+    assert_eq!(&held[8..], &doc[600 - (held.len() - 8)..]);
+    let want_kv = kv_bytes(&whole);
+    let want_logits = whole.logits().unwrap().to_vec();
+    // Checkpoints stop at the first shift: the last one holds a prefix within the context.
+    let cps = whole_store.checkpoints().unwrap();
+    assert_eq!(cps.len(), 1);
+    assert!(cps[0].tokens <= 256 && cps[0].tokens.is_multiple_of(INTERVAL));
+
+    // Stopped after the first shift, then resumed by a fresh session.
+    let store_dir = dir.path().join("stopped");
+    {
+        let store = open(&store_dir, &model);
+        let mut s = session(&model);
+        let report = ingest(&mut s, &store, &doc, &params, |p| {
+            if p.shifts > 0 && p.done >= 400 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })
+        .unwrap();
+        assert!(!report.finished && report.shifts > 0);
+    }
+    let store = open(&store_dir, &model);
+    let mut s = session(&model);
+    let report = ingest(&mut s, &store, &doc, &params, continue_all).unwrap();
+    assert!(report.finished);
+    assert!(report.restored > 0 && report.restored <= 256);
+    assert_eq!(s.tokens(), &held[..]);
+    assert!(kv_bytes(&s) == want_kv, "KV bytes differ after resuming");
+    assert_eq!(s.logits().unwrap(), &want_logits[..]);
 }

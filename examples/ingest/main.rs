@@ -9,9 +9,10 @@
 //! after the current micro-batch with everything read so far saved (exit status 130); running
 //! the same command again resumes from the longest stored prefix of the document, so a crash
 //! or a kill costs at most one interval. A document that changed resumes up to where it
-//! changed. Then, unless `--no-chat`, questions about the document are read from standard input,
+//! changed. A document longer than `--ctx` is read to its end with context shifts (`--help`
+//! says what is kept). Then, unless `--no-chat`, questions about the document are read from standard input,
 //! one a line, and answered on standard output. The last line on standard output is JSON:
-//! `{"tokens": total, "restored": from the store, "computed": evaluated, "shifts": 0}`.
+//! `{"tokens": total, "restored": from the store, "computed": evaluated, "shifts": shifts}`.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::ops::ControlFlow;
@@ -23,7 +24,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use engine::chat::Message;
-use engine::ingest::{checkpoint_name, ingest, IngestParams, IngestReport};
+use engine::ingest::{checkpoint_name, ingest, IngestParams, IngestReport, ShiftPolicy};
 use engine::sampling::{Sampler, SamplerParams};
 use engine::store::{SessionStore, StoreConfig};
 use engine::{GenerateParams, Model, Session, SessionParams};
@@ -34,13 +35,19 @@ const EXIT_INTERRUPTED: i32 = 130;
 
 #[derive(Parser, Debug)]
 #[command(
+    args_override_self = true,
     about = "Read a long document into a model (resumably), then chat about it",
     long_about = "Read a long document into a model (resumably), then chat about it.\n\n\
         The document is evaluated in micro-batches with a durable checkpoint every --interval \
         tokens. Ctrl-C stops cleanly, keeping everything read so far; running the same command \
-        again resumes from the longest stored prefix of the document's tokens. The document \
-        must fit in the context (--ctx): context shift is not available yet. The last line on \
-        standard output is JSON: {\"tokens\",\"restored\",\"computed\",\"shifts\"}."
+        again resumes from the longest stored prefix of the document's tokens.\n\n\
+        Context shift: when the next micro-batch does not fit in --ctx, the first --keep tokens \
+        stay, the oldest --discard tokens after them are dropped (half of them by default, as \
+        llama.cpp's --context-shift) and the rest are moved down without being evaluated again. \
+        Checkpoints stop at the first shift (a shifted cache cannot be stored yet): a rerun \
+        resumes from the last one before it. --no-shift refuses a document longer than --ctx \
+        instead.\n\n\
+        The last line on standard output is JSON: {\"tokens\",\"restored\",\"computed\",\"shifts\"}."
 )]
 struct Args {
     /// The document: a UTF-8 text file.
@@ -66,6 +73,15 @@ struct Args {
     /// Checkpoint name [default: derived from the file's path].
     #[arg(long)]
     name: Option<String>,
+    /// Tokens kept at the start at a context shift (the BOS token is kept besides).
+    #[arg(long, default_value_t = 0)]
+    keep: usize,
+    /// Tokens discarded per context shift [default: half of those after --keep].
+    #[arg(long, value_parser = positive)]
+    discard: Option<usize>,
+    /// Refuse a document longer than --ctx instead of shifting the context.
+    #[arg(long)]
+    no_shift: bool,
     /// Skip the chat after reading.
     #[arg(long)]
     no_chat: bool,
@@ -108,9 +124,9 @@ fn main() -> Result<()> {
         ..SessionParams::default()
     };
     let mut session = Session::new(model.clone(), params)?;
-    if tokens.len() > session.params().n_ctx {
+    if args.no_shift && tokens.len() > session.params().n_ctx {
         bail!(
-            "{} is {} tokens long, more than the context of {} (--ctx); context shift is not available yet",
+            "{} is {} tokens long, more than the context of {} (--ctx) and --no-shift is set",
             args.file.display(),
             tokens.len(),
             session.params().n_ctx
@@ -144,6 +160,10 @@ fn main() -> Result<()> {
     let ingest_params = IngestParams {
         name: name.clone(),
         interval: args.interval,
+        shift: (!args.no_shift).then(|| ShiftPolicy {
+            n_keep: args.keep + usize::from(model.tokenizer().add_bos()),
+            n_discard: args.discard,
+        }),
     };
     let report = ingest(&mut session, &store, &tokens, &ingest_params, |p| {
         bar.set_position(p.done as u64);
@@ -176,8 +196,8 @@ fn main() -> Result<()> {
         std::process::exit(EXIT_INTERRUPTED);
     }
     eprintln!(
-        "read {} tokens: {} from the store, {} evaluated, {} checkpoints",
-        report.tokens, report.restored, report.computed, report.checkpoints
+        "read {} tokens: {} from the store, {} evaluated, {} checkpoints, {} context shifts",
+        report.tokens, report.restored, report.computed, report.checkpoints, report.shifts
     );
     if !args.no_chat {
         interrupted.store(false, Ordering::SeqCst);
