@@ -273,6 +273,15 @@ fn killed_at_random_moments_each_rerun_ends_as_an_uninterrupted_run() {
     assert_eq!(whole.field("shifts"), 0);
     let (n, want) = env.stored("whole").unwrap();
     assert_eq!(n, total);
+    // The benchmark's reference mode evaluates the same tokens and stores nothing.
+    let plain = env.run(&env.doc, "plain", &["--plain"], "");
+    assert_eq!(plain.code, Some(0), "{}", plain.stderr);
+    assert_eq!(
+        (plain.field("tokens"), plain.field("computed")),
+        (total, total)
+    );
+    assert!(plain.summary()["seconds"].as_f64().unwrap() > 0.0);
+    assert!(!env.dir.path().join("plain").exists());
 
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -19,7 +19,7 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
@@ -82,6 +82,10 @@ struct Args {
     /// Refuse a document longer than --ctx instead of shifting the context.
     #[arg(long)]
     no_shift: bool,
+    /// Benchmark reference: evaluate the document by plain prefill (no store, no checkpoint,
+    /// no chat) and report the same JSON.
+    #[arg(long)]
+    plain: bool,
     /// Skip the chat after reading.
     #[arg(long)]
     no_chat: bool,
@@ -132,6 +136,18 @@ fn main() -> Result<()> {
             session.params().n_ctx
         );
     }
+    if args.plain {
+        let started = Instant::now();
+        session.feed(&tokens)?;
+        let report = IngestReport {
+            tokens: tokens.len(),
+            computed: tokens.len(),
+            finished: true,
+            ..IngestReport::default()
+        };
+        print_report(&report, started.elapsed());
+        return Ok(());
+    }
     let store = SessionStore::open(&args.store, &model, StoreConfig::default())
         .with_context(|| format!("opening the store {}", args.store.display()))?;
     let _claim = kvstore::claim(&args.store, &name).with_context(|| {
@@ -165,6 +181,7 @@ fn main() -> Result<()> {
             n_discard: args.discard,
         }),
     };
+    let started = Instant::now();
     let report = ingest(&mut session, &store, &tokens, &ingest_params, |p| {
         bar.set_position(p.done as u64);
         if p.computed > 0 && p.tokens_per_s > 0.0 {
@@ -184,6 +201,7 @@ fn main() -> Result<()> {
         }
     })
     .with_context(|| format!("reading {}", args.file.display()))?;
+    let elapsed = started.elapsed();
     bar.finish_and_clear();
 
     if !report.finished {
@@ -192,7 +210,7 @@ fn main() -> Result<()> {
             report.restored + report.computed,
             report.tokens
         );
-        print_report(&report);
+        print_report(&report, elapsed);
         std::process::exit(EXIT_INTERRUPTED);
     }
     eprintln!(
@@ -203,7 +221,7 @@ fn main() -> Result<()> {
         interrupted.store(false, Ordering::SeqCst);
         chat(&mut session, &args, &interrupted)?;
     }
-    print_report(&report);
+    print_report(&report, elapsed);
     Ok(())
 }
 
@@ -277,8 +295,8 @@ fn chat(session: &mut Session, args: &Args, interrupted: &AtomicBool) -> Result<
     Ok(())
 }
 
-/// The last line on standard output.
-fn print_report(report: &IngestReport) {
+/// The last line on standard output (`seconds`: the time spent reading, model loading aside).
+fn print_report(report: &IngestReport, elapsed: Duration) {
     println!(
         "{}",
         serde_json::json!({
@@ -286,6 +304,7 @@ fn print_report(report: &IngestReport) {
             "restored": report.restored,
             "computed": report.computed,
             "shifts": report.shifts,
+            "seconds": elapsed.as_secs_f64(),
         })
     );
 }
