@@ -139,14 +139,16 @@ pub fn checkpoint_name(label: &str) -> String {
 /// checkpoint), rounded down to a micro-batch boundary; a session that already holds a prefix
 /// of `tokens` continues from it. `on_progress` is called after the restore and after every
 /// micro-batch; returning [`ControlFlow::Break`] stops the ingestion cleanly: what was read is
-/// saved, and a later ingestion resumes from there. At the end the session holds the document
-/// and the logits after its last token.
+/// saved (up to the first context shift), and a later ingestion resumes from there. At the end
+/// the session holds the document (after shifts: its first `n_keep` tokens and its end) and the
+/// logits after its last token.
 ///
 /// Errors: [`Error::EmptyDocument`]; [`Error::ContextFull`] when the document exceeds the
 /// session's context and `params.shift` is `None` (checked before anything is evaluated), or
-/// when a shift cannot make room (`n_keep` leaves no room for a micro-batch); [`Error::NotAPrefix`] when the
-/// session holds other tokens; a failed save (a full disk, say) stops the ingestion with the
-/// store's error, every checkpoint saved before it intact and resumable.
+/// when a shift cannot make room (`n_keep` leaves no room for a micro-batch);
+/// [`Error::NotAPrefix`] when the session holds other tokens; a failed save (a full disk, say)
+/// stops the ingestion with the store's error, every checkpoint saved before it intact and
+/// resumable.
 pub fn ingest(
     session: &mut Session,
     store: &SessionStore,
