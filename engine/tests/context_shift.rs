@@ -163,6 +163,14 @@ fn shared_pages_stay_and_ids_do_not_collide() {
     // Truncated back into the kept prefix, it is an unshifted sequence again.
     a.truncate(64);
     store.save(&a, "kept", &CheckpointMeta::default()).unwrap();
+    // A restore replaces a shifted sequence with an unshifted one, which saves again.
+    a.feed(&doc[..100]).unwrap();
+    a.shift(0, 50).unwrap();
+    store.restore(&mut a, "kept").unwrap();
+    assert_eq!(a.tokens(), &doc[..64]);
+    store
+        .save(&a, "kept-again", &CheckpointMeta::default())
+        .unwrap();
 }
 
 #[test]
