@@ -68,6 +68,9 @@ pub(crate) struct Sequence {
     pub ids: Vec<BlockId>,
     /// Logits after the last token, when it was evaluated with logits asked for.
     pub logits: Option<Vec<f32>>,
+    /// After a context shift: the page whose block id chains from `.1` instead of the id
+    /// before it (see `shift.rs`).
+    pub shift_root: Option<(usize, BlockId)>,
 }
 
 /// The engine's state for one model: backend, thread pool, compute buffer and KV page pool.
@@ -190,6 +193,7 @@ impl Context {
                 None
             },
             pages,
+            shift_root: s.shift_root,
         };
         for &p in &fork.pages {
             self.pool.retain(p);
@@ -294,6 +298,11 @@ impl Context {
         s.tokens.truncate(len);
         s.ids.truncate(len / PAGE_TOKENS);
         s.logits = None;
+        if s.shift_root
+            .is_some_and(|(page, _)| len <= page * PAGE_TOKENS)
+        {
+            s.shift_root = None;
+        }
         for p in s.pages.drain(len.div_ceil(PAGE_TOKENS)..) {
             self.pool.release(p);
         }
@@ -451,7 +460,7 @@ impl Context {
                 let i = s.ids.len();
                 let id = BlockId::chain(
                     &fingerprint,
-                    s.ids.last(),
+                    s.prev_id(i),
                     &s.tokens[i * PAGE_TOKENS..(i + 1) * PAGE_TOKENS],
                 );
                 self.pool.index(s.pages[i], id);
@@ -469,6 +478,17 @@ impl Context {
             logits,
             rows: plan.item_rows,
         })
+    }
+
+    /// Runs the graph of a context shift (`shift.rs`) over the pool.
+    pub(crate) fn run_shift(&mut self, plan: &crate::shift::ShiftPlan) -> Result<()> {
+        let model = &self.model;
+        let kv = &mut self.kv;
+        self.compute
+            .run(&mut self.backend, |g| {
+                crate::shift::build(g, model, kv, plan)
+            })
+            .map(drop)
     }
 
     /// Page tables for `batch`'s sequences after its tokens, the pages newly taken, and the

@@ -246,6 +246,34 @@ pub enum Error {
     /// the import returns).
     #[error("import aborted")]
     ImportAborted,
+    /// A context shift that would keep and discard more tokens than the sequence holds.
+    #[error("context shift keeping {n_keep} and discarding {n_discard} of {len} tokens")]
+    BadShift {
+        /// Tokens to keep at the start.
+        n_keep: usize,
+        /// Tokens to discard after them.
+        n_discard: usize,
+        /// Tokens held.
+        len: usize,
+    },
+    /// A shifted sequence cannot be saved: checkpoints name blocks by ids chained from their
+    /// tokens alone, which a shifted sequence's KV does not follow.
+    #[error("sequence {seq} was shifted: its KV cannot be saved as a checkpoint")]
+    ShiftedCheckpoint {
+        /// The sequence.
+        seq: crate::SeqId,
+    },
+    /// A document to ingest holds no token.
+    #[error("empty document: nothing to ingest")]
+    EmptyDocument,
+    /// A session handed to an ingestion holds tokens that do not begin the document.
+    #[error("sequence {seq} holds {held} tokens that are not a prefix of the document")]
+    NotAPrefix {
+        /// The session's sequence.
+        seq: crate::SeqId,
+        /// Tokens it holds.
+        held: usize,
+    },
 }
 
 /// What is wrong in a corrupt GGUF file ([`Error::GgufCorrupt`]).

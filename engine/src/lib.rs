@@ -18,7 +18,8 @@
 //! and [`chat`] turn text and conversations into token ids; [`Model`] holds hyperparameters and
 //! weights mapped in place; a [`Context`] owns the backend and a pool of [`kv`] pages shared by
 //! many sequences, evaluated together in one [`Batch`] per step; [`Session`] is one sequence in
-//! a context of its own; [`sampling`] picks the next token. All FFI is fenced in one private
+//! a context of its own; [`ingest`] reads a long document into one with a durable checkpoint
+//! every few hundred tokens; [`sampling`] picks the next token. All FFI is fenced in one private
 //! module (`ggml`).
 //!
 //! Many sequences, one step at a time:
@@ -45,18 +46,21 @@ mod context;
 mod error;
 mod ggml;
 pub mod gguf;
+pub mod ingest;
 pub mod kv;
 mod llama;
 mod model;
 mod pages;
 pub mod sampling;
 mod session;
+mod shift;
 pub mod store;
 pub mod tokenizer;
 
 pub use batch::{Batch, BatchOutput, Logits};
 pub use context::{Context, ContextParams, SeqId};
 pub use error::{Error, GgufProblem, Result, TokenizerError};
+pub use ingest::{IngestParams, IngestReport, Progress};
 pub use kv::{KvLayout, KvStats, PAGE_TOKENS};
 pub use model::{Arch, HParams, Model, RopeScaling, FINGERPRINT_VERSION};
 pub use pages::ImportSummary;

@@ -182,7 +182,7 @@ fn concat_tokens<'g>(g: &mut Graph<'g, '_>, mut parts: Vec<Tensor<'g>>) -> Tenso
     parts[0]
 }
 
-fn rope_params(model: &Model) -> RopeParams {
+pub(crate) fn rope_params(model: &Model) -> RopeParams {
     let hp = model.hparams();
     let (freq_scale, ext_factor, n_ctx_orig) = match hp.rope_scaling {
         RopeScaling::None => (1.0, 0.0, hp.n_ctx_train),

@@ -234,6 +234,7 @@ impl Context {
         s.tokens = tokens.to_vec();
         s.ids = ids;
         s.logits = None;
+        s.shift_root = None;
         for p in old {
             self.pool.release(p);
         }

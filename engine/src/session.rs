@@ -252,6 +252,13 @@ impl Session {
         let _ = self.ctx.truncate(self.seq, len);
     }
 
+    /// Context shift: keeps the first `n_keep` tokens, discards the `n_discard` after them
+    /// and moves the rest down, re-rotating their cached K without evaluating anything (see
+    /// [`Context::shift`]). A shifted session cannot be saved to a store.
+    pub fn shift(&mut self, n_keep: usize, n_discard: usize) -> Result<()> {
+        self.ctx.shift(self.seq, n_keep, n_discard)
+    }
+
     /// Forgets everything.
     pub fn clear(&mut self) {
         self.truncate(0);

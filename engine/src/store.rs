@@ -237,6 +237,10 @@ impl SessionStore {
         name: &str,
         meta: &CheckpointMeta,
     ) -> Result<SaveSummary> {
+        // Block ids of a shifted sequence no longer chain from its tokens alone.
+        if ctx.seq(seq)?.shift_root.is_some() {
+            return Err(Error::ShiftedCheckpoint { seq });
+        }
         let tokens = ctx.tokens(seq)?.to_vec();
         let ids = ctx.block_ids(seq)?.to_vec();
         let mut summary = SaveSummary {

@@ -1,0 +1,323 @@
+//! Long documents into a session: evaluated in micro-batches, a durable checkpoint every
+//! `interval` tokens through the one persistence path ([`SessionStore`]), progress reported after
+//! each micro-batch, and a clean stop on request with everything so far kept.
+//!
+//! Resuming needs no journal: the same ingestion run again against the same store starts from
+//! the longest prefix of the document's tokens whose blocks the store holds (chained block ids
+//! name a prefix exactly, so a document that changed matches up to where it changed) and
+//! evaluates the rest. Micro-batch boundaries are fixed by absolute position (multiples of the
+//! session's `n_ubatch` and of the interval), so an interrupted and resumed ingestion computes
+//! every token in the same graphs, and ends with the same KV bytes and logits, as an
+//! uninterrupted one.
+//!
+//! A document longer than the context window is read to its end with a [`ShiftPolicy`]: when
+//! the next micro-batch would not fit, the session is shifted ([`Session::shift`]: the first
+//! `n_keep` tokens stay, the oldest after them are discarded, the rest re-rotated in place). A
+//! shifted sequence cannot be checkpointed yet, so checkpoints stop at the first shift; a
+//! resumed ingestion restores the last one before it and shifts at the same places again.
+
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
+
+use crate::batch::Logits;
+use crate::error::{Error, Result};
+use crate::kv::PAGE_TOKENS;
+use crate::session::Session;
+use crate::store::{CheckpointMeta, SessionStore};
+
+/// Default tokens between two durable checkpoints.
+pub const DEFAULT_INTERVAL: usize = 512;
+
+/// Application metadata key (in [`CheckpointMeta::app`]) holding the document's token count.
+pub const TOTAL_KEY: &str = "ingest.total";
+
+/// How an ingestion runs.
+#[derive(Clone, Debug)]
+pub struct IngestParams {
+    /// The checkpoint the ingestion saves (see [`checkpoint_name`]).
+    pub name: String,
+    /// Tokens between durable checkpoints, rounded up to whole KV pages ([`PAGE_TOKENS`]);
+    /// at most this many tokens are evaluated again after a crash.
+    pub interval: usize,
+    /// What to do when the document outgrows the context: shift it, or (`None`) refuse a
+    /// document longer than the context before evaluating anything.
+    pub shift: Option<ShiftPolicy>,
+}
+
+/// Context shift during an ingestion, with llama.cpp's `--context-shift` semantics: when the
+/// next micro-batch does not fit in the context, keep the first `n_keep` tokens (a title, a
+/// system prompt), discard the oldest `n_discard` after them and move the rest down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShiftPolicy {
+    /// Tokens kept at the start.
+    pub n_keep: usize,
+    /// Tokens discarded per shift; `None` for half of those after `n_keep` (llama.cpp's
+    /// default). At least as many as the next micro-batch needs are discarded.
+    pub n_discard: Option<usize>,
+}
+
+impl IngestParams {
+    /// Parameters saving under `name` with the default interval.
+    pub fn new(name: impl Into<String>) -> IngestParams {
+        IngestParams {
+            name: name.into(),
+            interval: DEFAULT_INTERVAL,
+            shift: None,
+        }
+    }
+
+    /// The interval in effect: at least one page, rounded up to whole pages.
+    pub fn effective_interval(&self) -> usize {
+        self.interval.max(1).div_ceil(PAGE_TOKENS) * PAGE_TOKENS
+    }
+}
+
+/// Where an ingestion stands, as reported to its progress callback.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Progress {
+    /// Tokens held so far (restored and computed).
+    pub done: usize,
+    /// Tokens in the document.
+    pub total: usize,
+    /// Tokens taken from the store.
+    pub restored: usize,
+    /// Tokens evaluated by this ingestion.
+    pub computed: usize,
+    /// Time spent evaluating and saving since the restore.
+    pub elapsed: Duration,
+    /// Evaluated tokens per second over `elapsed` (checkpoints included).
+    pub tokens_per_s: f64,
+    /// Context shifts so far.
+    pub shifts: usize,
+}
+
+/// What an ingestion did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IngestReport {
+    /// Tokens in the document.
+    pub tokens: usize,
+    /// Tokens taken from the store (or already held by the session).
+    pub restored: usize,
+    /// Tokens evaluated.
+    pub computed: usize,
+    /// Context shifts made.
+    pub shifts: usize,
+    /// Checkpoints saved.
+    pub checkpoints: usize,
+    /// Whether the whole document was read (false when the callback stopped it).
+    pub finished: bool,
+}
+
+/// A checkpoint name for a document known by `label` (a path, a title): its characters that
+/// checkpoint names allow, shortened, then 12 hex digits of its BLAKE3 hash, so different labels
+/// that read alike get different names.
+pub fn checkpoint_name(label: &str) -> String {
+    let readable: String = label
+        .chars()
+        .rev()
+        .take(60)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let hash = blake3::hash(label.as_bytes()).to_hex();
+    format!("doc-{readable}-{}", &hash[..12])
+}
+
+/// Reads `tokens` into `session`, saving checkpoint `params.name` in `store` every
+/// `params.interval` tokens and at the end.
+///
+/// An empty session first restores the longest prefix of `tokens` that `store` holds (from any
+/// checkpoint), rounded down to a micro-batch boundary; a session that already holds a prefix
+/// of `tokens` continues from it. `on_progress` is called after the restore and after every
+/// micro-batch; returning [`ControlFlow::Break`] stops the ingestion cleanly: what was read is
+/// saved (up to the first context shift), and a later ingestion resumes from there. At the end
+/// the session holds the document (after shifts: its first `n_keep` tokens and its end) and the
+/// logits after its last token.
+///
+/// Errors: [`Error::EmptyDocument`]; [`Error::ContextFull`] when the document exceeds the
+/// session's context and `params.shift` is `None` (checked before anything is evaluated), or
+/// when a shift cannot make room (`n_keep` leaves no room for a micro-batch);
+/// [`Error::NotAPrefix`] when the session holds other tokens; a failed save (a full disk, say)
+/// stops the ingestion with the store's error, every checkpoint saved before it intact and
+/// resumable.
+pub fn ingest(
+    session: &mut Session,
+    store: &SessionStore,
+    tokens: &[u32],
+    params: &IngestParams,
+    mut on_progress: impl FnMut(&Progress) -> ControlFlow<()>,
+) -> Result<IngestReport> {
+    let total = tokens.len();
+    if total == 0 {
+        return Err(Error::EmptyDocument);
+    }
+    let n_ctx = session.params().n_ctx;
+    if total > n_ctx && params.shift.is_none() {
+        return Err(Error::ContextFull {
+            needed: total,
+            n_ctx,
+        });
+    }
+    let held = session.tokens().len();
+    if held > total || session.tokens() != &tokens[..held] {
+        return Err(Error::NotAPrefix {
+            seq: session.seq(),
+            held,
+        });
+    }
+    let interval = params.effective_interval();
+    let n_ubatch = session.params().n_ubatch.max(1);
+    let restored = if held == 0 {
+        let n = store.restore_prefix(session, tokens)?;
+        let aligned = grid_floor(n, n_ubatch, interval);
+        session.truncate(aligned);
+        aligned
+    } else {
+        held
+    };
+
+    let mut report = IngestReport {
+        tokens: total,
+        restored,
+        ..IngestReport::default()
+    };
+    let meta = CheckpointMeta {
+        app: BTreeMap::from([(TOTAL_KEY.to_owned(), total.to_string())]),
+        ..CheckpointMeta::default()
+    };
+    let started = Instant::now();
+    let progress = |done: usize, computed: usize, shifts: usize| {
+        let elapsed = started.elapsed();
+        let secs = elapsed.as_secs_f64();
+        Progress {
+            done,
+            total,
+            restored,
+            computed,
+            elapsed,
+            tokens_per_s: if secs > 0.0 {
+                computed as f64 / secs
+            } else {
+                0.0
+            },
+            shifts,
+        }
+    };
+    if on_progress(&progress(restored, 0, 0)).is_break() {
+        return Ok(report);
+    }
+
+    let seq = session.seq();
+    let mut done = restored;
+    let mut saved = restored;
+    while done < total {
+        let end = next_boundary(done, n_ubatch, interval).min(total);
+        let want = if end == total {
+            Logits::Last
+        } else {
+            Logits::None
+        };
+        let held = session.tokens().len();
+        if held + (end - done) > n_ctx {
+            let policy = params.shift.ok_or(Error::ContextFull {
+                needed: held + end - done,
+                n_ctx,
+            })?;
+            let n_left = held.saturating_sub(policy.n_keep);
+            let needed = held + (end - done) - n_ctx;
+            let n_discard = policy.n_discard.unwrap_or(n_left / 2).max(needed);
+            if n_discard > n_left {
+                return Err(Error::ContextFull {
+                    needed: policy.n_keep + (end - done),
+                    n_ctx,
+                });
+            }
+            session.shift(policy.n_keep, n_discard)?;
+            report.shifts += 1;
+        }
+        session.context_mut().feed(seq, &tokens[done..end], want)?;
+        report.computed += end - done;
+        done = end;
+        if report.shifts == 0 && (done.is_multiple_of(interval) || done == total) {
+            store.save(session, &params.name, &meta)?;
+            report.checkpoints += 1;
+            saved = done;
+        }
+        if on_progress(&progress(done, report.computed, report.shifts)).is_break() {
+            if saved < done && report.shifts == 0 {
+                store.save(session, &params.name, &meta)?;
+                report.checkpoints += 1;
+            }
+            return Ok(report);
+        }
+    }
+    report.finished = true;
+    Ok(report)
+}
+
+/// The largest micro-batch boundary at or below `n`.
+fn grid_floor(n: usize, n_ubatch: usize, interval: usize) -> usize {
+    (n - n % n_ubatch).max(n - n % interval)
+}
+
+/// The first micro-batch boundary after `n`: the next multiple of `n_ubatch` or of `interval`.
+fn next_boundary(n: usize, n_ubatch: usize, interval: usize) -> usize {
+    let next = |m: usize| (n / m + 1) * m;
+    next(n_ubatch).min(next(interval))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boundaries_depend_only_on_position() {
+        // From 0 and from a restored 640 (a multiple of the interval), the same boundaries.
+        let walk = |mut n: usize| {
+            let mut b = Vec::new();
+            while n < 2000 {
+                n = next_boundary(n, 512, 320);
+                b.push(n);
+            }
+            b
+        };
+        assert_eq!(
+            walk(0),
+            [320, 512, 640, 960, 1024, 1280, 1536, 1600, 1920, 2048]
+        );
+        assert!(walk(0).ends_with(&walk(640)));
+        assert_eq!(grid_floor(700, 512, 320), 640);
+        assert_eq!(grid_floor(1100, 512, 320), 1024);
+        assert_eq!(grid_floor(63, 512, 64), 0);
+    }
+
+    #[test]
+    fn names_are_valid_and_distinct() {
+        let a = checkpoint_name("/home/me/books/War and Peace.txt");
+        let b = checkpoint_name("/home/me/books/War_and_Peace.txt");
+        assert_ne!(a, b);
+        for name in [&a, &b, &checkpoint_name(".hidden"), &checkpoint_name("ü")] {
+            assert!(ckptfmt::store::check_name(name).is_ok(), "{name}");
+        }
+        assert!(a.starts_with("doc-"));
+    }
+
+    #[test]
+    fn interval_is_whole_pages() {
+        let mut p = IngestParams::new("x");
+        assert_eq!(p.effective_interval(), 512);
+        p.interval = 0;
+        assert_eq!(p.effective_interval(), PAGE_TOKENS);
+        p.interval = PAGE_TOKENS + 1;
+        assert_eq!(p.effective_interval(), 2 * PAGE_TOKENS);
+    }
+}

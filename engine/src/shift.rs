@@ -1,0 +1,192 @@
+//! Context shift, with llama.cpp's `--context-shift` semantics: keep a sequence's first
+//! `n_keep` tokens, discard the `n_discard` after them, and move the rest down to follow the
+//! kept ones. Moved K rows are rotated by the position delta (RoPE applied to the cached K, as
+//! llama.cpp's K-shift does); nothing is evaluated again. Afterwards position `i` holds
+//! `tokens[i]` again, but the KV of the moved tokens still reflects the discarded context.
+//!
+//! In the paged pool: full pages wholly inside the kept prefix stay as they are (shared or
+//! not); the rest of the sequence is written into fresh pages by one graph (K rows gathered,
+//! rotated and scattered; V rows gathered and scattered) and the old pages are released. The
+//! block ids of pages written after a shift chain from a root that hashes the sequence's whole
+//! history and the shift, so they never collide with the ids of an unshifted computation of the
+//! same tokens. Such a sequence cannot be saved to a store yet: checkpoints name blocks by ids
+//! chained from their tokens alone (`Error::ShiftedCheckpoint`).
+
+use ckptfmt::BlockId;
+
+use crate::context::{Context, SeqId, Sequence};
+use crate::error::{Error, Result};
+use crate::ggml::{DType, Graph, KvTensors, Tensor};
+use crate::kv::PAGE_TOKENS;
+use crate::model::{Model, RopeScaling};
+
+/// Never a token id: marks a shift in the hash of a shifted sequence's chain root.
+const SHIFT_MARKER: u32 = u32::MAX;
+
+/// What one shift graph moves.
+pub(crate) struct ShiftPlan {
+    /// Pool cells to read (i32, little-endian: `get_rows` indices), one per moved token.
+    src_cells: Vec<u8>,
+    /// Pool cells to write (i64: `set_rows` indices), in the same order.
+    dst_cells: Vec<u8>,
+    /// The position delta, per moved token (i32).
+    deltas: Vec<u8>,
+    n_rows: usize,
+}
+
+impl Sequence {
+    /// The id that block `i` of this sequence chains from.
+    pub(crate) fn prev_id(&self, i: usize) -> Option<&BlockId> {
+        match &self.shift_root {
+            Some((page, root)) if *page == i => Some(root),
+            _ => self.ids.last(),
+        }
+    }
+}
+
+impl Context {
+    /// Shifts `seq`: keeps its first `n_keep` tokens, discards the next `n_discard` and moves
+    /// the rest down by `n_discard` positions, re-rotating their cached K (see the module
+    /// docs). Logits are dropped (the next evaluated token brings new ones).
+    ///
+    /// Errors, before anything changes: [`Error::BadShift`] when `n_keep + n_discard` exceeds
+    /// the tokens held; [`Error::OutOfPages`] when the pool lacks the fresh pages the moved
+    /// tokens need. A shift discarding nothing changes nothing.
+    pub fn shift(&mut self, seq: SeqId, n_keep: usize, n_discard: usize) -> Result<()> {
+        let s = self.seq(seq)?;
+        let len = s.tokens.len();
+        if n_keep + n_discard > len {
+            return Err(Error::BadShift {
+                n_keep,
+                n_discard,
+                len,
+            });
+        }
+        if n_discard == 0 {
+            return Ok(());
+        }
+        let new_len = len - n_discard;
+        let first = n_keep / PAGE_TOKENS;
+        let n_new = new_len.div_ceil(PAGE_TOKENS) - first;
+        if n_new > self.pool.n_free() {
+            return Err(Error::OutOfPages {
+                needed: n_new,
+                free: self.pool.n_free(),
+                total: self.pool.n_pages(),
+            });
+        }
+        let old_pages = s.pages.clone();
+        let fresh: Vec<u32> = (0..n_new).filter_map(|_| self.pool.alloc()).collect();
+        let mut table = old_pages[..first].to_vec();
+        table.extend(&fresh);
+
+        // The kept rows of a partly kept page are copied as they are.
+        let kept_rows = n_keep % PAGE_TOKENS;
+        if kept_rows > 0 {
+            self.copy_page(old_pages[first], fresh[0], kept_rows);
+        }
+        let cell = |pages: &[u32], p: usize| {
+            pages[p / PAGE_TOKENS] as i64 * PAGE_TOKENS as i64 + (p % PAGE_TOKENS) as i64
+        };
+        let moved = n_keep + n_discard..len;
+        let plan = ShiftPlan {
+            src_cells: moved
+                .clone()
+                .flat_map(|p| (cell(&old_pages, p) as i32).to_le_bytes())
+                .collect(),
+            dst_cells: moved
+                .clone()
+                .flat_map(|p| cell(&table, p - n_discard).to_le_bytes())
+                .collect(),
+            deltas: moved
+                .clone()
+                .flat_map(|_| (-(n_discard as i32)).to_le_bytes())
+                .collect(),
+            n_rows: moved.len(),
+        };
+        if plan.n_rows > 0 {
+            if let Err(e) = self.run_shift(&plan) {
+                for p in fresh {
+                    self.pool.release(p);
+                }
+                return Err(e);
+            }
+        }
+
+        // Commit: the new table, tokens and ids; the old pages past the kept ones go.
+        let fingerprint = self.fingerprint();
+        let s = self.seqs.get_mut(&seq).expect("checked above");
+        let tail = &s.tokens[s.ids.len() * PAGE_TOKENS..];
+        let mut history = tail.to_vec();
+        history.extend([SHIFT_MARKER, n_keep as u32, n_discard as u32]);
+        let root = BlockId::chain(&fingerprint, s.ids.last(), &history);
+        s.tokens.drain(n_keep..n_keep + n_discard);
+        s.ids.truncate(first);
+        s.shift_root = Some((first, root));
+        s.pages = table;
+        s.logits = None;
+        let mut new_ids = Vec::new();
+        while s.ids.len() + new_ids.len() < new_len / PAGE_TOKENS {
+            let i = s.ids.len() + new_ids.len();
+            let prev = new_ids.last().or_else(|| s.prev_id(i));
+            let id = BlockId::chain(
+                &fingerprint,
+                prev,
+                &s.tokens[i * PAGE_TOKENS..(i + 1) * PAGE_TOKENS],
+            );
+            new_ids.push(id);
+        }
+        let pages = s.pages.clone();
+        s.ids.extend(&new_ids);
+        for (j, id) in new_ids.into_iter().enumerate() {
+            self.pool.index(pages[first + j], id);
+        }
+        for p in &old_pages[first..] {
+            self.pool.release(*p);
+        }
+        Ok(())
+    }
+}
+
+/// The shift graph: per layer, the moved K rows gathered, rotated by their delta and
+/// scattered into their new cells; V rows gathered and scattered. Returns the last layer's
+/// rotated K rows (the graph's output).
+pub(crate) fn build<'g, 'w>(
+    g: &mut Graph<'g, 'w>,
+    model: &'w Model,
+    kv: &'w mut KvTensors,
+    plan: &ShiftPlan,
+) -> Result<Tensor<'g>> {
+    let hp = model.hparams();
+    let m = plan.n_rows;
+    let n_embd_kv = hp.n_embd_kv();
+    let src = g.input(DType::I32, &[m], plan.src_cells.clone());
+    let dst = g.input(DType::I64, &[m], plan.dst_cells.clone());
+    let delta = g.input(DType::I32, &[m], plan.deltas.clone());
+    let mut rope = crate::llama::rope_params(model);
+    if let RopeScaling::Yarn { .. } = hp.rope_scaling {
+        // YaRN scales magnitudes by its mscale on every rotation; a shift rotates rows that were
+        // scaled once already, so it undoes the factor (as llama.cpp's K-shift does).
+        rope.attn_factor = 1.0 / (1.0 + 0.1 * (1.0 / rope.freq_scale).ln());
+    }
+    let freq_factors = model.rope_freqs().map(|t| g.lift(t));
+    let kv = kv.tensors_mut();
+    let mut out = None;
+    for il in 0..hp.n_layer {
+        let k_cache = g.lift_mut(kv.k(il));
+        let v_cache = g.lift_mut(kv.v(il));
+        let k = g.get_rows(k_cache.as_tensor(), src);
+        let k = g.reshape_3d(k, hp.head_dim, hp.n_head_kv, m);
+        let k = g.rope(k, delta, freq_factors, &rope);
+        let k = g.reshape_2d(k, n_embd_kv, m);
+        let k_store = g.set_rows(k_cache, k, dst);
+        g.expand(k_store);
+        let v = g.get_rows(v_cache.as_tensor(), src);
+        let v_store = g.set_rows(v_cache, v, dst);
+        g.expand(v_store);
+        out = Some(k);
+    }
+    out.ok_or(Error::Ggml {
+        what: "a model without layers",
+    })
+}

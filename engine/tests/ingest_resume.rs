@@ -1,0 +1,257 @@
+//! Long documents read through `engine::ingest` on a tiny model the test writes: an ingestion
+//! stopped halfway and run again in a fresh session and store handle ends with the same KV
+//! bytes and logits, bit for bit, as one that was never stopped (and as a plain prefill); a
+//! changed document resumes up to where it changed; bad input is a typed error that changes
+//! nothing.
+
+mod common;
+
+use std::ops::ControlFlow;
+use std::path::Path;
+
+use common::*;
+use engine::ingest::{ingest, IngestParams, ShiftPolicy};
+use engine::store::{SessionStore, StoreConfig};
+use engine::{Error, Model, Session};
+
+const N_UBATCH: usize = 32;
+const INTERVAL: usize = 64;
+
+fn open(dir: &Path, model: &Model) -> SessionStore {
+    SessionStore::open(dir, model, StoreConfig::default()).unwrap()
+}
+
+fn session(model: &std::sync::Arc<Model>) -> Session {
+    let mut p = params(N_UBATCH);
+    p.n_ctx = 256;
+    Session::new(model.clone(), p).unwrap()
+}
+
+fn doc_params() -> IngestParams {
+    IngestParams {
+        name: "doc".to_owned(),
+        interval: INTERVAL,
+        shift: None,
+    }
+}
+
+/// Every layer's K and V bytes of all positions held.
+fn kv_bytes(s: &Session) -> Vec<u8> {
+    let layout = s.kv_layout().clone();
+    let n = s.tokens().len();
+    let mut all = Vec::new();
+    for l in 0..layout.n_layers {
+        let mut k = vec![0u8; n * layout.k_bytes_per_token[l]];
+        let mut v = vec![0u8; n * layout.v_bytes_per_token[l]];
+        s.read_kv(l, 0..n, &mut k, &mut v).unwrap();
+        all.extend(k);
+        all.extend(v);
+    }
+    all
+}
+
+fn continue_all(_: &engine::Progress) -> ControlFlow<()> {
+    ControlFlow::Continue(())
+}
+
+#[test]
+fn a_stopped_ingestion_resumes_to_the_same_bits() {
+    let c = cfg(Shape::Llama, false);
+    let (dir, model, _) = build(&c, 5);
+    let doc = tokens(240);
+
+    // Uninterrupted, and a plain prefill of the same tokens for comparison.
+    let whole_store = open(&dir.path().join("whole"), &model);
+    let mut whole = session(&model);
+    let report = ingest(&mut whole, &whole_store, &doc, &doc_params(), continue_all).unwrap();
+    assert!(report.finished);
+    assert_eq!((report.restored, report.computed), (0, 240));
+    assert_eq!(report.checkpoints, 4, "at 64, 128, 192 and the end");
+    let want_kv = kv_bytes(&whole);
+    let want_logits = whole.logits().unwrap().to_vec();
+    let mut plain = session(&model);
+    plain.feed(&doc).unwrap();
+    assert_eq!(kv_bytes(&plain), want_kv);
+    assert_eq!(plain.logits().unwrap(), &want_logits[..]);
+
+    // Stopped after 150 tokens: the micro-batch ending at 160 completes, and is saved.
+    let store_dir = dir.path().join("stopped");
+    let mut seen = Vec::new();
+    {
+        let store = open(&store_dir, &model);
+        let mut s = session(&model);
+        let report = ingest(&mut s, &store, &doc, &doc_params(), |p| {
+            seen.push(p.done);
+            if p.done >= 150 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })
+        .unwrap();
+        assert!(!report.finished);
+        assert_eq!((report.computed, report.checkpoints), (160, 3));
+        assert!(store.exists("doc").unwrap());
+    }
+    assert_eq!(seen, [0, 32, 64, 96, 128, 160]);
+
+    // A fresh store handle and session, as after a restart: the stored blocks come back.
+    let store = open(&store_dir, &model);
+    let mut s = session(&model);
+    let mut first = None;
+    let report = ingest(&mut s, &store, &doc, &doc_params(), |p| {
+        first.get_or_insert(p.clone());
+        ControlFlow::Continue(())
+    })
+    .unwrap();
+    assert!(report.finished);
+    assert_eq!(
+        report.restored, 128,
+        "the full blocks of the 160 tokens kept"
+    );
+    assert_eq!(report.computed, 240 - 128);
+    let first = first.unwrap();
+    assert_eq!((first.done, first.restored, first.computed), (128, 128, 0));
+    assert_eq!(s.tokens(), &doc[..]);
+    assert!(kv_bytes(&s) == want_kv, "KV bytes differ after resuming");
+    assert_eq!(s.logits().unwrap(), &want_logits[..]);
+
+    // Run once more: everything but the partial last block is restored.
+    let mut again = session(&model);
+    let report = ingest(&mut again, &store, &doc, &doc_params(), continue_all).unwrap();
+    assert_eq!((report.restored, report.computed), (192, 48));
+    assert!(kv_bytes(&again) == want_kv);
+    assert_eq!(again.logits().unwrap(), &want_logits[..]);
+}
+
+#[test]
+fn a_changed_document_resumes_up_to_the_change() {
+    let c = cfg(Shape::Qwen2, false);
+    let (dir, model, _) = build(&c, 6);
+    let doc = tokens(200);
+    let store = open(&dir.path().join("store"), &model);
+    let mut s = session(&model);
+    ingest(&mut s, &store, &doc, &doc_params(), continue_all).unwrap();
+
+    let mut edited = doc.clone();
+    edited[100] = (edited[100] + 1) % 97;
+    let mut t = session(&model);
+    let report = ingest(&mut t, &store, &edited, &doc_params(), continue_all).unwrap();
+    assert_eq!((report.restored, report.computed), (64, 136));
+    let mut plain = session(&model);
+    plain.feed(&edited).unwrap();
+    assert!(kv_bytes(&t) == kv_bytes(&plain));
+    assert_eq!(t.logits().unwrap(), plain.logits().unwrap());
+}
+
+#[test]
+fn a_session_holding_a_prefix_continues_it() {
+    let c = cfg(Shape::Llama, true);
+    let (dir, model, _) = build(&c, 7);
+    let doc = tokens(130);
+    let store = open(&dir.path().join("store"), &model);
+    let mut s = session(&model);
+    s.feed(&doc[..64]).unwrap();
+    let report = ingest(&mut s, &store, &doc, &doc_params(), continue_all).unwrap();
+    assert_eq!((report.restored, report.computed), (64, 66));
+    assert_eq!(s.tokens(), &doc[..]);
+}
+
+#[test]
+fn bad_input_is_a_typed_error_that_changes_nothing() {
+    let c = cfg(Shape::Llama, false);
+    let (dir, model, _) = build(&c, 8);
+    let store = open(&dir.path().join("store"), &model);
+    let mut s = session(&model);
+    s.feed(&[1, 2, 3]).unwrap();
+    let before = kv_bytes(&s);
+
+    let err = ingest(&mut s, &store, &[], &doc_params(), continue_all).unwrap_err();
+    assert!(matches!(err, Error::EmptyDocument), "{err}");
+    let err = ingest(&mut s, &store, &tokens(257), &doc_params(), continue_all).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::ContextFull {
+                needed: 257,
+                n_ctx: 256
+            }
+        ),
+        "{err}"
+    );
+    let err = ingest(&mut s, &store, &tokens(10), &doc_params(), continue_all).unwrap_err();
+    assert!(matches!(err, Error::NotAPrefix { held: 3, .. }), "{err}");
+    let err = ingest(&mut s, &store, &[1, 2], &doc_params(), continue_all).unwrap_err();
+    assert!(matches!(err, Error::NotAPrefix { held: 3, .. }), "{err}");
+
+    assert_eq!(s.tokens(), &[1, 2, 3]);
+    assert!(kv_bytes(&s) == before);
+    assert!(!store.exists("doc").unwrap());
+}
+
+#[test]
+fn a_document_longer_than_the_context_is_shifted_and_resumes_to_the_same_bits() {
+    let c = cfg(Shape::Qwen2, false);
+    let (dir, model, _) = build(&c, 9);
+    let doc = tokens(600);
+    let params = IngestParams {
+        shift: Some(ShiftPolicy {
+            n_keep: 8,
+            n_discard: None,
+        }),
+        ..doc_params()
+    };
+    let without = ingest(
+        &mut session(&model),
+        &open(&dir.path().join("refused"), &model),
+        &doc,
+        &doc_params(),
+        continue_all,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(without, Error::ContextFull { needed: 600, .. }),
+        "{without}"
+    );
+
+    let whole_store = open(&dir.path().join("whole"), &model);
+    let mut whole = session(&model);
+    let report = ingest(&mut whole, &whole_store, &doc, &params, continue_all).unwrap();
+    assert!(report.finished);
+    assert_eq!((report.restored, report.computed), (0, 600));
+    assert!(report.shifts >= 2, "{report:?}");
+    let held = whole.tokens().to_vec();
+    assert!(held.len() <= 256);
+    assert_eq!(&held[..8], &doc[..8]);
+    assert_eq!(&held[8..], &doc[600 - (held.len() - 8)..]);
+    let want_kv = kv_bytes(&whole);
+    let want_logits = whole.logits().unwrap().to_vec();
+    // Checkpoints stop at the first shift: the last one holds a prefix within the context.
+    let cps = whole_store.checkpoints().unwrap();
+    assert_eq!(cps.len(), 1);
+    assert!(cps[0].tokens <= 256 && cps[0].tokens.is_multiple_of(INTERVAL));
+
+    // Stopped after the first shift, then resumed by a fresh session.
+    let store_dir = dir.path().join("stopped");
+    {
+        let store = open(&store_dir, &model);
+        let mut s = session(&model);
+        let report = ingest(&mut s, &store, &doc, &params, |p| {
+            if p.shifts > 0 && p.done >= 400 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })
+        .unwrap();
+        assert!(!report.finished && report.shifts > 0);
+    }
+    let store = open(&store_dir, &model);
+    let mut s = session(&model);
+    let report = ingest(&mut s, &store, &doc, &params, continue_all).unwrap();
+    assert!(report.finished);
+    assert!(report.restored > 0 && report.restored <= 256);
+    assert_eq!(s.tokens(), &held[..]);
+    assert!(kv_bytes(&s) == want_kv, "KV bytes differ after resuming");
+    assert_eq!(s.logits().unwrap(), &want_logits[..]);
+}

@@ -1,0 +1,437 @@
+//! The ingest example run as a user would, on a tiny model the test writes: killed with
+//! SIGKILL at random moments, each rerun completes, recomputes at most one checkpoint interval
+//! and ends with the same KV bytes as an uninterrupted run; Ctrl-C stops with everything kept;
+//! bad files are refused with a message and a non-zero exit; a document longer than the context
+//! is read with context shifts; the chat answers, and the last line is the JSON summary.
+//!
+//! The binary is the example that `cargo test` builds beside the tests; a filtered run needs it
+//! built first: `cargo build --example ingest && cargo test --test ingest_cli`. `INGEST_KILLS=N`
+//! sets the number of kills (5 by default).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use engine::gguf::{GgmlType, GgufWriter};
+use engine::store::{SessionStore, StoreConfig};
+use engine::{Model, Session, SessionParams};
+
+const INTERVAL: usize = 64;
+const CTX: usize = 4096;
+
+fn ingest_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().unwrap().parent().unwrap();
+    let bin = profile_dir
+        .join("examples")
+        .join(format!("ingest{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it with `cargo build --example ingest`",
+        bin.display()
+    );
+    bin
+}
+
+/// SplitMix64: weights, and the moments to kill at.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn tensor(&mut self, n: usize, scale: f32, offset: f32) -> Vec<u8> {
+        (0..n)
+            .flat_map(|_| (offset + self.f32() * scale).to_le_bytes())
+            .collect()
+    }
+}
+
+/// GPT-2's byte-level alphabet, so that every text encodes (one token per byte).
+fn byte_tokens() -> Vec<String> {
+    let printable = |b: u32| {
+        (u32::from('!')..=u32::from('~')).contains(&b)
+            || (0xA1..=0xAC).contains(&b)
+            || (0xAE..=0xFF).contains(&b)
+    };
+    let mut extra = 0;
+    (0..256u32)
+        .map(|b| {
+            if printable(b) {
+                char::from_u32(b).unwrap().to_string()
+            } else {
+                extra += 1;
+                char::from_u32(255 + extra).unwrap().to_string()
+            }
+        })
+        .collect()
+}
+
+/// A tiny llama model with a byte-level vocabulary and ChatML's control tokens.
+fn write_model(path: &Path) {
+    let (n_embd, n_head, n_head_kv, n_ff, n_layer) = (32usize, 4usize, 2usize, 48usize, 2usize);
+    let kv = n_embd / n_head * n_head_kv;
+    let mut tokens = byte_tokens();
+    let mut types = vec![1i32; tokens.len()];
+    for special in ["<|im_start|>", "<|im_end|>"] {
+        tokens.push(special.to_owned());
+        types.push(3);
+    }
+    let n_vocab = tokens.len();
+    let mut g = GgufWriter::new();
+    g.add_str("general.architecture", "llama")
+        .add_u32("llama.context_length", 8192)
+        .add_u32("llama.embedding_length", n_embd as u32)
+        .add_u32("llama.block_count", n_layer as u32)
+        .add_u32("llama.feed_forward_length", n_ff as u32)
+        .add_u32("llama.attention.head_count", n_head as u32)
+        .add_u32("llama.attention.head_count_kv", n_head_kv as u32)
+        .add_f32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+        .add_f32("llama.rope.freq_base", 10000.0)
+        .add_str("tokenizer.ggml.model", "gpt2")
+        .add_str("tokenizer.ggml.pre", "default")
+        .add_str_array("tokenizer.ggml.tokens", &tokens)
+        .add_i32_array("tokenizer.ggml.token_type", &types)
+        .add_str_array::<&str>("tokenizer.ggml.merges", &[])
+        .add_u32("tokenizer.ggml.eos_token_id", n_vocab as u32 - 1);
+    let mut r = Rng(11);
+    let (e, v) = (n_embd as u64, n_vocab as u64);
+    g.add_tensor(
+        "token_embd.weight",
+        &[e, v],
+        GgmlType::F32,
+        r.tensor(n_embd * n_vocab, 1.0, 0.0),
+    );
+    g.add_tensor(
+        "output_norm.weight",
+        &[e],
+        GgmlType::F32,
+        r.tensor(n_embd, 0.5, 1.0),
+    );
+    g.add_tensor(
+        "output.weight",
+        &[e, v],
+        GgmlType::F32,
+        r.tensor(n_embd * n_vocab, 0.3, 0.0),
+    );
+    for l in 0..n_layer {
+        let (kv64, ff64) = (kv as u64, n_ff as u64);
+        let mut add = |name: &str, dims: &[u64], scale: f32, offset: f32| {
+            let count = dims.iter().product::<u64>() as usize;
+            g.add_tensor(
+                &format!("blk.{l}.{name}"),
+                dims,
+                GgmlType::F32,
+                r.tensor(count, scale, offset),
+            );
+        };
+        add("attn_norm.weight", &[e], 0.5, 1.0);
+        add("attn_q.weight", &[e, e], 0.3, 0.0);
+        add("attn_k.weight", &[e, kv64], 0.3, 0.0);
+        add("attn_v.weight", &[e, kv64], 0.3, 0.0);
+        add("attn_output.weight", &[e, e], 0.3, 0.0);
+        add("ffn_norm.weight", &[e], 0.5, 1.0);
+        add("ffn_gate.weight", &[e, ff64], 0.3, 0.0);
+        add("ffn_up.weight", &[e, ff64], 0.3, 0.0);
+        add("ffn_down.weight", &[ff64, e], 0.3, 0.0);
+    }
+    g.write(path).unwrap();
+}
+
+/// A directory with the tiny model and a document of `n_chars` bytes (one token each).
+struct Env {
+    dir: tempfile::TempDir,
+    model: PathBuf,
+    doc: PathBuf,
+}
+
+impl Env {
+    fn new(n_chars: usize) -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("tiny.gguf");
+        write_model(&model);
+        let doc = dir.path().join("doc.txt");
+        let words = [
+            "alpha ",
+            "beta ",
+            "gamma ",
+            "delta\n",
+            "epsilon, ",
+            "zeta. ",
+        ];
+        let mut text = String::new();
+        let mut i = 0;
+        while text.len() < n_chars {
+            text.push_str(words[(i * 7 + i / 5) % words.len()]);
+            i += 1;
+        }
+        text.truncate(n_chars);
+        std::fs::write(&doc, text).unwrap();
+        Env { dir, model, doc }
+    }
+
+    /// The ingest command on `file` with the store `store` (a directory under the test's).
+    fn command(&self, file: &Path, store: &str, args: &[&str]) -> Command {
+        let mut cmd = Command::new(ingest_bin());
+        cmd.current_dir(self.dir.path())
+            .arg(file)
+            .arg("--model")
+            .arg(&self.model)
+            .arg("--store")
+            .arg(self.dir.path().join(store))
+            .args(["--threads", "1", "--ctx", &CTX.to_string()])
+            .args(["--interval", &INTERVAL.to_string(), "--ubatch", "64"])
+            .args(["--name", "doc", "--temp", "0"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    }
+
+    /// Runs to the end with `input` on standard input.
+    fn run(&self, file: &Path, store: &str, args: &[&str], input: &str) -> Run {
+        let mut child = self.command(file, store, args).spawn().unwrap();
+        let _ = child.stdin.take().unwrap().write_all(input.as_bytes());
+        let out = child.wait_with_output().unwrap();
+        Run {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// Tokens and KV bytes (every layer, K then V) of checkpoint `doc` in `store`, restored
+    /// through the library; `None` when there is none.
+    fn stored(&self, store: &str) -> Option<(usize, Vec<u8>)> {
+        let model = Model::load(&self.model).unwrap();
+        let store =
+            SessionStore::open(&self.dir.path().join(store), &model, StoreConfig::default())
+                .unwrap();
+        if !store.exists("doc").unwrap() {
+            return None;
+        }
+        let params = SessionParams {
+            n_ctx: CTX,
+            n_threads: 1,
+            ..SessionParams::default()
+        };
+        let mut s = Session::new(model, params).unwrap();
+        store.restore(&mut s, "doc").unwrap();
+        let n = s.tokens().len();
+        let layout = s.kv_layout().clone();
+        let mut all = Vec::new();
+        for l in 0..layout.n_layers {
+            let mut k = vec![0u8; n * layout.k_bytes_per_token[l]];
+            let mut v = vec![0u8; n * layout.v_bytes_per_token[l]];
+            s.read_kv(l, 0..n, &mut k, &mut v).unwrap();
+            all.extend(k);
+            all.extend(v);
+        }
+        Some((n, all))
+    }
+}
+
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    /// The JSON summary: the last line of standard output.
+    fn summary(&self) -> serde_json::Value {
+        let last = self.stdout.lines().last().unwrap_or("");
+        serde_json::from_str(last)
+            .unwrap_or_else(|e| panic!("last line {last:?} is not JSON ({e}); {}", self.stderr))
+    }
+
+    fn field(&self, key: &str) -> usize {
+        self.summary()[key].as_u64().unwrap() as usize
+    }
+}
+
+#[test]
+fn killed_at_random_moments_each_rerun_ends_as_an_uninterrupted_run() {
+    let env = Env::new(3000);
+    let started = Instant::now();
+    let whole = env.run(&env.doc, "whole", &["--no-chat"], "");
+    let duration = started.elapsed();
+    assert_eq!(whole.code, Some(0), "{}", whole.stderr);
+    let total = whole.field("tokens");
+    assert_eq!(total, 3000);
+    assert_eq!(
+        (whole.field("restored"), whole.field("computed")),
+        (0, total)
+    );
+    assert_eq!(whole.field("shifts"), 0);
+    let (n, want) = env.stored("whole").unwrap();
+    assert_eq!(n, total);
+    // The benchmark's reference mode evaluates the same tokens and stores nothing.
+    let plain = env.run(&env.doc, "plain", &["--plain"], "");
+    assert_eq!(plain.code, Some(0), "{}", plain.stderr);
+    assert_eq!(
+        (plain.field("tokens"), plain.field("computed")),
+        (total, total)
+    );
+    assert!(plain.summary()["seconds"].as_f64().unwrap() > 0.0);
+    assert!(!env.dir.path().join("plain").exists());
+
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    eprintln!("kill moments seeded with {seed}");
+    let mut rng = Rng(seed);
+    // Five kills by default (CI has two cores); `INGEST_KILLS=20` for the count.
+    let rounds = std::env::var("INGEST_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    for round in 0..rounds {
+        let store = format!("killed{round}");
+        let wait = Duration::from_micros(rng.next() % duration.as_micros().max(1) as u64);
+        let mut child = env
+            .command(&env.doc, &store, &["--no-chat"])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(wait);
+        let _ = child.kill(); // SIGKILL; it may have finished already
+        let _ = child.wait();
+        let kept = env.stored(&store).map_or(0, |(n, _)| n);
+
+        let rerun = env.run(&env.doc, &store, &["--no-chat"], "");
+        assert_eq!(rerun.code, Some(0), "round {round}: {}", rerun.stderr);
+        let (restored, computed) = (rerun.field("restored"), rerun.field("computed"));
+        eprintln!("round {round}: killed after {wait:?}, {kept} kept, {restored} restored");
+        assert_eq!(restored + computed, total, "round {round}");
+        assert!(
+            restored + INTERVAL >= kept.min(total - 1),
+            "round {round}: {kept} tokens were saved, only {restored} restored"
+        );
+        let (n, got) = env.stored(&store).unwrap();
+        assert_eq!(n, total, "round {round}");
+        assert!(
+            got == want,
+            "round {round}: KV bytes differ from the uninterrupted run"
+        );
+    }
+}
+
+#[test]
+fn ctrl_c_stops_with_everything_kept_and_a_rerun_resumes() {
+    let env = Env::new(3000);
+    let mut child = env
+        .command(&env.doc, "store", &["--no-chat"])
+        .spawn()
+        .unwrap();
+    // The handler is installed before the line announcing the reading.
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while stderr.read_line(&mut line).unwrap() > 0 && !line.contains("reading") {
+        line.clear();
+    }
+    // Let it read a little first.
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = child.id().to_string();
+    let signalled = Command::new("kill").args(["-INT", &pid]).status().unwrap();
+    assert!(signalled.success());
+    let out = child.wait_with_output().unwrap();
+    let stopped = Run {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::new(),
+    };
+    let held = stopped.field("restored") + stopped.field("computed");
+    eprintln!("exit {:?} after {held} tokens", stopped.code);
+    match stopped.code {
+        Some(130) => assert!(held < 3000),
+        // It may have finished before the signal arrived.
+        Some(0) => assert_eq!(held, 3000),
+        other => panic!("exit {other:?}"),
+    }
+    // What was read is saved (nothing when it stopped before its first micro-batch).
+    let kept = env.stored("store").map_or(0, |(n, _)| n);
+    assert_eq!(kept, held);
+
+    let rerun = env.run(&env.doc, "store", &["--no-chat"], "");
+    assert_eq!(rerun.code, Some(0), "{}", rerun.stderr);
+    assert_eq!(
+        rerun.field("restored"),
+        (held / INTERVAL * INTERVAL).min(2999 / 64 * 64)
+    );
+}
+
+#[test]
+fn bad_files_are_refused_with_a_message() {
+    let env = Env::new(100);
+    let empty = env.dir.path().join("empty.txt");
+    std::fs::write(&empty, "").unwrap();
+    let blank = env.dir.path().join("blank.txt");
+    std::fs::write(&blank, " \n\n").unwrap();
+    let binary = env.dir.path().join("binary.txt");
+    std::fs::write(&binary, b"abc\xff\xfedef").unwrap();
+    let missing = env.dir.path().join("missing.txt");
+    let long = env.dir.path().join("long.txt");
+    std::fs::write(&long, "x".repeat(CTX + 1)).unwrap();
+    for (file, says) in [
+        (&empty, "is empty"),
+        (&blank, "is empty"),
+        (&binary, "not UTF-8 text (invalid byte at offset 3)"),
+        (&missing, "missing.txt"),
+        (&long, "more than the context"),
+    ] {
+        let run = env.run(file, "store", &["--no-chat", "--no-shift"], "");
+        assert_eq!(run.code, Some(1), "{}: {}", file.display(), run.stderr);
+        assert!(
+            run.stderr.contains(says),
+            "{}: {}",
+            file.display(),
+            run.stderr
+        );
+        assert!(run.stdout.is_empty(), "{}", run.stdout);
+    }
+    assert!(env.stored("store").is_none());
+}
+
+#[test]
+fn the_chat_answers_and_the_summary_comes_last() {
+    let env = Env::new(200);
+    let run = env.run(
+        &env.doc,
+        "store",
+        &["--max-tokens", "5"],
+        "what is it about?\n\nand then?\n",
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    // Two answers (each ends with a line break, and may hold more) and the summary.
+    assert!(run.stdout.lines().count() >= 3, "{}", run.stdout);
+    assert_eq!(run.field("tokens"), 200);
+    // The chat does not change the stored document.
+    assert_eq!(env.stored("store").unwrap().0, 200);
+}
+
+#[test]
+fn a_document_longer_than_the_context_is_read_with_shifts() {
+    let env = Env::new(3000);
+    let run = env.run(
+        &env.doc,
+        "store",
+        &["--no-chat", "--ctx", "1024", "--keep", "16"],
+        "",
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.field("tokens"), 3000);
+    assert_eq!(run.field("computed"), 3000);
+    assert!(run.field("shifts") >= 3, "{}", run.stdout);
+    // The checkpoint holds what was read before the first shift.
+    let (kept, _) = env.stored("store").unwrap();
+    assert!(kept <= 1024 && kept.is_multiple_of(INTERVAL), "{kept}");
+}
