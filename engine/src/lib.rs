@@ -57,7 +57,7 @@ pub mod tokenizer;
 pub use batch::{Batch, BatchOutput, Logits};
 pub use context::{Context, ContextParams, SeqId};
 pub use error::{Error, GgufProblem, Result, TokenizerError};
-pub use kv::{KvLayout, KvStats, PAGE_TOKENS};
+pub use kv::{KvLayout, KvStats, KvType, PAGE_TOKENS};
 pub use model::{Arch, HParams, Model, RopeScaling, FINGERPRINT_VERSION};
 pub use pages::ImportSummary;
 pub use session::{GenerateParams, Generation, Session, SessionParams, StopReason};
