@@ -36,6 +36,7 @@ fn bench(c: &mut Criterion) {
         n_threads: 2,
         n_ubatch: 512,
         flash_attn: true,
+        ..SessionParams::default()
     };
     let prompt: Vec<u32> = (0..128).map(|i| 100 + (i * 7919) % 48_952).collect();
     let mut g = c.benchmark_group("forward");

@@ -14,7 +14,7 @@ use ckptfmt::{BlockId, Fingerprint};
 use crate::batch::{Batch, BatchOutput, Logits, Plan, PlanItem};
 use crate::error::{Error, Result};
 use crate::ggml::{Backend, Compute, KvTensors};
-use crate::kv::{KvLayout, KvStats, PagePool, PAGE_TOKENS};
+use crate::kv::{KvLayout, KvStats, KvType, PagePool, PAGE_TOKENS};
 use crate::llama;
 use crate::model::Model;
 
@@ -33,6 +33,10 @@ pub struct ContextParams {
     /// Attention through ggml's fused flash-attention kernel (the default, and faster here:
     /// see docs/BENCHMARKS.md) or as separate matrix products and a softmax.
     pub flash_attn: bool,
+    /// Element type of cached K.
+    pub type_k: KvType,
+    /// Element type of cached V (a quantized V needs `flash_attn`).
+    pub type_v: KvType,
 }
 
 impl Default for ContextParams {
@@ -43,6 +47,8 @@ impl Default for ContextParams {
             n_threads: std::thread::available_parallelism().map_or(4, |n| n.get()),
             n_batch: 512,
             flash_attn: true,
+            type_k: KvType::F16,
+            type_v: KvType::F16,
         }
     }
 }
@@ -97,8 +103,15 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    /// A context for `model` with an empty page pool of `params.kv_tokens` tokens.
+    /// A context for `model` with an empty page pool of `params.kv_tokens` tokens. A quantized
+    /// V without flash attention is [`Error::KvTypeNeedsFlashAttn`]; a quantized type whose
+    /// blocks do not divide the head size is [`Error::KvTypeHeadDim`].
     pub fn new(model: Arc<Model>, mut params: ContextParams) -> Result<Context> {
+        if params.type_v != KvType::F16 && !params.flash_attn {
+            return Err(Error::KvTypeNeedsFlashAttn {
+                kv_type: params.type_v,
+            });
+        }
         params.n_ctx = params.n_ctx.clamp(1, model.hparams().n_ctx_train.max(1));
         params.n_batch = params.n_batch.max(1);
         let kv_tokens = if params.kv_tokens == 0 {
@@ -108,9 +121,15 @@ impl Context {
         };
         let n_pages = kv_tokens.div_ceil(PAGE_TOKENS).max(1);
         params.kv_tokens = n_pages * PAGE_TOKENS;
-        let layout = KvLayout::for_model(model.hparams());
+        let layout = KvLayout::with_types(model.hparams(), params.type_k, params.type_v)?;
         let dims = vec![model.hparams().n_embd_kv(); model.hparams().n_layer];
-        let kv = KvTensors::new(&dims, &dims, n_pages * PAGE_TOKENS)?;
+        let kv = KvTensors::new(
+            &dims,
+            &dims,
+            params.type_k,
+            params.type_v,
+            n_pages * PAGE_TOKENS,
+        )?;
         Ok(Context {
             fingerprint: Fingerprint(model.fingerprint()),
             backend: Backend::cpu(params.n_threads)?,

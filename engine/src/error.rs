@@ -274,6 +274,41 @@ pub enum Error {
         /// Tokens it holds.
         held: usize,
     },
+    /// A KV cache type name that is not one of `f16`, `q8_0`.
+    #[error("unknown KV cache type `{name}` (supported: f16, q8_0)")]
+    UnknownKvType {
+        /// The name given.
+        name: String,
+    },
+    /// A quantized KV cache type whose block size does not divide the model's head size.
+    #[error("KV cache type {kv_type} needs a head size that is a multiple of {block}, the model's is {head_dim}")]
+    KvTypeHeadDim {
+        /// The cache type.
+        kv_type: crate::KvType,
+        /// Elements per quantization block.
+        block: usize,
+        /// The model's head size.
+        head_dim: usize,
+    },
+    /// A quantized V cache without flash attention (the unfused path reads V transposed,
+    /// which ggml cannot do over quantized rows).
+    #[error("V cache type {kv_type} needs flash attention")]
+    KvTypeNeedsFlashAttn {
+        /// The V cache type.
+        kv_type: crate::KvType,
+    },
+    /// Conversations stored with one KV cache type opened by a session of another.
+    #[error("KV cache types differ: the store holds K {stored_k}, V {stored_v}; this session uses K {session_k}, V {session_v}")]
+    KvTypeMismatch {
+        /// K type of the stored conversations.
+        stored_k: String,
+        /// V type of the stored conversations.
+        stored_v: String,
+        /// K type of the session.
+        session_k: crate::KvType,
+        /// V type of the session.
+        session_v: crate::KvType,
+    },
 }
 
 /// What is wrong in a corrupt GGUF file ([`Error::GgufCorrupt`]).

@@ -20,9 +20,13 @@
 //!   (h + 1) * head_dim`).
 //! - V row: the values, head after head, not transposed.
 //!
-//! So one layer holds `k_bytes_per_token = v_bytes_per_token = 2 * n_embd_kv` bytes per token
-//! for each of K and V (384 + 384 for SmolLM2-135M), and the bytes of rows `a..b` of one page of
-//! one layer's K are contiguous. As a checkpoint block (ckptfmt's span layout) a page is, layer
+//! So with f16 K and V one layer holds `k_bytes_per_token = v_bytes_per_token = 2 * n_embd_kv`
+//! bytes per token for each of K and V (384 + 384 for SmolLM2-135M), and the bytes of rows `a..b`
+//! of one page of one layer's K are contiguous.
+//!
+//! K and V may each be stored as q8_0 instead ([`KvType`]): a row is then `n_embd_kv / 32` ggml
+//! q8_0 blocks (an f16 scale and 32 signed bytes, 34 bytes per 32 elements), head after head as
+//! above; a head's elements start on a block boundary because head sizes must be multiples of 32. As a checkpoint block (ckptfmt's span layout) a page is, layer
 //! after layer, the K bytes of its tokens followed by their V bytes. [`KvLayout`] describes this
 //! for a model.
 
@@ -33,8 +37,127 @@ use ckptfmt::BlockId;
 
 use crate::model::HParams;
 
-/// Element type of cached K and V: always f16 in this version.
+/// Element type of cached K and V in the default configuration.
 pub const KV_DTYPE: &str = "f16";
+
+/// Element type of a KV cache tensor (llama.cpp's `--cache-type-k/-v` names: `f16`, `q8_0`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KvType {
+    /// IEEE-754 binary16, 2 bytes per element (the default).
+    #[default]
+    F16,
+    /// ggml q8_0: blocks of 32 elements, an f16 scale and 32 signed bytes (34 bytes).
+    Q8_0,
+}
+
+impl KvType {
+    /// llama.cpp's name of the type.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+        }
+    }
+
+    /// Elements per block of the type (1 for f16).
+    pub fn block_elems(self) -> usize {
+        match self {
+            KvType::F16 => 1,
+            KvType::Q8_0 => 32,
+        }
+    }
+
+    /// Bytes of one block of the type.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            KvType::F16 => 2,
+            KvType::Q8_0 => 34,
+        }
+    }
+
+    /// Bytes of `n` elements, when `n` is a whole number of blocks.
+    pub fn row_bytes(self, n: usize) -> Option<usize> {
+        n.is_multiple_of(self.block_elems())
+            .then(|| n / self.block_elems() * self.block_bytes())
+    }
+
+    /// The checkpoint element type of the type.
+    pub fn elem(self) -> ckptfmt::ElemType {
+        match self {
+            KvType::F16 => ckptfmt::ElemType::F16,
+            KvType::Q8_0 => ckptfmt::ElemType::Q8_0,
+        }
+    }
+
+    /// The checkpoint element type of a cache with `k` keys and `v` values: the type itself when
+    /// both agree, else an application code (`128 + 16 * k + v`, over ckptfmt's codes).
+    pub fn pair_elem(k: KvType, v: KvType) -> ckptfmt::ElemType {
+        if k == v {
+            k.elem()
+        } else {
+            ckptfmt::ElemType::Other(128 + 16 * k.elem().code() + v.elem().code())
+        }
+    }
+
+    /// The K and V types that [`KvType::pair_elem`] maps to `elem`, if any.
+    pub fn from_pair_elem(elem: ckptfmt::ElemType) -> Option<(KvType, KvType)> {
+        let from_code = |c: u8| {
+            [KvType::F16, KvType::Q8_0]
+                .into_iter()
+                .find(|t| t.elem().code() == c)
+        };
+        match elem {
+            ckptfmt::ElemType::Other(c) => {
+                let c = c.checked_sub(128)?;
+                Some((from_code(c / 16)?, from_code(c % 16)?))
+            }
+            e => from_code(e.code()).map(|t| (t, t)),
+        }
+    }
+}
+
+/// Rewrites llama.cpp's single-dash `-ctk`/`-ctv` into `--cache-type-k`/`--cache-type-v` (also
+/// in their `-ctk=TYPE` form), leaving every other argument as it is: for command lines parsed
+/// with long options only.
+pub fn expand_cache_type_flags<I>(args: I) -> Vec<std::ffi::OsString>
+where
+    I: IntoIterator<Item = std::ffi::OsString>,
+{
+    args.into_iter()
+        .map(|a| {
+            let Some(text) = a.to_str() else {
+                return a;
+            };
+            for (short, long) in [("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v")] {
+                if text == short {
+                    return long.into();
+                }
+                if let Some(value) = text.strip_prefix(short).and_then(|r| r.strip_prefix('=')) {
+                    return format!("{long}={value}").into();
+                }
+            }
+            a
+        })
+        .collect()
+}
+
+impl std::fmt::Display for KvType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for KvType {
+    type Err = crate::Error;
+
+    fn from_str(s: &str) -> crate::Result<KvType> {
+        match s.to_ascii_lowercase().as_str() {
+            "f16" => Ok(KvType::F16),
+            "q8_0" => Ok(KvType::Q8_0),
+            _ => Err(crate::Error::UnknownKvType { name: s.to_owned() }),
+        }
+    }
+}
 
 /// Positions per page (= tokens per checkpoint block).
 pub const PAGE_TOKENS: usize = ckptfmt::DEFAULT_TOKENS_PER_BLOCK as usize;
@@ -42,6 +165,10 @@ pub const PAGE_TOKENS: usize = ckptfmt::DEFAULT_TOKENS_PER_BLOCK as usize;
 /// The shape of a model's KV cache, per token.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvLayout {
+    /// Element type of K.
+    pub type_k: KvType,
+    /// Element type of V.
+    pub type_v: KvType,
     /// Number of layers.
     pub n_layers: usize,
     /// Bytes of K per token, for each layer.
@@ -53,12 +180,36 @@ pub struct KvLayout {
 impl KvLayout {
     /// The layout of `hparams`' model with f16 K and V.
     pub fn for_model(hparams: &HParams) -> KvLayout {
-        let per_token = hparams.n_embd_kv() * 2;
-        KvLayout {
+        KvLayout::with_types(hparams, KvType::F16, KvType::F16)
+            .expect("every head size holds whole f16 elements")
+    }
+
+    /// The layout of `hparams`' model with `type_k` keys and `type_v` values; a quantized type
+    /// needs a head size that is a whole number of its blocks ([`Error::KvTypeHeadDim`]).
+    ///
+    /// [`Error::KvTypeHeadDim`]: crate::Error::KvTypeHeadDim
+    pub fn with_types(
+        hparams: &HParams,
+        type_k: KvType,
+        type_v: KvType,
+    ) -> crate::Result<KvLayout> {
+        let per_token = |t: KvType| {
+            t.row_bytes(hparams.head_dim)
+                .map(|head| head * hparams.n_head_kv)
+                .ok_or(crate::Error::KvTypeHeadDim {
+                    kv_type: t,
+                    block: t.block_elems(),
+                    head_dim: hparams.head_dim,
+                })
+        };
+        let (k, v) = (per_token(type_k)?, per_token(type_v)?);
+        Ok(KvLayout {
+            type_k,
+            type_v,
             n_layers: hparams.n_layer,
-            k_bytes_per_token: vec![per_token; hparams.n_layer],
-            v_bytes_per_token: vec![per_token; hparams.n_layer],
-        }
+            k_bytes_per_token: vec![k; hparams.n_layer],
+            v_bytes_per_token: vec![v; hparams.n_layer],
+        })
     }
 
     /// K and V bytes of one token over all layers (23,040 for SmolLM2-135M).

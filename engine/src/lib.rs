@@ -61,7 +61,7 @@ pub use batch::{Batch, BatchOutput, Logits};
 pub use context::{Context, ContextParams, SeqId};
 pub use error::{Error, GgufProblem, Result, TokenizerError};
 pub use ingest::{IngestParams, IngestReport, Progress};
-pub use kv::{KvLayout, KvStats, PAGE_TOKENS};
+pub use kv::{KvLayout, KvStats, KvType, PAGE_TOKENS};
 pub use model::{Arch, HParams, Model, RopeScaling, FINGERPRINT_VERSION};
 pub use pages::ImportSummary;
 pub use session::{GenerateParams, Generation, Session, SessionParams, StopReason};

@@ -4,7 +4,7 @@
 //! grouped-query attention with RoPE (adjacent pairs for llama, halves (NeoX) for qwen2), and a
 //! SwiGLU feed-forward network; a final RMSNorm and the output head (tied to the embedding table
 //! when the file has no `output.weight`). Attention uses ggml's fused flash-attention kernel over
-//! the f16 KV cache, with a causal mask.
+//! the KV cache (f16 or q8_0), with a causal mask.
 
 use crate::batch::Plan;
 use crate::error::Result;
@@ -26,7 +26,6 @@ pub(crate) fn build<'g, 'w>(
     let n = plan.tokens.len();
     let (head_dim, n_head, n_head_kv) = (hp.head_dim, hp.n_head, hp.n_head_kv);
     let n_embd_kv = hp.n_embd_kv();
-    let row_bytes = n_embd_kv * 2;
 
     let ids = g.input(
         DType::I32,
@@ -86,8 +85,8 @@ pub(crate) fn build<'g, 'w>(
         let q = g.rope(q, pos, freq_factors, &rope);
         let k = g.rope(k, pos, freq_factors, &rope);
 
-        // Store this batch's K and V in their cells (converted to f16). The stores join the
-        // graph before the attention that reads the cache, so they run first.
+        // Store this batch's K and V in their cells (converted to the cache's type). The stores
+        // join the graph before the attention that reads the cache, so they run first.
         let k_cache = g.lift_mut(kv.k(il));
         let v_cache = g.lift_mut(kv.v(il));
         let k_rows = g.reshape_2d(k, n_embd_kv, n);
@@ -110,10 +109,14 @@ pub(crate) fn build<'g, 'w>(
             );
             let q = g.permute(q, [0, 2, 1, 3]);
             let window = |g: &mut Graph<'g, 'w>, cache: TensorMut<'g>| {
+                // One cell's row and one head of it, in the cache's type (heads are whole
+                // blocks of a quantized type).
+                let cache = cache.as_tensor();
+                let row_bytes = cache.nb(1);
                 g.view_3d(
-                    cache.as_tensor(),
+                    cache,
                     [head_dim, a.n_kv, n_head_kv],
-                    [row_bytes, head_dim * 2],
+                    [row_bytes, row_bytes / n_head_kv],
                     a.first_cell * row_bytes,
                 )
             };

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::batch::Logits;
 use crate::context::{Context, ContextParams, SeqId};
 use crate::error::Result;
-use crate::kv::KvLayout;
+use crate::kv::{KvLayout, KvType};
 use crate::model::Model;
 use crate::sampling::Sampler;
 use crate::tokenizer::StreamDecoder;
@@ -24,6 +24,10 @@ pub struct SessionParams {
     /// Attention through ggml's fused flash-attention kernel (the default, and faster here:
     /// see docs/BENCHMARKS.md) or as separate matrix products and a softmax.
     pub flash_attn: bool,
+    /// Element type of cached K.
+    pub type_k: KvType,
+    /// Element type of cached V (a quantized V needs `flash_attn`).
+    pub type_v: KvType,
 }
 
 impl Default for SessionParams {
@@ -33,6 +37,8 @@ impl Default for SessionParams {
             n_threads: std::thread::available_parallelism().map_or(4, |n| n.get()),
             n_ubatch: 512,
             flash_attn: true,
+            type_k: KvType::F16,
+            type_v: KvType::F16,
         }
     }
 }
@@ -110,6 +116,8 @@ impl Session {
                 n_threads: params.n_threads,
                 n_batch: params.n_ubatch.max(1),
                 flash_attn: params.flash_attn,
+                type_k: params.type_k,
+                type_v: params.type_v,
             },
         )?;
         // The first half of the pool (the context window) will be used: touch it now, as a
@@ -132,6 +140,8 @@ impl Session {
             n_threads: p.n_threads,
             n_ubatch: p.n_batch,
             flash_attn: p.flash_attn,
+            type_k: p.type_k,
+            type_v: p.type_v,
         }
     }
 

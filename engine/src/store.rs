@@ -12,19 +12,20 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use ckptfmt::{BlockId, ElemType, Fingerprint, Geometry, LayerGeometry, Manifest, Metadata};
+use ckptfmt::{BlockId, Fingerprint, Geometry, LayerGeometry, Manifest, Metadata};
 use kvstore::{KvStore, ModelStore};
 
 use crate::context::{Context, SeqId};
 use crate::error::{Error, Result};
-use crate::kv::{KvLayout, PAGE_TOKENS};
+use crate::kv::{KvLayout, KvType, PAGE_TOKENS};
 use crate::model::Model;
 use crate::session::Session;
 
 /// Tokens per checkpoint block: one KV page.
 const TOKENS_PER_BLOCK: u32 = PAGE_TOKENS as u32;
 
-/// The checkpoint geometry of a KV layout: f16 elements, one page per block.
+/// The checkpoint geometry of a KV layout: its element types ([`KvType::pair_elem`]), one page
+/// per block.
 pub fn geometry(layout: &KvLayout) -> Result<Geometry> {
     let layers = (0..layout.n_layers)
         .map(|l| LayerGeometry {
@@ -32,7 +33,31 @@ pub fn geometry(layout: &KvLayout) -> Result<Geometry> {
             v_bytes_per_token: layout.v_bytes_per_token[l] as u32,
         })
         .collect();
-    Ok(Geometry::new(layers, ElemType::F16, TOKENS_PER_BLOCK)?)
+    let elem = KvType::pair_elem(layout.type_k, layout.type_v);
+    Ok(Geometry::new(layers, elem, TOKENS_PER_BLOCK)?)
+}
+
+/// Refuses a session layout whose KV element types differ from the stored geometry's, naming
+/// both ([`Error::KvTypeMismatch`]).
+fn check_kv_types(stored: &Geometry, layout: &KvLayout) -> Result<()> {
+    let session = (layout.type_k, layout.type_v);
+    let stored_types = KvType::from_pair_elem(stored.elem());
+    if stored_types == Some(session) {
+        return Ok(());
+    }
+    let (stored_k, stored_v) = match stored_types {
+        Some((k, v)) => (k.to_string(), v.to_string()),
+        None => (
+            stored.elem().name().to_string(),
+            stored.elem().name().to_string(),
+        ),
+    };
+    Err(Error::KvTypeMismatch {
+        stored_k,
+        stored_v,
+        session_k: layout.type_k,
+        session_v: layout.type_v,
+    })
 }
 
 /// What a save did.
@@ -57,6 +82,11 @@ pub struct StoreConfig {
     /// removes blocks that no checkpoint references, then the least recently used checkpoints,
     /// until the files fit (see [`SessionStore::collect`]).
     pub disk_bytes: Option<u64>,
+    /// Element type of the K of the sessions saved and restored (all of one store's
+    /// conversations of a model share it).
+    pub type_k: KvType,
+    /// Element type of their V.
+    pub type_v: KvType,
 }
 
 impl Default for StoreConfig {
@@ -64,6 +94,8 @@ impl Default for StoreConfig {
         StoreConfig {
             ram_bytes: 256 << 20,
             disk_bytes: None,
+            type_k: KvType::F16,
+            type_v: KvType::F16,
         }
     }
 }
@@ -169,8 +201,10 @@ impl std::fmt::Debug for SessionStore {
 }
 
 impl SessionStore {
-    /// Opens (or creates) the store at `dir` for `model`'s conversations. Other processes may
-    /// have it open too.
+    /// Opens (or creates) the store at `dir` for `model`'s conversations with the KV types of
+    /// `config`. Other processes may have it open too. A store holding this model's
+    /// conversations with other KV types is refused ([`Error::KvTypeMismatch`]), nothing
+    /// written.
     pub fn open(dir: &Path, model: &Model, config: StoreConfig) -> Result<SessionStore> {
         // The disk budget is kept here, by dropping old checkpoints after a save (see
         // `collect`), not by refusing the save.
@@ -181,7 +215,10 @@ impl SessionStore {
         };
         let store = KvStore::open(dir, cfg)?;
         let fingerprint = Fingerprint(model.fingerprint());
-        let layout = crate::kv::KvLayout::for_model(model.hparams());
+        let layout = KvLayout::with_types(model.hparams(), config.type_k, config.type_v)?;
+        if let Some(existing) = store.existing_model(&fingerprint) {
+            check_kv_types(existing.geometry(), &layout)?;
+        }
         let handle = store.model(fingerprint, geometry(&layout)?)?;
         Ok(SessionStore {
             store,
@@ -237,6 +274,7 @@ impl SessionStore {
         name: &str,
         meta: &CheckpointMeta,
     ) -> Result<SaveSummary> {
+        check_kv_types(self.handle.geometry(), ctx.kv_layout())?;
         // Block ids of a shifted sequence no longer chain from its tokens alone.
         if ctx.seq(seq)?.shift_root.is_some() {
             return Err(Error::ShiftedCheckpoint { seq });
@@ -341,7 +379,9 @@ impl SessionStore {
     /// Replaces sequence `seq` of `ctx` with checkpoint `name`, as [`SessionStore::restore`]
     /// does for a session (blocks resident in the pool are shared, not read).
     pub fn restore_seq(&self, ctx: &mut Context, seq: SeqId, name: &str) -> Result<CheckpointMeta> {
+        check_kv_types(self.handle.geometry(), ctx.kv_layout())?;
         let manifest = self.handle.read_manifest(name)?;
+        check_kv_types(&manifest.geometry, ctx.kv_layout())?;
         manifest.check_owner(&self.fingerprint, self.handle.geometry())?;
         if manifest.tokens.len() > ctx.params().n_ctx {
             return Err(Error::ContextFull {
@@ -383,6 +423,7 @@ impl SessionStore {
         seq: SeqId,
         tokens: &[u32],
     ) -> Result<usize> {
+        check_kv_types(self.handle.geometry(), ctx.kv_layout())?;
         let usable = tokens.len().saturating_sub(1).min(ctx.params().n_ctx);
         let n = self.prefix_blocks(&tokens[..usable]) * TOKENS_PER_BLOCK as usize;
         let handle = &self.handle;

@@ -17,6 +17,7 @@ fn context(model: &Arc<Model>, kv_tokens: usize, n_batch: usize) -> Context {
             n_threads: 2,
             n_batch,
             flash_attn: true,
+            ..ContextParams::default()
         },
     )
     .unwrap()

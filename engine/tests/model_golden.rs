@@ -68,6 +68,7 @@ fn params() -> SessionParams {
         n_threads: 2,
         n_ubatch: 512,
         flash_attn: true,
+        ..SessionParams::default()
     }
 }
 
@@ -161,6 +162,7 @@ fn golden_prompts_decoded_together_match_each_alone() {
             n_threads: 2,
             n_batch: n_prompt.max(cases.len()),
             flash_attn: true,
+            ..ContextParams::default()
         },
     )
     .unwrap();

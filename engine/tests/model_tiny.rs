@@ -154,6 +154,7 @@ fn bad_inputs_give_typed_errors() {
             n_threads: 1,
             n_ubatch: 8,
             flash_attn: true,
+            ..SessionParams::default()
         },
     )
     .unwrap();

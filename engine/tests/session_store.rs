@@ -215,6 +215,7 @@ fn a_disk_budget_keeps_the_most_recent_conversations() {
         StoreConfig {
             ram_bytes: 1 << 20,
             disk_bytes: Some(budget),
+            ..StoreConfig::default()
         },
     )
     .unwrap();

@@ -43,6 +43,13 @@ struct Args {
     /// Compute attention without ggml's fused flash-attention kernel.
     #[arg(long)]
     no_flash_attn: bool,
+    /// Element type of the K cache: f16 or q8_0 (llama.cpp's `-ctk`).
+    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16")]
+    cache_type_k: engine::KvType,
+    /// Element type of the V cache: f16 or q8_0 (llama.cpp's `-ctv`; q8_0 needs flash
+    /// attention).
+    #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16")]
+    cache_type_v: engine::KvType,
     /// Repetitions; the median is reported.
     #[arg(long, default_value_t = 3)]
     reps: usize,
@@ -103,6 +110,8 @@ fn batched(args: &Args, model: &std::sync::Arc<Model>) -> Result<serde_json::Val
                 n_threads: args.threads,
                 n_batch: 512.max(ns),
                 flash_attn: !args.no_flash_attn,
+                type_k: args.cache_type_k,
+                type_v: args.cache_type_v,
             },
         )?;
         let seqs: Vec<_> = (0..ns).map(|_| ctx.new_sequence()).collect();
@@ -155,7 +164,12 @@ fn batched(args: &Args, model: &std::sync::Arc<Model>) -> Result<serde_json::Val
 }
 
 fn main() -> Result<()> {
-    let args = Args::parse();
+    let args = Args::parse_from(engine::kv::expand_cache_type_flags(std::env::args_os()));
+    let store_config = StoreConfig {
+        type_k: args.cache_type_k,
+        type_v: args.cache_type_v,
+        ..StoreConfig::default()
+    };
     let model = Model::load(&args.model)?;
     if args.sequences > 1 || args.shared_prefix > 0 {
         println!("{}", batched(&args, &model)?);
@@ -169,6 +183,8 @@ fn main() -> Result<()> {
         n_ctx: args.prompt_tokens + args.gen_tokens.max(64) + 16,
         n_threads: args.threads,
         flash_attn: !args.no_flash_attn,
+        type_k: args.cache_type_k,
+        type_v: args.cache_type_v,
         ..SessionParams::default()
     };
     let mut prefill = Vec::new();
@@ -184,7 +200,7 @@ fn main() -> Result<()> {
             // A fresh directory per repetition, so every save writes all blocks.
             let dir = dir.join(format!("rep{rep}"));
             let _ = std::fs::remove_dir_all(&dir);
-            let store = SessionStore::open(&dir, &model, StoreConfig::default())?;
+            let store = SessionStore::open(&dir, &model, store_config.clone())?;
             let t = Instant::now();
             let saved = store.save(&session, "bench", &CheckpointMeta::default())?;
             save_ms.push(t.elapsed().as_secs_f64() * 1e3);
@@ -193,7 +209,7 @@ fn main() -> Result<()> {
             // block is read from its file and verified) and a fresh session.
             drop(store);
             for _ in 0..args.restore_reps.max(1) {
-                let store = SessionStore::open(&dir, &model, StoreConfig::default())?;
+                let store = SessionStore::open(&dir, &model, store_config.clone())?;
                 let mut fresh = Session::new(model.clone(), params.clone())?;
                 let t = Instant::now();
                 store.restore(&mut fresh, "bench")?;
@@ -206,7 +222,7 @@ fn main() -> Result<()> {
                 .map(|i| (100 + ((i + args.prompt_tokens) * 7919) % (n_vocab - 200)) as u32)
                 .collect();
             session.feed(&turn)?;
-            let store = SessionStore::open(&dir, &model, StoreConfig::default())?;
+            let store = SessionStore::open(&dir, &model, store_config.clone())?;
             let t = Instant::now();
             let saved = store.save(&session, "bench", &CheckpointMeta::default())?;
             turn_ms.push(t.elapsed().as_secs_f64() * 1e3);

@@ -71,6 +71,13 @@ pub struct Args {
     /// RAM kept for recently used KV blocks (e.g. 256MiB).
     #[arg(long, value_parser = size, value_name = "SIZE", default_value = "256MiB")]
     pub cache_ram: u64,
+    /// Element type of the K cache: f16 or q8_0 (llama.cpp's `-ctk`).
+    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16")]
+    pub cache_type_k: engine::KvType,
+    /// Element type of the V cache: f16 or q8_0 (llama.cpp's `-ctv`; q8_0 needs flash
+    /// attention).
+    #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16")]
+    pub cache_type_v: engine::KvType,
 }
 
 fn positive(s: &str) -> Result<usize, String> {

@@ -44,7 +44,7 @@ const LEGACY_STORE: &str = "sessions";
 const MIGRATED_MARKER: &str = "migrated-from-legacy";
 
 fn main() -> Result<()> {
-    let args = Args::parse();
+    let args = Args::parse_from(engine::kv::expand_cache_type_flags(std::env::args_os()));
     ensure_model(&args.model)?;
     let store_dir = args
         .store
@@ -57,6 +57,8 @@ fn main() -> Result<()> {
     let params = SessionParams {
         n_ctx: args.ctx,
         n_threads: args.threads,
+        type_k: args.cache_type_k,
+        type_v: args.cache_type_v,
         ..SessionParams::default()
     };
     let session = Session::new(model.clone(), params)?;
@@ -89,6 +91,8 @@ fn main() -> Result<()> {
     let config = StoreConfig {
         ram_bytes: args.cache_ram,
         disk_bytes: args.cache_disk,
+        type_k: args.cache_type_k,
+        type_v: args.cache_type_v,
     };
     let store = SessionStore::open(&store_dir, &model, config)
         .with_context(|| format!("opening the conversation store {}", store_dir.display()))?;

@@ -43,6 +43,12 @@ struct Args {
     /// instead of one after the other. The output is the same.
     #[arg(long, requires = "golden")]
     together: bool,
+    /// Element type of the K cache: f16 or q8_0 (llama.cpp's `-ctk`).
+    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16")]
+    cache_type_k: engine::KvType,
+    /// Element type of the V cache: f16 or q8_0 (llama.cpp's `-ctv`).
+    #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16")]
+    cache_type_v: engine::KvType,
 }
 
 /// The ten largest logits after a prompt (id, logit) and its greedy continuation.
@@ -101,12 +107,14 @@ fn golden_batch(
 }
 
 fn main() -> Result<()> {
-    let args = Args::parse();
+    let args = Args::parse_from(engine::kv::expand_cache_type_flags(std::env::args_os()));
     let model =
         Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
     let params = SessionParams {
         n_ctx: args.ctx,
         n_threads: args.threads,
+        type_k: args.cache_type_k,
+        type_v: args.cache_type_v,
         ..SessionParams::default()
     };
     if let Some(golden) = &args.golden {
@@ -134,6 +142,8 @@ fn main() -> Result<()> {
                 kv_tokens: n_seq * (n_prompt + args.n_gen),
                 n_threads: args.threads,
                 n_batch: n_prompt.max(prompts.len()),
+                type_k: args.cache_type_k,
+                type_v: args.cache_type_v,
                 ..ContextParams::default()
             },
         )?;

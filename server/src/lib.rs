@@ -75,6 +75,7 @@ impl Server {
         let store_config = StoreConfig {
             ram_bytes: config.cache_ram,
             disk_bytes: config.cache_disk,
+            ..StoreConfig::default()
         };
         let store = if args.no_cache {
             None

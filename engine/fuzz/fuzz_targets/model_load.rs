@@ -25,6 +25,7 @@ fuzz_target!(|data: &[u8]| {
         n_threads: 1,
         n_ubatch: 4,
         flash_attn: data.len() % 2 == 0,
+        ..SessionParams::default()
     };
     let Ok(mut s) = Session::new(std::sync::Arc::new(model), params) else {
         return;

@@ -150,6 +150,13 @@ impl<'g> Tensor<'g> {
         // to 3.
         unsafe { (*self.raw).ne[i.min(3)] as usize }
     }
+
+    /// Stride in bytes of dimension `i` (`nb[1]` is the bytes of one row).
+    pub(crate) fn nb(&self, i: usize) -> usize {
+        // SAFETY: the tensor is live for 'g; `nb` has four entries and the index is clamped
+        // to 3.
+        unsafe { (*self.raw).nb[i.min(3)] }
+    }
 }
 
 /// A KV tensor lifted into the graph branded `'g` as a destination of [`Graph::set_rows`].

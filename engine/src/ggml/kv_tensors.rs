@@ -9,9 +9,18 @@ use ggml_sys as sys;
 
 use super::{Buffer, Context, RawTensorMut};
 use crate::error::{Error, Result};
+use crate::kv::KvType;
 
-/// Per-layer K and V tensors of a KV page pool, each `[row_bytes / 2, n_cells]` in f16 (one row
-/// per cell, token-major), in one CPU buffer over anonymous memory.
+/// ggml's id of a KV element type.
+fn ggml_type(t: KvType) -> sys::ggml_type {
+    match t {
+        KvType::F16 => sys::GGML_TYPE_F16,
+        KvType::Q8_0 => sys::GGML_TYPE_Q8_0,
+    }
+}
+
+/// Per-layer K and V tensors of a KV page pool, each `[n_embd_kv, n_cells]` of its element type
+/// (f16 or q8_0; one row per cell, token-major), in one CPU buffer over anonymous memory.
 ///
 /// The memory is mapped anonymously, so the kernel hands out zeroed pages on first touch: a large
 /// pool costs address space, not RAM, until its cells are used, and never-written cells read as
@@ -64,24 +73,43 @@ impl<'a> KvTensorsMut<'a> {
 }
 
 impl KvTensors {
-    /// Allocates `n_layers` pairs of f16 tensors of `n_cells` rows with `k_dims[l]`/`v_dims[l]`
-    /// elements per row.
-    pub(crate) fn new(k_dims: &[usize], v_dims: &[usize], n_cells: usize) -> Result<KvTensors> {
+    /// Allocates `n_layers` pairs of tensors of `n_cells` rows with `k_dims[l]`/`v_dims[l]`
+    /// elements per row, of types `type_k`/`type_v` (a quantized type needs dimensions that are
+    /// whole blocks: [`Error::KvTypeHeadDim`] otherwise).
+    pub(crate) fn new(
+        k_dims: &[usize],
+        v_dims: &[usize],
+        type_k: KvType,
+        type_v: KvType,
+        n_cells: usize,
+    ) -> Result<KvTensors> {
         let too_big = || Error::OutOfMemory { what: "KV cache" };
         let ctx = Context::new(k_dims.len() + v_dims.len() + 1, 0)?;
+        let typed = || {
+            k_dims
+                .iter()
+                .map(|&d| (d, type_k))
+                .chain(v_dims.iter().map(|&d| (d, type_v)))
+        };
         // Every dimension and byte count fits `i64`, ggml's type for both.
-        let row_cells = n_cells.checked_mul(2).filter(|&b| i64::try_from(b).is_ok());
-        let sizes = k_dims
-            .iter()
-            .chain(v_dims)
-            .map(|&d| {
-                row_cells
-                    .and_then(|b| d.checked_mul(b))
-                    .and_then(|b| b.checked_next_multiple_of(KV_TENSOR_ALIGN))
-                    .filter(|&b| i64::try_from(b).is_ok() && i64::try_from(d).is_ok())
-            })
-            .collect::<Option<Vec<usize>>>()
-            .ok_or_else(too_big)?;
+        let mut sizes = Vec::with_capacity(k_dims.len() + v_dims.len());
+        for (d, t) in typed() {
+            let row = t.row_bytes(d).ok_or(Error::KvTypeHeadDim {
+                kv_type: t,
+                block: t.block_elems(),
+                head_dim: d,
+            })?;
+            let size = row
+                .checked_mul(n_cells)
+                .and_then(|b| b.checked_next_multiple_of(KV_TENSOR_ALIGN))
+                .filter(|&b| {
+                    i64::try_from(b).is_ok()
+                        && i64::try_from(d).is_ok()
+                        && i64::try_from(n_cells).is_ok()
+                })
+                .ok_or_else(too_big)?;
+            sizes.push(size);
+        }
         let total = sizes
             .iter()
             .try_fold(0usize, |acc, &s| acc.checked_add(s))
@@ -94,13 +122,13 @@ impl KvTensors {
         let buffer = unsafe { Buffer::from_memory(base, memory.len()) }.ok_or_else(too_big)?;
         let mut offset = 0usize;
         let mut tensors = Vec::with_capacity(sizes.len());
-        for (i, (&dims, &size)) in k_dims.iter().chain(v_dims).zip(&sizes).enumerate() {
+        for (i, ((dims, kv_type), &size)) in typed().zip(&sizes).enumerate() {
             // SAFETY: live context with room for every tensor (counted above); both dimensions
             // fit `i64` (checked with the sizes).
             let t = unsafe {
                 sys::ggml_new_tensor_2d(
                     ctx.as_ptr(),
-                    sys::GGML_TYPE_F16,
+                    ggml_type(kv_type),
                     dims as i64,
                     n_cells as i64,
                 )

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::gguf::{GgmlType, Gguf, GgufWriter};
+use crate::kv::KvType;
 
 fn spec<'a>(ggml_type: u32, shape: &'a [u64], n_bytes: usize) -> WeightSpec<'a> {
     WeightSpec {
@@ -128,7 +129,7 @@ fn a_lifted_tensor_cannot_be_the_output() {
 
 #[test]
 fn kv_bytes_are_written_copied_and_read_back_in_range_only() {
-    let mut kv = KvTensors::new(&[4, 2], &[4, 2], 8).expect("pool");
+    let mut kv = KvTensors::new(&[4, 2], &[4, 2], KvType::F16, KvType::F16, 8).expect("pool");
     // Layer 0's K: 8 rows of 4 f16 = 64 bytes.
     let row: Vec<u8> = (1..=8).collect();
     kv.write(0, false, 8, &row);
@@ -143,7 +144,7 @@ fn kv_bytes_are_written_copied_and_read_back_in_range_only() {
     assert!(all.iter().all(|&b| b == 0));
 
     let panics = |f: &mut dyn FnMut(&mut KvTensors)| {
-        let mut kv = KvTensors::new(&[4], &[4], 8).expect("pool");
+        let mut kv = KvTensors::new(&[4], &[4], KvType::F16, KvType::F16, 8).expect("pool");
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut kv))).is_err()
     };
     assert!(panics(&mut |kv| kv.read(0, false, 60, &mut [0; 8])));
@@ -163,7 +164,7 @@ fn a_graph_writes_kv_cells_through_the_exclusive_handles() {
     let values = [1.0, -2.0, 3.5, 0.25, 8.0, -0.5, 6.0, 7.0];
     let gguf = one_tensor_file(dir.path(), &values);
     let weights = Weights::map(Arc::clone(&gguf), &[weight_spec(&gguf)]).expect("map");
-    let mut kv = KvTensors::new(&[4], &[4], 4).expect("pool");
+    let mut kv = KvTensors::new(&[4], &[4], KvType::F16, KvType::F16, 4).expect("pool");
     let mut backend = Backend::cpu(1).expect("backend");
     let mut compute = Compute::new().expect("compute");
     let kv_mut = kv.tensors_mut();

@@ -405,6 +405,7 @@ pub fn params(n_ubatch: usize) -> SessionParams {
         n_threads: 2,
         n_ubatch,
         flash_attn: true,
+        ..SessionParams::default()
     }
 }
 
