@@ -79,6 +79,13 @@ pub struct Args {
     /// Keep no prompt cache on disk (prompts are still shared in memory).
     #[arg(long = "no-cache")]
     pub no_cache: bool,
+    /// Element type of the K cache: f16 or q8_0 (llama.cpp's `-ctk`). The cache directory holds
+    /// one type: a store written with another is refused.
+    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16")]
+    pub cache_type_k: engine::KvType,
+    /// Element type of the V cache: f16 or q8_0 (llama.cpp's `-ctv`).
+    #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16")]
+    pub cache_type_v: engine::KvType,
     /// Largest request body accepted (e.g. 8MiB).
     #[arg(long = "max-body", value_name = "SIZE", default_value = "8MiB")]
     pub max_body: String,
@@ -102,7 +109,8 @@ pub struct Config {
 }
 
 impl Args {
-    /// Parses `argv` (program name first), accepting llama-server's `-np N` for `--parallel`.
+    /// Parses `argv` (program name first), accepting llama-server's `-np N` for `--parallel`
+    /// and `-ctk` / `-ctv` for the cache types.
     pub fn parse_from_argv<I, S>(argv: I) -> std::result::Result<Args, clap::Error>
     where
         I: IntoIterator<Item = S>,
@@ -116,7 +124,10 @@ impl Args {
                 _ => a,
             }
         });
-        Args::try_parse_from(argv)
+        // llama-server's `-ctk` / `-ctv` too.
+        Args::try_parse_from(engine::kv::expand_cache_type_flags(
+            argv.map(std::ffi::OsString::from),
+        ))
     }
 
     /// Checks the options and reads the key file.

@@ -68,6 +68,8 @@ impl Server {
                 n_ctx,
                 kv_tokens,
                 n_threads: args.threads.unwrap_or(defaults.n_threads),
+                type_k: args.cache_type_k,
+                type_v: args.cache_type_v,
                 ..defaults
             },
         )?;
@@ -75,7 +77,8 @@ impl Server {
         let store_config = StoreConfig {
             ram_bytes: config.cache_ram,
             disk_bytes: config.cache_disk,
-            ..StoreConfig::default()
+            type_k: args.cache_type_k,
+            type_v: args.cache_type_v,
         };
         let store = if args.no_cache {
             None

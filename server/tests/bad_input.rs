@@ -152,12 +152,21 @@ fn the_command_line_refuses_unknown_flags_and_lists_all_in_help() {
         "--cache-ram",
         "--cache-disk",
         "--no-cache",
+        "--cache-type-k",
+        "--cache-type-v",
     ] {
         assert!(help.contains(flag), "{flag} missing from --help:\n{help}");
     }
     let args =
         server::Args::parse_from_argv(["s", "-m", "x.gguf", "-np", "6", "-c", "100"]).unwrap();
     assert_eq!((args.parallel, args.ctx_size), (6, 100));
+    let args =
+        server::Args::parse_from_argv(["s", "-m", "x.gguf", "-ctk", "q8_0", "-ctv=q8_0"]).unwrap();
+    assert_eq!(
+        (args.cache_type_k, args.cache_type_v),
+        (engine::KvType::Q8_0, engine::KvType::Q8_0)
+    );
+    assert!(server::Args::parse_from_argv(["s", "-m", "x.gguf", "-ctk", "q3"]).is_err());
     let bad = server::Args::parse_from_argv(["s", "-m", "x.gguf", "--cache-disk", "lots"])
         .unwrap()
         .check();
