@@ -33,8 +33,28 @@ impl Context {
     /// Copies the KV of `seq`'s page `index` (positions `index * PAGE_TOKENS ..`, up to the
     /// sequence's length) into `out` as a checkpoint span; returns the number of tokens.
     pub fn read_page(&self, seq: SeqId, index: usize, out: &mut Vec<u8>) -> Result<usize> {
+        self.read_page_upto(seq, index, usize::MAX, out)
+    }
+
+    /// Like [`Context::read_page`], but only positions before `upto` (the KV of a prefix of
+    /// the sequence: an earlier position's rows never change once written).
+    pub fn read_page_upto(
+        &self,
+        seq: SeqId,
+        index: usize,
+        upto: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<usize> {
         let s = self.seq(seq)?;
-        let len = s.tokens.len();
+        let len = s.tokens.len().min(upto);
+        if len <= index * PAGE_TOKENS {
+            return Err(Error::KvRange {
+                layer: 0,
+                start: index * PAGE_TOKENS,
+                end: (index + 1) * PAGE_TOKENS,
+                len,
+            });
+        }
         let Some(&page) = s.pages.get(index) else {
             return Err(Error::KvRange {
                 layer: 0,

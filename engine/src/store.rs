@@ -178,12 +178,43 @@ pub struct NewBlock {
     pub kv: Vec<u8>,
 }
 
+/// Name prefix of the prompt cache's tail checkpoints: `_tail-` and the hex id of the last full
+/// block the tail follows (see [`SessionStore::tail_of`]). Nobody else names a checkpoint so.
+pub const TAIL_PREFIX: &str = "_tail-";
+
+/// The partly filled page that follows a sequence's full pages, copied out of a context: stored
+/// as a small checkpoint named after its last full block ([`TAIL_PREFIX`]), it lets a prompt
+/// that continues those blocks take up to a page's worth more tokens from disk.
+#[derive(Clone, Debug)]
+pub struct TailBlock {
+    /// Tokens of the prefix, full blocks and tail.
+    pub tokens: Vec<u32>,
+    /// KV bytes of the tail as a checkpoint span.
+    pub kv: Vec<u8>,
+    /// Id of the last full block.
+    pub last_block: BlockId,
+}
+
+/// The longest prefix of a prompt that a store holds (see [`SessionStore::find_prefix`]).
+#[derive(Debug, Default)]
+pub struct StoredPrefix {
+    /// Leading full blocks held.
+    pub blocks: usize,
+    /// The tail checkpoint that continues them, when one matches at least one more token.
+    tail: Option<Manifest>,
+    /// Tokens the store holds: `blocks` pages plus the matching tokens of the tail.
+    pub tokens: usize,
+}
+
 /// One model's conversations in a store directory.
 pub struct SessionStore {
     store: KvStore,
     handle: ModelStore,
     fingerprint: Fingerprint,
     disk_bytes: Option<u64>,
+    /// The order in which this process stored tails: files written within one clock tick
+    /// share a modification time, and the newest must not be taken for the oldest.
+    tails_stored: std::sync::Mutex<(u64, std::collections::HashMap<String, u64>)>,
 }
 
 // The server hands a store to its writer thread and shares it with its scheduler.
@@ -225,6 +256,7 @@ impl SessionStore {
             handle,
             fingerprint,
             disk_bytes: config.disk_bytes,
+            tails_stored: std::sync::Mutex::default(),
         })
     }
 
@@ -294,9 +326,7 @@ impl SessionStore {
         if ids.len() * (TOKENS_PER_BLOCK as usize) < tokens.len() {
             ctx.read_page(seq, ids.len(), &mut tail)?;
         }
-        let saved_unix = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let saved_unix = unix_now();
         let positions = (0..tokens.len() as i32).collect();
         let mut manifest = Manifest::new(
             self.fingerprint,
@@ -355,6 +385,95 @@ impl SessionStore {
             put += 1;
         }
         Ok(put)
+    }
+
+    /// Copies the partial page of the first `len` tokens of `seq` (`None` when `len` is a whole
+    /// number of pages or less than one), to hand to [`SessionStore::put_tail`].
+    pub fn tail_of(&self, ctx: &Context, seq: SeqId, len: usize) -> Result<Option<TailBlock>> {
+        let tokens = ctx.tokens(seq)?;
+        let len = len.min(tokens.len());
+        let full = len / PAGE_TOKENS;
+        if full == 0 || len % PAGE_TOKENS == 0 || ctx.seq(seq)?.shift_root.is_some() {
+            return Ok(None);
+        }
+        let last_block = ctx.block_ids(seq)?[full - 1];
+        let mut kv = Vec::new();
+        ctx.read_page_upto(seq, full, len, &mut kv)?;
+        Ok(Some(TailBlock {
+            tokens: tokens[..len].to_vec(),
+            kv,
+            last_block,
+        }))
+    }
+
+    /// Stores `tail` durably as the tail checkpoint of its last full block (replacing an
+    /// earlier one), after its full blocks (which must be in the store). Tails are a cache:
+    /// under the disk budget they go before any block ([`SessionStore::collect_unreferenced`]).
+    pub fn put_tail(&self, tail: TailBlock) -> Result<()> {
+        let name = format!("{TAIL_PREFIX}{}", tail.last_block.to_hex());
+        let positions = (0..tail.tokens.len() as i32).collect();
+        let manifest = Manifest::new(
+            self.fingerprint,
+            self.handle.geometry().clone(),
+            tail.tokens,
+            positions,
+            tail.kv,
+            Metadata {
+                name,
+                parent: None,
+                created_unix: unix_now(),
+                kv: Vec::new(),
+            },
+        )?;
+        self.handle.save(&manifest)?;
+        let mut order = self
+            .tails_stored
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        order.0 += 1;
+        let n = order.0;
+        order.1.insert(manifest.meta.name, n);
+        Ok(())
+    }
+
+    /// The longest prefix of `tokens` the store holds: leading full blocks (from any
+    /// conversation or process), then the tokens of the tail checkpoint that continues them.
+    /// A tail that cannot be read or belongs to another model is ignored: it is only a cache.
+    pub fn find_prefix(&self, tokens: &[u32]) -> StoredPrefix {
+        let ids = BlockId::chain_all(&self.fingerprint, tokens, TOKENS_PER_BLOCK);
+        let blocks = ids.iter().take_while(|id| self.handle.contains(id)).count();
+        let start = blocks * PAGE_TOKENS;
+        let mut found = StoredPrefix {
+            blocks,
+            tail: None,
+            tokens: start,
+        };
+        if blocks == 0 || tokens.len() == start {
+            return found;
+        }
+        let name = format!("{TAIL_PREFIX}{}", ids[blocks - 1].to_hex());
+        let Ok(manifest) = self.handle.read_manifest(&name) else {
+            return found;
+        };
+        let fits = manifest
+            .check_owner(&self.fingerprint, self.handle.geometry())
+            .is_ok()
+            && manifest.block_ids.len() == blocks
+            && manifest.block_ids.last() == Some(&ids[blocks - 1])
+            && manifest.tokens.get(..start) == Some(&tokens[..start]);
+        if !fits {
+            return found;
+        }
+        let matching = manifest.tokens[start..]
+            .iter()
+            .zip(&tokens[start..])
+            .take_while(|(a, b)| a == b)
+            .count();
+        if matching > 0 {
+            found.tokens = start + matching;
+            found.tail = Some(manifest);
+        }
+        found
     }
 
     /// How many of `tokens`' leading full blocks the store holds (in either tier, from any
@@ -423,14 +542,42 @@ impl SessionStore {
         seq: SeqId,
         tokens: &[u32],
     ) -> Result<usize> {
-        check_kv_types(self.handle.geometry(), ctx.kv_layout())?;
         let usable = tokens.len().saturating_sub(1).min(ctx.params().n_ctx);
-        let n = self.prefix_blocks(&tokens[..usable]) * TOKENS_PER_BLOCK as usize;
+        let blocks = self.prefix_blocks(&tokens[..usable]);
+        let found = StoredPrefix {
+            blocks,
+            tail: None,
+            tokens: blocks * PAGE_TOKENS,
+        };
+        self.restore_found(ctx, seq, tokens, &found)
+    }
+
+    /// Replaces sequence `seq` of `ctx` with the prefix of `tokens` that
+    /// [`SessionStore::find_prefix`] found (blocks resident in the pool are shared, not read);
+    /// returns its length. On failure the sequence is left as it was.
+    pub fn restore_found(
+        &self,
+        ctx: &mut Context,
+        seq: SeqId,
+        tokens: &[u32],
+        found: &StoredPrefix,
+    ) -> Result<usize> {
+        check_kv_types(self.handle.geometry(), ctx.kv_layout())?;
         let handle = &self.handle;
-        ctx.import(seq, &tokens[..n], &[], |_, id, sink| {
+        let read = |_: usize, id: &BlockId, sink: &mut dyn FnMut(&[u8]) -> Result<()>| {
             read_block(handle, id, sink)
-        })?;
-        Ok(n)
+        };
+        match &found.tail {
+            Some(tail) => {
+                ctx.import(seq, &tail.tokens, &tail.tail_kv, read)?;
+                ctx.truncate(seq, found.tokens)?;
+            }
+            None => {
+                let n = (found.blocks * PAGE_TOKENS).min(tokens.len());
+                ctx.import(seq, &tokens[..n], &[], read)?;
+            }
+        }
+        Ok(found.tokens)
     }
 
     /// Deletes checkpoint `name` (its blocks go at the next gc unless another checkpoint
@@ -497,20 +644,70 @@ impl SessionStore {
         self.store.metrics()
     }
 
-    /// Keeps the disk budget, if there is one, by removing only blocks that no checkpoint
-    /// references (least recently used first), never a checkpoint: for a prompt cache, whose
-    /// blocks nobody named.
+    /// Keeps the disk budget, if there is one, for a prompt cache: removes blocks that no
+    /// checkpoint references (least recently used first), then, while the files still exceed
+    /// the budget, tail checkpoints ([`TAIL_PREFIX`], oldest first), which frees their blocks
+    /// in turn. Named checkpoints are never removed; their manifests count in the budget.
     pub fn collect_unreferenced(&self) -> Result<()> {
-        if let Some(budget) = self.disk_bytes {
-            self.store.gc_to(budget)?;
+        let Some(budget) = self.disk_bytes else {
+            return Ok(());
+        };
+        let mut manifests = 0u64;
+        let mut tails = Vec::new();
+        for name in self.handle.list()? {
+            let Some(meta) = self
+                .handle
+                .manifest_path(&name)
+                .ok()
+                .and_then(|p| std::fs::metadata(p).ok())
+            else {
+                continue;
+            };
+            manifests += meta.len();
+            if name.starts_with(TAIL_PREFIX) {
+                tails.push((meta.modified().ok(), 0, meta.len(), name));
+            }
         }
-        Ok(())
+        {
+            let mut order = self
+                .tails_stored
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            order.1.retain(|name, _| tails.iter().any(|t| &t.3 == name));
+            for t in &mut tails {
+                t.1 = order.1.get(&t.3).copied().unwrap_or(0);
+            }
+        }
+        tails.sort();
+        let mut tails = tails.into_iter();
+        loop {
+            self.store.gc_to(budget.saturating_sub(manifests))?;
+            if self.store.metrics().disk_bytes + manifests <= budget {
+                return Ok(());
+            }
+            let Some((_, _, bytes, name)) = tails.next() else {
+                return Ok(());
+            };
+            match self.handle.delete(&name) {
+                Ok(()) => manifests = manifests.saturating_sub(bytes),
+                // Another process removed it first.
+                Err(kvstore::StoreError::CheckpointNotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// Makes every block put so far durable.
     pub fn flush(&self) -> Result<()> {
         Ok(self.store.flush()?)
     }
+}
+
+/// Seconds since the Unix epoch (0 when the clock is before it).
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Reads and verifies block `id` and hands its KV span to `sink`.

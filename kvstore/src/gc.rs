@@ -1,7 +1,7 @@
 //! Garbage collection: deleting block files no checkpoint of any process
 //! references and this process has not pinned, least recently used first.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use ckptfmt::{BlockId, FormatError};
@@ -101,7 +101,39 @@ impl<V: BlockIo> Shared<V> {
                 }
             }
         }
-        cands.sort_unstable_by_key(|(last, v)| (*last, v.id.to_hex()));
+        // A prefix is worth nothing without its first blocks: a block goes no earlier than
+        // the blocks that continue it (leaves first), so each candidate counts as recent as its
+        // most recent continuation, and among equals the later block goes first.
+        {
+            let st = lock_mutex(&self.state);
+            let own: HashMap<BlockId, u64> = cands.iter().map(|(l, v)| (v.id, *l)).collect();
+            let mut effective = own.clone();
+            for (&id, &last) in &own {
+                let mut cur = id;
+                while let Some(prev) = st
+                    .entries
+                    .get(&cur)
+                    .and_then(|e| e.chain.as_ref())
+                    .and_then(|(p, _)| *p)
+                {
+                    match effective.get_mut(&prev) {
+                        Some(e) if *e < last => *e = last,
+                        _ => break,
+                    }
+                    cur = prev;
+                }
+            }
+            for (l, v) in &mut cands {
+                *l = effective.get(&v.id).copied().unwrap_or(*l);
+            }
+            cands.sort_unstable_by_key(|(l, v)| {
+                (
+                    *l,
+                    std::cmp::Reverse(own.get(&v.id).copied()),
+                    v.id.to_hex(),
+                )
+            });
+        }
         let victims: Vec<Victim> = {
             let mut st = lock_mutex(&self.state);
             let mut out = Vec::new();
@@ -180,15 +212,20 @@ impl<V: BlockIo> Shared<V> {
             if was_on_disk {
                 st.disk_bytes = st.disk_bytes.saturating_sub(v.record_len);
             }
+            if evict {
+                st.evicting_bytes -= len;
+            }
             if !had_ram {
                 st.entries.remove(&v.id);
+            } else if pins == 0 {
+                // Collected means gone from the store: its RAM copy goes too.
+                // Kept, it would be dirty again, written back at the next
+                // flush, and the disk budget would churn.
+                st.drop_ram(&v.id);
             } else if evict {
-                // It was picked for eviction while its file was going away:
-                // it is dirty again and stays in RAM.
-                st.evicting_bytes -= len;
-                if pins == 0 {
-                    st.policy.insert(v.id, len);
-                }
+                // Pinned while its file was going away: it stays in RAM,
+                // dirty again.
+                st.policy.insert(v.id, len);
             }
         }
         st.m.gc_blocks += report.blocks;

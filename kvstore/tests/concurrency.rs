@@ -1,5 +1,6 @@
 //! Several threads putting, saving, loading and pinning sessions that share
-//! a system prompt, with background spills and prefetches; then a reopen.
+//! a system prompt, with background spills (of prompts put and never saved)
+//! and prefetches; then a reopen.
 
 mod common;
 
@@ -43,6 +44,14 @@ fn threads_share_prefixes_and_sessions() {
                     let ids = kvstore::BlockId::chain_all(&fp(), &tokens, TPB);
                     let live = model
                         .put_sequence_pinned(&tokens, |i| kv_of(&ids[i]))
+                        .unwrap();
+                    // A prompt cached but never saved: dirty in RAM until spilled.
+                    let mut scratch: Vec<u32> = (0..12).collect();
+                    scratch
+                        .extend((0..8).map(|i| 500_000 + 1_000 * (t * n_sessions + s) as u32 + i));
+                    let scratch_ids = kvstore::BlockId::chain_all(&fp(), &scratch, TPB);
+                    model
+                        .put_sequence(&scratch, |i| kv_of(&scratch_ids[i]))
                         .unwrap();
                     let name = format!("t{t}-s{s}");
                     model.save(&manifest(&name, &tokens)).unwrap();

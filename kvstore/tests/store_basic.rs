@@ -155,8 +155,35 @@ fn gc_respects_quota_and_references() {
     let r = store.gc().unwrap();
     assert_eq!(r.blocks, 2, "the RAM copy's file is reclaimable too");
     assert_eq!(store.metrics().disk_blocks, 2);
-    assert_eq!(store.metrics().ram_blocks, 1);
+    // Collected means gone: the RAM copy went with its file, so no flush writes it back (the
+    // disk budget would churn otherwise).
+    assert_eq!(store.metrics().ram_blocks, 0);
+    store.flush().unwrap();
+    assert_eq!(store.metrics().disk_blocks, 2);
     assert_eq!(model.load("keep").unwrap().blocks.len(), 2);
+}
+
+#[test]
+fn gc_removes_the_last_blocks_of_a_prefix_before_its_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = KvStore::open(dir.path(), inline_config(16)).unwrap();
+    let model = store.model(fp(), geometry()).unwrap();
+    // Two unsaved prompts, the older one first; each block is put after the one before it.
+    let old: Vec<u32> = (0..16).collect();
+    let new: Vec<u32> = (100..116).collect();
+    put_tokens(&model, &old).unwrap();
+    put_tokens(&model, &new).unwrap();
+    store.flush().unwrap();
+    let per_block = store.metrics().disk_bytes / store.metrics().disk_blocks;
+    // Room for five of the eight blocks: the older prompt loses its last three, and keeps its
+    // first one, which is still worth something.
+    store.gc_to(5 * per_block).unwrap();
+    assert_eq!(model.longest_prefix(&new).n_tokens, 16);
+    assert_eq!(model.longest_prefix(&old).n_tokens, 4);
+    // Room for two: the newer prompt keeps its first two blocks.
+    store.gc_to(2 * per_block).unwrap();
+    assert_eq!(model.longest_prefix(&new).n_tokens, 8);
+    assert_eq!(model.longest_prefix(&old).n_tokens, 0);
 }
 
 #[test]

@@ -7,23 +7,33 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use engine::store::{NewBlock, SessionStore};
+use engine::store::{NewBlock, SessionStore, TailBlock};
 
 use crate::metrics::Metrics;
+
+/// What a finished request leaves for the store: its new full blocks and the partly filled
+/// pages after them (see [`SessionStore::tail_of`]).
+#[derive(Debug, Default)]
+pub struct Work {
+    /// Full pages the store lacked.
+    pub blocks: Vec<NewBlock>,
+    /// Tails of the prompt and of the whole sequence.
+    pub tails: Vec<TailBlock>,
+}
 
 /// The write-behind thread: blocks copied out of the KV pool by the scheduler (a memory copy)
 /// are put into the store here, then flushed to disk, so a restart or a crash loses at most the
 /// blocks still in this thread's queue.
 #[derive(Debug)]
 pub struct Writer {
-    tx: Option<mpsc::Sender<Vec<NewBlock>>>,
+    tx: Option<mpsc::Sender<Work>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Writer {
     /// Starts the thread over `store`.
     pub fn start(store: Arc<SessionStore>, metrics: Arc<Metrics>) -> Writer {
-        let (tx, rx) = mpsc::channel::<Vec<NewBlock>>();
+        let (tx, rx) = mpsc::channel::<Work>();
         let thread = std::thread::Builder::new()
             .name("cache-writer".into())
             .spawn(move || write_behind(&store, &metrics, &rx))
@@ -34,15 +44,15 @@ impl Writer {
         }
     }
 
-    /// Queues blocks for the store; never blocks.
-    pub fn send(&self, blocks: Vec<NewBlock>) {
-        if blocks.is_empty() {
+    /// Queues blocks and tails for the store; never blocks.
+    pub fn send(&self, work: Work) {
+        if work.blocks.is_empty() && work.tails.is_empty() {
             return;
         }
         if let Some(tx) = &self.tx {
             // The thread only ends after `finish`; a send to a thread that died is lost, as a
             // crash would lose it.
-            let _ = tx.send(blocks);
+            let _ = tx.send(work);
         }
     }
 
@@ -64,22 +74,41 @@ impl Drop for Writer {
     }
 }
 
-/// The writer thread's loop: put what arrives, flush whenever the queue runs dry, keep the disk
-/// budget with unreferenced blocks.
-fn write_behind(store: &SessionStore, metrics: &Metrics, rx: &mpsc::Receiver<Vec<NewBlock>>) {
-    while let Ok(blocks) = rx.recv() {
-        let mut batches = vec![blocks];
+/// The writer thread's loop: put what arrives, store the tails (each commits its blocks),
+/// flush whenever the queue runs dry, keep the disk budget with unreferenced blocks and old
+/// tails.
+fn write_behind(store: &SessionStore, metrics: &Metrics, rx: &mpsc::Receiver<Work>) {
+    while let Ok(work) = rx.recv() {
+        let mut batches = vec![work];
         batches.extend(rx.try_iter());
-        for blocks in batches {
-            match store.put_blocks(blocks) {
+        let mut tails = Vec::new();
+        for work in batches {
+            match store.put_blocks(work.blocks) {
                 Ok(n) => Metrics::add(&metrics.blocks_written, n as u64),
                 Err(e) => metrics.cache_error(format!("storing blocks failed: {e}")),
+            }
+            tails.extend(work.tails);
+        }
+        // A later tail of the same blocks replaces an earlier one: store only the last, in
+        // the order they came (the newest tail is the last to go under the disk budget).
+        let last: std::collections::HashMap<_, _> = tails
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.last_block, i))
+            .collect();
+        for (i, tail) in tails.into_iter().enumerate() {
+            if last.get(&tail.last_block) != Some(&i) {
+                continue;
+            }
+            match store.put_tail(tail) {
+                Ok(()) => Metrics::add(&metrics.tails_written, 1),
+                Err(e) => metrics.cache_error(format!("storing a tail failed: {e}")),
             }
         }
         if let Err(e) = store.flush() {
             metrics.cache_error(format!("flush failed: {e}"));
         }
-        // Unnamed prompt blocks go first and only: saved conversations stay.
+        // Unnamed prompt blocks and tails go first and only: saved conversations stay.
         if let Err(e) = store.collect_unreferenced() {
             metrics.cache_error(format!("keeping the disk budget failed: {e}"));
         }

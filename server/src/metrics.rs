@@ -29,6 +29,8 @@ pub struct Metrics {
     pub kv_pages_total: AtomicU64,
     /// Blocks handed to the store by the write-behind thread.
     pub blocks_written: AtomicU64,
+    /// Tails (partly filled last pages) stored by the write-behind thread.
+    pub tails_written: AtomicU64,
     /// Finished sequences dropped from memory to make room.
     pub cache_evictions: AtomicU64,
     /// Problems of the prompt cache that cost only speed (a failed restore or write).
@@ -70,7 +72,7 @@ impl Metrics {
     /// The counters in Prometheus' text exposition format.
     pub fn render(&self, store: StoreBytes) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let rows: [(&str, &str, &str, u64); 16] = [
+        let rows: [(&str, &str, &str, u64); 17] = [
             (
                 "prompt_tokens_total",
                 "counter",
@@ -136,6 +138,12 @@ impl Metrics {
                 "counter",
                 "KV blocks handed to the store.",
                 get(&self.blocks_written),
+            ),
+            (
+                "cache_tails_written_total",
+                "counter",
+                "Partly filled last pages stored, so a prompt's last block comes from disk too.",
+                get(&self.tails_written),
             ),
             (
                 "cache_evictions_total",

@@ -63,7 +63,8 @@ async fn malformed_bodies_are_400() {
     assert_eq!(status, 413, "{body}");
     assert_error(&body, 413);
 
-    // Slots: unknown ids, bad actions, filenames that could leave the store.
+    // Slots: unknown ids, bad actions, filenames that could leave the store or take the
+    // prompt cache's own names.
     for (path, body) in [
         ("/slots/7?action=erase", json!({})),
         ("/slots/abc?action=erase", json!({})),
@@ -72,6 +73,7 @@ async fn malformed_bodies_are_400() {
         ("/slots/0?action=save", json!({"filename": "a/b"})),
         ("/slots/0?action=save", json!({"filename": "/etc/passwd"})),
         ("/slots/0?action=restore", json!({"filename": ".."})),
+        ("/slots/0?action=restore", json!({"filename": "_tail-0123"})),
         ("/slots/0?action=save", json!({})),
     ] {
         let (status, resp) = srv.post(path, &body).await;

@@ -1,6 +1,6 @@
 //! The prompt cache: a repeated prompt starts from the blocks computed before, in the same
-//! server and in a new one on the same cache directory, and the text it generates is the same
-//! as when everything was computed.
+//! server and in a new one on the same cache directory (the partly filled last page included),
+//! and the text it generates is the same as when everything was computed.
 
 mod common;
 
@@ -44,10 +44,16 @@ async fn a_repeated_prompt_is_served_from_the_cache_across_a_restart() {
     assert_eq!(warm["choices"], cold["choices"]);
     first.stop().await;
 
-    // The store holds whole blocks only.
-    let cached = (n_prompt - 1) / 64 * 64;
+    // The store holds the whole blocks and the partly filled last page (a tail checkpoint),
+    // so all but the last token come from disk.
+    let cached = n_prompt - 1;
+    assert_ne!(
+        cached % 64,
+        0,
+        "the prompt should end inside a page: {n_prompt}"
+    );
 
-    // A new server on the same directory reads the blocks from disk.
+    // A new server on the same directory reads the blocks and the tail from disk.
     let second = env.start(&[]).await;
     let (status, restarted) = second.post("/v1/chat/completions", &long_chat()).await;
     assert_eq!(status, 200, "{restarted}");
@@ -127,9 +133,13 @@ async fn the_disk_budget_holds_and_keeps_the_most_recent_prompt() {
         .parse()
         .unwrap();
     assert!(on_disk > 0 && on_disk <= budget, "{on_disk} bytes on disk");
+    // Every file of the cache counts: blocks, and the manifests of the tails.
+    let files = common::dir_bytes(&env.cache());
+    assert!(files <= budget, "{files} bytes in the cache directory");
     let (_, last) = srv
         .post("/completion", &json!({"prompt": prompt(5), "n_predict": 1}))
         .await;
+
     assert!(last["timings"]["cache_n"].as_u64().unwrap() > 0, "{last}");
     let (_, first) = srv
         .post("/completion", &json!({"prompt": prompt(0), "n_predict": 1}))

@@ -1,5 +1,6 @@
 //! Sixteen clients at once on four slots all get their answers (the rest wait in the queue);
-//! a client that leaves mid-stream frees its slot.
+//! a client that leaves mid-stream frees its slot; concurrent requests with one system prompt
+//! compute it once.
 
 mod common;
 
@@ -131,5 +132,61 @@ async fn a_client_that_gives_up_on_a_whole_answer_frees_its_slot() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_share_the_system_prompt_they_have_in_common() {
+    let env = Env::new();
+    let srv = env.start(&["-np", "4"]).await;
+    let system = "abcdefgh ".repeat(50);
+    let body = |i: usize, cache: bool| {
+        json!({
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": format!("question number {i}")}
+            ],
+            "max_tokens": 6,
+            "temperature": 0,
+            "cache_prompt": cache,
+        })
+    };
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let client = srv.client.clone();
+        let url = srv.url.clone();
+        let b = body(i, true);
+        tasks.push(tokio::spawn(async move {
+            let resp = client
+                .post(format!("{url}/v1/chat/completions"))
+                .json(&b)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status().as_u16(), 200);
+            resp.json::<serde_json::Value>().await.unwrap()
+        }));
+    }
+    let mut cached = Vec::new();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let v = t.await.unwrap();
+        let n_prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+        assert!(
+            n_prompt > 4 * 64,
+            "the system prompt should span blocks: {n_prompt}"
+        );
+        cached.push(
+            v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap(),
+        );
+        // Whatever was shared, the reply is the one computed from scratch.
+        let (_, alone) = srv.post("/v1/chat/completions", &body(i, false)).await;
+        assert_eq!(alone["timings"]["cache_n"], 0);
+        assert_eq!(v["choices"], alone["choices"], "request {i}");
+    }
+    // One request computes the common prefix; the three others take at least its full pages.
+    cached.sort_unstable();
+    assert!(cached[1] >= 4 * 64, "cached tokens per request: {cached:?}");
     srv.stop().await;
 }

@@ -4,6 +4,8 @@
 //! - `bindgen`: regenerate `ggml-sys/src/bindings*.rs` from the pinned ggml headers.
 //! - `ci`: formatting check, clippy with warnings denied, `tidy`, then the whole test suite.
 //! - `compare-llama-cpp`: engine speed against llama.cpp's reference harness, side by side.
+//! - `bench-server`: our HTTP server against llama.cpp's `llama-server`, side by side: time to
+//!   first token (first, repeated, after a restart) and an agent-like trace of concurrent chats.
 //! - `crash-test`: SIGKILL a process saving conversations N times; every committed checkpoint
 //!   must restore to the bytes it was saved with, and `ckpt verify` must pass.
 //! - `tidy`: the promises of `ARCHITECTURE.md` checked on the sources (the unsafe fence, downward
@@ -16,6 +18,7 @@ use std::process::{Command, ExitCode};
 mod source {
     include!("../../ggml-sys/src/source.rs");
 }
+mod bench_server;
 #[cfg(feature = "bindgen")]
 mod bindings;
 mod compare;
@@ -33,9 +36,10 @@ fn main() -> ExitCode {
         Some("ci") => ci(),
         Some("compare-llama-cpp") => compare::compare(&args[1..]),
         Some("crash-test") => crash::crash_test(&args[1..]),
+        Some("bench-server") => bench_server::bench_server(&args[1..]),
         Some("tidy") => tidy::tidy(&workspace_root()),
         Some("help") | Some("--help") | Some("-h") | None => {
-            println!("usage: cargo xtask <fetch-model | bindgen | ci | tidy | compare-llama-cpp --refh PATH [--reps N] [--sequences N] | crash-test [--kills N]>");
+            println!("usage: cargo xtask <fetch-model | bindgen | ci | tidy | compare-llama-cpp --refh PATH [--reps N] [--sequences N] | crash-test [--kills N] | bench-server [--llama-server PATH] (--help lists its options)>");
             Ok(())
         }
         Some(other) => Err(format!(

@@ -77,11 +77,13 @@ pub async fn action(
     Ok(Json(rx.await.map_err(|_| ServerError::ShuttingDown)??))
 }
 
-/// A slot filename is a checkpoint name: no path separators, no `..`, nothing absolute.
+/// A slot filename is a checkpoint name: no path separators, no `..`, nothing absolute, and not
+/// a name of the prompt cache's own tails.
 fn check_filename(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME
         && !name.starts_with('.')
+        && !name.starts_with(engine::store::TAIL_PREFIX)
         && !name.contains("..")
         && name
             .chars()

@@ -20,7 +20,7 @@ use engine::tokenizer::StreamDecoder;
 use engine::{Batch, Context, Logits, Model, SeqId, PAGE_TOKENS};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::cache::Writer;
+use crate::cache::{Work, Writer};
 
 mod slots;
 mod stop;
@@ -183,6 +183,9 @@ struct Active {
     first_token: Option<Instant>,
     /// Order of admission, to pick the newest when the pool runs out.
     ticket: u64,
+    /// An earlier request still computing a longer common prefix (its sequence, the prefix's
+    /// length): this one waits for it and forks those tokens instead of computing them too.
+    follow: Option<(SeqId, usize)>,
 }
 
 /// A slot: at most one active request, and the sequence it last ran.
@@ -367,10 +370,8 @@ impl Scheduler {
         let mut from_ram = 0;
         let mut from_store = 0;
         if job.params.cache_prompt {
-            let stored = self
-                .store
-                .as_ref()
-                .map_or(0, |s| s.prefix_blocks(usable) * PAGE_TOKENS);
+            let found = self.store.as_ref().map(|s| s.find_prefix(usable));
+            let stored = found.as_ref().map_or(0, |f| f.tokens);
             // A resident sequence that shares more than the stored blocks is forked, partly
             // filled last page included (a repeated or extended prompt costs nothing).
             let resident = self.longest_resident(usable);
@@ -384,11 +385,13 @@ impl Scheduler {
             if from_ram == 0 {
                 from_ram = self.ctx.attach_prefix(seq, usable).unwrap_or(0);
             }
-            if let Some(store) = self.store.clone().filter(|_| stored > from_ram) {
-                let mut result = store.restore_prefix_seq(&mut self.ctx, seq, &prompt);
+            if let (Some(store), Some(found)) =
+                (self.store.clone(), found.filter(|_| stored > from_ram))
+            {
+                let mut result = store.restore_found(&mut self.ctx, seq, usable, &found);
                 if let Err(engine::Error::OutOfPages { needed, .. }) = result {
                     self.make_room(needed);
-                    result = store.restore_prefix_seq(&mut self.ctx, seq, &prompt);
+                    result = store.restore_found(&mut self.ctx, seq, usable, &found);
                 }
                 match result {
                     Ok(n) => from_store = n.saturating_sub(from_ram),
@@ -399,6 +402,21 @@ impl Scheduler {
             }
         }
         let cache_n = from_ram + from_store;
+        // Concurrent requests with one long system prompt: the first computes it, the others
+        // wait for those pages rather than computing the same tokens beside it.
+        let follow = if job.params.cache_prompt {
+            let usable = &prompt[..prompt.len().saturating_sub(1)];
+            self.slots
+                .iter()
+                .filter_map(|s| s.active.as_ref())
+                .filter(|a| a.follow.is_none() && a.fed < a.prompt.len())
+                .map(|a| (common_prefix(&a.prompt, usable), a.seq))
+                .filter(|&(n, _)| n >= cache_n + PAGE_TOKENS)
+                .max()
+                .map(|(n, seq)| (seq, n))
+        } else {
+            None
+        };
         let m = &self.metrics;
         Metrics::add(&m.prompt_tokens, prompt.len() as u64);
         Metrics::add(&m.prompt_tokens_from_ram, from_ram as u64);
@@ -421,7 +439,47 @@ impl Scheduler {
             admitted: Instant::now(),
             first_token: None,
             ticket: self.tickets,
+            follow,
         })
+    }
+
+    /// Starts each waiting follower whose leader has computed the shared prefix (or stopped
+    /// computing): it forks the leader's pages. A follower whose leader is gone computes the
+    /// prefix itself.
+    fn resolve_followers(&mut self) {
+        for i in 0..self.slots.len() {
+            let Some((src, n)) = self.slots[i].active.as_ref().and_then(|a| a.follow) else {
+                continue;
+            };
+            let held = self.ctx.tokens(src).map(<[u32]>::len).ok();
+            let leader_computing = self.slots.iter().any(|s| {
+                s.active
+                    .as_ref()
+                    .is_some_and(|a| a.seq == src && a.fed < n.min(a.prompt.len()))
+            });
+            if held.is_some_and(|h| h < n) && leader_computing {
+                continue;
+            }
+            let Some(a) = self.slots[i].active.as_mut() else {
+                continue;
+            };
+            a.follow = None;
+            let take = held.unwrap_or(0).min(n);
+            if take <= a.fed {
+                continue;
+            }
+            if let Ok(forked) = self.ctx.fork(src, take) {
+                let _ = self.ctx.remove_sequence(a.seq);
+                let gained = (take - a.fed) as u64;
+                a.seq = forked;
+                a.fed = take;
+                a.cache_n = take;
+                Metrics::add(&self.metrics.prompt_tokens_from_ram, gained);
+                self.metrics
+                    .prompt_tokens_computed
+                    .fetch_sub(gained, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
     }
 
     /// The finished sequence sharing the longest token prefix with `tokens`, and its length.
@@ -459,6 +517,7 @@ impl Scheduler {
 
     /// One batch: a decode token of each generating request, prefill chunks of the others.
     fn step(&mut self) {
+        self.resolve_followers();
         let n_batch = self.ctx.params().n_batch;
         loop {
             let mut batch = Batch::new();
@@ -476,7 +535,7 @@ impl Scheduler {
             }
             for (i, slot) in self.slots.iter().enumerate() {
                 let Some(a) = &slot.active else { continue };
-                if a.fed >= a.prompt.len() || budget == 0 {
+                if a.fed >= a.prompt.len() || budget == 0 || a.follow.is_some() {
                     continue;
                 }
                 let n = (a.prompt.len() - a.fed).min(budget);
@@ -613,7 +672,7 @@ impl Scheduler {
         };
         let _ = a.events.send(Event::Done(Box::new(finish)));
         Metrics::add(&self.metrics.requests_finished, 1);
-        self.keep(slot, a.seq, a.cache_n);
+        self.keep(slot, a.seq, a.cache_n, a.prompt.len());
     }
 
     /// Fails the request in `slot` and drops its sequence.
@@ -627,10 +686,22 @@ impl Scheduler {
 
     /// Keeps a finished sequence resident as the slot's last one and queues its full blocks
     /// from `cache_n` on (the ones before came from a cache) for the store.
-    fn keep(&mut self, slot: usize, seq: SeqId, cache_n: usize) {
+    fn keep(&mut self, slot: usize, seq: SeqId, cache_n: usize, prompt_len: usize) {
         if let (Some(store), Some(writer)) = (&self.store, &self.writer) {
-            match store.new_blocks(&self.ctx, seq, cache_n / PAGE_TOKENS) {
-                Ok(blocks) => writer.send(blocks),
+            let len = self.ctx.tokens(seq).map_or(0, <[u32]>::len);
+            let work = (|| -> engine::Result<Work> {
+                let blocks = store.new_blocks(&self.ctx, seq, cache_n / PAGE_TOKENS)?;
+                let mut tails = Vec::new();
+                // The prompt's own tail (a repeated prompt ends there), unless it came from a
+                // cache, and the whole sequence's (the next turn of a chat continues it).
+                if prompt_len > cache_n + 1 {
+                    tails.extend(store.tail_of(&self.ctx, seq, prompt_len)?);
+                }
+                tails.extend(store.tail_of(&self.ctx, seq, len)?);
+                Ok(Work { blocks, tails })
+            })();
+            match work {
+                Ok(work) => writer.send(work),
                 Err(e) => self
                     .metrics
                     .cache_error(format!("reading pages failed: {e}")),
@@ -649,6 +720,11 @@ impl Scheduler {
             }
         }
     }
+}
+
+/// Length of the common prefix of `a` and `b`.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// Sends the text of `a` up to byte `upto` that was not sent yet.

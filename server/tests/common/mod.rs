@@ -264,3 +264,18 @@ pub fn assert_error(body: &Value, code: u16) {
     assert!(e["type"].as_str().is_some(), "no type in {body}");
     assert_eq!(e["code"], code, "{body}");
 }
+
+/// Bytes of every regular file under `dir`, recursively.
+pub fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
+}
