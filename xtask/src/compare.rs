@@ -2,7 +2,8 @@
 //! llama.cpp's reference harness, run alternately (first one, then the other first) in one script on the same machine, model,
 //! prompt and thread count; prints medians and ratios. With `--sequences N` both decode N
 //! sequences together (llama.cpp's `refh batched`, our `bench --sequences N`) and the figures
-//! are aggregate tokens per second.
+//! are aggregate tokens per second. `--cache-type q8_0` makes both KV caches q8_0 (llama.cpp's
+//! through `REFH_CTK`/`REFH_CTV`, ours through `-ctk`/`-ctv`).
 
 use std::process::Command;
 
@@ -16,6 +17,7 @@ struct Options {
     threads: usize,
     reps: usize,
     sequences: usize,
+    cache_type: String,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -27,6 +29,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         threads: 2,
         reps: 5,
         sequences: 1,
+        cache_type: "f16".into(),
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -44,6 +47,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--threads" => o.threads = num()?,
             "--reps" => o.reps = num()?.max(1),
             "--sequences" => o.sequences = num()?.max(1),
+            "--cache-type" => o.cache_type = value.clone(),
             other => return Err(format!("unknown option {other}")),
         }
     }
@@ -53,9 +57,14 @@ fn parse(args: &[String]) -> Result<Options, String> {
     Ok(o)
 }
 
-fn json_of(program: &str, args: &[String]) -> Result<serde_json::Value, String> {
+fn json_of(
+    program: &str,
+    args: &[String],
+    env: &[(&str, &str)],
+) -> Result<serde_json::Value, String> {
     let out = Command::new(program)
         .args(args)
+        .envs(env.iter().copied())
         .current_dir(workspace_root())
         .output()
         .map_err(|e| format!("{program}: {e}"))?;
@@ -112,7 +121,13 @@ pub fn compare(args: &[String]) -> Result<(), String> {
             t.clone(),
         ]
     };
+    let ct = o.cache_type.as_str();
+    let ref_env = [("REFH_CTK", ct), ("REFH_CTV", ct)];
     let our_args: Vec<String> = [
+        "-ctk",
+        ct,
+        "-ctv",
+        ct,
         "--model",
         &o.model,
         "--prompt-tokens",
@@ -133,11 +148,11 @@ pub fn compare(args: &[String]) -> Result<(), String> {
     for rep in 0..o.reps {
         // Alternate which program runs first, so neither always meets a warmer machine.
         let (r, e) = if rep % 2 == 0 {
-            let r = json_of(&o.refh, &ref_args)?;
-            (r, json_of(&ours, &our_args)?)
+            let r = json_of(&o.refh, &ref_args, &ref_env)?;
+            (r, json_of(&ours, &our_args, &[])?)
         } else {
-            let e = json_of(&ours, &our_args)?;
-            (json_of(&o.refh, &ref_args)?, e)
+            let e = json_of(&ours, &our_args, &[])?;
+            (json_of(&o.refh, &ref_args, &ref_env)?, e)
         };
         let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
         eprintln!(
@@ -160,7 +175,7 @@ pub fn compare(args: &[String]) -> Result<(), String> {
     );
     let out = serde_json::json!({
         "prompt_tokens": o.prompt, "gen_tokens": o.gen, "threads": o.threads, "reps": o.reps,
-        "sequences": o.sequences,
+        "sequences": o.sequences, "cache_type": o.cache_type,
         "llama_cpp": { "prefill_tps": rp, "decode_tps": rd },
         "llama_hdd": { "prefill_tps": op, "decode_tps": od },
         "ratio": { "prefill": op / rp, "decode": od / rd },
