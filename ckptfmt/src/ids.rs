@@ -10,7 +10,7 @@ use crate::error::{FormatError, Result};
 pub struct Fingerprint(pub [u8; 32]);
 
 /// Identifies a block: BLAKE3 chained over the model fingerprint, the previous
-/// block's id and this block's token ids (see [`BlockId::chain`]).
+/// block's id (or a [`ChainRoot`]) and this block's token ids (see [`BlockId::chain`]).
 ///
 /// Equal prefixes give equal ids in every process, so an id names the block's
 /// content and serves as the deduplication key.
@@ -115,6 +115,24 @@ impl BlockId {
             .collect()
     }
 
+    /// The ids of every full block of `tokens`, where block `r.block` of each
+    /// root `r` in `roots` chains from `r.id` instead of the block before it
+    /// (see [`ChainRoot`]). Without roots this is [`BlockId::chain_all`].
+    pub fn chain_all_rooted(
+        fp: &Fingerprint,
+        tokens: &[u32],
+        tokens_per_block: u32,
+        roots: &[ChainRoot],
+    ) -> Vec<BlockId> {
+        let tpb = tokens_per_block.max(1) as usize;
+        let mut ids: Vec<BlockId> = Vec::with_capacity(tokens.len() / tpb);
+        for (i, chunk) in tokens.chunks_exact(tpb).enumerate() {
+            let prev = ChainRoot::find(roots, i).or(ids.last());
+            ids.push(BlockId::chain(fp, prev, chunk));
+        }
+        ids
+    }
+
     /// Lower-case hex (used as the block's file name).
     pub fn to_hex(&self) -> String {
         to_hex(&self.0)
@@ -123,6 +141,32 @@ impl BlockId {
     /// Parses 64 hex digits.
     pub fn from_hex(s: &str) -> Result<Self> {
         from_hex("block id", s).map(BlockId)
+    }
+}
+
+/// A break in a chain of block ids: block `block` chains from `id` instead of
+/// from the block before it (or from nothing, for block 0).
+///
+/// A sequence whose KV no longer follows from its tokens alone (after a
+/// context shift, kept blocks carry what the dropped tokens left in them)
+/// names its later blocks from a root that hashes its whole history, so they
+/// never share ids with a sequence that computed the same tokens plainly. The
+/// root is opaque here: only its producer knows what it hashes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ChainRoot {
+    /// Index of the block that chains from `id`.
+    pub block: u64,
+    /// What that block chains from.
+    pub id: BlockId,
+}
+
+impl ChainRoot {
+    /// The root of block `block` in `roots`, if there is one.
+    pub fn find(roots: &[ChainRoot], block: usize) -> Option<&BlockId> {
+        roots
+            .iter()
+            .find(|r| r.block == block as u64)
+            .map(|r| &r.id)
     }
 }
 
