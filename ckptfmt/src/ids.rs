@@ -160,6 +160,9 @@ pub struct ChainRoot {
     pub id: BlockId,
 }
 
+/// Bytes of one chain root in a manifest's CHAIN_ROOTS section.
+const ROOT_BYTES: usize = 40;
+
 impl ChainRoot {
     /// The root of block `block` in `roots`, if there is one.
     pub fn find(roots: &[ChainRoot], block: usize) -> Option<&BlockId> {
@@ -167,6 +170,61 @@ impl ChainRoot {
             .iter()
             .find(|r| r.block == block as u64)
             .map(|r| &r.id)
+    }
+
+    /// Refuses roots out of strictly increasing block order or past block `n_blocks` (a root
+    /// of block `n_blocks`, the one after the last full block, applies when it fills).
+    pub fn check(roots: &[ChainRoot], n_blocks: u64) -> Result<()> {
+        let mut next = 0;
+        for r in roots {
+            if r.block < next || r.block > n_blocks {
+                return Err(FormatError::invalid(
+                    "manifest chain roots",
+                    format!(
+                        "root of block {} out of order or past block {n_blocks}",
+                        r.block
+                    ),
+                ));
+            }
+            next = r.block + 1;
+        }
+        Ok(())
+    }
+
+    /// The CHAIN_ROOTS section of `roots`: per root, the block index (u64 LE) and the id.
+    pub(crate) fn encode_all(roots: &[ChainRoot]) -> Vec<u8> {
+        roots
+            .iter()
+            .flat_map(|r| r.block.to_le_bytes().into_iter().chain(r.id.0))
+            .collect()
+    }
+
+    /// Parses a CHAIN_ROOTS section of a manifest with `n_blocks` full blocks (its length
+    /// checked first, then [`ChainRoot::check`]).
+    pub(crate) fn decode_all(bytes: &[u8], n_blocks: u64) -> Result<Vec<ChainRoot>> {
+        if !bytes.len().is_multiple_of(ROOT_BYTES)
+            || (bytes.len() / ROOT_BYTES) as u64 > n_blocks + 1
+        {
+            return Err(FormatError::invalid(
+                "manifest chain roots",
+                format!("{} bytes for at most {} roots", bytes.len(), n_blocks + 1),
+            ));
+        }
+        let roots: Vec<ChainRoot> = bytes
+            .chunks_exact(ROOT_BYTES)
+            .map(|c| {
+                let mut block = [0u8; 8];
+                block.copy_from_slice(&c[..8]);
+                let mut id = [0u8; 32];
+                id.copy_from_slice(&c[8..]);
+                ChainRoot {
+                    block: u64::from_le_bytes(block),
+                    id: BlockId(id),
+                }
+            })
+            .collect();
+        ChainRoot::check(&roots, n_blocks)?;
+        Ok(roots)
     }
 }
 

@@ -24,8 +24,6 @@ pub const MAX_STRING: u32 = 1 << 20;
 pub const MAX_PAIRS: u32 = 1 << 16;
 /// Largest manifest accepted (4 GiB).
 pub const MAX_MANIFEST_BYTES: u64 = 1 << 32;
-/// Bytes of one chain root in the CHAIN_ROOTS section.
-const ROOT_BYTES: usize = 40;
 
 /// Descriptive metadata of a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -144,7 +142,7 @@ impl Manifest {
                 ),
             ));
         }
-        check_roots(&self.chain_roots, (self.tokens.len() / tpb) as u64)?;
+        ChainRoot::check(&self.chain_roots, (self.tokens.len() / tpb) as u64)?;
         let expect = BlockId::chain_all_rooted(
             &self.fingerprint,
             &self.tokens,
@@ -247,11 +245,7 @@ impl Manifest {
             (section::META, encode_meta(&self.meta)),
         ];
         if !self.chain_roots.is_empty() {
-            let roots = self
-                .chain_roots
-                .iter()
-                .flat_map(|r| r.block.to_le_bytes().into_iter().chain(r.id.0))
-                .collect();
+            let roots = ChainRoot::encode_all(&self.chain_roots);
             sections.insert(4, (section::CHAIN_ROOTS, roots));
         }
         if let Some(s) = &self.sampler_state {
@@ -311,49 +305,6 @@ impl Manifest {
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         ManifestView::parse(bytes).map(|v| v.to_manifest())
     }
-}
-
-/// Refuses chain roots out of strictly increasing block order or past block `n_blocks`.
-fn check_roots(roots: &[ChainRoot], n_blocks: u64) -> Result<()> {
-    let mut next = 0;
-    for r in roots {
-        if r.block < next || r.block > n_blocks {
-            return Err(FormatError::invalid(
-                "manifest chain roots",
-                format!(
-                    "root of block {} out of order or past block {n_blocks}",
-                    r.block
-                ),
-            ));
-        }
-        next = r.block + 1;
-    }
-    Ok(())
-}
-
-/// Parses a CHAIN_ROOTS section (its length checked against `n_blocks` first).
-fn decode_roots(bytes: &[u8], n_blocks: u64) -> Result<Vec<ChainRoot>> {
-    if bytes.len() % ROOT_BYTES != 0 || (bytes.len() / ROOT_BYTES) as u64 > n_blocks + 1 {
-        return Err(FormatError::invalid(
-            "manifest chain roots",
-            format!("{} bytes for at most {} roots", bytes.len(), n_blocks + 1),
-        ));
-    }
-    let roots: Vec<ChainRoot> = bytes
-        .chunks_exact(ROOT_BYTES)
-        .map(|c| {
-            let mut block = [0u8; 8];
-            block.copy_from_slice(&c[..8]);
-            let mut id = [0u8; 32];
-            id.copy_from_slice(&c[8..]);
-            ChainRoot {
-                block: u64::from_le_bytes(block),
-                id: BlockId(id),
-            }
-        })
-        .collect();
-    check_roots(&roots, n_blocks)?;
-    Ok(roots)
 }
 
 fn entry(kind: u32, offset: u64, data: &[u8]) -> SectionEntry {
@@ -691,7 +642,7 @@ impl<'a> ManifestView<'a> {
             ));
         }
         let chain_roots = match found[section::CHAIN_ROOTS as usize] {
-            Some(bytes) => decode_roots(bytes, n_tokens / tpb)?,
+            Some(bytes) => ChainRoot::decode_all(bytes, n_tokens / tpb)?,
             None => Vec::new(),
         };
         let tail_kv = need(section::TAIL_KV, "tail KV")?;

@@ -336,9 +336,45 @@ fn prefix_lookups_never_cross_shifted_and_unshifted_blocks() {
     // Page 0 is held by all three sequences, the plain page 1 by two: nothing else is shared.
     assert_eq!(shared, 2);
     assert_eq!(
-        &ctx.block_ids(plain_seq).unwrap()[..],
+        ctx.block_ids(plain_seq).unwrap(),
         &ctx.block_ids(plain_first).unwrap()[..2]
     );
+}
+
+#[test]
+fn a_lone_sequence_shifts_in_place_and_a_shared_one_into_fresh_pages() {
+    let c = cfg(Shape::Llama, false);
+    let (_dir, model, _) = build(&c, 26);
+    let params = engine::ContextParams {
+        n_ctx: 256,
+        kv_tokens: 256,
+        n_threads: 2,
+        ..engine::ContextParams::default()
+    };
+    let mut ctx = engine::Context::new(model.clone(), params).unwrap();
+    let doc = tokens(256);
+    let seq = ctx.new_sequence();
+    ctx.feed(seq, &doc, engine::Logits::None).unwrap();
+    assert_eq!(
+        ctx.stats().pages_used,
+        ctx.stats().pages_total,
+        "the pool is full"
+    );
+    // Alone, it needs no free page: the pages are rewritten in place, and the last ones freed.
+    ctx.shift(seq, 70, 100).unwrap();
+    assert_eq!(ctx.tokens(seq).unwrap().len(), 156);
+    assert_eq!(ctx.stats().pages_used, 3);
+    // Sharing its pages with a fork, it needs fresh ones: refused before anything changes.
+    ctx.feed(seq, &doc[..100], engine::Logits::None).unwrap();
+    let fork = ctx.fork(seq, 256).unwrap();
+    let ids = ctx.block_ids(seq).unwrap().to_vec();
+    let err = ctx.shift(seq, 70, 100).unwrap_err();
+    assert!(matches!(err, Error::OutOfPages { free: 0, .. }), "{err}");
+    assert_eq!(ctx.block_ids(seq).unwrap(), &ids[..]);
+    assert_eq!(ctx.tokens(seq).unwrap().len(), 256);
+    ctx.remove_sequence(fork).unwrap();
+    ctx.shift(seq, 70, 100).unwrap();
+    assert_eq!(ctx.tokens(seq).unwrap().len(), 156);
 }
 
 #[test]
