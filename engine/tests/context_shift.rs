@@ -378,6 +378,37 @@ fn a_lone_sequence_shifts_in_place_and_a_shared_one_into_fresh_pages() {
 }
 
 #[test]
+fn chain_roots_that_do_not_fit_are_refused_by_an_import() {
+    let c = cfg(Shape::Llama, false);
+    let (_dir, model, _) = build(&c, 27);
+    let mut a = session(&model);
+    a.feed(&tokens(70)).unwrap();
+    let seq = a.seq();
+    let root = |block| ckptfmt::ChainRoot {
+        block,
+        id: ckptfmt::BlockId([7; 32]),
+    };
+    let doc = tokens(130);
+    for (roots, want) in [
+        (vec![root(3)], vec![3]),
+        (vec![root(1), root(1)], vec![1, 1]),
+        (vec![root(2), root(0)], vec![2, 0]),
+    ] {
+        let err = a
+            .context_mut()
+            .import_chained(seq, &doc, &roots, &[], |_, _, _| Ok(()))
+            .unwrap_err();
+        match err {
+            Error::BadChainRoots { roots, n_blocks } => {
+                assert_eq!((roots, n_blocks), (want, 2));
+            }
+            other => panic!("{other}"),
+        }
+    }
+    assert_eq!(a.tokens(), &tokens(70)[..]);
+}
+
+#[test]
 fn a_bad_shift_changes_nothing() {
     let c = cfg(Shape::Qwen2, false);
     let (_dir, model, _) = build(&c, 23);
