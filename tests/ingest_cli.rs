@@ -2,12 +2,16 @@
 //! SIGKILL at random moments, each rerun completes, recomputes at most one checkpoint interval
 //! and ends with the same KV bytes as an uninterrupted run; Ctrl-C stops with everything kept;
 //! bad files are refused with a message and a non-zero exit; a document longer than the context
-//! is read with context shifts; the chat answers, and the last line is the JSON summary.
+//! is read with context shifts, checkpointed across them, and a run killed after a shift
+//! resumes to the same bits; a full disk (a file-size limit) stops the ingestion with an error,
+//! the store intact, and a rerun resumes from it; the chat answers, and the last line is the
+//! JSON summary.
 //!
 //! The binary is the example that `cargo test` builds beside the tests; a filtered run needs it
 //! built first: `cargo build --example ingest && cargo test --test ingest_cli`. `INGEST_KILLS=N`
 //! sets the number of kills (5 by default).
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -180,32 +184,67 @@ impl Env {
     /// The ingest command on `file` with the store `store` (a directory under the test's).
     fn command(&self, file: &Path, store: &str, args: &[&str]) -> Command {
         let mut cmd = Command::new(ingest_bin());
+        cmd.args(self.args(file, store, args));
+        self.pipes(&mut cmd);
+        cmd
+    }
+
+    /// The ingest example's arguments.
+    fn args(&self, file: &Path, store: &str, args: &[&str]) -> Vec<OsString> {
+        let mut all: Vec<OsString> = vec![
+            file.into(),
+            "--model".into(),
+            self.model.clone().into(),
+            "--store".into(),
+            self.dir.path().join(store).into(),
+        ];
+        all.extend(
+            [
+                "--threads",
+                "1",
+                "--ctx",
+                &CTX.to_string(),
+                "--interval",
+                &INTERVAL.to_string(),
+                "--ubatch",
+                "64",
+                "--name",
+                "doc",
+                "--temp",
+                "0",
+            ]
+            .iter()
+            .chain(args)
+            .map(OsString::from),
+        );
+        all
+    }
+
+    fn pipes(&self, cmd: &mut Command) {
         cmd.current_dir(self.dir.path())
-            .arg(file)
-            .arg("--model")
-            .arg(&self.model)
-            .arg("--store")
-            .arg(self.dir.path().join(store))
-            .args(["--threads", "1", "--ctx", &CTX.to_string()])
-            .args(["--interval", &INTERVAL.to_string(), "--ubatch", "64"])
-            .args(["--name", "doc", "--temp", "0"])
-            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        cmd
     }
 
     /// Runs to the end with `input` on standard input.
     fn run(&self, file: &Path, store: &str, args: &[&str], input: &str) -> Run {
-        let mut child = self.command(file, store, args).spawn().unwrap();
-        let _ = child.stdin.take().unwrap().write_all(input.as_bytes());
-        let out = child.wait_with_output().unwrap();
-        Run {
-            code: out.status.code(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+        wait(self.command(file, store, args).spawn().unwrap(), input)
+    }
+
+    /// Runs to the end under a shell's file-size limit of `blocks` × 512 bytes (`ulimit -f`),
+    /// with SIGXFSZ ignored, so that a write past the limit fails with EFBIG as a write to a
+    /// full disk fails with ENOSPC.
+    fn run_limited(&self, blocks: u64, file: &Path, store: &str, args: &[&str]) -> Run {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(r#"trap '' XFSZ && ulimit -f "$1" && shift && exec "$@""#)
+            .arg("sh")
+            .arg(blocks.to_string())
+            .arg(ingest_bin())
+            .args(self.args(file, store, args));
+        self.pipes(&mut cmd);
+        wait(cmd.spawn().unwrap(), "")
     }
 
     /// Tokens and KV bytes (every layer, K then V) of checkpoint `doc` in `store`, restored
@@ -237,6 +276,47 @@ impl Env {
         }
         Some((n, all))
     }
+}
+
+/// Waits for `child` after writing `input` to its standard input.
+fn wait(mut child: std::process::Child, input: &str) -> Run {
+    let _ = child.stdin.take().unwrap().write_all(input.as_bytes());
+    let out = child.wait_with_output().unwrap();
+    Run {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Verifies every file of the store at `dir` read-only, as `ckpt verify` does: each block
+/// file, each checkpoint with all its blocks. Returns the checkpoints and block files and
+/// temporary files seen.
+fn verify_store(dir: &Path) -> (usize, usize, usize) {
+    let mut counts = (0, 0, 0);
+    for model in std::fs::read_dir(dir.join("models")).unwrap() {
+        let model = model.unwrap().path();
+        let store = ckptfmt::Store::open_read_only(&model).unwrap();
+        for id in store.list_blocks().unwrap() {
+            store
+                .read_block(&id)
+                .unwrap_or_else(|e| panic!("block {id}: {e}"));
+            counts.1 += 1;
+        }
+        for name in store.list_manifests().unwrap() {
+            store
+                .verify_checkpoint(&name)
+                .unwrap_or_else(|e| panic!("checkpoint {name}: {e}"));
+            counts.0 += 1;
+        }
+        for sub in ["blocks", "manifests"] {
+            for f in std::fs::read_dir(model.join(sub)).unwrap() {
+                let name = f.unwrap().file_name();
+                counts.2 += usize::from(name.to_string_lossy().ends_with(".tmp"));
+            }
+        }
+    }
+    counts
 }
 
 struct Run {
@@ -419,19 +499,97 @@ fn the_chat_answers_and_the_summary_comes_last() {
 }
 
 #[test]
-fn a_document_longer_than_the_context_is_read_with_shifts() {
+fn a_document_longer_than_the_context_is_read_with_shifts_and_resumes_after_a_kill() {
     let env = Env::new(3000);
-    let run = env.run(
-        &env.doc,
-        "store",
-        &["--no-chat", "--ctx", "1024", "--keep", "16"],
-        "",
-    );
+    let shifting = ["--no-chat", "--ctx", "1024", "--keep", "16"];
+    let run = env.run(&env.doc, "whole", &shifting, "");
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     assert_eq!(run.field("tokens"), 3000);
     assert_eq!(run.field("computed"), 3000);
-    assert!(run.field("shifts") >= 3, "{}", run.stdout);
-    // The checkpoint holds what was read before the first shift.
-    let (kept, _) = env.stored("store").unwrap();
-    assert!(kept <= 1024 && kept.is_multiple_of(INTERVAL), "{kept}");
+    let shifts = run.field("shifts");
+    assert!(shifts >= 3, "{}", run.stdout);
+    // Checkpoints go on across shifts: the last one holds what the session held at the end.
+    let (held, want) = env.stored("whole").unwrap();
+    assert!(held <= 1024 && held > 512, "{held}");
+
+    // Killed once a checkpoint saved after a shift is on disk (its metadata says it covers
+    // more than the context holds).
+    let model = Model::load(&env.model).unwrap();
+    let store_dir = env.dir.path().join("killed");
+    let store = SessionStore::open(&store_dir, &model, StoreConfig::default()).unwrap();
+    let mut child = env.command(&env.doc, "killed", &shifting).spawn().unwrap();
+    let covered = || {
+        let (_, meta) = store.read_checkpoint("doc").ok()?;
+        meta.app
+            .get(engine::ingest::DONE_KEY)?
+            .parse::<usize>()
+            .ok()
+    };
+    let started = Instant::now();
+    while covered().is_none_or(|done| done <= 1100) {
+        assert!(started.elapsed() < Duration::from_secs(300), "no progress");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    eprintln!("killed after a checkpoint covering {:?} tokens", covered());
+    let rerun = env.run(&env.doc, "killed", &shifting, "");
+    assert_eq!(rerun.code, Some(0), "{}", rerun.stderr);
+    let (restored, computed) = (rerun.field("restored"), rerun.field("computed"));
+    eprintln!("killed: {restored} restored, {computed} computed");
+    assert_eq!(restored + computed, 3000);
+    assert!(
+        restored > 1024,
+        "the rerun did not resume after the shift: {restored}"
+    );
+    assert_eq!(
+        rerun.field("shifts"),
+        shifts,
+        "shifts count from the document's start"
+    );
+    let (n, got) = env.stored("killed").unwrap();
+    assert_eq!(n, held);
+    assert!(got == want, "KV bytes differ from the uninterrupted run");
+}
+
+/// 28 × 512 bytes: a block file of the tiny model (12 KiB) fits, a manifest fits up to about
+/// 1400 tokens (8 bytes of token and position each, aligned to 4 KiB).
+const FULL_DISK_BLOCKS: u64 = 28;
+
+#[test]
+fn a_full_disk_stops_with_an_error_and_a_rerun_resumes() {
+    let env = Env::new(3000);
+    let whole = env.run(&env.doc, "whole", &["--no-chat"], "");
+    assert_eq!(whole.code, Some(0), "{}", whole.stderr);
+    let (_, want) = env.stored("whole").unwrap();
+
+    let full = env.run_limited(FULL_DISK_BLOCKS, &env.doc, "full", &["--no-chat"]);
+    eprintln!("{}", full.stderr);
+    assert_eq!(full.code, Some(1), "{}", full.stderr);
+    assert!(full.stderr.contains("File too large"), "{}", full.stderr);
+    assert!(!full.stderr.contains("panicked"), "{}", full.stderr);
+    assert!(full.stdout.is_empty(), "{}", full.stdout);
+    // Everything saved before the failed write is intact.
+    let (checkpoints, blocks, tmp) = verify_store(&env.dir.path().join("full"));
+    eprintln!("{checkpoints} checkpoints, {blocks} block files, {tmp} temporary files");
+    assert_eq!((checkpoints, tmp), (1, 0));
+    let (kept, _) = env.stored("full").unwrap();
+    assert!(
+        (10 * INTERVAL..3000).contains(&kept) && kept.is_multiple_of(INTERVAL),
+        "{kept}"
+    );
+    assert!(blocks >= kept / 64);
+
+    // With room again, the same command resumes from there (every block stored, those put
+    // before the failed manifest included) and ends as an uninterrupted run.
+    let rerun = env.run(&env.doc, "full", &["--no-chat"], "");
+    assert_eq!(rerun.code, Some(0), "{}", rerun.stderr);
+    let restored = rerun.field("restored");
+    assert_eq!(restored, blocks * 64);
+    assert!(restored >= kept);
+    assert_eq!(rerun.field("computed"), 3000 - restored);
+    let (n, got) = env.stored("full").unwrap();
+    assert_eq!(n, 3000);
+    assert!(got == want, "KV bytes differ from the uninterrupted run");
+    assert_eq!(verify_store(&env.dir.path().join("full")).0, 1);
 }

@@ -10,7 +10,7 @@ use crate::error::{FormatError, Result};
 pub struct Fingerprint(pub [u8; 32]);
 
 /// Identifies a block: BLAKE3 chained over the model fingerprint, the previous
-/// block's id and this block's token ids (see [`BlockId::chain`]).
+/// block's id (or a [`ChainRoot`]) and this block's token ids (see [`BlockId::chain`]).
 ///
 /// Equal prefixes give equal ids in every process, so an id names the block's
 /// content and serves as the deduplication key.
@@ -115,6 +115,24 @@ impl BlockId {
             .collect()
     }
 
+    /// The ids of every full block of `tokens`, where block `r.block` of each
+    /// root `r` in `roots` chains from `r.id` instead of the block before it
+    /// (see [`ChainRoot`]). Without roots this is [`BlockId::chain_all`].
+    pub fn chain_all_rooted(
+        fp: &Fingerprint,
+        tokens: &[u32],
+        tokens_per_block: u32,
+        roots: &[ChainRoot],
+    ) -> Vec<BlockId> {
+        let tpb = tokens_per_block.max(1) as usize;
+        let mut ids: Vec<BlockId> = Vec::with_capacity(tokens.len() / tpb);
+        for (i, chunk) in tokens.chunks_exact(tpb).enumerate() {
+            let prev = ChainRoot::find(roots, i).or(ids.last());
+            ids.push(BlockId::chain(fp, prev, chunk));
+        }
+        ids
+    }
+
     /// Lower-case hex (used as the block's file name).
     pub fn to_hex(&self) -> String {
         to_hex(&self.0)
@@ -123,6 +141,90 @@ impl BlockId {
     /// Parses 64 hex digits.
     pub fn from_hex(s: &str) -> Result<Self> {
         from_hex("block id", s).map(BlockId)
+    }
+}
+
+/// A break in a chain of block ids: block `block` chains from `id` instead of
+/// from the block before it (or from nothing, for block 0).
+///
+/// A sequence whose KV no longer follows from its tokens alone (after a
+/// context shift, kept blocks carry what the dropped tokens left in them)
+/// names its later blocks from a root that hashes its whole history, so they
+/// never share ids with a sequence that computed the same tokens plainly. The
+/// root is opaque here: only its producer knows what it hashes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ChainRoot {
+    /// Index of the block that chains from `id`.
+    pub block: u64,
+    /// What that block chains from.
+    pub id: BlockId,
+}
+
+/// Bytes of one chain root in a manifest's CHAIN_ROOTS section.
+const ROOT_BYTES: usize = 40;
+
+impl ChainRoot {
+    /// The root of block `block` in `roots`, if there is one.
+    pub fn find(roots: &[ChainRoot], block: usize) -> Option<&BlockId> {
+        roots
+            .iter()
+            .find(|r| r.block == block as u64)
+            .map(|r| &r.id)
+    }
+
+    /// Refuses roots out of strictly increasing block order or past block `n_blocks` (a root
+    /// of block `n_blocks`, the one after the last full block, applies when it fills).
+    pub fn check(roots: &[ChainRoot], n_blocks: u64) -> Result<()> {
+        let mut next = 0;
+        for r in roots {
+            if r.block < next || r.block > n_blocks {
+                return Err(FormatError::invalid(
+                    "manifest chain roots",
+                    format!(
+                        "root of block {} out of order or past block {n_blocks}",
+                        r.block
+                    ),
+                ));
+            }
+            next = r.block + 1;
+        }
+        Ok(())
+    }
+
+    /// The CHAIN_ROOTS section of `roots`: per root, the block index (u64 LE) and the id.
+    pub(crate) fn encode_all(roots: &[ChainRoot]) -> Vec<u8> {
+        roots
+            .iter()
+            .flat_map(|r| r.block.to_le_bytes().into_iter().chain(r.id.0))
+            .collect()
+    }
+
+    /// Parses a CHAIN_ROOTS section of a manifest with `n_blocks` full blocks (its length
+    /// checked first, then [`ChainRoot::check`]).
+    pub(crate) fn decode_all(bytes: &[u8], n_blocks: u64) -> Result<Vec<ChainRoot>> {
+        if !bytes.len().is_multiple_of(ROOT_BYTES)
+            || (bytes.len() / ROOT_BYTES) as u64 > n_blocks + 1
+        {
+            return Err(FormatError::invalid(
+                "manifest chain roots",
+                format!("{} bytes for at most {} roots", bytes.len(), n_blocks + 1),
+            ));
+        }
+        let roots: Vec<ChainRoot> = bytes
+            .chunks_exact(ROOT_BYTES)
+            .map(|c| {
+                let mut block = [0u8; 8];
+                block.copy_from_slice(&c[..8]);
+                let mut id = [0u8; 32];
+                id.copy_from_slice(&c[8..]);
+                ChainRoot {
+                    block: u64::from_le_bytes(block),
+                    id: BlockId(id),
+                }
+            })
+            .collect();
+        ChainRoot::check(&roots, n_blocks)?;
+        Ok(roots)
     }
 }
 

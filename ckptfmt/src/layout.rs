@@ -75,6 +75,9 @@ pub mod section {
     pub const SAMPLER: u32 = 6;
     /// Metadata: name, parent, key/value pairs.
     pub const META: u32 = 7;
+    /// Chain roots: per root, the block index (u64 LE) and the 32-byte id that
+    /// block chains from. Written only when there is a root.
+    pub const CHAIN_ROOTS: u32 = 8;
 }
 
 /// Fixed header of a block record. Followed by the token ids (u32 LE) and

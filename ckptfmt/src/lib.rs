@@ -86,7 +86,7 @@ pub use export::{write_export, Export, ExportView};
 #[cfg(any(test, feature = "test-util"))]
 pub use fault::{CrashMode, FaultFs, FaultMode};
 pub use geometry::{ElemType, Geometry, LayerGeometry, LayerSpan, DEFAULT_TOKENS_PER_BLOCK};
-pub use ids::{BlockId, Fingerprint};
+pub use ids::{BlockId, ChainRoot, Fingerprint};
 pub use manifest::{Manifest, ManifestView, Metadata};
 pub use store::{
     BadBlock, BlockInput, CheckpointHealth, MappedBlock, OwnedBlock, SaveReport, Store,

@@ -9,7 +9,7 @@ use zerocopy::{FromBytes, IntoBytes};
 use crate::block::{check_magic, check_version, truncated};
 use crate::error::{FormatError, Result};
 use crate::geometry::Geometry;
-use crate::ids::{BlockId, Fingerprint};
+use crate::ids::{BlockId, ChainRoot, Fingerprint};
 use crate::layout::{
     align_up, crc_parts, section, ManifestHeader, SectionEntry, ALIGN, HEADER_CRC_OFFSET,
     HEADER_SIZE, MANIFEST_FLAG_HAS_SAMPLER, MANIFEST_MAGIC, MANIFEST_VERSION,
@@ -50,8 +50,14 @@ pub struct Manifest {
     /// Position of each token (same length as `tokens`).
     pub positions: Vec<i32>,
     /// Ids of the full blocks, in order: `tokens.len() / tokens_per_block` of
-    /// them, chained with [`BlockId::chain`] from the first token.
+    /// them, chained with [`BlockId::chain`] from the first token (and from
+    /// `chain_roots` where there are some).
     pub block_ids: Vec<BlockId>,
+    /// Where the chain of ids starts again from an opaque root (see
+    /// [`ChainRoot`]), by increasing block index, each at most the number of
+    /// full blocks (a root of the block after the last applies when it
+    /// fills). Empty for a sequence whose KV follows from its tokens alone.
+    pub chain_roots: Vec<ChainRoot>,
     /// KV bytes of the partial tail (`tokens.len() % tokens_per_block`
     /// tokens), laid out like a block (see [`Geometry::layer_spans`]).
     pub tail_kv: Vec<u8>,
@@ -78,12 +84,35 @@ impl Manifest {
             tokens,
             positions,
             block_ids,
+            chain_roots: Vec::new(),
             tail_kv,
             sampler_state: None,
             meta,
         };
         m.validate()?;
         Ok(m)
+    }
+
+    /// Sets the chain roots and recomputes the block ids from them (see
+    /// [`Manifest::chain_roots`]); refuses roots out of order or past the
+    /// block after the last full one.
+    pub fn with_chain_roots(mut self, roots: Vec<ChainRoot>) -> Result<Self> {
+        self.block_ids = BlockId::chain_all_rooted(
+            &self.fingerprint,
+            &self.tokens,
+            self.geometry.tokens_per_block(),
+            &roots,
+        );
+        self.chain_roots = roots;
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// The id block `i` chains from: its root if it has one, else the block
+    /// before it (`None` for a plain first block).
+    pub fn prev_id(&self, i: usize) -> Option<&BlockId> {
+        ChainRoot::find(&self.chain_roots, i)
+            .or_else(|| i.checked_sub(1).and_then(|p| self.block_ids.get(p)))
     }
 
     /// Number of tokens in the tail.
@@ -113,7 +142,13 @@ impl Manifest {
                 ),
             ));
         }
-        let expect = BlockId::chain_all(&self.fingerprint, &self.tokens, tpb as u32);
+        ChainRoot::check(&self.chain_roots, (self.tokens.len() / tpb) as u64)?;
+        let expect = BlockId::chain_all_rooted(
+            &self.fingerprint,
+            &self.tokens,
+            tpb as u32,
+            &self.chain_roots,
+        );
         if self.block_ids.len() != expect.len() {
             return Err(FormatError::invalid(
                 "manifest block ids",
@@ -209,6 +244,10 @@ impl Manifest {
             ),
             (section::META, encode_meta(&self.meta)),
         ];
+        if !self.chain_roots.is_empty() {
+            let roots = ChainRoot::encode_all(&self.chain_roots);
+            sections.insert(4, (section::CHAIN_ROOTS, roots));
+        }
         if let Some(s) = &self.sampler_state {
             sections.push((section::SAMPLER, s.clone()));
         }
@@ -394,6 +433,7 @@ pub struct ManifestView<'a> {
     tokens: &'a [U32],
     positions: &'a [I32],
     block_ids: &'a [[u8; 32]],
+    chain_roots: Vec<ChainRoot>,
     tail_kv: &'a [u8],
     sampler: Option<&'a [u8]>,
     meta: Metadata,
@@ -467,7 +507,7 @@ impl<'a> ManifestView<'a> {
             return Err(FormatError::invalid("manifest header", "reserved bits set"));
         }
         // Locate sections, check bounds, overlap and CRCs.
-        let mut found: [Option<&'a [u8]>; 8] = [None; 8];
+        let mut found: [Option<&'a [u8]>; 9] = [None; 9];
         let mut ranges: Vec<(u64, u64)> = Vec::with_capacity(table.len());
         for (i, e) in table.iter().enumerate() {
             let (kind, off, len) = (e.kind.get(), e.offset.get(), e.len.get());
@@ -507,7 +547,7 @@ impl<'a> ManifestView<'a> {
             }
             ranges.push((off, end));
             match kind {
-                1..=7 => {
+                1..=8 => {
                     let slot = &mut found[kind as usize];
                     if slot.is_some() {
                         return Err(FormatError::invalid(
@@ -601,6 +641,10 @@ impl<'a> ManifestView<'a> {
                 ),
             ));
         }
+        let chain_roots = match found[section::CHAIN_ROOTS as usize] {
+            Some(bytes) => ChainRoot::decode_all(bytes, n_tokens / tpb)?,
+            None => Vec::new(),
+        };
         let tail_kv = need(section::TAIL_KV, "tail KV")?;
         if tail_kv.len() as u64 != geometry.span_bytes(n_tokens % tpb) {
             return Err(FormatError::invalid(
@@ -628,17 +672,19 @@ impl<'a> ManifestView<'a> {
             tokens,
             positions,
             block_ids,
+            chain_roots,
             tail_kv,
             sampler,
             meta,
         };
-        // The chain of ids must follow from the tokens.
+        // The chain of ids must follow from the tokens (and the roots).
         let fp = view.fingerprint();
         let mut prev: Option<BlockId> = None;
         let tpb = tpb as usize;
         let toks = view.tokens();
         for (i, raw) in block_ids.iter().enumerate() {
-            let id = BlockId::chain(&fp, prev.as_ref(), &toks[i * tpb..(i + 1) * tpb]);
+            let prev_id = ChainRoot::find(&view.chain_roots, i).or(prev.as_ref());
+            let id = BlockId::chain(&fp, prev_id, &toks[i * tpb..(i + 1) * tpb]);
             if id.0 != *raw {
                 return Err(FormatError::BlockIdMismatch {
                     expected: id.to_hex(),
@@ -680,6 +726,11 @@ impl<'a> ManifestView<'a> {
         self.block_ids.iter().map(|b| BlockId(*b)).collect()
     }
 
+    /// Chain roots (empty for a plain chain).
+    pub fn chain_roots(&self) -> &[ChainRoot] {
+        &self.chain_roots
+    }
+
     /// The tail's KV bytes, borrowed.
     pub fn tail_kv(&self) -> &'a [u8] {
         self.tail_kv
@@ -703,6 +754,7 @@ impl<'a> ManifestView<'a> {
             tokens: self.tokens(),
             positions: self.positions(),
             block_ids: self.block_ids(),
+            chain_roots: self.chain_roots.clone(),
             tail_kv: self.tail_kv.to_vec(),
             sampler_state: self.sampler.map(<[u8]>::to_vec),
             meta: self.meta.clone(),

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use ckptfmt::{BlockId, Fingerprint};
+use ckptfmt::{BlockId, ChainRoot, Fingerprint};
 
 use crate::batch::{Batch, BatchOutput, Logits, Plan, PlanItem};
 use crate::error::{Error, Result};
@@ -74,9 +74,10 @@ pub(crate) struct Sequence {
     pub ids: Vec<BlockId>,
     /// Logits after the last token, when it was evaluated with logits asked for.
     pub logits: Option<Vec<f32>>,
-    /// After a context shift: the page whose block id chains from `.1` instead of the id
-    /// before it (see `shift.rs`).
-    pub shift_root: Option<(usize, BlockId)>,
+    /// After context shifts: pages whose block id chains from a root hashing the history
+    /// instead of from the id before them (see `shift.rs`), by increasing page; each page is at
+    /// most `ids.len()`.
+    pub roots: Vec<ChainRoot>,
 }
 
 /// The engine's state for one model: backend, thread pool, compute buffer and KV page pool.
@@ -212,7 +213,7 @@ impl Context {
                 None
             },
             pages,
-            shift_root: s.shift_root,
+            roots: roots_below(&s.roots, len),
         };
         for &p in &fork.pages {
             self.pool.retain(p);
@@ -317,15 +318,19 @@ impl Context {
         s.tokens.truncate(len);
         s.ids.truncate(len / PAGE_TOKENS);
         s.logits = None;
-        if s.shift_root
-            .is_some_and(|(page, _)| len <= page * PAGE_TOKENS)
-        {
-            s.shift_root = None;
-        }
+        s.roots = roots_below(&s.roots, len);
         for p in s.pages.drain(len.div_ceil(PAGE_TOKENS)..) {
             self.pool.release(p);
         }
         Ok(())
+    }
+
+    /// Where the block-id chain of `seq` starts again after context shifts (empty for a
+    /// sequence never shifted, or truncated back before its first shift): page `r.block`
+    /// chains from `r.id`. A checkpoint records them, so that a restored sequence names its
+    /// pages as the original did.
+    pub fn chain_roots(&self, seq: SeqId) -> Result<&[ChainRoot]> {
+        Ok(&self.seq(seq)?.roots)
     }
 
     pub(crate) fn seq(&self, seq: SeqId) -> Result<&Sequence> {
@@ -611,4 +616,16 @@ impl Context {
         }
         Ok(all)
     }
+}
+
+/// The roots of `roots` that still matter for a sequence of `len` tokens: those of pages that
+/// start before `len`. A page starting at or after `len` will be computed again after the pages
+/// before it, which the shift that made its root kept as they were (their ids carry any earlier
+/// root), so it chains from them.
+fn roots_below(roots: &[ChainRoot], len: usize) -> Vec<ChainRoot> {
+    roots
+        .iter()
+        .filter(|r| (r.block as usize) * PAGE_TOKENS < len)
+        .copied()
+        .collect()
 }

@@ -256,12 +256,14 @@ pub enum Error {
         /// Tokens held.
         len: usize,
     },
-    /// A shifted sequence cannot be saved: checkpoints name blocks by ids chained from their
-    /// tokens alone, which a shifted sequence's KV does not follow.
-    #[error("sequence {seq} was shifted: its KV cannot be saved as a checkpoint")]
-    ShiftedCheckpoint {
-        /// The sequence.
-        seq: crate::SeqId,
+    /// Chain roots handed to an import are out of order or past the block after the last
+    /// full one.
+    #[error("chain roots at blocks {roots:?} do not fit a sequence of {n_blocks} full blocks")]
+    BadChainRoots {
+        /// The blocks the roots name, as given.
+        roots: Vec<u64>,
+        /// Full blocks of the imported tokens.
+        n_blocks: u64,
     },
     /// A document to ingest holds no token.
     #[error("empty document: nothing to ingest")]

@@ -12,9 +12,11 @@
 //!
 //! A document longer than the context window is read to its end with a [`ShiftPolicy`]: when
 //! the next micro-batch would not fit, the session is shifted ([`Session::shift`]: the first
-//! `n_keep` tokens stay, the oldest after them are discarded, the rest re-rotated in place). A
-//! shifted sequence cannot be checkpointed yet, so checkpoints stop at the first shift; a
-//! resumed ingestion restores the last one before it and shifts at the same places again.
+//! `n_keep` tokens stay, the oldest after them are discarded, the rest re-rotated in place).
+//! Checkpoints go on across shifts (a shifted sequence's checkpoint records its chain roots, see
+//! [`crate::store`]), each noting how much of the document it covers, how many shifts it took
+//! and a hash of the tokens read: a resumed ingestion restores the last one by name when it
+//! matches the document, and goes on shifting at the same places as an uninterrupted one.
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -31,6 +33,14 @@ pub const DEFAULT_INTERVAL: usize = 512;
 
 /// Application metadata key (in [`CheckpointMeta::app`]) holding the document's token count.
 pub const TOTAL_KEY: &str = "ingest.total";
+/// Application metadata key: the document tokens the checkpoint covers (after shifts, more
+/// than it holds).
+pub const DONE_KEY: &str = "ingest.done";
+/// Application metadata key: the context shifts made to get there.
+pub const SHIFTS_KEY: &str = "ingest.shifts";
+/// Application metadata key: BLAKE3 (hex) of the covered document tokens, as u32 LE, so that a
+/// resumed ingestion of a changed document does not continue from a shifted checkpoint.
+pub const DIGEST_KEY: &str = "ingest.digest";
 
 /// How an ingestion runs.
 #[derive(Clone, Debug)]
@@ -97,11 +107,13 @@ pub struct Progress {
 pub struct IngestReport {
     /// Tokens in the document.
     pub tokens: usize,
-    /// Tokens taken from the store (or already held by the session).
+    /// Document tokens taken from the store (or already held by the session); after shifts,
+    /// the tokens the restored checkpoint covers.
     pub restored: usize,
     /// Tokens evaluated.
     pub computed: usize,
-    /// Context shifts made.
+    /// Context shifts made since the document's start (those of a resumed ingestion's
+    /// checkpoint included).
     pub shifts: usize,
     /// Checkpoints saved.
     pub checkpoints: usize,
@@ -135,13 +147,15 @@ pub fn checkpoint_name(label: &str) -> String {
 /// Reads `tokens` into `session`, saving checkpoint `params.name` in `store` every
 /// `params.interval` tokens and at the end.
 ///
-/// An empty session first restores the longest prefix of `tokens` that `store` holds (from any
-/// checkpoint), rounded down to a micro-batch boundary; a session that already holds a prefix
-/// of `tokens` continues from it. `on_progress` is called after the restore and after every
-/// micro-batch; returning [`ControlFlow::Break`] stops the ingestion cleanly: what was read is
-/// saved (up to the first context shift), and a later ingestion resumes from there. At the end
-/// the session holds the document (after shifts: its first `n_keep` tokens and its end) and the
-/// logits after its last token.
+/// An empty session first restores checkpoint `params.name` when it was shifted and covers a
+/// prefix of `tokens` (its digest and tokens match, with the same `n_keep`), else the longest
+/// prefix of `tokens` that `store` holds (from any checkpoint), rounded down to a micro-batch
+/// boundary; a session that already holds a prefix of `tokens` continues from it.
+/// `on_progress` is called after the restore and after every micro-batch; returning
+/// [`ControlFlow::Break`] stops the ingestion cleanly: what was read is saved, and a later
+/// ingestion resumes from there. At the end the session holds the document (after shifts: its
+/// first `n_keep` tokens and its end) and the logits after its last token (evaluated again
+/// when a finished, shifted checkpoint was restored whole).
 ///
 /// Errors: [`Error::EmptyDocument`]; [`Error::ContextFull`] when the document exceeds the
 /// session's context and `params.shift` is `None` (checked before anything is evaluated), or
@@ -176,22 +190,35 @@ pub fn ingest(
     }
     let interval = params.effective_interval();
     let n_ubatch = session.params().n_ubatch.max(1);
-    let restored = if held == 0 {
+    let (restored, prior_shifts) = if held > 0 {
+        (held, 0)
+    } else if let Some((done, shifts)) = shifted_checkpoint(store, params, tokens, n_ctx)? {
+        store.restore(session, &params.name)?;
+        if done == total {
+            let seq = session.seq();
+            session.context_mut().ensure_logits(seq)?;
+        }
+        (done, shifts)
+    } else {
         let n = store.restore_prefix(session, tokens)?;
         let aligned = grid_floor(n, n_ubatch, interval);
         session.truncate(aligned);
-        aligned
-    } else {
-        held
+        (aligned, 0)
     };
 
     let mut report = IngestReport {
         tokens: total,
         restored,
+        shifts: prior_shifts,
         ..IngestReport::default()
     };
-    let meta = CheckpointMeta {
-        app: BTreeMap::from([(TOTAL_KEY.to_owned(), total.to_string())]),
+    let meta = |done: usize, shifts: usize| CheckpointMeta {
+        app: BTreeMap::from([
+            (TOTAL_KEY.to_owned(), total.to_string()),
+            (DONE_KEY.to_owned(), done.to_string()),
+            (SHIFTS_KEY.to_owned(), shifts.to_string()),
+            (DIGEST_KEY.to_owned(), digest(&tokens[..done])),
+        ]),
         ..CheckpointMeta::default()
     };
     let started = Instant::now();
@@ -212,7 +239,7 @@ pub fn ingest(
             shifts,
         }
     };
-    if on_progress(&progress(restored, 0, 0)).is_break() {
+    if on_progress(&progress(restored, 0, prior_shifts)).is_break() {
         return Ok(report);
     }
 
@@ -247,14 +274,14 @@ pub fn ingest(
         session.context_mut().feed(seq, &tokens[done..end], want)?;
         report.computed += end - done;
         done = end;
-        if report.shifts == 0 && (done.is_multiple_of(interval) || done == total) {
-            store.save(session, &params.name, &meta)?;
+        if done.is_multiple_of(interval) || done == total {
+            store.save(session, &params.name, &meta(done, report.shifts))?;
             report.checkpoints += 1;
             saved = done;
         }
         if on_progress(&progress(done, report.computed, report.shifts)).is_break() {
-            if saved < done && report.shifts == 0 {
-                store.save(session, &params.name, &meta)?;
+            if saved < done {
+                store.save(session, &params.name, &meta(done, report.shifts))?;
                 report.checkpoints += 1;
             }
             return Ok(report);
@@ -262,6 +289,49 @@ pub fn ingest(
     }
     report.finished = true;
     Ok(report)
+}
+
+/// BLAKE3 (hex) of `tokens` as u32 LE.
+fn digest(tokens: &[u32]) -> String {
+    let mut h = blake3::Hasher::new();
+    for t in tokens {
+        h.update(&t.to_le_bytes());
+    }
+    h.finalize().to_hex().to_string()
+}
+
+/// When checkpoint `params.name` was shifted and continues this document exactly (digest of
+/// the tokens it covers, its tokens: the first `n_keep` and those just before where it
+/// stopped, and it fits the context): the document tokens it covers and its shifts.
+fn shifted_checkpoint(
+    store: &SessionStore,
+    params: &IngestParams,
+    tokens: &[u32],
+    n_ctx: usize,
+) -> Result<Option<(usize, usize)>> {
+    let Some(policy) = params.shift else {
+        return Ok(None);
+    };
+    if !store.exists(&params.name)? {
+        return Ok(None);
+    }
+    let (held, meta) = store.read_checkpoint(&params.name)?;
+    let number = |key: &str| meta.app.get(key).and_then(|v| v.parse::<usize>().ok());
+    let (Some(done), Some(shifts)) = (number(DONE_KEY), number(SHIFTS_KEY)) else {
+        return Ok(None);
+    };
+    if shifts == 0 || done > tokens.len() || held.len() > done || held.len() > n_ctx {
+        return Ok(None);
+    }
+    if meta.app.get(DIGEST_KEY) != Some(&digest(&tokens[..done])) {
+        return Ok(None);
+    }
+    let keep = policy.n_keep.min(held.len());
+    let recent = &tokens[done - (held.len() - keep)..done];
+    if held[..keep] != tokens[..keep] || held[keep..] != *recent {
+        return Ok(None);
+    }
+    Ok(Some((done, shifts)))
 }
 
 /// The largest micro-batch boundary at or below `n`.

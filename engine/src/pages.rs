@@ -7,7 +7,7 @@
 
 use std::ops::Range;
 
-use ckptfmt::BlockId;
+use ckptfmt::{BlockId, ChainRoot};
 
 use crate::context::{Context, SeqId};
 use crate::error::{Error, Result};
@@ -154,6 +154,24 @@ impl Context {
         seq: SeqId,
         tokens: &[u32],
         tail: &[u8],
+        read: F,
+    ) -> Result<ImportSummary>
+    where
+        F: FnMut(usize, &BlockId, &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()>,
+    {
+        self.import_chained(seq, tokens, &[], tail, read)
+    }
+
+    /// As [`Context::import`], for a sequence that was shifted: the block ids chain from
+    /// `roots` (as [`Context::chain_roots`] gave them; by increasing page, none past
+    /// `tokens.len() / PAGE_TOKENS`, else [`Error::BadChainRoots`]), and the sequence keeps them,
+    /// so the pages it fills later get the ids they would have had without the round trip.
+    pub fn import_chained<F>(
+        &mut self,
+        seq: SeqId,
+        tokens: &[u32],
+        roots: &[ChainRoot],
+        tail: &[u8],
         mut read: F,
     ) -> Result<ImportSummary>
     where
@@ -161,6 +179,15 @@ impl Context {
     {
         self.seq(seq)?;
         self.check_tokens(tokens)?;
+        let n_blocks = (tokens.len() / PAGE_TOKENS) as u64;
+        if roots.windows(2).any(|w| w[0].block >= w[1].block)
+            || roots.last().is_some_and(|r| r.block > n_blocks)
+        {
+            return Err(Error::BadChainRoots {
+                roots: roots.iter().map(|r| r.block).collect(),
+                n_blocks,
+            });
+        }
         if tokens.len() > self.params().n_ctx {
             return Err(Error::ContextFull {
                 needed: tokens.len(),
@@ -176,11 +203,7 @@ impl Context {
                 found: tail.len(),
             });
         }
-        let fingerprint = self.fingerprint();
-        let mut ids: Vec<BlockId> = Vec::with_capacity(n_full);
-        for block in tokens.chunks_exact(PAGE_TOKENS) {
-            ids.push(BlockId::chain(&fingerprint, ids.last(), block));
-        }
+        let ids = BlockId::chain_all_rooted(&self.fingerprint(), tokens, PAGE_TOKENS as u32, roots);
         let resident: Vec<Option<u32>> = ids.iter().map(|id| self.pool.find(id)).collect();
         let needed = resident.iter().filter(|p| p.is_none()).count() + usize::from(n_tail > 0);
         if needed > self.pool.n_free() {
@@ -254,7 +277,7 @@ impl Context {
         s.tokens = tokens.to_vec();
         s.ids = ids;
         s.logits = None;
-        s.shift_root = None;
+        s.roots = roots.to_vec();
         for p in old {
             self.pool.release(p);
         }

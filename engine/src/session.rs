@@ -264,7 +264,8 @@ impl Session {
 
     /// Context shift: keeps the first `n_keep` tokens, discards the `n_discard` after them
     /// and moves the rest down, re-rotating their cached K without evaluating anything (see
-    /// [`Context::shift`]). A shifted session cannot be saved to a store.
+    /// [`Context::shift`]). A shifted session saves and restores like any other (its
+    /// checkpoint records its chain roots).
     pub fn shift(&mut self, n_keep: usize, n_discard: usize) -> Result<()> {
         self.ctx.shift(self.seq, n_keep, n_discard)
     }

@@ -5,14 +5,16 @@
 //! `tokens[i]` again, but the KV of the moved tokens still reflects the discarded context.
 //!
 //! In the paged pool: full pages wholly inside the kept prefix stay as they are (shared or
-//! not); the rest of the sequence is written into fresh pages by one graph (K rows gathered,
-//! rotated and scattered; V rows gathered and scattered) and the old pages are released. The
+//! not); the rest of the sequence is moved by one graph (K rows gathered, rotated and
+//! scattered; V rows gathered and scattered): in place, into the first of its own pages, when
+//! no other sequence shares them (the pages keep their order in the pool, which the attention's
+//! summation order follows), else into fresh pages, the old ones then released. The
 //! block ids of pages written after a shift chain from a root that hashes the sequence's whole
 //! history and the shift, so they never collide with the ids of an unshifted computation of the
-//! same tokens. Such a sequence cannot be saved to a store yet: checkpoints name blocks by ids
-//! chained from their tokens alone (`Error::ShiftedCheckpoint`).
+//! same tokens. A checkpoint records the roots ([`ckptfmt::ChainRoot`]), so a restored sequence
+//! names its pages, and the pages it fills later, exactly as the original does.
 
-use ckptfmt::BlockId;
+use ckptfmt::{BlockId, ChainRoot};
 
 use crate::context::{Context, SeqId, Sequence};
 use crate::error::{Error, Result};
@@ -35,12 +37,10 @@ pub(crate) struct ShiftPlan {
 }
 
 impl Sequence {
-    /// The id that block `i` of this sequence chains from.
+    /// The id that block `i` of this sequence chains from (needs the ids of the blocks before
+    /// it): its root after a shift, else the block before it.
     pub(crate) fn prev_id(&self, i: usize) -> Option<&BlockId> {
-        match &self.shift_root {
-            Some((page, root)) if *page == i => Some(root),
-            _ => self.ids.last(),
-        }
+        ChainRoot::find(&self.roots, i).or_else(|| i.checked_sub(1).and_then(|p| self.ids.get(p)))
     }
 }
 
@@ -51,7 +51,10 @@ impl Context {
     ///
     /// Errors, before anything changes: [`Error::BadShift`] when `n_keep + n_discard` exceeds
     /// the tokens held; [`Error::OutOfPages`] when the pool lacks the fresh pages the moved
-    /// tokens need. A shift discarding nothing changes nothing.
+    /// tokens need (only when another sequence shares a page past the kept ones; otherwise
+    /// the pages are rewritten in place). A shift discarding nothing changes nothing. Should
+    /// ggml's computation itself fail during an in-place shift, the sequence is cut back to its
+    /// first `n_keep` tokens (the only ones known intact) before the error is returned.
     pub fn shift(&mut self, seq: SeqId, n_keep: usize, n_discard: usize) -> Result<()> {
         let s = self.seq(seq)?;
         let len = s.tokens.len();
@@ -68,23 +71,36 @@ impl Context {
         let new_len = len - n_discard;
         let first = n_keep / PAGE_TOKENS;
         let n_new = new_len.div_ceil(PAGE_TOKENS) - first;
-        if n_new > self.pool.n_free() {
+        let old_pages = s.pages.clone();
+        // In place when this sequence alone holds the pages it rewrites: the moved rows are
+        // gathered before they are scattered (per layer, one op after the other), and the table
+        // stays a prefix of the old one, so the pages keep their order in the pool (attention
+        // sums over a sequence's cells in pool order: a restored sequence, whose pages are in
+        // order, then computes the same bits). Otherwise into fresh pages.
+        let in_place = old_pages[first..].iter().all(|&p| self.pool.refs(p) == 1);
+        if !in_place && n_new > self.pool.n_free() {
             return Err(Error::OutOfPages {
                 needed: n_new,
                 free: self.pool.n_free(),
                 total: self.pool.n_pages(),
             });
         }
-        let old_pages = s.pages.clone();
-        let fresh: Vec<u32> = (0..n_new).filter_map(|_| self.pool.alloc()).collect();
-        let mut table = old_pages[..first].to_vec();
-        table.extend(&fresh);
-
-        // The kept rows of a partly kept page are copied as they are.
-        let kept_rows = n_keep % PAGE_TOKENS;
-        if kept_rows > 0 {
-            self.copy_page(old_pages[first], fresh[0], kept_rows);
-        }
+        let (table, fresh) = if in_place {
+            for &p in &old_pages[first..first + n_new] {
+                self.pool.unindex(p);
+            }
+            (old_pages[..first + n_new].to_vec(), Vec::new())
+        } else {
+            let fresh: Vec<u32> = (0..n_new).filter_map(|_| self.pool.alloc()).collect();
+            let mut table = old_pages[..first].to_vec();
+            table.extend(&fresh);
+            // The kept rows of a partly kept page are copied as they are.
+            let kept_rows = n_keep % PAGE_TOKENS;
+            if kept_rows > 0 {
+                self.copy_page(old_pages[first], fresh[0], kept_rows);
+            }
+            (table, fresh)
+        };
         let cell = |pages: &[u32], p: usize| {
             pages[p / PAGE_TOKENS] as i64 * PAGE_TOKENS as i64 + (p % PAGE_TOKENS) as i64
         };
@@ -109,6 +125,11 @@ impl Context {
                 for p in fresh {
                     self.pool.release(p);
                 }
+                if in_place {
+                    // The rows past `n_keep` may be half moved; those before it were not
+                    // written.
+                    self.truncate(seq, n_keep)?;
+                }
                 return Err(e);
             }
         }
@@ -122,7 +143,11 @@ impl Context {
         let root = BlockId::chain(&fingerprint, s.ids.last(), &history);
         s.tokens.drain(n_keep..n_keep + n_discard);
         s.ids.truncate(first);
-        s.shift_root = Some((first, root));
+        s.roots.retain(|r| r.block < first as u64);
+        s.roots.push(ChainRoot {
+            block: first as u64,
+            id: root,
+        });
         s.pages = table;
         s.logits = None;
         let mut new_ids = Vec::new();
@@ -141,7 +166,8 @@ impl Context {
         for (j, id) in new_ids.into_iter().enumerate() {
             self.pool.index(pages[first + j], id);
         }
-        for p in &old_pages[first..] {
+        let dropped = if in_place { first + n_new } else { first };
+        for p in &old_pages[dropped..] {
             self.pool.release(*p);
         }
         Ok(())

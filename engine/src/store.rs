@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use ckptfmt::{BlockId, Fingerprint, Geometry, LayerGeometry, Manifest, Metadata};
+use ckptfmt::{BlockId, ChainRoot, Fingerprint, Geometry, LayerGeometry, Manifest, Metadata};
 use kvstore::{KvStore, ModelStore};
 
 use crate::context::{Context, SeqId};
@@ -168,7 +168,8 @@ impl CheckpointMeta {
 /// [`SessionStore::new_blocks`]).
 #[derive(Clone, Debug)]
 pub struct NewBlock {
-    /// The id of the block before it, `None` for the first.
+    /// The id it chains from: the block before it, its chain root after a context shift,
+    /// `None` for a plain first block.
     pub prev: Option<BlockId>,
     /// Its own chained id.
     pub id: BlockId,
@@ -287,7 +288,8 @@ impl SessionStore {
 
     /// Saves `session` as checkpoint `name` (replacing an older one of that name): puts the
     /// full pages the store lacks, then commits the manifest durably. Under a disk budget, gc
-    /// runs afterwards.
+    /// runs afterwards. A shifted session is saved with its chain roots
+    /// ([`Context::chain_roots`]): restoring it gives the same KV, ids and positions.
     pub fn save(
         &self,
         session: &Session,
@@ -307,10 +309,6 @@ impl SessionStore {
         meta: &CheckpointMeta,
     ) -> Result<SaveSummary> {
         check_kv_types(self.handle.geometry(), ctx.kv_layout())?;
-        // Block ids of a shifted sequence no longer chain from its tokens alone.
-        if ctx.seq(seq)?.shift_root.is_some() {
-            return Err(Error::ShiftedCheckpoint { seq });
-        }
         let tokens = ctx.tokens(seq)?.to_vec();
         let ids = ctx.block_ids(seq)?.to_vec();
         let mut summary = SaveSummary {
@@ -327,8 +325,9 @@ impl SessionStore {
             ctx.read_page(seq, ids.len(), &mut tail)?;
         }
         let saved_unix = unix_now();
+        // Position `i` holds `tokens[i]`, shifted or not (a shift moves the kept tokens down).
         let positions = (0..tokens.len() as i32).collect();
-        let mut manifest = Manifest::new(
+        let manifest = Manifest::new(
             self.fingerprint,
             self.handle.geometry().clone(),
             tokens,
@@ -341,6 +340,15 @@ impl SessionStore {
                 kv: meta.to_pairs(),
             },
         )?;
+        // A shifted sequence's ids chain from its roots: the manifest checks them against those.
+        let mut manifest = manifest.with_chain_roots(ctx.chain_roots(seq)?.to_vec())?;
+        if manifest.block_ids != ids {
+            return Err(ckptfmt::FormatError::invalid(
+                "checkpoint manifest",
+                "the sequence's block ids do not chain from its tokens and roots",
+            )
+            .into());
+        }
         manifest.sampler_state = meta.sampler_state.clone();
         summary.bytes_written += manifest.tail_kv.len() as u64;
         self.handle.save(&manifest)?;
@@ -355,6 +363,7 @@ impl SessionStore {
         let tpb = TOKENS_PER_BLOCK as usize;
         let tokens = ctx.tokens(seq)?;
         let ids = ctx.block_ids(seq)?;
+        let roots = ctx.chain_roots(seq)?;
         let mut out = Vec::new();
         for (i, id) in ids.iter().enumerate().skip(from) {
             if self.handle.contains(id) {
@@ -363,7 +372,9 @@ impl SessionStore {
             let mut kv = Vec::new();
             ctx.read_page(seq, i, &mut kv)?;
             out.push(NewBlock {
-                prev: i.checked_sub(1).map(|p| ids[p]),
+                prev: ChainRoot::find(roots, i)
+                    .or_else(|| i.checked_sub(1).map(|p| &ids[p]))
+                    .copied(),
                 id: *id,
                 tokens: tokens[i * tpb..(i + 1) * tpb].to_vec(),
                 kv,
@@ -393,7 +404,8 @@ impl SessionStore {
         let tokens = ctx.tokens(seq)?;
         let len = len.min(tokens.len());
         let full = len / PAGE_TOKENS;
-        if full == 0 || len % PAGE_TOKENS == 0 || ctx.seq(seq)?.shift_root.is_some() {
+        // A shifted sequence's blocks are not found by prompt tokens alone: no tail for it.
+        if full == 0 || len % PAGE_TOKENS == 0 || !ctx.chain_roots(seq)?.is_empty() {
             return Ok(None);
         }
         let last_block = ctx.block_ids(seq)?[full - 1];
@@ -485,6 +497,15 @@ impl SessionStore {
             .count()
     }
 
+    /// The tokens and metadata of checkpoint `name`, without its KV (its manifest is read and
+    /// verified; its blocks are not).
+    pub fn read_checkpoint(&self, name: &str) -> Result<(Vec<u32>, CheckpointMeta)> {
+        let manifest = self.handle.read_manifest(name)?;
+        manifest.check_owner(&self.fingerprint, self.handle.geometry())?;
+        let meta = CheckpointMeta::from_manifest(&manifest);
+        Ok((manifest.tokens, meta))
+    }
+
     /// Replaces `session`'s conversation with checkpoint `name`. The manifest's model and
     /// layout are checked first ([`Error::Checkpoint`] for another model's), then every block
     /// the session does not already hold is read and verified into free pages; on any failure
@@ -508,12 +529,20 @@ impl SessionStore {
                 n_ctx: ctx.params().n_ctx,
             });
         }
+        if let Some((i, p)) = (0..).zip(&manifest.positions).find(|(i, p)| i != *p) {
+            return Err(ckptfmt::FormatError::invalid(
+                "checkpoint positions",
+                format!("token {i} is at position {p}: sequences hold positions 0.. in order"),
+            )
+            .into());
+        }
         let handle = &self.handle;
-        ctx.import(seq, &manifest.tokens, &manifest.tail_kv, |i, id, sink| {
+        let (tokens, roots) = (&manifest.tokens, &manifest.chain_roots);
+        ctx.import_chained(seq, tokens, roots, &manifest.tail_kv, |i, id, sink| {
             if manifest.block_ids.get(i) != Some(id) {
                 return Err(ckptfmt::FormatError::invalid(
                     "checkpoint manifest",
-                    format!("block {i} id does not chain from its tokens"),
+                    format!("block {i} id does not chain from its tokens and roots"),
                 )
                 .into());
             }
@@ -527,7 +556,8 @@ impl SessionStore {
     /// stored id means that whole prefix was computed before). Returns the tokens restored (a
     /// multiple of the block size, possibly 0, always fewer than `tokens.len()` so that one
     /// token is left to evaluate); feed `tokens[n..]` next. On failure the session is left as
-    /// it was.
+    /// it was. Blocks written after a context shift chain from a root, so plain tokens never
+    /// match them.
     pub fn restore_prefix(&self, session: &mut Session, tokens: &[u32]) -> Result<usize> {
         let seq = session.seq();
         self.restore_prefix_seq(session.context_mut(), seq, tokens)

@@ -1,8 +1,8 @@
 //! Long documents read through `engine::ingest` on a tiny model the test writes: an ingestion
-//! stopped halfway and run again in a fresh session and store handle ends with the same KV
-//! bytes and logits, bit for bit, as one that was never stopped (and as a plain prefill); a
-//! changed document resumes up to where it changed; bad input is a typed error that changes
-//! nothing.
+//! stopped halfway (before or after context shifts) and run again in a fresh session and store
+//! handle ends with the same KV bytes and logits, bit for bit, as one that was never stopped
+//! (and as a plain prefill); a changed document resumes up to where it changed; bad input is a
+//! typed error that changes nothing.
 
 mod common;
 
@@ -226,14 +226,16 @@ fn a_document_longer_than_the_context_is_shifted_and_resumes_to_the_same_bits() 
     assert_eq!(&held[8..], &doc[600 - (held.len() - 8)..]);
     let want_kv = kv_bytes(&whole);
     let want_logits = whole.logits().unwrap().to_vec();
-    // Checkpoints stop at the first shift: the last one holds a prefix within the context.
+    // Checkpoints go on across shifts: the last one holds what the session holds at the end.
     let cps = whole_store.checkpoints().unwrap();
     assert_eq!(cps.len(), 1);
-    assert!(cps[0].tokens <= 256 && cps[0].tokens.is_multiple_of(INTERVAL));
+    assert_eq!(cps[0].tokens, held.len());
+    assert_eq!(report.checkpoints, 600 / INTERVAL + 1);
 
-    // Stopped after the first shift, then resumed by a fresh session.
+    // Stopped after a shift (at 416: the micro-batch ending there was read), then resumed by
+    // a fresh session and store handle, as after a restart.
     let store_dir = dir.path().join("stopped");
-    {
+    let stopped_shifts = {
         let store = open(&store_dir, &model);
         let mut s = session(&model);
         let report = ingest(&mut s, &store, &doc, &params, |p| {
@@ -245,13 +247,66 @@ fn a_document_longer_than_the_context_is_shifted_and_resumes_to_the_same_bits() 
         })
         .unwrap();
         assert!(!report.finished && report.shifts > 0);
-    }
+        assert_eq!(report.computed, 416);
+        report.shifts
+    };
     let store = open(&store_dir, &model);
     let mut s = session(&model);
-    let report = ingest(&mut s, &store, &doc, &params, continue_all).unwrap();
-    assert!(report.finished);
-    assert!(report.restored > 0 && report.restored <= 256);
+    let mut first = None;
+    let resumed = ingest(&mut s, &store, &doc, &params, |p| {
+        first.get_or_insert(p.clone());
+        ControlFlow::Continue(())
+    })
+    .unwrap();
+    assert!(resumed.finished);
+    assert_eq!((resumed.restored, resumed.computed), (416, 600 - 416));
+    let first = first.unwrap();
+    assert_eq!((first.done, first.shifts), (416, stopped_shifts));
+    assert_eq!(
+        resumed.shifts, report.shifts,
+        "shifts count from the document's start"
+    );
     assert_eq!(s.tokens(), &held[..]);
     assert!(kv_bytes(&s) == want_kv, "KV bytes differ after resuming");
     assert_eq!(s.logits().unwrap(), &want_logits[..]);
+
+    // Run once more: the finished checkpoint is restored whole, nothing is evaluated but the
+    // last token's logits (again, in a scratch sequence).
+    let mut again = session(&model);
+    let report_again = ingest(&mut again, &store, &doc, &params, continue_all).unwrap();
+    assert!(report_again.finished);
+    assert_eq!((report_again.restored, report_again.computed), (600, 0));
+    assert_eq!(report_again.shifts, report.shifts);
+    assert!(kv_bytes(&again) == want_kv);
+    assert_eq!(top1(again.logits().unwrap()), top1(&want_logits));
+
+    // A changed document does not continue from the shifted checkpoint: it is read again
+    // from what its unshifted prefix shares with the store.
+    let mut edited = doc.clone();
+    edited[300] = (edited[300] + 1) % 97;
+    let mut t = session(&model);
+    let report = ingest(&mut t, &store, &edited, &params, continue_all).unwrap();
+    assert!(report.finished);
+    assert_eq!(
+        report.restored, 256,
+        "the blocks saved before the first shift"
+    );
+    let mut fresh = session(&model);
+    let fresh_report = ingest(
+        &mut fresh,
+        &open(&dir.path().join("edited"), &model),
+        &edited,
+        &params,
+        continue_all,
+    )
+    .unwrap();
+    assert_eq!(report.shifts, fresh_report.shifts);
+    assert!(kv_bytes(&t) == kv_bytes(&fresh));
+    assert_eq!(t.logits().unwrap(), fresh.logits().unwrap());
+}
+
+fn top1(logits: &[f32]) -> usize {
+    (0..logits.len())
+        .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
+        .unwrap()
 }

@@ -7,10 +7,11 @@
 //! The document is evaluated in micro-batches with a durable checkpoint every `--interval`
 //! tokens in `--store`; a progress bar shows tokens, tokens/s and the time left. Ctrl-C stops
 //! after the current micro-batch with everything read so far saved (exit status 130); running
-//! the same command again resumes from the longest stored prefix of the document, so a crash
-//! or a kill costs at most one interval. A document that changed resumes up to where it
-//! changed. A document longer than `--ctx` is read to its end with context shifts (`--help`
-//! says what is kept). Then, unless `--no-chat`, questions about the document are read from standard input,
+//! the same command again resumes from the last checkpoint (the longest stored prefix of the
+//! document, or the shifted checkpoint), so a crash or a kill costs at most one interval. A
+//! document that changed resumes up to where it changed. A document longer than `--ctx` is read
+//! to its end with context shifts (`--help` says what is kept). A failed save (a full disk)
+//! stops the reading with an error and exit status 1; what was saved before stays resumable. Then, unless `--no-chat`, questions about the document are read from standard input,
 //! one a line, and answered on standard output. The last line on standard output is JSON:
 //! `{"tokens": total, "restored": from the store, "computed": evaluated, "shifts": shifts}`.
 
@@ -44,9 +45,8 @@ const EXIT_INTERRUPTED: i32 = 130;
         Context shift: when the next micro-batch does not fit in --ctx, the first --keep tokens \
         stay, the oldest --discard tokens after them are dropped (half of them by default, as \
         llama.cpp's --context-shift) and the rest are moved down without being evaluated again. \
-        Checkpoints stop at the first shift (a shifted cache cannot be stored yet): a rerun \
-        resumes from the last one before it. --no-shift refuses a document longer than --ctx \
-        instead.\n\n\
+        Checkpoints go on across shifts, and a rerun resumes from the last one, shifting at \
+        the same places again. --no-shift refuses a document longer than --ctx instead.\n\n\
         The last line on standard output is JSON: {\"tokens\",\"restored\",\"computed\",\"shifts\"}."
 )]
 struct Args {

@@ -80,8 +80,7 @@ pub fn migrate<V: BlockIo>(legacy: &Path, dest: &KvStore<V>) -> Result<Migration
             };
             let v = block.view().map_err(|e| StoreError::format(legacy, e))?;
             let kv = v.kv().map_err(|e| StoreError::format(legacy, e))?;
-            let prev = if i == 0 { None } else { m.block_ids.get(i - 1) };
-            model.put(prev, &v.tokens(), kv.to_vec())?;
+            model.put(m.prev_id(i), &v.tokens(), kv.to_vec())?;
             report.blocks_written += 1;
         }
         if ok {

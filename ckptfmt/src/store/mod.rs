@@ -615,11 +615,7 @@ impl<V: Vfs> Store<V> {
         let inputs: Vec<BlockInput<'_>> = kvs
             .iter()
             .map(|(i, kv)| BlockInput {
-                prev: if *i == 0 {
-                    None
-                } else {
-                    manifest.block_ids.get(i - 1)
-                },
+                prev: manifest.prev_id(*i),
                 tokens: manifest.block_tokens(*i).unwrap_or(&[]),
                 kv,
             })

@@ -60,6 +60,11 @@ fn manifest_json(m: &Manifest) -> Value {
         "sampler_state_bytes": m.sampler_state.as_ref().map(Vec::len),
         "first_positions": m.positions.iter().take(4).collect::<Vec<_>>(),
         "block_ids": m.block_ids.iter().map(|b| b.to_hex()).collect::<Vec<_>>(),
+        "chain_roots": m
+            .chain_roots
+            .iter()
+            .map(|r| json!([r.block, r.id.to_hex()]))
+            .collect::<Vec<_>>(),
         "meta": m.meta.kv.iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>(),
     })
 }
