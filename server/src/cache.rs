@@ -74,11 +74,33 @@ impl Drop for Writer {
     }
 }
 
+/// The longest the writer waits for the requests being evaluated before it writes anyway.
+const MAX_DEFER: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// The writer thread's loop: put what arrives, store the tails (each commits its blocks),
 /// flush whenever the queue runs dry, keep the disk budget with unreferenced blocks and old
 /// tails.
 fn write_behind(store: &SessionStore, metrics: &Metrics, rx: &mpsc::Receiver<Work>) {
     while let Ok(work) = rx.recv() {
+        // Hashing, copying and syncing megabytes takes a core from the kernels' threads: let a
+        // request that is being evaluated (a repeated prompt is answered in tens of ms) go
+        // first, for up to `MAX_DEFER`.
+        // Idle means no request for a few polls in a row: a client's next request often
+        // follows its last response within a millisecond.
+        let deferred = std::time::Instant::now();
+        let mut idle_polls = 0;
+        while idle_polls < 4 && deferred.elapsed() < MAX_DEFER {
+            std::thread::sleep(std::time::Duration::from_millis(3));
+            if metrics
+                .requests_processing
+                .load(std::sync::atomic::Ordering::Relaxed)
+                == 0
+            {
+                idle_polls += 1;
+            } else {
+                idle_polls = 0;
+            }
+        }
         let mut batches = vec![work];
         batches.extend(rx.try_iter());
         let mut tails = Vec::new();

@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use engine::sampling::{Sampler, SamplerParams};
 use engine::store::SessionStore;
@@ -207,6 +207,10 @@ struct Scheduler {
     queue: VecDeque<Job>,
     /// Finished sequences kept resident, least recently finished first.
     cached: VecDeque<SeqId>,
+    /// Finished sequences whose new pages are not copied out for the store yet (sequence,
+    /// prompt tokens that came from a cache, prompt length, when it finished): the copy waits
+    /// until the scheduler is idle, so a client's next request starts at once.
+    exports: Vec<(SeqId, usize, usize, Instant)>,
     tickets: u64,
     /// Shutdown was asked for.
     closing: bool,
@@ -229,6 +233,7 @@ pub fn spawn(parts: Parts, rx: mpsc::UnboundedReceiver<Command>) -> std::thread:
         slots: (0..parts.n_slots).map(|_| Slot::default()).collect(),
         queue: VecDeque::new(),
         cached: VecDeque::new(),
+        exports: Vec::new(),
         tickets: 0,
         closing: false,
     };
@@ -246,7 +251,20 @@ impl Scheduler {
             loop {
                 let idle = self.queue.is_empty() && self.slots.iter().all(|s| s.active.is_none());
                 let cmd = if idle && open {
-                    rx.blocking_recv()
+                    // Finished pages are copied out once no request came for a moment: a
+                    // client's next request usually follows its last response at once.
+                    let waited = if self.exports.is_empty() {
+                        None
+                    } else {
+                        recv_within(&mut rx, EXPORT_IDLE)
+                    };
+                    match waited {
+                        Some(cmd) => cmd,
+                        None => {
+                            self.export_due(true);
+                            rx.blocking_recv()
+                        }
+                    }
                 } else {
                     match rx.try_recv() {
                         Ok(c) => Some(c),
@@ -278,7 +296,9 @@ impl Scheduler {
                 continue;
             }
             self.step();
+            self.export_due(false);
         }
+        self.export_due(true);
         // The writer's last round flushes every block, then keeps the disk budget (a flush
         // after that would write the collected blocks' RAM copies again).
         if let Some(w) = self.writer.take() {
@@ -370,11 +390,15 @@ impl Scheduler {
         let mut from_ram = 0;
         let mut from_store = 0;
         if job.params.cache_prompt {
-            let found = self.store.as_ref().map(|s| s.find_prefix(usable));
-            let stored = found.as_ref().map_or(0, |f| f.tokens);
             // A resident sequence that shares more than the stored blocks is forked, partly
             // filled last page included (a repeated or extended prompt costs nothing).
             let resident = self.longest_resident(usable);
+            // The store is asked only when memory lacks part of the prompt.
+            let found = match resident {
+                Some((n, _)) if n >= usable.len() => None,
+                _ => self.store.as_ref().map(|s| s.find_prefix(usable)),
+            };
+            let stored = found.as_ref().map_or(0, |f| f.tokens);
             if let Some((n, src)) = resident.filter(|&(n, _)| n > 0 && n >= stored) {
                 if let Ok(forked) = self.ctx.fork(src, n) {
                     let _ = self.ctx.remove_sequence(seq);
@@ -505,6 +529,7 @@ impl Scheduler {
             let Some(seq) = self.cached.pop_front() else {
                 return false;
             };
+            self.export(seq);
             let _ = self.ctx.remove_sequence(seq);
             for slot in &mut self.slots {
                 if slot.last == Some(seq) {
@@ -675,6 +700,50 @@ impl Scheduler {
         self.keep(slot, a.seq, a.cache_n, a.prompt.len());
     }
 
+    /// Copies out the finished sequences waiting for it: all of them (`all`, when idle or
+    /// closing), else those that waited longer than [`EXPORT_DELAY`] (under steady load).
+    fn export_due(&mut self, all: bool) {
+        let due: Vec<SeqId> = self
+            .exports
+            .iter()
+            .filter(|e| all || e.3.elapsed() >= EXPORT_DELAY)
+            .map(|e| e.0)
+            .collect();
+        for seq in due {
+            self.export(seq);
+        }
+    }
+
+    /// Copies the new full pages and the tails of finished sequence `seq`, if it waits for
+    /// that, and hands them to the writer thread (a memory copy; the writing is the writer's).
+    fn export(&mut self, seq: SeqId) {
+        let Some(i) = self.exports.iter().position(|e| e.0 == seq) else {
+            return;
+        };
+        let (_, cache_n, prompt_len, _) = self.exports.swap_remove(i);
+        let (Some(store), Some(writer)) = (&self.store, &self.writer) else {
+            return;
+        };
+        let len = self.ctx.tokens(seq).map_or(0, <[u32]>::len);
+        let work = (|| -> engine::Result<Work> {
+            let blocks = store.new_blocks(&self.ctx, seq, cache_n / PAGE_TOKENS)?;
+            let mut tails = Vec::new();
+            // The prompt's own tail (a repeated prompt ends there), unless it came from a
+            // cache, and the whole sequence's (the next turn of a chat continues it).
+            if prompt_len > cache_n + 1 {
+                tails.extend(store.tail_of(&self.ctx, seq, prompt_len)?);
+            }
+            tails.extend(store.tail_of(&self.ctx, seq, len)?);
+            Ok(Work { blocks, tails })
+        })();
+        match work {
+            Ok(work) => writer.send(work),
+            Err(e) => self
+                .metrics
+                .cache_error(format!("reading pages failed: {e}")),
+        }
+    }
+
     /// Fails the request in `slot` and drops its sequence.
     fn fail(&mut self, slot: usize, e: ServerError) {
         if let Some(a) = self.slots[slot].active.take() {
@@ -684,39 +753,48 @@ impl Scheduler {
         }
     }
 
-    /// Keeps a finished sequence resident as the slot's last one and queues its full blocks
-    /// from `cache_n` on (the ones before came from a cache) for the store.
+    /// Keeps a finished sequence resident as the slot's last one; its full blocks from
+    /// `cache_n` on (the ones before came from a cache) go to the store soon after
+    /// ([`Scheduler::export_due`]).
     fn keep(&mut self, slot: usize, seq: SeqId, cache_n: usize, prompt_len: usize) {
-        if let (Some(store), Some(writer)) = (&self.store, &self.writer) {
-            let len = self.ctx.tokens(seq).map_or(0, <[u32]>::len);
-            let work = (|| -> engine::Result<Work> {
-                let blocks = store.new_blocks(&self.ctx, seq, cache_n / PAGE_TOKENS)?;
-                let mut tails = Vec::new();
-                // The prompt's own tail (a repeated prompt ends there), unless it came from a
-                // cache, and the whole sequence's (the next turn of a chat continues it).
-                if prompt_len > cache_n + 1 {
-                    tails.extend(store.tail_of(&self.ctx, seq, prompt_len)?);
-                }
-                tails.extend(store.tail_of(&self.ctx, seq, len)?);
-                Ok(Work { blocks, tails })
-            })();
-            match work {
-                Ok(work) => writer.send(work),
-                Err(e) => self
-                    .metrics
-                    .cache_error(format!("reading pages failed: {e}")),
-            }
+        if self.store.is_some() {
+            self.exports
+                .push((seq, cache_n, prompt_len, Instant::now()));
         }
         self.slots[slot].last = Some(seq);
         self.cached.push_back(seq);
         while self.cached.len() > MAX_CACHED {
             if let Some(old) = self.cached.pop_front() {
+                self.export(old);
                 let _ = self.ctx.remove_sequence(old);
                 for s in &mut self.slots {
                     if s.last == Some(old) {
                         s.last = None;
                     }
                 }
+            }
+        }
+    }
+}
+
+/// How long a finished sequence's pages may wait for the scheduler to be idle before they are
+/// copied out for the store anyway.
+const EXPORT_DELAY: Duration = Duration::from_millis(200);
+
+/// How long the idle scheduler waits for another request before it copies finished pages out.
+const EXPORT_IDLE: Duration = Duration::from_millis(20);
+
+/// Waits up to `d` for a command: `Some(Some(cmd))`, `Some(None)` when every sender is gone,
+/// `None` when nothing came.
+fn recv_within(rx: &mut mpsc::UnboundedReceiver<Command>, d: Duration) -> Option<Option<Command>> {
+    let until = Instant::now() + d;
+    loop {
+        match rx.try_recv() {
+            Ok(c) => return Some(Some(c)),
+            Err(mpsc::error::TryRecvError::Disconnected) => return Some(None),
+            Err(mpsc::error::TryRecvError::Empty) if Instant::now() >= until => return None,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                std::thread::sleep(Duration::from_millis(1));
             }
         }
     }

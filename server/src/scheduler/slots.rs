@@ -104,6 +104,8 @@ impl Scheduler {
                     Some(seq) => {
                         let n = self.ctx.tokens(seq).map_or(0, <[u32]>::len);
                         self.cached.retain(|&s| s != seq);
+                        // Its pages leave the pool, not the prompt cache.
+                        self.export(seq);
                         let _ = self.ctx.remove_sequence(seq);
                         n
                     }
