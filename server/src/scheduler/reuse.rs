@@ -1,0 +1,129 @@
+//! The prompt cache's side of the scheduler: requests that wait for a prefix another request is
+//! computing (followers), and the copy of finished sequences' pages for the store, done when the
+//! scheduler has a moment.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use engine::{SeqId, PAGE_TOKENS};
+use tokio::sync::mpsc;
+
+use super::{Command, Scheduler};
+use crate::cache::Work;
+use crate::metrics::Metrics;
+
+impl Scheduler {
+    /// Starts each waiting follower whose leader has computed the shared prefix (or stopped
+    /// computing): it forks the leader's pages. A follower whose leader is gone computes the
+    /// prefix itself.
+    pub(super) fn resolve_followers(&mut self) {
+        for i in 0..self.slots.len() {
+            let Some((src, n)) = self.slots[i].active.as_ref().and_then(|a| a.follow) else {
+                continue;
+            };
+            let held = self.ctx.tokens(src).map(<[u32]>::len).ok();
+            let leader_computing = self.slots.iter().any(|s| {
+                s.active
+                    .as_ref()
+                    .is_some_and(|a| a.seq == src && a.fed < n.min(a.prompt.len()))
+            });
+            if held.is_some_and(|h| h < n) && leader_computing {
+                continue;
+            }
+            let Some(a) = self.slots[i].active.as_mut() else {
+                continue;
+            };
+            a.follow = None;
+            let take = held.unwrap_or(0).min(n);
+            if take <= a.fed {
+                continue;
+            }
+            if let Ok(forked) = self.ctx.fork(src, take) {
+                let _ = self.ctx.remove_sequence(a.seq);
+                let gained = (take - a.fed) as u64;
+                a.seq = forked;
+                a.fed = take;
+                a.cache_n = take;
+                Metrics::add(&self.metrics.prompt_tokens_from_ram, gained);
+                self.metrics
+                    .prompt_tokens_computed
+                    .fetch_sub(gained, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Copies out the finished sequences waiting for it: all of them (`all`, when idle or
+    /// closing), else those that waited longer than [`EXPORT_DELAY`] (under steady load).
+    pub(super) fn export_due(&mut self, all: bool) {
+        let due: Vec<SeqId> = self
+            .exports
+            .iter()
+            .filter(|e| all || e.3.elapsed() >= EXPORT_DELAY)
+            .map(|e| e.0)
+            .collect();
+        for seq in due {
+            self.export(seq);
+        }
+    }
+
+    /// Copies the new full pages and the tails of finished sequence `seq`, if it waits for
+    /// that, and hands them to the writer thread (a memory copy; the writing is the writer's).
+    pub(super) fn export(&mut self, seq: SeqId) {
+        let Some(i) = self.exports.iter().position(|e| e.0 == seq) else {
+            return;
+        };
+        let (_, cache_n, prompt_len, _) = self.exports.swap_remove(i);
+        let (Some(store), Some(writer)) = (&self.store, &self.writer) else {
+            return;
+        };
+        let len = self.ctx.tokens(seq).map_or(0, <[u32]>::len);
+        let work = (|| -> engine::Result<Work> {
+            let blocks = store.new_blocks(&self.ctx, seq, cache_n / PAGE_TOKENS)?;
+            let mut tails = Vec::new();
+            // The prompt's own tail (a repeated prompt ends there), unless it came from a
+            // cache, and the whole sequence's (the next turn of a chat continues it).
+            if prompt_len > cache_n + 1 {
+                tails.extend(store.tail_of(&self.ctx, seq, prompt_len)?);
+            }
+            tails.extend(store.tail_of(&self.ctx, seq, len)?);
+            Ok(Work { blocks, tails })
+        })();
+        match work {
+            Ok(work) => writer.send(work),
+            Err(e) => self
+                .metrics
+                .cache_error(format!("reading pages failed: {e}")),
+        }
+    }
+}
+
+/// How long a finished sequence's pages may wait for the scheduler to be idle before they are
+/// copied out for the store anyway.
+const EXPORT_DELAY: Duration = Duration::from_millis(200);
+
+/// How long the idle scheduler waits for another request before it copies finished pages out.
+pub(super) const EXPORT_IDLE: Duration = Duration::from_millis(20);
+
+/// Waits up to `d` for a command: `Some(Some(cmd))`, `Some(None)` when every sender is gone,
+/// `None` when nothing came.
+pub(super) fn recv_within(
+    rx: &mut mpsc::UnboundedReceiver<Command>,
+    d: Duration,
+) -> Option<Option<Command>> {
+    let until = Instant::now() + d;
+    loop {
+        match rx.try_recv() {
+            Ok(c) => return Some(Some(c)),
+            Err(mpsc::error::TryRecvError::Disconnected) => return Some(None),
+            Err(mpsc::error::TryRecvError::Empty) if Instant::now() >= until => return None,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+}
+
+/// Length of the common prefix of `a` and `b`.
+pub(super) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
