@@ -3,9 +3,9 @@
 //!
 //! Two measurements, each reported per server:
 //! - **Time to first token** of a chat prompt of about `--prompt-tokens` tokens: the first request,
-//!   the same request again, and the same request after the server was stopped (SIGTERM) and
-//!   started again on the same cache directory. Streaming, measured at the client from sending the
-//!   request to the first chunk carrying text.
+//!   the same request again (`--repeats` times, the median), and the same request after the
+//!   server was stopped (SIGTERM) and started again on the same cache directory. Streaming,
+//!   measured at the client from sending the request to the first chunk carrying text.
 //! - **An agent-like trace**: `--conversations` conversations of `--turns` turns each, sharing one
 //!   system prompt of about `--system-tokens` tokens, driven by `--clients` concurrent clients
 //!   (each takes the next conversation and plays its turns in order, sending back the reply it
@@ -33,6 +33,7 @@ struct Options {
     threads: usize,
     prompt_tokens: usize,
     reps: usize,
+    repeats: usize,
     system_tokens: usize,
     conversations: usize,
     turns: usize,
@@ -53,6 +54,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         threads: 2,
         prompt_tokens: 2000,
         reps: 3,
+        repeats: 1,
         system_tokens: 1000,
         conversations: 8,
         turns: 6,
@@ -83,6 +85,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--threads" => o.threads = number(value()?)?,
             "--prompt-tokens" => o.prompt_tokens = number(value()?)?,
             "--reps" => o.reps = number(value()?)?,
+            "--repeats" => o.repeats = number(value()?)?,
             "--system-tokens" => o.system_tokens = number(value()?)?,
             "--conversations" => o.conversations = number(value()?)?,
             "--turns" => o.turns = number(value()?)?,
@@ -95,7 +98,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
             other => {
                 return Err(format!(
                     "bench-server: unknown option `{other}` (options: --ours BIN, \
-                     --llama-server BIN, --model PATH, --threads N, --prompt-tokens N, --reps N, \
+                     --llama-server BIN, --model PATH, --threads N, --prompt-tokens N, --reps N, --repeats N, \
                      --system-tokens N, --conversations N, --turns N, --clients N, \
                      --gen-tokens N, --dir DIR, --only ours|llama, --skip-trace, --skip-ttft)"
                 ))
@@ -491,7 +494,12 @@ fn ttft(kind: Kind, bin: &Path, o: &Options) -> Result<Value, String> {
             {"role": "user", "content": "Summarize the text above in one sentence."},
         ]);
         let a = chat(&server.base, &messages, 8)?;
-        let b = chat(&server.base, &messages, 8)?;
+        let mut again = Vec::new();
+        for _ in 0..o.repeats {
+            again.push(chat(&server.base, &messages, 8)?);
+        }
+        let repeat_ms: Vec<f64> = again.iter().map(|r| r.ttft_ms).collect();
+        let b = again.swap_remove(0);
         server.stop()?;
         let server = Server::start(kind, bin, o, 1, 4096, &cache, &log.with_extension("2.log"))?;
         let c = chat(&server.base, &messages, 8)?;
@@ -507,24 +515,26 @@ fn ttft(kind: Kind, bin: &Path, o: &Options) -> Result<Value, String> {
         }
         eprintln!(
             "{} rep {rep}: prompt {} tokens; first {:.1} ms ({} computed), repeat {:.1} ms ({} \
-             computed), after restart {:.1} ms ({} computed)",
+             computed; median of {}), after restart {:.1} ms ({} computed)",
             kind.name(),
             a.prompt_tokens,
             a.ttft_ms,
             a.prompt_computed,
-            b.ttft_ms,
+            percentile(&repeat_ms, 50.0),
             b.prompt_computed,
+            repeat_ms.len(),
             c.ttft_ms,
             c.prompt_computed
         );
         details.push(json!({
             "prompt_tokens": a.prompt_tokens,
             "first_ms": a.ttft_ms, "first_computed": a.prompt_computed,
-            "repeat_ms": b.ttft_ms, "repeat_computed": b.prompt_computed,
+            "repeat_ms": percentile(&repeat_ms, 50.0), "repeat_computed": b.prompt_computed,
+            "repeat_runs_ms": repeat_ms,
             "restart_ms": c.ttft_ms, "restart_computed": c.prompt_computed,
         }));
         first.push(a.ttft_ms);
-        repeat.push(b.ttft_ms);
+        repeat.push(percentile(&repeat_ms, 50.0));
         restarted.push(c.ttft_ms);
     }
     Ok(json!({
