@@ -144,6 +144,12 @@ impl Args {
                 reason: "at least one slot is needed".into(),
             });
         }
+        if !self.temp.is_finite() {
+            return Err(ServerError::BadOption {
+                option: "--temp",
+                reason: format!("{} is not a finite number", self.temp),
+            });
+        }
         if self.ctx_size < 2 {
             return Err(ServerError::BadOption {
                 option: "--ctx-size",
@@ -186,5 +192,26 @@ impl Args {
             alias,
             args: self,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_infinite_default_temperature_is_refused() {
+        let args = Args::parse_from_argv(["server", "-m", "m.gguf", "--temp", "inf"]);
+        let e = args.expect("clap reads inf").check().unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ServerError::BadOption {
+                    option: "--temp",
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 }

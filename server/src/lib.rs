@@ -22,6 +22,7 @@ pub mod args;
 pub mod cache;
 pub mod error;
 pub mod metrics;
+pub mod request;
 mod routes;
 pub mod scheduler;
 

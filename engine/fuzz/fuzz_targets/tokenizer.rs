@@ -1,6 +1,10 @@
 //! Arbitrary bytes through a real vocabulary: encoding and decoding never panic; for valid UTF-8,
 //! decoding the encoding gives the text back and the streaming decoder agrees with `decode`.
 //!
+//! A vocabulary may lack the token of a byte (SmolLM2's has none for 0x04, 0x06, 0x13, 0x14,
+//! 0x16, 0x1D, 0xF1 and 0xF2, among bytes valid UTF-8 uses): like llama.cpp, encoding drops such a
+//! byte, so the text comes back whole only when each of its characters does on its own.
+//!
 //! The vocabulary is the GGUF named by `ENGINE_FUZZ_VOCAB` (default: the vocabulary-only file
 //! written by `make_seeds.py`, `seeds/vocab.gguf`).
 
@@ -38,18 +42,28 @@ fuzz_target!(|data: &[u8]| {
     let _ = stream.flush();
 
     let text = String::from_utf8_lossy(data);
+    // Whether every character has tokens for its bytes.
+    let representable = || {
+        text.chars().all(|c| {
+            let one = c.to_string();
+            let ids = tok.encode(&one, false, false).expect("encodes");
+            tok.decode(&ids) == one
+        })
+    };
     for parse_special in [false, true] {
         let ids = tok.encode(&text, false, parse_special).expect("encodes");
         assert!(ids.iter().all(|&id| (id as usize) < tok.n_vocab()));
         if parse_special {
-            assert_eq!(tok.decode_special(&ids), text, "{ids:?}");
+            let back = tok.decode_special(&ids);
+            assert!(back == text || !representable(), "{ids:?}");
         } else {
             // Byte-level BPE without space clean-up (SmolLM's "smollm" pre-tokenizer) is exact.
-            assert_eq!(tok.decode(&ids), text, "{ids:?}");
+            let back = tok.decode(&ids);
+            assert!(back == text || !representable(), "{ids:?}");
             let mut stream = StreamDecoder::new();
             let mut streamed: String = ids.iter().map(|&id| stream.push(tok, id)).collect();
             streamed.push_str(&stream.flush());
-            assert_eq!(streamed, text);
+            assert_eq!(streamed, back);
         }
     }
 });

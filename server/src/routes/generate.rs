@@ -15,144 +15,22 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use engine::chat::Message;
-use engine::sampling::SamplerParams;
-use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::{AppState, JsonBody};
+use super::{AppState, RawBody};
 use crate::error::{Result, ServerError};
+use crate::request::{self, CompletionApi, Limits, Prompt};
 use crate::scheduler::{Command, Event, Finish, FinishReason, GenParams, Job};
 
-/// One chat message as clients send it.
-#[derive(Deserialize)]
-pub struct ChatMessage {
-    role: String,
-    #[serde(default)]
-    content: Option<Content>,
-}
-
-/// Message content: a string, or OpenAI's list of parts (only text parts are supported).
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Content {
-    Text(String),
-    Parts(Vec<Part>),
-}
-
-#[derive(Deserialize)]
-struct Part {
-    #[serde(rename = "type")]
-    kind: String,
-    #[serde(default)]
-    text: Option<String>,
-}
-
-/// `stop`: one string or several.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Stop {
-    One(String),
-    Many(Vec<String>),
-}
-
-/// Settings every generating endpoint accepts.
-#[derive(Default, Deserialize)]
-struct Sampling {
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<usize>,
-    min_p: Option<f32>,
-    seed: Option<i64>,
-    repeat_penalty: Option<f32>,
-    frequency_penalty: Option<f32>,
-    presence_penalty: Option<f32>,
-    stop: Option<Stop>,
-    cache_prompt: Option<bool>,
-    id_slot: Option<i64>,
-    #[serde(default)]
-    ignore_eos: bool,
-    #[serde(default)]
-    stream: bool,
-}
-
-/// `POST /v1/chat/completions` body.
-#[derive(Deserialize)]
-pub struct ChatRequest {
-    messages: Vec<ChatMessage>,
-    max_tokens: Option<i64>,
-    max_completion_tokens: Option<i64>,
-    n_predict: Option<i64>,
-    #[serde(flatten)]
-    sampling: Sampling,
-}
-
-/// A prompt as text, one text in a list, or token ids.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Prompt {
-    Text(String),
-    Texts(Vec<String>),
-    Tokens(Vec<u32>),
-}
-
-/// `POST /v1/completions` and `POST /completion` body.
-#[derive(Deserialize)]
-pub struct CompletionRequest {
-    prompt: Prompt,
-    max_tokens: Option<i64>,
-    n_predict: Option<i64>,
-    #[serde(flatten)]
-    sampling: Sampling,
-}
-
-/// The engine's messages from the client's.
-pub fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>> {
-    if messages.is_empty() {
-        return Err(ServerError::BadRequest("\"messages\" is empty".into()));
-    }
-    messages
-        .iter()
-        .map(|m| {
-            let content = match &m.content {
-                None => String::new(),
-                Some(Content::Text(t)) => t.clone(),
-                Some(Content::Parts(parts)) => {
-                    let mut text = String::new();
-                    for p in parts {
-                        match (p.kind.as_str(), &p.text) {
-                            ("text", Some(t)) => text.push_str(t),
-                            (kind, _) => {
-                                return Err(ServerError::BadRequest(format!(
-                                    "content parts of type {kind:?} are not supported"
-                                )))
-                            }
-                        }
-                    }
-                    text
-                }
-            };
-            Ok(Message::new(m.role.clone(), content))
-        })
-        .collect()
-}
-
 /// `POST /v1/chat/completions`.
-pub async fn chat(
-    State(st): State<Arc<AppState>>,
-    JsonBody(req): JsonBody<ChatRequest>,
-) -> Result<Response> {
-    let messages = chat_messages(&req.messages)?;
-    let text = st.model.chat_template().render(&messages, true)?;
+pub async fn chat(State(st): State<Arc<AppState>>, RawBody(body): RawBody) -> Result<Response> {
+    let limits = st.limits();
+    let req = request::chat(&body, &limits)?;
+    let text = st.model.chat_template().render(&req.messages, true)?;
     let prompt = chat_tokens(&st, &text)?;
-    let max = req
-        .max_completion_tokens
-        .or(req.max_tokens)
-        .or(req.n_predict);
-    let params = gen_params(&st, &req.sampling, max)?;
-    let mut rx = submit(&st, prompt.clone(), params)?;
+    let mut rx = submit(&st, &limits, prompt.clone(), req.params)?;
     let (id, created, model) = (new_id("chatcmpl"), unix_now(), st.config.alias.clone());
     let remember = move |st: &AppState, reply: &str, f: &Finish| {
         // A reply cut at a stop string is not the text of its tokens.
@@ -167,7 +45,7 @@ pub async fn chat(
             }
         }
     };
-    if !req.sampling.stream {
+    if !req.stream {
         let (reply, f) = collect(&mut rx).await?;
         remember(&st, &reply, &f);
         return Ok(Json(json!({
@@ -252,11 +130,12 @@ fn chat_tokens(st: &AppState, text: &str) -> Result<Vec<u32>> {
 /// `POST /v1/completions`.
 pub async fn completions(
     State(st): State<Arc<AppState>>,
-    JsonBody(req): JsonBody<CompletionRequest>,
+    RawBody(body): RawBody,
 ) -> Result<Response> {
-    let prompt = prompt_tokens(&st, &req.prompt)?;
-    let params = gen_params(&st, &req.sampling, req.max_tokens.or(req.n_predict))?;
-    let mut rx = submit(&st, prompt, params)?;
+    let limits = st.limits();
+    let req = request::completion(&body, &limits, CompletionApi::OpenAi)?;
+    let prompt = prompt_tokens(&st, req.prompt)?;
+    let mut rx = submit(&st, &limits, prompt, req.params)?;
     let (id, created, model) = (new_id("cmpl"), unix_now(), st.config.alias.clone());
     let body = move |text: &str, finish: Value| {
         json!({
@@ -267,7 +146,7 @@ pub async fn completions(
             "choices": [{ "text": text, "index": 0, "logprobs": null, "finish_reason": finish }],
         })
     };
-    if !req.sampling.stream {
+    if !req.stream {
         let (text, f) = collect(&mut rx).await?;
         let mut out = body(&text, json!(f.reason.as_openai()));
         out["usage"] = usage(&f);
@@ -290,11 +169,12 @@ pub async fn completions(
 /// `POST /completion`: llama.cpp's native endpoint.
 pub async fn completion(
     State(st): State<Arc<AppState>>,
-    JsonBody(req): JsonBody<CompletionRequest>,
+    RawBody(body): RawBody,
 ) -> Result<Response> {
-    let prompt = prompt_tokens(&st, &req.prompt)?;
-    let params = gen_params(&st, &req.sampling, req.n_predict.or(req.max_tokens))?;
-    let mut rx = submit(&st, prompt, params)?;
+    let limits = st.limits();
+    let req = request::completion(&body, &limits, CompletionApi::Native)?;
+    let prompt = prompt_tokens(&st, req.prompt)?;
+    let mut rx = submit(&st, &limits, prompt, req.params)?;
     let model = st.config.alias.clone();
     let last = move |content: &str, f: &Finish| {
         json!({
@@ -315,7 +195,7 @@ pub async fn completion(
             "timings": timings(f),
         })
     };
-    if !req.sampling.stream {
+    if !req.stream {
         let (text, f) = collect(&mut rx).await?;
         return Ok(Json(last(&text, &f)).into_response());
     }
@@ -328,87 +208,21 @@ pub async fn completion(
 }
 
 /// A completion prompt as tokens (text is tokenized with the model's special tokens).
-fn prompt_tokens(st: &AppState, prompt: &Prompt) -> Result<Vec<u32>> {
-    let tok = st.model.tokenizer();
+fn prompt_tokens(st: &AppState, prompt: Prompt) -> Result<Vec<u32>> {
     match prompt {
-        Prompt::Text(t) => Ok(tok.encode(t, true, true)?),
-        Prompt::Texts(ts) if ts.len() == 1 => Ok(tok.encode(&ts[0], true, true)?),
-        Prompt::Texts(ts) => Err(ServerError::BadRequest(format!(
-            "one prompt per request is supported, not {}",
-            ts.len()
-        ))),
-        Prompt::Tokens(ids) => Ok(ids.clone()),
+        Prompt::Text(t) => Ok(st.model.tokenizer().encode(&t, true, true)?),
+        Prompt::Tokens(ids) => Ok(ids),
     }
-}
-
-/// The generation settings of a request, with the server's defaults.
-fn gen_params(st: &AppState, s: &Sampling, max_tokens: Option<i64>) -> Result<GenParams> {
-    let args = &st.config.args;
-    let max_tokens = match max_tokens.filter(|&m| m >= 0).unwrap_or(args.n_predict) {
-        m if m < 0 => usize::MAX,
-        m => m as usize,
-    };
-    let seed = match s.seed.filter(|&s| s >= 0).unwrap_or(args.seed) {
-        s if s < 0 => random_seed(),
-        s => s as u64,
-    };
-    let d = SamplerParams::default();
-    let sampler = SamplerParams {
-        temperature: s.temperature.unwrap_or(args.temp),
-        top_k: s.top_k.unwrap_or(d.top_k),
-        top_p: s.top_p.unwrap_or(d.top_p),
-        min_p: s.min_p.unwrap_or(d.min_p),
-        repeat_penalty: s.repeat_penalty.unwrap_or(d.repeat_penalty),
-        frequency_penalty: s.frequency_penalty.unwrap_or(d.frequency_penalty),
-        presence_penalty: s.presence_penalty.unwrap_or(d.presence_penalty),
-        seed,
-        ..d
-    };
-    let id_slot = match s.id_slot {
-        None => None,
-        Some(id) if id < 0 => None,
-        Some(id) if (id as usize) < st.n_slots => Some(id as usize),
-        Some(id) => {
-            return Err(ServerError::UnknownSlot {
-                id: id as usize,
-                n_slots: st.n_slots,
-            })
-        }
-    };
-    let stop = match &s.stop {
-        None => Vec::new(),
-        Some(Stop::One(s)) => vec![s.clone()],
-        Some(Stop::Many(v)) => v.clone(),
-    };
-    Ok(GenParams {
-        max_tokens,
-        sampler,
-        stop,
-        cache_prompt: s.cache_prompt.unwrap_or(true),
-        id_slot,
-        ignore_eos: s.ignore_eos,
-    })
 }
 
 /// Checks the prompt and queues it; the receiver gets the request's events.
 fn submit(
     st: &AppState,
+    limits: &Limits,
     prompt: Vec<u32>,
     params: GenParams,
 ) -> Result<mpsc::UnboundedReceiver<Event>> {
-    if prompt.is_empty() {
-        return Err(ServerError::BadRequest("the prompt is empty".into()));
-    }
-    if prompt.len() >= st.n_ctx {
-        return Err(ServerError::PromptTooLong {
-            n_prompt: prompt.len(),
-            n_ctx: st.n_ctx,
-        });
-    }
-    let n_vocab = st.model.hparams().n_vocab;
-    if let Some(&id) = prompt.iter().find(|&&t| t as usize >= n_vocab) {
-        return Err(ServerError::BadToken { id, n_vocab });
-    }
+    request::check_prompt(&prompt, limits)?;
     let (events, rx) = mpsc::unbounded_channel();
     st.tx
         .send(Command::Generate(Job {
@@ -529,16 +343,4 @@ fn new_id(prefix: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     format!("{prefix}-{:x}{n:04x}", unix_now())
-}
-
-/// A seed for requests that ask for a random one.
-fn random_seed() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    nanos
-        ^ NEXT
-            .fetch_add(1, Ordering::Relaxed)
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }

@@ -5,12 +5,11 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::Json;
-use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::generate::{chat_messages, ChatMessage};
-use super::{AppState, JsonBody};
-use crate::error::{Result, ServerError};
+use super::{AppState, RawBody};
+use crate::error::Result;
+use crate::request;
 
 /// `GET /health`.
 pub async fn health() -> Json<Value> {
@@ -68,27 +67,12 @@ pub async fn props(State(st): State<Arc<AppState>>) -> Json<Value> {
     }))
 }
 
-/// `POST /tokenize` body.
-#[derive(Deserialize)]
-pub struct TokenizeRequest {
-    content: String,
-    #[serde(default)]
-    add_special: bool,
-    #[serde(default = "yes")]
-    parse_special: bool,
-    #[serde(default)]
-    with_pieces: bool,
-}
-
-fn yes() -> bool {
-    true
-}
-
 /// `POST /tokenize`.
 pub async fn tokenize(
     State(st): State<Arc<AppState>>,
-    JsonBody(req): JsonBody<TokenizeRequest>,
+    RawBody(body): RawBody,
 ) -> Result<Json<Value>> {
+    let req = request::tokenize(&body, &st.limits())?;
     let tok = st.model.tokenizer();
     let ids = tok.encode(&req.content, req.add_special, req.parse_special)?;
     let tokens: Vec<Value> = if req.with_pieces {
@@ -101,38 +85,23 @@ pub async fn tokenize(
     Ok(Json(json!({ "tokens": tokens })))
 }
 
-/// `POST /detokenize` body.
-#[derive(Deserialize)]
-pub struct DetokenizeRequest {
-    tokens: Vec<u32>,
-}
-
 /// `POST /detokenize`.
 pub async fn detokenize(
     State(st): State<Arc<AppState>>,
-    JsonBody(req): JsonBody<DetokenizeRequest>,
+    RawBody(body): RawBody,
 ) -> Result<Json<Value>> {
-    let n_vocab = st.model.hparams().n_vocab;
-    if let Some(&id) = req.tokens.iter().find(|&&t| t as usize >= n_vocab) {
-        return Err(ServerError::BadToken { id, n_vocab });
-    }
+    let tokens = request::detokenize(&body, &st.limits())?;
     Ok(Json(
-        json!({ "content": st.model.tokenizer().decode(&req.tokens) }),
+        json!({ "content": st.model.tokenizer().decode(&tokens) }),
     ))
-}
-
-/// `POST /apply-template` body.
-#[derive(Deserialize)]
-pub struct TemplateRequest {
-    messages: Vec<ChatMessage>,
 }
 
 /// `POST /apply-template`: the chat template's prompt for `messages`.
 pub async fn apply_template(
     State(st): State<Arc<AppState>>,
-    JsonBody(req): JsonBody<TemplateRequest>,
+    RawBody(body): RawBody,
 ) -> Result<Json<Value>> {
-    let messages = chat_messages(&req.messages)?;
+    let messages = request::apply_template(&body, &st.limits())?;
     let prompt = st.model.chat_template().render(&messages, true)?;
     Ok(Json(json!({ "prompt": prompt })))
 }

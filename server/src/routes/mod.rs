@@ -1,5 +1,5 @@
-//! The HTTP side: the router, the shared state handlers see, the API-key check and the JSON
-//! body extractor that turns every bad body into an OpenAI-style error.
+//! The HTTP side: the router, the shared state handlers see, the API-key check and the body
+//! extractor that turns a body over the limit into an OpenAI-style error.
 
 mod generate;
 mod info;
@@ -17,7 +17,6 @@ use axum::routing::{get, post};
 use axum::Router;
 use engine::store::SessionStore;
 use engine::Model;
-use serde::de::DeserializeOwned;
 use subtle::ConstantTimeEq;
 use tokio::sync::mpsc;
 
@@ -25,6 +24,7 @@ use crate::args::Config;
 use crate::cache::TextIndex;
 use crate::error::ServerError;
 use crate::metrics::Metrics;
+use crate::request::Limits;
 use crate::scheduler::Command;
 
 /// What every handler can reach.
@@ -107,11 +107,11 @@ async fn require_key(State(st): State<Arc<AppState>>, req: Request, next: Next) 
     next.run(req).await
 }
 
-/// A JSON body (an empty one reads as `null`): a body over the limit is 413, anything that does not parse into `T` is 400,
-/// both as OpenAI-style errors.
-pub struct JsonBody<T>(pub T);
+/// A request body's bytes; a body over the limit is 413, as an OpenAI-style error. The
+/// functions of [`crate::request`] parse it.
+pub struct RawBody(pub Bytes);
 
-impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
+impl FromRequest<Arc<AppState>> for RawBody {
     type Rejection = ServerError;
 
     async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
@@ -123,16 +123,22 @@ impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
                 ServerError::BadRequest(e.body_text())
             }
         })?;
-        // An empty body reads as `null` (for endpoints whose body is optional).
-        let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-            b"null"
-        } else {
-            &bytes
-        };
-        serde_json::from_slice(text)
-            .map(JsonBody)
-            .map_err(|e| ServerError::BadJson {
-                reason: e.to_string(),
-            })
+        Ok(RawBody(bytes))
+    }
+}
+
+impl AppState {
+    /// What request checks compare against.
+    pub fn limits(&self) -> Limits {
+        let args = &self.config.args;
+        Limits {
+            max_body: self.config.max_body,
+            n_ctx: self.n_ctx,
+            n_vocab: self.model.hparams().n_vocab,
+            n_slots: self.n_slots,
+            n_predict: args.n_predict,
+            temp: args.temp,
+            seed: args.seed,
+        }
     }
 }
