@@ -402,10 +402,23 @@ impl Scheduler {
             };
             let stored = found.as_ref().map_or(0, |f| f.tokens);
             if let Some((n, src)) = resident.filter(|&(n, _)| n > 0 && n >= stored) {
-                if let Ok(forked) = self.ctx.fork(src, n) {
+                // The finished sequence is taken over, cut to the shared prefix, rather than
+                // forked: no page is copied, the pool does not grow with every repeat, and its
+                // pages stay where they were (attention adds cells up in pool order, so the
+                // same prompt gets the same reply). Its new blocks go to the store first.
+                self.export(src);
+                self.cached.retain(|&s| s != src);
+                for s in &mut self.slots {
+                    if s.last == Some(src) {
+                        s.last = None;
+                    }
+                }
+                if self.ctx.truncate(src, n).is_ok() {
                     let _ = self.ctx.remove_sequence(seq);
-                    seq = forked;
+                    seq = src;
                     from_ram = n;
+                } else {
+                    let _ = self.ctx.remove_sequence(src);
                 }
             }
             if from_ram == 0 {
