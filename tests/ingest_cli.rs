@@ -432,7 +432,8 @@ fn ctrl_c_stops_with_everything_kept_and_a_rerun_resumes() {
     let held = stopped.field("restored") + stopped.field("computed");
     eprintln!("exit {:?} after {held} tokens", stopped.code);
     match stopped.code {
-        Some(130) => assert!(held < 3000),
+        // Stopped: by the signal, possibly after the last micro-batch (it came in between).
+        Some(130) => assert!(held <= 3000),
         // It may have finished before the signal arrived.
         Some(0) => assert_eq!(held, 3000),
         other => panic!("exit {other:?}"),

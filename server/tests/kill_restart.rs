@@ -1,0 +1,101 @@
+//! The server binary killed with SIGKILL after a response: the blocks and the tail that the
+//! write-behind thread had written come back in the next process, verified, and the reply is
+//! the same as when everything is computed.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Env;
+use serde_json::{json, Value};
+
+/// A server process, killed when dropped (a failing test leaves none behind).
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the binary on port 0 and reads the address it listens on.
+fn spawn(env: &Env) -> (Killed, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_llama-hdd-server"))
+        .arg("-m")
+        .arg(&env.model)
+        .arg("--cache-dir")
+        .arg(env.cache())
+        .args(["--port", "0", "-t", "1", "-c", "512", "--metrics"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = loop {
+        let line = lines
+            .next()
+            .expect("the server said where it listens")
+            .unwrap();
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            break rest.trim().to_owned();
+        }
+    };
+    // Keep draining its standard error so it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    (Killed(child), url)
+}
+
+async fn post(url: &str, body: &Value) -> Value {
+    reqwest::Client::new()
+        .post(format!("{url}/completion"))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// A counter of `/metrics`.
+async fn metric(url: &str, name: &str) -> u64 {
+    let text = reqwest::get(format!("{url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("llamahdd:{name} ")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_9_keeps_what_the_writer_had_written() {
+    let env = Env::new();
+    let body = json!({
+        "prompt": format!("kill {}", "abcdefgh ".repeat(30)),
+        "n_predict": 4,
+        "temperature": 0,
+    });
+    let (mut first, url) = spawn(&env);
+    let cold = post(&url, &body).await;
+    let n_prompt = cold["tokens_evaluated"].as_u64().unwrap();
+    assert!(n_prompt > 3 * 64, "{cold}");
+    // Wait until the writer has stored the blocks and the tail, then kill without warning.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(&url, "cache_tails_written_total").await == 0 {
+        assert!(Instant::now() < deadline, "the writer stored nothing");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.0.kill().unwrap();
+    first.0.wait().unwrap();
+
+    let (_second, url) = spawn(&env);
+    let warm = post(&url, &body).await;
+    assert_eq!(warm["timings"]["cache_n"], n_prompt - 1, "{warm}");
+    assert_eq!(warm["content"], cold["content"]);
+}
