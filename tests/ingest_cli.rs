@@ -265,15 +265,7 @@ impl Env {
         let mut s = Session::new(model, params).unwrap();
         store.restore(&mut s, "doc").unwrap();
         let n = s.tokens().len();
-        let layout = s.kv_layout().clone();
-        let mut all = Vec::new();
-        for l in 0..layout.n_layers {
-            let mut k = vec![0u8; n * layout.k_bytes_per_token[l]];
-            let mut v = vec![0u8; n * layout.v_bytes_per_token[l]];
-            s.read_kv(l, 0..n, &mut k, &mut v).unwrap();
-            all.extend(k);
-            all.extend(v);
-        }
+        let all = s.kv_bytes().unwrap();
         Some((n, all))
     }
 }

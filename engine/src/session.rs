@@ -290,6 +290,22 @@ impl Session {
     ) -> Result<()> {
         self.ctx.read_kv(self.seq, layer, positions, k, v)
     }
+
+    /// Every K and V byte the session holds, layer by layer, each layer's K rows then its V
+    /// rows (to compare or hash whole states).
+    pub fn kv_bytes(&self) -> Result<Vec<u8>> {
+        let layout = self.kv_layout();
+        let n = self.tokens().len();
+        let mut all = Vec::with_capacity(n * layout.bytes_per_token());
+        for layer in 0..layout.n_layers {
+            let mut k = vec![0u8; n * layout.k_bytes_per_token[layer]];
+            let mut v = vec![0u8; n * layout.v_bytes_per_token[layer]];
+            self.read_kv(layer, 0..n, &mut k, &mut v)?;
+            all.extend(k);
+            all.extend(v);
+        }
+        Ok(all)
+    }
 }
 
 /// Byte offset where the earliest stop string starts, if any occurs.

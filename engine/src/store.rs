@@ -438,6 +438,10 @@ impl SessionStore {
             },
         )?;
         self.handle.save(&manifest)?;
+        if self.disk_bytes.is_none() {
+            // The order matters only to the disk budget; without one it is not kept.
+            return Ok(());
+        }
         let mut order = self
             .tails_stored
             .lock()

@@ -183,17 +183,7 @@ fn plain_ids_of(model: &std::sync::Arc<engine::Model>, tokens: &[u32]) -> Vec<ck
 
 /// Every layer's K and V bytes of all positions held.
 fn kv_bytes(s: &Session) -> Vec<u8> {
-    let layout = s.kv_layout().clone();
-    let n = s.tokens().len();
-    let mut all = Vec::new();
-    for l in 0..layout.n_layers {
-        let mut k = vec![0u8; n * layout.k_bytes_per_token[l]];
-        let mut v = vec![0u8; n * layout.v_bytes_per_token[l]];
-        s.read_kv(l, 0..n, &mut k, &mut v).unwrap();
-        all.extend(k);
-        all.extend(v);
-    }
-    all
+    s.kv_bytes().unwrap()
 }
 
 fn bits(logits: &[f32]) -> Vec<u32> {

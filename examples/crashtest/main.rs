@@ -115,16 +115,9 @@ fn open(c: &Common) -> Result<(Arc<Model>, SessionStore)> {
 /// Token count and BLAKE3 of every K and V byte the session holds, layer by layer.
 fn state_of(session: &Session) -> Result<State> {
     let n = session.tokens().len();
-    let layout = session.kv_layout().clone();
     let mut hasher = blake3::Hasher::new();
     hasher.update(token_bytes(session.tokens()).as_slice());
-    for layer in 0..layout.n_layers {
-        let mut k = vec![0u8; layout.k_bytes_per_token[layer] * n];
-        let mut v = vec![0u8; layout.v_bytes_per_token[layer] * n];
-        session.read_kv(layer, 0..n, &mut k, &mut v)?;
-        hasher.update(&k);
-        hasher.update(&v);
-    }
+    hasher.update(&session.kv_bytes()?);
     Ok(State::Present {
         tokens: n,
         digest: hasher.finalize().to_hex().to_string(),
