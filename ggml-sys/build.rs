@@ -21,6 +21,7 @@ fn main() {
     println!("cargo:rerun-if-changed=src/source.rs");
     println!("cargo:rerun-if-changed=fetch.rs");
     println!("cargo:rerun-if-changed=src/bindings.rs");
+    println!("cargo:rerun-if-changed=csrc");
     for var in [
         SOURCE_DIR_ENV,
         "GGML_SYS_PORTABLE",
@@ -57,6 +58,9 @@ fn main() {
         src.join("ggml-quants.c"),
         cpu.join("ggml-cpu.c"),
         cpu.join("quants.c"),
+        // Ours: kernels that run as ggml custom ops (declared in src/kernels.rs).
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+            .join("csrc/mul_mat_q4_1.c"),
     ];
     let mut cpp_files = vec![
         src.join("ggml.cpp"),

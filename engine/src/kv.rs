@@ -221,6 +221,52 @@ impl KvLayout {
     pub fn bytes_per_page(&self) -> usize {
         self.bytes_per_token() * PAGE_TOKENS
     }
+
+    /// Converts a checkpoint span of whole tokens (layer after layer, K then V) from this
+    /// layout to `to`, a layout of the same model with other element types: f16 rows are
+    /// quantized to q8_0 (ckptfmt's q8_0, which is ggml's block layout), q8_0 rows widened to
+    /// f16, rows of one type copied as they are. The result is deterministic: converting the
+    /// same bytes twice gives the same bytes.
+    pub fn convert_span(&self, span: &[u8], to: &KvLayout) -> crate::Result<Vec<u8>> {
+        let bad = |why: String| ckptfmt::FormatError::invalid("KV span", why).into();
+        let per_token = self.bytes_per_token();
+        if self.n_layers != to.n_layers || per_token == 0 || !span.len().is_multiple_of(per_token) {
+            return Err(bad(format!(
+                "{} bytes are not whole tokens of {per_token} bytes in {} layers (target {})",
+                span.len(),
+                self.n_layers,
+                to.n_layers
+            )));
+        }
+        let n = span.len() / per_token;
+        let mut out = Vec::with_capacity(n * to.bytes_per_token());
+        let mut rest = span;
+        for l in 0..self.n_layers {
+            for (from_type, to_type, bytes) in [
+                (self.type_k, to.type_k, self.k_bytes_per_token[l]),
+                (self.type_v, to.type_v, self.v_bytes_per_token[l]),
+            ] {
+                let (part, tail) = rest.split_at(n * bytes);
+                rest = tail;
+                match (from_type, to_type) {
+                    (a, b) if a == b => out.extend_from_slice(part),
+                    (KvType::F16, KvType::Q8_0) => {
+                        out.extend_from_slice(&ckptfmt::quant::quantize_f16(part));
+                    }
+                    (KvType::Q8_0, KvType::F16) => {
+                        let elems = part.len() / KvType::Q8_0.block_bytes() * 32;
+                        let wide = ckptfmt::quant::dequantize_f16(part, 2 * elems as u64)
+                            .ok_or_else(|| {
+                                bad(format!("{} bytes are not q8_0 blocks", part.len()))
+                            })?;
+                        out.extend_from_slice(&wide);
+                    }
+                    (a, b) => return Err(bad(format!("no conversion from {a} to {b}"))),
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// Occupancy of a context's page pool.

@@ -87,6 +87,12 @@ pub struct StoreConfig {
     pub type_k: KvType,
     /// Element type of their V.
     pub type_v: KvType,
+    /// Element type of K in the store's blocks, when it differs from `type_k`: pages are
+    /// converted on the way in and out (f16 sessions kept as q8_0 at rest take 53% of the
+    /// bytes, and a restored session computes with what was stored). `None`: `type_k`.
+    pub stored_type_k: Option<KvType>,
+    /// Element type of V in the store's blocks (`None`: `type_v`).
+    pub stored_type_v: Option<KvType>,
 }
 
 impl Default for StoreConfig {
@@ -96,6 +102,8 @@ impl Default for StoreConfig {
             disk_bytes: None,
             type_k: KvType::F16,
             type_v: KvType::F16,
+            stored_type_k: None,
+            stored_type_v: None,
         }
     }
 }
@@ -212,6 +220,10 @@ pub struct SessionStore {
     store: KvStore,
     handle: ModelStore,
     fingerprint: Fingerprint,
+    /// The layout of the stored blocks.
+    stored: KvLayout,
+    /// The KV types of the sessions this store converts for (the configured ones).
+    session_types: (KvType, KvType),
     disk_bytes: Option<u64>,
     /// The order in which this process stored tails: files written within one clock tick
     /// share a modification time, and the newest must not be taken for the oldest.
@@ -234,9 +246,9 @@ impl std::fmt::Debug for SessionStore {
 
 impl SessionStore {
     /// Opens (or creates) the store at `dir` for `model`'s conversations with the KV types of
-    /// `config`. Other processes may have it open too. A store holding this model's
-    /// conversations with other KV types is refused ([`Error::KvTypeMismatch`]), nothing
-    /// written.
+    /// `config` (its stored types, where given). Other processes may have it open too. A store
+    /// holding this model's conversations with other KV types is refused
+    /// ([`Error::KvTypeMismatch`]), nothing written.
     pub fn open(dir: &Path, model: &Model, config: StoreConfig) -> Result<SessionStore> {
         // The disk budget is kept here, by dropping old checkpoints after a save (see
         // `collect`), not by refusing the save.
@@ -247,15 +259,21 @@ impl SessionStore {
         };
         let store = KvStore::open(dir, cfg)?;
         let fingerprint = Fingerprint(model.fingerprint());
-        let layout = KvLayout::with_types(model.hparams(), config.type_k, config.type_v)?;
+        let stored = KvLayout::with_types(
+            model.hparams(),
+            config.stored_type_k.unwrap_or(config.type_k),
+            config.stored_type_v.unwrap_or(config.type_v),
+        )?;
         if let Some(existing) = store.existing_model(&fingerprint) {
-            check_kv_types(existing.geometry(), &layout)?;
+            check_kv_types(existing.geometry(), &stored)?;
         }
-        let handle = store.model(fingerprint, geometry(&layout)?)?;
+        let handle = store.model(fingerprint, geometry(&stored)?)?;
         Ok(SessionStore {
             store,
             handle,
             fingerprint,
+            stored,
+            session_types: (config.type_k, config.type_v),
             disk_bytes: config.disk_bytes,
             tails_stored: std::sync::Mutex::default(),
         })
@@ -264,6 +282,35 @@ impl SessionStore {
     /// The store's directory.
     pub fn root(&self) -> &Path {
         self.store.root()
+    }
+
+    /// The KV layout of the store's blocks.
+    pub fn stored_layout(&self) -> &KvLayout {
+        &self.stored
+    }
+
+    /// How spans move between the store and a context of `layout`: `None` byte for byte (the
+    /// same types), `Some` converted (the session types of the configuration, stored as other
+    /// types), and any other types refused ([`Error::KvTypeMismatch`]).
+    fn conversion(&self, layout: &KvLayout) -> Result<Option<KvLayout>> {
+        let types = (layout.type_k, layout.type_v);
+        if types == (self.stored.type_k, self.stored.type_v) {
+            check_kv_types(self.handle.geometry(), layout)?;
+            return Ok(None);
+        }
+        if types == self.session_types {
+            return Ok(Some(layout.clone()));
+        }
+        check_kv_types(self.handle.geometry(), layout)?;
+        Ok(None)
+    }
+
+    /// A span of a context of `layout` in the store's types.
+    fn session_to_stored(&self, conversion: &Option<KvLayout>, span: Vec<u8>) -> Result<Vec<u8>> {
+        match conversion {
+            Some(layout) if !span.is_empty() => layout.convert_span(&span, &self.stored),
+            _ => Ok(span),
+        }
     }
 
     /// Whether a checkpoint `name` exists.
@@ -308,7 +355,7 @@ impl SessionStore {
         name: &str,
         meta: &CheckpointMeta,
     ) -> Result<SaveSummary> {
-        check_kv_types(self.handle.geometry(), ctx.kv_layout())?;
+        let conversion = self.conversion(ctx.kv_layout())?;
         let tokens = ctx.tokens(seq)?.to_vec();
         let ids = ctx.block_ids(seq)?.to_vec();
         let mut summary = SaveSummary {
@@ -324,6 +371,7 @@ impl SessionStore {
         if ids.len() * (TOKENS_PER_BLOCK as usize) < tokens.len() {
             ctx.read_page(seq, ids.len(), &mut tail)?;
         }
+        let tail = self.session_to_stored(&conversion, tail)?;
         let saved_unix = unix_now();
         // Position `i` holds `tokens[i]`, shifted or not (a shift moves the kept tokens down).
         let positions = (0..tokens.len() as i32).collect();
@@ -361,6 +409,7 @@ impl SessionStore {
     /// read is a memory copy; storing it is not).
     pub fn new_blocks(&self, ctx: &Context, seq: SeqId, from: usize) -> Result<Vec<NewBlock>> {
         let tpb = TOKENS_PER_BLOCK as usize;
+        let conversion = self.conversion(ctx.kv_layout())?;
         let tokens = ctx.tokens(seq)?;
         let ids = ctx.block_ids(seq)?;
         let roots = ctx.chain_roots(seq)?;
@@ -371,6 +420,7 @@ impl SessionStore {
             }
             let mut kv = Vec::new();
             ctx.read_page(seq, i, &mut kv)?;
+            let kv = self.session_to_stored(&conversion, kv)?;
             out.push(NewBlock {
                 prev: ChainRoot::find(roots, i)
                     .or_else(|| i.checked_sub(1).map(|p| &ids[p]))
@@ -408,9 +458,11 @@ impl SessionStore {
         if full == 0 || len % PAGE_TOKENS == 0 || !ctx.chain_roots(seq)?.is_empty() {
             return Ok(None);
         }
+        let conversion = self.conversion(ctx.kv_layout())?;
         let last_block = ctx.block_ids(seq)?[full - 1];
         let mut kv = Vec::new();
         ctx.read_page_upto(seq, full, len, &mut kv)?;
+        let kv = self.session_to_stored(&conversion, kv)?;
         Ok(Some(TailBlock {
             tokens: tokens[..len].to_vec(),
             kv,
@@ -523,9 +575,9 @@ impl SessionStore {
     /// Replaces sequence `seq` of `ctx` with checkpoint `name`, as [`SessionStore::restore`]
     /// does for a session (blocks resident in the pool are shared, not read).
     pub fn restore_seq(&self, ctx: &mut Context, seq: SeqId, name: &str) -> Result<CheckpointMeta> {
-        check_kv_types(self.handle.geometry(), ctx.kv_layout())?;
+        let conversion = self.conversion(ctx.kv_layout())?;
         let manifest = self.handle.read_manifest(name)?;
-        check_kv_types(&manifest.geometry, ctx.kv_layout())?;
+        check_kv_types(&manifest.geometry, &self.stored)?;
         manifest.check_owner(&self.fingerprint, self.handle.geometry())?;
         if manifest.tokens.len() > ctx.params().n_ctx {
             return Err(Error::ContextFull {
@@ -540,9 +592,9 @@ impl SessionStore {
             )
             .into());
         }
-        let handle = &self.handle;
         let (tokens, roots) = (&manifest.tokens, &manifest.chain_roots);
-        ctx.import_chained(seq, tokens, roots, &manifest.tail_kv, |i, id, sink| {
+        let tail = self.stored_to_session(&conversion, &manifest.tail_kv)?;
+        ctx.import_chained(seq, tokens, roots, &tail, |i, id, sink| {
             if manifest.block_ids.get(i) != Some(id) {
                 return Err(ckptfmt::FormatError::invalid(
                     "checkpoint manifest",
@@ -550,7 +602,7 @@ impl SessionStore {
                 )
                 .into());
             }
-            read_block(handle, id, sink)
+            self.read_block(&conversion, id, sink)
         })?;
         Ok(CheckpointMeta::from_manifest(&manifest))
     }
@@ -596,14 +648,14 @@ impl SessionStore {
         tokens: &[u32],
         found: &StoredPrefix,
     ) -> Result<usize> {
-        check_kv_types(self.handle.geometry(), ctx.kv_layout())?;
-        let handle = &self.handle;
+        let conversion = self.conversion(ctx.kv_layout())?;
         let read = |_: usize, id: &BlockId, sink: &mut dyn FnMut(&[u8]) -> Result<()>| {
-            read_block(handle, id, sink)
+            self.read_block(&conversion, id, sink)
         };
         match &found.tail {
             Some(tail) => {
-                ctx.import(seq, &tail.tokens, &tail.tail_kv, read)?;
+                let kv = self.stored_to_session(&conversion, &tail.tail_kv)?;
+                ctx.import(seq, &tail.tokens, &kv, read)?;
                 ctx.truncate(seq, found.tokens)?;
             }
             None => {
@@ -744,14 +796,29 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Reads and verifies block `id` and hands its KV span to `sink`.
-fn read_block(
-    handle: &ModelStore,
-    id: &BlockId,
-    sink: &mut dyn FnMut(&[u8]) -> Result<()>,
-) -> Result<()> {
-    match handle.get_uncached(id)? {
-        Some(bytes) => sink(&bytes),
-        None => Err(kvstore::StoreError::BlockNotFound { id: id.to_hex() }.into()),
+impl SessionStore {
+    /// A stored span in the types of a context (see [`SessionStore::conversion`]).
+    fn stored_to_session<'a>(
+        &self,
+        conversion: &Option<KvLayout>,
+        span: &'a [u8],
+    ) -> Result<std::borrow::Cow<'a, [u8]>> {
+        Ok(match conversion {
+            Some(layout) if !span.is_empty() => self.stored.convert_span(span, layout)?.into(),
+            _ => span.into(),
+        })
+    }
+
+    /// Reads and verifies block `id` and hands its KV span, in the context's types, to `sink`.
+    fn read_block(
+        &self,
+        conversion: &Option<KvLayout>,
+        id: &BlockId,
+        sink: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        match self.handle.get_uncached(id)? {
+            Some(bytes) => sink(&self.stored_to_session(conversion, &bytes)?),
+            None => Err(kvstore::StoreError::BlockNotFound { id: id.to_hex() }.into()),
+        }
     }
 }

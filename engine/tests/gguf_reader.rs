@@ -26,6 +26,26 @@ fn small_file() -> GgufWriter {
     w
 }
 
+/// Found by the `gguf_reader` fuzz target (its oracle compared values with `==`): float
+/// metadata holding NaN and subnormals reads back bit for bit.
+#[test]
+fn nan_and_subnormal_floats_read_back_bit_for_bit() {
+    let odd = [0.0, f32::NAN, f32::from_bits(0x7fc0_1234), 8.8606e-41, -0.0];
+    let mut w = GgufWriter::new();
+    w.add_f32_array("misc.floats", &odd)
+        .add_f32("misc.nan", f32::NAN);
+    let g = Gguf::from_bytes(w.to_bytes().unwrap()).unwrap();
+    let Some(MetaValue::Array(a)) = g.get("misc.floats") else {
+        panic!("the array is missing");
+    };
+    let bits = |v: &[f64]| v.iter().map(|x| (*x as f32).to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&a.to_f64s().unwrap()),
+        odd.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    );
+    assert!(g.get_f32("misc.nan").unwrap().is_nan());
+}
+
 #[test]
 fn round_trip_metadata_and_tensors() {
     let bytes = small_file().to_bytes().unwrap();

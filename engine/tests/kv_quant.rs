@@ -264,6 +264,143 @@ fn mixed_types_get_their_own_checkpoint_code() {
     );
 }
 
+/// The f16 values of a span, decoded here (not by the code under test).
+fn f16_values(span: &[u8]) -> Vec<f32> {
+    span.chunks_exact(2)
+        .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+        .collect()
+}
+
+/// The q8_0 blocks of a span as (scale, 32 values), decoded here.
+fn q8_0_blocks(span: &[u8]) -> Vec<(f32, [i8; 32])> {
+    assert_eq!(span.len() % 34, 0);
+    span.chunks_exact(34)
+        .map(|b| {
+            let d = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+            (d, std::array::from_fn(|i| b[2 + i] as i8))
+        })
+        .collect()
+}
+
+#[test]
+fn f16_sessions_stored_as_q8_0_are_converted_on_save_and_restore() {
+    let c = q8_cfg();
+    let (dir, model, _) = build(&c, 23);
+    let toks = tokens(101);
+    let n = 100; // one full page and a tail of 36 tokens
+    let mut a = Session::new(model.clone(), params(64)).unwrap();
+    a.feed(&toks[..n]).unwrap();
+    let pages = |s: &Session| {
+        (0..n.div_ceil(engine::PAGE_TOKENS))
+            .map(|i| {
+                let mut span = Vec::new();
+                s.context().read_page(s.seq(), i, &mut span).unwrap();
+                span
+            })
+            .collect::<Vec<_>>()
+    };
+
+    let at_rest = |root: &Path| {
+        let config = StoreConfig {
+            stored_type_k: Some(KvType::Q8_0),
+            stored_type_v: Some(KvType::Q8_0),
+            ..StoreConfig::default()
+        };
+        SessionStore::open(root, &model, config).unwrap()
+    };
+    let root = dir.path().join("q8");
+    let store = at_rest(&root);
+    store.save(&a, "chat", &CheckpointMeta::default()).unwrap();
+    store.flush().unwrap();
+    drop(store);
+    let plain = dir.path().join("f16");
+    let f16_store = SessionStore::open(&plain, &model, StoreConfig::default()).unwrap();
+    f16_store
+        .save(&a, "chat", &CheckpointMeta::default())
+        .unwrap();
+    f16_store.flush().unwrap();
+    // Block files hold whole pages (the manifests carry the 36-token tail). A block file is a
+    // 4 KiB page of header and token ids, then the payload padded to 4 KiB: 17,408 bytes of
+    // q8_0 against 32,768 of f16 in 5 and 8 pages here.
+    let bytes = |root: &Path| {
+        let blocks = walk(root)
+            .into_iter()
+            .filter(|f| f.0.extension().is_some_and(|e| e == "blk"));
+        blocks.map(|f| f.1.len() - 4096).sum::<usize>() as f64
+    };
+    let ratio = bytes(&root) / bytes(&plain);
+    eprintln!("block payload bytes, q8_0 at rest / f16: {ratio:.3}");
+    assert!(
+        ratio <= 0.63,
+        "q8_0 at rest holds {ratio:.3} of f16's bytes"
+    );
+
+    // A fresh handle: the blocks come from their files. A q8_0 session gets the stored bytes
+    // as they are, an f16 session their f16 values.
+    let store = at_rest(&root);
+    let mut q8 = Session::new(model.clone(), typed(64, KvType::Q8_0, KvType::Q8_0)).unwrap();
+    store.restore(&mut q8, "chat").unwrap();
+    let mut back = Session::new(model.clone(), params(64)).unwrap();
+    store.restore(&mut back, "chat").unwrap();
+    assert_eq!(back.tokens(), &toks[..n]);
+    for (i, ((orig, stored), wide)) in pages(&a)
+        .iter()
+        .zip(pages(&q8))
+        .zip(pages(&back))
+        .enumerate()
+    {
+        let blocks = q8_0_blocks(&stored);
+        let (orig, wide) = (f16_values(orig), f16_values(&wide));
+        assert_eq!(
+            blocks.len() * 32,
+            orig.len(),
+            "page {i}: one q8_0 block per 32 values"
+        );
+        for (j, (d, q)) in blocks.iter().enumerate() {
+            for k in 0..32 {
+                let x = orig[32 * j + k];
+                let y = f32::from(q[k]) * d;
+                assert!(
+                    (x - y).abs() <= d * 0.51 + 1e-6,
+                    "page {i} value {}: {x} stored as {y}",
+                    32 * j + k
+                );
+                assert_eq!(
+                    wide[32 * j + k],
+                    half::f16::from_f32(y).to_f32(),
+                    "page {i}: the f16 session holds what was stored"
+                );
+            }
+        }
+    }
+    assert_ne!(pages(&back), pages(&a), "the stored pages were quantized");
+
+    // Both continue close to the session that computed the pages.
+    let want = a.feed(&toks[n..]).unwrap().to_vec();
+    for (what, s) in [("f16", &mut back), ("q8_0", &mut q8)] {
+        let got = s.feed(&toks[n..]).unwrap().to_vec();
+        assert_close(
+            &got,
+            &want,
+            0.3,
+            &format!("{what} session from q8_0 blocks"),
+        );
+    }
+    // Saving the restored f16 session again writes no new bytes: its pages are stored.
+    let again = store
+        .save(&back, "again", &CheckpointMeta::default())
+        .unwrap();
+    assert_eq!(again.blocks_written, 0);
+
+    // Without the option an f16 session is refused, naming both types.
+    drop(store);
+    let err = SessionStore::open(&root, &model, StoreConfig::default()).unwrap_err();
+    assert!(
+        matches!(&err, Error::KvTypeMismatch { stored_k, session_k: KvType::F16, .. } if stored_k == "q8_0"),
+        "{err}"
+    );
+}
+
 fn argmax(v: &[f32]) -> u32 {
     (0..v.len()).fold(0, |best, i| if v[i] > v[best] { i } else { best }) as u32
 }

@@ -50,6 +50,10 @@ struct Args {
     /// attention).
     #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16")]
     cache_type_v: engine::KvType,
+    /// Element type of K and V in the checkpoint store (`--checkpoint`), converted on save
+    /// and restore when it differs from the cache types.
+    #[arg(long = "cache-type-stored", value_name = "TYPE")]
+    cache_type_stored: Option<engine::KvType>,
     /// Repetitions; the median is reported.
     #[arg(long, default_value_t = 3)]
     reps: usize,
@@ -168,6 +172,8 @@ fn main() -> Result<()> {
     let store_config = StoreConfig {
         type_k: args.cache_type_k,
         type_v: args.cache_type_v,
+        stored_type_k: args.cache_type_stored,
+        stored_type_v: args.cache_type_stored,
         ..StoreConfig::default()
     };
     let model = Model::load(&args.model)?;

@@ -93,9 +93,21 @@ fn main() -> Result<()> {
         disk_bytes: args.cache_disk,
         type_k: args.cache_type_k,
         type_v: args.cache_type_v,
+        stored_type_k: args.cache_type_stored,
+        stored_type_v: args.cache_type_stored,
     };
-    let store = SessionStore::open(&store_dir, &model, config)
-        .with_context(|| format!("opening the conversation store {}", store_dir.display()))?;
+    let store = SessionStore::open(&store_dir, &model, config).map_err(|e| {
+        let hint = match &e {
+            engine::Error::KvTypeMismatch { stored_k, .. } => format!(
+                " (use the store's cache types, or --cache-type-stored {stored_k} to convert)"
+            ),
+            _ => String::new(),
+        };
+        anyhow::Error::new(e).context(format!(
+            "opening the conversation store {}{hint}",
+            store_dir.display()
+        ))
+    })?;
 
     // The name: the one asked for, unless it is taken (another chat has it open, or --fresh
     // and a conversation is saved under it).

@@ -23,6 +23,22 @@ pub use source::{GGML_VERSION, SOURCE_DIR_ENV, SOURCE_PACKAGE, SOURCE_PACKAGE_VE
 
 include!("bindings.rs");
 
+/// Kernels of this crate (`csrc/`), compiled with ggml's flags and run as ggml custom ops.
+pub mod kernels {
+    unsafe extern "C" {
+        /// A `ggml_custom_op_t` for `ggml_custom_4d`: `dst` (f32 `[m, n]`) = `a^T b` for
+        /// `dst->src[0]` = `a`, q4_1 `[k, m]`, and `dst->src[1]` = `b`, f32 `[k, n]` with
+        /// contiguous rows; two-dimensional, `k` a multiple of 32. Each q4_1 block is unpacked
+        /// once for four columns; the result equals `ggml_mul_mat`'s bit for bit.
+        pub fn ggml_sys_mul_mat_q4_1(
+            dst: *mut super::ggml_tensor,
+            ith: ::core::ffi::c_int,
+            nth: ::core::ffi::c_int,
+            userdata: *mut ::core::ffi::c_void,
+        );
+    }
+}
+
 /// The CUDA backend's entry points (feature `cuda`).
 #[cfg(feature = "cuda")]
 pub mod cuda {

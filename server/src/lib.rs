@@ -80,6 +80,8 @@ impl Server {
             disk_bytes: config.cache_disk,
             type_k: args.cache_type_k,
             type_v: args.cache_type_v,
+            stored_type_k: args.cache_type_stored,
+            stored_type_v: args.cache_type_stored,
         };
         let store = if args.no_cache {
             None

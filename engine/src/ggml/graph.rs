@@ -248,8 +248,42 @@ impl<'g, 'w> Graph<'g, 'w> {
     pub(crate) fn add(&mut self, a: Tensor<'g>, b: Tensor<'g>) -> Tensor<'g> {
         op!(self, sys::ggml_add(self.ctx(), a.raw, b.raw))
     }
-    /// `w` is `[k, m]`, `x` is `[k, n]`: the result is `[m, n]`.
+    /// `w` is `[k, m]`, `x` is `[k, n]`: the result is `[m, n]`. A two-dimensional product of
+    /// q4_1 weights with f32 rows runs ggml-sys's q4_1 kernel (each weight block unpacked once
+    /// for four columns; the same bits as `ggml_mul_mat`), everything else ggml's.
     pub(crate) fn mul_mat(&mut self, w: Tensor<'g>, x: Tensor<'g>) -> Tensor<'g> {
+        // SAFETY: both tensors are live for 'g (see `op!`); only their headers are read.
+        let (w_type, x_type) = unsafe { ((*w.raw).type_, (*x.raw).type_) };
+        let plain = |t: &Tensor<'g>| t.ne(2) == 1 && t.ne(3) == 1;
+        if w_type == sys::GGML_TYPE_Q4_1
+            && x_type == sys::GGML_TYPE_F32
+            && plain(&w)
+            && plain(&x)
+            && x.nb(0) == 4
+            && w.ne(0) == x.ne(0)
+            && w.ne(0).is_multiple_of(32)
+        {
+            let mut args = [w.raw, x.raw];
+            let (m, n) = (w.ne(1) as i64, x.ne(1) as i64);
+            // The kernel reads `dst->src[0..2]` (the `args`, which ggml copies into the node)
+            // within the shapes checked above, and writes only `dst`.
+            return op!(
+                self,
+                sys::ggml_custom_4d(
+                    self.ctx(),
+                    sys::GGML_TYPE_F32,
+                    m,
+                    n,
+                    1,
+                    1,
+                    args.as_mut_ptr(),
+                    2,
+                    Some(sys::kernels::ggml_sys_mul_mat_q4_1),
+                    sys::GGML_N_TASKS_MAX,
+                    std::ptr::null_mut(),
+                )
+            );
+        }
         op!(self, sys::ggml_mul_mat(self.ctx(), w.raw, x.raw))
     }
     pub(crate) fn reshape_2d(&mut self, x: Tensor<'g>, ne0: usize, ne1: usize) -> Tensor<'g> {

@@ -1,0 +1,226 @@
+//! Perplexity of a text, and how far another KV cache type moves the model from f16.
+//!
+//! The text is cut into chunks of `--ctx` tokens (the first token of each replaced by BOS where
+//! the model adds one); each chunk is evaluated from an empty cache and the second half of its
+//! positions is scored, as llama.cpp's `llama-perplexity` does, so the figures compare with its
+//! output for the same `-c` and `--chunks`. Two sessions evaluate every chunk: the base one
+//! (`--base-ctk/--base-ctv`, f16 by default) and the tested one (`-ctk/-ctv`). Reported: the
+//! perplexity of each, the KL divergence of the tested next-token distributions from the base
+//! ones (mean and 99th percentile), the fraction of scored positions whose most likely token is
+//! the same, and with `--greedy N` the top-1 agreement over the base's N greedy tokens after each
+//! chunk (the tested session fed the same tokens).
+//!
+//! ```text
+//! cargo run --release --example perplexity -- --file TEXT [--ctx 512] [--chunks 20] -ctk q8_0 -ctv q8_0 [--greedy 64]
+//! ```
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use engine::{KvType, Model, Session, SessionParams};
+
+#[derive(Parser)]
+#[command(about = "Perplexity of a text and the KL divergence of one KV cache type from another")]
+struct Args {
+    /// GGUF model file.
+    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    model: PathBuf,
+    /// The text (UTF-8).
+    #[arg(long, short = 'f')]
+    file: PathBuf,
+    /// Tokens per chunk (llama.cpp's `-c`).
+    #[arg(long, default_value_t = 512)]
+    ctx: usize,
+    /// Chunks to evaluate at most (llama.cpp's `--chunks`; default: all).
+    #[arg(long)]
+    chunks: Option<usize>,
+    /// Threads.
+    #[arg(long, default_value_t = std::thread::available_parallelism().map_or(4, |n| n.get()))]
+    threads: usize,
+    /// K cache type of the tested session (llama.cpp's `-ctk`).
+    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "q8_0")]
+    cache_type_k: KvType,
+    /// V cache type of the tested session (llama.cpp's `-ctv`).
+    #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "q8_0")]
+    cache_type_v: KvType,
+    /// K cache type of the base session.
+    #[arg(long = "base-ctk", default_value = "f16")]
+    base_ctk: KvType,
+    /// V cache type of the base session.
+    #[arg(long = "base-ctv", default_value = "f16")]
+    base_ctv: KvType,
+    /// Greedy tokens of the base session after each chunk, predicted by the tested one.
+    #[arg(long, default_value_t = 0)]
+    greedy: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Natural-log probabilities of a row of logits (f64 sums).
+fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
+    let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+    let log_z = max + sum.ln();
+    row.iter().map(|&x| x as f64 - log_z).collect()
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best }) as u32
+}
+
+/// Sums over the scored positions.
+#[derive(Default)]
+struct Tally {
+    nll_base: f64,
+    nll_test: f64,
+    kld: Vec<f64>,
+    same_top: usize,
+    greedy_same: usize,
+    greedy_total: usize,
+}
+
+impl Tally {
+    fn ppl(nll: f64, n: usize) -> f64 {
+        (nll / n as f64).exp()
+    }
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse_from(engine::kv::expand_cache_type_flags(std::env::args_os()));
+    if args.ctx < 4 {
+        bail!("--ctx must be at least 4");
+    }
+    let model = Model::load(&args.model)?;
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("reading {}", args.file.display()))?;
+    let tok = model.tokenizer();
+    let tokens = tok.encode(&text, true, false)?;
+    let available = tokens.len() / args.ctx;
+    let n_chunks = args.chunks.map_or(available, |c| c.min(available));
+    if n_chunks == 0 {
+        bail!(
+            "the text has {} tokens: fewer than one chunk of {}",
+            tokens.len(),
+            args.ctx
+        );
+    }
+    let session = |k, v| {
+        Session::new(
+            model.clone(),
+            SessionParams {
+                n_ctx: args.ctx + args.greedy,
+                n_threads: args.threads,
+                type_k: k,
+                type_v: v,
+                ..SessionParams::default()
+            },
+        )
+    };
+    let mut base = session(args.base_ctk, args.base_ctv)?;
+    let mut test = session(args.cache_type_k, args.cache_type_v)?;
+    let n_vocab = model.hparams().n_vocab;
+    let first = args.ctx / 2;
+    let mut t = Tally::default();
+    let start = std::time::Instant::now();
+    for c in 0..n_chunks {
+        let mut chunk = tokens[c * args.ctx..(c + 1) * args.ctx].to_vec();
+        if let (true, Some(bos)) = (tok.add_bos(), tok.bos()) {
+            chunk[0] = bos;
+        }
+        base.clear();
+        test.clear();
+        let lb = base.feed_all_logits(&chunk)?;
+        let lt = test.feed_all_logits(&chunk)?;
+        for i in first..args.ctx - 1 {
+            let (rb, rt) = (
+                &lb[i * n_vocab..(i + 1) * n_vocab],
+                &lt[i * n_vocab..(i + 1) * n_vocab],
+            );
+            let (pb, pt) = (log_softmax(rb), log_softmax(rt));
+            let target = chunk[i + 1] as usize;
+            t.nll_base -= pb[target];
+            t.nll_test -= pt[target];
+            t.kld
+                .push(pb.iter().zip(&pt).map(|(a, b)| a.exp() * (a - b)).sum());
+            t.same_top += usize::from(argmax(rb) == argmax(rt));
+        }
+        if args.greedy > 0 {
+            let last = |l: &[f32]| argmax(&l[(args.ctx - 1) * n_vocab..]);
+            let mut next = last(&lb);
+            let mut greedy = Vec::with_capacity(args.greedy);
+            for _ in 0..args.greedy {
+                greedy.push(next);
+                next = argmax(base.feed(&[next])?);
+            }
+            let mut predicted = vec![last(&lt)];
+            let rest = test.feed_all_logits(&greedy[..args.greedy - 1])?;
+            predicted.extend(rest.chunks(n_vocab).map(argmax));
+            t.greedy_same += predicted
+                .iter()
+                .zip(&greedy)
+                .filter(|(a, b)| a == b)
+                .count();
+            t.greedy_total += args.greedy;
+        }
+        if !args.json {
+            let n = t.kld.len();
+            eprintln!(
+                "[{}/{n_chunks}] ppl base {:.4} test {:.4}  mean KLD {:.6}",
+                c + 1,
+                Tally::ppl(t.nll_base, n),
+                Tally::ppl(t.nll_test, n),
+                t.kld.iter().sum::<f64>() / n as f64
+            );
+        }
+    }
+    let n = t.kld.len();
+    let mean_kld = t.kld.iter().sum::<f64>() / n as f64;
+    let mut sorted = t.kld.clone();
+    sorted.sort_by(f64::total_cmp);
+    let p99 = sorted[((n as f64 * 0.99) as usize).min(n - 1)];
+    let same_top = t.same_top as f64 / n as f64;
+    let greedy = (t.greedy_total > 0).then(|| t.greedy_same as f64 / t.greedy_total as f64);
+    let (ppl_base, ppl_test) = (Tally::ppl(t.nll_base, n), Tally::ppl(t.nll_test, n));
+    let types = |k: KvType, v: KvType| format!("K {k} V {v}");
+    if args.json {
+        let out = serde_json::json!({
+            "text_tokens": tokens.len(),
+            "ctx": args.ctx,
+            "chunks": n_chunks,
+            "scored": n,
+            "base": types(args.base_ctk, args.base_ctv),
+            "test": types(args.cache_type_k, args.cache_type_v),
+            "ppl_base": ppl_base,
+            "ppl_test": ppl_test,
+            "kld_mean": mean_kld,
+            "kld_p99": p99,
+            "same_top": same_top,
+            "greedy_agreement": greedy,
+            "greedy_tokens": t.greedy_total,
+            "seconds": start.elapsed().as_secs_f64(),
+        });
+        println!("{out}");
+    } else {
+        println!(
+            "{n_chunks} chunks of {} tokens, {n} scored positions",
+            args.ctx
+        );
+        println!(
+            "perplexity: {} {ppl_base:.4}, {} {ppl_test:.4}",
+            types(args.base_ctk, args.base_ctv),
+            types(args.cache_type_k, args.cache_type_v)
+        );
+        println!("KL divergence: mean {mean_kld:.6}, 99th percentile {p99:.6}");
+        println!("same most likely token: {:.2}%", 100.0 * same_top);
+        if let Some(g) = greedy {
+            println!(
+                "greedy agreement over {} tokens: {:.2}%",
+                t.greedy_total,
+                100.0 * g
+            );
+        }
+    }
+    Ok(())
+}
