@@ -2,6 +2,9 @@
 //! words before BPE merging (as llama.cpp's `llm_tokenizer_bpe` chooses them), and the GPT-2
 //! byte-to-unicode alphabet.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
 use fancy_regex::Regex;
 
 use crate::error::TokenizerError;
@@ -61,18 +64,28 @@ impl PreTokenizer {
         })
     }
 
-    /// Compiles the regexes.
+    /// The compiled regexes (each pattern is compiled once per process and shared: compiling
+    /// the larger ones costs more than loading a small model).
     pub(super) fn splitter(&self) -> Result<Splitter> {
-        let regexes = self
-            .regexes
-            .iter()
-            .map(|&pattern| {
-                Regex::new(pattern).map_err(|e| TokenizerError::Regex {
-                    pattern,
-                    message: e.to_string(),
-                })
-            })
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        type Compiled = HashMap<&'static str, Arc<Regex>>;
+        static COMPILED: OnceLock<Mutex<Compiled>> = OnceLock::new();
+        let mut compiled = COMPILED
+            .get_or_init(Mutex::default)
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut regexes = Vec::with_capacity(self.regexes.len());
+        for &pattern in self.regexes.iter() {
+            if let Some(re) = compiled.get(pattern) {
+                regexes.push(Arc::clone(re));
+                continue;
+            }
+            let re = Arc::new(Regex::new(pattern).map_err(|e| TokenizerError::Regex {
+                pattern,
+                message: e.to_string(),
+            })?);
+            compiled.insert(pattern, Arc::clone(&re));
+            regexes.push(re);
+        }
         Ok(Splitter { regexes })
     }
 }
@@ -80,7 +93,7 @@ impl PreTokenizer {
 /// Compiled pre-tokenizer regexes: each refines the pieces of the previous one; text between
 /// matches stays a piece of its own.
 pub(super) struct Splitter {
-    regexes: Vec<Regex>,
+    regexes: Vec<Arc<Regex>>,
 }
 
 impl Splitter {

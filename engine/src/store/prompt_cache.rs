@@ -1,0 +1,161 @@
+//! The prompt cache's side of a store: the partly filled page after a prompt's full blocks kept
+//! as a small tail checkpoint, the longest stored prefix of a prompt, and a disk budget that drops
+//! unreferenced blocks and old tails first.
+
+use ckptfmt::{BlockId, Manifest, Metadata};
+
+use super::{unix_now, SessionStore, StoredPrefix, TailBlock, TAIL_PREFIX, TOKENS_PER_BLOCK};
+use crate::context::{Context, SeqId};
+use crate::error::Result;
+use crate::kv::PAGE_TOKENS;
+
+impl SessionStore {
+    /// Copies the partial page of the first `len` tokens of `seq` (`None` when `len` is a whole
+    /// number of pages or less than one), to hand to [`SessionStore::put_tail`].
+    pub fn tail_of(&self, ctx: &Context, seq: SeqId, len: usize) -> Result<Option<TailBlock>> {
+        let tokens = ctx.tokens(seq)?;
+        let len = len.min(tokens.len());
+        let full = len / PAGE_TOKENS;
+        // A shifted sequence's blocks are not found by prompt tokens alone: no tail for it.
+        if full == 0 || len % PAGE_TOKENS == 0 || !ctx.chain_roots(seq)?.is_empty() {
+            return Ok(None);
+        }
+        let conversion = self.conversion(ctx.kv_layout())?;
+        let last_block = ctx.block_ids(seq)?[full - 1];
+        let mut kv = Vec::new();
+        ctx.read_page_upto(seq, full, len, &mut kv)?;
+        let kv = self.session_to_stored(&conversion, kv)?;
+        Ok(Some(TailBlock {
+            tokens: tokens[..len].to_vec(),
+            kv,
+            last_block,
+        }))
+    }
+
+    /// Stores `tail` durably as the tail checkpoint of its last full block (replacing an
+    /// earlier one), after its full blocks (which must be in the store). Tails are a cache:
+    /// under the disk budget they go before any block ([`SessionStore::collect_unreferenced`]).
+    pub fn put_tail(&self, tail: TailBlock) -> Result<()> {
+        let name = format!("{TAIL_PREFIX}{}", tail.last_block.to_hex());
+        let positions = (0..tail.tokens.len() as i32).collect();
+        let manifest = Manifest::new(
+            self.fingerprint,
+            self.handle.geometry().clone(),
+            tail.tokens,
+            positions,
+            tail.kv,
+            Metadata {
+                name,
+                parent: None,
+                created_unix: unix_now(),
+                kv: Vec::new(),
+            },
+        )?;
+        self.handle.save(&manifest)?;
+        if self.disk_bytes.is_none() {
+            // The order matters only to the disk budget; without one it is not kept.
+            return Ok(());
+        }
+        let mut order = self
+            .tails_stored
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        order.0 += 1;
+        let n = order.0;
+        order.1.insert(manifest.meta.name, n);
+        Ok(())
+    }
+
+    /// The longest prefix of `tokens` the store holds: leading full blocks (from any
+    /// conversation or process), then the tokens of the tail checkpoint that continues them.
+    /// A tail that cannot be read or belongs to another model is ignored: it is only a cache.
+    pub fn find_prefix(&self, tokens: &[u32]) -> StoredPrefix {
+        let ids = BlockId::chain_all(&self.fingerprint, tokens, TOKENS_PER_BLOCK);
+        let blocks = ids.iter().take_while(|id| self.handle.contains(id)).count();
+        let start = blocks * PAGE_TOKENS;
+        let mut found = StoredPrefix {
+            blocks,
+            tail: None,
+            tokens: start,
+        };
+        if blocks == 0 || tokens.len() == start {
+            return found;
+        }
+        let name = format!("{TAIL_PREFIX}{}", ids[blocks - 1].to_hex());
+        let Ok(manifest) = self.handle.read_manifest(&name) else {
+            return found;
+        };
+        let fits = manifest
+            .check_owner(&self.fingerprint, self.handle.geometry())
+            .is_ok()
+            && manifest.block_ids.len() == blocks
+            && manifest.block_ids.last() == Some(&ids[blocks - 1])
+            && manifest.tokens.get(..start) == Some(&tokens[..start]);
+        if !fits {
+            return found;
+        }
+        let matching = manifest.tokens[start..]
+            .iter()
+            .zip(&tokens[start..])
+            .take_while(|(a, b)| a == b)
+            .count();
+        if matching > 0 {
+            found.tokens = start + matching;
+            found.tail = Some(manifest);
+        }
+        found
+    }
+
+    /// Keeps the disk budget, if there is one, for a prompt cache: removes blocks that no
+    /// checkpoint references (least recently used first), then, while the files still exceed
+    /// the budget, tail checkpoints ([`TAIL_PREFIX`], oldest first), which frees their blocks
+    /// in turn. Named checkpoints are never removed; their manifests count in the budget.
+    pub fn collect_unreferenced(&self) -> Result<()> {
+        let Some(budget) = self.disk_bytes else {
+            return Ok(());
+        };
+        let mut manifests = 0u64;
+        let mut tails = Vec::new();
+        for name in self.handle.list()? {
+            let Some(meta) = self
+                .handle
+                .manifest_path(&name)
+                .ok()
+                .and_then(|p| std::fs::metadata(p).ok())
+            else {
+                continue;
+            };
+            manifests += meta.len();
+            if name.starts_with(TAIL_PREFIX) {
+                tails.push((meta.modified().ok(), 0, meta.len(), name));
+            }
+        }
+        {
+            let mut order = self
+                .tails_stored
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            order.1.retain(|name, _| tails.iter().any(|t| &t.3 == name));
+            for t in &mut tails {
+                t.1 = order.1.get(&t.3).copied().unwrap_or(0);
+            }
+        }
+        tails.sort();
+        let mut tails = tails.into_iter();
+        loop {
+            self.store.gc_to(budget.saturating_sub(manifests))?;
+            if self.store.metrics().disk_bytes + manifests <= budget {
+                return Ok(());
+            }
+            let Some((_, _, bytes, name)) = tails.next() else {
+                return Ok(());
+            };
+            match self.handle.delete(&name) {
+                Ok(()) => manifests = manifests.saturating_sub(bytes),
+                // Another process removed it first.
+                Err(kvstore::StoreError::CheckpointNotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
