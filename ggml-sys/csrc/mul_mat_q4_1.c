@@ -24,6 +24,14 @@
 
 #define QK 32
 
+#if defined(__GNUC__) || defined(__clang__)
+#define Q41_INLINE static inline __attribute__((always_inline))
+#elif defined(_MSC_VER)
+#define Q41_INLINE static __forceinline
+#else
+#define Q41_INLINE static inline
+#endif
+
 typedef struct {
     uint16_t d;
     uint16_t m;
@@ -77,7 +85,7 @@ static inline float hsum8(__m256 x) {
 
 // Rows `x[r]` (R of them, nb blocks each) against `NC` columns: the columns' q8_1 values
 // `y[c]` with their scales `d[c]` and sums `s[c]` as f32; out[r][c * out_stride].
-static inline __attribute__((always_inline)) void rows_cols(
+Q41_INLINE void rows_cols(
     const q41_block * const * x, int R, const q81_block * const * y, const float * const * d,
     const float * const * s, int nb, int NC, float * const * out, size_t out_stride) {
     __m256 acc[2][4];
