@@ -1,9 +1,10 @@
 //! `cargo xtask compare-llama-cpp --refh PATH`: prefill and decode speed of our engine against
-//! llama.cpp's reference harness, run alternately (first one, then the other first) in one script on the same machine, model,
-//! prompt and thread count; prints medians and ratios. With `--sequences N` both decode N
-//! sequences together (llama.cpp's `refh batched`, our `bench --sequences N`) and the figures
-//! are aggregate tokens per second. `--cache-type q8_0` makes both KV caches q8_0 (llama.cpp's
-//! through `REFH_CTK`/`REFH_CTV`, ours through `-ctk`/`-ctv`).
+//! llama.cpp's reference harness, run alternately (first one, then the other first) in one script
+//! on the same machine, model, prompt and thread count; prints medians, their ratios, the median of
+//! the pairs' ratios and how many pairs ours won. With `--sequences N` both decode N sequences
+//! together (llama.cpp's `refh batched`, our `bench --sequences N`) and the figures are aggregate
+//! tokens per second. `--cache-type q8_0` makes both KV caches q8_0 (llama.cpp's through
+//! `REFH_CTK`/`REFH_CTV`, ours through `-ctk`/`-ctv`).
 
 use std::process::Command;
 
@@ -167,6 +168,13 @@ pub fn compare(args: &[String]) -> Result<(), String> {
         op.push(f(&e, "prefill_tps"));
         od.push(f(&e, "decode_tps"));
     }
+    // Each pair ran back to back, so its ratio is free of the drift between pairs.
+    let pair_ratios = |ours: &[f64], theirs: &[f64]| -> Vec<f64> {
+        ours.iter().zip(theirs).map(|(a, b)| a / b).collect()
+    };
+    let (mut prefill_pairs, mut decode_pairs) = (pair_ratios(&op, &rp), pair_ratios(&od, &rd));
+    let faster = |v: &[f64]| v.iter().filter(|r| **r > 1.0).count();
+    let (prefill_faster, decode_faster) = (faster(&prefill_pairs), faster(&decode_pairs));
     let (rp, rd, op, od) = (
         median(&mut rp),
         median(&mut rd),
@@ -179,6 +187,11 @@ pub fn compare(args: &[String]) -> Result<(), String> {
         "llama_cpp": { "prefill_tps": rp, "decode_tps": rd },
         "llama_hdd": { "prefill_tps": op, "decode_tps": od },
         "ratio": { "prefill": op / rp, "decode": od / rd },
+        "pair_ratio_median": {
+            "prefill": median(&mut prefill_pairs),
+            "decode": median(&mut decode_pairs),
+        },
+        "pairs_faster": { "prefill": prefill_faster, "decode": decode_faster },
     });
     println!("{out}");
     Ok(())
