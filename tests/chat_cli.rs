@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 
 use engine::gguf::{GgmlType, GgufWriter};
 use engine::store::{SessionStore, StoreConfig};
-use engine::{Model, Session, SessionParams};
+use engine::{KvType, Model, Session, SessionParams};
 
 /// The chat example next to this test's executable (`target/<profile>/examples/chat`).
 fn chat_bin() -> PathBuf {
@@ -72,7 +72,12 @@ fn byte_chars() -> Vec<char> {
 /// text is encoded again), ChatML's control tokens, and `template` as its chat template (ChatML
 /// when `None`).
 fn write_model(path: &Path, template: Option<&str>) {
-    let (n_embd, n_head, n_head_kv, n_ff, n_layer) = (32usize, 4usize, 2usize, 48usize, 2usize);
+    write_model_wide(path, template, 32);
+}
+
+/// The tiny model with `n_embd` (4 heads of `n_embd / 4`; 128 gives heads of whole q8_0 blocks).
+fn write_model_wide(path: &Path, template: Option<&str>, n_embd: usize) {
+    let (n_head, n_head_kv, n_ff, n_layer) = (4usize, 2usize, 48usize, 2usize);
     let kv = n_embd / n_head * n_head_kv;
     let mut tokens: Vec<String> = byte_chars().iter().map(char::to_string).collect();
     let letters = "abcdefgh";
@@ -171,6 +176,14 @@ impl Env {
         Env { dir, model }
     }
 
+    /// A tiny model whose heads hold whole q8_0 blocks (head size 32).
+    fn for_q8_0() -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("tiny.gguf");
+        write_model_wide(&model, None, 128);
+        Env { dir, model }
+    }
+
     fn store(&self) -> PathBuf {
         self.dir.path().join("store")
     }
@@ -213,11 +226,27 @@ impl Env {
     /// The messages of checkpoint `name`, restored through the library (every block read and
     /// verified), and its token count.
     fn restore(&self, name: &str) -> engine::Result<(Vec<(String, String)>, usize)> {
+        self.restore_typed(name, KvType::F16)
+    }
+
+    /// As [`Env::restore`], with K and V of `kv_type`.
+    fn restore_typed(
+        &self,
+        name: &str,
+        kv_type: KvType,
+    ) -> engine::Result<(Vec<(String, String)>, usize)> {
         let model = Model::load(&self.model)?;
-        let store = SessionStore::open(&self.store(), &model, StoreConfig::default())?;
+        let config = StoreConfig {
+            type_k: kv_type,
+            type_v: kv_type,
+            ..StoreConfig::default()
+        };
+        let store = SessionStore::open(&self.store(), &model, config)?;
         let params = SessionParams {
             n_ctx: 8192,
             n_threads: 1,
+            type_k: kv_type,
+            type_v: kv_type,
             ..SessionParams::default()
         };
         let mut session = Session::new(model.clone(), params)?;
@@ -789,5 +818,57 @@ fn a_disk_budget_drops_the_least_recently_used_conversations_and_says_so() {
     assert_eq!(
         users(&env.restore("c5").unwrap().0),
         [format!("5 {}", long_message())]
+    );
+}
+
+#[test]
+fn a_q8_0_store_opens_from_an_f16_chat_only_with_conversion() {
+    let env = Env::for_q8_0();
+    let q8 = ["-ctk", "q8_0", "-ctv", "q8_0"];
+    env.chat(&q8, "hi\n");
+    // Blocks and manifests (an open registers the process's owner lock, and drops dead ones').
+    let data = || -> Vec<_> {
+        walk(&env.store())
+            .into_iter()
+            .filter(|p| !p.extension().is_some_and(|e| e == "lock"))
+            .map(|p| (std::fs::read(&p).unwrap(), p))
+            .collect()
+    };
+    let before = data();
+
+    // The default f16 cache against the q8_0 store: refused with the way out, nothing changed.
+    let refused = env.run(&[], "and then\n");
+    assert!(!refused.ok, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("q8_0") && refused.stderr.contains("--cache-type-stored q8_0"),
+        "{}",
+        refused.stderr
+    );
+    let after = data();
+    let changed: Vec<_> = after
+        .iter()
+        .filter(|a| !before.contains(a))
+        .chain(before.iter().filter(|b| !after.contains(b)))
+        .map(|f| &f.1)
+        .collect();
+    assert!(changed.is_empty(), "a refused chat changed {changed:?}");
+
+    // Converting explicitly, the f16 chat resumes it and saves its turn as q8_0; the q8_0 chat
+    // resumes the result.
+    let converted = env.chat(&["--cache-type-stored", "q8_0"], "and then\n");
+    assert!(
+        converted.stderr.contains("resumed `default`"),
+        "{}",
+        converted.stderr
+    );
+    let again = env.chat(&q8, "more\n");
+    assert!(
+        again.stderr.contains("resumed `default`"),
+        "{}",
+        again.stderr
+    );
+    assert_eq!(
+        users(&env.restore_typed("default", KvType::Q8_0).unwrap().0),
+        ["hi", "and then", "more"]
     );
 }
