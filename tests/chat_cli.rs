@@ -830,7 +830,7 @@ fn a_q8_0_store_opens_from_an_f16_chat_only_with_conversion() {
     let data = || -> Vec<_> {
         walk(&env.store())
             .into_iter()
-            .filter(|p| !p.extension().is_some_and(|e| e == "lock"))
+            .filter(|p| p.extension().is_none_or(|e| e != "lock"))
             .map(|p| (std::fs::read(&p).unwrap(), p))
             .collect()
     };
