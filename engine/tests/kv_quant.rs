@@ -55,6 +55,17 @@ fn walk(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     out
 }
 
+/// The spans of the pages holding the first `n` tokens of `s`.
+fn pages_of(s: &Session, n: usize) -> Vec<Vec<u8>> {
+    (0..n.div_ceil(engine::PAGE_TOKENS))
+        .map(|i| {
+            let mut span = Vec::new();
+            s.context().read_page(s.seq(), i, &mut span).unwrap();
+            span
+        })
+        .collect()
+}
+
 #[test]
 fn names_parse_like_llama_cpp() {
     assert_eq!("f16".parse::<KvType>().unwrap(), KvType::F16);
@@ -188,15 +199,7 @@ fn q8_0_session_restores_bit_identical_and_refuses_another_type() {
     let mut b = Session::new(model.clone(), typed(64, q8.0, q8.1)).unwrap();
     store.restore(&mut b, "chat").unwrap();
     assert_eq!(b.tokens(), &toks[..n]);
-    let pages = |s: &Session| {
-        (0..n.div_ceil(engine::PAGE_TOKENS))
-            .map(|i| {
-                let mut span = Vec::new();
-                s.context().read_page(s.seq(), i, &mut span).unwrap();
-                span
-            })
-            .collect::<Vec<_>>()
-    };
+    let pages = |s: &Session| pages_of(s, n);
     assert_eq!(pages(&b), pages(&a), "q8_0 pages restored byte for byte");
     let next_a = a.feed(&toks[n..]).unwrap().to_vec();
     let next_b = b.feed(&toks[n..]).unwrap().to_vec();
@@ -290,15 +293,7 @@ fn f16_sessions_stored_as_q8_0_are_converted_on_save_and_restore() {
     let n = 100; // one full page and a tail of 36 tokens
     let mut a = Session::new(model.clone(), params(64)).unwrap();
     a.feed(&toks[..n]).unwrap();
-    let pages = |s: &Session| {
-        (0..n.div_ceil(engine::PAGE_TOKENS))
-            .map(|i| {
-                let mut span = Vec::new();
-                s.context().read_page(s.seq(), i, &mut span).unwrap();
-                span
-            })
-            .collect::<Vec<_>>()
-    };
+    let pages = |s: &Session| pages_of(s, n);
 
     let at_rest = |root: &Path| {
         let config = StoreConfig {

@@ -19,6 +19,34 @@ impl Rng {
     }
 }
 
+/// The kernel's node for `w` (q4_1 `[k, m]`) times `x` (f32 `[k, n]`).
+///
+/// # Safety
+/// `ctx` is live and `w`, `x` are its tensors of those types and shapes.
+unsafe fn kernel_node(
+    ctx: *mut ggml_context,
+    w: *mut ggml_tensor,
+    x: *mut ggml_tensor,
+) -> *mut ggml_tensor {
+    let mut args = [w, x];
+    // SAFETY: the caller's promise; ggml copies `args` into the node.
+    unsafe {
+        ggml_custom_4d(
+            ctx,
+            GGML_TYPE_F32,
+            (*w).ne[1],
+            (*x).ne[1],
+            1,
+            1,
+            args.as_mut_ptr(),
+            2,
+            Some(kernels::ggml_sys_mul_mat_q4_1),
+            GGML_N_TASKS_MAX,
+            std::ptr::null_mut(),
+        )
+    }
+}
+
 /// `ggml_mul_mat(w, x)` and the kernel on the same `w` (q4_1, `k` × `m`) and `x` (f32, `k` ×
 /// `n`, columns `stride` floats apart), computed with `threads` threads.
 fn both(k: i64, m: i64, n: i64, stride: i64, threads: c_int, seed: u64) -> (Vec<f32>, Vec<f32>) {
@@ -51,20 +79,7 @@ fn both(k: i64, m: i64, n: i64, stride: i64, threads: c_int, seed: u64) -> (Vec<
         }
         let x = ggml_view_2d(ctx, backing, k, n, (*backing).nb[1], 0);
         let want = ggml_mul_mat(ctx, w, x);
-        let mut args = [w, x];
-        let got = ggml_custom_4d(
-            ctx,
-            GGML_TYPE_F32,
-            m,
-            n,
-            1,
-            1,
-            args.as_mut_ptr(),
-            2,
-            Some(kernels::ggml_sys_mul_mat_q4_1),
-            GGML_N_TASKS_MAX,
-            std::ptr::null_mut(),
-        );
+        let got = kernel_node(ctx, w, x);
         let mut out = Vec::new();
         for t in [want, got] {
             let graph = ggml_new_graph(ctx);
@@ -163,20 +178,7 @@ fn the_kernel_computes_the_product() {
         for (i, v) in xs.iter_mut().enumerate() {
             *v = if (i as i64) < k { 1.0 } else { 2.0 };
         }
-        let mut args = [w, x];
-        let got = ggml_custom_4d(
-            ctx,
-            GGML_TYPE_F32,
-            m,
-            n,
-            1,
-            1,
-            args.as_mut_ptr(),
-            2,
-            Some(kernels::ggml_sys_mul_mat_q4_1),
-            GGML_N_TASKS_MAX,
-            std::ptr::null_mut(),
-        );
+        let got = kernel_node(ctx, w, x);
         let graph = ggml_new_graph(ctx);
         ggml_build_forward_expand(graph, got);
         assert_eq!(
