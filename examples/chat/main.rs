@@ -98,9 +98,13 @@ fn main() -> Result<()> {
     };
     let store = SessionStore::open(&store_dir, &model, config).map_err(|e| {
         let hint = match &e {
-            engine::Error::KvTypeMismatch { stored_k, .. } => format!(
+            // `--cache-type-stored` sets K and V alike.
+            engine::Error::KvTypeMismatch {
+                stored_k, stored_v, ..
+            } if stored_k == stored_v => format!(
                 " (use the store's cache types, or --cache-type-stored {stored_k} to convert)"
             ),
+            engine::Error::KvTypeMismatch { .. } => " (use the store's cache types)".to_owned(),
             _ => String::new(),
         };
         anyhow::Error::new(e).context(format!(

@@ -286,25 +286,20 @@ impl SessionStore {
         self.store.root()
     }
 
-    /// The KV layout of the store's blocks.
-    pub fn stored_layout(&self) -> &KvLayout {
-        &self.stored
-    }
-
     /// How spans move between the store and a context of `layout`: `None` byte for byte (the
     /// same types), `Some` converted (the session types of the configuration, stored as other
     /// types), and any other types refused ([`Error::KvTypeMismatch`]).
     fn conversion(&self, layout: &KvLayout) -> Result<Option<KvLayout>> {
         let types = (layout.type_k, layout.type_v);
         if types == (self.stored.type_k, self.stored.type_v) {
-            check_kv_types(self.handle.geometry(), layout)?;
+            // `open` built the store's geometry from these types.
             return Ok(None);
         }
         if types == self.session_types {
             return Ok(Some(layout.clone()));
         }
-        check_kv_types(self.handle.geometry(), layout)?;
-        Ok(None)
+        // Neither: refused, naming the stored types.
+        check_kv_types(self.handle.geometry(), layout).map(|()| None)
     }
 
     /// A span of a context of `layout` in the store's types.
