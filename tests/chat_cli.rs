@@ -547,6 +547,23 @@ fn a_template_that_does_not_extend_its_prompts_falls_back_and_is_counted() {
 }
 
 #[test]
+fn a_template_that_exhausts_memory_fails_its_turn_in_the_renderer_and_the_chat_goes_on() {
+    // ChatML for the first turn; from the second on, a string that doubles sixty times.
+    let hostile = "{% if messages|length > 1 %}{% set ns = namespace(x='ab') %}\
+                   {% for i in range(60) %}{% set ns.x = ns.x ~ ns.x %}{% endfor %}{% endif %}\
+                   {% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n\
+                   {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+    let env = Env::with_template(Some(hostile));
+    let run = env.chat(&["--session", "h"], "first\nsecond\n");
+    assert!(
+        run.stderr.contains("chat template renderer") && run.stderr.contains("memory allocation"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(users(&env.restore("h").unwrap().0), ["first"]);
+}
+
+#[test]
 fn two_chats_saving_every_turn_into_one_store_both_complete() {
     const TURNS: usize = 200;
     let env = Env::new();

@@ -83,6 +83,10 @@ pub enum Error {
     /// A chat template failed to parse or render.
     #[error("chat template: {0:#}")]
     ChatTemplate(#[source] minijinja::Error),
+    /// A chat template rendered in the renderer process ([`crate::chat::sandbox`]) failed, ran
+    /// past the renderer's memory or time limit, or the renderer could not run.
+    #[error("chat template renderer: {0}")]
+    TemplateRenderer(String),
     /// A saved sampler RNG state has the wrong size or contents.
     #[error("invalid sampler RNG state ({len} bytes)")]
     RngState {

@@ -44,6 +44,8 @@ const LEGACY_STORE: &str = "sessions";
 const MIGRATED_MARKER: &str = "migrated-from-legacy";
 
 fn main() -> Result<()> {
+    // Model files are untrusted: their chat templates render in a child process with limits.
+    engine::chat::sandbox::init();
     let args = Args::parse_from(engine::kv::expand_cache_type_flags(std::env::args_os()));
     ensure_model(&args.model)?;
     let store_dir = args

@@ -106,6 +106,8 @@ fn positive(s: &str) -> Result<usize, String> {
 }
 
 fn main() -> Result<()> {
+    // Model files are untrusted: their chat templates render in a child process with limits.
+    engine::chat::sandbox::init();
     let args = Args::parse();
     let text = read_document(&args.file)?;
     let model =

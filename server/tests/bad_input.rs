@@ -174,3 +174,58 @@ fn the_command_line_refuses_unknown_flags_and_lists_all_in_help() {
         .check();
     assert!(bad.is_err());
 }
+
+/// The template renderer when this executable is started as one (see the next test).
+#[test]
+fn renderer_entry() {
+    engine::chat::sandbox::serve_if_renderer();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_chat_template_fails_its_request_in_the_renderer_and_the_server_goes_on() {
+    // As the binary does at start: unreviewed templates render in a child process (this test
+    // executable, running only `renderer_entry`).
+    let exe = std::env::current_exe().unwrap();
+    let args = [
+        "renderer_entry",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+    ];
+    let limits = engine::chat::sandbox::Limits {
+        memory_bytes: 512 << 20,
+        time: std::time::Duration::from_secs(3),
+    };
+    engine::chat::sandbox::enable(exe, args.iter().map(Into::into).collect(), limits);
+    // ChatML, except that a message saying "boom" doubles a string sixty times.
+    let hostile = "{% for m in messages %}{% if m['content'] == 'boom' %}\
+                   {% set ns = namespace(x='ab') %}{% for i in range(60) %}\
+                   {% set ns.x = ns.x ~ ns.x %}{% endfor %}{% endif %}\
+                   <|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}\
+                   {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+    let env = Env::with_template(Some(hostile));
+    let srv = env.start(&[]).await;
+    let chat = |text: &str| json!({"messages": [{"role": "user", "content": text}], "max_tokens": 2, "temperature": 0});
+    let (status, body) = srv.post("/v1/chat/completions", &chat("boom")).await;
+    assert_error(&body, status);
+    assert_eq!(status, 500, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("renderer") && message.contains("memory allocation"),
+        "{message}"
+    );
+    let (status, body) = srv
+        .post(
+            "/apply-template",
+            &json!({"messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["prompt"],
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let (status, body) = srv.post("/v1/chat/completions", &chat("hello")).await;
+    assert_eq!(status, 200, "{body}");
+    srv.stop().await;
+}

@@ -2,6 +2,11 @@
 //! render stays within its fuel and output budget (`chat::render_limits`).
 //!
 //! Input: template source, a 0 byte, then messages as `role \x01 content` separated by `\x02`.
+//!
+//! It renders in this process (`render_here`): fuel and the output budget bound instructions and
+//! output, not what one instruction allocates or how long it runs; those are the renderer
+//! process's limits (`engine::chat::sandbox`, tested in `tests/chat_sandbox.rs`), so an
+//! out-of-memory report here is an input the sandbox contains, and a panic is a bug.
 
 #![no_main]
 
@@ -31,7 +36,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(t) = ChatTemplate::new(&src, "<s>", "</s>") else {
         return;
     };
-    if let Ok(out) = t.render(&messages, true) {
+    if let Ok(out) = t.render_here(&messages, true) {
         assert!(out.len() <= render_limits(&messages).1);
     }
 });

@@ -5,6 +5,8 @@ use std::process::ExitCode;
 use server::{Args, Server};
 
 fn main() -> ExitCode {
+    // Model files are untrusted: their chat templates render in a child process with limits.
+    engine::chat::sandbox::init();
     let args = match Args::parse_from_argv(std::env::args()) {
         Ok(a) => a,
         Err(e) => {

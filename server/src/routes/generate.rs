@@ -28,7 +28,7 @@ use crate::scheduler::{Command, Event, Finish, FinishReason, GenParams, Job};
 pub async fn chat(State(st): State<Arc<AppState>>, RawBody(body): RawBody) -> Result<Response> {
     let limits = st.limits();
     let req = request::chat(&body, &limits)?;
-    let text = st.model.chat_template().render(&req.messages, true)?;
+    let text = super::render_chat(&st, req.messages.clone()).await?;
     let prompt = chat_tokens(&st, &text)?;
     let mut rx = submit(&st, &limits, prompt.clone(), req.params)?;
     let (id, created, model) = (new_id("chatcmpl"), unix_now(), st.config.alias.clone());

@@ -102,6 +102,6 @@ pub async fn apply_template(
     RawBody(body): RawBody,
 ) -> Result<Json<Value>> {
     let messages = request::apply_template(&body, &st.limits())?;
-    let prompt = st.model.chat_template().render(&messages, true)?;
+    let prompt = super::render_chat(&st, messages).await?;
     Ok(Json(json!({ "prompt": prompt })))
 }

@@ -142,3 +142,17 @@ impl AppState {
         }
     }
 }
+
+/// Renders `messages` with the model's chat template on a blocking thread: a template outside
+/// the reviewed ones renders in the renderer process, which a hostile template may keep busy up
+/// to its time limit.
+async fn render_chat(
+    st: &Arc<AppState>,
+    messages: Vec<engine::chat::Message>,
+) -> Result<String, ServerError> {
+    let st = Arc::clone(st);
+    tokio::task::spawn_blocking(move || st.model.chat_template().render(&messages, true))
+        .await
+        .map_err(|e| engine::Error::TemplateRenderer(format!("the render task failed: {e}")))?
+        .map_err(ServerError::from)
+}

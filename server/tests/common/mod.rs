@@ -33,6 +33,11 @@ impl Weights {
 /// A tiny llama with a byte-level vocabulary (every byte is a token, so any text encodes),
 /// ChatML's control tokens (the default template) and `<|im_end|>` as end of generation.
 pub fn write_tiny_model(path: &Path) {
+    write_tiny_model_with_template(path, None);
+}
+
+/// [`write_tiny_model`] with `template` as `tokenizer.chat_template`.
+pub fn write_tiny_model_with_template(path: &Path, template: Option<&str>) {
     let (n_embd, n_head, n_head_kv, n_ff, n_layer) = (32usize, 4usize, 2usize, 64usize, 2usize);
     let n_embd_kv = n_embd / n_head * n_head_kv;
     // GPT-2's byte alphabet: printable bytes stand for themselves, the rest from U+0100 on.
@@ -110,6 +115,9 @@ pub fn write_tiny_model(path: &Path) {
         add("ffn_up.weight", &[e, ff], 0.3, 0.0);
         add("ffn_down.weight", &[ff, e], 0.3, 0.0);
     }
+    if let Some(t) = template {
+        g.add_str("tokenizer.chat_template", t);
+    }
     g.write(path).unwrap();
 }
 
@@ -121,9 +129,14 @@ pub struct Env {
 
 impl Env {
     pub fn new() -> Env {
+        Env::with_template(None)
+    }
+
+    /// A tiny model with `template` as its chat template (ChatML when `None`).
+    pub fn with_template(template: Option<&str>) -> Env {
         let dir = tempfile::tempdir().unwrap();
         let model = dir.path().join("tiny.gguf");
-        write_tiny_model(&model);
+        write_tiny_model_with_template(&model, template);
         Env { dir, model }
     }
 

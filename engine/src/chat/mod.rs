@@ -10,6 +10,11 @@
 //! fuel (minijinja instructions) and an output budget that grow with the conversation
 //! ([`render_limits`]), and minijinja's recursion limit applies; a template that exceeds them
 //! fails with [`Error::ChatTemplate`] instead of running away.
+//!
+//! Fuel does not bound what one instruction costs (a concatenation doubles a string; a few dozen
+//! of them ask for terabytes), so a process that calls [`sandbox::init`] renders every template
+//! it has not reviewed ([`ChatTemplate::is_reviewed`]) in a child process with a memory and a time
+//! limit.
 
 #![forbid(unsafe_code)]
 
@@ -20,6 +25,8 @@ use minijinja::{Environment, Error as JinjaError, ErrorKind, Value};
 use crate::gguf::Gguf;
 use crate::{Error, Result};
 
+pub mod sandbox;
+
 /// ChatML, used when a GGUF has no template: `<|im_start|>{role}\n{content}<|im_end|>\n` per
 /// message, then `<|im_start|>assistant\n` when a generation prompt is asked for.
 pub const CHATML_TEMPLATE: &str = "{%- for message in messages -%}\
@@ -28,6 +35,13 @@ pub const CHATML_TEMPLATE: &str = "{%- for message in messages -%}\
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";
 
 const TEMPLATE_NAME: &str = "chat";
+
+/// BLAKE3 hashes of templates read and found to cost time and memory linear in the conversation:
+/// they render in the calling process even when [`sandbox`] is on.
+const REVIEWED: &[&str] = &[
+    // SmolLM2-135M-Instruct (a ChatML variant with a default system message).
+    "2ff3b438de276e44f744a575e323cd7c32a47e72d91baf30d965df0c307af35b",
+];
 
 /// Recursion depth (macros, includes, nested blocks) a template may reach.
 const RECURSION_LIMIT: usize = 100;
@@ -93,6 +107,7 @@ pub struct ChatTemplate {
     source: String,
     bos_token: String,
     eos_token: String,
+    reviewed: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -122,8 +137,10 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_template_owned(TEMPLATE_NAME, source.to_string())
             .map_err(Error::ChatTemplate)?;
+        let hash = blake3::hash(source.as_bytes()).to_hex();
         Ok(ChatTemplate {
             env,
+            reviewed: source == CHATML_TEMPLATE || REVIEWED.contains(&hash.as_str()),
             source: source.to_string(),
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
@@ -167,12 +184,29 @@ impl ChatTemplate {
         &self.source
     }
 
+    /// Whether this template is ChatML or one of the model templates reviewed for linear cost;
+    /// others render in the [`sandbox`] when it is on.
+    pub fn is_reviewed(&self) -> bool {
+        self.reviewed
+    }
+
     /// Renders `messages`; with `add_generation_prompt` the text ends where the assistant's reply
     /// starts.
     ///
     /// Fails with [`Error::ChatTemplate`] when the template fails, or runs out of the fuel or
-    /// output budget of [`render_limits`].
+    /// output budget of [`render_limits`]; with [`Error::TemplateRenderer`] when the template
+    /// rendered in the [`sandbox`] and failed there or ran past its limits.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        match sandbox::active() {
+            Some(renderer) if !self.reviewed => {
+                renderer.render(self, messages, add_generation_prompt)
+            }
+            _ => self.render_here(messages, add_generation_prompt),
+        }
+    }
+
+    /// [`render`](Self::render) in this process, bounded by fuel and output only.
+    pub fn render_here(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         let (fuel, limit) = render_limits(messages);
         let messages: Vec<Value> = messages
             .iter()
