@@ -109,7 +109,7 @@ pub fn serve_if_renderer() {
 /// The renderer's side: limit memory, greet, answer each request line.
 fn serve(limit: &OsStr) -> std::io::Result<()> {
     if let Some(bytes) = limit.to_str().and_then(|s| s.parse::<u64>().ok()) {
-        limit_address_space(bytes)?;
+        limit_address_space(bytes);
     }
     let mut out = std::io::stdout().lock();
     writeln!(out, "{GREETING}")?;
@@ -127,20 +127,25 @@ fn serve(limit: &OsStr) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Lowers the address-space limit to `bytes`, or to the hard limit when that is lower already.
+/// Where the system refuses (or, as on macOS, accepts but does not enforce it), the renderer
+/// still runs, bounded by the time limit.
 #[cfg(unix)]
-fn limit_address_space(bytes: u64) -> std::io::Result<()> {
-    use rustix::process::{setrlimit, Resource, Rlimit};
+fn limit_address_space(bytes: u64) {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let hard = getrlimit(Resource::As).maximum;
+    let bytes = hard.map_or(bytes, |h| h.min(bytes));
     let limit = Rlimit {
         current: Some(bytes),
-        maximum: Some(bytes),
+        maximum: hard,
     };
-    setrlimit(Resource::As, limit).map_err(std::io::Error::from)
+    if let Err(e) = setrlimit(Resource::As, limit) {
+        eprintln!("template renderer: no memory limit ({e})");
+    }
 }
 
 #[cfg(not(unix))]
-fn limit_address_space(_bytes: u64) -> std::io::Result<()> {
-    Ok(())
-}
+fn limit_address_space(_bytes: u64) {}
 
 /// Renders one request, compiling its template unless it is the one compiled last.
 fn answer(line: &str, template: &mut Option<ChatTemplate>) -> Result<String> {
