@@ -73,6 +73,18 @@ fn hostile_templates_fail_in_the_renderer_and_the_caller_carries_on() {
     let t = ChatTemplate::new(plain, "<s>", "</s>").unwrap();
     assert_eq!(t.render(&messages(), true).unwrap(), want);
 
+    // A renderer killed between renders (as a Ctrl-C in the terminal would) is replaced.
+    let pid = sandbox::active().unwrap().renderer_pid().unwrap();
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    std::thread::sleep(Duration::from_millis(100));
+    let t = ChatTemplate::new(plain, "<s>", "</s>").unwrap();
+    assert_eq!(t.render(&messages(), true).unwrap(), want);
+    assert_ne!(sandbox::active().unwrap().renderer_pid(), Some(pid));
+
     // One instruction that walks two billion items.
     let long = "{{ [1] * 2000000000 }}";
     let t = ChatTemplate::new(long, "", "").unwrap();
@@ -90,6 +102,11 @@ fn hostile_templates_fail_in_the_renderer_and_the_caller_carries_on() {
     let t = ChatTemplate::new(raising, "", "").unwrap();
     let e = renderer_error(t.render(&messages(), false));
     assert!(e.contains("no system here"), "{e}");
+    let pid = sandbox::active().unwrap().renderer_pid();
+    assert!(pid.is_some());
+    let t = ChatTemplate::new(plain, "<s>", "</s>").unwrap();
+    assert_eq!(t.render(&messages(), true).unwrap(), want);
+    assert_eq!(sandbox::active().unwrap().renderer_pid(), pid);
 
     // Reviewed templates render here (ChatML), with the same text either way.
     let t = ChatTemplate::new(CHATML_TEMPLATE, "", "").unwrap();

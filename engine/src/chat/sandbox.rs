@@ -193,6 +193,12 @@ impl Sandbox {
         self.limits
     }
 
+    /// The running renderer's process id, if one is running.
+    pub fn renderer_pid(&self) -> Option<u32> {
+        let slot = self.renderer.lock().unwrap_or_else(PoisonError::into_inner);
+        slot.as_ref().map(|r| r.child.id())
+    }
+
     /// Renders `messages` with `template` in the renderer. Renders are serialized: each takes
     /// microseconds for real templates.
     pub fn render(
@@ -216,15 +222,18 @@ impl Sandbox {
         request.push(b'\n');
 
         let mut slot = self.renderer.lock().unwrap_or_else(PoisonError::into_inner);
-        // A renderer left from an earlier render may have exited since; one restart covers that.
-        for attempt in 0..2 {
+        // A renderer left from an earlier render may have exited since (a Ctrl-C reaches the
+        // whole process group): one restart covers that.
+        let mut restarted = false;
+        loop {
             let renderer = match slot.as_mut() {
                 Some(r) => r,
                 None => slot.insert(self.start()?),
             };
             if renderer.send(&request).is_err() {
                 let gone = slot.take().map(Renderer::stop).unwrap_or_default();
-                if attempt == 0 {
+                if !restarted {
+                    restarted = true;
                     continue;
                 }
                 return Err(Error::TemplateRenderer(format!(
@@ -249,7 +258,6 @@ impl Sandbox {
                 }
             };
         }
-        unreachable!("the loop returns on its second attempt")
     }
 
     /// Starts a renderer and waits for its greeting.
