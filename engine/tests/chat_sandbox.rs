@@ -97,6 +97,26 @@ fn hostile_templates_fail_in_the_renderer_and_the_caller_carries_on() {
         started.elapsed()
     );
 
+    // Compiling folds constants: an 80 MB string built once per `+`, at load, before any render.
+    let folding = format!("{{{{ 'abcd' * 20000000{} }}}}", "+0".repeat(200));
+    let started = Instant::now();
+    let e = match ChatTemplate::new(&folding, "", "") {
+        Err(Error::TemplateRenderer(m)) => m,
+        other => panic!("expected a renderer error, got {other:?}"),
+    };
+    assert!(e.contains("longer than 3s"), "{e}");
+    assert!(
+        started.elapsed() < LIMITS.time * 3,
+        "{:?}",
+        started.elapsed()
+    );
+    // A syntax error found by the renderer's compile is an error at load, as in the process.
+    let e = match ChatTemplate::new("{% for %}", "", "") {
+        Err(Error::TemplateRenderer(m)) => m,
+        other => panic!("expected a renderer error, got {other:?}"),
+    };
+    assert!(e.contains("syntax error"), "{e}");
+
     // A template error comes back as text, and the renderer stays.
     let raising = "{{ raise_exception('no ' ~ messages[0].role ~ ' here') }}";
     let t = ChatTemplate::new(raising, "", "").unwrap();

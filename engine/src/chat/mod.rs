@@ -19,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 use minijinja::{Environment, Error as JinjaError, ErrorKind, Value};
 
@@ -101,9 +102,12 @@ impl Message {
     }
 }
 
-/// A compiled chat template.
+/// A chat template, compiled in this process when it is reviewed or the sandbox is off, else
+/// checked by the renderer and compiled here only if [`render_here`](Self::render_here) is
+/// called (minijinja folds constants while compiling, which a hostile template makes take
+/// minutes).
 pub struct ChatTemplate {
-    env: Environment<'static>,
+    env: OnceLock<Environment<'static>>,
     source: String,
     bos_token: String,
     eos_token: String,
@@ -120,6 +124,20 @@ impl std::fmt::Debug for ChatTemplate {
     }
 }
 
+/// The environment transformers gives templates, with `source` compiled in it.
+fn compile(source: &str) -> Result<Environment<'static>> {
+    let mut env = Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_recursion_limit(RECURSION_LIMIT);
+    minijinja_contrib::add_to_environment(&mut env);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", raise_exception);
+    env.add_template_owned(TEMPLATE_NAME, source.to_string())
+        .map_err(Error::ChatTemplate)?;
+    Ok(env)
+}
+
 fn raise_exception(message: String) -> std::result::Result<Value, JinjaError> {
     Err(JinjaError::new(ErrorKind::InvalidOperation, message))
 }
@@ -128,23 +146,21 @@ impl ChatTemplate {
     /// Compiles a Jinja chat template; `bos_token` and `eos_token` are the texts the template sees
     /// under those names.
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate> {
-        let mut env = Environment::new();
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
-        env.set_recursion_limit(RECURSION_LIMIT);
-        minijinja_contrib::add_to_environment(&mut env);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", raise_exception);
-        env.add_template_owned(TEMPLATE_NAME, source.to_string())
-            .map_err(Error::ChatTemplate)?;
         let hash = blake3::hash(source.as_bytes()).to_hex();
-        Ok(ChatTemplate {
-            env,
+        let t = ChatTemplate {
+            env: OnceLock::new(),
             reviewed: source == CHATML_TEMPLATE || REVIEWED.contains(&hash.as_str()),
             source: source.to_string(),
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
-        })
+        };
+        match sandbox::active() {
+            Some(renderer) if !t.reviewed => renderer.check(&t)?,
+            _ => {
+                let _ = t.env.set(compile(source)?);
+            }
+        }
+        Ok(t)
     }
 
     /// The template in `tokenizer.chat_template`, or [`chatml`](Self::chatml) when it is absent.
@@ -223,8 +239,15 @@ impl ChatTemplate {
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
         };
+        let compiled = match self.env.get() {
+            Some(env) => env,
+            None => {
+                let env = compile(&self.source)?;
+                self.env.get_or_init(|| env)
+            }
+        };
         // Fuel is set per environment; a clone of the environment shares the compiled template.
-        let mut env = self.env.clone();
+        let mut env = compiled.clone();
         env.set_fuel(Some(fuel));
         let mut out = Bounded {
             out: Vec::new(),

@@ -3,7 +3,8 @@
 //! Fuel bounds how many instructions a render runs, not what one costs: minijinja concatenates
 //! and repeats values without a size limit, so `{% set ns.x = ns.x ~ ns.x %}` in a loop of 60
 //! asks for an exabyte, and printing `[1] * 2000000000` walks two billion items in one
-//! instruction. A template comes from a model file, which is untrusted input; such a template must
+//! instruction; compiling folds constants, so `{{ 'abcd' * 20000000 + 0 + 0 ... }}` builds an
+//! 80 MB string once per `+` before anything renders. A template comes from a model file, which is untrusted input; such a template must
 //! fail one render, not kill or stall the process that loaded the model.
 //!
 //! A binary calls [`init`] first thing in `main`. Started normally, that turns the sandbox on
@@ -16,7 +17,8 @@
 //! [`Error::TemplateRenderer`]; the next render starts a fresh one.
 //!
 //! Requests and replies are one JSON object per line: `{"source", "bos", "eos", "messages":
-//! [[role, content], ...], "add_generation_prompt"}`, answered by `{"ok": text}` or
+//! [[role, content], ...], "add_generation_prompt", "check"}` (with `check`, the template is only
+//! compiled), answered by `{"ok": text}` or
 //! `{"err": message}`. The renderer's first line is a greeting, so that a program which prints
 //! something else first (a test harness) can serve as the renderer too.
 
@@ -168,9 +170,11 @@ fn answer(line: &str, template: &mut Option<ChatTemplate>) -> Result<String> {
         .as_ref()
         .is_some_and(|t| t.source == source && t.bos_token == bos && t.eos_token == eos);
     if !same {
+        // The renderer's sandbox is off: this compiles here.
         *template = Some(ChatTemplate::new(source, bos, eos)?);
     }
     match template {
+        Some(_) if req["check"].as_bool() == Some(true) => Ok(String::new()),
         Some(t) => t.render_here(&messages, add_generation_prompt),
         None => Err(bad("no template")),
     }
@@ -198,6 +202,12 @@ impl Sandbox {
         slot.as_ref().map(|r| r.child.id())
     }
 
+    /// Compiles `template` in the renderer, to report a template that does not compile (or
+    /// takes longer than the time limit to) without compiling it in this process.
+    pub fn check(&self, template: &ChatTemplate) -> Result<()> {
+        self.exchange(template, &[], false, true).map(drop)
+    }
+
     /// Renders `messages` with `template` in the renderer. Renders are serialized: each takes
     /// microseconds for real templates.
     pub fn render(
@@ -205,6 +215,17 @@ impl Sandbox {
         template: &ChatTemplate,
         messages: &[Message],
         add_generation_prompt: bool,
+    ) -> Result<String> {
+        self.exchange(template, messages, add_generation_prompt, false)
+    }
+
+    /// One request and its reply; `check` asks for compiling only.
+    fn exchange(
+        &self,
+        template: &ChatTemplate,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        check: bool,
     ) -> Result<String> {
         let messages: Vec<[&str; 2]> = messages
             .iter()
@@ -216,6 +237,7 @@ impl Sandbox {
             "eos": template.eos_token,
             "messages": messages,
             "add_generation_prompt": add_generation_prompt,
+            "check": check,
         }))
         .map_err(|e| Error::TemplateRenderer(e.to_string()))?;
         request.push(b'\n');
@@ -244,7 +266,7 @@ impl Sandbox {
                 Err(RecvTimeoutError::Timeout) => {
                     slot.take().map(Renderer::stop);
                     Err(Error::TemplateRenderer(format!(
-                        "rendering took longer than {:?}; the renderer was stopped",
+                        "compiling or rendering took longer than {:?}; the renderer was stopped",
                         self.limits.time
                     )))
                 }
