@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use engine::gguf::{GgmlType, GgufWriter};
 use engine::store::{SessionStore, StoreConfig};
+use engine::testing::{SplitMix64, TinyChatModel};
 use engine::{Model, Session, SessionParams};
 
 const INTERVAL: usize = 64;
@@ -38,115 +38,10 @@ fn ingest_bin() -> PathBuf {
     bin
 }
 
-/// SplitMix64: weights, and the moments to kill at.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn f32(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-    fn tensor(&mut self, n: usize, scale: f32, offset: f32) -> Vec<u8> {
-        (0..n)
-            .flat_map(|_| (offset + self.f32() * scale).to_le_bytes())
-            .collect()
-    }
-}
-
-/// GPT-2's byte-level alphabet, so that every text encodes (one token per byte).
-fn byte_tokens() -> Vec<String> {
-    let printable = |b: u32| {
-        (u32::from('!')..=u32::from('~')).contains(&b)
-            || (0xA1..=0xAC).contains(&b)
-            || (0xAE..=0xFF).contains(&b)
-    };
-    let mut extra = 0;
-    (0..256u32)
-        .map(|b| {
-            if printable(b) {
-                char::from_u32(b).unwrap().to_string()
-            } else {
-                extra += 1;
-                char::from_u32(255 + extra).unwrap().to_string()
-            }
-        })
-        .collect()
-}
-
-/// A tiny llama model with a byte-level vocabulary and ChatML's control tokens.
+/// A tiny llama model with a byte-level vocabulary (one token per byte) and ChatML's control
+/// tokens.
 fn write_model(path: &Path) {
-    let (n_embd, n_head, n_head_kv, n_ff, n_layer) = (32usize, 4usize, 2usize, 48usize, 2usize);
-    let kv = n_embd / n_head * n_head_kv;
-    let mut tokens = byte_tokens();
-    let mut types = vec![1i32; tokens.len()];
-    for special in ["<|im_start|>", "<|im_end|>"] {
-        tokens.push(special.to_owned());
-        types.push(3);
-    }
-    let n_vocab = tokens.len();
-    let mut g = GgufWriter::new();
-    g.add_str("general.architecture", "llama")
-        .add_u32("llama.context_length", 8192)
-        .add_u32("llama.embedding_length", n_embd as u32)
-        .add_u32("llama.block_count", n_layer as u32)
-        .add_u32("llama.feed_forward_length", n_ff as u32)
-        .add_u32("llama.attention.head_count", n_head as u32)
-        .add_u32("llama.attention.head_count_kv", n_head_kv as u32)
-        .add_f32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-        .add_f32("llama.rope.freq_base", 10000.0)
-        .add_str("tokenizer.ggml.model", "gpt2")
-        .add_str("tokenizer.ggml.pre", "default")
-        .add_str_array("tokenizer.ggml.tokens", &tokens)
-        .add_i32_array("tokenizer.ggml.token_type", &types)
-        .add_str_array::<&str>("tokenizer.ggml.merges", &[])
-        .add_u32("tokenizer.ggml.eos_token_id", n_vocab as u32 - 1);
-    let mut r = Rng(11);
-    let (e, v) = (n_embd as u64, n_vocab as u64);
-    g.add_tensor(
-        "token_embd.weight",
-        &[e, v],
-        GgmlType::F32,
-        r.tensor(n_embd * n_vocab, 1.0, 0.0),
-    );
-    g.add_tensor(
-        "output_norm.weight",
-        &[e],
-        GgmlType::F32,
-        r.tensor(n_embd, 0.5, 1.0),
-    );
-    g.add_tensor(
-        "output.weight",
-        &[e, v],
-        GgmlType::F32,
-        r.tensor(n_embd * n_vocab, 0.3, 0.0),
-    );
-    for l in 0..n_layer {
-        let (kv64, ff64) = (kv as u64, n_ff as u64);
-        let mut add = |name: &str, dims: &[u64], scale: f32, offset: f32| {
-            let count = dims.iter().product::<u64>() as usize;
-            g.add_tensor(
-                &format!("blk.{l}.{name}"),
-                dims,
-                GgmlType::F32,
-                r.tensor(count, scale, offset),
-            );
-        };
-        add("attn_norm.weight", &[e], 0.5, 1.0);
-        add("attn_q.weight", &[e, e], 0.3, 0.0);
-        add("attn_k.weight", &[e, kv64], 0.3, 0.0);
-        add("attn_v.weight", &[e, kv64], 0.3, 0.0);
-        add("attn_output.weight", &[e, e], 0.3, 0.0);
-        add("ffn_norm.weight", &[e], 0.5, 1.0);
-        add("ffn_gate.weight", &[e, ff64], 0.3, 0.0);
-        add("ffn_up.weight", &[e, ff64], 0.3, 0.0);
-        add("ffn_down.weight", &[ff64, e], 0.3, 0.0);
-    }
-    g.write(path).unwrap();
+    TinyChatModel::default().write(path).unwrap();
 }
 
 /// A directory with the tiny model and a document of `n_chars` bytes (one token each).
@@ -361,7 +256,7 @@ fn killed_at_random_moments_each_rerun_ends_as_an_uninterrupted_run() {
         .unwrap()
         .as_nanos() as u64;
     eprintln!("kill moments seeded with {seed}");
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64(seed);
     // Five kills by default (CI has two cores); `INGEST_KILLS=20` for the count.
     let rounds = std::env::var("INGEST_KILLS")
         .ok()
@@ -369,7 +264,7 @@ fn killed_at_random_moments_each_rerun_ends_as_an_uninterrupted_run() {
         .unwrap_or(5);
     for round in 0..rounds {
         let store = format!("killed{round}");
-        let wait = Duration::from_micros(rng.next() % duration.as_micros().max(1) as u64);
+        let wait = Duration::from_micros(rng.next_u64() % duration.as_micros().max(1) as u64);
         let mut child = env
             .command(&env.doc, &store, &["--no-chat"])
             .spawn()

@@ -55,6 +55,8 @@ pub mod sampling;
 mod session;
 mod shift;
 pub mod store;
+#[cfg(feature = "test-util")]
+pub mod testing;
 pub mod tokenizer;
 
 pub use batch::{Batch, BatchOutput, Logits};

@@ -7,24 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use engine::gguf::{GgmlType, GgufWriter};
+use engine::testing::SplitMix64;
 use engine::{Model, SessionParams};
 use half::f16;
-
-/// Deterministic pseudo-random numbers (SplitMix64).
-pub struct Rng(pub u64);
-impl Rng {
-    pub fn f32(&mut self) -> f32 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.f32() * scale).collect()
-    }
-}
 
 #[derive(Clone, Copy, PartialEq)]
 pub enum Shape {
@@ -80,30 +65,35 @@ pub struct Weights {
 }
 
 pub fn make_weights(c: &Cfg, seed: u64) -> Weights {
-    let mut r = Rng(seed);
+    let mut r = SplitMix64(seed);
     let (e, kv, ff) = (c.n_embd, c.kv_dim(), c.n_ff);
-    let norm = |r: &mut Rng| r.vec(e, 0.5).iter().map(|v| 1.0 + v).collect::<Vec<_>>();
+    let norm = |r: &mut SplitMix64| {
+        r.f32_vec(e, 0.5)
+            .iter()
+            .map(|v| 1.0 + v)
+            .collect::<Vec<_>>()
+    };
     let layers = (0..c.n_layer)
         .map(|_| Layer {
             attn_norm: norm(&mut r),
-            wq: r.vec(e * e, 0.3),
-            wk: r.vec(e * kv, 0.3),
-            wv: r.vec(e * kv, 0.3),
-            wo: r.vec(e * e, 0.3),
-            bq: r.vec(e, 0.2),
-            bk: r.vec(kv, 0.2),
-            bv: r.vec(kv, 0.2),
+            wq: r.f32_vec(e * e, 0.3),
+            wk: r.f32_vec(e * kv, 0.3),
+            wv: r.f32_vec(e * kv, 0.3),
+            wo: r.f32_vec(e * e, 0.3),
+            bq: r.f32_vec(e, 0.2),
+            bk: r.f32_vec(kv, 0.2),
+            bv: r.f32_vec(kv, 0.2),
             ffn_norm: norm(&mut r),
-            gate: r.vec(e * ff, 0.3),
-            up: r.vec(e * ff, 0.3),
-            down: r.vec(ff * e, 0.3),
+            gate: r.f32_vec(e * ff, 0.3),
+            up: r.f32_vec(e * ff, 0.3),
+            down: r.f32_vec(ff * e, 0.3),
         })
         .collect();
-    let embd = r.vec(e * c.n_vocab, 1.0);
+    let embd = r.f32_vec(e * c.n_vocab, 1.0);
     let output = if c.tied {
         embd.clone()
     } else {
-        r.vec(e * c.n_vocab, 0.3)
+        r.f32_vec(e * c.n_vocab, 0.3)
     };
     Weights {
         embd,
