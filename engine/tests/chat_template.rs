@@ -107,3 +107,26 @@ fn template_features() {
     // A syntax error is reported when the template is compiled.
     assert!(ChatTemplate::new("{% for %}", "", "").is_err());
 }
+
+/// minijinja 2.24 multiplies a repeated list's length unchecked: repeating a list 2^32 times
+/// twice overflows, which with overflow checks on (the test profile, the fuzz builds) panics
+/// inside minijinja, in constant folding at compile time or at render. Either way the caller
+/// gets a typed error, in the process, without the sandbox.
+#[test]
+fn a_panic_inside_the_template_engine_is_a_template_error() {
+    let folded = "{{ ['a'] * 4294967296 * 4294967296 + ['b'] }}";
+    let at_render = "{% set n = messages|length * 4294967296 %}{{ ['a'] * n * n + ['b'] }}";
+    let messages = [Message::new("user", "hi")];
+    for source in [folded, at_render] {
+        let result = ChatTemplate::new(source, "", "").and_then(|t| t.render_here(&messages, true));
+        match result {
+            Err(engine::Error::ChatTemplate(e)) => {
+                assert!(e.to_string().contains("panicked"), "{source}: {e}")
+            }
+            other => panic!("{source}: {other:?}"),
+        }
+    }
+    // The template engine still works afterwards.
+    let t = ChatTemplate::chatml();
+    assert!(t.render_here(&messages, true).unwrap().contains("hi"));
+}

@@ -133,9 +133,30 @@ fn compile(source: &str) -> Result<Environment<'static>> {
     minijinja_contrib::add_to_environment(&mut env);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function("raise_exception", raise_exception);
-    env.add_template_owned(TEMPLATE_NAME, source.to_string())
+    contain(|| env.add_template_owned(TEMPLATE_NAME, source.to_string()))
         .map_err(Error::ChatTemplate)?;
     Ok(env)
+}
+
+/// Runs a minijinja call, turning a panic inside it into a template error. minijinja 2.24
+/// multiplies lengths unchecked (`[x] * n * m`), which panics where overflow checks are on, in
+/// constant folding at compile time as well as at render. The environment involved is fresh
+/// (compile) or a per-render clone sharing only the immutable compiled template, so nothing
+/// half-updated outlives the panic. The panic hook still reports it on stderr.
+fn contain<T>(
+    f: impl FnOnce() -> std::result::Result<T, JinjaError>,
+) -> std::result::Result<T, JinjaError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(JinjaError::new(
+            ErrorKind::InvalidOperation,
+            format!("the template engine panicked: {message}"),
+        ))
+    })
 }
 
 fn raise_exception(message: String) -> std::result::Result<Value, JinjaError> {
@@ -253,9 +274,11 @@ impl ChatTemplate {
             out: Vec::new(),
             limit,
         };
-        env.get_template(TEMPLATE_NAME)
-            .and_then(|t| t.render_captured_to(ctx, &mut out))
-            .map_err(Error::ChatTemplate)?;
+        contain(|| {
+            env.get_template(TEMPLATE_NAME)
+                .and_then(|t| t.render_captured_to(ctx, &mut out))
+        })
+        .map_err(Error::ChatTemplate)?;
         Ok(String::from_utf8_lossy(&out.out).into_owned())
     }
 }
