@@ -445,7 +445,19 @@ fn check_cuda_toolkit() -> String {
     cuda_root
 }
 
+/// Flash-attention vector kernels compiled for these K-V type pairs: ggml's own default set
+/// (`GGML_CUDA_FA_QUANTS`). Other pairs run after a conversion of K and V to f16.
+const CUDA_FA_PAIRS: &[&str] = &["q4_0-q4_0", "q8_0-q8_0", "f16-f16", "bf16-bf16"];
+/// Every type ggml's vector flash attention is written for.
+const CUDA_FA_TYPES: &[&str] = &["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "bf16", "f16"];
+
 /// Compiles ggml's CUDA backend with nvcc. Returns the object files.
+///
+/// Each `.cu` file is its own translation unit with whole-program device code, as in ggml's own
+/// build: no relocatable device code, so no device-link step is needed (cc compiles several CUDA
+/// files of one build with `--device-c` and links their device code only in `compile`, which a
+/// single archive with the C and C++ objects cannot use). The files are compiled in parallel,
+/// up to cargo's job count.
 fn build_cuda(
     ggml: &Path,
     include_dir: &Path,
@@ -456,12 +468,25 @@ fn build_cuda(
     let mut files = list(&dir, "cu");
     let instances = dir.join("template-instances");
     files.extend(list(&instances, "cu").into_iter().filter(|f| {
-        // ggml's default set of pre-instantiated kernels: tile and MMA flash attention, MMQ, MMF.
+        // ggml's default set of pre-instantiated kernels: tile and MMA flash attention, MMQ, MMF,
+        // and the vector flash attention of the pairs in CUDA_FA_PAIRS.
         let name = f.file_name().unwrap().to_string_lossy();
         ["fattn-tile", "fattn-mma", "mmq", "mmf"]
             .iter()
             .any(|p| name.starts_with(p))
+            || CUDA_FA_PAIRS
+                .iter()
+                .any(|pair| name == format!("fattn-vec-instance-{pair}.cu"))
     }));
+    for pair in CUDA_FA_PAIRS {
+        let file = instances.join(format!("fattn-vec-instance-{pair}.cu"));
+        if !file.is_file() {
+            fail(&format!(
+                "{} is missing from ggml's sources",
+                file.display()
+            ));
+        }
+    }
     let arch = env::var("GGML_SYS_CUDA_ARCH").unwrap_or_else(|_| "native".into());
     let mut build = backend_build(ggml, include_dir, &dir, defines);
     build
@@ -471,18 +496,57 @@ fn build_cuda(
         .flag("-use_fast_math")
         .flag("-extended-lambda")
         .flag("--expt-relaxed-constexpr");
-    for a in arch.split(';').filter(|a| !a.is_empty()) {
+    for a in arch.split(';').map(str::trim).filter(|a| !a.is_empty()) {
         if a == "native" {
             build.flag("-arch=native");
-        } else {
+        } else if a.chars().all(|c| c.is_ascii_alphanumeric()) {
             build.flag(format!("-gencode=arch=compute_{a},code=sm_{a}"));
+        } else {
+            fail(&format!(
+                "GGML_SYS_CUDA_ARCH: {a:?} is not an architecture number such as 90 or 89"
+            ));
         }
     }
     build.define("GGML_CUDA_USE_GRAPHS", None);
-    build.files(files);
-    let objects = build.compile_intermediates();
+    let quants = format!("\"{}\"", CUDA_FA_PAIRS.join(","));
+    build.define("GGML_CUDA_FA_QUANTS", Some(quants.as_str()));
+    for v in CUDA_FA_TYPES {
+        for k in CUDA_FA_TYPES {
+            let on = CUDA_FA_PAIRS.contains(&format!("{k}-{v}").as_str());
+            let name = format!("GGML_CUDA_FA_{}_{}", k.to_uppercase(), v.to_uppercase());
+            build.define(&name, Some(if on { "1" } else { "0" }));
+        }
+    }
 
-    for sub in ["lib64", "lib", "lib64/stubs", "targets/x86_64-linux/lib"] {
+    let jobs = env::var("NUM_JOBS")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(1)
+        .clamp(1, 64);
+    let queue = std::sync::Mutex::new(files.into_iter());
+    let objects = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..jobs {
+            scope.spawn(|| loop {
+                let Some(file) = queue.lock().expect("queue").next() else {
+                    break;
+                };
+                // One file per build: cc adds `--device-c` only when a build has several.
+                let objs = build.clone().file(&file).compile_intermediates();
+                objects.lock().expect("objects").extend(objs);
+            });
+        }
+    });
+    let mut objects = objects.into_inner().expect("objects");
+    objects.sort();
+
+    for sub in [
+        "lib64",
+        "lib",
+        "lib64/stubs",
+        "lib/stubs",
+        "targets/x86_64-linux/lib",
+    ] {
         let p = Path::new(&cuda_root).join(sub);
         if p.is_dir() {
             println!("cargo:rustc-link-search=native={}", p.display());

@@ -13,7 +13,7 @@ use ckptfmt::{BlockId, ChainRoot, Fingerprint};
 
 use crate::batch::{Batch, BatchOutput, Logits, Plan, PlanItem};
 use crate::error::{Error, Result};
-use crate::ggml::{Backend, Compute, KvTensors};
+use crate::ggml::{Compute, KvTensors};
 use crate::kv::{KvLayout, KvStats, KvType, PagePool, PAGE_TOKENS};
 use crate::llama;
 use crate::model::Model;
@@ -80,13 +80,13 @@ pub(crate) struct Sequence {
     pub roots: Vec<ChainRoot>,
 }
 
-/// The engine's state for one model: backend, thread pool, compute buffer and KV page pool.
+/// The engine's state for one model: backends (the CPU's thread pool, and the device of the
+/// model's offloaded layers), compute buffers and KV page pool.
 pub struct Context {
     model: Arc<Model>,
     params: ContextParams,
     layout: KvLayout,
     fingerprint: Fingerprint,
-    backend: Backend,
     compute: Compute,
     pub(crate) kv: KvTensors,
     pub(crate) pool: PagePool,
@@ -124,17 +124,23 @@ impl Context {
         params.kv_tokens = n_pages * PAGE_TOKENS;
         let layout = KvLayout::with_types(model.hparams(), params.type_k, params.type_v)?;
         let dims = vec![model.hparams().n_embd_kv(); model.hparams().n_layer];
-        let kv = KvTensors::new(
+        // The KV of offloaded layers lives on their device, and graphs run under the scheduler.
+        let placement = model.placement();
+        let kv = KvTensors::placed(
             &dims,
             &dims,
             params.type_k,
             params.type_v,
             n_pages * PAGE_TOKENS,
+            placement.map(|p| (p.device, p.first_layer)),
         )?;
+        let compute = match placement {
+            Some(p) => Compute::scheduled(p.device, params.n_threads)?,
+            None => Compute::cpu(params.n_threads)?,
+        };
         Ok(Context {
             fingerprint: Fingerprint(model.fingerprint()),
-            backend: Backend::cpu(params.n_threads)?,
-            compute: Compute::new()?,
+            compute,
             kv,
             pool: PagePool::new(n_pages),
             seqs: BTreeMap::new(),
@@ -457,9 +463,9 @@ impl Context {
         let model = &self.model;
         let kv = &mut self.kv;
         let flash_attn = self.params.flash_attn;
-        let result = self.compute.run(&mut self.backend, |g| {
-            llama::build(g, model, kv, &plan, flash_attn)
-        });
+        let result = self
+            .compute
+            .run(|g| llama::build(g, model, kv, &plan, flash_attn));
         let logits = match result {
             Ok(logits) => logits,
             Err(e) => {
@@ -509,9 +515,7 @@ impl Context {
         let model = &self.model;
         let kv = &mut self.kv;
         self.compute
-            .run(&mut self.backend, |g| {
-                crate::shift::build(g, model, kv, plan)
-            })
+            .run(|g| crate::shift::build(g, model, kv, plan))
             .map(drop)
     }
 

@@ -178,6 +178,17 @@ pub enum Error {
     /// Logits were asked for before any token was evaluated.
     #[error("no logits: no token has been evaluated yet")]
     NoLogits,
+    /// Layers were to be offloaded to a GPU that ggml does not find.
+    #[error(
+        "no GPU {index}: ggml found {found} GPU(s) (this build finds one only with the `cuda` or \
+         `metal` feature, and a device and driver present); use --n-gpu-layers 0 to run on the CPU"
+    )]
+    NoGpu {
+        /// The GPU asked for.
+        index: usize,
+        /// How many GPUs ggml found.
+        found: usize,
+    },
     /// ggml could not allocate memory.
     #[error("out of memory allocating the {what}")]
     OutOfMemory {

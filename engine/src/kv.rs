@@ -116,31 +116,6 @@ impl KvType {
     }
 }
 
-/// Rewrites llama.cpp's single-dash `-ctk`/`-ctv` into `--cache-type-k`/`--cache-type-v` (also
-/// in their `-ctk=TYPE` form), leaving every other argument as it is: for command lines parsed
-/// with long options only.
-pub fn expand_cache_type_flags<I>(args: I) -> Vec<std::ffi::OsString>
-where
-    I: IntoIterator<Item = std::ffi::OsString>,
-{
-    args.into_iter()
-        .map(|a| {
-            let Some(text) = a.to_str() else {
-                return a;
-            };
-            for (short, long) in [("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v")] {
-                if text == short {
-                    return long.into();
-                }
-                if let Some(value) = text.strip_prefix(short).and_then(|r| r.strip_prefix('=')) {
-                    return format!("{long}={value}").into();
-                }
-            }
-            a
-        })
-        .collect()
-}
-
 impl std::fmt::Display for KvType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())

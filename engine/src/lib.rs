@@ -64,6 +64,38 @@ pub use context::{Context, ContextParams, SeqId};
 pub use error::{Error, GgufProblem, Result, TokenizerError};
 pub use ingest::{IngestParams, IngestReport, Progress};
 pub use kv::{KvLayout, KvStats, KvType, PAGE_TOKENS};
-pub use model::{Arch, HParams, Model, RopeScaling, FINGERPRINT_VERSION};
+pub use model::{
+    Arch, HParams, Model, ModelParams, OffloadDevice, RopeScaling, FINGERPRINT_VERSION,
+};
 pub use pages::ImportSummary;
 pub use session::{GenerateParams, Generation, Session, SessionParams, StopReason};
+
+/// Rewrites llama.cpp's single-dash `-ctk`, `-ctv` and `-ngl` into `--cache-type-k`,
+/// `--cache-type-v` and `--n-gpu-layers` (also in their `-ctk=TYPE` form), leaving every other
+/// argument as it is: for command lines parsed with long options only.
+pub fn expand_llama_cpp_flags<I>(args: I) -> Vec<std::ffi::OsString>
+where
+    I: IntoIterator<Item = std::ffi::OsString>,
+{
+    const FLAGS: [(&str, &str); 3] = [
+        ("-ctk", "--cache-type-k"),
+        ("-ctv", "--cache-type-v"),
+        ("-ngl", "--n-gpu-layers"),
+    ];
+    args.into_iter()
+        .map(|a| {
+            let Some(text) = a.to_str() else {
+                return a;
+            };
+            for (short, long) in FLAGS {
+                if text == short {
+                    return long.into();
+                }
+                if let Some(value) = text.strip_prefix(short).and_then(|r| r.strip_prefix('=')) {
+                    return format!("{long}={value}").into();
+                }
+            }
+            a
+        })
+        .collect()
+}

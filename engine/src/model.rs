@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use crate::chat::ChatTemplate;
 use crate::error::{Error, Result};
-use crate::ggml::{self, RawTensor, WeightSpec, Weights};
+use crate::ggml::{self, Device, RawTensor, WeightSpec, Weights};
 use crate::gguf::{GgmlType, Gguf};
 use crate::tokenizer::Tokenizer;
 
@@ -118,6 +118,25 @@ pub(crate) struct LayerWeights<T = usize> {
     pub ffn_down: T,
 }
 
+impl LayerWeights<usize> {
+    /// Every tensor index of the block.
+    fn indices(&self) -> Vec<usize> {
+        let mut all = vec![
+            self.attn_norm,
+            self.wq,
+            self.wk,
+            self.wv,
+            self.wo,
+            self.ffn_norm,
+            self.ffn_gate,
+            self.ffn_up,
+            self.ffn_down,
+        ];
+        all.extend([self.bq, self.bk, self.bv].into_iter().flatten());
+        all
+    }
+}
+
 impl<T: Copy> LayerWeights<T> {
     fn map<U>(&self, f: impl Fn(T) -> U) -> LayerWeights<U> {
         LayerWeights {
@@ -207,6 +226,7 @@ impl<'a> Specs<'a> {
             shape: &info.shape,
             offset: info.offset as usize,
             n_bytes: info.n_bytes as usize,
+            on_device: false,
         });
         Ok(Some(self.list.len() - 1))
     }
@@ -220,8 +240,45 @@ impl<'a> Specs<'a> {
     }
 }
 
+/// Where the layers offloaded by [`ModelParams::n_gpu_layers`] go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OffloadDevice {
+    /// The GPU of this index among those ggml's compiled-in backends (`cuda`, `metal`) find
+    /// (the default: the first).
+    Gpu(usize),
+    /// The CPU, through the same path as a GPU (weights copied into backend memory, graphs
+    /// split by ggml's scheduler): what tests and comparisons use where there is no GPU.
+    Cpu,
+}
+
+impl Default for OffloadDevice {
+    fn default() -> Self {
+        OffloadDevice::Gpu(0)
+    }
+}
+
+/// How a model is loaded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ModelParams {
+    /// Layers whose weights and KV live on the device, counted from the last (llama.cpp's
+    /// `--n-gpu-layers`); more than the model has also puts the output head there. 0 keeps
+    /// everything on the CPU, in the mapped file.
+    pub n_gpu_layers: usize,
+    /// The device that takes them.
+    pub device: OffloadDevice,
+}
+
+/// Where a loaded model's layers are: the device and the first layer on it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Placement {
+    pub device: Device,
+    pub first_layer: usize,
+}
+
 /// A model ready to run: share it between sessions with [`Arc`].
 pub struct Model {
+    /// Where offloaded layers live, if any are.
+    placement: Option<Placement>,
     hparams: HParams,
     tokenizer: Tokenizer,
     chat_template: ChatTemplate,
@@ -248,6 +305,11 @@ impl Model {
     /// Loads a GGUF model: maps it, checks every tensor the architecture needs, reads the
     /// tokenizer and chat template.
     pub fn load(path: impl AsRef<Path>) -> Result<Arc<Model>> {
+        Model::load_with(path, &ModelParams::default())
+    }
+
+    /// As [`Model::load`], with the layers `params` offloads uploaded to their device.
+    pub fn load_with(path: impl AsRef<Path>, params: &ModelParams) -> Result<Arc<Model>> {
         let path = path.as_ref();
         if !path.exists() {
             return Err(Error::ModelNotFound {
@@ -255,11 +317,16 @@ impl Model {
             });
         }
         let gguf = Gguf::open(path)?;
-        Model::from_gguf(gguf).map(Arc::new)
+        Model::from_gguf_with(gguf, params).map(Arc::new)
     }
 
-    /// Builds a model from an opened GGUF file.
+    /// Builds a model from an opened GGUF file, all on the CPU.
     pub fn from_gguf(gguf: Gguf) -> Result<Model> {
+        Model::from_gguf_with(gguf, &ModelParams::default())
+    }
+
+    /// Builds a model from an opened GGUF file, offloading as `params` says.
+    pub fn from_gguf_with(gguf: Gguf, params: &ModelParams) -> Result<Model> {
         // Shared with the weights, which keep it alive for as long as their tensors point into it.
         let gguf = Arc::new(gguf);
         let hp = HParams::from_gguf(&gguf)?;
@@ -319,9 +386,39 @@ impl Model {
                 ffn_down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e], m)?,
             });
         }
-        let weights = Weights::map(Arc::clone(&gguf), &specs.list)?;
+        let placement = match params.n_gpu_layers {
+            0 => None,
+            n => Some(Placement {
+                device: offload_device(params.device)?,
+                first_layer: hp.n_layer - n.min(hp.n_layer),
+            }),
+        };
+        let mut output = output;
+        if let Some(p) = placement {
+            for layer in &layer_idx[p.first_layer..] {
+                for i in layer.indices() {
+                    specs.list[i].on_device = true;
+                }
+            }
+            if params.n_gpu_layers > hp.n_layer {
+                if output == tok_embd {
+                    // Tied: the embedding table stays on the CPU (its rows are gathered there),
+                    // and the head gets a device copy of the same bytes.
+                    let copy = WeightSpec {
+                        on_device: true,
+                        ..specs.list[tok_embd]
+                    };
+                    specs.list.push(copy);
+                    output = specs.list.len() - 1;
+                }
+                specs.list[output].on_device = true;
+                specs.list[output_norm].on_device = true;
+            }
+        }
+        let weights = Weights::map(Arc::clone(&gguf), &specs.list, placement.map(|p| p.device))?;
         let fingerprint = fingerprint::fingerprint(&gguf, &hp, &tokenizer);
         Ok(Model {
+            placement,
             tok_embd,
             output_norm,
             output,
@@ -333,6 +430,22 @@ impl Model {
             fingerprint,
             weights,
         })
+    }
+
+    /// Where offloaded layers live, if any are.
+    pub(crate) fn placement(&self) -> Option<Placement> {
+        self.placement
+    }
+
+    /// How many layers run on the offload device (0 when none).
+    pub fn n_offloaded_layers(&self) -> usize {
+        self.placement
+            .map_or(0, |p| self.hparams.n_layer - p.first_layer)
+    }
+
+    /// The offload device as ggml names it (`CUDA0 (NVIDIA H200)`), when layers are offloaded.
+    pub fn offload_device(&self) -> Option<String> {
+        self.placement.map(|p| p.device.describe())
     }
 
     /// The token embedding table.
@@ -383,4 +496,17 @@ impl Model {
     pub fn fingerprint(&self) -> [u8; 32] {
         self.fingerprint
     }
+}
+
+/// The ggml device `device` names: [`Error::NoGpu`] when there is no such GPU.
+fn offload_device(device: OffloadDevice) -> Result<Device> {
+    let index = match device {
+        OffloadDevice::Cpu => return Device::cpu(),
+        OffloadDevice::Gpu(i) => i,
+    };
+    let gpus = Device::gpus();
+    gpus.get(index).copied().ok_or(Error::NoGpu {
+        index,
+        found: gpus.len(),
+    })
 }

@@ -66,11 +66,49 @@ impl Context {
         let n = (len - index * PAGE_TOKENS).min(PAGE_TOKENS);
         out.clear();
         out.resize(self.span_bytes(n), 0);
-        for part in span_parts(self.kv_layout(), page, n) {
-            self.kv
-                .read(part.layer, part.value, part.offset, &mut out[part.span]);
-        }
+        let mut reqs = Vec::with_capacity(2 * self.kv_layout().n_layers);
+        push_parts(&mut reqs, span_parts(self.kv_layout(), page, n), out);
+        self.kv.read_many(&mut reqs);
         Ok(n)
+    }
+
+    /// Copies the full pages `indices` of `seq` into `outs` (one span each), in one batch of
+    /// transfers: from device memory, every download is queued first and waited for once.
+    pub fn read_full_pages(
+        &self,
+        seq: SeqId,
+        indices: &[usize],
+        outs: &mut [Vec<u8>],
+    ) -> Result<()> {
+        let s = self.seq(seq)?;
+        assert_eq!(indices.len(), outs.len(), "one output per page");
+        let mut pages = Vec::with_capacity(indices.len());
+        for &index in indices {
+            match s.pages.get(index) {
+                Some(&page) if s.tokens.len() >= (index + 1) * PAGE_TOKENS => pages.push(page),
+                _ => {
+                    return Err(Error::KvRange {
+                        layer: 0,
+                        start: index * PAGE_TOKENS,
+                        end: (index + 1) * PAGE_TOKENS,
+                        len: s.tokens.len(),
+                    })
+                }
+            }
+        }
+        let span = self.span_bytes(PAGE_TOKENS);
+        let mut reqs = Vec::with_capacity(2 * self.kv_layout().n_layers * pages.len());
+        for (&page, out) in pages.iter().zip(outs.iter_mut()) {
+            out.clear();
+            out.resize(span, 0);
+            push_parts(
+                &mut reqs,
+                span_parts(self.kv_layout(), page, PAGE_TOKENS),
+                out,
+            );
+        }
+        self.kv.read_many(&mut reqs);
+        Ok(())
     }
 
     /// Copies the K and V bytes of `positions` (within the tokens held) of `layer` of `seq`
@@ -133,10 +171,11 @@ impl Context {
                 found: span.len(),
             });
         }
-        for part in span_parts(self.kv_layout(), page, n) {
-            self.kv
-                .write(part.layer, part.value, part.offset, &span[part.span]);
-        }
+        let reqs: Vec<_> = span_parts(self.kv_layout(), page, n)
+            .into_iter()
+            .map(|p| (p.layer, p.value, p.offset, &span[p.span]))
+            .collect();
+        self.kv.write_many(&reqs);
         Ok(())
     }
 
@@ -296,6 +335,21 @@ struct SpanPart {
 }
 
 /// The parts of a span of `n` tokens of `page`, in span order.
+/// Adds one read request per part, each with its own disjoint piece of `out` (the parts of a
+/// span cover it in order).
+fn push_parts<'a>(
+    reqs: &mut Vec<(usize, bool, usize, &'a mut [u8])>,
+    parts: Vec<SpanPart>,
+    out: &'a mut [u8],
+) {
+    let mut rest = out;
+    for part in parts {
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut(part.span.len());
+        reqs.push((part.layer, part.value, part.offset, head));
+        rest = tail;
+    }
+}
+
 fn span_parts(layout: &KvLayout, page: u32, n: usize) -> Vec<SpanPart> {
     let mut parts = Vec::with_capacity(2 * layout.n_layers);
     let mut off = 0;

@@ -31,6 +31,10 @@ struct Args {
     /// GGUF model file.
     #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
     model: PathBuf,
+    /// Layers to run on the GPU, counted from the last; more than the model has puts the output
+    /// head there too (`-ngl` works too; needs a `cuda` or `metal` build).
+    #[arg(long = "n-gpu-layers", value_name = "N", default_value_t = 0)]
+    n_gpu_layers: usize,
     /// Prompt length in tokens.
     #[arg(long, default_value_t = 512)]
     prompt_tokens: usize,
@@ -168,7 +172,7 @@ fn batched(args: &Args, model: &std::sync::Arc<Model>) -> Result<serde_json::Val
 }
 
 fn main() -> Result<()> {
-    let args = Args::parse_from(engine::kv::expand_cache_type_flags(std::env::args_os()));
+    let args = Args::parse_from(engine::expand_llama_cpp_flags(std::env::args_os()));
     let store_config = StoreConfig {
         type_k: args.cache_type_k,
         type_v: args.cache_type_v,
@@ -176,7 +180,13 @@ fn main() -> Result<()> {
         stored_type_v: args.cache_type_stored,
         ..StoreConfig::default()
     };
-    let model = Model::load(&args.model)?;
+    let model = Model::load_with(
+        &args.model,
+        &engine::ModelParams {
+            n_gpu_layers: args.n_gpu_layers,
+            ..Default::default()
+        },
+    )?;
     if args.sequences > 1 || args.shared_prefix > 0 {
         println!("{}", batched(&args, &model)?);
         return Ok(());

@@ -24,6 +24,10 @@ pub struct Args {
     /// GGUF model file (the default one is fetched when missing).
     #[arg(long, default_value = DEFAULT_MODEL)]
     pub model: PathBuf,
+    /// Layers to run on the GPU, counted from the last; more than the model has puts the output
+    /// head there too (`-ngl` works too; needs a `cuda` or `metal` build).
+    #[arg(long = "n-gpu-layers", value_name = "N", default_value_t = 0)]
+    pub n_gpu_layers: usize,
     /// Threads for the kernels.
     #[arg(long, value_parser = positive, default_value_t = std::thread::available_parallelism().map_or(4, |n| n.get()))]
     pub threads: usize,

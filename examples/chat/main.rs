@@ -46,7 +46,7 @@ const MIGRATED_MARKER: &str = "migrated-from-legacy";
 fn main() -> Result<()> {
     // Model files are untrusted: their chat templates render in a child process with limits.
     engine::chat::sandbox::init();
-    let args = Args::parse_from(engine::kv::expand_cache_type_flags(std::env::args_os()));
+    let args = Args::parse_from(engine::expand_llama_cpp_flags(std::env::args_os()));
     ensure_model(&args.model)?;
     let store_dir = args
         .store

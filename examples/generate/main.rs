@@ -24,6 +24,10 @@ struct Args {
     /// GGUF model file.
     #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
     model: PathBuf,
+    /// Layers to run on the GPU, counted from the last; more than the model has puts the output
+    /// head there too (`-ngl` works too; needs a `cuda` or `metal` build).
+    #[arg(long = "n-gpu-layers", value_name = "N", default_value_t = 0)]
+    n_gpu_layers: usize,
     /// JSON lines with a `prompt` field (special tokens are parsed; BOS as the model says).
     #[arg(long, conflicts_with = "prompt")]
     golden: Option<PathBuf>,
@@ -107,9 +111,15 @@ fn golden_batch(
 }
 
 fn main() -> Result<()> {
-    let args = Args::parse_from(engine::kv::expand_cache_type_flags(std::env::args_os()));
-    let model =
-        Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let args = Args::parse_from(engine::expand_llama_cpp_flags(std::env::args_os()));
+    let model = Model::load_with(
+        &args.model,
+        &engine::ModelParams {
+            n_gpu_layers: args.n_gpu_layers,
+            ..Default::default()
+        },
+    )
+    .with_context(|| format!("loading {}", args.model.display()))?;
     let params = SessionParams {
         n_ctx: args.ctx,
         n_threads: args.threads,

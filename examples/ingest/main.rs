@@ -55,6 +55,10 @@ struct Args {
     /// GGUF model file.
     #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
     model: PathBuf,
+    /// Layers to run on the GPU, counted from the last; more than the model has puts the output
+    /// head there too (`-ngl` works too; needs a `cuda` or `metal` build).
+    #[arg(long = "n-gpu-layers", value_name = "N", default_value_t = 0)]
+    n_gpu_layers: usize,
     /// Directory of checkpoints (shared with the chat).
     #[arg(long, default_value = "store")]
     store: PathBuf,
@@ -108,10 +112,16 @@ fn positive(s: &str) -> Result<usize, String> {
 fn main() -> Result<()> {
     // Model files are untrusted: their chat templates render in a child process with limits.
     engine::chat::sandbox::init();
-    let args = Args::parse();
+    let args = Args::parse_from(engine::expand_llama_cpp_flags(std::env::args_os()));
     let text = read_document(&args.file)?;
-    let model =
-        Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let model = Model::load_with(
+        &args.model,
+        &engine::ModelParams {
+            n_gpu_layers: args.n_gpu_layers,
+            ..Default::default()
+        },
+    )
+    .with_context(|| format!("loading {}", args.model.display()))?;
     let tokens = model
         .tokenizer()
         .encode(&text, true, false)

@@ -26,6 +26,10 @@ struct Args {
     /// GGUF model file.
     #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
     model: PathBuf,
+    /// Layers to run on the GPU, counted from the last; more than the model has puts the output
+    /// head there too (`-ngl` works too; needs a `cuda` or `metal` build).
+    #[arg(long = "n-gpu-layers", value_name = "N", default_value_t = 0)]
+    n_gpu_layers: usize,
     /// The text (UTF-8).
     #[arg(long, short = 'f')]
     file: PathBuf,
@@ -88,11 +92,17 @@ impl Tally {
 }
 
 fn main() -> Result<()> {
-    let args = Args::parse_from(engine::kv::expand_cache_type_flags(std::env::args_os()));
+    let args = Args::parse_from(engine::expand_llama_cpp_flags(std::env::args_os()));
     if args.ctx < 4 {
         bail!("--ctx must be at least 4");
     }
-    let model = Model::load(&args.model)?;
+    let model = Model::load_with(
+        &args.model,
+        &engine::ModelParams {
+            n_gpu_layers: args.n_gpu_layers,
+            ..Default::default()
+        },
+    )?;
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
     let tok = model.tokenizer();

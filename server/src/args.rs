@@ -18,6 +18,10 @@ pub struct Args {
     /// Model file (GGUF).
     #[arg(short = 'm', long = "model", value_name = "FNAME")]
     pub model: PathBuf,
+    /// Layers to run on the GPU, counted from the last; more than the model has puts the output
+    /// head there too (`-ngl` works too; needs a `cuda` or `metal` build).
+    #[arg(long = "n-gpu-layers", value_name = "N", default_value_t = 0)]
+    pub n_gpu_layers: usize,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -115,8 +119,8 @@ pub struct Config {
 }
 
 impl Args {
-    /// Parses `argv` (program name first), accepting llama-server's `-np N` for `--parallel`
-    /// and `-ctk` / `-ctv` for the cache types.
+    /// Parses `argv` (program name first), accepting llama-server's `-np N` for `--parallel`,
+    /// `-ctk` / `-ctv` for the cache types and `-ngl` for `--n-gpu-layers`.
     pub fn parse_from_argv<I, S>(argv: I) -> std::result::Result<Args, clap::Error>
     where
         I: IntoIterator<Item = S>,
@@ -130,8 +134,8 @@ impl Args {
                 _ => a,
             }
         });
-        // llama-server's `-ctk` / `-ctv` too.
-        Args::try_parse_from(engine::kv::expand_cache_type_flags(
+        // llama-server's `-ctk` / `-ctv` / `-ngl` too.
+        Args::try_parse_from(engine::expand_llama_cpp_flags(
             argv.map(std::ffi::OsString::from),
         ))
     }

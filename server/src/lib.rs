@@ -57,7 +57,13 @@ impl Server {
     /// Loads the model, opens the cache, starts the scheduler and binds the port.
     pub async fn bind(config: Config) -> Result<Server> {
         let args = &config.args;
-        let model = Model::load(&args.model)?;
+        let model = Model::load_with(
+            &args.model,
+            &engine::ModelParams {
+                n_gpu_layers: args.n_gpu_layers,
+                ..Default::default()
+            },
+        )?;
         let defaults = ContextParams::default();
         let n_ctx = args.ctx_size.min(model.hparams().n_ctx_train.max(1));
         // Each slot may need its context plus one copied page; as much again keeps finished

@@ -7,24 +7,40 @@ use std::ptr::NonNull;
 
 use ggml_sys as sys;
 
-use super::{ArenaChunk, Backend, Context, DType, RawTensor, RawTensorMut};
+use super::{ArenaChunk, Backend, Context, DType, Device, RawTensor, RawTensorMut};
 use crate::error::{Error, Result};
 
-/// Builds and runs graphs on one backend, reusing the compute buffer between runs.
+/// Builds and runs graphs on its backends, reusing the compute buffers between runs: one CPU
+/// backend with ggml's graph allocator, or a GPU and the CPU under ggml's backend scheduler,
+/// which splits each graph by where its weights and KV tensors live.
 pub(crate) struct Compute {
-    galloc: NonNull<sys::ggml_gallocr>,
+    alloc: Alloc,
     /// Metadata arena reused by every graph: a fresh allocation per token would cost page
     /// faults on each decode step.
     arena: Vec<ArenaChunk>,
+    /// The backends the allocator computes on, freed after it (fields drop after `drop`).
+    backends: Vec<Backend>,
 }
 
-// SAFETY: the allocator has no thread affinity; it is only used under `&mut self`.
+enum Alloc {
+    Single(NonNull<sys::ggml_gallocr>),
+    Sched(NonNull<sys::ggml_backend_sched>),
+}
+
+// SAFETY: the allocator, the scheduler and the backends have no thread affinity; they are only
+// used under `&mut self`.
 unsafe impl Send for Compute {}
 
 impl Drop for Compute {
     fn drop(&mut self) {
-        // SAFETY: created by ggml_gallocr_new, freed once.
-        unsafe { sys::ggml_gallocr_free(self.galloc.as_ptr()) }
+        // SAFETY: created by ggml_gallocr_new / ggml_backend_sched_new, freed once, before the
+        // backends the scheduler points to (the `backends` field drops after this).
+        unsafe {
+            match self.alloc {
+                Alloc::Single(g) => sys::ggml_gallocr_free(g.as_ptr()),
+                Alloc::Sched(s) => sys::ggml_backend_sched_free(s.as_ptr()),
+            }
+        }
     }
 }
 
@@ -32,26 +48,64 @@ impl Drop for Compute {
 const MAX_NODES: usize = 8192;
 
 impl Compute {
-    pub(crate) fn new() -> Result<Compute> {
+    /// Computes on one CPU backend with `n_threads` threads.
+    pub(crate) fn cpu(n_threads: usize) -> Result<Compute> {
+        let backend = Backend::cpu(n_threads)?;
         // SAFETY: the CPU buffer type is a static object.
         let galloc = unsafe { sys::ggml_gallocr_new(sys::ggml_backend_cpu_buffer_type()) };
         NonNull::new(galloc)
             .map(|galloc| Compute {
-                galloc,
+                alloc: Alloc::Single(galloc),
                 arena: Vec::new(),
+                backends: vec![backend],
             })
             .ok_or(Error::Ggml {
                 what: "could not create a graph allocator",
             })
     }
 
-    /// Builds a graph with `build`, allocates it, uploads its inputs, computes it on `backend`
+    /// Computes under ggml's scheduler on `device` (when it is not the CPU) and the CPU, with
+    /// `n_threads` CPU threads: each op runs where its weights or its KV tensor live, inputs
+    /// start on the CPU, and the scheduler copies activations between the two.
+    pub(crate) fn scheduled(device: Device, n_threads: usize) -> Result<Compute> {
+        let mut backends = Vec::with_capacity(2);
+        if !device.is_cpu() {
+            backends.push(Backend::on(device, n_threads)?);
+        }
+        // ggml's scheduler wants the CPU last.
+        backends.push(Backend::cpu(n_threads)?);
+        let mut raw: Vec<sys::ggml_backend_t> = backends.iter().map(|b| b.0.as_ptr()).collect();
+        // SAFETY: `raw` holds live backends, which the returned value owns and frees after the
+        // scheduler; null buffer types mean each backend's default; no parallel copies, no
+        // offloading of CPU-resident weights (ops run where their weights are).
+        let sched = unsafe {
+            sys::ggml_backend_sched_new(
+                raw.as_mut_ptr(),
+                std::ptr::null_mut(),
+                raw.len() as c_int,
+                MAX_NODES,
+                false,
+                false,
+            )
+        };
+        NonNull::new(sched)
+            .map(|sched| Compute {
+                alloc: Alloc::Sched(sched),
+                arena: Vec::new(),
+                backends,
+            })
+            .ok_or(Error::Ggml {
+                what: "could not create a backend scheduler",
+            })
+    }
+
+    /// Builds a graph with `build`, allocates it, uploads its inputs, computes it on the backends
     /// and returns the f32 contents of the output tensor that `build` returned.
     ///
     /// `'w` is the borrow of the long-lived tensors (weights, KV) that the graph lifts; as a
     /// lifetime parameter of this call it outlives the computation. Each graph gets its own
     /// `'g`, so its tensors cannot leave `build` nor enter another graph.
-    pub(crate) fn run<'w, F>(&mut self, backend: &mut Backend, build: F) -> Result<Vec<f32>>
+    pub(crate) fn run<'w, F>(&mut self, build: F) -> Result<Vec<f32>>
     where
         F: for<'g> FnOnce(&mut Graph<'g, 'w>) -> Result<Tensor<'g>>,
     {
@@ -95,7 +149,16 @@ impl Compute {
         unsafe {
             sys::ggml_set_output(out.raw);
             sys::ggml_build_forward_expand(graph.as_ptr(), out.raw);
-            if !sys::ggml_gallocr_alloc_graph(self.galloc.as_ptr(), graph.as_ptr()) {
+            let allocated = match self.alloc {
+                Alloc::Single(galloc) => {
+                    sys::ggml_gallocr_alloc_graph(galloc.as_ptr(), graph.as_ptr())
+                }
+                Alloc::Sched(sched) => {
+                    sys::ggml_backend_sched_reset(sched.as_ptr());
+                    sys::ggml_backend_sched_alloc_graph(sched.as_ptr(), graph.as_ptr())
+                }
+            };
+            if !allocated {
                 return Err(Error::OutOfMemory {
                     what: "compute buffer",
                 });
@@ -103,7 +166,14 @@ impl Compute {
             for (t, bytes) in &inputs {
                 sys::ggml_backend_tensor_set(*t, bytes.as_ptr().cast(), 0, bytes.len());
             }
-            let status = sys::ggml_backend_graph_compute(backend.0.as_ptr(), graph.as_ptr());
+            let status = match self.alloc {
+                Alloc::Single(_) => {
+                    sys::ggml_backend_graph_compute(self.backends[0].0.as_ptr(), graph.as_ptr())
+                }
+                Alloc::Sched(sched) => {
+                    sys::ggml_backend_sched_graph_compute(sched.as_ptr(), graph.as_ptr())
+                }
+            };
             if status != sys::GGML_STATUS_SUCCESS {
                 return Err(Error::Ggml {
                     what: "graph computation failed",
@@ -249,13 +319,20 @@ impl<'g, 'w> Graph<'g, 'w> {
         op!(self, sys::ggml_add(self.ctx(), a.raw, b.raw))
     }
     /// `w` is `[k, m]`, `x` is `[k, n]`: the result is `[m, n]`. A two-dimensional product of
-    /// q4_1 weights with f32 rows runs ggml-sys's q4_1 kernel (each weight block unpacked once
-    /// for four columns; the same bits as `ggml_mul_mat`), everything else ggml's.
+    /// q4_1 weights in host memory with f32 rows runs ggml-sys's q4_1 kernel (each weight block
+    /// unpacked once for four columns; the same bits as `ggml_mul_mat`), everything else ggml's
+    /// (weights on a GPU too).
     pub(crate) fn mul_mat(&mut self, w: Tensor<'g>, x: Tensor<'g>) -> Tensor<'g> {
         // SAFETY: both tensors are live for 'g (see `op!`); only their headers are read.
         let (w_type, x_type) = unsafe { ((*w.raw).type_, (*x.raw).type_) };
         let plain = |t: &Tensor<'g>| t.ne(2) == 1 && t.ne(3) == 1;
+        // SAFETY: as above; a weight's buffer is set once at load and never changes.
+        let w_on_host = unsafe {
+            let buffer = (*w.raw).buffer;
+            buffer.is_null() || sys::ggml_backend_buffer_is_host(buffer)
+        };
         if w_type == sys::GGML_TYPE_Q4_1
+            && w_on_host
             && x_type == sys::GGML_TYPE_F32
             && plain(&w)
             && plain(&x)

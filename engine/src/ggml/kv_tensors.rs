@@ -1,5 +1,6 @@
-//! The KV page pool's tensors: per-layer K and V in one CPU buffer over anonymous memory, read
-//! through `&self`, written only through `&mut self`.
+//! The KV page pool's tensors: per-layer K and V in one CPU buffer over anonymous memory (and,
+//! for offloaded layers, in device memory), read through `&self`, written only through
+//! `&mut self`.
 
 use std::ffi::CString;
 use std::marker::PhantomData;
@@ -7,7 +8,7 @@ use std::ptr::NonNull;
 
 use ggml_sys as sys;
 
-use super::{Buffer, Context, RawTensorMut};
+use super::{Backend, Buffer, Context, Device, RawTensorMut};
 use crate::error::{Error, Result};
 use crate::kv::KvType;
 
@@ -32,8 +33,15 @@ fn ggml_type(t: KvType) -> sys::ggml_type {
 pub(crate) struct KvTensors {
     k: Vec<NonNull<sys::ggml_tensor>>,
     v: Vec<NonNull<sys::ggml_tensor>>,
+    /// Per layer: whether its K and V live in host memory (else in the device's).
+    host: Vec<bool>,
     _buffer: Buffer,
     _ctx: Context<'static>,
+    /// The device memory and metadata of the offloaded layers' tensors, if any.
+    _device: Option<(Buffer, Context<'static>)>,
+    /// A backend of its own on the device (its own stream), for batches of copies between the
+    /// offloaded layers and host memory: queued asynchronously, then waited for once.
+    transfer: Option<Backend>,
     /// The memory the tensors point into, owned here. (No drop order matters: freeing the
     /// buffer or the context never touches it.)
     _memory: memmap2::MmapMut,
@@ -75,7 +83,8 @@ impl<'a> KvTensorsMut<'a> {
 impl KvTensors {
     /// Allocates `n_layers` pairs of tensors of `n_cells` rows with `k_dims[l]`/`v_dims[l]`
     /// elements per row, of types `type_k`/`type_v` (a quantized type needs dimensions that are
-    /// whole blocks: [`Error::KvTypeHeadDim`] otherwise).
+    /// whole blocks: [`Error::KvTypeHeadDim`] otherwise), in host memory.
+    #[cfg(test)]
     pub(crate) fn new(
         k_dims: &[usize],
         v_dims: &[usize],
@@ -83,8 +92,32 @@ impl KvTensors {
         type_v: KvType,
         n_cells: usize,
     ) -> Result<KvTensors> {
+        KvTensors::placed(k_dims, v_dims, type_k, type_v, n_cells, None)
+    }
+
+    /// As [`KvTensors::new`], with the layers from `device.1` on in `device.0`'s memory.
+    pub(crate) fn placed(
+        k_dims: &[usize],
+        v_dims: &[usize],
+        type_k: KvType,
+        type_v: KvType,
+        n_cells: usize,
+        device: Option<(Device, usize)>,
+    ) -> Result<KvTensors> {
         let too_big = || Error::OutOfMemory { what: "KV cache" };
+        let n_layers = k_dims.len();
+        let layer_on_host: Vec<bool> = (0..n_layers)
+            .map(|l| device.is_none_or(|(_, first)| l < first))
+            .collect();
+        let n_device = layer_on_host.iter().filter(|h| !**h).count();
         let ctx = Context::new(k_dims.len() + v_dims.len() + 1, 0)?;
+        let dev_ctx = match device {
+            Some(_) if n_device > 0 => Some(Context::new(2 * n_device + 1, 0)?),
+            _ => None,
+        };
+        let layer_of = |i: usize| i.checked_sub(n_layers).unwrap_or(i);
+        let has_device = dev_ctx.is_some();
+        let on_host = |i: usize| !has_device || layer_on_host[layer_of(i)];
         let typed = || {
             k_dims
                 .iter()
@@ -112,7 +145,9 @@ impl KvTensors {
         }
         let total = sizes
             .iter()
-            .try_fold(0usize, |acc, &s| acc.checked_add(s))
+            .enumerate()
+            .filter(|(i, _)| on_host(*i))
+            .try_fold(0usize, |acc, (_, &s)| acc.checked_add(s))
             .ok_or_else(too_big)?
             .max(KV_TENSOR_ALIGN);
         let mut memory = memmap2::MmapMut::map_anon(total).map_err(|_| too_big())?;
@@ -123,11 +158,15 @@ impl KvTensors {
         let mut offset = 0usize;
         let mut tensors = Vec::with_capacity(sizes.len());
         for (i, ((dims, kv_type), &size)) in typed().zip(&sizes).enumerate() {
+            let home = match &dev_ctx {
+                Some(dev) if !on_host(i) => dev,
+                _ => &ctx,
+            };
             // SAFETY: live context with room for every tensor (counted above); both dimensions
             // fit `i64` (checked with the sizes).
             let t = unsafe {
                 sys::ggml_new_tensor_2d(
-                    ctx.as_ptr(),
+                    home.as_ptr(),
                     ggml_type(kv_type),
                     dims as i64,
                     n_cells as i64,
@@ -144,6 +183,11 @@ impl KvTensors {
             // SAFETY: live tensor; the name is NUL-terminated and ggml copies it (a named leaf
             // is not renamed when a graph reaches it).
             unsafe { sys::ggml_set_name(t.as_ptr(), name.as_ptr()) };
+            if !on_host(i) {
+                // Placed in device memory below.
+                tensors.push(t);
+                continue;
+            }
             // SAFETY: `offset + size <= total` by construction, and `size` covers the tensor's
             // bytes; the address is 64-byte aligned within the page-aligned mapping.
             let status = unsafe {
@@ -161,12 +205,31 @@ impl KvTensors {
             offset += size;
             tensors.push(t);
         }
+        let host: Vec<bool> = (0..n_layers).map(on_host).collect();
+        let transfer = match (device, &dev_ctx) {
+            (Some((device, _)), Some(_)) => Some(Backend::on(device, 1)?),
+            _ => None,
+        };
+        let device_part = match (device, dev_ctx) {
+            (Some((device, _)), Some(dev_ctx)) => {
+                // Zeroed, as the anonymous memory is.
+                let dev_buffer =
+                    Buffer::alloc_tensors(&dev_ctx, device)?.ok_or(Error::OutOfMemory {
+                        what: "KV cache in device memory",
+                    })?;
+                Some((dev_buffer, dev_ctx))
+            }
+            _ => None,
+        };
         let v = tensors.split_off(k_dims.len());
         Ok(KvTensors {
             k: tensors,
             v,
+            host,
             _buffer: buffer,
             _ctx: ctx,
+            _device: device_part,
+            transfer,
             _memory: memory,
         })
     }
@@ -206,8 +269,8 @@ impl KvTensors {
             "KV read out of range"
         );
         let t = self.tensor(layer, value);
-        // SAFETY: live CPU tensor; the range lies inside it (asserted above) and ggml copies
-        // those bytes into `out`, which has room for them.
+        // SAFETY: live tensor (host or device memory); the range lies inside it (asserted
+        // above) and ggml copies those bytes into `out`, which has room for them.
         unsafe {
             sys::ggml_backend_tensor_get(t.as_ptr(), out.as_mut_ptr().cast(), offset, out.len())
         }
@@ -224,10 +287,107 @@ impl KvTensors {
             "KV write out of range"
         );
         let t = self.tensor(layer, value);
-        // SAFETY: live CPU tensor; the range lies inside it (asserted above); ggml copies
-        // `data` into it, and `&mut self` excludes every other reader and writer.
+        // SAFETY: live tensor (host or device memory); the range lies inside it (asserted
+        // above); ggml copies `data` into it, and `&mut self` excludes every other reader and
+        // writer.
         unsafe {
             sys::ggml_backend_tensor_set(t.as_ptr(), data.as_ptr().cast(), offset, data.len())
+        }
+    }
+
+    /// Copies many ranges out at once: each `(layer, value, offset, out)` gets `out.len()`
+    /// bytes from byte `offset` of that layer's K (or V) tensor. Ranges in device memory are
+    /// queued as asynchronous downloads on the transfer stream and waited for once, at the end.
+    ///
+    /// # Panics
+    /// If a range is not inside its tensor.
+    pub(crate) fn read_many(&self, parts: &mut [(usize, bool, usize, &mut [u8])]) {
+        let mut queued = false;
+        for (layer, value, offset, out) in parts.iter_mut() {
+            let (layer, value, offset) = (*layer, *value, *offset);
+            let n = self.n_bytes(layer, value);
+            assert!(
+                offset.checked_add(out.len()).is_some_and(|end| end <= n),
+                "KV read out of range"
+            );
+            let t = self.tensor(layer, value);
+            match &self.transfer {
+                Some(backend) if !self.host[layer] => {
+                    // SAFETY: live device tensor, range inside it (asserted above); `out`
+                    // stays borrowed until the synchronization below, after which the copy
+                    // has landed.
+                    unsafe {
+                        sys::ggml_backend_tensor_get_async(
+                            backend.0.as_ptr(),
+                            t.as_ptr(),
+                            out.as_mut_ptr().cast(),
+                            offset,
+                            out.len(),
+                        )
+                    };
+                    queued = true;
+                }
+                // SAFETY: as in `read`.
+                _ => unsafe {
+                    sys::ggml_backend_tensor_get(
+                        t.as_ptr(),
+                        out.as_mut_ptr().cast(),
+                        offset,
+                        out.len(),
+                    )
+                },
+            }
+        }
+        if let (true, Some(backend)) = (queued, &self.transfer) {
+            // SAFETY: a live backend; waits for every copy queued above.
+            unsafe { sys::ggml_backend_synchronize(backend.0.as_ptr()) };
+        }
+    }
+
+    /// Writes many ranges at once, as [`KvTensors::read_many`] reads them: uploads to device
+    /// memory are queued and waited for once.
+    ///
+    /// # Panics
+    /// If a range is not inside its tensor.
+    pub(crate) fn write_many(&mut self, parts: &[(usize, bool, usize, &[u8])]) {
+        let mut queued = false;
+        for &(layer, value, offset, data) in parts {
+            let n = self.n_bytes(layer, value);
+            assert!(
+                offset.checked_add(data.len()).is_some_and(|end| end <= n),
+                "KV write out of range"
+            );
+            let t = self.tensor(layer, value);
+            match &self.transfer {
+                Some(backend) if !self.host[layer] => {
+                    // SAFETY: live device tensor, range inside it (asserted above); `data`
+                    // stays borrowed until the synchronization below; `&mut self` excludes
+                    // every other reader and writer.
+                    unsafe {
+                        sys::ggml_backend_tensor_set_async(
+                            backend.0.as_ptr(),
+                            t.as_ptr(),
+                            data.as_ptr().cast(),
+                            offset,
+                            data.len(),
+                        )
+                    };
+                    queued = true;
+                }
+                // SAFETY: as in `write`.
+                _ => unsafe {
+                    sys::ggml_backend_tensor_set(
+                        t.as_ptr(),
+                        data.as_ptr().cast(),
+                        offset,
+                        data.len(),
+                    )
+                },
+            }
+        }
+        if let (true, Some(backend)) = (queued, &self.transfer) {
+            // SAFETY: a live backend; waits for every copy queued above.
+            unsafe { sys::ggml_backend_synchronize(backend.0.as_ptr()) };
         }
     }
 
@@ -235,7 +395,7 @@ impl KvTensors {
     /// zeros), so that writes there later take no page faults: what a pool that will be filled
     /// soon (a session's own context) pays once at creation instead of in a restore.
     pub(crate) fn prefault(&mut self, fraction_num: usize, fraction_den: usize) {
-        for layer in 0..self.k.len() {
+        for layer in (0..self.k.len()).filter(|&l| self.host[l]) {
             for value in [false, true] {
                 let n = self.n_bytes(layer, value);
                 let len = n / fraction_den.max(1) * fraction_num.min(fraction_den);
@@ -267,6 +427,13 @@ impl KvTensors {
             from_end <= n && to_end <= n && (from_end <= to || to_end <= from),
             "KV copy out of range or overlapping"
         );
+        if !self.host[layer] {
+            // Device memory: through the host, with ggml's copies.
+            let mut bytes = vec![0u8; len];
+            self.read(layer, value, from, &mut bytes);
+            self.write(layer, value, to, &bytes);
+            return;
+        }
         let t = self.tensor(layer, value);
         // SAFETY: a live CPU tensor's data pointer covers its `n` bytes; both ranges lie inside
         // them and do not overlap (asserted above), and `&mut self` excludes every other reader

@@ -147,26 +147,116 @@ impl Drop for Context<'_> {
     }
 }
 
-/// A ggml CPU backend with its thread count. One per context: ggml's CPU backend keeps a work
-/// buffer and must not compute two graphs at once, so computing takes `&mut Backend`.
+/// A device from ggml's backend registry: the CPU, or a GPU of a backend compiled in (`cuda`,
+/// `metal`). Registry devices are static objects that live as long as the process.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Device(NonNull<sys::ggml_backend_device>);
+
+// SAFETY: registry devices are immutable static descriptions; every call made on them here
+// (names, buffer types, backend creation) is thread-safe in ggml.
+unsafe impl Send for Device {}
+// SAFETY: as above.
+unsafe impl Sync for Device {}
+
+impl Device {
+    /// ggml's CPU device.
+    pub(crate) fn cpu() -> Result<Device> {
+        init_logging();
+        // SAFETY: a registry lookup; null when absent.
+        let raw = unsafe { sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU) };
+        NonNull::new(raw).map(Device).ok_or(Error::Ggml {
+            what: "ggml has no CPU device",
+        })
+    }
+
+    /// The GPUs ggml's compiled-in backends found, in registry order.
+    pub(crate) fn gpus() -> Vec<Device> {
+        init_logging();
+        // SAFETY: registry enumeration; indices below the count are valid.
+        let n = unsafe { sys::ggml_backend_dev_count() };
+        (0..n)
+            .filter_map(|i| {
+                // SAFETY: `i` is below the registry's device count.
+                NonNull::new(unsafe { sys::ggml_backend_dev_get(i) })
+            })
+            .filter(|d| {
+                // SAFETY: a live registry device.
+                let t = unsafe { sys::ggml_backend_dev_type(d.as_ptr()) };
+                t == sys::GGML_BACKEND_DEVICE_TYPE_GPU || t == sys::GGML_BACKEND_DEVICE_TYPE_IGPU
+            })
+            .map(Device)
+            .collect()
+    }
+
+    /// Whether this is the CPU.
+    pub(crate) fn is_cpu(self) -> bool {
+        // SAFETY: a live registry device.
+        unsafe { sys::ggml_backend_dev_type(self.0.as_ptr()) == sys::GGML_BACKEND_DEVICE_TYPE_CPU }
+    }
+
+    /// The device's name and description, as ggml reports them (`CUDA0`, `NVIDIA H200`).
+    pub(crate) fn describe(self) -> String {
+        let text = |p: *const std::ffi::c_char| {
+            if p.is_null() {
+                String::new()
+            } else {
+                // SAFETY: ggml returns NUL-terminated strings owned by the static device.
+                unsafe { std::ffi::CStr::from_ptr(p) }
+                    .to_string_lossy()
+                    .into_owned()
+            }
+        };
+        // SAFETY: a live registry device.
+        let (name, desc) = unsafe {
+            (
+                text(sys::ggml_backend_dev_name(self.0.as_ptr())),
+                text(sys::ggml_backend_dev_description(self.0.as_ptr())),
+            )
+        };
+        format!("{name} ({desc})")
+    }
+
+    /// The device's own buffer type (device memory for a GPU).
+    fn buffer_type(self) -> Result<sys::ggml_backend_buffer_type_t> {
+        // SAFETY: a live registry device; its buffer type is static.
+        let buft = unsafe { sys::ggml_backend_dev_buffer_type(self.0.as_ptr()) };
+        if buft.is_null() {
+            return Err(Error::Ggml {
+                what: "the device has no buffer type",
+            });
+        }
+        Ok(buft)
+    }
+}
+
+/// A ggml backend (a stream of computation on one device). One per context: ggml's CPU backend
+/// keeps a work buffer and must not compute two graphs at once, so computing takes
+/// `&mut Compute`, which owns its backends.
 pub(crate) struct Backend(NonNull<sys::ggml_backend>);
 
-// SAFETY: the backend has no thread affinity; it is only used through `&mut Backend` (see
-// `Compute::run`), and it is not `Sync`, so one thread at a time uses it.
+// SAFETY: the backend has no thread affinity; it is only used through `&mut Compute`, and it is
+// not `Sync`, so one thread at a time uses it.
 unsafe impl Send for Backend {}
 
 impl Backend {
     /// A CPU backend computing with `n_threads` threads.
     pub(crate) fn cpu(n_threads: usize) -> Result<Backend> {
+        Backend::on(Device::cpu()?, n_threads)
+    }
+
+    /// A backend on `device`; `n_threads` applies to the CPU.
+    pub(crate) fn on(device: Device, n_threads: usize) -> Result<Backend> {
         init_logging();
-        // SAFETY: plain constructor; null means it failed.
-        let raw = unsafe { sys::ggml_backend_cpu_init() };
+        // SAFETY: a live registry device; null means the backend could not start.
+        let raw = unsafe { sys::ggml_backend_dev_init(device.0.as_ptr(), std::ptr::null()) };
         let backend = NonNull::new(raw).map(Backend).ok_or(Error::Ggml {
-            what: "could not start ggml's CPU backend",
+            what: "could not start a ggml backend",
         })?;
-        // SAFETY: `raw` is a live CPU backend.
+        // SAFETY: `raw` is a live backend; the thread count is set only on a CPU backend.
         unsafe {
-            sys::ggml_backend_cpu_set_n_threads(backend.0.as_ptr(), n_threads.max(1) as c_int)
+            if sys::ggml_backend_is_cpu(backend.0.as_ptr()) {
+                sys::ggml_backend_cpu_set_n_threads(backend.0.as_ptr(), n_threads.max(1) as c_int)
+            }
         };
         Ok(backend)
     }
@@ -174,7 +264,7 @@ impl Backend {
 
 impl Drop for Backend {
     fn drop(&mut self) {
-        // SAFETY: created by ggml_backend_cpu_init, freed once.
+        // SAFETY: created by a ggml backend constructor, freed once.
         unsafe { sys::ggml_backend_free(self.0.as_ptr()) }
     }
 }
@@ -196,6 +286,22 @@ impl Buffer {
         // SAFETY: aligned (checked); the caller vouches for the memory.
         let raw = unsafe { sys::ggml_backend_cpu_buffer_from_ptr(base.cast(), len) };
         NonNull::new(raw).map(Buffer)
+    }
+}
+
+impl Buffer {
+    /// Allocates device memory on `device` for every tensor of `ctx` and places them in it,
+    /// zeroed; `None` when the device is out of memory.
+    fn alloc_tensors(ctx: &Context<'_>, device: Device) -> Result<Option<Buffer>> {
+        let buft = device.buffer_type()?;
+        // SAFETY: a live context whose tensors have no buffer yet; ggml sizes and places them.
+        let raw = unsafe { sys::ggml_backend_alloc_ctx_tensors_from_buft(ctx.as_ptr(), buft) };
+        let Some(raw) = NonNull::new(raw) else {
+            return Ok(None);
+        };
+        // SAFETY: the buffer was just allocated and nothing reads it yet.
+        unsafe { sys::ggml_backend_buffer_clear(raw.as_ptr(), 0) };
+        Ok(Some(Buffer(raw)))
     }
 }
 

@@ -15,6 +15,7 @@ fn spec<'a>(ggml_type: u32, shape: &'a [u64], n_bytes: usize) -> WeightSpec<'a> 
         shape,
         offset: 0,
         n_bytes,
+        on_device: false,
     }
 }
 
@@ -40,6 +41,7 @@ fn weight_spec(gguf: &Gguf) -> WeightSpec<'_> {
         shape: &info.shape,
         offset: info.offset as usize,
         n_bytes: info.n_bytes as usize,
+        on_device: false,
     }
 }
 
@@ -87,11 +89,11 @@ fn weights_point_into_the_file_and_keep_it_alive() {
         ..weight_spec(&gguf)
     };
     assert!(matches!(
-        Weights::map(Arc::clone(&gguf), &[past_the_end]),
+        Weights::map(Arc::clone(&gguf), &[past_the_end], None),
         Err(Error::BadTensor { .. })
     ));
 
-    let weights = Weights::map(Arc::clone(&gguf), &[spec]).expect("map");
+    let weights = Weights::map(Arc::clone(&gguf), &[spec], None).expect("map");
     let file_start = gguf.bytes().as_ptr() as usize;
     // SAFETY: a live tensor of `weights`; reads its data pointer.
     let data = unsafe { (*weights.get(0).ptr.as_ptr()).data } as usize;
@@ -104,10 +106,9 @@ fn weights_point_into_the_file_and_keep_it_alive() {
     drop(gguf);
 
     // The file's only owner is now the weights; a graph still reads the values.
-    let mut backend = Backend::cpu(1).expect("backend");
-    let mut compute = Compute::new().expect("compute");
+    let mut compute = Compute::cpu(1).expect("compute");
     let out = compute
-        .run(&mut backend, |g| {
+        .run(|g| {
             let w = g.lift(weights.get(0));
             Ok(g.cont(w))
         })
@@ -120,10 +121,9 @@ fn a_lifted_tensor_cannot_be_the_output() {
     let dir = tempfile::tempdir().expect("temp dir");
     let gguf = one_tensor_file(dir.path(), &[0.0; 8]);
     let spec = weight_spec(&gguf);
-    let weights = Weights::map(Arc::clone(&gguf), &[spec]).expect("map");
-    let mut backend = Backend::cpu(1).expect("backend");
-    let mut compute = Compute::new().expect("compute");
-    let result = compute.run(&mut backend, |g| Ok(g.lift(weights.get(0))));
+    let weights = Weights::map(Arc::clone(&gguf), &[spec], None).expect("map");
+    let mut compute = Compute::cpu(1).expect("compute");
+    let result = compute.run(|g| Ok(g.lift(weights.get(0))));
     assert!(matches!(result, Err(Error::Ggml { .. })), "{result:?}");
 }
 
@@ -163,13 +163,12 @@ fn a_graph_writes_kv_cells_through_the_exclusive_handles() {
     let dir = tempfile::tempdir().expect("temp dir");
     let values = [1.0, -2.0, 3.5, 0.25, 8.0, -0.5, 6.0, 7.0];
     let gguf = one_tensor_file(dir.path(), &values);
-    let weights = Weights::map(Arc::clone(&gguf), &[weight_spec(&gguf)]).expect("map");
+    let weights = Weights::map(Arc::clone(&gguf), &[weight_spec(&gguf)], None).expect("map");
     let mut kv = KvTensors::new(&[4], &[4], KvType::F16, KvType::F16, 4).expect("pool");
-    let mut backend = Backend::cpu(1).expect("backend");
-    let mut compute = Compute::new().expect("compute");
+    let mut compute = Compute::cpu(1).expect("compute");
     let kv_mut = kv.tensors_mut();
     compute
-        .run(&mut backend, |g| {
+        .run(|g| {
             // Rows 0 and 1 of `w` into cells 3 and 1 of layer 0's V.
             let w = g.lift(weights.get(0));
             let cells = g.input(
@@ -199,11 +198,10 @@ fn a_graph_writes_kv_cells_through_the_exclusive_handles() {
 
 #[test]
 fn a_view_cannot_reach_past_its_source() {
-    let mut backend = Backend::cpu(1).expect("backend");
-    let mut compute = Compute::new().expect("compute");
+    let mut compute = Compute::cpu(1).expect("compute");
     let mut view = |offset: usize, nb1: usize| {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            compute.run(&mut backend, |g| {
+            compute.run(|g| {
                 // 8 f16 values: 16 bytes.
                 let x = g.input(DType::F16, &[8], (0u8..16).collect());
                 let v = g.view_3d(x, [2, 2, 1], [nb1, 16], offset);

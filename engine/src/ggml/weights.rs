@@ -1,5 +1,5 @@
 //! Model weights mapped in place: ggml tensors pointing into the GGUF file's bytes, which the
-//! weights hold.
+//! weights hold; the tensors of offloaded layers are copied once into device memory.
 
 use std::ffi::{c_int, CString};
 use std::marker::PhantomData;
@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use ggml_sys as sys;
 
-use super::{type_facts, Buffer, Context, RawTensor};
+use super::{type_facts, Buffer, Context, Device, RawTensor};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 
@@ -18,6 +18,8 @@ pub(crate) struct Weights {
     tensors: Vec<NonNull<sys::ggml_tensor>>,
     _buffer: Buffer,
     _ctx: Context<'static>,
+    /// The device memory and metadata of the tensors placed on a device, if any.
+    _device: Option<(Buffer, Context<'static>)>,
     /// Owner of the bytes the tensors point into. Behind an `Arc` the `Gguf` never moves, and
     /// it has no `&mut` method, so its bytes neither move nor change while it is held here.
     /// (No drop order matters: freeing the buffer or the context never touches these bytes.)
@@ -42,6 +44,8 @@ pub(crate) struct WeightSpec<'a> {
     /// Byte offset of the tensor's data within the file's bytes ([`Gguf::bytes`]).
     pub offset: usize,
     pub n_bytes: usize,
+    /// Copied into the device's memory at load instead of read where it lies.
+    pub on_device: bool,
 }
 
 impl WeightSpec<'_> {
@@ -83,10 +87,21 @@ impl WeightSpec<'_> {
 
 impl Weights {
     /// Wraps the bytes of `gguf` (the whole model file) as a ggml CPU buffer and points one
-    /// tensor per spec at its bytes, without copying. The weights keep `gguf` alive.
-    pub(crate) fn map(gguf: Arc<Gguf>, specs: &[WeightSpec<'_>]) -> Result<Weights> {
+    /// tensor per spec at its bytes, without copying; specs marked `on_device` are copied once
+    /// into `device`'s memory instead. The weights keep `gguf` alive.
+    pub(crate) fn map(
+        gguf: Arc<Gguf>,
+        specs: &[WeightSpec<'_>],
+        device: Option<Device>,
+    ) -> Result<Weights> {
         let mapped = gguf.bytes();
         let ctx = Context::new(specs.len() + 1, 0)?;
+        let n_device = specs.iter().filter(|s| s.on_device).count();
+        let device = device.filter(|_| n_device > 0);
+        let dev_ctx = match device {
+            Some(_) => Some(Context::new(n_device + 1, 0)?),
+            None => None,
+        };
         // SAFETY: `mapped` is owned by `gguf`, which the returned value holds (in an `Arc`, with
         // no way to mutate it) for as long as the tensors placed in the buffer exist. The pointer
         // is cast to `*mut` only because the constructor is shared with writable buffers: ggml
@@ -132,10 +147,19 @@ impl Weights {
                 name: spec.name.to_owned(),
                 reason: "NUL in name".into(),
             })?;
+            let home = match &dev_ctx {
+                Some(dev) if spec.on_device => dev,
+                _ => &ctx,
+            };
             // SAFETY: live context with room for every spec (counted above); the type is one
             // ggml knows and the 1-4 dimensions were checked by `checked_ne`.
             let t = unsafe {
-                sys::ggml_new_tensor(ctx.as_ptr(), spec.ggml_type, ne.len() as c_int, ne.as_ptr())
+                sys::ggml_new_tensor(
+                    home.as_ptr(),
+                    spec.ggml_type,
+                    ne.len() as c_int,
+                    ne.as_ptr(),
+                )
             };
             let t = NonNull::new(t).ok_or(Error::Ggml {
                 what: "weight context is full",
@@ -148,11 +172,16 @@ impl Weights {
                     reason: format!("ggml sizes it {need} bytes, the file {}", spec.n_bytes),
                 });
             }
+            // SAFETY: live tensor; the name is NUL-terminated and ggml copies it.
+            unsafe { sys::ggml_set_name(t.as_ptr(), name.as_ptr()) };
+            if dev_ctx.is_some() && spec.on_device {
+                // Placed and uploaded below, once the device buffer exists.
+                tensors.push(t);
+                continue;
+            }
             // SAFETY: `offset + need <= mapped.len()` (checked above), so the address lies in
-            // the buffer with the tensor's bytes after it; the name is NUL-terminated and ggml
-            // copies it.
+            // the buffer with the tensor's bytes after it.
             let status = unsafe {
-                sys::ggml_set_name(t.as_ptr(), name.as_ptr());
                 sys::ggml_backend_tensor_alloc(
                     buffer.0.as_ptr(),
                     t.as_ptr(),
@@ -167,10 +196,45 @@ impl Weights {
             }
             tensors.push(t);
         }
+        let device_part = match (device, dev_ctx) {
+            (Some(device), Some(dev_ctx)) => {
+                let dev_buffer =
+                    Buffer::alloc_tensors(&dev_ctx, device)?.ok_or(Error::OutOfMemory {
+                        what: "device memory for the offloaded weights",
+                    })?;
+                // SAFETY: live buffer; usage tells the scheduler to run ops on these weights'
+                // device.
+                unsafe {
+                    sys::ggml_backend_buffer_set_usage(
+                        dev_buffer.0.as_ptr(),
+                        sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS,
+                    )
+                };
+                for (spec, t) in specs.iter().zip(&tensors) {
+                    if spec.on_device {
+                        // SAFETY: the tensor was placed in the device buffer, and its size is
+                        // `n_bytes` (checked against ggml_nbytes above); the source range lies
+                        // in the file's bytes (checked above). The copy completes before the
+                        // call returns.
+                        unsafe {
+                            sys::ggml_backend_tensor_set(
+                                t.as_ptr(),
+                                mapped.as_ptr().add(spec.offset).cast(),
+                                0,
+                                spec.n_bytes,
+                            )
+                        };
+                    }
+                }
+                Some((dev_buffer, dev_ctx))
+            }
+            _ => None,
+        };
         Ok(Weights {
             tensors,
             _buffer: buffer,
             _ctx: ctx,
+            _device: device_part,
             _gguf: gguf,
         })
     }

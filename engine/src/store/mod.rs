@@ -410,13 +410,15 @@ impl SessionStore {
         let tokens = ctx.tokens(seq)?;
         let ids = ctx.block_ids(seq)?;
         let roots = ctx.chain_roots(seq)?;
+        // Every missing page in one batch of transfers (one wait, when the KV is on a GPU).
+        let missing: Vec<usize> = (from..ids.len())
+            .filter(|&i| !self.handle.contains(&ids[i]))
+            .collect();
+        let mut spans = vec![Vec::new(); missing.len()];
+        ctx.read_full_pages(seq, &missing, &mut spans)?;
         let mut out = Vec::new();
-        for (i, id) in ids.iter().enumerate().skip(from) {
-            if self.handle.contains(id) {
-                continue;
-            }
-            let mut kv = Vec::new();
-            ctx.read_page(seq, i, &mut kv)?;
+        for (i, kv) in missing.into_iter().zip(spans) {
+            let id = &ids[i];
             let kv = self.session_to_stored(&conversion, kv)?;
             out.push(NewBlock {
                 prev: ChainRoot::find(roots, i)
