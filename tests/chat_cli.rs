@@ -477,6 +477,12 @@ fn bad_options_exit_non_zero_and_write_nothing() {
         "/quit\n",
     );
     assert!(run.ok);
+    if !cfg!(any(feature = "cuda", feature = "metal")) {
+        // GPU layers asked of a CPU-only build: refused, saying how to run instead.
+        let run = env.run(&["-ngl", "1"], "hello\n");
+        assert!(!run.ok, "-ngl 1 was accepted by a CPU-only build");
+        assert!(run.stderr.contains("--n-gpu-layers 0"), "{}", run.stderr);
+    }
 }
 
 #[test]

@@ -156,9 +156,14 @@ fn the_command_line_refuses_unknown_flags_and_lists_all_in_help() {
         "--no-cache",
         "--cache-type-k",
         "--cache-type-v",
+        "--n-gpu-layers",
     ] {
         assert!(help.contains(flag), "{flag} missing from --help:\n{help}");
     }
+    let args = server::Args::parse_from_argv(["s", "-m", "x.gguf", "-ngl", "99"]).unwrap();
+    assert_eq!(args.n_gpu_layers, 99);
+    let args = server::Args::parse_from_argv(["s", "-m", "x.gguf", "-ngl=3"]).unwrap();
+    assert_eq!(args.n_gpu_layers, 3);
     let args =
         server::Args::parse_from_argv(["s", "-m", "x.gguf", "-np", "6", "-c", "100"]).unwrap();
     assert_eq!((args.parallel, args.ctx_size), (6, 100));
@@ -228,4 +233,24 @@ async fn a_hostile_chat_template_fails_its_request_in_the_renderer_and_the_serve
     let (status, body) = srv.post("/v1/chat/completions", &chat("hello")).await;
     assert_eq!(status, 200, "{body}");
     srv.stop().await;
+}
+
+/// GPU layers asked of a build without a GPU backend: the server does not start, and says why.
+#[cfg(not(any(feature = "cuda", feature = "metal")))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_layers_without_a_gpu_build_are_refused_with_the_way_out() {
+    let env = Env::new();
+    let model = env.model.display().to_string();
+    let args = server::Args::parse_from_argv(["s", "-m", &model, "--port", "0", "-ngl", "1"])
+        .unwrap()
+        .check()
+        .unwrap();
+    let err = match server::Server::bind(args).await {
+        Ok(_) => panic!("a CPU-only build started with GPU layers"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("no GPU") && err.contains("--n-gpu-layers 0"),
+        "{err}"
+    );
 }
