@@ -22,6 +22,16 @@ for d in "${CUDA_PATH:-}" /usr/local/cuda /usr/local/cuda-13.0 /usr/local/cuda-1
     done
 done
 bin=$here/bin
+# The binaries arrive xz-compressed (cargo xtask cuda-build); unpack each once.
+for packed in "$bin"/*.xz; do
+    [ -e "$packed" ] || continue
+    exe=${packed%.xz}
+    [ -x "$exe" ] && continue
+    if command -v xz > /dev/null; then xz -dkc "$packed" > "$exe"
+    else python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$packed" "$exe"
+    fi
+    chmod +x "$exe"
+done
 out=${GPU_CHECK_OUT:-$here/out}
 mkdir -p "$out"
 failed=0
@@ -75,7 +85,8 @@ bench() {
     for ngl in 0 99; do
         rm -rf "$out/ckpt"
         "$bin/bench" --model "$model" --n-gpu-layers $ngl --prompt-tokens 2048 --gen-tokens 128 \
-            --reps 3 --checkpoint "$out/ckpt" --restore-reps 5 | tee "$out/bench_ngl$ngl.json" || return 1
+            --reps 3 --checkpoint "$out/ckpt" --restore-reps 5 > "$out/bench_ngl$ngl.json" || return 1
+        cat "$out/bench_ngl$ngl.json"
     done
     rm -rf "$out/ckpt"
 }

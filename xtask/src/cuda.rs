@@ -114,8 +114,20 @@ pub fn cuda_build(args: &[String]) -> Result<(), String> {
     let has_driver = ["lib64/stubs", "lib/stubs", "lib64", "lib"]
         .iter()
         .any(|d| toolkit.join(d).join("libcuda.so").exists());
+    // The stub goes here; the linker finds it through LIBRARY_PATH (which does not touch
+    // cargo's fingerprints, so the compiled kernels stay cached).
+    let stubs = toolkit.join("lib/stubs");
+    let library_path = match std::env::var_os("LIBRARY_PATH") {
+        Some(p) => {
+            let mut all = vec![stubs.clone()];
+            all.extend(std::env::split_paths(&p));
+            std::env::join_paths(all).map_err(|e| e.to_string())?
+        }
+        None => stubs.clone().into_os_string(),
+    };
     let env = |cmd: &mut Command| {
         cmd.current_dir(&root)
+            .env("LIBRARY_PATH", &library_path)
             .env("CUDA_PATH", &toolkit)
             .env("GGML_SYS_CUDA_ARCH", &o.arch)
             .env("CARGO_TARGET_DIR", &target_dir);
@@ -128,7 +140,7 @@ pub fn cuda_build(args: &[String]) -> Result<(), String> {
     status(&mut lib, "cargo build -p ggml-sys --features cuda")?;
     if !has_driver {
         let archive = newest_archive(&target_dir.join("release/build"))?;
-        write_driver_stub(&archive, &toolkit.join("lib/stubs"))?;
+        write_driver_stub(&archive, &stubs)?;
     }
 
     let mut exes = Vec::new();
@@ -181,6 +193,16 @@ pub fn cuda_build(args: &[String]) -> Result<(), String> {
             .arg("--strip-debug")
             .arg(&dest)
             .status();
+        // Each binary carries ggml's CUDA kernels (about 120 MiB of cubins, uncompressed): xz
+        // shrinks it about tenfold; the check unpacks it (with xz, or Python's lzma).
+        let packed = Command::new("xz")
+            .args(["-T2", "-6", "-f"])
+            .arg(&dest)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !packed {
+            eprintln!("xz is not available: {} stays uncompressed", dest.display());
+        }
     }
     for (from, to) in [
         ("scripts/gpu-check.sh", "gpu-check.sh"),
