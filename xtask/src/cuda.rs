@@ -265,7 +265,34 @@ fn fetch_toolkit(dir: &Path) -> Result<PathBuf, String> {
     if !root.join("bin/nvcc").is_file() {
         return Err(format!("the wheels left no nvcc under {}", root.display()));
     }
+    // Whatever modes the archives recorded, the toolkit's programs must run.
+    for dir in ["bin", "nvvm/bin"] {
+        for exe in walk(&root.join(dir)) {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755));
+        }
+    }
+    link_unversioned(&root.join("lib"))?;
     Ok(root)
+}
+
+/// `cargo xtask cuda-toolkit [DIR]`: only the toolkit (default `target/cuda-toolkit`), for
+/// builds of one's own with `CUDA_PATH` pointing at the printed directory.
+pub fn cuda_toolkit(args: &[String]) -> Result<(), String> {
+    let dir = args
+        .first()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/cuda-toolkit"));
+    let root = fetch_toolkit(&dir)?;
+    let nvcc = Command::new(root.join("bin/nvcc"))
+        .arg("--version")
+        .output()
+        .map_err(|e| format!("{}: {e}", root.join("bin/nvcc").display()))?;
+    if !nvcc.status.success() {
+        return Err("the unpacked nvcc does not run".into());
+    }
+    println!("{}", root.display());
+    Ok(())
 }
 
 /// Links `libX.so` to `libX.so.13` in `lib` where only the versioned file is there.

@@ -9,7 +9,8 @@
 //! - `crash-test`: SIGKILL a process saving conversations N times; every committed checkpoint
 //!   must restore to the bytes it was saved with, and `ckpt verify` must pass.
 //! - `cuda-build`: the `cuda` feature compiled and linked without a GPU (the toolkit from its
-//!   pinned wheels, a stub driver library), and the GPU check's binaries gathered in one folder.
+//!   pinned wheels, a stub driver library), and the GPU check's binaries gathered in one folder;
+//!   `cuda-toolkit` fetches and unpacks only the toolkit.
 //! - `tidy`: the promises of `ARCHITECTURE.md` checked on the sources (the unsafe fence, downward
 //!   dependencies, file length, docs, no printing or `.unwrap()` in library code).
 
@@ -40,10 +41,11 @@ fn main() -> ExitCode {
         Some("compare-llama-cpp") => compare::compare(&args[1..]),
         Some("crash-test") => crash::crash_test(&args[1..]),
         Some("cuda-build") => cuda::cuda_build(&args[1..]),
+        Some("cuda-toolkit") => cuda::cuda_toolkit(&args[1..]),
         Some("bench-server") => bench_server::bench_server(&args[1..]),
         Some("tidy") => tidy::tidy(&workspace_root()),
         Some("help") | Some("--help") | Some("-h") | None => {
-            println!("usage: cargo xtask <fetch-model | bindgen | ci | tidy | compare-llama-cpp --refh PATH [--reps N] [--sequences N] [--cache-type f16|q8_0] | crash-test [--kills N] | cuda-build [--arch 90] [--out DIR] | bench-server [--llama-server PATH] (--help lists its options)>");
+            println!("usage: cargo xtask <fetch-model | bindgen | ci | tidy | compare-llama-cpp --refh PATH [--reps N] [--sequences N] [--cache-type f16|q8_0] | crash-test [--kills N] | cuda-build [--arch 90] [--out DIR] | cuda-toolkit [DIR] | bench-server [--llama-server PATH] (--help lists its options)>");
             Ok(())
         }
         Some(other) => Err(format!(
