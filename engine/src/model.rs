@@ -268,6 +268,16 @@ pub struct ModelParams {
     pub device: OffloadDevice,
 }
 
+impl ModelParams {
+    /// The last `n` layers on the first GPU (llama.cpp's `--n-gpu-layers n`); 0: all on the CPU.
+    pub fn gpu_layers(n: usize) -> ModelParams {
+        ModelParams {
+            n_gpu_layers: n,
+            ..ModelParams::default()
+        }
+    }
+}
+
 /// Where a loaded model's layers are: the device and the first layer on it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Placement {

@@ -183,14 +183,7 @@ fn a_gpu_that_is_not_there_is_a_typed_error() {
     }
     if !cfg!(any(feature = "cuda", feature = "metal")) {
         // A build without a GPU backend finds none, and says how to run instead.
-        let err = Model::load_with(
-            &path,
-            &ModelParams {
-                n_gpu_layers: 3,
-                ..ModelParams::default()
-            },
-        )
-        .unwrap_err();
+        let err = Model::load_with(&path, &ModelParams::gpu_layers(3)).unwrap_err();
         assert!(
             matches!(err, Error::NoGpu { index: 0, found: 0 }),
             "{err:?}"

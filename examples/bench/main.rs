@@ -182,10 +182,7 @@ fn main() -> Result<()> {
     };
     let model = Model::load_with(
         &args.model,
-        &engine::ModelParams {
-            n_gpu_layers: args.n_gpu_layers,
-            ..Default::default()
-        },
+        &engine::ModelParams::gpu_layers(args.n_gpu_layers),
     )?;
     if args.sequences > 1 || args.shared_prefix > 0 {
         println!("{}", batched(&args, &model)?);

@@ -54,12 +54,11 @@ fn main() -> Result<()> {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_STORE));
     migrate_legacy(&store_dir, args.store.is_none());
 
-    let params = engine::ModelParams {
-        n_gpu_layers: args.n_gpu_layers,
-        ..Default::default()
-    };
-    let model = Model::load_with(&args.model, &params)
-        .with_context(|| format!("loading {}", args.model.display()))?;
+    let model = Model::load_with(
+        &args.model,
+        &engine::ModelParams::gpu_layers(args.n_gpu_layers),
+    )
+    .with_context(|| format!("loading {}", args.model.display()))?;
     let params = SessionParams {
         n_ctx: args.ctx,
         n_threads: args.threads,

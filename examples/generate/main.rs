@@ -114,10 +114,7 @@ fn main() -> Result<()> {
     let args = Args::parse_from(engine::expand_llama_cpp_flags(std::env::args_os()));
     let model = Model::load_with(
         &args.model,
-        &engine::ModelParams {
-            n_gpu_layers: args.n_gpu_layers,
-            ..Default::default()
-        },
+        &engine::ModelParams::gpu_layers(args.n_gpu_layers),
     )
     .with_context(|| format!("loading {}", args.model.display()))?;
     let params = SessionParams {

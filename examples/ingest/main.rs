@@ -116,10 +116,7 @@ fn main() -> Result<()> {
     let text = read_document(&args.file)?;
     let model = Model::load_with(
         &args.model,
-        &engine::ModelParams {
-            n_gpu_layers: args.n_gpu_layers,
-            ..Default::default()
-        },
+        &engine::ModelParams::gpu_layers(args.n_gpu_layers),
     )
     .with_context(|| format!("loading {}", args.model.display()))?;
     let tokens = model

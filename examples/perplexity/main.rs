@@ -98,10 +98,7 @@ fn main() -> Result<()> {
     }
     let model = Model::load_with(
         &args.model,
-        &engine::ModelParams {
-            n_gpu_layers: args.n_gpu_layers,
-            ..Default::default()
-        },
+        &engine::ModelParams::gpu_layers(args.n_gpu_layers),
     )?;
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;

@@ -59,10 +59,7 @@ impl Server {
         let args = &config.args;
         let model = Model::load_with(
             &args.model,
-            &engine::ModelParams {
-                n_gpu_layers: args.n_gpu_layers,
-                ..Default::default()
-            },
+            &engine::ModelParams::gpu_layers(args.n_gpu_layers),
         )?;
         let defaults = ContextParams::default();
         let n_ctx = args.ctx_size.min(model.hparams().n_ctx_train.max(1));

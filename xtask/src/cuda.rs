@@ -102,6 +102,15 @@ fn parse(args: &[String]) -> Result<Options, String> {
 /// Builds everything and gathers the bundle.
 pub fn cuda_build(args: &[String]) -> Result<(), String> {
     let o = parse(args)?;
+    // Only a previous bundle is replaced: never a directory of something else. Checked before
+    // anything is built.
+    let used = std::fs::read_dir(&o.out).is_ok_and(|mut d| d.next().is_some());
+    if used && !o.out.join("gpu-check.sh").is_file() {
+        return Err(format!(
+            "{} is not empty and holds no previous bundle; give --out a new or empty directory",
+            o.out.display()
+        ));
+    }
     let root = workspace_root();
     let target_dir = root.join("target/cuda");
     let toolkit = match std::env::var_os("CUDA_PATH") {
@@ -184,7 +193,7 @@ pub fn cuda_build(args: &[String]) -> Result<(), String> {
 
     // The bundle: stripped binaries, the check script and the golden prompts.
     let bin = o.out.join("bin");
-    let _ = std::fs::remove_dir_all(&o.out);
+    let _ = std::fs::remove_dir_all(&bin);
     std::fs::create_dir_all(&bin).map_err(|e| format!("{}: {e}", bin.display()))?;
     for (path, name) in &exes {
         let dest = bin.join(name);
