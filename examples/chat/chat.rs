@@ -10,7 +10,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use engine::chat::Message;
 use engine::sampling::Sampler;
-use engine::store::{CheckpointMeta, SessionStore};
+use engine::store::{CheckpointMeta, SessionStore, OWNER_CHAT};
 use engine::{GenerateParams, Model, Session, StopReason};
 use kvstore::{Claim, StoreError};
 
@@ -170,6 +170,12 @@ impl Chat {
     /// Replaces the conversation with checkpoint `name` (the session is left as it was when
     /// this fails). Does not change the name.
     pub fn restore(&mut self, name: &str) -> Result<()> {
+        // Another program's checkpoint (a server's `/slots` save) is not taken over: the chat's
+        // next autosave would replace it.
+        let (_, saved) = self.store.read_checkpoint(name)?;
+        if let Some(owner) = saved.owner.filter(|o| o != OWNER_CHAT) {
+            anyhow::bail!("`{name}` was saved by `{owner}`, not by the chat, and is left to it");
+        }
         let t = Instant::now();
         let meta = self.store.restore(&mut self.session, name)?;
         let took = t.elapsed();
@@ -210,6 +216,7 @@ impl Chat {
             turns: self.turns.clone(),
             app: [(MESSAGES_KEY.to_owned(), to_json(&self.messages))].into(),
             parent: self.parent.clone(),
+            owner: Some(OWNER_CHAT.to_owned()),
             ..CheckpointMeta::default()
         }
     }

@@ -65,9 +65,15 @@ pub enum ServerError {
         /// The option that enables it.
         how: &'static str,
     },
+    /// A request field for a capability this server lacks (never silently ignored).
+    #[error("{0}")]
+    Unsupported(String),
     /// The KV pool cannot hold the request even after the prompt cache was emptied.
     #[error("the KV cache is full: {0}")]
     Busy(String),
+    /// A name that another program owns: a checkpoint it wrote, or one a live process holds.
+    #[error("{0}")]
+    Conflict(String),
     /// The server is shutting down.
     #[error("the server is shutting down")]
     ShuttingDown,
@@ -107,8 +113,11 @@ impl ServerError {
             | ServerError::UnknownSlot { .. }
             | ServerError::BadFilename { .. } => StatusCode::BAD_REQUEST,
             ServerError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ServerError::Conflict(_) => StatusCode::CONFLICT,
             ServerError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ServerError::NotEnabled { .. } => StatusCode::NOT_IMPLEMENTED,
+            ServerError::NotEnabled { .. } | ServerError::Unsupported(_) => {
+                StatusCode::NOT_IMPLEMENTED
+            }
             ServerError::Busy(_) | ServerError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ServerError::Engine(engine::Error::ContextFull { .. }) => StatusCode::BAD_REQUEST,
             ServerError::Engine(_) | ServerError::BadOption { .. } | ServerError::Io { .. } => {
@@ -119,6 +128,9 @@ impl ServerError {
 
     /// The OpenAI error `type` string.
     pub fn kind(&self) -> &'static str {
+        if matches!(self, ServerError::PromptTooLong { .. }) {
+            return "exceed_context_size_error";
+        }
         match self.status() {
             StatusCode::UNAUTHORIZED => "authentication_error",
             StatusCode::NOT_IMPLEMENTED => "not_supported_error",
@@ -130,13 +142,18 @@ impl ServerError {
 
     /// The error as the JSON object clients read.
     pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "error": {
                 "message": self.to_string(),
                 "type": self.kind(),
                 "code": self.status().as_u16(),
             }
-        })
+        });
+        if let ServerError::PromptTooLong { n_prompt, n_ctx } = self {
+            v["error"]["n_prompt_tokens"] = (*n_prompt).into();
+            v["error"]["n_ctx"] = (*n_ctx).into();
+        }
+        v
     }
 }
 

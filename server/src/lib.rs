@@ -17,6 +17,7 @@
 //! ```
 
 #![forbid(unsafe_code)]
+#![recursion_limit = "256"]
 
 pub mod args;
 pub mod cache;
@@ -46,35 +47,54 @@ use crate::scheduler::{Command, Parts};
 /// Conversations the chat text index remembers.
 const TEXT_INDEX_ENTRIES: usize = 1024;
 
-/// A server bound to its address, its model loaded and its scheduler running.
+/// A server bound to its addresses, its model loaded and its scheduler running.
 pub struct Server {
-    listener: tokio::net::TcpListener,
+    listeners: Vec<tokio::net::TcpListener>,
     state: Arc<AppState>,
     scheduler: std::thread::JoinHandle<()>,
 }
 
 impl Server {
-    /// Loads the model, opens the cache, starts the scheduler and binds the port.
+    /// Loads the model, opens the cache, starts the scheduler and binds the addresses.
     pub async fn bind(config: Config) -> Result<Server> {
         let args = &config.args;
         let model = Model::load_with(
             &args.model,
-            &engine::ModelParams::gpu_layers(args.n_gpu_layers),
+            &engine::ModelParams::gpu_layers(config.n_gpu_layers),
         )?;
-        let defaults = ContextParams::default();
-        let n_ctx = args.ctx_size.min(model.hparams().n_ctx_train.max(1));
+        let n_train = model.hparams().n_ctx_train.max(2);
+        // llama-server's context: the whole of it (`-c`, 0 for the model's) split among the
+        // slots, unless every slot may use all of it (`--kv-unified`).
+        let total = if args.ctx_size == 0 { n_train } else { args.ctx_size };
+        let per_slot = if args.kv_unified {
+            total
+        } else {
+            total / config.n_slots
+        };
+        if per_slot < 2 {
+            return Err(ServerError::BadOption {
+                option: "--ctx-size",
+                reason: format!(
+                    "{total} positions over {} slots leave fewer than 2 to each",
+                    config.n_slots
+                ),
+            });
+        }
+        let n_ctx = per_slot.min(n_train);
         // Each slot may need its context plus one copied page; as much again keeps finished
         // prompts resident for the next requests.
-        let kv_tokens = 2 * args.parallel * (n_ctx.div_ceil(PAGE_TOKENS) + 1) * PAGE_TOKENS;
+        let kv_tokens =
+            2 * config.n_slots * (n_ctx.div_ceil(PAGE_TOKENS) + 1) * PAGE_TOKENS;
         let ctx = Context::new(
             Arc::clone(&model),
             ContextParams {
                 n_ctx,
                 kv_tokens,
-                n_threads: args.threads.unwrap_or(defaults.n_threads),
+                n_threads: config.n_threads,
+                n_batch: args.batch_size.min(args.ubatch_size),
+                flash_attn: config.flash_attn,
                 type_k: args.cache_type_k,
                 type_v: args.cache_type_v,
-                ..defaults
             },
         )?;
         let n_ctx = ctx.params().n_ctx;
@@ -90,7 +110,7 @@ impl Server {
             None
         } else {
             Some(Arc::new(SessionStore::open(
-                &args.cache_dir,
+                &config.cache_dir,
                 &model,
                 store_config.clone(),
             )?))
@@ -104,27 +124,32 @@ impl Server {
         let scheduler = scheduler::spawn(
             Parts {
                 ctx,
-                n_slots: args.parallel,
+                n_slots: config.n_slots,
                 store: store.clone(),
                 slot_store,
                 metrics: Arc::clone(&metrics),
             },
             rx,
         );
-        let addr = format!("{}:{}", args.host, args.port);
-        let listener = tokio::net::TcpListener::bind(&addr)
-            .await
-            .map_err(|source| ServerError::Io {
-                what: format!("listening on {addr}"),
-                source,
-            })?;
+        let mut listeners = Vec::with_capacity(config.hosts.len());
+        for host in &config.hosts {
+            // `[::1]` and `::1` alike.
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let listener = tokio::net::TcpListener::bind((host, args.port))
+                .await
+                .map_err(|source| ServerError::Io {
+                    what: format!("listening on {host} port {}", args.port),
+                    source,
+                })?;
+            listeners.push(listener);
+        }
         let state = Arc::new(AppState {
             tx,
             model,
             n_ctx,
-            n_slots: args.parallel,
+            n_slots: config.n_slots,
             metrics,
-            cache_dir: store.as_ref().map(|_| args.cache_dir.clone()),
+            cache_dir: store.as_ref().map(|_| config.cache_dir.clone()),
             store,
             texts: Mutex::new(TextIndex::new(TEXT_INDEX_ENTRIES)),
             started_unix: SystemTime::now()
@@ -133,18 +158,27 @@ impl Server {
             config,
         });
         Ok(Server {
-            listener,
+            listeners,
             state,
             scheduler,
         })
     }
 
-    /// The address it listens on (the port chosen when `--port 0`).
+    /// The addresses it listens on, in `--host` order.
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .collect()
+    }
+
+    /// The first address it listens on (the port chosen when `--port 0`).
     pub fn local_addr(&self) -> SocketAddr {
         // A bound listener always has an address.
-        self.listener
-            .local_addr()
-            .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
+        self.local_addrs()
+            .first()
+            .copied()
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)))
     }
 
     /// Serves until `shutdown` completes; then takes no more connections, lets the requests
@@ -154,15 +188,39 @@ impl Server {
         F: Future<Output = ()> + Send + 'static,
     {
         let Server {
-            listener,
+            listeners,
             state,
             scheduler,
         } = self;
         let tx = state.tx.clone();
         let app = routes::router(state);
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await;
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        });
+        let serving: Vec<_> = listeners
+            .into_iter()
+            .map(|listener| {
+                let mut stop = stop_rx.clone();
+                let app = app.clone();
+                tokio::spawn(async move {
+                    axum::serve(listener, app)
+                        .with_graceful_shutdown(async move {
+                            let _ = stop.wait_for(|&s| s).await;
+                        })
+                        .await
+                })
+            })
+            .collect();
+        let mut served = Ok(());
+        for task in serving {
+            match task.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => served = Err(e),
+                Err(e) => served = Err(std::io::Error::other(e.to_string())),
+            }
+        }
         let _ = tx.send(Command::Shutdown);
         drop(tx);
         let _ = tokio::task::spawn_blocking(move || scheduler.join()).await;

@@ -2,7 +2,8 @@
 //!
 //! Nothing here needs the model: what a check compares against (context, vocabulary, slots,
 //! the command line's defaults) comes in a [`Limits`]. Every function gives either the checked
-//! request or a [`ServerError`] whose status is 400 or 413, and none panics on any input. The
+//! request or a [`ServerError`] whose status is 400 or 413 (501 for a field asking for a
+//! capability this server lacks), and none panics on any input. The
 //! HTTP handlers call these functions; so does the fuzz target in `server/fuzz`.
 //!
 //! A checked request keeps these bounds:
@@ -16,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use engine::chat::Message;
-use engine::sampling::SamplerParams;
+pub use engine::sampling::SamplerParams;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
@@ -39,10 +40,14 @@ pub struct Limits {
     pub n_slots: usize,
     /// Default tokens to generate, negative for as many as the context allows (`-n`).
     pub n_predict: i64,
-    /// Default temperature (`--temp`).
-    pub temp: f32,
     /// Default seed, negative for a random one per request (`--seed`).
     pub seed: i64,
+    /// The command line's sampling defaults (`--temp`, `--top-k`, …; its seed is unused).
+    pub sampler: SamplerParams,
+    /// Requests ignore end-of-generation tokens unless they say otherwise (`--ignore-eos`).
+    pub ignore_eos: bool,
+    /// Requests reuse cached prompts unless they say otherwise (`--no-cache-prompt` clears).
+    pub cache_prompt: bool,
 }
 
 /// One chat message as clients send it.
@@ -77,24 +82,60 @@ enum Stop {
     Many(Vec<String>),
 }
 
-/// Settings every generating endpoint accepts.
+/// Settings every generating endpoint accepts: llama-server's and OpenAI's names.
 #[derive(Default, Deserialize)]
 struct Sampling {
     temperature: Option<f32>,
     top_p: Option<f32>,
-    top_k: Option<usize>,
+    top_k: Option<i64>,
     min_p: Option<f32>,
     seed: Option<i64>,
     repeat_penalty: Option<f32>,
+    repeat_last_n: Option<i64>,
     frequency_penalty: Option<f32>,
     presence_penalty: Option<f32>,
     stop: Option<Stop>,
     cache_prompt: Option<bool>,
     id_slot: Option<i64>,
-    #[serde(default)]
-    ignore_eos: bool,
+    ignore_eos: Option<bool>,
     #[serde(default)]
     stream: bool,
+    stream_options: Option<StreamOptions>,
+    /// llama-server's `n_probs`: the most likely tokens at each step, with probabilities.
+    n_probs: Option<i64>,
+    post_sampling_probs: Option<bool>,
+    /// OpenAI's `logprobs` (a bool for chat, a count for completions) and `top_logprobs`.
+    logprobs: Option<serde_json::Value>,
+    top_logprobs: Option<i64>,
+    n: Option<i64>,
+    return_tokens: Option<bool>,
+    response_fields: Option<Vec<String>>,
+    timings_per_token: Option<bool>,
+    return_progress: Option<bool>,
+    t_max_predict_ms: Option<i64>,
+    n_indent: Option<i64>,
+    n_keep: Option<i64>,
+    min_keep: Option<i64>,
+    // Samplers whose support is pending: accepted at their "off" values only.
+    logit_bias: Option<serde_json::Value>,
+    typical_p: Option<f32>,
+    dry_multiplier: Option<f32>,
+    xtc_probability: Option<f32>,
+    mirostat: Option<i64>,
+    top_n_sigma: Option<f32>,
+    dynatemp_range: Option<f32>,
+    samplers: Option<serde_json::Value>,
+    grammar: Option<String>,
+    json_schema: Option<serde_json::Value>,
+    response_format: Option<serde_json::Value>,
+    lora: Option<serde_json::Value>,
+}
+
+/// OpenAI's `stream_options`.
+#[derive(Default, Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
 }
 
 /// `POST /v1/chat/completions` body as sent.
@@ -108,19 +149,11 @@ struct ChatBody {
     sampling: Sampling,
 }
 
-/// A prompt as text, one text in a list, or token ids.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum PromptBody {
-    Text(String),
-    Texts(Vec<String>),
-    Tokens(Vec<u32>),
-}
-
-/// `POST /v1/completions` and `POST /completion` body as sent.
+/// `POST /v1/completions` and `POST /completion` body as sent; the prompt is read by
+/// [`prompts`].
 #[derive(Deserialize)]
 struct CompletionBody {
-    prompt: PromptBody,
+    prompt: Option<serde_json::Value>,
     max_tokens: Option<i64>,
     n_predict: Option<i64>,
     #[serde(flatten)]
@@ -159,6 +192,37 @@ struct TemplateBody {
 #[derive(Default, Deserialize)]
 struct SlotBody {
     filename: Option<String>,
+    #[serde(default)]
+    overwrite: bool,
+}
+
+/// How a response is shaped, beyond what is generated.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Output {
+    /// Answer as server-sent events.
+    pub stream: bool,
+    /// OpenAI: a last chunk with the usage and no choices.
+    pub include_usage: bool,
+    /// llama-server: the generated token ids in `tokens`.
+    pub return_tokens: bool,
+    /// llama-server: only these fields (`a/b` picks a nested one), when not empty.
+    pub response_fields: Vec<String>,
+    /// Choices per prompt (OpenAI's `n`).
+    pub n: usize,
+    /// Probabilities asked for: llama-server's `n_probs`, or OpenAI's `logprobs`.
+    pub probs: Option<Probs>,
+    /// llama-server: timings in every streamed chunk.
+    pub timings_per_token: bool,
+}
+
+/// Which probabilities a response reports for each generated token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Probs {
+    /// The most likely tokens listed beside the chosen one.
+    pub top: usize,
+    /// Probabilities after the sampler chain (llama-server's `post_sampling_probs`) rather
+    /// than log-probabilities of the model's distribution.
+    pub post_sampling: bool,
 }
 
 /// A checked chat request.
@@ -168,28 +232,32 @@ pub struct ChatRequest {
     pub messages: Vec<Message>,
     /// How to generate.
     pub params: GenParams,
-    /// Answer as server-sent events.
-    pub stream: bool,
+    /// How to answer.
+    pub output: Output,
 }
 
-/// A completion prompt.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Prompt {
-    /// Text, tokenized with the model's special tokens.
+/// One piece of a prompt: text to tokenize or a token id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Piece {
+    /// Text, tokenized with the model's special tokens (a beginning-of-sequence token is added
+    /// when the prompt starts with text).
     Text(String),
-    /// Token ids (checked with [`check_prompt`]).
-    Tokens(Vec<u32>),
+    /// A token id (checked against the vocabulary).
+    Token(u32),
 }
+
+/// A completion prompt: its pieces in order (never empty).
+pub type Prompt = Vec<Piece>;
 
 /// A checked completion request.
 #[derive(Debug)]
 pub struct CompletionRequest {
-    /// The prompt.
-    pub prompt: Prompt,
+    /// The prompts (one or more; each gets its own answer).
+    pub prompts: Vec<Prompt>,
     /// How to generate.
     pub params: GenParams,
-    /// Answer as server-sent events.
-    pub stream: bool,
+    /// How to answer.
+    pub output: Output,
 }
 
 /// Which completion endpoint a body came to: they differ in which length field wins.
@@ -240,10 +308,11 @@ pub fn chat(bytes: &[u8], limits: &Limits) -> Result<ChatRequest> {
         .or(body.max_tokens)
         .or(body.n_predict);
     let params = gen_params(limits, &body.sampling, max)?;
+    let output = output(&body.sampling, CompletionApi::OpenAi, true)?;
     Ok(ChatRequest {
         messages,
         params,
-        stream: body.sampling.stream,
+        output,
     })
 }
 
@@ -255,24 +324,132 @@ pub fn completion(bytes: &[u8], limits: &Limits, api: CompletionApi) -> Result<C
         CompletionApi::Native => body.n_predict.or(body.max_tokens),
     };
     let params = gen_params(limits, &body.sampling, max)?;
-    let prompt = match body.prompt {
-        PromptBody::Text(t) => Prompt::Text(t),
-        PromptBody::Texts(mut ts) if ts.len() == 1 => Prompt::Text(ts.remove(0)),
-        PromptBody::Texts(ts) => {
-            return Err(ServerError::BadRequest(format!(
-                "one prompt per request is supported, not {}",
-                ts.len()
-            )))
+    let prompts = prompts(body.prompt.as_ref(), limits)?;
+    let output = output(&body.sampling, api, false)?;
+    Ok(CompletionRequest {
+        prompts,
+        params,
+        output,
+    })
+}
+
+/// Longest list of prompts in one request.
+pub const MAX_PROMPTS: usize = 64;
+
+/// The prompts of a completion body, as llama-server reads `prompt`: a string; token ids; a
+/// list mixing ids and strings (one prompt); `{"prompt_string": ...}`; or a list of any of
+/// those but the mixed one (several prompts).
+pub fn prompts(prompt: Option<&serde_json::Value>, limits: &Limits) -> Result<Vec<Prompt>> {
+    use serde_json::Value;
+    let Some(prompt) = prompt else {
+        return Err(ServerError::BadRequest("\"prompt\" is required".into()));
+    };
+    let bad = |what: String| ServerError::BadRequest(what);
+    let one = |v: &Value| -> Result<Prompt> {
+        let piece = |v: &Value| -> Result<Piece> {
+            match v {
+                Value::String(s) => Ok(Piece::Text(s.clone())),
+                Value::Number(n) => {
+                    let id = n
+                        .as_u64()
+                        .and_then(|id| u32::try_from(id).ok())
+                        .ok_or_else(|| bad(format!("{n} is not a token id")))?;
+                    check_tokens(&[id], limits)?;
+                    Ok(Piece::Token(id))
+                }
+                other => Err(bad(format!(
+                    "a prompt holds strings and token ids, not {other}"
+                ))),
+            }
+        };
+        let pieces = match v {
+            Value::String(s) => vec![Piece::Text(s.clone())],
+            Value::Array(items) => items.iter().map(piece).collect::<Result<_>>()?,
+            Value::Object(map) => {
+                if map.contains_key("multimodal_data") {
+                    return Err(ServerError::NotEnabled {
+                        what: "multimodal prompts",
+                        how: "this server reads text only",
+                    });
+                }
+                match map.get("prompt_string") {
+                    Some(Value::String(s)) => vec![Piece::Text(s.clone())],
+                    _ => return Err(bad("a prompt object needs \"prompt_string\"".into())),
+                }
+            }
+            other => return Err(bad(format!("{other} is not a prompt"))),
+        };
+        if pieces.is_empty() {
+            return Err(bad("the prompt is empty".into()));
         }
-        PromptBody::Tokens(ids) => {
-            check_prompt(&ids, limits)?;
-            Prompt::Tokens(ids)
+        Ok(pieces)
+    };
+    let list: Vec<Prompt> = match prompt {
+        // A list with a token id at its top level is one prompt mixing ids and text.
+        Value::Array(items) if !items.iter().any(Value::is_number) => {
+            if items.is_empty() {
+                return Err(bad("the prompt is empty".into()));
+            }
+            items.iter().map(one).collect::<Result<_>>()?
+        }
+        v => vec![one(v)?],
+    };
+    if list.len() > MAX_PROMPTS {
+        return Err(bad(format!(
+            "{} prompts in one request; at most {MAX_PROMPTS}",
+            list.len()
+        )));
+    }
+    Ok(list)
+}
+
+/// The response's shape from a body's settings.
+fn output(s: &Sampling, api: CompletionApi, chat: bool) -> Result<Output> {
+    let n = match s.n {
+        None => 1,
+        Some(n) if (1..=16).contains(&n) => n as usize,
+        Some(n) => return Err(ServerError::BadRequest(format!("\"n\" is {n}; 1 to 16 are served"))),
+    };
+    // OpenAI's chat `logprobs` is a bool with `top_logprobs`; its completions' `logprobs` is
+    // the count; llama-server's `n_probs` is the count on every endpoint.
+    let count = |v: i64, field: &str| -> Result<usize> {
+        if (0..=20).contains(&v) {
+            Ok(v as usize)
+        } else {
+            Err(ServerError::BadRequest(format!("\"{field}\" is {v}; 0 to 20 are served")))
         }
     };
-    Ok(CompletionRequest {
-        prompt,
-        params,
-        stream: body.sampling.stream,
+    let openai = match (&s.logprobs, chat) {
+        (None | Some(serde_json::Value::Null), _) => None,
+        (Some(serde_json::Value::Bool(false)), _) => None,
+        (Some(serde_json::Value::Bool(true)), _) => Some(count(s.top_logprobs.unwrap_or(0), "top_logprobs")?),
+        (Some(serde_json::Value::Number(k)), false) => {
+            Some(count(k.as_i64().unwrap_or(-1), "logprobs")?)
+        }
+        (Some(other), _) => {
+            return Err(ServerError::BadRequest(format!(
+                "\"logprobs\" is {other}; {} expected",
+                if chat { "true or false" } else { "a count" }
+            )))
+        }
+    };
+    let native = match s.n_probs {
+        None | Some(0) => None,
+        Some(k) => Some(count(k, "n_probs")?),
+    };
+    let probs = native.or(openai).map(|top| Probs {
+        top,
+        post_sampling: s.post_sampling_probs.unwrap_or(false),
+    });
+    let _ = api;
+    Ok(Output {
+        stream: s.stream,
+        include_usage: s.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        return_tokens: s.return_tokens.unwrap_or(false),
+        response_fields: s.response_fields.clone().unwrap_or_default(),
+        n,
+        probs,
+        timings_per_token: s.timings_per_token.unwrap_or(false),
     })
 }
 
@@ -328,7 +505,10 @@ pub fn slot_action(
         Ok(name)
     };
     let action = match action {
-        Some("save") => SlotAction::Save(filename()?),
+        Some("save") => SlotAction::Save {
+            name: filename()?,
+            overwrite: body.overwrite,
+        },
         Some("restore") => SlotAction::Restore(filename()?),
         Some("erase") => SlotAction::Erase,
         Some(other) => {
@@ -390,6 +570,14 @@ fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>> {
     if messages.is_empty() {
         return Err(ServerError::BadRequest("\"messages\" is empty".into()));
     }
+    // A final assistant message is continued; two of them leave nothing to continue.
+    if let [.., a, b] = messages {
+        if a.role == "assistant" && b.role == "assistant" {
+            return Err(ServerError::BadRequest(
+                "the conversation ends with two assistant messages".into(),
+            ));
+        }
+    }
     messages
         .iter()
         .map(|m| {
@@ -418,25 +606,38 @@ fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>> {
 
 /// The generation settings of a request, with the server's defaults.
 fn gen_params(limits: &Limits, s: &Sampling, max_tokens: Option<i64>) -> Result<GenParams> {
-    let max_tokens = match max_tokens.filter(|&m| m >= 0).unwrap_or(limits.n_predict) {
-        m if m < 0 => usize::MAX,
-        m => usize::try_from(m).unwrap_or(usize::MAX),
+    let bad = |what: String| ServerError::BadRequest(what);
+    // A negative or absent length is the server's `-n`; a server's `-n` also caps requests.
+    let asked = max_tokens.filter(|&m| m >= 0);
+    let max_tokens = match (asked, limits.n_predict) {
+        (Some(m), n) if n >= 0 => m.min(n),
+        (Some(m), _) => m,
+        (None, n) => n,
     };
+    let max_tokens = usize::try_from(max_tokens).unwrap_or(usize::MAX);
     let seed = match s.seed.filter(|&s| s >= 0).unwrap_or(limits.seed) {
         s if s < 0 => random_seed(),
         s => s.unsigned_abs(),
     };
-    let d = SamplerParams::default();
+    let d = &limits.sampler;
     let sampler = SamplerParams {
-        temperature: s.temperature.unwrap_or(limits.temp),
-        top_k: s.top_k.unwrap_or(d.top_k),
+        temperature: s.temperature.unwrap_or(d.temperature),
+        // llama-server reads a top-k of 0 or less as off.
+        top_k: s
+            .top_k
+            .map_or(d.top_k, |k| usize::try_from(k).unwrap_or(0)),
         top_p: s.top_p.unwrap_or(d.top_p),
         min_p: s.min_p.unwrap_or(d.min_p),
         repeat_penalty: s.repeat_penalty.unwrap_or(d.repeat_penalty),
+        repeat_last_n: match s.repeat_last_n {
+            None => d.repeat_last_n,
+            Some(n) if n < 0 => limits.n_ctx,
+            Some(n) => n as usize,
+        },
         frequency_penalty: s.frequency_penalty.unwrap_or(d.frequency_penalty),
         presence_penalty: s.presence_penalty.unwrap_or(d.presence_penalty),
         seed,
-        ..d
+        ..d.clone()
     };
     // JSON numbers past f32's range arrive as infinities.
     for (name, x) in [
@@ -448,10 +649,58 @@ fn gen_params(limits: &Limits, s: &Sampling, max_tokens: Option<i64>) -> Result<
         ("presence_penalty", sampler.presence_penalty),
     ] {
         if !x.is_finite() {
-            return Err(ServerError::BadRequest(format!(
+            return Err(bad(format!(
                 "\"{name}\" is out of range for a 32-bit float"
             )));
         }
+    }
+    // The ranges the chat accepts too.
+    if !(sampler.top_p > 0.0 && sampler.top_p <= 1.0) {
+        return Err(bad(format!("\"top_p\" is {}; (0, 1] expected", sampler.top_p)));
+    }
+    if !(0.0..=1.0).contains(&sampler.min_p) {
+        return Err(bad(format!("\"min_p\" is {}; [0, 1] expected", sampler.min_p)));
+    }
+    if sampler.repeat_penalty <= 0.0 {
+        return Err(bad(format!(
+            "\"repeat_penalty\" is {}; more than 0 expected (1 is off)",
+            sampler.repeat_penalty
+        )));
+    }
+    if !(0.0..=2.0).contains(&sampler.frequency_penalty.abs())
+        || !(0.0..=2.0).contains(&sampler.presence_penalty.abs())
+    {
+        return Err(bad("penalties are between -2 and 2".into()));
+    }
+    let pending = |field: &str, set: bool| -> Result<()> {
+        if set {
+            Err(ServerError::Unsupported(format!(
+                "\"{field}\" is not supported by this server yet; leave it out"
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    pending("logit_bias", s.logit_bias.as_ref().is_some_and(|v| !is_empty_json(v)))?;
+    pending("typical_p", s.typical_p.is_some_and(|p| p < 1.0))?;
+    pending("dry_multiplier", s.dry_multiplier.is_some_and(|m| m != 0.0))?;
+    pending("xtc_probability", s.xtc_probability.is_some_and(|p| p != 0.0))?;
+    pending("mirostat", s.mirostat.is_some_and(|m| m != 0))?;
+    pending("top_n_sigma", s.top_n_sigma.is_some_and(|t| t > 0.0))?;
+    pending("dynatemp_range", s.dynatemp_range.is_some_and(|r| r != 0.0))?;
+    pending("samplers", s.samplers.is_some())?;
+    pending("grammar", s.grammar.as_ref().is_some_and(|g| !g.trim().is_empty()))?;
+    pending("json_schema", s.json_schema.as_ref().is_some_and(|v| !is_empty_json(v)))?;
+    pending(
+        "response_format",
+        s.response_format.as_ref().is_some_and(|f| {
+            f.get("type").and_then(|t| t.as_str()).is_some_and(|t| t != "text")
+        }),
+    )?;
+    pending("lora", s.lora.as_ref().is_some_and(|v| !is_empty_json(v)))?;
+    pending("n_indent", s.n_indent.is_some_and(|n| n > 0))?;
+    if s.min_keep.is_some_and(|k| k < 0) {
+        return Err(bad("\"min_keep\" is negative".into()));
     }
     let id_slot = match s.id_slot {
         None => None,
@@ -471,14 +720,37 @@ fn gen_params(limits: &Limits, s: &Sampling, max_tokens: Option<i64>) -> Result<
         Some(Stop::One(s)) => vec![s.clone()],
         Some(Stop::Many(v)) => v.clone(),
     };
+    let probs = match (s.n_probs, &s.logprobs) {
+        (Some(n), _) if n > 0 => n.min(20) as usize,
+        (_, Some(serde_json::Value::Bool(true))) => s.top_logprobs.unwrap_or(0).clamp(0, 20) as usize,
+        (_, Some(serde_json::Value::Number(n))) => n.as_i64().unwrap_or(0).clamp(0, 20) as usize,
+        _ => 0,
+    };
+    let wants_probs = s.n_probs.is_some_and(|n| n > 0)
+        || matches!(s.logprobs, Some(serde_json::Value::Bool(true) | serde_json::Value::Number(_)));
     Ok(GenParams {
         max_tokens,
         sampler,
         stop,
-        cache_prompt: s.cache_prompt.unwrap_or(true),
+        cache_prompt: s.cache_prompt.unwrap_or(limits.cache_prompt),
         id_slot,
-        ignore_eos: s.ignore_eos,
+        ignore_eos: s.ignore_eos.unwrap_or(limits.ignore_eos),
+        n_probs: wants_probs.then_some(probs),
+        t_max_predict_ms: s.t_max_predict_ms.filter(|&t| t > 0).map(|t| t as u64),
+        n_keep: s.n_keep.unwrap_or(0),
+        return_progress: s.return_progress.unwrap_or(false),
     })
+}
+
+/// `null`, `[]`, `{}` or `""`.
+fn is_empty_json(v: &serde_json::Value) -> bool {
+    match v {
+        serde_json::Value::Null => true,
+        serde_json::Value::Array(a) => a.is_empty(),
+        serde_json::Value::Object(o) => o.is_empty(),
+        serde_json::Value::String(s) => s.is_empty(),
+        _ => false,
+    }
 }
 
 /// A seed for requests that ask for a random one.
@@ -504,8 +776,10 @@ mod tests {
             n_vocab: 100,
             n_slots: 2,
             n_predict: -1,
-            temp: 0.8,
             seed: 5,
+            sampler: SamplerParams::default(),
+            ignore_eos: false,
+            cache_prompt: true,
         }
     }
 
@@ -542,7 +816,7 @@ mod tests {
         let native = completion(body, &limits(), CompletionApi::Native).unwrap();
         assert_eq!(openai.params.max_tokens, 3);
         assert_eq!(native.params.max_tokens, 4);
-        assert_eq!(native.prompt, Prompt::Tokens(vec![1, 2]));
+        assert_eq!(native.prompts, [vec![Piece::Token(1), Piece::Token(2)]]);
         // Unset and negative lengths fall back to the server's default (-1: no limit).
         let chat = chat(
             br#"{"messages": [{"role": "user"}], "max_tokens": -3}"#,
@@ -558,10 +832,12 @@ mod tests {
         let l = limits();
         for (body, code) in [
             (&br#"{"prompt": []}"#[..], 400),
-            (br#"{"prompt": [1, 2, 3, 4, 5, 6, 7, 8]}"#, 400),
             (br#"{"prompt": [100]}"#, 400),
-            (br#"{"prompt": ["a", "b"]}"#, 400),
+            (br#"{"prompt": [["a"], [100]]}"#, 400),
+            (br#"{"prompt": [1, {"x": 1}]}"#, 400),
             (br#"{"prompt": "x", "id_slot": 2}"#, 400),
+            (br#"{"prompt": {"prompt_string": "x", "multimodal_data": ["AA=="]}}"#, 501),
+            (br#"{"prompt": "x", "grammar": "root ::= \"a\""}"#, 501),
         ] {
             let e = completion(body, &l, CompletionApi::Native).unwrap_err();
             assert_eq!(status(&e), code, "{e}");
@@ -575,6 +851,42 @@ mod tests {
         assert!(slot_action("2", Some("erase"), b"", &l).is_err());
         assert!(slot_action("0", Some("save"), br#"{"filename": "../x"}"#, &l).is_err());
         assert!(slot_action("0", None, b"", &l).is_err());
+    }
+
+    #[test]
+    fn prompts_are_read_as_llama_server_reads_them() {
+        let l = limits();
+        let read = |body: &str| completion(body.as_bytes(), &l, CompletionApi::Native).unwrap().prompts;
+        let t = |s: &str| Piece::Text(s.to_owned());
+        assert_eq!(read(r#"{"prompt": "a"}"#), [vec![t("a")]]);
+        assert_eq!(read(r#"{"prompt": ["a", "b"]}"#), [vec![t("a")], vec![t("b")]]);
+        // A top-level id makes one mixed prompt.
+        assert_eq!(
+            read(r#"{"prompt": [1, "a", 2]}"#),
+            [vec![Piece::Token(1), t("a"), Piece::Token(2)]]
+        );
+        assert_eq!(
+            read(r#"{"prompt": [[1, 2], "a", {"prompt_string": "b"}]}"#),
+            [vec![Piece::Token(1), Piece::Token(2)], vec![t("a")], vec![t("b")]]
+        );
+    }
+
+    #[test]
+    fn requests_cannot_set_values_the_sampler_refuses() {
+        for body in [
+            r#"{"prompt": "x", "top_p": -3}"#,
+            r#"{"prompt": "x", "min_p": 7}"#,
+            r#"{"prompt": "x", "repeat_penalty": 0}"#,
+        ] {
+            let e = completion(body.as_bytes(), &limits(), CompletionApi::Native).unwrap_err();
+            assert_eq!(status(&e), 400, "{body}: {e}");
+        }
+        // `n_predict: 0` asks for nothing, and the server's `-n` caps every request.
+        let zero = completion(br#"{"prompt": "x", "n_predict": 0}"#, &limits(), CompletionApi::Native).unwrap();
+        assert_eq!(zero.params.max_tokens, 0);
+        let capped = Limits { n_predict: 4, ..limits() };
+        let r = completion(br#"{"prompt": "x", "n_predict": 9}"#, &capped, CompletionApi::Native).unwrap();
+        assert_eq!(r.params.max_tokens, 4);
     }
 
     #[test]

@@ -161,9 +161,9 @@ fn the_command_line_refuses_unknown_flags_and_lists_all_in_help() {
         assert!(help.contains(flag), "{flag} missing from --help:\n{help}");
     }
     let args = server::Args::parse_from_argv(["s", "-m", "x.gguf", "-ngl", "99"]).unwrap();
-    assert_eq!(args.n_gpu_layers, 99);
+    assert_eq!(args.n_gpu_layers, "99");
     let args = server::Args::parse_from_argv(["s", "-m", "x.gguf", "-ngl=3"]).unwrap();
-    assert_eq!(args.n_gpu_layers, 3);
+    assert_eq!(args.n_gpu_layers, "3");
     let args =
         server::Args::parse_from_argv(["s", "-m", "x.gguf", "-np", "6", "-c", "100"]).unwrap();
     assert_eq!((args.parallel, args.ctx_size), (6, 100));

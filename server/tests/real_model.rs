@@ -36,6 +36,7 @@ async fn a_streamed_chat_on_the_real_model_answers_in_words() {
         "1024",
         "-np",
         "2",
+        "--kv-unified",
     ])
     .await;
     let body = json!({

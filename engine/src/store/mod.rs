@@ -123,7 +123,16 @@ pub struct CheckpointMeta {
     pub parent: Option<String>,
     /// When it was saved (Unix seconds).
     pub saved_unix: u64,
+    /// Which program wrote it ([`OWNER_CHAT`], [`OWNER_SLOT`], or another tool's own name);
+    /// `None` for checkpoints written before owners were recorded. A program replaces a
+    /// checkpoint that another owner wrote only when its user asks.
+    pub owner: Option<String>,
 }
+
+/// [`CheckpointMeta::owner`] of the chat's conversations.
+pub const OWNER_CHAT: &str = "chat";
+/// [`CheckpointMeta::owner`] of the server's `/slots` saves.
+pub const OWNER_SLOT: &str = "slot";
 
 /// One stored checkpoint, as [`SessionStore::checkpoints`] lists them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,12 +148,16 @@ pub struct CheckpointInfo {
 }
 
 const TURNS_KEY: &str = "turns";
+const OWNER_KEY: &str = "owner";
 const APP_PREFIX: &str = "app.";
 
 impl CheckpointMeta {
     fn to_pairs(&self) -> Vec<(String, String)> {
         let turns = self.turns.iter().map(usize::to_string).collect::<Vec<_>>();
         let mut kv = vec![(TURNS_KEY.to_owned(), turns.join(","))];
+        if let Some(owner) = &self.owner {
+            kv.push((OWNER_KEY.to_owned(), owner.clone()));
+        }
         kv.extend(
             self.app
                 .iter()
@@ -163,6 +176,8 @@ impl CheckpointMeta {
         for (k, v) in &m.meta.kv {
             if k == TURNS_KEY {
                 meta.turns = v.split(',').filter_map(|t| t.parse().ok()).collect();
+            } else if k == OWNER_KEY {
+                meta.owner = Some(v.clone());
             } else if let Some(key) = k.strip_prefix(APP_PREFIX) {
                 meta.app.insert(key.to_owned(), v.clone());
             } else {

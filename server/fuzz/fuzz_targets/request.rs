@@ -9,13 +9,13 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use server::request::{self, CompletionApi, Limits, Prompt, MAX_FILENAME};
+use server::request::{self, CompletionApi, Limits, Piece, MAX_FILENAME};
 use server::scheduler::{GenParams, SlotAction};
 use server::ServerError;
 
 fn check_error(e: &ServerError, limits: &Limits, len: usize) {
     let status = e.status().as_u16();
-    assert!(status == 400 || status == 413, "{e} answers {status}");
+    assert!(matches!(status, 400 | 413 | 501), "{e} answers {status}");
     if status == 413 {
         assert!(len > limits.max_body, "{e} for a body of {len} bytes");
     }
@@ -65,8 +65,10 @@ fuzz_target!(|data: &[u8]| {
         n_vocab: 1 + usize::from(shape >> 4 & 0x07) * 1000,
         n_slots: 1 + usize::from(shape & 0x03),
         n_predict: if shape & 0x40 != 0 { -1 } else { 16 },
-        temp: 0.8,
         seed: if shape & 0x20 != 0 { -1 } else { 42 },
+        sampler: request::SamplerParams::default(),
+        ignore_eos: false,
+        cache_prompt: true,
     };
     match endpoint % 7 {
         0 => match request::chat(body, &limits) {
@@ -85,9 +87,17 @@ fuzz_target!(|data: &[u8]| {
             match request::completion(body, &limits, api) {
                 Ok(r) => {
                     check_params(&r.params, &limits);
-                    if let Prompt::Tokens(ids) = &r.prompt {
-                        assert!(!ids.is_empty() && ids.len() < limits.n_ctx);
-                        check_tokens(ids, &limits);
+                    assert!(!r.prompts.is_empty() && r.prompts.len() <= request::MAX_PROMPTS);
+                    for prompt in &r.prompts {
+                        assert!(!prompt.is_empty());
+                        let ids: Vec<u32> = prompt
+                            .iter()
+                            .filter_map(|p| match p {
+                                Piece::Token(id) => Some(*id),
+                                Piece::Text(_) => None,
+                            })
+                            .collect();
+                        check_tokens(&ids, &limits);
                     }
                 }
                 Err(e) => check_error(&e, &limits, body.len()),
@@ -116,7 +126,7 @@ fuzz_target!(|data: &[u8]| {
                 Ok((slot, what)) => {
                     assert!(slot < limits.n_slots);
                     match what {
-                        SlotAction::Save(name) | SlotAction::Restore(name) => check_filename(&name),
+                        SlotAction::Save { name, .. } | SlotAction::Restore(name) => check_filename(&name),
                         SlotAction::Erase => {}
                     }
                 }

@@ -33,12 +33,33 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let quiet = config.args.log_disable;
+    let say = |line: String| {
+        if !quiet {
+            eprintln!("{line}");
+        }
+    };
+    for n in &config.args.no_effect {
+        say(format!(
+            "note: {} tunes {} in llama-server; it has no effect here",
+            n.option, n.tunes
+        ));
+    }
+    if config.args.no_cache {
+        say("prompt cache: in memory only (--no-cache)".to_owned());
+    } else {
+        say(format!(
+            "prompt cache: {} (--cache-dir to move it), {} of RAM, disk budget {}",
+            config.cache_dir.display(),
+            human(config.cache_ram),
+            config.cache_disk.map_or_else(|| "none".to_owned(), human),
+        ));
+    }
     let result = runtime.block_on(async {
         let server = Server::bind(config).await?;
-        eprintln!(
-            "llama-hdd-server listening on http://{}",
-            server.local_addr()
-        );
+        for addr in server.local_addrs() {
+            say(format!("llama-hdd-server listening on http://{addr}"));
+        }
         server.run_until(shutdown_signal()).await
     });
     match result {
@@ -71,4 +92,13 @@ async fn shutdown_signal() {
         _ = term => {},
     }
     eprintln!("shutting down: finishing requests and flushing the prompt cache");
+}
+
+/// A byte count for people.
+fn human(bytes: u64) -> String {
+    match bytes {
+        u64::MAX => "no limit".to_owned(),
+        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
+        b => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+    }
 }

@@ -1,14 +1,13 @@
 //! The generating endpoints: `/v1/chat/completions`, `/v1/completions` (OpenAI's shapes) and
 //! `/completion` (llama.cpp's native one), streamed as server-sent events or answered whole.
 //!
-//! A handler tokenizes on its own thread, checks the prompt against the context, hands a
-//! [`Job`] to the scheduler and turns the events it gets back into JSON. When the client goes
-//! away the handler's receiver is dropped, which cancels the generation at the next step.
+//! A handler tokenizes on its own thread, checks each prompt against the context, hands one
+//! [`Job`] per prompt and choice to the scheduler and turns the events it gets back into JSON
+//! (the shapes are in [`super::shape`]). When the client goes away the handler's receivers are
+//! dropped, which cancels the generations at the next step.
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -19,9 +18,10 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::shape::{self, Reply};
 use super::{AppState, RawBody};
 use crate::error::{Result, ServerError};
-use crate::request::{self, CompletionApi, Limits, Prompt};
+use crate::request::{self, CompletionApi, Limits, Piece, Prompt};
 use crate::scheduler::{Command, Event, Finish, FinishReason, GenParams, Job};
 
 /// `POST /v1/chat/completions`.
@@ -30,77 +30,52 @@ pub async fn chat(State(st): State<Arc<AppState>>, RawBody(body): RawBody) -> Re
     let req = request::chat(&body, &limits)?;
     let text = super::render_chat(&st, req.messages.clone()).await?;
     let prompt = chat_tokens(&st, &text)?;
-    let mut rx = submit(&st, &limits, prompt.clone(), req.params)?;
-    let (id, created, model) = (new_id("chatcmpl"), unix_now(), st.config.alias.clone());
-    let remember = move |st: &AppState, reply: &str, f: &Finish| {
-        // A reply cut at a stop string is not the text of its tokens.
-        if matches!(
-            f.reason,
-            FinishReason::EndOfGeneration | FinishReason::Length
-        ) {
-            let mut tokens = prompt.clone();
-            tokens.extend_from_slice(&f.tokens);
-            if let Ok(mut texts) = st.texts.lock() {
-                texts.insert(format!("{text}{reply}"), tokens);
+    let runs = submit_all(&st, &limits, &[prompt.clone()], &req.params, req.output.n)?;
+    let meta = shape::Meta::new(&st, "chatcmpl");
+    let remember = {
+        let st = Arc::clone(&st);
+        move |reply: &str, f: &Finish| {
+            // A reply cut at a stop string is not the text of its tokens.
+            if matches!(
+                f.reason,
+                FinishReason::EndOfGeneration | FinishReason::Length
+            ) {
+                let mut tokens = prompt.clone();
+                tokens.extend_from_slice(&f.tokens);
+                if let Ok(mut texts) = st.texts.lock() {
+                    texts.insert(format!("{text}{reply}"), tokens);
+                }
             }
         }
     };
-    if !req.stream {
-        let (reply, f) = collect(&mut rx).await?;
-        remember(&st, &reply, &f);
-        return Ok(Json(json!({
-            "id": id,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [{
-                "index": 0,
-                "message": { "role": "assistant", "content": reply },
-                "finish_reason": f.reason.as_openai(),
-            }],
-            "usage": usage(&f),
-            "timings": timings(&f),
-        }))
-        .into_response());
+    let tok = Arc::clone(&st.model);
+    if !req.output.stream {
+        let replies = collect_all(runs).await?;
+        for r in &replies {
+            remember(&r.text, &r.finish);
+        }
+        return Ok(Json(shape::chat_whole(&meta, &replies, &req.output, tok.tokenizer())).into_response());
     }
-    let chunk = move |delta: Value, finish: Value| {
-        json!({
-            "id": id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }],
-        })
-    };
-    let mut reply = String::new();
-    let mut started = false;
-    let st2 = Arc::clone(&st);
-    sse(rx, move |ev| {
-        let mut out = Vec::new();
-        if !started {
-            started = true;
-            out.push(
-                chunk(json!({ "role": "assistant", "content": null }), Value::Null).to_string(),
-            );
+    let mut state = shape::ChatStream::new(meta, req.output.clone(), runs.len());
+    sse(runs, move |index, ev| {
+        if let Event::Done(f) = &ev {
+            remember(state.text(index), f);
         }
-        match ev {
-            Event::Text(t) => {
-                reply.push_str(&t);
-                out.push(chunk(json!({ "content": t }), Value::Null).to_string());
-            }
-            Event::Done(f) => {
-                remember(&st2, &reply, &f);
-                let mut last = chunk(json!({}), json!(f.reason.as_openai()));
-                last["usage"] = usage(&f);
-                last["timings"] = timings(&f);
-                out.push(last.to_string());
-                out.push("[DONE]".to_owned());
-            }
-            Event::Failed(e) => out.push(e.to_json().to_string()),
-        }
-        out
-    })
+        state.event(index, ev, tok.tokenizer())
+    }, move |out: &mut Vec<String>| out.push("[DONE]".to_owned()))
     .await
+}
+
+/// `POST /chat/completions/input_tokens`: how many tokens a chat's prompt takes.
+pub async fn chat_input_tokens(
+    State(st): State<Arc<AppState>>,
+    RawBody(body): RawBody,
+) -> Result<Json<Value>> {
+    let limits = st.limits();
+    let req = request::chat(&body, &limits)?;
+    let text = super::render_chat(&st, req.messages).await?;
+    let prompt = chat_tokens(&st, &text)?;
+    Ok(Json(json!({ "input_tokens": prompt.len() })))
 }
 
 /// The tokens of a rendered chat prompt: the longest text evaluated before (an earlier turn
@@ -132,38 +107,7 @@ pub async fn completions(
     State(st): State<Arc<AppState>>,
     RawBody(body): RawBody,
 ) -> Result<Response> {
-    let limits = st.limits();
-    let req = request::completion(&body, &limits, CompletionApi::OpenAi)?;
-    let prompt = prompt_tokens(&st, req.prompt)?;
-    let mut rx = submit(&st, &limits, prompt, req.params)?;
-    let (id, created, model) = (new_id("cmpl"), unix_now(), st.config.alias.clone());
-    let body = move |text: &str, finish: Value| {
-        json!({
-            "id": id,
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "choices": [{ "text": text, "index": 0, "logprobs": null, "finish_reason": finish }],
-        })
-    };
-    if !req.stream {
-        let (text, f) = collect(&mut rx).await?;
-        let mut out = body(&text, json!(f.reason.as_openai()));
-        out["usage"] = usage(&f);
-        out["timings"] = timings(&f);
-        return Ok(Json(out).into_response());
-    }
-    sse(rx, move |ev| match ev {
-        Event::Text(t) => vec![body(&t, Value::Null).to_string()],
-        Event::Done(f) => {
-            let mut last = body("", json!(f.reason.as_openai()));
-            last["usage"] = usage(&f);
-            last["timings"] = timings(&f);
-            vec![last.to_string(), "[DONE]".to_owned()]
-        }
-        Event::Failed(e) => vec![e.to_json().to_string()],
-    })
-    .await
+    complete(st, body, CompletionApi::OpenAi).await
 }
 
 /// `POST /completion`: llama.cpp's native endpoint.
@@ -171,116 +115,277 @@ pub async fn completion(
     State(st): State<Arc<AppState>>,
     RawBody(body): RawBody,
 ) -> Result<Response> {
+    complete(st, body, CompletionApi::Native).await
+}
+
+/// Both completion endpoints: every prompt (and choice) of the request generated at once.
+async fn complete(st: Arc<AppState>, body: Bytes, api: CompletionApi) -> Result<Response> {
     let limits = st.limits();
-    let req = request::completion(&body, &limits, CompletionApi::Native)?;
-    let prompt = prompt_tokens(&st, req.prompt)?;
-    let mut rx = submit(&st, &limits, prompt, req.params)?;
-    let model = st.config.alias.clone();
-    let last = move |content: &str, f: &Finish| {
-        json!({
-            "content": content,
-            "id_slot": f.slot,
-            "stop": true,
-            "model": model,
-            "tokens_predicted": f.predicted_n,
-            "tokens_evaluated": f.n_prompt,
-            "tokens_cached": f.cache_n,
-            "stop_type": match f.reason {
-                FinishReason::EndOfGeneration => "eos",
-                FinishReason::StopString => "word",
-                FinishReason::Length => "limit",
-                FinishReason::Cancelled => "none",
-            },
-            "truncated": false,
-            "timings": timings(f),
-        })
-    };
-    if !req.stream {
-        let (text, f) = collect(&mut rx).await?;
-        return Ok(Json(last(&text, &f)).into_response());
+    let req = request::completion(&body, &limits, api)?;
+    let prompts = req
+        .prompts
+        .iter()
+        .map(|p| prompt_tokens(&st, p))
+        .collect::<Result<Vec<_>>>()?;
+    let runs = submit_all(&st, &limits, &prompts, &req.params, req.output.n)?;
+    let meta = shape::Meta::new(&st, "cmpl");
+    let tok = Arc::clone(&st.model);
+    let settings = shape::generation_settings(&req.params, &req.output, &st);
+    let prompt_texts: Vec<String> = prompts
+        .iter()
+        .map(|p| st.model.tokenizer().decode(p))
+        .collect();
+    let n_choices = req.output.n;
+    let prompt_of = move |index: usize| prompt_texts[index / n_choices].clone();
+    if !req.output.stream {
+        let replies = collect_all(runs).await?;
+        let body = match api {
+            CompletionApi::OpenAi => {
+                shape::openai_completion_whole(&meta, &replies, &req.output, tok.tokenizer())
+            }
+            CompletionApi::Native => {
+                let mut all: Vec<Value> = replies
+                    .iter()
+                    .map(|r| {
+                        shape::native_final(
+                            &meta,
+                            r,
+                            &r.text,
+                            &req.output,
+                            &settings,
+                            &prompt_of(r.index),
+                            tok.tokenizer(),
+                        )
+                    })
+                    .collect();
+                if all.len() == 1 {
+                    all.remove(0)
+                } else {
+                    Value::Array(all)
+                }
+            }
+        };
+        return Ok(Json(body).into_response());
     }
-    sse(rx, move |ev| match ev {
-        Event::Text(t) => vec![json!({ "content": t, "stop": false, "index": 0 }).to_string()],
-        Event::Done(f) => vec![last("", &f).to_string()],
-        Event::Failed(e) => vec![e.to_json().to_string()],
-    })
-    .await
-}
-
-/// A completion prompt as tokens (text is tokenized with the model's special tokens).
-fn prompt_tokens(st: &AppState, prompt: Prompt) -> Result<Vec<u32>> {
-    match prompt {
-        Prompt::Text(t) => Ok(st.model.tokenizer().encode(&t, true, true)?),
-        Prompt::Tokens(ids) => Ok(ids),
-    }
-}
-
-/// Checks the prompt and queues it; the receiver gets the request's events.
-fn submit(
-    st: &AppState,
-    limits: &Limits,
-    prompt: Vec<u32>,
-    params: GenParams,
-) -> Result<mpsc::UnboundedReceiver<Event>> {
-    request::check_prompt(&prompt, limits)?;
-    let (events, rx) = mpsc::unbounded_channel();
-    st.tx
-        .send(Command::Generate(Job {
-            prompt,
-            params,
-            events,
-        }))
-        .map_err(|_| ServerError::ShuttingDown)?;
-    Ok(rx)
-}
-
-/// Waits for the whole text.
-async fn collect(rx: &mut mpsc::UnboundedReceiver<Event>) -> Result<(String, Finish)> {
-    let mut text = String::new();
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            Event::Text(t) => text.push_str(&t),
-            Event::Done(f) => return Ok((text, *f)),
-            Event::Failed(e) => return Err(e),
+    match api {
+        CompletionApi::OpenAi => {
+            let output = req.output.clone();
+            let meta2 = meta.clone();
+            sse(
+                runs,
+                move |index, ev| shape::openai_completion_event(&meta, &output, index, ev, tok.tokenizer()),
+                move |out: &mut Vec<String>| {
+                    let _ = &meta2;
+                    out.push("[DONE]".to_owned());
+                },
+            )
+            .await
+        }
+        CompletionApi::Native => {
+            let output = req.output.clone();
+            let mut reply_texts = vec![String::new(); runs.len()];
+            sse(
+                runs,
+                move |index, ev| match ev {
+                    Event::Text(chunk) => {
+                        reply_texts[index].push_str(&chunk.text);
+                        vec![shape::native_chunk(&meta, index, &chunk, &output, tok.tokenizer()).to_string()]
+                    }
+                    Event::Progress(p) => vec![json!({
+                        "index": index,
+                        "content": "",
+                        "tokens": [],
+                        "stop": false,
+                        "prompt_progress": shape::progress(&p),
+                    })
+                    .to_string()],
+                    Event::Done(f) => {
+                        let r = Reply {
+                            index,
+                            text: String::new(),
+                            finish: *f,
+                        };
+                        let mut last = shape::native_final(
+                            &meta,
+                            &r,
+                            "",
+                            &output,
+                            &settings,
+                            &prompt_of(index),
+                            tok.tokenizer(),
+                        );
+                        // The stream's last event carries no text of its own.
+                        if let Some(o) = last.as_object_mut() {
+                            o.insert("tokens".into(), json!([]));
+                            o.remove("completion_probabilities");
+                        }
+                        vec![last.to_string()]
+                    }
+                    Event::Failed(e) => vec![e.to_json().to_string()],
+                },
+                |_: &mut Vec<String>| {},
+            )
+            .await
         }
     }
-    Err(ServerError::ShuttingDown)
 }
 
-/// A server-sent event stream of `format`'s payloads. The first event is awaited before the
-/// response starts, so a request that fails at once gets its error status. When the client
-/// leaves, the stream and with it the receiver are dropped, which cancels the generation.
-async fn sse<F>(mut rx: mpsc::UnboundedReceiver<Event>, mut format: F) -> Result<Response>
+/// A completion prompt as tokens: text pieces tokenized with the model's special tokens (a
+/// beginning-of-sequence token added when the prompt starts with text), ids as they are.
+fn prompt_tokens(st: &AppState, prompt: &Prompt) -> Result<Vec<u32>> {
+    let tok = st.model.tokenizer();
+    let mut out = Vec::new();
+    for (i, piece) in prompt.iter().enumerate() {
+        match piece {
+            Piece::Text(t) => out.extend(tok.encode(t, i == 0, true)?),
+            Piece::Token(id) => out.push(*id),
+        }
+    }
+    Ok(out)
+}
+
+/// One generation in flight: its place in the response and its events.
+pub(super) struct Run {
+    /// Its index among the response's choices (prompt-major, then choice).
+    pub index: usize,
+    /// What the scheduler sends it.
+    pub rx: mpsc::UnboundedReceiver<Event>,
+}
+
+/// Checks every prompt, then queues `n` generations of each (the k-th choice with seed
+/// `seed + k`): nothing is queued unless every prompt fits.
+pub(super) fn submit_all(
+    st: &AppState,
+    limits: &Limits,
+    prompts: &[Vec<u32>],
+    params: &GenParams,
+    n: usize,
+) -> Result<Vec<Run>> {
+    for p in prompts {
+        request::check_prompt(p, limits)?;
+    }
+    let mut runs = Vec::with_capacity(prompts.len() * n);
+    for p in prompts {
+        for k in 0..n {
+            let mut params = params.clone();
+            params.sampler.seed = params.sampler.seed.wrapping_add(k as u64);
+            let (events, rx) = mpsc::unbounded_channel();
+            st.tx
+                .send(Command::Generate(Job {
+                    prompt: p.clone(),
+                    params,
+                    events,
+                }))
+                .map_err(|_| ServerError::ShuttingDown)?;
+            runs.push(Run {
+                index: runs.len(),
+                rx,
+            });
+        }
+    }
+    Ok(runs)
+}
+
+/// Waits for every generation's whole text; the first failure fails the request.
+pub(super) async fn collect_all(runs: Vec<Run>) -> Result<Vec<Reply>> {
+    let mut replies = Vec::with_capacity(runs.len());
+    for mut run in runs {
+        let mut text = String::new();
+        let mut tokens_seen = Vec::new();
+        let finish = loop {
+            match run.rx.recv().await {
+                Some(Event::Text(chunk)) => {
+                    text.push_str(&chunk.text);
+                    tokens_seen.extend(chunk.tokens);
+                }
+                Some(Event::Progress(_)) => {}
+                Some(Event::Done(f)) => break *f,
+                Some(Event::Failed(e)) => return Err(e),
+                None => return Err(ServerError::ShuttingDown),
+            }
+        };
+        replies.push(Reply {
+            index: run.index,
+            text,
+            finish,
+        });
+    }
+    Ok(replies)
+}
+
+/// A server-sent event stream over several generations: `format` turns each event of run
+/// `index` into payloads, `end` adds the last ones after every run has ended. The first event
+/// of the first run is awaited before the response starts, so a request that fails at once
+/// gets its error status. When the client leaves, the stream and with it the receivers are
+/// dropped, which cancels the generations.
+pub(super) async fn sse<F, E>(runs: Vec<Run>, mut format: F, mut end: E) -> Result<Response>
 where
-    F: FnMut(Event) -> Vec<String> + Send + 'static,
+    F: FnMut(usize, Event) -> Vec<String> + Send + 'static,
+    E: FnMut(&mut Vec<String>) + Send + 'static,
 {
-    let first = match rx.recv().await {
-        Some(Event::Failed(e)) => return Err(e),
+    let (merged_tx, mut merged) = mpsc::unbounded_channel::<(usize, Event)>();
+    let n_runs = runs.len();
+    for mut run in runs {
+        let tx = merged_tx.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tx.closed() => return,
+                    ev = run.rx.recv() => match ev {
+                        Some(ev) => {
+                            let last = matches!(ev, Event::Done(_) | Event::Failed(_));
+                            if tx.send((run.index, ev)).is_err() || last {
+                                return;
+                            }
+                        }
+                        None => return,
+                    },
+                }
+            }
+        });
+    }
+    drop(merged_tx);
+    let first = match merged.recv().await {
+        Some((_, Event::Failed(e))) => return Err(e),
         Some(ev) => ev,
         None => return Err(ServerError::ShuttingDown),
     };
     let (tx, body_rx) = mpsc::channel::<std::result::Result<Bytes, Infallible>>(64);
     tokio::spawn(async move {
         let mut next = Some(first);
+        let mut ended = 0;
         loop {
-            let ev = match next.take() {
+            let (index, ev) = match next.take() {
                 Some(ev) => ev,
                 None => tokio::select! {
                     _ = tx.closed() => return,
-                    ev = rx.recv() => match ev {
+                    ev = merged.recv() => match ev {
                         Some(ev) => ev,
-                        None => return,
+                        None => break,
                     },
                 },
             };
-            let end = !matches!(ev, Event::Text(_));
-            for data in format(ev) {
-                let bytes = Bytes::from(format!("data: {data}\n\n"));
-                if tx.send(Ok(bytes)).await.is_err() {
+            let done = matches!(ev, Event::Done(_) | Event::Failed(_));
+            let failed = matches!(ev, Event::Failed(_));
+            for data in format(index, ev) {
+                if tx.send(Ok(Bytes::from(format!("data: {data}\n\n")))).await.is_err() {
                     return;
                 }
             }
-            if end {
+            if failed {
+                return;
+            }
+            if done {
+                ended += 1;
+                if ended == n_runs {
+                    break;
+                }
+            }
+        }
+        let mut last = Vec::new();
+        end(&mut last);
+        for data in last {
+            if tx.send(Ok(Bytes::from(format!("data: {data}\n\n")))).await.is_err() {
                 return;
             }
         }
@@ -293,54 +398,4 @@ where
         Body::from_stream(ReceiverStream::new(body_rx)),
     )
         .into_response())
-}
-
-/// OpenAI's `usage`, with the cached prompt tokens.
-fn usage(f: &Finish) -> Value {
-    json!({
-        "prompt_tokens": f.n_prompt,
-        "completion_tokens": f.predicted_n,
-        "total_tokens": f.n_prompt + f.predicted_n,
-        "prompt_tokens_details": { "cached_tokens": f.cache_n },
-    })
-}
-
-/// llama-server's `timings`.
-fn timings(f: &Finish) -> Value {
-    let per = |n: usize, ms: f64| {
-        if n == 0 {
-            (0.0, 0.0)
-        } else {
-            (
-                ms / n as f64,
-                if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 },
-            )
-        }
-    };
-    let (p_tok, p_sec) = per(f.prompt_n, f.prompt_ms);
-    let (g_tok, g_sec) = per(f.predicted_n, f.predicted_ms);
-    json!({
-        "cache_n": f.cache_n,
-        "prompt_n": f.prompt_n,
-        "prompt_ms": f.prompt_ms,
-        "prompt_per_token_ms": p_tok,
-        "prompt_per_second": p_sec,
-        "predicted_n": f.predicted_n,
-        "predicted_ms": f.predicted_ms,
-        "predicted_per_token_ms": g_tok,
-        "predicted_per_second": g_sec,
-    })
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-/// A response id unique within this process (and, by the time in it, across restarts).
-fn new_id(prefix: &str) -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix}-{:x}{n:04x}", unix_now())
 }

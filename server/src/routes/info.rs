@@ -23,6 +23,8 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
         "object": "list",
         "data": [{
             "id": st.config.alias,
+            "aliases": st.config.aliases,
+            "tags": st.config.tags,
             "object": "model",
             "created": st.started_unix,
             "owned_by": "llama-hdd",

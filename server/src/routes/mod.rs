@@ -1,9 +1,12 @@
 //! The HTTP side: the router, the shared state handlers see, the API-key check and the body
 //! extractor that turns a body over the limit into an OpenAI-style error.
 
+mod cors;
 mod generate;
 mod info;
+mod shape;
 mod slots;
+mod ui;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -51,10 +54,12 @@ pub struct AppState {
     pub started_unix: u64,
 }
 
-/// The router of every endpoint.
+/// The router of every endpoint, under `--api-prefix` when one is given.
 pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.config.max_body;
-    Router::new()
+    let prefix = state.config.args.api_prefix.trim_end_matches('/').to_owned();
+    let routes = Router::new()
+        .route("/", get(ui::page))
         .route("/health", get(info::health))
         .route("/v1/health", get(info::health))
         .route("/v1/models", get(info::models))
@@ -62,6 +67,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/props", get(info::props))
         .route("/v1/chat/completions", post(generate::chat))
         .route("/chat/completions", post(generate::chat))
+        .route(
+            "/chat/completions/input_tokens",
+            post(generate::chat_input_tokens),
+        )
+        .route(
+            "/v1/chat/completions/input_tokens",
+            post(generate::chat_input_tokens),
+        )
         .route("/v1/completions", post(generate::completions))
         .route("/completion", post(generate::completion))
         .route("/completions", post(generate::completion))
@@ -70,11 +83,21 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/apply-template", post(info::apply_template))
         .route("/slots", get(slots::list))
         .route("/slots/{id}", post(slots::action))
-        .route("/metrics", get(slots::metrics))
+        .route("/metrics", get(slots::metrics));
+    let routes = if prefix.is_empty() {
+        routes
+    } else {
+        Router::new().nest(&prefix, routes)
+    };
+    routes
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
             require_key,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            cors::layer,
         ))
         .layer(axum::extract::DefaultBodyLimit::max(limit))
         .with_state(state)
@@ -87,11 +110,19 @@ async fn not_found() -> Response {
     (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
 }
 
-/// Refuses requests without the API key (when one is set), comparing in constant time.
+/// Paths served without an API key, as llama-server serves them (after `--api-prefix`).
+const PUBLIC_PATHS: &[&str] = &["/", "/health", "/v1/health", "/models", "/v1/models"];
+
+/// Refuses requests without one of the API keys (when keys are set), comparing in constant
+/// time. The key comes as `Authorization: Bearer KEY` or as Anthropic's `x-api-key`.
 async fn require_key(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    if let Some(key) = &st.config.api_key {
+    let keys = &st.config.api_keys;
+    if !keys.is_empty() {
         let path = req.uri().path();
-        if path != "/health" && path != "/v1/health" {
+        let path = path
+            .strip_prefix(st.config.args.api_prefix.trim_end_matches('/'))
+            .unwrap_or(path);
+        if !PUBLIC_PATHS.contains(&path) {
             let headers = req.headers();
             let given = headers
                 .get("authorization")
@@ -99,7 +130,11 @@ async fn require_key(State(st): State<Arc<AppState>>, req: Request, next: Next) 
                 .and_then(|v| v.strip_prefix("Bearer "))
                 .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
                 .unwrap_or("");
-            if !bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
+            // Every key is compared, so the time says nothing about which one nearly matched.
+            let matched = keys.iter().fold(false, |found, key| {
+                found | bool::from(given.as_bytes().ct_eq(key.as_bytes()))
+            });
+            if !matched {
                 return ServerError::Unauthorized.into_response();
             }
         }
@@ -137,8 +172,23 @@ impl AppState {
             n_vocab: self.model.hparams().n_vocab,
             n_slots: self.n_slots,
             n_predict: args.n_predict,
-            temp: args.temp,
             seed: args.seed,
+            sampler: engine::sampling::SamplerParams {
+                temperature: args.temp,
+                top_k: args.top_k,
+                top_p: args.top_p,
+                min_p: args.min_p,
+                repeat_penalty: args.repeat_penalty,
+                repeat_last_n: match args.repeat_last_n {
+                    n if n < 0 => self.n_ctx,
+                    n => n as usize,
+                },
+                frequency_penalty: args.frequency_penalty,
+                presence_penalty: args.presence_penalty,
+                ..engine::sampling::SamplerParams::default()
+            },
+            ignore_eos: args.ignore_eos,
+            cache_prompt: self.config.cache_prompt,
         }
     }
 }

@@ -18,6 +18,12 @@ use crate::scheduler::Command;
 
 /// `GET /slots`.
 pub async fn list(State(st): State<Arc<AppState>>) -> Result<Json<Value>> {
+    if !st.config.slots_endpoint {
+        return Err(ServerError::NotEnabled {
+            what: "the /slots endpoint",
+            how: "start the server without --no-slots",
+        });
+    }
     let (reply, rx) = oneshot::channel();
     st.tx
         .send(Command::Slots(reply))

@@ -22,6 +22,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::cache::Writer;
 
+mod probs;
 mod reuse;
 mod slots;
 mod stop;
@@ -49,6 +50,15 @@ pub struct GenParams {
     pub id_slot: Option<usize>,
     /// Never sample an end-of-generation token (llama.cpp's `ignore_eos`).
     pub ignore_eos: bool,
+    /// Report this many most likely tokens (and the chosen one's probability) for each
+    /// generated token; `None` reports nothing.
+    pub n_probs: Option<usize>,
+    /// Stop once this long has passed since the first token and a newline was generated.
+    pub t_max_predict_ms: Option<u64>,
+    /// Prompt tokens kept when the context shifts (-1: all).
+    pub n_keep: i64,
+    /// Report the prompt's evaluation after each chunk.
+    pub return_progress: bool,
 }
 
 /// A request for the scheduler.
@@ -62,11 +72,49 @@ pub struct Job {
     pub events: mpsc::UnboundedSender<Event>,
 }
 
+/// Generated text with the tokens it came from.
+#[derive(Debug, Default)]
+pub struct Chunk {
+    /// More text (never part of a stop string, never a partial character).
+    pub text: String,
+    /// The tokens generated since the last chunk.
+    pub tokens: Vec<u32>,
+    /// Their probabilities, when the request asked for them.
+    pub probs: Vec<TokenProbs>,
+}
+
+/// One generated token's probability and the most likely alternatives, from the softmax of
+/// the model's logits (after `logit_bias` and `ignore_eos`, before the sampler's filters).
+#[derive(Clone, Debug)]
+pub struct TokenProbs {
+    /// The chosen token.
+    pub id: u32,
+    /// Its probability.
+    pub prob: f32,
+    /// The most likely tokens and their probabilities, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// How far a prompt's evaluation has come (llama-server's `prompt_progress`).
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    /// Prompt tokens in all.
+    pub total: usize,
+    /// Prompt tokens that came from a cache.
+    pub cache: usize,
+    /// Prompt tokens held so far, cached ones included.
+    pub processed: usize,
+    /// Time since the request was admitted.
+    pub time_ms: f64,
+}
+
 /// What a request receives.
 #[derive(Debug)]
 pub enum Event {
-    /// More text (never part of a stop string, never a partial character).
-    Text(String),
+    /// More text.
+    Text(Chunk),
+    /// A prompt chunk was evaluated (only for requests that asked).
+    Progress(Progress),
     /// The end, with its figures.
     Done(Box<Finish>),
     /// The request failed.
@@ -117,13 +165,23 @@ pub struct Finish {
     pub predicted_ms: f64,
     /// The generated tokens (without an end-of-generation token).
     pub tokens: Vec<u32>,
+    /// The stop string that ended it (empty for other reasons).
+    pub stopping_word: String,
+    /// Every generated token's probabilities, when asked for.
+    pub probs: Vec<TokenProbs>,
 }
 
 /// A `/slots/{id}` action.
 #[derive(Clone, Debug)]
 pub enum SlotAction {
     /// Save the slot's last conversation as a named checkpoint.
-    Save(String),
+    Save {
+        /// The checkpoint's name.
+        name: String,
+        /// Replace a checkpoint of that name that another program wrote (never one that a
+        /// live process holds).
+        overwrite: bool,
+    },
     /// Load a named checkpoint into the slot.
     Restore(String),
     /// Forget the slot's last conversation.
@@ -176,9 +234,16 @@ struct Active {
     sampler: Sampler,
     decoder: StreamDecoder,
     generated: Vec<u32>,
+    /// The stop string found, if any.
+    stopping_word: String,
     /// Generated text so far, and how much of it was sent.
     text: String,
     sent: usize,
+    /// Tokens (and their probabilities) generated since the last chunk.
+    unsent: Vec<u32>,
+    unsent_probs: Vec<TokenProbs>,
+    /// Every token's probabilities, for the final answer.
+    probs: Vec<TokenProbs>,
     /// A sampled token to feed at the next step.
     pending: Option<u32>,
     admitted: Instant,
@@ -472,8 +537,12 @@ impl Scheduler {
             prompt,
             decoder: StreamDecoder::new(),
             generated: Vec::new(),
+            stopping_word: String::new(),
             text: String::new(),
             sent: 0,
+            unsent: Vec::new(),
+            unsent_probs: Vec::new(),
+            probs: Vec::new(),
             pending: None,
             admitted: Instant::now(),
             first_token: None,
@@ -559,20 +628,33 @@ impl Scheduler {
                             a.pending = None;
                         }
                         a.fed += n_prompt;
+                        if n_prompt > 0 && a.params.return_progress {
+                            let _ = a.events.send(Event::Progress(Progress {
+                                total: a.prompt.len(),
+                                cache: a.cache_n,
+                                processed: a.fed,
+                                time_ms: a.admitted.elapsed().as_secs_f64() * 1e3,
+                            }));
+                        }
                         if wants_logits {
                             let history = self.ctx.tokens(a.seq).unwrap_or(&[]);
-                            let token = if a.params.ignore_eos {
-                                let mut logits = out.logits(item).to_vec();
+                            let mut owned;
+                            let mut logits = out.logits(item);
+                            if a.params.ignore_eos {
+                                owned = logits.to_vec();
                                 for &t in self.model.tokenizer().eog_tokens() {
-                                    if let Some(l) = logits.get_mut(t as usize) {
+                                    if let Some(l) = owned.get_mut(t as usize) {
                                         *l = f32::NEG_INFINITY;
                                     }
                                 }
-                                a.sampler.sample(&logits, history)
-                            } else {
-                                a.sampler.sample(out.logits(item), history)
-                            };
-                            self.on_token(slot, token);
+                                logits = &owned;
+                            }
+                            let token = a.sampler.sample(logits, history);
+                            let probs = a
+                                .params
+                                .n_probs
+                                .map(|n| probs::token_probs(logits, token, n));
+                            self.on_token(slot, token, probs);
                         }
                     }
                     return;
@@ -609,7 +691,7 @@ impl Scheduler {
     }
 
     /// Handles a token sampled for the request in `slot`.
-    fn on_token(&mut self, slot: usize, token: u32) {
+    fn on_token(&mut self, slot: usize, token: u32, probs: Option<TokenProbs>) {
         let model = Arc::clone(&self.model);
         let tok = model.tokenizer();
         let n_ctx = self.ctx.params().n_ctx;
@@ -619,14 +701,25 @@ impl Scheduler {
         if a.first_token.is_none() {
             a.first_token = Some(Instant::now());
         }
+        // `n_predict: 0` evaluates the prompt and generates nothing.
+        if a.params.max_tokens == 0 {
+            self.finish(slot, FinishReason::Length);
+            return;
+        }
         if tok.is_eog(token) {
             self.finish(slot, FinishReason::EndOfGeneration);
             return;
         }
         a.generated.push(token);
+        a.unsent.push(token);
+        if let Some(p) = probs {
+            a.unsent_probs.push(p.clone());
+            a.probs.push(p);
+        }
         Metrics::add(&self.metrics.tokens_predicted, 1);
         a.text.push_str(&a.decoder.push(tok, token));
-        if let Some(cut) = find_stop(&a.text, &a.params.stop) {
+        if let Some((cut, word)) = find_stop(&a.text, &a.params.stop) {
+            a.stopping_word = word.to_owned();
             a.text.truncate(cut);
             flush_text(a, cut);
             self.finish(slot, FinishReason::StopString);
@@ -635,7 +728,13 @@ impl Scheduler {
         let safe = safe_prefix_len(&a.text, &a.params.stop).max(a.sent);
         flush_text(a, safe);
         let held = a.prompt.len() + a.generated.len();
-        if a.generated.len() >= a.params.max_tokens || held >= n_ctx {
+        // llama-server's `t_max_predict_ms`: out of time once a line has ended.
+        let out_of_time = a.params.t_max_predict_ms.is_some_and(|ms| {
+            a.first_token
+                .is_some_and(|t| t.elapsed().as_millis() >= u128::from(ms))
+                && a.text.contains('\n')
+        });
+        if a.generated.len() >= a.params.max_tokens || held >= n_ctx || out_of_time {
             let rest = a.decoder.flush();
             a.text.push_str(&rest);
             let end = a.text.len();
@@ -670,6 +769,8 @@ impl Scheduler {
             predicted_n: a.generated.len(),
             predicted_ms: (now - first).as_secs_f64() * 1e3,
             tokens: std::mem::take(&mut a.generated),
+            stopping_word: std::mem::take(&mut a.stopping_word),
+            probs: std::mem::take(&mut a.probs),
         };
         let _ = a.events.send(Event::Done(Box::new(finish)));
         Metrics::add(&self.metrics.requests_finished, 1);
@@ -712,7 +813,11 @@ impl Scheduler {
 /// Sends the text of `a` up to byte `upto` that was not sent yet.
 fn flush_text(a: &mut Active, upto: usize) {
     if upto > a.sent {
-        let _ = a.events.send(Event::Text(a.text[a.sent..upto].to_owned()));
+        let _ = a.events.send(Event::Text(Chunk {
+            text: a.text[a.sent..upto].to_owned(),
+            tokens: std::mem::take(&mut a.unsent),
+            probs: std::mem::take(&mut a.unsent_probs),
+        }));
         a.sent = upto;
     }
 }

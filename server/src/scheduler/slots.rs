@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use engine::store::CheckpointMeta;
+use engine::store::{CheckpointMeta, SessionStore, OWNER_SLOT};
 use serde_json::json;
 
 use super::{Scheduler, SlotAction};
@@ -56,12 +56,17 @@ impl Scheduler {
         let started = Instant::now();
         let ms = || started.elapsed().as_secs_f64() * 1e3;
         match action {
-            SlotAction::Save(name) => {
+            SlotAction::Save { name, overwrite } => {
                 let seq = slot.last.ok_or_else(|| {
                     ServerError::BadRequest(format!("slot {id} holds no conversation to save"))
                 })?;
-                let summary =
-                    slot_store.save_seq(&self.ctx, seq, &name, &CheckpointMeta::default())?;
+                // Held until the save is committed: no chat can take the name meanwhile.
+                let _claim = claim_to_save(&slot_store, &name, overwrite)?;
+                let meta = CheckpointMeta {
+                    owner: Some(OWNER_SLOT.to_owned()),
+                    ..CheckpointMeta::default()
+                };
+                let summary = slot_store.save_seq(&self.ctx, seq, &name, &meta)?;
                 let n_saved = self.ctx.tokens(seq)?.len();
                 Ok(json!({
                     "id_slot": id,
@@ -115,4 +120,37 @@ impl Scheduler {
             }
         }
     }
+}
+
+/// Claims `name` for a slot save: refused (409) while another process (a chat, another server)
+/// holds it, and when a checkpoint of that name exists that no slot save wrote, unless the
+/// client sent `"overwrite": true`. The claim is released when dropped.
+fn claim_to_save(store: &SessionStore, name: &str, overwrite: bool) -> Result<kvstore::Claim> {
+    let claim = kvstore::claim(store.root(), name).map_err(|e| match e {
+        kvstore::StoreError::Busy { pids, .. } => {
+            let who = match pids.first() {
+                Some(pid) => format!("process {pid}"),
+                None => "another process".to_owned(),
+            };
+            ServerError::Conflict(format!(
+                "{name:?} is in use by {who}; the slot was not saved (choose another filename)"
+            ))
+        }
+        e => ServerError::Engine(e.into()),
+    })?;
+    if overwrite || !store.exists(name)? {
+        return Ok(claim);
+    }
+    let owner = match store.read_checkpoint(name) {
+        Ok((_, meta)) if meta.owner.as_deref() == Some(OWNER_SLOT) => return Ok(claim),
+        Ok((_, meta)) => meta.owner.map_or_else(
+            || "another program".to_owned(),
+            |o| format!("the {o}"),
+        ),
+        Err(_) => "another program (it cannot be read)".to_owned(),
+    };
+    Err(ServerError::Conflict(format!(
+        "a checkpoint named {name:?} exists, saved by {owner}; the slot was not saved \
+         (send \"overwrite\": true to replace it, or choose another filename)"
+    )))
 }

@@ -1,13 +1,13 @@
 //! Stop strings: where one starts, and how much text can be sent without risking sending the
 //! start of one.
 
-/// Byte offset where the earliest stop string starts, if one occurs.
-pub(super) fn find_stop(text: &str, stops: &[String]) -> Option<usize> {
+/// Byte offset where the earliest stop string starts, and that string, if one occurs.
+pub(super) fn find_stop<'a>(text: &str, stops: &'a [String]) -> Option<(usize, &'a str)> {
     stops
         .iter()
         .filter(|s| !s.is_empty())
-        .filter_map(|s| text.find(s.as_str()))
-        .min()
+        .filter_map(|s| text.find(s.as_str()).map(|at| (at, s.as_str())))
+        .min_by_key(|&(at, _)| at)
 }
 
 /// Length of the longest prefix of `text` after which no continuation can complete a stop
@@ -36,7 +36,7 @@ mod tests {
     fn a_stop_string_is_found_at_its_earliest_start() {
         assert_eq!(
             find_stop("abc END xyz STOP", &stops(&["STOP", "END"])),
-            Some(4)
+            Some((4, "END"))
         );
         assert_eq!(find_stop("abc", &stops(&["", "x"])), None);
     }

@@ -67,6 +67,8 @@ impl Env {
             "1",
             "-c",
             "512",
+            // `-c` is what each request may use, whatever the slots.
+            "--kv-unified",
         ];
         argv.extend_from_slice(extra);
         TestServer::start(&argv).await

@@ -1,0 +1,635 @@
+//! The command line: llama-server's options with their meanings, plus the prompt cache's own.
+//!
+//! Every option llama-server documents is known. Those that tune what this server has are
+//! parsed here by clap, under llama-server's names, short forms and `LLAMA_ARG_*` variables.
+//! The rest are sorted in [`compat`]: options that only tune what llama.cpp has and this server
+//! does not need (thread polling, memory mapping, log colours) are accepted and named once at
+//! start; options for capabilities this server lacks (LoRA, draft models, images) are refused
+//! with the capability's name, never ignored.
+
+mod compat;
+
+use std::path::PathBuf;
+
+use clap::{ArgAction, Parser};
+
+use crate::error::{Result, ServerError};
+
+pub use compat::NoEffect;
+
+/// An OpenAI-, Anthropic- and llama-server-compatible HTTP server whose prompt cache survives
+/// restarts.
+///
+/// Every prompt's computed KV is kept as blocks in the cache directory (shared with other
+/// processes and with the chat example); a later request, after a restart too, reuses the
+/// longest prefix already computed. Options keep llama-server's names and meanings.
+#[derive(Clone, Debug, Parser)]
+#[command(name = "llama-hdd-server", version, args_override_self = true)]
+pub struct Args {
+    /// Model file (GGUF).
+    #[arg(short = 'm', long = "model", value_name = "FNAME", env = "LLAMA_ARG_MODEL")]
+    pub model: PathBuf,
+    /// Layers to run on the GPU, counted from the last: a number, `auto` or `all` (`auto` is 0
+    /// in a CPU-only build and `all` otherwise); more than the model has puts the output head
+    /// there too (needs a `cuda` or `metal` build).
+    #[arg(
+        long = "n-gpu-layers",
+        visible_aliases = ["gpu-layers"],
+        value_name = "N",
+        default_value = "auto",
+        env = "LLAMA_ARG_N_GPU_LAYERS"
+    )]
+    pub n_gpu_layers: String,
+    /// Addresses to listen on, comma-separated (`127.0.0.1,::1`).
+    #[arg(long, default_value = "127.0.0.1", env = "LLAMA_ARG_HOST")]
+    pub host: String,
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, default_value_t = 8080, env = "LLAMA_ARG_PORT")]
+    pub port: u16,
+    /// Context size in positions, shared by the slots as llama-server splits it (each slot
+    /// gets `N / --parallel`, or all of it with `--kv-unified`); 0 takes the model's.
+    #[arg(short = 'c', long = "ctx-size", value_name = "N", default_value_t = 0, env = "LLAMA_ARG_CTX_SIZE")]
+    pub ctx_size: usize,
+    /// Slots: requests evaluated at once (`-np`); more wait in a first-come queue. -1: 4.
+    #[arg(long = "parallel", value_name = "N", default_value_t = -1, allow_negative_numbers = true, env = "LLAMA_ARG_N_PARALLEL")]
+    pub parallel: i64,
+    /// Every slot may use the whole context (`-kvu`); the KV pool is shared either way.
+    #[arg(long = "kv-unified", action = ArgAction::SetTrue, overrides_with = "no_kv_unified", env = "LLAMA_ARG_KV_UNIFIED")]
+    pub kv_unified: bool,
+    /// Each slot gets its share of the context (`-no-kvu`; the default).
+    #[arg(long = "no-kv-unified", action = ArgAction::SetTrue, overrides_with = "kv_unified")]
+    pub no_kv_unified: bool,
+    /// Threads for the kernels, -1 for all cores.
+    #[arg(short = 't', long = "threads", value_name = "N", default_value_t = -1, allow_negative_numbers = true, env = "LLAMA_ARG_THREADS")]
+    pub threads: i64,
+    /// Threads for prompt batches (`-tb`); one pool runs both here, so this sizes it when
+    /// `--threads` is not given.
+    #[arg(long = "threads-batch", value_name = "N", default_value_t = -1, allow_negative_numbers = true, env = "LLAMA_ARG_THREADS_BATCH")]
+    pub threads_batch: i64,
+    /// Logical batch: most tokens one scheduler step evaluates over all requests (`-b`).
+    #[arg(long = "batch-size", value_name = "N", default_value_t = 2048, env = "LLAMA_ARG_BATCH")]
+    pub batch_size: usize,
+    /// Physical batch: most tokens one evaluation of the model takes (`-ub`).
+    #[arg(long = "ubatch-size", value_name = "N", default_value_t = 512, env = "LLAMA_ARG_UBATCH")]
+    pub ubatch_size: usize,
+    /// Flash attention: on, off or auto (on) (`-fa`).
+    #[arg(long = "flash-attn", value_name = "on|off|auto", default_value = "auto", num_args = 0..=1, default_missing_value = "on", env = "LLAMA_ARG_FLASH_ATTN")]
+    pub flash_attn: String,
+    /// Default number of tokens to generate, -1 for as many as the context allows (`-n`,
+    /// `--predict`).
+    #[arg(long = "n-predict", visible_aliases = ["predict"], value_name = "N", default_value_t = -1, allow_negative_numbers = true, env = "LLAMA_ARG_N_PREDICT")]
+    pub n_predict: i64,
+    /// Prompt tokens kept when the context shifts (-1: all); with `--context-shift`.
+    #[arg(long = "keep", value_name = "N", default_value_t = 0, allow_negative_numbers = true)]
+    pub keep: i64,
+    /// When a generation fills its context, drop the oldest half after `--keep` and go on.
+    #[arg(long = "context-shift", action = ArgAction::SetTrue, overrides_with = "no_context_shift", env = "LLAMA_ARG_CONTEXT_SHIFT")]
+    pub context_shift: bool,
+    /// Stop a generation that fills its context (the default).
+    #[arg(long = "no-context-shift", action = ArgAction::SetTrue, overrides_with = "context_shift")]
+    pub no_context_shift: bool,
+    /// Default sampling temperature.
+    #[arg(long = "temp", visible_aliases = ["temperature"], value_name = "T", default_value_t = 0.8, env = "LLAMA_ARG_TEMPERATURE")]
+    pub temp: f32,
+    /// Default top-k (0 = off).
+    #[arg(long = "top-k", value_name = "N", default_value_t = 40, env = "LLAMA_ARG_TOP_K")]
+    pub top_k: usize,
+    /// Default top-p (1 = off).
+    #[arg(long = "top-p", value_name = "P", default_value_t = 0.95, env = "LLAMA_ARG_TOP_P")]
+    pub top_p: f32,
+    /// Default min-p (0 = off).
+    #[arg(long = "min-p", value_name = "P", default_value_t = 0.05, env = "LLAMA_ARG_MIN_P")]
+    pub min_p: f32,
+    /// Default repeat penalty (1 = off).
+    #[arg(long = "repeat-penalty", value_name = "R", default_value_t = 1.0, env = "LLAMA_ARG_REPEAT_PENALTY")]
+    pub repeat_penalty: f32,
+    /// Tokens the penalties look back over (0 = off, -1 = the context).
+    #[arg(long = "repeat-last-n", value_name = "N", default_value_t = 64, allow_negative_numbers = true)]
+    pub repeat_last_n: i64,
+    /// Default presence penalty (0 = off).
+    #[arg(long = "presence-penalty", value_name = "P", default_value_t = 0.0, allow_negative_numbers = true, env = "LLAMA_ARG_PRESENCE_PENALTY")]
+    pub presence_penalty: f32,
+    /// Default frequency penalty (0 = off).
+    #[arg(long = "frequency-penalty", value_name = "P", default_value_t = 0.0, allow_negative_numbers = true, env = "LLAMA_ARG_FREQUENCY_PENALTY")]
+    pub frequency_penalty: f32,
+    /// Default seed, -1 for a random one per request (`-s`).
+    #[arg(short = 's', long, value_name = "SEED", default_value_t = -1, allow_negative_numbers = true)]
+    pub seed: i64,
+    /// Never end a generation on an end-of-generation token, by default.
+    #[arg(long = "ignore-eos")]
+    pub ignore_eos: bool,
+    /// API keys that clients must send (`Authorization: Bearer KEY` or `x-api-key`),
+    /// comma-separated.
+    #[arg(long = "api-key", value_name = "KEY", env = "LLAMA_API_KEY")]
+    pub api_key: Option<String>,
+    /// File of API keys, one a line (`#` starts a comment line).
+    #[arg(long = "api-key-file", value_name = "FNAME", env = "LLAMA_ARG_API_KEY_FILE")]
+    pub api_key_file: Option<PathBuf>,
+    /// Separate store directory for `/slots` save and restore [default: the cache directory].
+    #[arg(long = "slot-save-path", value_name = "PATH")]
+    pub slot_save_path: Option<PathBuf>,
+    /// Serve Prometheus metrics at `/metrics`.
+    #[arg(long, env = "LLAMA_ARG_ENDPOINT_METRICS")]
+    pub metrics: bool,
+    /// Serve `GET /slots` (the default).
+    #[arg(long = "slots", action = ArgAction::SetTrue, overrides_with = "no_slots")]
+    pub slots: bool,
+    /// Do not serve `GET /slots` (501 instead).
+    #[arg(long = "no-slots", action = ArgAction::SetTrue, overrides_with = "slots")]
+    pub no_slots: bool,
+    /// Accept `POST /props` (changes to the server's defaults).
+    #[arg(long = "props", env = "LLAMA_ARG_ENDPOINT_PROPS")]
+    pub props: bool,
+    /// Model names for the API, comma-separated (`-a`) [default: the file's stem].
+    #[arg(short = 'a', long, value_name = "NAMES", env = "LLAMA_ARG_ALIAS")]
+    pub alias: Option<String>,
+    /// Model tags shown by `/v1/models`, comma-separated.
+    #[arg(long, value_name = "TAGS", env = "LLAMA_ARG_TAGS")]
+    pub tags: Option<String>,
+    /// Origins allowed by CORS, comma-separated; `*` allows any.
+    #[arg(long = "cors-origins", value_name = "ORIGINS", default_value = "*", env = "LLAMA_ARG_CORS_ORIGINS")]
+    pub cors_origins: String,
+    /// Methods allowed by CORS.
+    #[arg(long = "cors-methods", value_name = "METHODS", default_value = "GET, POST, DELETE, OPTIONS")]
+    pub cors_methods: String,
+    /// Headers allowed by CORS.
+    #[arg(long = "cors-headers", value_name = "HEADERS", default_value = "*")]
+    pub cors_headers: String,
+    /// Serve every endpoint under this path prefix too (e.g. `/llm`).
+    #[arg(long = "api-prefix", value_name = "PREFIX", default_value = "", env = "LLAMA_ARG_API_PREFIX")]
+    pub api_prefix: String,
+    /// Serve the small web page at `/` (the default).
+    #[arg(long = "ui", visible_aliases = ["webui"], action = ArgAction::SetTrue, overrides_with = "no_ui")]
+    pub ui: bool,
+    /// Serve no web page (404 at `/`).
+    #[arg(long = "no-ui", visible_aliases = ["no-webui"], action = ArgAction::SetTrue, overrides_with = "ui")]
+    pub no_ui: bool,
+    /// Seconds a request may wait on its client before it is dropped (`-to`).
+    #[arg(long = "timeout", value_name = "N", default_value_t = 3600, env = "LLAMA_ARG_TIMEOUT")]
+    pub timeout: u64,
+    /// Threads serving HTTP, -1 for as many as cores.
+    #[arg(long = "threads-http", value_name = "N", default_value_t = -1, allow_negative_numbers = true, env = "LLAMA_ARG_THREADS_HTTP")]
+    pub threads_http: i64,
+    /// Reuse cached prompts (the default).
+    #[arg(long = "cache-prompt", action = ArgAction::SetTrue, overrides_with = "no_cache_prompt")]
+    pub cache_prompt: bool,
+    /// Reuse no cached prompt unless a request asks (`cache_prompt: true`).
+    #[arg(long = "no-cache-prompt", action = ArgAction::SetTrue, overrides_with = "cache_prompt")]
+    pub no_cache_prompt: bool,
+    /// Smallest chunk reused from a cached prompt by shifting (0 = off). Reuse here is by
+    /// prefix and by 64-token block, so any value other than 0 is refused.
+    #[arg(long = "cache-reuse", value_name = "N", default_value_t = 0)]
+    pub cache_reuse: usize,
+    /// How much of the prompt a slot's last one must share for a request to go to it
+    /// (`-sps`); prompts are shared by prefix in any slot here, so this only orders the
+    /// choice.
+    #[arg(long = "slot-prompt-similarity", value_name = "S", default_value_t = 0.1)]
+    pub slot_prompt_similarity: f32,
+    /// Free the slots' memory after this many idle seconds (-1 = never); it comes back from
+    /// the cache on the next request.
+    #[arg(long = "sleep-idle-seconds", value_name = "N", default_value_t = -1, allow_negative_numbers = true)]
+    pub sleep_idle_seconds: i64,
+    /// Most context checkpoints per slot (`-ctxcp`); every prompt's 64-token pages are kept
+    /// here, so this bounds nothing more.
+    #[arg(long = "ctx-checkpoints", visible_aliases = ["swa-checkpoints"], value_name = "N", default_value_t = 32)]
+    pub ctx_checkpoints: usize,
+    /// Log every request and the scheduler's steps (`-v`).
+    #[arg(long = "verbose", visible_aliases = ["log-verbose"], action = ArgAction::SetTrue)]
+    pub verbose: bool,
+    /// Verbosity threshold (`-lv`): 0 quiet … 4 debug.
+    #[arg(long = "verbosity", visible_aliases = ["log-verbosity"], value_name = "N", default_value_t = 3)]
+    pub verbosity: i64,
+    /// Log nothing.
+    #[arg(long = "log-disable")]
+    pub log_disable: bool,
+    /// Log to this file instead of standard error.
+    #[arg(long = "log-file", value_name = "FNAME", env = "LLAMA_ARG_LOG_FILE")]
+    pub log_file: Option<PathBuf>,
+    /// Render chats with the model's Jinja template (the default).
+    #[arg(long = "jinja", action = ArgAction::SetTrue, overrides_with = "no_jinja")]
+    pub jinja: bool,
+    /// Render chats with llama-server's built-in templates instead: the one named by
+    /// `--chat-template`, or ChatML.
+    #[arg(long = "no-jinja", action = ArgAction::SetTrue, overrides_with = "jinja")]
+    pub no_jinja: bool,
+    /// Chat template: a Jinja template, or one of llama-server's built-in names (`chatml`,
+    /// `llama3`, `mistral-v7`, …).
+    #[arg(long = "chat-template", value_name = "TEMPLATE")]
+    pub chat_template: Option<String>,
+    /// File holding the chat template.
+    #[arg(long = "chat-template-file", value_name = "FNAME", conflicts_with = "chat_template")]
+    pub chat_template_file: Option<PathBuf>,
+    /// Extra variables for the chat template, a JSON object.
+    #[arg(long = "chat-template-kwargs", value_name = "JSON", env = "LLAMA_CHAT_TEMPLATE_KWARGS")]
+    pub chat_template_kwargs: Option<String>,
+    /// Where reasoning goes: `auto`/`deepseek` (split out as `reasoning_content`),
+    /// `deepseek-legacy` (both), `none` (left in the content).
+    #[arg(long = "reasoning-format", value_name = "FORMAT", default_value = "auto")]
+    pub reasoning_format: String,
+    /// Reasoning tokens allowed: -1 unrestricted, 0 none.
+    #[arg(long = "reasoning-budget", value_name = "N", default_value_t = -1, allow_negative_numbers = true)]
+    pub reasoning_budget: i64,
+    /// Reasoning on, off or auto (`-rea`).
+    #[arg(long = "reasoning", value_name = "on|off|auto", default_value = "auto")]
+    pub reasoning: String,
+    /// Continue a final assistant message rather than start a new one (the default).
+    #[arg(long = "prefill-assistant", action = ArgAction::SetTrue, overrides_with = "no_prefill_assistant")]
+    pub prefill_assistant: bool,
+    /// Start a new assistant message after a final assistant message.
+    #[arg(long = "no-prefill-assistant", action = ArgAction::SetTrue, overrides_with = "prefill_assistant")]
+    pub no_prefill_assistant: bool,
+    /// Directory of the persistent prompt cache (shared with other processes)
+    /// [default: the user's cache directory, `$XDG_CACHE_HOME/llama-hdd`].
+    #[arg(long = "cache-dir", value_name = "PATH", env = "LLAMA_HDD_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// RAM tier of the prompt cache: MiB as llama-server reads it (`-cram`; -1 no limit, 0
+    /// none), or a size with a unit (`256MiB`).
+    #[arg(long = "cache-ram", value_name = "SIZE", default_value = "256MiB", allow_negative_numbers = true, env = "LLAMA_ARG_CACHE_RAM")]
+    pub cache_ram: String,
+    /// Disk budget of the prompt cache (e.g. 10GiB); least recently used blocks go first
+    /// [default: no limit].
+    #[arg(long = "cache-disk", value_name = "SIZE")]
+    pub cache_disk: Option<String>,
+    /// Keep no prompt cache on disk (prompts are still shared in memory).
+    #[arg(long = "no-cache")]
+    pub no_cache: bool,
+    /// Element type of the K cache: f16 or q8_0 (`-ctk`). The cache directory holds one
+    /// type: a store written with another is refused.
+    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16", env = "LLAMA_ARG_CACHE_TYPE_K")]
+    pub cache_type_k: engine::KvType,
+    /// Element type of the V cache: f16 or q8_0 (`-ctv`).
+    #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16", env = "LLAMA_ARG_CACHE_TYPE_V")]
+    pub cache_type_v: engine::KvType,
+    /// Element type of K and V in the conversation store, when it differs from the cache
+    /// types: f16 pages kept as q8_0 take 53% of the disk and RAM of the store, converted on
+    /// save and restore (a restored conversation computes with what was stored). Also opens
+    /// a store written with q8_0 from an f16 session, and the other way round.
+    #[arg(long = "cache-type-stored", value_name = "TYPE")]
+    pub cache_type_stored: Option<engine::KvType>,
+    /// Largest request body accepted (e.g. 8MiB).
+    #[arg(long = "max-body", value_name = "SIZE", default_value = "8MiB")]
+    pub max_body: String,
+    /// llama-server options accepted that tune nothing here (filled by the parser).
+    #[arg(skip)]
+    pub no_effect: Vec<NoEffect>,
+}
+
+/// [`Args`] checked and converted.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The options as given.
+    pub args: Args,
+    /// The API keys, from `--api-key` and `--api-key-file` (empty: no authentication).
+    pub api_keys: Vec<String>,
+    /// `--cache-ram` in bytes (`u64::MAX`: no limit).
+    pub cache_ram: u64,
+    /// `--cache-disk` in bytes.
+    pub cache_disk: Option<u64>,
+    /// `--max-body` in bytes.
+    pub max_body: usize,
+    /// The model names clients may use; the first is the one `/v1/models` shows as `id`.
+    pub aliases: Vec<String>,
+    /// The name responses carry (the first alias).
+    pub alias: String,
+    /// `--tags`.
+    pub tags: Vec<String>,
+    /// Slots.
+    pub n_slots: usize,
+    /// Kernel threads.
+    pub n_threads: usize,
+    /// Addresses to listen on.
+    pub hosts: Vec<String>,
+    /// Flash attention.
+    pub flash_attn: bool,
+    /// Layers offloaded.
+    pub n_gpu_layers: usize,
+    /// Where the prompt cache lives.
+    pub cache_dir: PathBuf,
+    /// `/slots` is served.
+    pub slots_endpoint: bool,
+    /// The web page at `/` is served.
+    pub ui: bool,
+    /// Cached prompts are reused unless a request says otherwise.
+    pub cache_prompt: bool,
+    /// Extra template variables from `--chat-template-kwargs`.
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Args {
+    /// Parses `argv` (program name first) as llama-server does: its short forms (`-np`,
+    /// `-ngl`, `-ctk`, `-fa`, …), its options that tune nothing here (kept in
+    /// [`Args::no_effect`]), and a refusal naming the capability for those this server lacks.
+    pub fn parse_from_argv<I, S>(argv: I) -> std::result::Result<Args, clap::Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let argv: Vec<String> = argv.into_iter().map(Into::into).collect();
+        let sorted = compat::sort(argv).map_err(|msg| {
+            clap::Error::raw(clap::error::ErrorKind::ArgumentConflict, format!("{msg}\n"))
+        })?;
+        let mut args = Args::try_parse_from(sorted.argv)?;
+        args.no_effect = sorted.no_effect;
+        Ok(args)
+    }
+
+    /// Checks the options and reads the key file.
+    pub fn check(self) -> Result<Config> {
+        let bad = |option: &'static str, reason: String| ServerError::BadOption { option, reason };
+        let size = |option: &'static str, text: &str| {
+            kvstore::parse_size(text).map_err(|e| bad(option, e.to_string()))
+        };
+        let n_slots = match self.parallel {
+            -1 => 4,
+            n if n >= 1 => n as usize,
+            _ => return Err(bad("--parallel", "at least one slot is needed (-1: 4)".into())),
+        };
+        for (option, x) in [
+            ("--temp", self.temp),
+            ("--top-p", self.top_p),
+            ("--min-p", self.min_p),
+            ("--repeat-penalty", self.repeat_penalty),
+            ("--presence-penalty", self.presence_penalty),
+            ("--frequency-penalty", self.frequency_penalty),
+        ] {
+            if !x.is_finite() {
+                return Err(bad(option, format!("{x} is not a finite number")));
+            }
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(bad("--top-p", format!("{} is not in (0, 1]", self.top_p)));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(bad("--min-p", format!("{} is not in [0, 1]", self.min_p)));
+        }
+        if self.repeat_penalty <= 0.0 {
+            return Err(bad("--repeat-penalty", "must be more than 0".into()));
+        }
+        if self.ctx_size == 1 {
+            return Err(bad("--ctx-size", "at least 2 positions are needed".into()));
+        }
+        if self.batch_size == 0 || self.ubatch_size == 0 {
+            return Err(bad("--batch-size", "batches hold at least one token".into()));
+        }
+        if self.cache_reuse != 0 {
+            return Err(bad(
+                "--cache-reuse",
+                "reuse by shifting chunks is not supported: prompts are reused by prefix, \
+                 64-token blocks at a time, in memory and on disk (give 0)"
+                    .into(),
+            ));
+        }
+        let flash_attn = match self.flash_attn.as_str() {
+            "on" | "auto" | "1" | "true" => true,
+            "off" | "0" | "false" => false,
+            other => return Err(bad("--flash-attn", format!("{other:?} is not on, off or auto"))),
+        };
+        let n_gpu_layers = match self.n_gpu_layers.as_str() {
+            "auto" if !cfg!(any(feature = "cuda", feature = "metal")) => 0,
+            "auto" | "all" => usize::MAX,
+            n => n
+                .parse::<i64>()
+                .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+                .map_err(|_| bad("--n-gpu-layers", format!("{n:?} is not a number, auto or all")))?,
+        };
+        match self.reasoning_format.as_str() {
+            "auto" | "none" | "deepseek" | "deepseek-legacy" => {}
+            other => {
+                return Err(bad(
+                    "--reasoning-format",
+                    format!("{other:?} is not auto, none, deepseek or deepseek-legacy"),
+                ))
+            }
+        }
+        match self.reasoning.as_str() {
+            "auto" | "on" | "off" => {}
+            other => return Err(bad("--reasoning", format!("{other:?} is not on, off or auto"))),
+        }
+        let chat_template_kwargs = match &self.chat_template_kwargs {
+            None => serde_json::Map::new(),
+            Some(text) => match serde_json::from_str(text) {
+                Ok(serde_json::Value::Object(map)) => map,
+                _ => {
+                    return Err(bad(
+                        "--chat-template-kwargs",
+                        "a JSON object is required".into(),
+                    ))
+                }
+            },
+        };
+        let mut api_keys: Vec<String> = self
+            .api_key
+            .iter()
+            .flat_map(|k| k.split(','))
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if self.api_key.as_deref().is_some_and(|k| api_keys.is_empty() || k.trim() != k) {
+            return Err(bad(
+                "--api-key",
+                "an empty key (or one with spaces around it) would turn authentication off; \
+                 give the key, or leave the option out"
+                    .into(),
+            ));
+        }
+        if let Some(path) = &self.api_key_file {
+            let text = std::fs::read_to_string(path).map_err(|source| ServerError::Io {
+                what: format!("reading {}", path.display()),
+                source,
+            })?;
+            let before = api_keys.len();
+            api_keys.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .map(str::to_owned),
+            );
+            if api_keys.len() == before {
+                return Err(bad(
+                    "--api-key-file",
+                    format!("{} holds no key", path.display()),
+                ));
+            }
+        }
+        let cache_ram = match self.cache_ram.trim() {
+            "-1" => u64::MAX,
+            t if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) => t
+                .parse::<u64>()
+                .ok()
+                .and_then(|mib| mib.checked_mul(1 << 20))
+                .ok_or_else(|| bad("--cache-ram", format!("{t} MiB is too large")))?,
+            t => size("--cache-ram", t)?,
+        };
+        let cache_disk = match &self.cache_disk {
+            Some(s) => Some(size("--cache-disk", s)?),
+            None => None,
+        };
+        let max_body = size("--max-body", &self.max_body)? as usize;
+        let stem = self
+            .model
+            .file_stem()
+            .map_or_else(|| "model".to_owned(), |s| s.to_string_lossy().into_owned());
+        let mut aliases: Vec<String> = self
+            .alias
+            .iter()
+            .flat_map(|a| a.split(','))
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(str::to_owned)
+            .collect();
+        // llama-server keeps aliases in a sorted set: the first in order is the id.
+        aliases.sort();
+        aliases.dedup();
+        if aliases.is_empty() {
+            aliases.push(stem);
+        }
+        let tags = self
+            .tags
+            .iter()
+            .flat_map(|t| t.split(','))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned)
+            .collect();
+        let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+        let n_threads = match (self.threads, self.threads_batch) {
+            (t, _) if t > 0 => t as usize,
+            (_, tb) if tb > 0 => tb as usize,
+            _ => cores,
+        };
+        let hosts: Vec<String> = self
+            .host
+            .split(',')
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if hosts.is_empty() {
+            return Err(bad("--host", "no address given".into()));
+        }
+        let cache_dir = match &self.cache_dir {
+            Some(dir) => dir.clone(),
+            None => default_cache_dir(),
+        };
+        Ok(Config {
+            api_keys,
+            cache_ram,
+            cache_disk,
+            max_body,
+            alias: aliases[0].clone(),
+            aliases,
+            tags,
+            n_slots,
+            n_threads,
+            hosts,
+            flash_attn,
+            n_gpu_layers,
+            cache_dir,
+            slots_endpoint: !self.no_slots,
+            ui: !self.no_ui,
+            cache_prompt: !self.no_cache_prompt,
+            chat_template_kwargs,
+            args: self,
+        })
+    }
+}
+
+/// The platform's per-user cache directory for the prompt cache: `$XDG_CACHE_HOME/llama-hdd`,
+/// else `~/.cache/llama-hdd` (`~/Library/Caches/llama-hdd` on macOS), else `./llama-hdd-cache`.
+pub fn default_cache_dir() -> PathBuf {
+    let env = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(dir) = env("XDG_CACHE_HOME") {
+        return dir.join("llama-hdd");
+    }
+    match env("HOME") {
+        Some(home) if cfg!(target_os = "macos") => home.join("Library/Caches/llama-hdd"),
+        Some(home) => home.join(".cache/llama-hdd"),
+        None => match env("LOCALAPPDATA") {
+            Some(dir) => dir.join("llama-hdd"),
+            None => PathBuf::from("llama-hdd-cache"),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &[&str]) -> std::result::Result<Args, clap::Error> {
+        let mut argv = vec!["server", "-m", "m.gguf"];
+        argv.extend_from_slice(extra);
+        Args::parse_from_argv(argv)
+    }
+
+    #[test]
+    fn an_infinite_default_temperature_is_refused() {
+        let e = parse(&["--temp", "inf"]).expect("clap reads inf").check().unwrap_err();
+        assert!(
+            matches!(e, ServerError::BadOption { option: "--temp", .. }),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_test_suites_launch_lines_are_read_as_llama_server_reads_them() {
+        let args = parse(&[
+            "--port", "0", "--temp", "0.8", "--seed", "42", "--host", "127.0.0.1,::1",
+            "--offline", "--batch-size", "32", "--ubatch-size", "16", "--threads", "2",
+            "-ngl", "0", "--cont-batching", "--no-slots", "--alias", "b,a", "--ctx-size", "512",
+            "-np", "2", "-ctk", "q8_0", "-fa", "on", "--n-predict", "64", "--verbose",
+            "--context-shift", "--no-ui", "--jinja", "--reasoning-format", "none",
+            "--cache-ram", "0", "--cors-origins", "http://x", "-tb", "1", "--poll", "0",
+        ])
+        .unwrap();
+        assert_eq!((args.batch_size, args.ubatch_size, args.threads), (32, 16, 2));
+        assert_eq!(args.parallel, 2);
+        assert!(args.context_shift && args.verbose && args.no_ui && args.no_slots);
+        let names: Vec<&str> = args.no_effect.iter().map(|n| n.option.as_str()).collect();
+        assert_eq!(names, ["--offline", "--cont-batching", "--poll"]);
+        let config = args.check().unwrap();
+        assert_eq!(config.hosts, ["127.0.0.1", "::1"]);
+        assert_eq!(config.aliases, ["a", "b"]);
+        assert_eq!(config.alias, "a");
+        assert_eq!(config.cache_ram, 0);
+        assert!(!config.slots_endpoint && !config.ui && config.flash_attn);
+        assert_eq!(config.n_gpu_layers, 0);
+    }
+
+    #[test]
+    fn capabilities_it_lacks_are_refused_by_name() {
+        for (argv, capability) in [
+            (&["--lora", "x.gguf"][..], "LoRA"),
+            (&["--model-draft", "d.gguf"], "speculative"),
+            (&["-hf", "org/repo"], "download"),
+            (&["--mmproj", "p.gguf"], "multimodal"),
+            (&["--grp-attn-n", "4"], "self-extend"),
+        ] {
+            let e = parse(argv).unwrap_err().to_string();
+            assert!(e.contains(capability), "{argv:?}: {e}");
+        }
+        // An option no llama-server has is still a mistake.
+        assert!(parse(&["--no-such-option"]).is_err());
+    }
+
+    #[test]
+    fn cache_ram_is_mib_as_llama_server_reads_it_or_a_size() {
+        let ram = |v: &str| parse(&["--cache-ram", v]).unwrap().check().unwrap().cache_ram;
+        assert_eq!(ram("8"), 8 << 20);
+        assert_eq!(ram("-1"), u64::MAX);
+        assert_eq!(ram("1GiB"), 1 << 30);
+    }
+
+    #[test]
+    fn an_empty_api_key_is_refused_and_key_files_hold_several() {
+        assert!(parse(&["--api-key", ""]).unwrap().check().is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("keys");
+        std::fs::write(&file, "# comment\nk1\n\nk2\n").unwrap();
+        let config = parse(&["--api-key", "k0", "--api-key-file", file.to_str().unwrap()])
+            .unwrap()
+            .check()
+            .unwrap();
+        assert_eq!(config.api_keys, ["k0", "k1", "k2"]);
+    }
+}

@@ -1,0 +1,510 @@
+//! The JSON shapes of generated answers: OpenAI's chat completion and completion objects and
+//! chunks, and llama-server's native `/completion` objects, with their usage, timings,
+//! probabilities and generation settings.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use engine::tokenizer::Tokenizer;
+use serde_json::{json, Map, Value};
+
+use super::AppState;
+use crate::request::Output;
+use crate::scheduler::{Chunk, Event, Finish, FinishReason, GenParams, Progress, TokenProbs};
+
+/// One finished generation.
+#[derive(Debug)]
+pub struct Reply {
+    /// Its index among the response's choices.
+    pub index: usize,
+    /// Its whole text.
+    pub text: String,
+    /// Its figures.
+    pub finish: Finish,
+}
+
+/// What every object of one response shares.
+#[derive(Clone, Debug)]
+pub struct Meta {
+    /// The response's id.
+    pub id: String,
+    /// When it was created (Unix seconds).
+    pub created: u64,
+    /// The model's name.
+    pub model: String,
+}
+
+impl Meta {
+    /// A new response of `st`'s model, its id starting with `prefix`.
+    pub fn new(st: &Arc<AppState>, prefix: &str) -> Meta {
+        Meta {
+            id: new_id(prefix),
+            created: unix_now(),
+            model: st.config.alias.clone(),
+        }
+    }
+}
+
+/// The build, as OpenAI's `system_fingerprint` (llama-server's start with `b`).
+pub const FINGERPRINT: &str = concat!("b", env!("CARGO_PKG_VERSION"), "-llama-hdd");
+
+/// OpenAI's `finish_reason`.
+fn finish_reason(f: &Finish) -> &'static str {
+    f.reason.as_openai()
+}
+
+/// OpenAI's `usage`, with the cached prompt tokens.
+pub fn usage(f: &Finish) -> Value {
+    json!({
+        "prompt_tokens": f.n_prompt,
+        "completion_tokens": f.predicted_n,
+        "total_tokens": f.n_prompt + f.predicted_n,
+        "prompt_tokens_details": { "cached_tokens": f.cache_n },
+    })
+}
+
+/// The usage of several generations of one request: the prompts counted once per choice.
+fn usage_all(replies: &[&Finish]) -> Value {
+    let (p, c, cached) = replies.iter().fold((0, 0, 0), |(p, c, k), f| {
+        (p + f.n_prompt, c + f.predicted_n, k + f.cache_n)
+    });
+    json!({
+        "prompt_tokens": p,
+        "completion_tokens": c,
+        "total_tokens": p + c,
+        "prompt_tokens_details": { "cached_tokens": cached },
+    })
+}
+
+/// llama-server's `timings`.
+pub fn timings(f: &Finish) -> Value {
+    let per = |n: usize, ms: f64| {
+        if n == 0 {
+            (0.0, 0.0)
+        } else {
+            (
+                ms / n as f64,
+                if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 },
+            )
+        }
+    };
+    let (p_tok, p_sec) = per(f.prompt_n, f.prompt_ms);
+    let (g_tok, g_sec) = per(f.predicted_n, f.predicted_ms);
+    json!({
+        "cache_n": f.cache_n,
+        "prompt_n": f.prompt_n,
+        "prompt_ms": f.prompt_ms,
+        "prompt_per_token_ms": p_tok,
+        "prompt_per_second": p_sec,
+        "predicted_n": f.predicted_n,
+        "predicted_ms": f.predicted_ms,
+        "predicted_per_token_ms": g_tok,
+        "predicted_per_second": g_sec,
+    })
+}
+
+/// llama-server's `prompt_progress`.
+pub fn progress(p: &Progress) -> Value {
+    json!({
+        "total": p.total,
+        "cache": p.cache,
+        "processed": p.processed,
+        "time_ms": p.time_ms,
+    })
+}
+
+/// One token as the probability lists show it: id, text, bytes, and its log-probability (or
+/// probability, after sampling).
+fn prob_entry(tok: &Tokenizer, id: u32, p: f32, post_sampling: bool) -> Value {
+    let bytes = tok.token_bytes(id);
+    let mut v = json!({
+        "id": id,
+        "token": String::from_utf8_lossy(bytes),
+        "bytes": bytes,
+    });
+    if post_sampling {
+        v["prob"] = json!(p);
+    } else {
+        v["logprob"] = json!(logprob(p));
+    }
+    v
+}
+
+/// `ln p`, finite (a probability of 0 is shown as a very unlikely token, as JSON has no -inf).
+fn logprob(p: f32) -> f32 {
+    if p > 0.0 {
+        p.ln()
+    } else {
+        -9999.0
+    }
+}
+
+/// llama-server's `completion_probabilities` entries (and OpenAI chat's `logprobs.content`).
+fn probs_json(tok: &Tokenizer, probs: &[TokenProbs], post_sampling: bool) -> Vec<Value> {
+    probs
+        .iter()
+        .map(|p| {
+            let mut v = prob_entry(tok, p.id, p.prob, post_sampling);
+            let top: Vec<Value> = p
+                .top
+                .iter()
+                .filter(|t| !post_sampling || t.1 > 0.0)
+                .map(|&(id, q)| prob_entry(tok, id, q, post_sampling))
+                .collect();
+            v[if post_sampling { "top_probs" } else { "top_logprobs" }] = Value::Array(top);
+            v
+        })
+        .collect()
+}
+
+/// The settings a generation ran with, as llama-server's `generation_settings`.
+pub fn generation_settings(p: &GenParams, output: &Output, st: &AppState) -> Value {
+    let s = &p.sampler;
+    let n_predict = if p.max_tokens == usize::MAX {
+        -1
+    } else {
+        p.max_tokens as i64
+    };
+    json!({
+        "n_ctx": st.n_ctx,
+        "n_predict": n_predict,
+        "max_tokens": n_predict,
+        "seed": s.seed,
+        "temperature": s.temperature,
+        "dynatemp_range": 0.0,
+        "dynatemp_exponent": 1.0,
+        "top_k": s.top_k,
+        "top_p": s.top_p,
+        "min_p": s.min_p,
+        "top_n_sigma": -1.0,
+        "xtc_probability": 0.0,
+        "xtc_threshold": 0.1,
+        "typical_p": 1.0,
+        "repeat_last_n": s.repeat_last_n,
+        "repeat_penalty": s.repeat_penalty,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "dry_multiplier": 0.0,
+        "dry_base": 1.75,
+        "dry_allowed_length": 2,
+        "dry_penalty_last_n": -1,
+        "dry_sequence_breakers": ["\n", ":", "\"", "*"],
+        "mirostat": 0,
+        "mirostat_tau": 5.0,
+        "mirostat_eta": 0.1,
+        "adaptive_target": -1.0,
+        "adaptive_decay": 0.9,
+        "stop": p.stop,
+        "n_keep": p.n_keep,
+        "n_discard": 0,
+        "ignore_eos": p.ignore_eos,
+        "stream": output.stream,
+        "n_probs": output.probs.map_or(0, |pr| pr.top),
+        "min_keep": 0,
+        "grammar": "",
+        "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+        "timings_per_token": output.timings_per_token,
+        "post_sampling_probs": output.probs.is_some_and(|pr| pr.post_sampling),
+        "cache_prompt": p.cache_prompt,
+        "id_slot": p.id_slot.map_or(-1, |i| i as i64),
+        "lora": [],
+    })
+}
+
+/// llama-server's `stop_type`.
+fn stop_type(f: &Finish) -> &'static str {
+    match f.reason {
+        FinishReason::EndOfGeneration => "eos",
+        FinishReason::StopString => "word",
+        FinishReason::Length => "limit",
+        FinishReason::Cancelled => "none",
+    }
+}
+
+/// llama-server's final `/completion` object for one generation whose text is `content`,
+/// cut to `response_fields` when the request named some.
+pub fn native_final(
+    meta: &Meta,
+    r: &Reply,
+    content: &str,
+    output: &Output,
+    settings: &Value,
+    prompt: &str,
+    tok: &Tokenizer,
+) -> Value {
+    let f = &r.finish;
+    let mut v = json!({
+        "index": r.index,
+        "content": content,
+        "tokens": if output.return_tokens { json!(f.tokens) } else { json!([]) },
+        "id_slot": f.slot,
+        "stop": true,
+        "model": meta.model,
+        "tokens_predicted": f.predicted_n,
+        "tokens_evaluated": f.n_prompt,
+        "generation_settings": settings,
+        "prompt": prompt,
+        "has_new_line": r.text.contains('\n') || content.contains('\n'),
+        "truncated": false,
+        "stop_type": stop_type(f),
+        "stopping_word": f.stopping_word,
+        "tokens_cached": f.cache_n,
+        "timings": timings(f),
+    });
+    if let Some(p) = output.probs {
+        v["completion_probabilities"] = Value::Array(probs_json(tok, &f.probs, p.post_sampling));
+    }
+    if output.response_fields.is_empty() {
+        v
+    } else {
+        pick_fields(&v, &output.response_fields)
+    }
+}
+
+/// Only the fields named, each under its path as given (`a/b` is field `b` of `a`).
+fn pick_fields(v: &Value, fields: &[String]) -> Value {
+    let mut out = Map::new();
+    for path in fields {
+        let found = path
+            .split('/')
+            .try_fold(v, |v, key| v.get(key))
+            .cloned()
+            .unwrap_or(Value::Null);
+        out.insert(path.clone(), found);
+    }
+    Value::Object(out)
+}
+
+/// A streamed `/completion` chunk.
+pub fn native_chunk(meta: &Meta, index: usize, chunk: &Chunk, output: &Output, tok: &Tokenizer) -> Value {
+    let mut v = json!({
+        "index": index,
+        "content": chunk.text,
+        "tokens": chunk.tokens,
+        "stop": false,
+        "id_slot": -1,
+        "model": meta.model,
+    });
+    if let Some(p) = output.probs {
+        v["completion_probabilities"] = Value::Array(probs_json(tok, &chunk.probs, p.post_sampling));
+    }
+    v
+}
+
+/// OpenAI's `logprobs` object of a choice.
+fn openai_logprobs(tok: &Tokenizer, probs: &[TokenProbs]) -> Value {
+    json!({ "content": probs_json(tok, probs, false) })
+}
+
+/// The whole `/v1/chat/completions` answer.
+pub fn chat_whole(meta: &Meta, replies: &[Reply], output: &Output, tok: &Tokenizer) -> Value {
+    let choices: Vec<Value> = replies
+        .iter()
+        .map(|r| {
+            let mut c = json!({
+                "index": r.index,
+                "message": { "role": "assistant", "content": r.text },
+                "finish_reason": finish_reason(&r.finish),
+            });
+            if output.probs.is_some() {
+                c["logprobs"] = openai_logprobs(tok, &r.finish.probs);
+            }
+            c
+        })
+        .collect();
+    let finishes: Vec<&Finish> = replies.iter().map(|r| &r.finish).collect();
+    let mut v = json!({
+        "id": meta.id,
+        "object": "chat.completion",
+        "created": meta.created,
+        "model": meta.model,
+        "system_fingerprint": FINGERPRINT,
+        "choices": choices,
+        "usage": usage_all(&finishes),
+    });
+    if let Some(r) = replies.first() {
+        v["timings"] = timings(&r.finish);
+    }
+    v
+}
+
+/// The state of a streamed chat answer over its choices.
+pub struct ChatStream {
+    meta: Meta,
+    output: Output,
+    started: Vec<bool>,
+    texts: Vec<String>,
+    finishes: Vec<Option<Finish>>,
+}
+
+impl ChatStream {
+    /// A stream of `n` choices.
+    pub fn new(meta: Meta, output: Output, n: usize) -> ChatStream {
+        ChatStream {
+            meta,
+            output,
+            started: vec![false; n],
+            texts: vec![String::new(); n],
+            finishes: (0..n).map(|_| None).collect(),
+        }
+    }
+
+    /// The text of choice `index` so far.
+    pub fn text(&self, index: usize) -> &str {
+        &self.texts[index]
+    }
+
+    fn chunk(&self, choices: Value) -> Value {
+        json!({
+            "id": self.meta.id,
+            "object": "chat.completion.chunk",
+            "created": self.meta.created,
+            "model": self.meta.model,
+            "system_fingerprint": FINGERPRINT,
+            "choices": choices,
+        })
+    }
+
+    /// The payloads for one event of choice `index`; after the last choice's end, the usage
+    /// in a chunk of its own with no choices.
+    pub fn event(&mut self, index: usize, ev: Event, tok: &Tokenizer) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.started[index] {
+            self.started[index] = true;
+            out.push(
+                self.chunk(json!([{
+                    "index": index,
+                    "delta": { "role": "assistant", "content": null },
+                    "finish_reason": null,
+                }]))
+                .to_string(),
+            );
+        }
+        match ev {
+            Event::Text(c) => {
+                self.texts[index].push_str(&c.text);
+                let mut choice = json!({
+                    "index": index,
+                    "delta": { "content": c.text },
+                    "finish_reason": null,
+                });
+                if self.output.probs.is_some() {
+                    choice["logprobs"] = openai_logprobs(tok, &c.probs);
+                }
+                let mut chunk = self.chunk(json!([choice]));
+                if self.output.timings_per_token {
+                    chunk["timings"] = json!({});
+                }
+                out.push(chunk.to_string());
+            }
+            Event::Progress(p) => {
+                let mut chunk = self.chunk(json!([]));
+                chunk["prompt_progress"] = progress(&p);
+                out.push(chunk.to_string());
+            }
+            Event::Done(f) => {
+                out.push(
+                    self.chunk(json!([{
+                        "index": index,
+                        "delta": {},
+                        "finish_reason": finish_reason(&f),
+                    }]))
+                    .to_string(),
+                );
+                self.finishes[index] = Some(*f);
+                if self.finishes.iter().all(Option::is_some) {
+                    let all: Vec<&Finish> = self.finishes.iter().flatten().collect();
+                    let mut last = self.chunk(json!([]));
+                    last["usage"] = usage_all(&all);
+                    if let Some(first) = all.first() {
+                        last["timings"] = timings(first);
+                    }
+                    out.push(last.to_string());
+                }
+            }
+            Event::Failed(e) => out.push(e.to_json().to_string()),
+        }
+        out
+    }
+}
+
+/// The whole `/v1/completions` answer.
+pub fn openai_completion_whole(meta: &Meta, replies: &[Reply], output: &Output, tok: &Tokenizer) -> Value {
+    let choices: Vec<Value> = replies
+        .iter()
+        .map(|r| {
+            json!({
+                "text": r.text,
+                "index": r.index,
+                "logprobs": output.probs.map(|_| openai_logprobs(tok, &r.finish.probs)),
+                "finish_reason": finish_reason(&r.finish),
+            })
+        })
+        .collect();
+    let finishes: Vec<&Finish> = replies.iter().map(|r| &r.finish).collect();
+    let mut v = json!({
+        "id": meta.id,
+        "object": "text_completion",
+        "created": meta.created,
+        "model": meta.model,
+        "system_fingerprint": FINGERPRINT,
+        "choices": choices,
+        "usage": usage_all(&finishes),
+    });
+    if let Some(r) = replies.first() {
+        v["timings"] = timings(&r.finish);
+    }
+    v
+}
+
+/// The payloads of one event of a streamed `/v1/completions` answer.
+pub fn openai_completion_event(
+    meta: &Meta,
+    output: &Output,
+    index: usize,
+    ev: Event,
+    tok: &Tokenizer,
+) -> Vec<String> {
+    let body = |text: &str, finish: Value, logprobs: Value| {
+        json!({
+            "id": meta.id,
+            "object": "text_completion",
+            "created": meta.created,
+            "model": meta.model,
+            "system_fingerprint": FINGERPRINT,
+            "choices": [{ "text": text, "index": index, "logprobs": logprobs, "finish_reason": finish }],
+        })
+    };
+    match ev {
+        Event::Text(c) => {
+            let lp = if output.probs.is_some() {
+                openai_logprobs(tok, &c.probs)
+            } else {
+                Value::Null
+            };
+            vec![body(&c.text, Value::Null, lp).to_string()]
+        }
+        Event::Progress(_) => Vec::new(),
+        Event::Done(f) => {
+            let mut last = body("", json!(finish_reason(&f)), Value::Null);
+            last["usage"] = usage(&f);
+            last["timings"] = timings(&f);
+            vec![last.to_string()]
+        }
+        Event::Failed(e) => vec![e.to_json().to_string()],
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A response id unique within this process (and, by the time in it, across restarts).
+pub fn new_id(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}-{:x}{n:04x}", unix_now())
+}
