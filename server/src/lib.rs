@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod request;
 mod routes;
 pub mod scheduler;
+mod serve;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -201,32 +202,14 @@ impl Server {
         });
         let serving: Vec<_> = listeners
             .into_iter()
-            .map(|listener| {
-                let mut stop = stop_rx.clone();
-                let app = app.clone();
-                tokio::spawn(async move {
-                    axum::serve(listener, app)
-                        .with_graceful_shutdown(async move {
-                            let _ = stop.wait_for(|&s| s).await;
-                        })
-                        .await
-                })
-            })
+            .map(|listener| tokio::spawn(serve::serve(listener, app.clone(), stop_rx.clone())))
             .collect();
-        let mut served = Ok(());
         for task in serving {
-            match task.await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => served = Err(e),
-                Err(e) => served = Err(std::io::Error::other(e.to_string())),
-            }
+            let _ = task.await;
         }
         let _ = tx.send(Command::Shutdown);
         drop(tx);
         let _ = tokio::task::spawn_blocking(move || scheduler.join()).await;
-        served.map_err(|source| ServerError::Io {
-            what: "serving".into(),
-            source,
-        })
+        Ok(())
     }
 }

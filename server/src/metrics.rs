@@ -37,6 +37,16 @@ pub struct Metrics {
     pub cache_errors: AtomicU64,
     /// The last of those problems, as text.
     pub last_cache_error: Mutex<Option<String>>,
+    /// Microseconds spent evaluating prompts (admission to first token), over requests.
+    pub prompt_us: AtomicU64,
+    /// Microseconds spent generating (first token to end), over requests.
+    pub predicted_us: AtomicU64,
+    /// Batches evaluated.
+    pub n_decode: AtomicU64,
+    /// Requests (slots) in those batches, summed.
+    pub n_busy_slots: AtomicU64,
+    /// Most tokens one request has held (prompt and reply).
+    pub n_tokens_max: AtomicU64,
 }
 
 /// Byte counters of the store, read when the metrics are rendered.
@@ -69,7 +79,51 @@ impl Metrics {
         }
     }
 
-    /// The counters in Prometheus' text exposition format.
+    /// Raises a gauge to `n` if it is lower.
+    pub fn raise(gauge: &AtomicU64, n: u64) {
+        gauge.fetch_max(n, Ordering::Relaxed);
+    }
+
+    /// llama-server's metrics under its names (`llamacpp:`), as its dashboards read them.
+    fn render_llama_cpp(&self, out: &mut String) {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let secs = |us: u64| us as f64 / 1e6;
+        let computed = get(&self.prompt_tokens_computed);
+        let cached = get(&self.prompt_tokens_from_ram) + get(&self.prompt_tokens_from_store);
+        let predicted = get(&self.tokens_predicted);
+        let rate = |n: u64, us: u64| if us > 0 { n as f64 / secs(us) } else { 0.0 };
+        let decodes = get(&self.n_decode);
+        let busy = if decodes > 0 {
+            get(&self.n_busy_slots) as f64 / decodes as f64
+        } else {
+            0.0
+        };
+        let rows: [(&str, &str, &str, f64); 15] = [
+            ("prompt_tokens_total", "counter", "Number of prompt tokens processed.", computed as f64),
+            ("prompt_tokens_cached_total", "counter", "Number of prompt tokens taken from a cache.", cached as f64),
+            ("prompt_seconds_total", "counter", "Prompt process time.", secs(get(&self.prompt_us))),
+            ("tokens_predicted_total", "counter", "Number of generation tokens processed.", predicted as f64),
+            ("tokens_predicted_seconds_total", "counter", "Predict process time.", secs(get(&self.predicted_us))),
+            ("n_decode_total", "counter", "Total number of batches evaluated.", decodes as f64),
+            ("n_tokens_max", "counter", "Largest number of tokens observed in one request.", get(&self.n_tokens_max) as f64),
+            ("spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed (no speculative decoding here).", 0.0),
+            ("spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted (no speculative decoding here).", 0.0),
+            ("spec_decode_num_drafts_total", "counter", "Drafts made (no speculative decoding here).", 0.0),
+            ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", rate(computed, get(&self.prompt_us))),
+            ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.", rate(predicted, get(&self.predicted_us))),
+            ("requests_processing", "gauge", "Number of requests processing.", get(&self.requests_processing) as f64),
+            ("requests_deferred", "gauge", "Number of requests deferred.", get(&self.requests_waiting) as f64),
+            ("n_busy_slots_per_decode", "gauge", "Average number of busy slots per batch.", busy),
+        ];
+        for (name, kind, help, value) in rows {
+            let _ = writeln!(out, "# HELP llamacpp:{name} {help}");
+            let _ = writeln!(out, "# TYPE llamacpp:{name} {kind}");
+            let _ = writeln!(out, "llamacpp:{name} {value}");
+        }
+    }
+
+    /// The counters in Prometheus' text exposition format: llama-server's under its names,
+    /// then the prompt cache's own (`llamahdd:`).
     pub fn render(&self, store: StoreBytes) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let rows: [(&str, &str, &str, u64); 17] = [
@@ -177,6 +231,7 @@ impl Metrics {
             ),
         ];
         let mut out = String::new();
+        self.render_llama_cpp(&mut out);
         for (name, kind, help, value) in rows {
             // Writing to a String cannot fail.
             let _ = writeln!(out, "# HELP llamahdd:{name} {help}");

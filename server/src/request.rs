@@ -48,6 +48,8 @@ pub struct Limits {
     pub ignore_eos: bool,
     /// Requests reuse cached prompts unless they say otherwise (`--no-cache-prompt` clears).
     pub cache_prompt: bool,
+    /// DRY's sequence breakers unless a request gives its own (`None`: llama-server's).
+    pub dry_breakers: Option<Vec<String>>,
 }
 
 /// One chat message as clients send it.
@@ -116,15 +118,23 @@ struct Sampling {
     n_indent: Option<i64>,
     n_keep: Option<i64>,
     min_keep: Option<i64>,
-    // Samplers whose support is pending: accepted at their "off" values only.
     logit_bias: Option<serde_json::Value>,
     typical_p: Option<f32>,
-    dry_multiplier: Option<f32>,
     xtc_probability: Option<f32>,
+    xtc_threshold: Option<f32>,
+    dry_multiplier: Option<f32>,
+    dry_base: Option<f32>,
+    dry_allowed_length: Option<i64>,
+    dry_penalty_last_n: Option<i64>,
+    dry_sequence_breakers: Option<Vec<String>>,
     mirostat: Option<i64>,
+    mirostat_tau: Option<f32>,
+    mirostat_eta: Option<f32>,
     top_n_sigma: Option<f32>,
     dynatemp_range: Option<f32>,
+    dynatemp_exponent: Option<f32>,
     samplers: Option<serde_json::Value>,
+    // Pending: accepted at their "off" values only.
     grammar: Option<String>,
     json_schema: Option<serde_json::Value>,
     response_format: Option<serde_json::Value>,
@@ -604,6 +614,15 @@ fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>> {
         .collect()
 }
 
+/// The settings a request that sets nothing generates with (`/props` shows them).
+pub fn defaults(limits: &Limits) -> Result<(GenParams, Output)> {
+    let none = Sampling::default();
+    Ok((
+        gen_params(limits, &none, None)?,
+        output(&none, CompletionApi::Native, false)?,
+    ))
+}
+
 /// The generation settings of a request, with the server's defaults.
 fn gen_params(limits: &Limits, s: &Sampling, max_tokens: Option<i64>) -> Result<GenParams> {
     let bad = |what: String| ServerError::BadRequest(what);
@@ -637,6 +656,36 @@ fn gen_params(limits: &Limits, s: &Sampling, max_tokens: Option<i64>) -> Result<
         frequency_penalty: s.frequency_penalty.unwrap_or(d.frequency_penalty),
         presence_penalty: s.presence_penalty.unwrap_or(d.presence_penalty),
         seed,
+        typical_p: s.typical_p.unwrap_or(d.typical_p),
+        xtc_probability: s.xtc_probability.unwrap_or(d.xtc_probability),
+        xtc_threshold: s.xtc_threshold.unwrap_or(d.xtc_threshold),
+        dry_multiplier: s.dry_multiplier.unwrap_or(d.dry_multiplier),
+        dry_base: s.dry_base.unwrap_or(d.dry_base),
+        dry_allowed_length: s
+            .dry_allowed_length
+            .map_or(d.dry_allowed_length, |n| usize::try_from(n).unwrap_or(0)),
+        dry_penalty_last_n: match s.dry_penalty_last_n {
+            None => d.dry_penalty_last_n,
+            Some(n) if n < 0 => usize::MAX,
+            Some(n) => n as usize,
+        },
+        mirostat: match s.mirostat {
+            None => d.mirostat,
+            Some(m @ 0..=2) => m as u8,
+            Some(m) => return Err(bad(format!("\"mirostat\" is {m}; 0, 1 or 2 expected"))),
+        },
+        mirostat_tau: s.mirostat_tau.unwrap_or(d.mirostat_tau),
+        mirostat_eta: s.mirostat_eta.unwrap_or(d.mirostat_eta),
+        top_n_sigma: s.top_n_sigma.unwrap_or(d.top_n_sigma),
+        min_keep: s
+            .min_keep
+            .map_or(d.min_keep, |k| usize::try_from(k).unwrap_or(0)),
+        dynatemp_range: s.dynatemp_range.unwrap_or(d.dynatemp_range),
+        dynatemp_exponent: s.dynatemp_exponent.unwrap_or(d.dynatemp_exponent),
+        samplers: match &s.samplers {
+            None => d.samplers.clone(),
+            Some(v) => sampler_chain(v)?,
+        },
         ..d.clone()
     };
     // JSON numbers past f32's range arrive as infinities.
@@ -654,24 +703,10 @@ fn gen_params(limits: &Limits, s: &Sampling, max_tokens: Option<i64>) -> Result<
             )));
         }
     }
-    // The ranges the chat accepts too.
-    if !(sampler.top_p > 0.0 && sampler.top_p <= 1.0) {
-        return Err(bad(format!("\"top_p\" is {}; (0, 1] expected", sampler.top_p)));
-    }
-    if !(0.0..=1.0).contains(&sampler.min_p) {
-        return Err(bad(format!("\"min_p\" is {}; [0, 1] expected", sampler.min_p)));
-    }
-    if sampler.repeat_penalty <= 0.0 {
-        return Err(bad(format!(
-            "\"repeat_penalty\" is {}; more than 0 expected (1 is off)",
-            sampler.repeat_penalty
-        )));
-    }
-    if !(0.0..=2.0).contains(&sampler.frequency_penalty.abs())
-        || !(0.0..=2.0).contains(&sampler.presence_penalty.abs())
-    {
-        return Err(bad("penalties are between -2 and 2".into()));
-    }
+    // The ranges the chat accepts too, and those of the other samplers.
+    sampler
+        .check()
+        .map_err(|e| bad(e.to_string()))?;
     let pending = |field: &str, set: bool| -> Result<()> {
         if set {
             Err(ServerError::Unsupported(format!(
@@ -681,14 +716,6 @@ fn gen_params(limits: &Limits, s: &Sampling, max_tokens: Option<i64>) -> Result<
             Ok(())
         }
     };
-    pending("logit_bias", s.logit_bias.as_ref().is_some_and(|v| !is_empty_json(v)))?;
-    pending("typical_p", s.typical_p.is_some_and(|p| p < 1.0))?;
-    pending("dry_multiplier", s.dry_multiplier.is_some_and(|m| m != 0.0))?;
-    pending("xtc_probability", s.xtc_probability.is_some_and(|p| p != 0.0))?;
-    pending("mirostat", s.mirostat.is_some_and(|m| m != 0))?;
-    pending("top_n_sigma", s.top_n_sigma.is_some_and(|t| t > 0.0))?;
-    pending("dynatemp_range", s.dynatemp_range.is_some_and(|r| r != 0.0))?;
-    pending("samplers", s.samplers.is_some())?;
     pending("grammar", s.grammar.as_ref().is_some_and(|g| !g.trim().is_empty()))?;
     pending("json_schema", s.json_schema.as_ref().is_some_and(|v| !is_empty_json(v)))?;
     pending(
@@ -736,10 +763,118 @@ fn gen_params(limits: &Limits, s: &Sampling, max_tokens: Option<i64>) -> Result<
         id_slot,
         ignore_eos: s.ignore_eos.unwrap_or(limits.ignore_eos),
         n_probs: wants_probs.then_some(probs),
+        post_sampling_probs: s.post_sampling_probs.unwrap_or(false),
         t_max_predict_ms: s.t_max_predict_ms.filter(|&t| t > 0).map(|t| t as u64),
         n_keep: s.n_keep.unwrap_or(0),
         return_progress: s.return_progress.unwrap_or(false),
+        bias: match &s.logit_bias {
+            None => Vec::new(),
+            Some(v) => logit_bias(v, limits)?,
+        },
+        dry_breakers: s
+            .dry_sequence_breakers
+            .clone()
+            .or_else(|| limits.dry_breakers.clone()),
     })
+}
+
+/// llama-server's `samplers`: a list of names, or a string of letters (`"kfypmt"`).
+fn sampler_chain(v: &serde_json::Value) -> Result<Vec<engine::sampling::SamplerKind>> {
+    use engine::sampling::{sampler_chain_from_letters, sampler_chain_from_names};
+    let bad = |what: String| ServerError::BadRequest(what);
+    match v {
+        serde_json::Value::String(letters) => {
+            let (chain, unknown) = sampler_chain_from_letters(letters);
+            match unknown.first() {
+                Some(c) => Err(bad(format!("\"samplers\": no sampler has the letter {c:?}"))),
+                None => Ok(chain),
+            }
+        }
+        serde_json::Value::Array(items) => {
+            let names = items
+                .iter()
+                .map(|n| {
+                    n.as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| bad(format!("\"samplers\": {n} is not a name")))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let (chain, unknown) = sampler_chain_from_names(&names);
+            match unknown.first() {
+                Some(n) => Err(bad(format!("\"samplers\": no sampler is named {n:?}"))),
+                None => Ok(chain),
+            }
+        }
+        other => Err(bad(format!("\"samplers\" is {other}; a list of names expected"))),
+    }
+}
+
+/// A `logit_bias` entry's target before tokenization: an id, or text whose tokens all get it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BiasTarget {
+    /// A token id.
+    Token(u32),
+    /// Text, tokenized without special tokens.
+    Text(String),
+}
+
+/// `logit_bias` in llama-server's form (`[[id or text, bias or false], ...]`) or OpenAI's
+/// (`{"id or text": bias}`); `false` bans the token.
+fn logit_bias(v: &serde_json::Value, limits: &Limits) -> Result<Vec<(BiasTarget, f32)>> {
+    use serde_json::Value;
+    let bad = |what: String| ServerError::BadRequest(format!("\"logit_bias\": {what}"));
+    let bias = |b: &Value| -> Result<f32> {
+        match b {
+            Value::Bool(false) => Ok(f32::NEG_INFINITY),
+            Value::Number(n) => {
+                let x = n.as_f64().unwrap_or(f64::NAN) as f32;
+                if x.is_finite() {
+                    Ok(x)
+                } else {
+                    Err(bad(format!("{n} is not a finite bias")))
+                }
+            }
+            other => Err(bad(format!("{other} is not a bias"))),
+        }
+    };
+    let target = |t: &Value| -> Result<BiasTarget> {
+        match t {
+            Value::Number(n) => {
+                let id = n
+                    .as_u64()
+                    .and_then(|id| u32::try_from(id).ok())
+                    .ok_or_else(|| bad(format!("{n} is not a token id")))?;
+                check_tokens(&[id], limits)?;
+                Ok(BiasTarget::Token(id))
+            }
+            Value::String(s) => Ok(BiasTarget::Text(s.clone())),
+            other => Err(bad(format!("{other} is not a token"))),
+        }
+    };
+    match v {
+        Value::Null => Ok(Vec::new()),
+        Value::Array(pairs) => pairs
+            .iter()
+            .map(|pair| match pair.as_array().map(Vec::as_slice) {
+                Some([t, b]) => Ok((target(t)?, bias(b)?)),
+                _ => Err(bad(format!("{pair} is not a [token, bias] pair"))),
+            })
+            .collect(),
+        Value::Object(map) => map
+            .iter()
+            .map(|(k, b)| {
+                let t = match k.parse::<u32>() {
+                    Ok(id) => {
+                        check_tokens(&[id], limits)?;
+                        BiasTarget::Token(id)
+                    }
+                    Err(_) => BiasTarget::Text(k.clone()),
+                };
+                Ok((t, bias(b)?))
+            })
+            .collect(),
+        other => Err(bad(format!("{other} is neither a list nor an object"))),
+    }
 }
 
 /// `null`, `[]`, `{}` or `""`.
@@ -780,6 +915,7 @@ mod tests {
             sampler: SamplerParams::default(),
             ignore_eos: false,
             cache_prompt: true,
+            dry_breakers: None,
         }
     }
 

@@ -69,6 +69,7 @@ fuzz_target!(|data: &[u8]| {
         sampler: request::SamplerParams::default(),
         ignore_eos: false,
         cache_prompt: true,
+        dry_breakers: None,
     };
     match endpoint % 7 {
         0 => match request::chat(body, &limits) {

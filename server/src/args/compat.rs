@@ -42,6 +42,7 @@ const SPELLINGS: &[(&str, &str)] = &[
     ("--reranking", "--rerank"),
     ("--top-nsigma", "--top-n-sigma"),
     ("--usage", "--help"),
+    ("-l", "--logit-bias"),
 ];
 
 /// Options that tune only what llama.cpp has: what each would tune.
@@ -132,8 +133,7 @@ const UNSUPPORTED: &[(&[&str], Arity, &str)] = &[
     (&["--log-prompts-dir"], One, "prompt logging"),
     (&["--embd-gemma-default", "--fim-qwen-1.5b-default", "--fim-qwen-3b-default", "--fim-qwen-7b-default", "--fim-qwen-7b-spec", "--fim-qwen-14b-spec", "--fim-qwen-30b-default"], Flag, "model downloads (give a local file with -m)"),
     (&["--grp-attn-n", "--grp-attn-w"], One, "self-extend (group attention)"),
-    // Sampler settings as server-wide defaults (requests may still set them).
-    (&["--samplers", "--sampler-seq", "--sampling-seq", "--dry-multiplier", "--dry-base", "--dry-allowed-length", "--dry-penalty-last-n", "--dry-sequence-breaker", "--adaptive-target", "--adaptive-decay", "--dynatemp-range", "--dynatemp-exp", "--mirostat", "--mirostat-lr", "--mirostat-ent", "-l", "--logit-bias", "--top-n-sigma", "--xtc-probability", "--xtc-threshold", "--typical", "--typical-p"], One, "server-wide defaults for these samplers (send them per request)"),
+    (&["--adaptive-target", "--adaptive-decay"], One, "the adaptive-p sampler"),
     (&["--grammar", "--grammar-file", "-j", "--json-schema", "-jf", "--json-schema-file"], One, "server-wide grammars (send `grammar` or `json_schema` per request)"),
 ];
 

@@ -112,6 +112,57 @@ pub struct Args {
     /// Default frequency penalty (0 = off).
     #[arg(long = "frequency-penalty", value_name = "P", default_value_t = 0.0, allow_negative_numbers = true, env = "LLAMA_ARG_FREQUENCY_PENALTY")]
     pub frequency_penalty: f32,
+    /// Default locally typical sampling p (1 = off).
+    #[arg(long = "typical-p", visible_aliases = ["typical"], value_name = "P", default_value_t = 1.0)]
+    pub typical_p: f32,
+    /// Default XTC probability (0 = off).
+    #[arg(long = "xtc-probability", value_name = "P", default_value_t = 0.0)]
+    pub xtc_probability: f32,
+    /// Default XTC threshold.
+    #[arg(long = "xtc-threshold", value_name = "P", default_value_t = 0.1)]
+    pub xtc_threshold: f32,
+    /// Default top-n-sigma (-1 = off).
+    #[arg(long = "top-n-sigma", value_name = "N", default_value_t = -1.0, allow_negative_numbers = true)]
+    pub top_n_sigma: f32,
+    /// Default DRY multiplier (0 = off).
+    #[arg(long = "dry-multiplier", value_name = "N", default_value_t = 0.0)]
+    pub dry_multiplier: f32,
+    /// Default DRY base.
+    #[arg(long = "dry-base", value_name = "N", default_value_t = 1.75)]
+    pub dry_base: f32,
+    /// Default DRY allowed length.
+    #[arg(long = "dry-allowed-length", value_name = "N", default_value_t = 2)]
+    pub dry_allowed_length: usize,
+    /// Default DRY window (-1 = the context, 0 = off).
+    #[arg(long = "dry-penalty-last-n", value_name = "N", default_value_t = -1, allow_negative_numbers = true)]
+    pub dry_penalty_last_n: i64,
+    /// DRY sequence breaker (repeatable; replaces the defaults; `none` for none).
+    #[arg(long = "dry-sequence-breaker", value_name = "STRING")]
+    pub dry_sequence_breaker: Vec<String>,
+    /// Default dynamic temperature range (0 = off).
+    #[arg(long = "dynatemp-range", value_name = "N", default_value_t = 0.0)]
+    pub dynatemp_range: f32,
+    /// Default dynamic temperature exponent.
+    #[arg(long = "dynatemp-exp", value_name = "N", default_value_t = 1.0)]
+    pub dynatemp_exp: f32,
+    /// Default mirostat: 0 off, 1 or 2.
+    #[arg(long = "mirostat", value_name = "N", default_value_t = 0)]
+    pub mirostat: u8,
+    /// Default mirostat learning rate (eta).
+    #[arg(long = "mirostat-lr", value_name = "N", default_value_t = 0.1)]
+    pub mirostat_lr: f32,
+    /// Default mirostat target entropy (tau).
+    #[arg(long = "mirostat-ent", value_name = "N", default_value_t = 5.0)]
+    pub mirostat_ent: f32,
+    /// Default sampler chain, names separated by `;`.
+    #[arg(long = "samplers", value_name = "SAMPLERS")]
+    pub samplers: Option<String>,
+    /// Default sampler chain as letters (`edskypmxt`).
+    #[arg(long = "sampler-seq", visible_aliases = ["sampling-seq"], value_name = "SEQUENCE")]
+    pub sampler_seq: Option<String>,
+    /// A default logit bias, `TOKEN_ID+BIAS` or `TOKEN_ID-BIAS` (repeatable, `-l`).
+    #[arg(long = "logit-bias", value_name = "TOKEN_ID(+/-)BIAS", allow_hyphen_values = true)]
+    pub logit_bias: Vec<String>,
     /// Default seed, -1 for a random one per request (`-s`).
     #[arg(short = 's', long, value_name = "SEED", default_value_t = -1, allow_negative_numbers = true)]
     pub seed: i64,
@@ -313,6 +364,10 @@ pub struct Config {
     pub cache_prompt: bool,
     /// Extra template variables from `--chat-template-kwargs`.
     pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// The sampling defaults of requests (`--temp`, `--top-k`, …, `--logit-bias`).
+    pub sampler: engine::sampling::SamplerParams,
+    /// DRY's sequence breakers (`None`: llama-server's defaults).
+    pub dry_breakers: Option<Vec<String>>,
 }
 
 impl Args {
@@ -330,6 +385,23 @@ impl Args {
         })?;
         let mut args = Args::try_parse_from(sorted.argv)?;
         args.no_effect = sorted.no_effect;
+        // Parsed for their values, but tuning nothing here.
+        let noted = [
+            ("--timeout", args.timeout != 3600, "connection timeouts"),
+            ("--threads-http", args.threads_http != -1, "HTTP threads (requests are served on the async runtime)"),
+            ("--slot-prompt-similarity", args.slot_prompt_similarity != 0.1, "slot choice by prompt similarity (prompts are shared by prefix in any slot)"),
+            ("--ctx-checkpoints", args.ctx_checkpoints != 32, "context checkpoints (every 64-token page is one)"),
+            ("--verbosity", args.verbosity != 3, "log verbosity"),
+            ("--verbose", args.verbose, "log verbosity"),
+        ];
+        for (option, set, tunes) in noted {
+            if set {
+                args.no_effect.push(NoEffect {
+                    option: option.to_owned(),
+                    tunes,
+                });
+            }
+        }
         Ok(args)
     }
 
@@ -370,6 +442,24 @@ impl Args {
         }
         if self.batch_size == 0 || self.ubatch_size == 0 {
             return Err(bad("--batch-size", "batches hold at least one token".into()));
+        }
+        // Parsed, not built yet: refused rather than ignored.
+        let unbuilt = [
+            ("--context-shift", self.context_shift, "context shift during generation"),
+            ("--keep", self.keep != 0, "context shift during generation"),
+            ("--chat-template", self.chat_template.is_some(), "chat templates other than the model's"),
+            ("--chat-template-file", self.chat_template_file.is_some(), "chat templates other than the model's"),
+            ("--no-jinja", self.no_jinja, "llama-server's built-in templates"),
+            ("--chat-template-kwargs", self.chat_template_kwargs.is_some(), "template variables"),
+            ("--reasoning-budget", self.reasoning_budget >= 0, "reasoning budgets"),
+            ("--reasoning", self.reasoning != "auto", "switching reasoning"),
+            ("--reasoning-format", self.reasoning_format != "auto" && self.reasoning_format != "none", "reasoning extraction"),
+            ("--props", self.props, "changing settings through POST /props"),
+            ("--sleep-idle-seconds", self.sleep_idle_seconds >= 0, "sleeping when idle"),
+            ("--log-file", self.log_file.is_some(), "logging to a file"),
+        ];
+        if let Some((option, _, what)) = unbuilt.iter().find(|(_, set, _)| *set) {
+            return Err(bad(option, format!("llama-hdd-server has no {what} yet; leave the option out")));
         }
         if self.cache_reuse != 0 {
             return Err(bad(
@@ -508,6 +598,12 @@ impl Args {
         if hosts.is_empty() {
             return Err(bad("--host", "no address given".into()));
         }
+        let sampler = self.sampler()?;
+        let dry_breakers = match self.dry_sequence_breaker.as_slice() {
+            [] => None,
+            [none] if none == "none" => Some(Vec::new()),
+            list => Some(list.to_vec()),
+        };
         let cache_dir = match &self.cache_dir {
             Some(dir) => dir.clone(),
             None => default_cache_dir(),
@@ -530,8 +626,81 @@ impl Args {
             ui: !self.no_ui,
             cache_prompt: !self.no_cache_prompt,
             chat_template_kwargs,
+            sampler,
+            dry_breakers,
             args: self,
         })
+    }
+
+    /// The sampling defaults, checked as a request's settings are.
+    fn sampler(&self) -> Result<engine::sampling::SamplerParams> {
+        use engine::sampling::{sampler_chain_from_letters, sampler_chain_from_names};
+        let bad = |option: &'static str, reason: String| ServerError::BadOption { option, reason };
+        let samplers = match (&self.samplers, &self.sampler_seq) {
+            (Some(names), _) => {
+                let names: Vec<&str> = names.split(';').map(str::trim).filter(|n| !n.is_empty()).collect();
+                let (chain, unknown) = sampler_chain_from_names(&names);
+                if let Some(n) = unknown.first() {
+                    return Err(bad("--samplers", format!("no sampler is named {n:?}")));
+                }
+                chain
+            }
+            (None, Some(letters)) => {
+                let (chain, unknown) = sampler_chain_from_letters(letters);
+                if let Some(c) = unknown.first() {
+                    return Err(bad("--sampler-seq", format!("no sampler has the letter {c:?}")));
+                }
+                chain
+            }
+            (None, None) => engine::sampling::SamplerKind::DEFAULT_CHAIN.to_vec(),
+        };
+        let logit_bias = self
+            .logit_bias
+            .iter()
+            .map(|spec| {
+                let at = spec
+                    .char_indices()
+                    .skip(1)
+                    .find(|&(_, c)| c == '+' || c == '-')
+                    .map(|(i, _)| i);
+                let parsed = at.and_then(|i| {
+                    let id = spec[..i].trim().parse::<u32>().ok()?;
+                    let bias = spec[i..].trim().trim_start_matches('+').parse::<f32>().ok()?;
+                    Some((id, bias))
+                });
+                parsed.ok_or_else(|| {
+                    bad("--logit-bias", format!("{spec:?} is not TOKEN_ID+BIAS or TOKEN_ID-BIAS"))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let p = engine::sampling::SamplerParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: usize::try_from(self.repeat_last_n).unwrap_or(usize::MAX),
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            typical_p: self.typical_p,
+            xtc_probability: self.xtc_probability,
+            xtc_threshold: self.xtc_threshold,
+            top_n_sigma: self.top_n_sigma,
+            dry_multiplier: self.dry_multiplier,
+            dry_base: self.dry_base,
+            dry_allowed_length: self.dry_allowed_length,
+            dry_penalty_last_n: usize::try_from(self.dry_penalty_last_n).unwrap_or(usize::MAX),
+            dynatemp_range: self.dynatemp_range,
+            dynatemp_exponent: self.dynatemp_exp,
+            mirostat: self.mirostat,
+            mirostat_tau: self.mirostat_ent,
+            mirostat_eta: self.mirostat_lr,
+            logit_bias,
+            samplers,
+            ..engine::sampling::SamplerParams::default()
+        };
+        p.check().map_err(|e| bad("--temp", format!("the sampling defaults: {e}")))?;
+        Ok(p)
     }
 }
 
@@ -578,15 +747,15 @@ mod tests {
             "--offline", "--batch-size", "32", "--ubatch-size", "16", "--threads", "2",
             "-ngl", "0", "--cont-batching", "--no-slots", "--alias", "b,a", "--ctx-size", "512",
             "-np", "2", "-ctk", "q8_0", "-fa", "on", "--n-predict", "64", "--verbose",
-            "--context-shift", "--no-ui", "--jinja", "--reasoning-format", "none",
+            "--no-ui", "--jinja", "--reasoning-format", "none",
             "--cache-ram", "0", "--cors-origins", "http://x", "-tb", "1", "--poll", "0",
         ])
         .unwrap();
         assert_eq!((args.batch_size, args.ubatch_size, args.threads), (32, 16, 2));
         assert_eq!(args.parallel, 2);
-        assert!(args.context_shift && args.verbose && args.no_ui && args.no_slots);
+        assert!(args.verbose && args.no_ui && args.no_slots);
         let names: Vec<&str> = args.no_effect.iter().map(|n| n.option.as_str()).collect();
-        assert_eq!(names, ["--offline", "--cont-batching", "--poll"]);
+        assert_eq!(names, ["--offline", "--cont-batching", "--poll", "--verbose"]);
         let config = args.check().unwrap();
         assert_eq!(config.hosts, ["127.0.0.1", "::1"]);
         assert_eq!(config.aliases, ["a", "b"]);
@@ -610,6 +779,9 @@ mod tests {
         }
         // An option no llama-server has is still a mistake.
         assert!(parse(&["--no-such-option"]).is_err());
+        // Parsed, but what it asks for is not built: refused at the check, not ignored.
+        let e = parse(&["--context-shift"]).unwrap().check().unwrap_err();
+        assert!(e.to_string().contains("context shift"), "{e}");
     }
 
     #[test]

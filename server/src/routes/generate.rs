@@ -28,9 +28,10 @@ use crate::scheduler::{Command, Event, Finish, FinishReason, GenParams, Job};
 pub async fn chat(State(st): State<Arc<AppState>>, RawBody(body): RawBody) -> Result<Response> {
     let limits = st.limits();
     let req = request::chat(&body, &limits)?;
+    let params = resolve(&st, req.params)?;
     let text = super::render_chat(&st, req.messages.clone()).await?;
     let prompt = chat_tokens(&st, &text)?;
-    let runs = submit_all(&st, &limits, &[prompt.clone()], &req.params, req.output.n)?;
+    let runs = submit_all(&st, &limits, &[prompt.clone()], &params, req.output.n)?;
     let meta = shape::Meta::new(&st, "chatcmpl");
     let remember = {
         let st = Arc::clone(&st);
@@ -127,10 +128,11 @@ async fn complete(st: Arc<AppState>, body: Bytes, api: CompletionApi) -> Result<
         .iter()
         .map(|p| prompt_tokens(&st, p))
         .collect::<Result<Vec<_>>>()?;
-    let runs = submit_all(&st, &limits, &prompts, &req.params, req.output.n)?;
+    let params = resolve(&st, req.params)?;
+    let runs = submit_all(&st, &limits, &prompts, &params, req.output.n)?;
     let meta = shape::Meta::new(&st, "cmpl");
     let tok = Arc::clone(&st.model);
-    let settings = shape::generation_settings(&req.params, &req.output, &st);
+    let settings = shape::generation_settings(&params, &req.output, &st);
     let prompt_texts: Vec<String> = prompts
         .iter()
         .map(|p| st.model.tokenizer().decode(p))
@@ -284,6 +286,42 @@ pub(super) fn submit_all(
         }
     }
     Ok(runs)
+}
+
+/// Tokenizes what a request gave as text: `logit_bias` targets (every token of the text gets
+/// the bias) and DRY's sequence breakers (llama-server's defaults when none were given); and,
+/// as llama-server does, turns `ignore_eos` into a ban of every end-of-generation token.
+pub(super) fn resolve(st: &AppState, mut params: GenParams) -> Result<GenParams> {
+    let tok = st.model.tokenizer();
+    if params.ignore_eos {
+        for &id in tok.eog_tokens() {
+            params.sampler.logit_bias.push((id, f32::NEG_INFINITY));
+        }
+    }
+    for (target, bias) in std::mem::take(&mut params.bias) {
+        match target {
+            request::BiasTarget::Token(id) => params.sampler.logit_bias.push((id, bias)),
+            request::BiasTarget::Text(text) => {
+                for id in tok.encode(&text, false, false)? {
+                    params.sampler.logit_bias.push((id, bias));
+                }
+            }
+        }
+    }
+    if params.sampler.dry_multiplier > 0.0 {
+        let defaults: Vec<String> = engine::sampling::DEFAULT_DRY_SEQUENCE_BREAKERS
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        let breakers = params.dry_breakers.take().unwrap_or(defaults);
+        params.sampler.dry_sequence_breakers = engine::sampling::dry_breakers_from_strings(
+            &breakers,
+            st.model.hparams().n_vocab,
+            |id| tok.token_bytes(id).to_vec(),
+            |text| tok.encode(text, false, false).unwrap_or_default(),
+        );
+    }
+    Ok(params)
 }
 
 /// Waits for every generation's whole text; the first failure fails the request.

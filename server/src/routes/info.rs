@@ -37,36 +37,46 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
     }))
 }
 
-/// `GET /props`: default generation settings, slots, model and template.
-pub async fn props(State(st): State<Arc<AppState>>) -> Json<Value> {
+/// `GET /props`: llama-server's shape (default generation settings, slots, model, template),
+/// plus the prompt cache's figures.
+pub async fn props(State(st): State<Arc<AppState>>) -> Result<Json<Value>> {
     let tok = st.model.tokenizer();
     let (text_hits, retokenize_mismatches) = st
         .texts
         .lock()
         .map_or((0, 0), |t| (t.hits, t.retokenize_mismatches));
     let args = &st.config.args;
-    Json(json!({
+    let (params, output) = request::defaults(&st.limits())?;
+    let mut settings = super::shape::generation_settings(&params, &output, &st);
+    // The configured seed as given (-1: a random one per request).
+    settings["seed"] = json!(args.seed);
+    Ok(Json(json!({
         "default_generation_settings": {
+            "id": 0,
+            "id_task": -1,
             "n_ctx": st.n_ctx,
-            "params": {
-                "n_predict": args.n_predict,
-                "temperature": args.temp,
-                "seed": args.seed,
-            },
+            "speculative": false,
+            "is_processing": false,
+            "params": settings,
+            "prompt": "",
+            "next_token": { "has_next_token": true, "has_new_line": false, "n_remain": -1, "n_decoded": 0, "stopping_word": "" },
         },
         "total_slots": st.n_slots,
         "model_path": args.model.display().to_string(),
         "model_alias": st.config.alias,
+        "modalities": { "vision": false, "audio": false },
         "chat_template": st.model.chat_template().source(),
         "bos_token": tok.bos().map(|b| tok.token_text(b).to_owned()),
         "eos_token": tok.eos().map(|e| tok.token_text(e).to_owned()),
+        "build_info": super::shape::FINGERPRINT,
+        "webui": st.config.ui,
+        "is_sleeping": false,
         "cache_dir": st.cache_dir.as_ref().map(|d| d.display().to_string()),
         "chat_prefix_hits": text_hits,
         "chat_retokenize_mismatches": retokenize_mismatches,
         "cache_errors": st.metrics.cache_errors.load(std::sync::atomic::Ordering::Relaxed),
         "last_cache_error": st.metrics.last_cache_error.lock().ok().and_then(|e| e.clone()),
-        "build_info": concat!("llama-hdd-server ", env!("CARGO_PKG_VERSION")),
-    }))
+    })))
 }
 
 /// `POST /tokenize`.

@@ -173,22 +173,10 @@ impl AppState {
             n_slots: self.n_slots,
             n_predict: args.n_predict,
             seed: args.seed,
-            sampler: engine::sampling::SamplerParams {
-                temperature: args.temp,
-                top_k: args.top_k,
-                top_p: args.top_p,
-                min_p: args.min_p,
-                repeat_penalty: args.repeat_penalty,
-                repeat_last_n: match args.repeat_last_n {
-                    n if n < 0 => self.n_ctx,
-                    n => n as usize,
-                },
-                frequency_penalty: args.frequency_penalty,
-                presence_penalty: args.presence_penalty,
-                ..engine::sampling::SamplerParams::default()
-            },
+            sampler: self.config.sampler.clone(),
             ignore_eos: args.ignore_eos,
             cache_prompt: self.config.cache_prompt,
+            dry_breakers: self.config.dry_breakers.clone(),
         }
     }
 }

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use engine::sampling::TokenProb;
 use engine::tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
 
@@ -77,20 +78,18 @@ fn usage_all(replies: &[&Finish]) -> Value {
     })
 }
 
-/// llama-server's `timings`.
+/// llama-server's `timings`. The generation rate counts decode steps: the first token comes
+/// from the prompt's last batch, so `n` tokens took `n - 1` steps.
 pub fn timings(f: &Finish) -> Value {
     let per = |n: usize, ms: f64| {
-        if n == 0 {
+        if n == 0 || ms <= 0.0 {
             (0.0, 0.0)
         } else {
-            (
-                ms / n as f64,
-                if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 },
-            )
+            (ms / n as f64, n as f64 * 1e3 / ms)
         }
     };
     let (p_tok, p_sec) = per(f.prompt_n, f.prompt_ms);
-    let (g_tok, g_sec) = per(f.predicted_n, f.predicted_ms);
+    let (g_tok, g_sec) = per(f.predicted_n.saturating_sub(1), f.predicted_ms);
     json!({
         "cache_n": f.cache_n,
         "prompt_n": f.prompt_n,
@@ -116,28 +115,20 @@ pub fn progress(p: &Progress) -> Value {
 
 /// One token as the probability lists show it: id, text, bytes, and its log-probability (or
 /// probability, after sampling).
-fn prob_entry(tok: &Tokenizer, id: u32, p: f32, post_sampling: bool) -> Value {
-    let bytes = tok.token_bytes(id);
+fn prob_entry(tok: &Tokenizer, p: &TokenProb, post_sampling: bool) -> Value {
+    let bytes = tok.token_bytes(p.id);
     let mut v = json!({
-        "id": id,
+        "id": p.id,
         "token": String::from_utf8_lossy(bytes),
         "bytes": bytes,
     });
     if post_sampling {
-        v["prob"] = json!(p);
+        v["prob"] = json!(p.prob);
     } else {
-        v["logprob"] = json!(logprob(p));
+        // JSON has no -inf: an impossible token shows as a very unlikely one.
+        v["logprob"] = json!(if p.logprob.is_finite() { p.logprob } else { -9999.0 });
     }
     v
-}
-
-/// `ln p`, finite (a probability of 0 is shown as a very unlikely token, as JSON has no -inf).
-fn logprob(p: f32) -> f32 {
-    if p > 0.0 {
-        p.ln()
-    } else {
-        -9999.0
-    }
 }
 
 /// llama-server's `completion_probabilities` entries (and OpenAI chat's `logprobs.content`).
@@ -145,12 +136,12 @@ fn probs_json(tok: &Tokenizer, probs: &[TokenProbs], post_sampling: bool) -> Vec
     probs
         .iter()
         .map(|p| {
-            let mut v = prob_entry(tok, p.id, p.prob, post_sampling);
+            let mut v = prob_entry(tok, &p.prob, post_sampling);
             let top: Vec<Value> = p
                 .top
                 .iter()
-                .filter(|t| !post_sampling || t.1 > 0.0)
-                .map(|&(id, q)| prob_entry(tok, id, q, post_sampling))
+                .filter(|t| !post_sampling || t.prob > 0.0)
+                .map(|t| prob_entry(tok, t, post_sampling))
                 .collect();
             v[if post_sampling { "top_probs" } else { "top_logprobs" }] = Value::Array(top);
             v
@@ -166,33 +157,44 @@ pub fn generation_settings(p: &GenParams, output: &Output, st: &AppState) -> Val
     } else {
         p.max_tokens as i64
     };
-    json!({
+    let chain: Vec<&str> = s.samplers.iter().map(|k| k.name()).collect();
+    // JSON has no infinity: a ban shows as a null bias, as llama-server writes it.
+    let bias: Vec<Value> = s
+        .logit_bias
+        .iter()
+        .map(|&(id, b)| json!({ "token": id, "bias": if b.is_finite() { json!(b) } else { Value::Null } }))
+        .collect();
+    let mut v = json!({
         "n_ctx": st.n_ctx,
         "n_predict": n_predict,
         "max_tokens": n_predict,
         "seed": s.seed,
         "temperature": s.temperature,
-        "dynatemp_range": 0.0,
-        "dynatemp_exponent": 1.0,
+        "dynatemp_range": s.dynatemp_range,
+        "dynatemp_exponent": s.dynatemp_exponent,
         "top_k": s.top_k,
         "top_p": s.top_p,
         "min_p": s.min_p,
-        "top_n_sigma": -1.0,
-        "xtc_probability": 0.0,
-        "xtc_threshold": 0.1,
-        "typical_p": 1.0,
-        "repeat_last_n": s.repeat_last_n,
+        "top_n_sigma": s.top_n_sigma,
+        "xtc_probability": s.xtc_probability,
+        "xtc_threshold": s.xtc_threshold,
+        "typical_p": s.typical_p,
+        "repeat_last_n": s.repeat_last_n.min(i64::MAX as usize),
         "repeat_penalty": s.repeat_penalty,
         "presence_penalty": s.presence_penalty,
         "frequency_penalty": s.frequency_penalty,
-        "dry_multiplier": 0.0,
-        "dry_base": 1.75,
-        "dry_allowed_length": 2,
-        "dry_penalty_last_n": -1,
-        "dry_sequence_breakers": ["\n", ":", "\"", "*"],
-        "mirostat": 0,
-        "mirostat_tau": 5.0,
-        "mirostat_eta": 0.1,
+    });
+    let more = json!({
+        "dry_multiplier": s.dry_multiplier,
+        "dry_base": s.dry_base,
+        "dry_allowed_length": s.dry_allowed_length,
+        "dry_penalty_last_n": if s.dry_penalty_last_n == usize::MAX { -1 } else { s.dry_penalty_last_n as i64 },
+        "dry_sequence_breakers": p.dry_breakers.clone().unwrap_or_else(|| {
+            engine::sampling::DEFAULT_DRY_SEQUENCE_BREAKERS.iter().map(|b| (*b).to_owned()).collect()
+        }),
+        "mirostat": s.mirostat,
+        "mirostat_tau": s.mirostat_tau,
+        "mirostat_eta": s.mirostat_eta,
         "adaptive_target": -1.0,
         "adaptive_decay": 0.9,
         "stop": p.stop,
@@ -200,16 +202,21 @@ pub fn generation_settings(p: &GenParams, output: &Output, st: &AppState) -> Val
         "n_discard": 0,
         "ignore_eos": p.ignore_eos,
         "stream": output.stream,
+        "logit_bias": bias,
         "n_probs": output.probs.map_or(0, |pr| pr.top),
-        "min_keep": 0,
+        "min_keep": s.min_keep,
         "grammar": "",
-        "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+        "samplers": chain,
         "timings_per_token": output.timings_per_token,
         "post_sampling_probs": output.probs.is_some_and(|pr| pr.post_sampling),
         "cache_prompt": p.cache_prompt,
         "id_slot": p.id_slot.map_or(-1, |i| i as i64),
         "lora": [],
-    })
+    });
+    if let (Some(a), Value::Object(b)) = (v.as_object_mut(), more) {
+        a.extend(b);
+    }
+    v
 }
 
 /// llama-server's `stop_type`.

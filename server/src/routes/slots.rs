@@ -64,5 +64,15 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Result<Response> {
         }
     });
     let text = st.metrics.render(bytes);
-    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/plain; version=0.0.4".to_owned()),
+            (
+                header::HeaderName::from_static("process-start-time-unix"),
+                st.started_unix.to_string(),
+            ),
+        ],
+        text,
+    )
+        .into_response())
 }

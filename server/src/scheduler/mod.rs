@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use engine::sampling::{Sampler, SamplerParams};
+use engine::sampling::{ProbsMode, Sampler, SamplerParams};
 use engine::store::SessionStore;
 use engine::tokenizer::StreamDecoder;
 use engine::{Batch, Context, Logits, Model, SeqId, PAGE_TOKENS};
@@ -22,7 +22,6 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::cache::Writer;
 
-mod probs;
 mod reuse;
 mod slots;
 mod stop;
@@ -53,12 +52,19 @@ pub struct GenParams {
     /// Report this many most likely tokens (and the chosen one's probability) for each
     /// generated token; `None` reports nothing.
     pub n_probs: Option<usize>,
+    /// Report probabilities after the sampler chain rather than the model's softmax.
+    pub post_sampling_probs: bool,
     /// Stop once this long has passed since the first token and a newline was generated.
     pub t_max_predict_ms: Option<u64>,
     /// Prompt tokens kept when the context shifts (-1: all).
     pub n_keep: i64,
     /// Report the prompt's evaluation after each chunk.
     pub return_progress: bool,
+    /// `logit_bias` as sent: the handler tokenizes text targets into `sampler.logit_bias`.
+    pub bias: Vec<(crate::request::BiasTarget, f32)>,
+    /// DRY sequence breakers as text (`None`: llama-server's defaults), tokenized by the
+    /// handler into `sampler.dry_sequence_breakers`.
+    pub dry_breakers: Option<Vec<String>>,
 }
 
 /// A request for the scheduler.
@@ -83,17 +89,9 @@ pub struct Chunk {
     pub probs: Vec<TokenProbs>,
 }
 
-/// One generated token's probability and the most likely alternatives, from the softmax of
-/// the model's logits (after `logit_bias` and `ignore_eos`, before the sampler's filters).
-#[derive(Clone, Debug)]
-pub struct TokenProbs {
-    /// The chosen token.
-    pub id: u32,
-    /// Its probability.
-    pub prob: f32,
-    /// The most likely tokens and their probabilities, most likely first.
-    pub top: Vec<(u32, f32)>,
-}
+/// One generated token's probability and the most likely alternatives: from the softmax of
+/// the model's logits, or after the sampler chain (llama-server's `post_sampling_probs`).
+pub type TokenProbs = engine::sampling::Sampled;
 
 /// How far a prompt's evaluation has come (llama-server's `prompt_progress`).
 #[derive(Clone, Copy, Debug)]
@@ -620,6 +618,8 @@ impl Scheduler {
             }
             match self.ctx.decode(&batch) {
                 Ok(out) => {
+                    Metrics::add(&self.metrics.n_decode, 1);
+                    Metrics::add(&self.metrics.n_busy_slots, items.len() as u64);
                     for (item, &(slot, n_prompt, wants_logits)) in items.iter().enumerate() {
                         let Some(a) = self.slots[slot].active.as_mut() else {
                             continue;
@@ -638,22 +638,20 @@ impl Scheduler {
                         }
                         if wants_logits {
                             let history = self.ctx.tokens(a.seq).unwrap_or(&[]);
-                            let mut owned;
-                            let mut logits = out.logits(item);
-                            if a.params.ignore_eos {
-                                owned = logits.to_vec();
-                                for &t in self.model.tokenizer().eog_tokens() {
-                                    if let Some(l) = owned.get_mut(t as usize) {
-                                        *l = f32::NEG_INFINITY;
-                                    }
+                            // `ignore_eos` reaches the sampler as a ban of those tokens.
+                            let logits = out.logits(item);
+                            let (token, probs) = match a.params.n_probs {
+                                None => (a.sampler.sample(logits, history), None),
+                                Some(n) => {
+                                    let mode = if a.params.post_sampling_probs {
+                                        ProbsMode::PostSampling
+                                    } else {
+                                        ProbsMode::PreSampling
+                                    };
+                                    let s = a.sampler.sample_detailed(logits, history, n, mode);
+                                    (s.token, Some(s))
                                 }
-                                logits = &owned;
-                            }
-                            let token = a.sampler.sample(logits, history);
-                            let probs = a
-                                .params
-                                .n_probs
-                                .map(|n| probs::token_probs(logits, token, n));
+                            };
                             self.on_token(slot, token, probs);
                         }
                     }
@@ -772,6 +770,10 @@ impl Scheduler {
             stopping_word: std::mem::take(&mut a.stopping_word),
             probs: std::mem::take(&mut a.probs),
         };
+        let m = &self.metrics;
+        Metrics::add(&m.prompt_us, (finish.prompt_ms * 1e3) as u64);
+        Metrics::add(&m.predicted_us, (finish.predicted_ms * 1e3) as u64);
+        Metrics::raise(&m.n_tokens_max, (finish.n_prompt + finish.predicted_n) as u64);
         let _ = a.events.send(Event::Done(Box::new(finish)));
         Metrics::add(&self.metrics.requests_finished, 1);
         self.keep(slot, a.seq, a.cache_n, a.prompt.len());

@@ -1,0 +1,291 @@
+//! llama-server's request fields and response shapes, as its documentation describes them, on a
+//! tiny model: probabilities, logit biases, several choices and prompts, token ids in answers,
+//! picked fields, prompt progress, `n_predict: 0`, the stream's usage chunk, context errors,
+//! metrics under llama-server's names, CORS, several API keys, `--no-slots` and the page at
+//! `/`.
+
+mod common;
+
+use common::Env;
+use serde_json::{json, Value};
+
+fn events(raw: &[String]) -> Vec<Value> {
+    raw.iter()
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completion_answers_carry_tokens_probabilities_and_settings() {
+    let env = Env::new();
+    let srv = env.start(&["-np", "2", "-n", "6"]).await;
+
+    // The native object, with the generated ids and llama-server's fields.
+    let (status, r) = srv
+        .post(
+            "/completion",
+            &json!({"prompt": "hello there", "n_predict": 4, "temperature": 0,
+                    "return_tokens": true, "n_probs": 3, "ignore_eos": true}),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    let tokens = r["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), 4, "{r}");
+    assert_eq!(r["stop_type"], "limit");
+    assert_eq!(r["truncated"], false);
+    assert!(r["has_new_line"].is_boolean());
+    assert_eq!(r["generation_settings"]["n_predict"], 4);
+    assert_eq!(r["stopping_word"], "");
+    // The ids are the text: detokenized, they give the content.
+    let (_, text) = srv.post("/detokenize", &json!({"tokens": tokens})).await;
+    assert_eq!(text["content"], r["content"]);
+    // One probability entry per token, the chosen one first among the top ones (greedy).
+    let probs = r["completion_probabilities"].as_array().unwrap();
+    assert_eq!(probs.len(), 4);
+    for (p, id) in probs.iter().zip(tokens) {
+        assert_eq!(&p["id"], id);
+        assert!(p["logprob"].as_f64().unwrap() <= 0.0);
+        let top = p["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        assert_eq!(&top[0]["id"], id, "greedy picks the most likely token");
+        assert!(top[0]["logprob"].as_f64() >= top[1]["logprob"].as_f64());
+    }
+
+    // The server's `-n 6` caps a request asking for more.
+    let (_, capped) = srv
+        .post("/completion", &json!({"prompt": "hello", "n_predict": 50, "ignore_eos": true}))
+        .await;
+    assert_eq!(capped["timings"]["predicted_n"], 6, "{capped}");
+
+    // `n_predict: 0` evaluates the prompt and generates nothing.
+    let (status, zero) = srv
+        .post("/completion", &json!({"prompt": "hello", "n_predict": 0}))
+        .await;
+    assert_eq!(status, 200, "{zero}");
+    assert_eq!(zero["content"], "");
+    assert_eq!(zero["tokens_predicted"], 0);
+
+    // Only the fields asked for, under their paths.
+    let (_, picked) = srv
+        .post(
+            "/completion",
+            &json!({"prompt": "hello", "n_predict": 2,
+                    "response_fields": ["content", "generation_settings/n_predict"]}),
+        )
+        .await;
+    let keys: Vec<&String> = picked.as_object().unwrap().keys().collect();
+    assert_eq!(keys.len(), 2, "{picked}");
+    assert_eq!(picked["generation_settings/n_predict"], 2);
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_banned_token_is_never_generated_in_either_bias_form() {
+    let env = Env::new();
+    let srv = env.start(&[]).await;
+    let body = |bias: Value| {
+        json!({"prompt": "abc", "n_predict": 8, "temperature": 0, "ignore_eos": true,
+               "return_tokens": true, "logit_bias": bias})
+    };
+    let (_, free) = srv.post("/completion", &body(Value::Null)).await;
+    let first = free["tokens"][0].as_u64().unwrap();
+    for bias in [
+        json!([[first, false]]),
+        json!({ first.to_string(): -100 }),
+        json!([[first, -1e30]]),
+    ] {
+        let (status, r) = srv.post("/completion", &body(bias.clone())).await;
+        assert_eq!(status, 200, "{r}");
+        let ids: Vec<u64> = r["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap())
+            .collect();
+        assert!(!ids.contains(&first), "{bias}: {ids:?}");
+    }
+    // A bias on text bans every token of that text.
+    let piece = srv
+        .post("/detokenize", &json!({"tokens": [first]}))
+        .await
+        .1["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (_, r) = srv.post("/completion", &body(json!([[piece, false]]))).await;
+    assert!(!r["tokens"].as_array().unwrap().contains(&json!(first)), "{r}");
+    // Nonsense is refused, not ignored.
+    for bad in [json!([[first]]), json!("x"), json!([["a", "b"]])] {
+        let (status, _) = srv.post("/completion", &body(bad)).await;
+        assert_eq!(status, 400);
+    }
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_prompts_and_choices_in_one_request() {
+    let env = Env::new();
+    let srv = env.start(&["-np", "2"]).await;
+    let (_, ids) = srv.post("/tokenize", &json!({"content": "hello"})).await;
+    let ids = ids["tokens"].clone();
+    let (status, r) = srv
+        .post(
+            "/completion",
+            &json!({"prompt": [ids, "hello", {"prompt_string": "hello"}], "n_predict": 3,
+                    "temperature": 0}),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    let all = r.as_array().expect("a list for several prompts");
+    assert_eq!(all.len(), 3);
+    for (i, one) in all.iter().enumerate() {
+        assert_eq!(one["index"], i);
+        assert_eq!(one["content"], all[0]["content"], "same prompt, same greedy text");
+    }
+    // OpenAI's `n`: that many choices.
+    let (status, chat) = srv
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "hi"}], "n": 3, "max_tokens": 3}),
+        )
+        .await;
+    assert_eq!(status, 200, "{chat}");
+    let choices = chat["choices"].as_array().unwrap();
+    let indexes: Vec<u64> = choices.iter().map(|c| c["index"].as_u64().unwrap()).collect();
+    assert_eq!(indexes, [0, 1, 2]);
+    assert!(chat["system_fingerprint"].as_str().unwrap().starts_with('b'));
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_ends_with_a_usage_chunk_and_can_report_progress() {
+    let env = Env::new();
+    let srv = env.start(&["-ub", "16"]).await;
+    let (status, _, raw) = srv
+        .post_stream(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "a long enough prompt to take a few chunks"}],
+                    "max_tokens": 3, "stream": true, "return_progress": true,
+                    "logprobs": true, "top_logprobs": 2}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(raw.last().map(String::as_str), Some("[DONE]"));
+    let evs = events(&raw);
+    let last = evs.last().unwrap();
+    assert_eq!(last["choices"], json!([]), "{last}");
+    let usage = &last["usage"];
+    assert!(usage["prompt_tokens"].as_u64().unwrap() > 16);
+    let progress: Vec<&Value> = evs.iter().filter_map(|e| e.get("prompt_progress")).collect();
+    assert!(progress.len() >= 2, "{evs:?}");
+    let total = progress[0]["total"].as_u64().unwrap();
+    assert_eq!(total, usage["prompt_tokens"].as_u64().unwrap());
+    assert_eq!(progress.last().unwrap()["processed"], total);
+    // Every text chunk carries its tokens' log-probabilities.
+    for e in &evs {
+        if let Some(c) = e["choices"].get(0) {
+            if c["delta"]["content"].as_str().is_some_and(|t| !t.is_empty()) {
+                assert!(!c["logprobs"]["content"].as_array().unwrap().is_empty(), "{e}");
+            }
+        }
+    }
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_have_llama_servers_types() {
+    let env = Env::new();
+    let srv = env.start(&[]).await;
+    let long = "x".repeat(600);
+    let (status, e) = srv.post("/completion", &json!({"prompt": long})).await;
+    assert_eq!(status, 400, "{e}");
+    assert_eq!(e["error"]["type"], "exceed_context_size_error");
+    assert_eq!(e["error"]["n_ctx"], 512);
+    assert!(e["error"]["n_prompt_tokens"].as_u64().unwrap() > 512);
+    for bad in [
+        json!({"prompt": "x", "samplers": ["no_such_sampler"]}),
+        json!({"prompt": "x", "mirostat": 3}),
+        json!({"prompt": "x", "typical_p": 0}),
+        json!({"prompt": "x", "top_p": -3}),
+        json!({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                            {"role": "assistant", "content": "c"}]}),
+    ] {
+        let path = if bad.get("messages").is_some() {
+            "/v1/chat/completions"
+        } else {
+            "/completion"
+        };
+        let (status, e) = srv.post(path, &bad).await;
+        assert_eq!(status, 400, "{bad}: {e}");
+        common::assert_error(&e, 400);
+    }
+    // A field for a capability the server lacks is refused, never ignored.
+    let (status, e) = srv
+        .post("/completion", &json!({"prompt": "x", "lora": [{"id": 0, "scale": 1}]}))
+        .await;
+    assert_eq!(status, 501, "{e}");
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_cors_keys_slots_and_the_page() {
+    let env = Env::new();
+    let srv = env
+        .start(&["--metrics", "--no-slots", "--api-key", "k1,k2", "--cors-origins", "localhost"])
+        .await;
+    let client = &srv.client;
+    let req = |key: &str| {
+        client
+            .post(format!("{}/completion", srv.url))
+            .bearer_auth(key)
+            .json(&json!({"prompt": "hi", "n_predict": 2}))
+    };
+    assert_eq!(req("k2").send().await.unwrap().status(), 200);
+    assert_eq!(req("k1").send().await.unwrap().status(), 200);
+    assert_eq!(req("k3").send().await.unwrap().status(), 401);
+
+    let metrics = client
+        .get(format!("{}/metrics", srv.url))
+        .bearer_auth("k1")
+        .send()
+        .await
+        .unwrap();
+    assert!(metrics.headers().contains_key("process-start-time-unix"));
+    let text = metrics.text().await.unwrap();
+    for name in ["llamacpp:prompt_tokens_total", "llamacpp:n_decode_total", "llamacpp:requests_processing"] {
+        assert!(text.contains(&format!("# TYPE {name} ")), "{name} in\n{text}");
+    }
+    assert!(text.contains("llamacpp:requests_processing 0\n"), "{text}");
+
+    // A preflight needs no key; only a page served from this machine may read the answers.
+    let preflight = |origin: &str| {
+        client
+            .request(reqwest::Method::OPTIONS, format!("{}/completion", srv.url))
+            .header("Origin", origin)
+            .header("Access-Control-Request-Method", "POST")
+            .send()
+    };
+    let ok = preflight("http://localhost:3000").await.unwrap();
+    assert_eq!(ok.status(), 200);
+    assert_eq!(ok.headers()["access-control-allow-origin"], "http://localhost:3000");
+    let evil = preflight("http://localhost.evil.com").await.unwrap();
+    assert!(!evil.headers().contains_key("access-control-allow-origin"));
+
+    let slots = client
+        .get(format!("{}/slots", srv.url))
+        .bearer_auth("k1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(slots.status(), 501);
+    // The page at `/` needs no key.
+    let page = client.get(format!("{}/", srv.url)).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(page.text().await.unwrap().starts_with("<!doctype html>"));
+    srv.stop().await;
+
+    let srv = env.start(&["--no-ui"]).await;
+    assert_eq!(srv.get("/").await.0, 404);
+    srv.stop().await;
+}
