@@ -104,8 +104,8 @@ struct Parser<'a> {
     n_vocab: usize,
 }
 
-/// Parses a GBNF grammar and returns the equivalent Lark grammar. `token_id` resolves the text
-/// of `<...>` token references (without the angle brackets' contents being trimmed).
+/// Parses a GBNF grammar and returns the equivalent Lark grammar. `token_id` gives the id of a
+/// `<...>` token reference's text (angle brackets included); ids must be below `n_vocab`.
 pub(crate) fn gbnf_to_lark(
     src: &str,
     token_id: &dyn Fn(&str) -> Option<u32>,
@@ -401,8 +401,6 @@ impl<'a> Parser<'a> {
                 }
                 c if is_word_char(c) => {
                     let name = self.parse_name()?;
-                    // A name followed by `::=` starts the next rule: the line ended without
-                    // a newline being allowed here.
                     let i = self.rule_index(&name, item_at);
                     seq.push(Expr::Rule(i));
                 }

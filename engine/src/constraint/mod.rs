@@ -6,8 +6,9 @@
 //! [llguidance](https://github.com/guidance-ai/llguidance), which checks every token of the
 //! vocabulary against the grammar through a byte trie of the vocabulary.
 //!
-//! The trie costs tens of milliseconds per vocabulary: build a [`Vocab`] once per tokenizer and
-//! share it; a [`Constraint`] per request is cheap to build from it.
+//! The trie and llguidance's precomputed token classes cost a fraction of a second for a 50k
+//! vocabulary: build a [`Vocab`] once per tokenizer and share it; a [`Constraint`] per request
+//! is cheap to build from it (about a millisecond for a small JSON schema).
 //!
 //! ```no_run
 //! use engine::constraint::{Constraint, Grammar, Vocab};
