@@ -87,6 +87,10 @@ pub enum Error {
     /// past the renderer's memory or time limit, or the renderer could not run.
     #[error("chat template renderer: {0}")]
     TemplateRenderer(String),
+    /// A grammar or JSON schema for constrained decoding that does not compile (a GBNF error
+    /// says its line, column and rule), or a token that the grammar does not allow.
+    #[error("grammar: {0}")]
+    Grammar(String),
     /// A saved sampler RNG state has the wrong size or contents.
     #[error("invalid sampler RNG state ({len} bytes)")]
     RngState {

@@ -42,6 +42,7 @@
 
 mod batch;
 pub mod chat;
+pub mod constraint;
 mod context;
 mod error;
 mod ggml;
