@@ -161,9 +161,30 @@ fn compile(source: &str) -> Result<Environment<'static>> {
     env.add_function("strftime_now", render::strftime_now);
     // transformers' `tojson` (Python's `json.dumps`), not minijinja's HTML-safe one.
     env.add_filter("tojson", render::tojson);
-    contain(|| env.add_template_owned(TEMPLATE_NAME, source.to_string()))
-        .map_err(Error::ChatTemplate)?;
+    let source = without_generation_tags(source);
+    contain(|| env.add_template_owned(TEMPLATE_NAME, source)).map_err(Error::ChatTemplate)?;
     Ok(env)
+}
+
+/// `source` with transformers' `{% generation %}` ... `{% endgeneration %}` (which marks the
+/// assistant's tokens for training masks and renders its body unchanged) as an always-true
+/// `if`, keeping the tags' whitespace control.
+fn without_generation_tags(source: &str) -> String {
+    static TAGS: OnceLock<fancy_regex::Regex> = OnceLock::new();
+    let tags = TAGS.get_or_init(|| {
+        fancy_regex::Regex::new(r"\{%(-?)\s*(end)?generation\s*(-?)%\}").expect("the pattern")
+    });
+    if !source.contains("generation") {
+        return source.to_string();
+    }
+    tags.replace_all(source, |c: &fancy_regex::Captures| {
+        let (open, close) = (&c[1], &c[3]);
+        match c.get(2) {
+            Some(_) => format!("{{%{open} endif {close}%}}"),
+            None => format!("{{%{open} if true {close}%}}"),
+        }
+    })
+    .into_owned()
 }
 
 /// Runs a minijinja call, turning a panic inside it into a template error. minijinja 2.24
@@ -352,5 +373,20 @@ impl ChatTemplate {
             eos_token => self.eos_token.as_str(),
         };
         self.render_value(ctx, fuel, limit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_tags_render_their_body() {
+        let source =
+            "{% for m in messages %}{%- generation -%}\n[{{ m.content }}]\n{%- endgeneration %}\
+                      {% endfor %}";
+        let t = ChatTemplate::new(source, "", "").unwrap();
+        let chat = [Message::new("user", "a"), Message::new("assistant", "b")];
+        assert_eq!(t.render_here(&chat, false).unwrap(), "[a][b]");
     }
 }
