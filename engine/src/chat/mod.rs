@@ -4,7 +4,14 @@
 //! The environment mirrors what Hugging Face `transformers` gives templates: `trim_blocks` and
 //! `lstrip_blocks` on, Python string/dict/list methods (`.strip()`, `.startswith()`, `.items()`,
 //! ...) through minijinja-contrib's pycompat layer, a `raise_exception(message)` function, and the
-//! variables `messages`, `add_generation_prompt`, `bos_token` and `eos_token`.
+//! variables `messages`, `add_generation_prompt`, `bos_token` and `eos_token`; Python's
+//! `json.dumps` as `tojson`, and `strftime_now(format)` in local time.
+//!
+//! [`ChatTemplate::render_request`] renders OpenAI-style requests ([`RenderRequest`]) as
+//! llama-server does: tools, tool calls and results, `chat_template_kwargs`, reasoning on or off,
+//! assistant prefill. [`ChatTemplate::builtin`] gives llama-server's named templates
+//! ([`builtin_names`]); [`split_reasoning`] and [`ReasoningStream`] split the reasoning out of
+//! a reply.
 //!
 //! Templates come from model files, which are untrusted: rendering is bounded. Each render gets
 //! fuel (minijinja instructions) and an output budget that grow with the conversation
@@ -26,7 +33,19 @@ use minijinja::{Environment, Error as JinjaError, ErrorKind, Value};
 use crate::gguf::Gguf;
 use crate::{Error, Result};
 
+mod builtin;
+mod clock;
+mod reasoning;
+mod render;
 pub mod sandbox;
+
+pub use reasoning::{split_reasoning, ReasoningFormat, ReasoningStream, THINK_END, THINK_START};
+pub use render::{prompt_opens_thinking, Reasoning, RenderRequest};
+
+/// The names [`ChatTemplate::builtin`] knows, sorted: llama-server's `--chat-template` names.
+pub fn builtin_names() -> &'static [&'static str] {
+    builtin::names()
+}
 
 /// ChatML, used when a GGUF has no template: `<|im_start|>{role}\n{content}<|im_end|>\n` per
 /// message, then `<|im_start|>assistant\n` when a generation prompt is asked for.
@@ -55,8 +74,14 @@ pub fn render_limits(messages: &[Message]) -> (u64, usize) {
         .iter()
         .map(|m| m.role.len() + m.content.len())
         .sum();
-    let fuel = 200_000 + 5_000 * messages.len() as u64 + text as u64 / 4;
-    let output = 256 * 1024 + 4 * text;
+    limits_for(messages.len(), text)
+}
+
+/// [`render_limits`] for `items` messages and tools holding `text` bytes. Tools printed with
+/// `tojson(indent=...)` grow by their indentation, hence the wider output allowance per byte.
+fn limits_for(items: usize, text: usize) -> (u64, usize) {
+    let fuel = 200_000 + 5_000 * items as u64 + text as u64 / 4;
+    let output = 256 * 1024 + 8 * text;
     (fuel, output)
 }
 
@@ -133,9 +158,33 @@ fn compile(source: &str) -> Result<Environment<'static>> {
     minijinja_contrib::add_to_environment(&mut env);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function("raise_exception", raise_exception);
-    contain(|| env.add_template_owned(TEMPLATE_NAME, source.to_string()))
-        .map_err(Error::ChatTemplate)?;
+    env.add_function("strftime_now", render::strftime_now);
+    // transformers' `tojson` (Python's `json.dumps`), not minijinja's HTML-safe one.
+    env.add_filter("tojson", render::tojson);
+    let source = without_generation_tags(source);
+    contain(|| env.add_template_owned(TEMPLATE_NAME, source)).map_err(Error::ChatTemplate)?;
     Ok(env)
+}
+
+/// `source` with transformers' `{% generation %}` ... `{% endgeneration %}` (which marks the
+/// assistant's tokens for training masks and renders its body unchanged) as an always-true
+/// `if`, keeping the tags' whitespace control.
+fn without_generation_tags(source: &str) -> String {
+    static TAGS: OnceLock<fancy_regex::Regex> = OnceLock::new();
+    let tags = TAGS.get_or_init(|| {
+        fancy_regex::Regex::new(r"\{%(-?)\s*(end)?generation\s*(-?)%\}").expect("the pattern")
+    });
+    if !source.contains("generation") {
+        return source.to_string();
+    }
+    tags.replace_all(source, |c: &fancy_regex::Captures| {
+        let (open, close) = (&c[1], &c[3]);
+        match c.get(2) {
+            Some(_) => format!("{{%{open} endif {close}%}}"),
+            None => format!("{{%{open} if true {close}%}}"),
+        }
+    })
+    .into_owned()
 }
 
 /// Runs a minijinja call, turning a panic inside it into a template error. minijinja 2.24
@@ -168,9 +217,26 @@ impl ChatTemplate {
     /// under those names.
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate> {
         let hash = blake3::hash(source.as_bytes()).to_hex();
+        let reviewed = source == CHATML_TEMPLATE || REVIEWED.contains(&hash.as_str());
+        ChatTemplate::with_review(source, bos_token, eos_token, reviewed)
+    }
+
+    /// The built-in template `name` (one of [`builtin_names`]), reproducing the prompt format
+    /// of llama.cpp's C++ template of that name; reviewed, so it renders in this process.
+    pub fn builtin(name: &str, bos_token: &str, eos_token: &str) -> Option<ChatTemplate> {
+        let source = builtin::source(name)?;
+        ChatTemplate::with_review(&source, bos_token, eos_token, true).ok()
+    }
+
+    fn with_review(
+        source: &str,
+        bos_token: &str,
+        eos_token: &str,
+        reviewed: bool,
+    ) -> Result<ChatTemplate> {
         let t = ChatTemplate {
             env: OnceLock::new(),
-            reviewed: source == CHATML_TEMPLATE || REVIEWED.contains(&hash.as_str()),
+            reviewed,
             source: source.to_string(),
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
@@ -242,6 +308,52 @@ impl ChatTemplate {
         }
     }
 
+    /// Renders an OpenAI-style request: the template sees `messages` (text parts joined, tool
+    /// calls' JSON-text `arguments` as mappings unless the template fails on those), `tools`
+    /// (when non-empty), `add_generation_prompt`, `bos_token`, `eos_token`, `enable_thinking`
+    /// (from the kwargs, else whether reasoning is not off), `date_string` and `datetime`
+    /// (today, as llama-server provides them), and the request's kwargs.
+    ///
+    /// With `continue_final_message` and a final assistant message, the text ends where that
+    /// message's content does. Otherwise, with reasoning off and a generation prompt that leaves
+    /// a thinking block open (`<think>\n`, Command R7B's `<|START_THINKING|>`), the block is
+    /// closed. Unreviewed templates render in the [`sandbox`] when it is on; errors as for
+    /// [`render`](Self::render).
+    pub fn render_request(&self, req: &RenderRequest) -> Result<String> {
+        match sandbox::active() {
+            Some(renderer) if !self.reviewed => renderer.render_request(self, req),
+            _ => self.render_request_here(req),
+        }
+    }
+
+    /// The compiled environment, compiling the template here if it was not yet.
+    fn compiled(&self) -> Result<&Environment<'static>> {
+        match self.env.get() {
+            Some(env) => Ok(env),
+            None => {
+                let env = compile(&self.source)?;
+                Ok(self.env.get_or_init(|| env))
+            }
+        }
+    }
+
+    /// Renders the template with `ctx`, bounded by `fuel` and `limit` output bytes.
+    fn render_value(&self, ctx: Value, fuel: u64, limit: usize) -> Result<String> {
+        // Fuel is set per environment; a clone of the environment shares the compiled template.
+        let mut env = self.compiled()?.clone();
+        env.set_fuel(Some(fuel));
+        let mut out = Bounded {
+            out: Vec::new(),
+            limit,
+        };
+        contain(|| {
+            env.get_template(TEMPLATE_NAME)
+                .and_then(|t| t.render_captured_to(ctx, &mut out))
+        })
+        .map_err(Error::ChatTemplate)?;
+        Ok(String::from_utf8_lossy(&out.out).into_owned())
+    }
+
     /// [`render`](Self::render) in this process, bounded by fuel and output only.
     pub fn render_here(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         let (fuel, limit) = render_limits(messages);
@@ -260,25 +372,21 @@ impl ChatTemplate {
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
         };
-        let compiled = match self.env.get() {
-            Some(env) => env,
-            None => {
-                let env = compile(&self.source)?;
-                self.env.get_or_init(|| env)
-            }
-        };
-        // Fuel is set per environment; a clone of the environment shares the compiled template.
-        let mut env = compiled.clone();
-        env.set_fuel(Some(fuel));
-        let mut out = Bounded {
-            out: Vec::new(),
-            limit,
-        };
-        contain(|| {
-            env.get_template(TEMPLATE_NAME)
-                .and_then(|t| t.render_captured_to(ctx, &mut out))
-        })
-        .map_err(Error::ChatTemplate)?;
-        Ok(String::from_utf8_lossy(&out.out).into_owned())
+        self.render_value(ctx, fuel, limit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_tags_render_their_body() {
+        let source =
+            "{% for m in messages %}{%- generation -%}\n[{{ m.content }}]\n{%- endgeneration %}\
+                      {% endfor %}";
+        let t = ChatTemplate::new(source, "", "").unwrap();
+        let chat = [Message::new("user", "a"), Message::new("assistant", "b")];
+        assert_eq!(t.render_here(&chat, false).unwrap(), "[a][b]");
     }
 }

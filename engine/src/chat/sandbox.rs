@@ -18,8 +18,9 @@
 //!
 //! Requests and replies are one JSON object per line: `{"source", "bos", "eos", "messages":
 //! [[role, content], ...], "add_generation_prompt", "check"}` (with `check`, the template is only
-//! compiled), answered by `{"ok": text}` or
-//! `{"err": message}`. The renderer's first line is a greeting, so that a program which prints
+//! compiled), or `{"source", "bos", "eos", "request": {...}}` for
+//! [`ChatTemplate::render_request`] (the request as [`RenderRequest::to_json`] writes it),
+//! answered by `{"ok": text}` or `{"err": message}`. The renderer's first line is a greeting, so that a program which prints
 //! something else first (a test harness) can serve as the renderer too.
 
 use std::ffi::{OsStr, OsString};
@@ -33,7 +34,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value as Json};
 
-use super::{ChatTemplate, Message};
+use super::{ChatTemplate, Message, RenderRequest};
 use crate::{Error, Result};
 
 /// Set (to the memory limit in bytes) in the environment of a renderer process.
@@ -154,6 +155,23 @@ fn answer(line: &str, template: &mut Option<ChatTemplate>) -> Result<String> {
     let req: Json = serde_json::from_str(line).map_err(|e| bad(&e.to_string()))?;
     let text = |key: &str| req[key].as_str().ok_or_else(|| bad(key));
     let (source, bos, eos) = (text("source")?, text("bos")?, text("eos")?);
+    let same = template
+        .as_ref()
+        .is_some_and(|t| t.source == source && t.bos_token == bos && t.eos_token == eos);
+    if !same {
+        // The renderer's sandbox is off: this compiles here.
+        *template = Some(ChatTemplate::new(source, bos, eos)?);
+    }
+    let Some(t) = template else {
+        return Err(bad("no template"));
+    };
+    if req["check"].as_bool() == Some(true) {
+        return Ok(String::new());
+    }
+    if !req["request"].is_null() {
+        let request = RenderRequest::from_json(&req["request"]).ok_or_else(|| bad("request"))?;
+        return t.render_request_here(&request);
+    }
     let add_generation_prompt = req["add_generation_prompt"]
         .as_bool()
         .ok_or_else(|| bad("add_generation_prompt"))?;
@@ -166,18 +184,7 @@ fn answer(line: &str, template: &mut Option<ChatTemplate>) -> Result<String> {
             _ => Err(bad("messages")),
         })
         .collect::<Result<Vec<_>>>()?;
-    let same = template
-        .as_ref()
-        .is_some_and(|t| t.source == source && t.bos_token == bos && t.eos_token == eos);
-    if !same {
-        // The renderer's sandbox is off: this compiles here.
-        *template = Some(ChatTemplate::new(source, bos, eos)?);
-    }
-    match template {
-        Some(_) if req["check"].as_bool() == Some(true) => Ok(String::new()),
-        Some(t) => t.render_here(&messages, add_generation_prompt),
-        None => Err(bad("no template")),
-    }
+    t.render_here(&messages, add_generation_prompt)
 }
 
 /// The renderer of a process whose sandbox is on.
@@ -205,7 +212,11 @@ impl Sandbox {
     /// Compiles `template` in the renderer, to report a template that does not compile (or
     /// takes longer than the time limit to) without compiling it in this process.
     pub fn check(&self, template: &ChatTemplate) -> Result<()> {
-        self.exchange(template, &[], false, true).map(drop)
+        self.exchange(
+            template,
+            json!({ "messages": [], "add_generation_prompt": false, "check": true }),
+        )
+        .map(drop)
     }
 
     /// Renders `messages` with `template` in the renderer. Renders are serialized: each takes
@@ -216,30 +227,28 @@ impl Sandbox {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<String> {
-        self.exchange(template, messages, add_generation_prompt, false)
-    }
-
-    /// One request and its reply; `check` asks for compiling only.
-    fn exchange(
-        &self,
-        template: &ChatTemplate,
-        messages: &[Message],
-        add_generation_prompt: bool,
-        check: bool,
-    ) -> Result<String> {
         let messages: Vec<[&str; 2]> = messages
             .iter()
             .map(|m| [m.role.as_str(), m.content.as_str()])
             .collect();
-        let mut request = serde_json::to_vec(&json!({
-            "source": template.source,
-            "bos": template.bos_token,
-            "eos": template.eos_token,
-            "messages": messages,
-            "add_generation_prompt": add_generation_prompt,
-            "check": check,
-        }))
-        .map_err(|e| Error::TemplateRenderer(e.to_string()))?;
+        self.exchange(
+            template,
+            json!({ "messages": messages, "add_generation_prompt": add_generation_prompt }),
+        )
+    }
+
+    /// [`ChatTemplate::render_request`] in the renderer.
+    pub fn render_request(&self, template: &ChatTemplate, req: &RenderRequest) -> Result<String> {
+        self.exchange(template, json!({ "request": req.to_json() }))
+    }
+
+    /// One request (the template's fields added to `fields`) and its reply.
+    fn exchange(&self, template: &ChatTemplate, mut fields: Json) -> Result<String> {
+        fields["source"] = json!(template.source);
+        fields["bos"] = json!(template.bos_token);
+        fields["eos"] = json!(template.eos_token);
+        let mut request =
+            serde_json::to_vec(&fields).map_err(|e| Error::TemplateRenderer(e.to_string()))?;
         request.push(b'\n');
 
         let mut slot = self.renderer.lock().unwrap_or_else(PoisonError::into_inner);
