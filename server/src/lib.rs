@@ -120,6 +120,7 @@ impl Server {
             Some(dir) => Some(Arc::new(SessionStore::open(dir, &model, store_config)?)),
             None => store.clone(),
         };
+        let template = chat_template(&config, &model)?;
         let metrics = Arc::new(Metrics::default());
         let (tx, rx) = mpsc::unbounded_channel();
         let scheduler = scheduler::spawn(
@@ -156,6 +157,8 @@ impl Server {
             started_unix: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
+            template,
+            vocab: std::sync::OnceLock::new(),
             config,
         });
         Ok(Server {
@@ -212,4 +215,41 @@ impl Server {
         let _ = tokio::task::spawn_blocking(move || scheduler.join()).await;
         Ok(())
     }
+}
+
+/// The chat template the command line asks for: `--chat-template-file`, `--chat-template` (one
+/// of llama-server's built-in names, else Jinja source), `--no-jinja` (the built-in named by
+/// `--chat-template`, else ChatML); `None` for the model's own.
+fn chat_template(config: &Config, model: &Model) -> Result<Option<Arc<engine::chat::ChatTemplate>>> {
+    use engine::chat::ChatTemplate;
+    let args = &config.args;
+    let tok = model.tokenizer();
+    let bos = tok.bos().map_or("", |b| tok.token_text(b)).to_owned();
+    let eos = tok.eos().map_or("", |e| tok.token_text(e)).to_owned();
+    let builtin = |name: &str| ChatTemplate::builtin(name, &bos, &eos);
+    let template = if let Some(path) = &args.chat_template_file {
+        let source = std::fs::read_to_string(path).map_err(|source| ServerError::Io {
+            what: format!("reading the chat template {}", path.display()),
+            source,
+        })?;
+        Some(ChatTemplate::new(&source, &bos, &eos)?)
+    } else if args.no_jinja {
+        let name = args.chat_template.as_deref().unwrap_or("chatml");
+        Some(builtin(name).ok_or_else(|| ServerError::BadOption {
+            option: "--chat-template",
+            reason: format!(
+                "{name:?} is not a built-in template; with --no-jinja one of: {}",
+                engine::chat::builtin_names().join(", ")
+            ),
+        })?)
+    } else {
+        match &args.chat_template {
+            Some(name) => match builtin(name) {
+                Some(t) => Some(t),
+                None => Some(ChatTemplate::new(name, &bos, &eos)?),
+            },
+            None => None,
+        }
+    };
+    Ok(template.map(Arc::new))
 }

@@ -16,7 +16,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use engine::chat::Message;
+pub use engine::constraint::Grammar;
 pub use engine::sampling::SamplerParams;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -50,30 +50,6 @@ pub struct Limits {
     pub cache_prompt: bool,
     /// DRY's sequence breakers unless a request gives its own (`None`: llama-server's).
     pub dry_breakers: Option<Vec<String>>,
-}
-
-/// One chat message as clients send it.
-#[derive(Deserialize)]
-struct ChatMessage {
-    role: String,
-    #[serde(default)]
-    content: Option<Content>,
-}
-
-/// Message content: a string, or OpenAI's list of parts (only text parts are supported).
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Content {
-    Text(String),
-    Parts(Vec<Part>),
-}
-
-#[derive(Deserialize)]
-struct Part {
-    #[serde(rename = "type")]
-    kind: String,
-    #[serde(default)]
-    text: Option<String>,
 }
 
 /// `stop`: one string or several.
@@ -151,7 +127,8 @@ struct StreamOptions {
 /// `POST /v1/chat/completions` body as sent.
 #[derive(Deserialize)]
 struct ChatBody {
-    messages: Vec<ChatMessage>,
+    #[serde(flatten)]
+    chat: ChatFields,
     max_tokens: Option<i64>,
     max_completion_tokens: Option<i64>,
     n_predict: Option<i64>,
@@ -195,7 +172,21 @@ struct DetokenizeBody {
 /// `POST /apply-template` body as sent.
 #[derive(Deserialize)]
 struct TemplateBody {
-    messages: Vec<ChatMessage>,
+    #[serde(flatten)]
+    chat: ChatFields,
+}
+
+/// What a chat body gives the template: OpenAI's and llama-server's fields.
+#[derive(Deserialize)]
+struct ChatFields {
+    messages: Option<serde_json::Value>,
+    tools: Option<Vec<serde_json::Value>>,
+    tool_choice: Option<serde_json::Value>,
+    parallel_tool_calls: Option<bool>,
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<bool>,
+    chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    reasoning_format: Option<String>,
 }
 
 /// `POST /slots/{id}` body as sent.
@@ -235,11 +226,33 @@ pub struct Probs {
     pub post_sampling: bool,
 }
 
+/// A checked chat: what the template renders, and how the reply is read.
+#[derive(Clone, Debug, Default)]
+pub struct Chat {
+    /// The messages, OpenAI's objects (never empty; each has a string `role`, and a `content`
+    /// that is a string, null or a list of text parts).
+    pub messages: Vec<serde_json::Value>,
+    /// Tools the template is given (`None` when absent or empty).
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// OpenAI's `tool_choice` as sent (`None`: `auto`).
+    pub tool_choice: Option<serde_json::Value>,
+    /// Several tool calls in one reply may be made.
+    pub parallel_tool_calls: bool,
+    /// End the prompt where the assistant's reply starts.
+    pub add_generation_prompt: bool,
+    /// Continue the final assistant message (`Some(true)` asked, `None` not said).
+    pub continue_final_message: Option<bool>,
+    /// Template variables of this request (`chat_template_kwargs`).
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
+    /// Where reasoning goes in the reply (`None`: the server's `--reasoning-format`).
+    pub reasoning_format: Option<String>,
+}
+
 /// A checked chat request.
 #[derive(Debug)]
 pub struct ChatRequest {
-    /// The conversation (never empty).
-    pub messages: Vec<Message>,
+    /// The conversation and what the template gets.
+    pub chat: Chat,
     /// How to generate.
     pub params: GenParams,
     /// How to answer.
@@ -312,7 +325,7 @@ pub fn json_body<T: DeserializeOwned>(bytes: &[u8], max_body: usize) -> Result<T
 /// A `/v1/chat/completions` body.
 pub fn chat(bytes: &[u8], limits: &Limits) -> Result<ChatRequest> {
     let body: ChatBody = json_body(bytes, limits.max_body)?;
-    let messages = chat_messages(&body.messages)?;
+    let chat = chat_fields(body.chat)?;
     let max = body
         .max_completion_tokens
         .or(body.max_tokens)
@@ -320,7 +333,7 @@ pub fn chat(bytes: &[u8], limits: &Limits) -> Result<ChatRequest> {
     let params = gen_params(limits, &body.sampling, max)?;
     let output = output(&body.sampling, CompletionApi::OpenAi, true)?;
     Ok(ChatRequest {
-        messages,
+        chat,
         params,
         output,
     })
@@ -481,10 +494,10 @@ pub fn detokenize(bytes: &[u8], limits: &Limits) -> Result<Vec<u32>> {
     Ok(body.tokens)
 }
 
-/// An `/apply-template` body: its messages (never empty).
-pub fn apply_template(bytes: &[u8], limits: &Limits) -> Result<Vec<Message>> {
+/// An `/apply-template` body: the chat to render.
+pub fn apply_template(bytes: &[u8], limits: &Limits) -> Result<Chat> {
     let body: TemplateBody = json_body(bytes, limits.max_body)?;
-    chat_messages(&body.messages)
+    chat_fields(body.chat)
 }
 
 /// A `/slots/{id}?action=...` request: the path's id, the query's action and the body (a
@@ -575,43 +588,82 @@ pub fn check_filename(name: &str) -> Result<()> {
     }
 }
 
-/// The engine's messages from the client's.
-fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>> {
-    if messages.is_empty() {
-        return Err(ServerError::BadRequest("\"messages\" is empty".into()));
+/// A chat's fields checked: messages as llama-server accepts them (objects with a string
+/// role and a content that is a string, null or text parts; a conversation does not end with
+/// two assistant messages), and `add_generation_prompt` with `continue_final_message` not both.
+fn chat_fields(f: ChatFields) -> Result<Chat> {
+    use serde_json::Value;
+    let bad = |what: String| ServerError::BadRequest(what);
+    let messages = match f.messages {
+        Some(Value::Array(m)) if !m.is_empty() => m,
+        Some(Value::Array(_)) => return Err(bad("\"messages\" is empty".into())),
+        Some(other) => return Err(bad(format!("\"messages\" is {other}; a list expected"))),
+        None => return Err(bad("\"messages\" is required".into())),
+    };
+    for (i, m) in messages.iter().enumerate() {
+        let Some(obj) = m.as_object() else {
+            return Err(bad(format!("message {i} is not an object")));
+        };
+        match obj.get("role") {
+            Some(Value::String(_)) => {}
+            _ => return Err(bad(format!("message {i} has no string \"role\""))),
+        }
+        match obj.get("content") {
+            None | Some(Value::Null | Value::String(_)) => {}
+            Some(Value::Array(parts)) => {
+                for p in parts {
+                    match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                        (Some("text"), Some(Value::String(_))) => {}
+                        (Some(kind @ ("image_url" | "input_audio" | "image" | "file")), _) => {
+                            return Err(ServerError::Unsupported(format!(
+                                "content parts of type {kind:?} need a multimodal model; this server reads text"
+                            )))
+                        }
+                        _ => return Err(bad(format!("message {i}: {p} is not a text part"))),
+                    }
+                }
+            }
+            Some(other) => {
+                return Err(bad(format!(
+                    "message {i}: content {other} is neither text nor a list of parts"
+                )))
+            }
+        }
     }
-    // A final assistant message is continued; two of them leave nothing to continue.
-    if let [.., a, b] = messages {
-        if a.role == "assistant" && b.role == "assistant" {
-            return Err(ServerError::BadRequest(
-                "the conversation ends with two assistant messages".into(),
+    let role = |m: &Value| m.get("role").and_then(Value::as_str).map(str::to_owned);
+    if let [.., a, b] = messages.as_slice() {
+        if role(a).as_deref() == Some("assistant") && role(b).as_deref() == Some("assistant") {
+            return Err(bad("the conversation ends with two assistant messages".into()));
+        }
+    }
+    let add_generation_prompt = f.add_generation_prompt.unwrap_or(true);
+    if f.continue_final_message == Some(true) {
+        if f.add_generation_prompt == Some(true) {
+            return Err(bad(
+                "\"continue_final_message\" and \"add_generation_prompt\" cannot both be true".into(),
+            ));
+        }
+        if messages.last().and_then(role).as_deref() != Some("assistant") {
+            return Err(bad(
+                "\"continue_final_message\" needs a final assistant message".into(),
             ));
         }
     }
-    messages
-        .iter()
-        .map(|m| {
-            let content = match &m.content {
-                None => String::new(),
-                Some(Content::Text(t)) => t.clone(),
-                Some(Content::Parts(parts)) => {
-                    let mut text = String::new();
-                    for p in parts {
-                        match (p.kind.as_str(), &p.text) {
-                            ("text", Some(t)) => text.push_str(t),
-                            (kind, _) => {
-                                return Err(ServerError::BadRequest(format!(
-                                    "content parts of type {kind:?} are not supported"
-                                )))
-                            }
-                        }
-                    }
-                    text
-                }
-            };
-            Ok(Message::new(m.role.clone(), content))
-        })
-        .collect()
+    if let Some(Value::String(choice)) = &f.tool_choice {
+        if !matches!(choice.as_str(), "auto" | "none" | "required") {
+            return Err(bad(format!("\"tool_choice\" is {choice:?}: auto, none or required")));
+        }
+    }
+    Ok(Chat {
+        messages,
+        tools: f.tools.filter(|t| !t.is_empty()),
+        tool_choice: f.tool_choice,
+        parallel_tool_calls: f.parallel_tool_calls.unwrap_or(false),
+        add_generation_prompt: add_generation_prompt && f.continue_final_message != Some(true),
+        continue_final_message: f.continue_final_message,
+        kwargs: f.chat_template_kwargs.unwrap_or_default(),
+        reasoning_format: f.reasoning_format,
+    })
 }
 
 /// The settings a request that sets nothing generates with (`/props` shows them).
@@ -716,14 +768,7 @@ fn gen_params(limits: &Limits, s: &Sampling, max_tokens: Option<i64>) -> Result<
             Ok(())
         }
     };
-    pending("grammar", s.grammar.as_ref().is_some_and(|g| !g.trim().is_empty()))?;
-    pending("json_schema", s.json_schema.as_ref().is_some_and(|v| !is_empty_json(v)))?;
-    pending(
-        "response_format",
-        s.response_format.as_ref().is_some_and(|f| {
-            f.get("type").and_then(|t| t.as_str()).is_some_and(|t| t != "text")
-        }),
-    )?;
+    let grammar = grammar(s)?;
     pending("lora", s.lora.as_ref().is_some_and(|v| !is_empty_json(v)))?;
     pending("n_indent", s.n_indent.is_some_and(|n| n > 0))?;
     if s.min_keep.is_some_and(|k| k < 0) {
@@ -767,6 +812,7 @@ fn gen_params(limits: &Limits, s: &Sampling, max_tokens: Option<i64>) -> Result<
         t_max_predict_ms: s.t_max_predict_ms.filter(|&t| t > 0).map(|t| t as u64),
         n_keep: s.n_keep.unwrap_or(0),
         return_progress: s.return_progress.unwrap_or(false),
+        grammar,
         bias: match &s.logit_bias {
             None => Vec::new(),
             Some(v) => logit_bias(v, limits)?,
@@ -776,6 +822,40 @@ fn gen_params(limits: &Limits, s: &Sampling, max_tokens: Option<i64>) -> Result<
             .clone()
             .or_else(|| limits.dry_breakers.clone()),
     })
+}
+
+/// The grammar a request's output must follow: llama-server's `grammar` (GBNF) or
+/// `json_schema`, or OpenAI's `response_format` (`json_object`, with an optional `schema`, or
+/// `json_schema` with its `schema`); `None` for free text.
+fn grammar(s: &Sampling) -> Result<Option<Grammar>> {
+    use serde_json::Value;
+    let bad = |what: String| ServerError::BadRequest(what);
+    if let Some(g) = s.grammar.as_ref().filter(|g| !g.trim().is_empty()) {
+        return Ok(Some(Grammar::Gbnf(g.clone())));
+    }
+    if let Some(schema) = s.json_schema.as_ref().filter(|v| !is_empty_json(v)) {
+        return Ok(Some(Grammar::JsonSchema(schema.clone())));
+    }
+    let Some(format) = s.response_format.as_ref().filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let schema = |v: Option<&Value>| match v {
+        Some(schema) if schema.is_object() => Some(Grammar::JsonSchema(schema.clone())),
+        _ => None,
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(schema(format.get("schema")).unwrap_or(Grammar::JsonObject))),
+        Some("json_schema") => {
+            let inner = format.get("json_schema").and_then(|j| j.get("schema"));
+            schema(inner.or_else(|| format.get("schema")))
+                .map(Some)
+                .ok_or_else(|| bad("\"response_format\": json_schema needs a \"schema\" object".into()))
+        }
+        _ => Err(bad(format!(
+            "\"response_format\" is {format}; type text, json_object or json_schema expected"
+        ))),
+    }
 }
 
 /// llama-server's `samplers`: a list of names, or a string of letters (`"kfypmt"`).

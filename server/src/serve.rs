@@ -32,7 +32,8 @@ pub async fn serve(listener: TcpListener, app: Router, mut stop: watch::Receiver
                     let _ = conn.await;
                 });
             }
-            _ = stop.wait_for(|&s| s) => break,
+            // The guard `wait_for` gives back is dropped at once (it is not `Send`).
+            () = async { let _ = stop.wait_for(|&s| s).await; } => break,
         }
     }
     drop(listener);

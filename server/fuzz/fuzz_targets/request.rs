@@ -74,7 +74,7 @@ fuzz_target!(|data: &[u8]| {
     match endpoint % 7 {
         0 => match request::chat(body, &limits) {
             Ok(r) => {
-                assert!(!r.messages.is_empty());
+                assert!(!r.chat.messages.is_empty());
                 check_params(&r.params, &limits);
             }
             Err(e) => check_error(&e, &limits, body.len()),
@@ -114,7 +114,7 @@ fuzz_target!(|data: &[u8]| {
             Err(e) => check_error(&e, &limits, body.len()),
         },
         5 => match request::apply_template(body, &limits) {
-            Ok(messages) => assert!(!messages.is_empty()),
+            Ok(chat) => assert!(!chat.messages.is_empty()),
             Err(e) => check_error(&e, &limits, body.len()),
         },
         _ => {

@@ -447,13 +447,7 @@ impl Args {
         let unbuilt = [
             ("--context-shift", self.context_shift, "context shift during generation"),
             ("--keep", self.keep != 0, "context shift during generation"),
-            ("--chat-template", self.chat_template.is_some(), "chat templates other than the model's"),
-            ("--chat-template-file", self.chat_template_file.is_some(), "chat templates other than the model's"),
-            ("--no-jinja", self.no_jinja, "llama-server's built-in templates"),
-            ("--chat-template-kwargs", self.chat_template_kwargs.is_some(), "template variables"),
             ("--reasoning-budget", self.reasoning_budget >= 0, "reasoning budgets"),
-            ("--reasoning", self.reasoning != "auto", "switching reasoning"),
-            ("--reasoning-format", self.reasoning_format != "auto" && self.reasoning_format != "none", "reasoning extraction"),
             ("--props", self.props, "changing settings through POST /props"),
             ("--sleep-idle-seconds", self.sleep_idle_seconds >= 0, "sleeping when idle"),
             ("--log-file", self.log_file.is_some(), "logging to a file"),

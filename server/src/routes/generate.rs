@@ -29,9 +29,11 @@ pub async fn chat(State(st): State<Arc<AppState>>, RawBody(body): RawBody) -> Re
     let limits = st.limits();
     let req = request::chat(&body, &limits)?;
     let params = resolve(&st, req.params)?;
-    let text = super::render_chat(&st, req.messages.clone()).await?;
+    let text = super::render_chat(&st, &req.chat).await?;
     let prompt = chat_tokens(&st, &text)?;
     let runs = submit_all(&st, &limits, &[prompt.clone()], &params, req.output.n)?;
+    let reading = shape::Reading::new(&st, &req.chat, &text);
+    let verbose = st.config.args.verbose.then(|| st.model.tokenizer().decode(&prompt));
     let meta = shape::Meta::new(&st, "chatcmpl");
     let remember = {
         let st = Arc::clone(&st);
@@ -55,9 +57,13 @@ pub async fn chat(State(st): State<Arc<AppState>>, RawBody(body): RawBody) -> Re
         for r in &replies {
             remember(&r.text, &r.finish);
         }
-        return Ok(Json(shape::chat_whole(&meta, &replies, &req.output, tok.tokenizer())).into_response());
+        let mut body = shape::chat_whole(&meta, &replies, &req.output, &reading, tok.tokenizer());
+        if let Some(prompt) = verbose {
+            body["__verbose"] = json!({ "prompt": prompt });
+        }
+        return Ok(Json(body).into_response());
     }
-    let mut state = shape::ChatStream::new(meta, req.output.clone(), runs.len());
+    let mut state = shape::ChatStream::new(meta, req.output.clone(), reading, runs.len());
     sse(runs, move |index, ev| {
         if let Event::Done(f) = &ev {
             remember(state.text(index), f);
@@ -74,7 +80,7 @@ pub async fn chat_input_tokens(
 ) -> Result<Json<Value>> {
     let limits = st.limits();
     let req = request::chat(&body, &limits)?;
-    let text = super::render_chat(&st, req.messages).await?;
+    let text = super::render_chat(&st, &req.chat).await?;
     let prompt = chat_tokens(&st, &text)?;
     Ok(Json(json!({ "input_tokens": prompt.len() })))
 }
@@ -266,6 +272,16 @@ pub(super) fn submit_all(
     for p in prompts {
         request::check_prompt(p, limits)?;
     }
+    let constraint = match &params.grammar {
+        None => None,
+        Some(g) => {
+            let vocab = st.vocab()?;
+            Some(
+                engine::constraint::Constraint::new(&vocab, g)
+                    .map_err(|e| ServerError::BadRequest(format!("invalid grammar: {e}")))?,
+            )
+        }
+    };
     let mut runs = Vec::with_capacity(prompts.len() * n);
     for p in prompts {
         for k in 0..n {
@@ -277,6 +293,7 @@ pub(super) fn submit_all(
                     prompt: p.clone(),
                     params,
                     events,
+                    constraint: constraint.clone(),
                 }))
                 .map_err(|_| ServerError::ShuttingDown)?;
             runs.push(Run {

@@ -65,7 +65,7 @@ pub async fn props(State(st): State<Arc<AppState>>) -> Result<Json<Value>> {
         "model_path": args.model.display().to_string(),
         "model_alias": st.config.alias,
         "modalities": { "vision": false, "audio": false },
-        "chat_template": st.model.chat_template().source(),
+        "chat_template": st.template().source(),
         "bos_token": tok.bos().map(|b| tok.token_text(b).to_owned()),
         "eos_token": tok.eos().map(|e| tok.token_text(e).to_owned()),
         "build_info": super::shape::FINGERPRINT,
@@ -113,7 +113,7 @@ pub async fn apply_template(
     State(st): State<Arc<AppState>>,
     RawBody(body): RawBody,
 ) -> Result<Json<Value>> {
-    let messages = request::apply_template(&body, &st.limits())?;
-    let prompt = super::render_chat(&st, messages).await?;
+    let chat = request::apply_template(&body, &st.limits())?;
+    let prompt = super::render_chat(&st, &chat).await?;
     Ok(Json(json!({ "prompt": prompt })))
 }

@@ -27,7 +27,7 @@ use crate::args::Config;
 use crate::cache::TextIndex;
 use crate::error::ServerError;
 use crate::metrics::Metrics;
-use crate::request::Limits;
+use crate::request::{Chat, Limits};
 use crate::scheduler::Command;
 
 /// What every handler can reach.
@@ -52,6 +52,10 @@ pub struct AppState {
     pub texts: Mutex<TextIndex>,
     /// When the server started (Unix seconds).
     pub started_unix: u64,
+    /// The chat template given on the command line, if one was.
+    pub template: Option<Arc<engine::chat::ChatTemplate>>,
+    /// The vocabulary's token trie for grammars, built at the first request with one.
+    pub vocab: std::sync::OnceLock<Arc<engine::constraint::Vocab>>,
 }
 
 /// The router of every endpoint, under `--api-prefix` when one is given.
@@ -181,16 +185,55 @@ impl AppState {
     }
 }
 
-/// Renders `messages` with the model's chat template on a blocking thread: a template outside
+/// Renders `chat` with the server's chat template on a blocking thread: a template outside
 /// the reviewed ones renders in the renderer process, which a hostile template may keep busy up
-/// to its time limit.
-async fn render_chat(
-    st: &Arc<AppState>,
-    messages: Vec<engine::chat::Message>,
-) -> Result<String, ServerError> {
+/// to its time limit. A final assistant message is continued (llama-server's prefill) unless
+/// `--no-prefill-assistant` or the request says otherwise.
+async fn render_chat(st: &Arc<AppState>, chat: &Chat) -> Result<String, ServerError> {
+    let args = &st.config.args;
+    let last_is_assistant = chat
+        .messages
+        .last()
+        .and_then(|m| m.get("role"))
+        .and_then(|r| r.as_str())
+        == Some("assistant");
+    let continue_final = match chat.continue_final_message {
+        Some(c) => c,
+        None => last_is_assistant && !args.no_prefill_assistant && chat.add_generation_prompt,
+    };
+    let mut kwargs = st.config.chat_template_kwargs.clone();
+    kwargs.extend(chat.kwargs.clone());
+    let req = engine::chat::RenderRequest {
+        messages: chat.messages.clone(),
+        tools: chat.tools.clone(),
+        add_generation_prompt: chat.add_generation_prompt && !continue_final,
+        continue_final_message: continue_final,
+        kwargs,
+        reasoning: engine::chat::Reasoning::parse(&args.reasoning)
+            .unwrap_or(engine::chat::Reasoning::Auto),
+    };
     let st = Arc::clone(st);
-    tokio::task::spawn_blocking(move || st.model.chat_template().render(&messages, true))
+    tokio::task::spawn_blocking(move || st.template().render_request(&req))
         .await
         .map_err(|e| engine::Error::TemplateRenderer(format!("the render task failed: {e}")))?
         .map_err(ServerError::from)
+}
+
+impl AppState {
+    /// The vocabulary grammars are compiled against (built once, at first use).
+    pub fn vocab(&self) -> Result<Arc<engine::constraint::Vocab>, ServerError> {
+        if let Some(v) = self.vocab.get() {
+            return Ok(Arc::clone(v));
+        }
+        let v = engine::constraint::Vocab::new(self.model.tokenizer())?;
+        Ok(Arc::clone(self.vocab.get_or_init(|| v)))
+    }
+
+    /// The chat template in use: `--chat-template`/`--chat-template-file`/`--no-jinja`, or the
+    /// model's.
+    pub fn template(&self) -> &engine::chat::ChatTemplate {
+        self.template
+            .as_deref()
+            .unwrap_or_else(|| self.model.chat_template())
+    }
 }

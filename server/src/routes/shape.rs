@@ -11,7 +11,8 @@ use engine::tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
 
 use super::AppState;
-use crate::request::Output;
+use crate::request::{Chat, Output};
+use engine::chat::{ReasoningFormat, ReasoningStream};
 use crate::scheduler::{Chunk, Event, Finish, FinishReason, GenParams, Progress, TokenProbs};
 
 /// One finished generation.
@@ -23,6 +24,38 @@ pub struct Reply {
     pub text: String,
     /// Its figures.
     pub finish: Finish,
+}
+
+/// How a chat reply's text is read: its reasoning split out as `reasoning_content`.
+#[derive(Clone, Copy, Debug)]
+pub struct Reading {
+    format: ReasoningFormat,
+    opened: bool,
+}
+
+impl Reading {
+    /// The request's `reasoning_format` (else `--reasoning-format`), and whether the rendered
+    /// `prompt` left a thinking block open.
+    pub fn new(st: &AppState, chat: &Chat, prompt: &str) -> Reading {
+        let name = chat
+            .reasoning_format
+            .as_deref()
+            .unwrap_or(&st.config.args.reasoning_format);
+        Reading {
+            format: ReasoningFormat::parse(name).unwrap_or_default(),
+            opened: engine::chat::prompt_opens_thinking(prompt),
+        }
+    }
+
+    /// The assistant message of a whole reply.
+    fn message(&self, text: &str) -> Value {
+        let (reasoning, content) = engine::chat::split_reasoning(text, self.format, self.opened);
+        let mut m = json!({ "role": "assistant", "content": content });
+        if let Some(r) = reasoning {
+            m["reasoning_content"] = json!(r);
+        }
+        m
+    }
 }
 
 /// What every object of one response shares.
@@ -305,13 +338,19 @@ fn openai_logprobs(tok: &Tokenizer, probs: &[TokenProbs]) -> Value {
 }
 
 /// The whole `/v1/chat/completions` answer.
-pub fn chat_whole(meta: &Meta, replies: &[Reply], output: &Output, tok: &Tokenizer) -> Value {
+pub fn chat_whole(
+    meta: &Meta,
+    replies: &[Reply],
+    output: &Output,
+    reading: &Reading,
+    tok: &Tokenizer,
+) -> Value {
     let choices: Vec<Value> = replies
         .iter()
         .map(|r| {
             let mut c = json!({
                 "index": r.index,
-                "message": { "role": "assistant", "content": r.text },
+                "message": reading.message(&r.text),
                 "finish_reason": finish_reason(&r.finish),
             });
             if output.probs.is_some() {
@@ -340,6 +379,7 @@ pub fn chat_whole(meta: &Meta, replies: &[Reply], output: &Output, tok: &Tokeniz
 pub struct ChatStream {
     meta: Meta,
     output: Output,
+    readers: Vec<ReasoningStream>,
     started: Vec<bool>,
     texts: Vec<String>,
     finishes: Vec<Option<Finish>>,
@@ -347,10 +387,13 @@ pub struct ChatStream {
 
 impl ChatStream {
     /// A stream of `n` choices.
-    pub fn new(meta: Meta, output: Output, n: usize) -> ChatStream {
+    pub fn new(meta: Meta, output: Output, reading: Reading, n: usize) -> ChatStream {
         ChatStream {
             meta,
             output,
+            readers: (0..n)
+                .map(|_| ReasoningStream::new(reading.format, reading.opened))
+                .collect(),
             started: vec![false; n],
             texts: vec![String::new(); n],
             finishes: (0..n).map(|_| None).collect(),
@@ -391,9 +434,19 @@ impl ChatStream {
         match ev {
             Event::Text(c) => {
                 self.texts[index].push_str(&c.text);
+                let (reasoning, content) = self.readers[index].feed(&c.text);
+                let mut delta = json!({});
+                if !reasoning.is_empty() {
+                    delta["reasoning_content"] = json!(reasoning);
+                }
+                // A chunk whose text is held back (a tag may be starting) still carries its
+                // tokens' probabilities.
+                if !content.is_empty() || reasoning.is_empty() {
+                    delta["content"] = json!(content);
+                }
                 let mut choice = json!({
                     "index": index,
-                    "delta": { "content": c.text },
+                    "delta": delta,
                     "finish_reason": null,
                 });
                 if self.output.probs.is_some() {
@@ -411,6 +464,20 @@ impl ChatStream {
                 out.push(chunk.to_string());
             }
             Event::Done(f) => {
+                let (reasoning, content) = self.readers[index].finish();
+                if !reasoning.is_empty() || !content.is_empty() {
+                    let mut delta = json!({});
+                    if !reasoning.is_empty() {
+                        delta["reasoning_content"] = json!(reasoning);
+                    }
+                    if !content.is_empty() {
+                        delta["content"] = json!(content);
+                    }
+                    out.push(
+                        self.chunk(json!([{ "index": index, "delta": delta, "finish_reason": null }]))
+                            .to_string(),
+                    );
+                }
                 out.push(
                     self.chunk(json!([{
                         "index": index,

@@ -60,6 +60,8 @@ pub struct GenParams {
     pub n_keep: i64,
     /// Report the prompt's evaluation after each chunk.
     pub return_progress: bool,
+    /// The grammar the output must follow (the handler compiles it into the job's constraint).
+    pub grammar: Option<engine::constraint::Grammar>,
     /// `logit_bias` as sent: the handler tokenizes text targets into `sampler.logit_bias`.
     pub bias: Vec<(crate::request::BiasTarget, f32)>,
     /// DRY sequence breakers as text (`None`: llama-server's defaults), tokenized by the
@@ -76,6 +78,8 @@ pub struct Job {
     pub params: GenParams,
     /// Where the text goes; dropping the receiver cancels the request.
     pub events: mpsc::UnboundedSender<Event>,
+    /// The grammar compiled for this job, when it has one.
+    pub constraint: Option<engine::constraint::Constraint>,
 }
 
 /// Generated text with the tokens it came from.
@@ -244,6 +248,8 @@ struct Active {
     probs: Vec<TokenProbs>,
     /// A sampled token to feed at the next step.
     pending: Option<u32>,
+    /// The grammar's state, when the output must follow one.
+    constraint: Option<engine::constraint::Constraint>,
     admitted: Instant,
     first_token: Option<Instant>,
     /// Order of admission, to pick the newest when the pool runs out.
@@ -542,6 +548,7 @@ impl Scheduler {
             unsent_probs: Vec::new(),
             probs: Vec::new(),
             pending: None,
+            constraint: job.constraint,
             admitted: Instant::now(),
             first_token: None,
             ticket: self.tickets,
@@ -640,19 +647,10 @@ impl Scheduler {
                             let history = self.ctx.tokens(a.seq).unwrap_or(&[]);
                             // `ignore_eos` reaches the sampler as a ban of those tokens.
                             let logits = out.logits(item);
-                            let (token, probs) = match a.params.n_probs {
-                                None => (a.sampler.sample(logits, history), None),
-                                Some(n) => {
-                                    let mode = if a.params.post_sampling_probs {
-                                        ProbsMode::PostSampling
-                                    } else {
-                                        ProbsMode::PreSampling
-                                    };
-                                    let s = a.sampler.sample_detailed(logits, history, n, mode);
-                                    (s.token, Some(s))
-                                }
-                            };
-                            self.on_token(slot, token, probs);
+                            match pick(a, logits, history) {
+                                Ok((token, probs)) => self.on_token(slot, token, probs),
+                                Err(e) => self.fail(slot, e),
+                            }
                         }
                     }
                     return;
@@ -725,6 +723,15 @@ impl Scheduler {
         }
         let safe = safe_prefix_len(&a.text, &a.params.stop).max(a.sent);
         flush_text(a, safe);
+        // A grammar that is complete admits nothing more.
+        if a.constraint.as_ref().is_some_and(|c| c.is_done()) {
+            let rest = a.decoder.flush();
+            a.text.push_str(&rest);
+            let end = a.text.len();
+            flush_text(a, end);
+            self.finish(slot, FinishReason::EndOfGeneration);
+            return;
+        }
         let held = a.prompt.len() + a.generated.len();
         // llama-server's `t_max_predict_ms`: out of time once a line has ended.
         let out_of_time = a.params.t_max_predict_ms.is_some_and(|ms| {
@@ -810,6 +817,46 @@ impl Scheduler {
             }
         }
     }
+}
+
+/// Samples the next token of `a`: with its grammar, a token the grammar refuses is drawn
+/// again from the logits the grammar allows; the grammar then takes the token.
+fn pick(
+    a: &mut Active,
+    logits: &[f32],
+    history: &[u32],
+) -> Result<(u32, Option<TokenProbs>)> {
+    let grammar_error = |e: engine::Error| ServerError::BadRequest(format!("the output's {e}"));
+    let draw = |a: &mut Active, logits: &[f32]| match a.params.n_probs {
+        None => (a.sampler.sample(logits, history), None),
+        Some(n) => {
+            let mode = if a.params.post_sampling_probs {
+                ProbsMode::PostSampling
+            } else {
+                ProbsMode::PreSampling
+            };
+            let s = a.sampler.sample_detailed(logits, history, n, mode);
+            (s.token, Some(s))
+        }
+    };
+    let (mut token, mut probs) = draw(a, logits);
+    if let Some(mut c) = a.constraint.take() {
+        let allowed = c.is_allowed(token).map_err(grammar_error);
+        let result = match allowed {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                let mut masked = logits.to_vec();
+                c.mask_logits(&mut masked).map_err(grammar_error).map(|()| {
+                    (token, probs) = draw(a, &masked);
+                })
+            }
+            Err(e) => Err(e),
+        };
+        let result = result.and_then(|()| c.accept(token).map_err(grammar_error));
+        a.constraint = Some(c);
+        result?;
+    }
+    Ok((token, probs))
 }
 
 /// Sends the text of `a` up to byte `upto` that was not sent yet.
