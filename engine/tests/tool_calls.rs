@@ -15,8 +15,9 @@ use engine::testing::{SplitMix64, TinyChatModel};
 use engine::{Model, Session, SessionParams};
 use serde_json::{json, Value};
 
-const FORMATS: [ToolFormat; 5] = [
+const FORMATS: [ToolFormat; 6] = [
     ToolFormat::Hermes,
+    ToolFormat::QwenXml,
     ToolFormat::Llama3,
     ToolFormat::Mistral,
     ToolFormat::MistralArgs,
@@ -34,6 +35,13 @@ fn corpus(format: ToolFormat) -> Vec<&'static str> {
             "text <tool_call>\n{\"name\": \"cut\", \"arguments\": {\"code\": \"print(",
             "<tool_call>{\"name\": \"f\"}</tool_call><tool_call>{\"name\": \"g\", \"arguments\": {}} trailing",
             "   leading and trailing   \n",
+        ],
+        ToolFormat::QwenXml => vec![
+            "<tool_call>\n<function=get_weather>\n<parameter=location>\nParis, France\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+            "I will run it.\n<tool_call>\n<function=python>\n<parameter=code>\nx = \"</param\"\nprint(x < 2)\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=noargs>\n</function>\n</tool_call>",
+            "<tool_call>\n{\"name\": \"json_style\", \"arguments\": {\"a\": [true]}}\n</tool_call>",
+            "<tool_call>\n<function=cut>\n<parameter=a>\n{\"k\": 1}\n</parameter>\n<parameter=b>\nunfinished",
+            "<tool_call>\n<function=bad name\n</tool_call> <tool_call><funct",
         ],
         ToolFormat::Llama3 => vec![
             "{\"name\": \"get_weather\", \"parameters\": {\"location\": \"Paris\"}}",
@@ -179,6 +187,19 @@ fn realistic_replies_parse_into_expected_calls() {
         "Let me look that up.\n\n<tool_call>\n{\"name\": \"python\", \"arguments\": {\"code\": \"print('hello world')\"}}\n</tool_call>",
         "Let me look that up.",
         &[("python", json!({"code": "print('hello world')"}))],
+    );
+    // Qwen3-Coder, Qwen 3.5.
+    expect(
+        ToolFormat::QwenXml,
+        "<tool_call>\n<function=get_current_weather>\n<parameter=location>\nParis, France\n</parameter>\n</function>\n</tool_call>",
+        "",
+        &[("get_current_weather", weather.clone())],
+    );
+    expect(
+        ToolFormat::QwenXml,
+        "Running.\n<tool_call>\n<function=python>\n<parameter=code>\nprint(1)\nprint(2)\n</parameter>\n<parameter=timeout>\n30\n</parameter>\n<parameter=opts>\n{\"a\": [1]}\n</parameter>\n</function>\n</tool_call>",
+        "Running.",
+        &[("python", json!({"code": "print(1)\nprint(2)", "timeout": 30, "opts": {"a": [1]}}))],
     );
     // Llama 3.1/3.2/3.3.
     expect(
@@ -419,6 +440,7 @@ fn real_model_required_tool_call_greedy() {
         ),
         (ToolChoice::Required, false, ToolFormat::Generic),
         (ToolChoice::Required, false, ToolFormat::Llama3),
+        (ToolChoice::Required, false, ToolFormat::QwenXml),
     ] {
         let grammar = tool_grammar(&tools, choice.clone(), parallel, format).unwrap();
         let mut c = Constraint::new(&vocab, &grammar).unwrap();
@@ -454,6 +476,50 @@ fn real_model_required_tool_call_greedy() {
         }
         if let ToolChoice::Named(n) = &choice {
             assert_eq!(&calls[0].name, n);
+        }
+    }
+}
+
+/// Feeds `text` byte by byte; whether every byte was allowed and the grammar may end there.
+fn accepts(c: &mut Constraint, model: &Model, text: &str) -> bool {
+    let alphabet = engine::testing::byte_alphabet();
+    let tok = model.tokenizer();
+    for b in text.bytes() {
+        let t = tok.token_id(&alphabet[b as usize].to_string()).unwrap();
+        if !c.is_allowed(t).unwrap() {
+            return false;
+        }
+        c.accept(t).unwrap();
+    }
+    c.can_end()
+}
+
+#[test]
+fn xml_string_values_end_only_at_their_closing_tag() {
+    let model = tiny_model();
+    let vocab = Vocab::new(model.tokenizer()).unwrap();
+    let tools = [
+        json!({"type": "function", "function": {"name": "run", "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string"}, "n": {"type": "integer"}},
+            "required": ["code"]
+        }}}),
+    ];
+    let grammar = tool_grammar(&tools, ToolChoice::Required, false, ToolFormat::QwenXml).unwrap();
+    let head = "<tool_call>\n<function=run>\n<parameter=code>\n";
+    for (text, ok) in [
+        (format!("{head}a < b\n</param\n</parameter>\n</function>\n</tool_call>"), true),
+        (format!("{head}\n</parameter>\n<parameter=n>\n42\n</parameter>\n</function>\n</tool_call>"), true),
+        (format!("{head}x</parameter>y\n</parameter>\n</function>\n</tool_call>"), false),
+        (format!("{head}x\n</parameter>\n<parameter=n>\n\"s\"\n</parameter>\n</function>\n</tool_call>"), false),
+        (format!("{head}x\n</parameter>\n</function>\n"), false),
+    ] {
+        let mut c = Constraint::new(&vocab, &grammar).unwrap();
+        assert_eq!(accepts(&mut c, &model, &text), ok, "{text:?}");
+        if ok {
+            let (content, calls) = parse_tool_calls(&text, ToolFormat::QwenXml);
+            assert_eq!((content.as_str(), calls.len()), ("", 1), "{text:?}");
+            assert!(serde_json::from_str::<Value>(&calls[0].arguments).is_ok());
         }
     }
 }

@@ -34,6 +34,11 @@ pub enum ToolFormat {
     /// `<tool_call>{"name": .., "arguments": {..}}</tool_call>`, one block per call: Hermes 2/3,
     /// Qwen 2.5/3, SmolLM3 and other ChatML tool templates.
     Hermes,
+    /// XML calls inside `<tool_call>`: Qwen3-Coder, Qwen 3.5, Nemotron 3 Nano:
+    /// `<tool_call>\n<function=name>\n<parameter=key>\nvalue\n</parameter>\n</function>\n</tool_call>`.
+    /// A value that parses as JSON other than a string (`3`, `true`, `[1]`) is taken as that
+    /// JSON, anything else as a string. Hermes' JSON calls are parsed too.
+    QwenXml,
     /// Llama 3.x: `{"name": .., "parameters": {..}}` (or with `"type": "function"` first), and
     /// `<|python_tag|>` followed by such a call, a builtin tool's `name.call(key="value")`, or
     /// code for the `python` tool. Several calls may follow each other, separated by `;` or
@@ -53,7 +58,8 @@ pub enum ToolFormat {
 }
 
 /// The tool-call format of the chat template `template_source`, from the markers it writes:
-/// `[TOOL_CALLS]` (Mistral; with `[ARGS]` the newer form), `<tool_call>` (Hermes),
+/// `[TOOL_CALLS]` (Mistral; with `[ARGS]` the newer form), `<tool_call>` (Hermes; with
+/// `<function=` and `<parameter=` Qwen's XML calls),
 /// `<|python_tag|>` or an `ipython` header (Llama 3.x); [`ToolFormat::Generic`] otherwise.
 pub fn detect_tool_format(template_source: &str) -> ToolFormat {
     let has = |s: &str| template_source.contains(s);
@@ -63,6 +69,8 @@ pub fn detect_tool_format(template_source: &str) -> ToolFormat {
         } else {
             ToolFormat::Mistral
         }
+    } else if has("<tool_call>") && has("<function=") && has("<parameter=") {
+        ToolFormat::QwenXml
     } else if has("<tool_call>") {
         ToolFormat::Hermes
     } else if has("<|python_tag|>")
@@ -348,7 +356,7 @@ enum Candidate {
 
 fn markers(format: ToolFormat) -> &'static [&'static str] {
     match format {
-        ToolFormat::Hermes => &["<tool_call>"],
+        ToolFormat::Hermes | ToolFormat::QwenXml => &["<tool_call>"],
         ToolFormat::Llama3 => &["<|python_tag|>", "{"],
         ToolFormat::Mistral | ToolFormat::MistralArgs => &["[TOOL_CALLS]"],
         ToolFormat::Generic => &["{"],
@@ -497,7 +505,7 @@ fn attempt(buf: &str, m: usize, kind: usize, eof: bool, format: ToolFormat) -> A
     let marker = markers(format)[kind];
     let after = m + marker.len();
     match (format, marker) {
-        (ToolFormat::Hermes, _) => hermes(buf, after, eof),
+        (ToolFormat::Hermes | ToolFormat::QwenXml, _) => hermes(buf, after, eof),
         (ToolFormat::Llama3, "{") => single_object(buf, m, eof, Style::Llama3),
         (ToolFormat::Llama3, _) => python_tag(buf, after, eof),
         (ToolFormat::Mistral | ToolFormat::MistralArgs, _) => mistral(buf, after, eof),
@@ -521,10 +529,17 @@ fn hermes(buf: &str, after: usize, eof: bool) -> Attempt {
     if i == s.len() {
         return undecided(eof);
     }
-    if s[i] != b'{' {
+    let rest = &buf[i..];
+    let inner = if rest.starts_with(FUNCTION) {
+        xml_call(buf, i + FUNCTION.len(), eof)
+    } else if FUNCTION.starts_with(rest) {
+        return undecided(eof);
+    } else if s[i] == b'{' {
+        single_object(buf, i, eof, Style::Hermes)
+    } else {
         return Attempt::Invalid;
-    }
-    match single_object(buf, i, eof, Style::Hermes) {
+    };
+    match inner {
         Attempt::Pieces(pieces, Some(end)) => {
             let j = skip_ws(s, end);
             let rest = &buf[j..];
@@ -537,6 +552,78 @@ fn hermes(buf: &str, after: usize, eof: bool) -> Attempt {
             }
         }
         other => other,
+    }
+}
+
+const FUNCTION: &str = "<function=";
+
+/// Qwen's XML call from just after `<function=`: `name>`, then `<parameter=key>\nvalue\n
+/// </parameter>` each, then `</function>`. It is a call once its name is read; each parameter
+/// joins the arguments when its closing tag comes.
+fn xml_call(buf: &str, p: usize, eof: bool) -> Attempt {
+    const PARAM: &str = "<parameter=";
+    const PARAM_END: &str = "</parameter>";
+    const FUNCTION_END: &str = "</function>";
+    let s = buf.as_bytes();
+    let Some(gt) = buf[p..].find(['>', '\n', '<']).map(|k| p + k) else {
+        return undecided(eof);
+    };
+    let name = buf[p..gt].trim();
+    if s[gt] != b'>' || name.is_empty() {
+        return Attempt::Invalid;
+    }
+    // The arguments text: `{`, the parameters so far, `}` once the call is over.
+    let mut args = String::from("{");
+    let mut q = gt + 1;
+    let done = |args: &String, end: Option<usize>| {
+        let mut text = args.clone();
+        if end.is_some() {
+            text.push('}');
+        }
+        let call = CallPiece {
+            name: name.to_string(),
+            id: None,
+            args: text,
+        };
+        Attempt::Pieces(vec![Piece::Call(call)], end)
+    };
+    loop {
+        q = skip_ws(s, q);
+        let rest = &buf[q..];
+        if rest.starts_with(FUNCTION_END) {
+            return done(&args, Some(q + FUNCTION_END.len()));
+        }
+        if rest.starts_with(PARAM) {
+            let k = q + PARAM.len();
+            let Some(gt) = buf[k..].find('>').map(|g| k + g) else {
+                return done(&args, eof.then_some(s.len()));
+            };
+            let key = buf[k..gt].trim().to_string();
+            let v = gt + 1 + usize::from(buf[gt + 1..].starts_with('\n'));
+            let Some(close) = buf[v..].find(PARAM_END).map(|c| v + c) else {
+                return done(&args, eof.then_some(s.len()));
+            };
+            let raw = buf[v..close].strip_suffix('\n').unwrap_or(&buf[v..close]);
+            if args.len() > 1 {
+                args.push_str(", ");
+            }
+            args.push_str(&format!("{}: {}", Value::String(key), xml_value(raw)));
+            q = close + PARAM_END.len();
+            continue;
+        }
+        if !eof && (PARAM.starts_with(rest) || FUNCTION_END.starts_with(rest)) {
+            return done(&args, None);
+        }
+        // Anything else ends the call.
+        return done(&args, Some(q));
+    }
+}
+
+/// A parameter's text as JSON: itself when it is JSON other than a string, else a string.
+fn xml_value(raw: &str) -> Value {
+    match serde_json::from_str::<Value>(raw.trim()) {
+        Ok(v) if !v.is_string() => v,
+        _ => Value::String(raw.to_string()),
     }
 }
 
@@ -1004,7 +1091,7 @@ fn builtin_call(buf: &str, name: &str, p: usize, eof: bool) -> Attempt {
 
 /// `a="x", b=2` as `{"a": "x", "b": 2}` (values that do not parse are kept as strings).
 fn kwargs_to_json(text: &str) -> String {
-    let mut obj = serde_json::Map::new();
+    let mut obj = Vec::new();
     let b = text.as_bytes();
     let mut i = 0;
     while i < b.len() {
@@ -1037,10 +1124,10 @@ fn kwargs_to_json(text: &str) -> String {
             v += 1;
         }
         let raw = text[start..v.min(b.len())].trim();
-        obj.insert(key, python_literal(raw));
+        obj.push(format!("{}: {}", Value::String(key), python_literal(raw)));
         i = v + 1;
     }
-    Value::Object(obj).to_string()
+    format!("{{{}}}", obj.join(", "))
 }
 
 fn python_literal(raw: &str) -> Value {
@@ -1137,6 +1224,106 @@ fn generic(buf: &str, m: usize, eof: bool) -> Attempt {
 
 // ---- grammars ----
 
+/// `s` as a Lark string literal (JSON's syntax).
+fn lit(s: &str) -> String {
+    Value::String(s.into()).to_string()
+}
+
+/// `schema` with short whitespace runs between JSON tokens and lenient handling of keywords
+/// llguidance does not know, unless it sets `x-guidance` itself.
+fn with_guidance(schema: &Value) -> Value {
+    let mut schema = schema.clone();
+    if let Some(o) = schema.as_object_mut() {
+        o.entry("x-guidance")
+            .or_insert_with(|| json!({"whitespace_pattern": ARGS_WHITESPACE, "lenient": true}));
+    }
+    schema
+}
+
+/// `s` with the characters a regex gives meaning to (and Lark's `/`) escaped.
+fn regex_escape(s: &str) -> String {
+    let mut out = String::new();
+    for c in s.chars() {
+        if c.is_ascii_punctuation() {
+            out.push('\\');
+        }
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The parameters of tool `k` as Qwen's XML writes them, in the schema's order, the required
+/// ones mandatory: a string's value is raw text (an enum's one of its values, a length within
+/// the schema's bounds) up to `\n</parameter>`, any other value JSON valid against its schema.
+fn xml_parameters(k: usize, schema: &Value, rules: &mut Vec<String>) -> String {
+    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+        return lit("");
+    };
+    let required: Vec<&str> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let mut seq = Vec::new();
+    for (i, (key, sub)) in props.iter().enumerate() {
+        let head = lit(&format!("<parameter={key}>\n"));
+        let strings: Option<Vec<&str>> = sub
+            .get("enum")
+            .and_then(Value::as_array)
+            .and_then(|e| e.iter().map(Value::as_str).collect());
+        let is_string = sub.get("type").and_then(Value::as_str) == Some("string");
+        let item = if is_string || strings.is_some() {
+            // The value and its closing tag in one terminal, which holds `</parameter>` only
+            // at its end.
+            let value = match strings {
+                Some(values) => format!(
+                    "({})",
+                    values
+                        .iter()
+                        .map(|v| regex_escape(v))
+                        .collect::<Vec<_>>()
+                        .join("|")
+                ),
+                None => {
+                    let bound = |key: &str| sub.get(key).and_then(Value::as_u64);
+                    match (bound("minLength"), bound("maxLength")) {
+                        (None, None) => "(?s:.)*".to_string(),
+                        (min, max) => format!(
+                            "(?s:.){{{},{}}}",
+                            min.unwrap_or(0),
+                            max.map(|m| m.to_string()).unwrap_or_default()
+                        ),
+                    }
+                }
+            };
+            let name = format!("XML_{k}_{i}");
+            rules.push(format!(
+                "{name}: /{value}\\n<\\/parameter>\\n/ & ~/(?s:.)*<\\/parameter>(?s:.)(?s:.)+/"
+            ));
+            format!("{head} {name}")
+        } else {
+            let name = format!("xml_{k}_{i}");
+            rules.push(format!("{name}: %json {}", with_guidance(sub)));
+            format!("{head} {name} {}", lit("\n</parameter>\n"))
+        };
+        let optional = if required.contains(&key.as_str()) {
+            ""
+        } else {
+            "?"
+        };
+        seq.push(format!("({item}){optional}"));
+    }
+    if seq.is_empty() {
+        return lit("");
+    }
+    seq.join(" ")
+}
+
 /// OpenAI's `tool_choice`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ToolChoice {
@@ -1207,17 +1394,17 @@ pub fn tool_grammar(
     if matches!(choice, ToolChoice::Auto | ToolChoice::None) || functions.is_empty() {
         return None;
     }
-    let lit = |s: &str| Value::String(s.into()).to_string();
     let mut rules = Vec::new();
     let mut alternatives = Vec::new();
     for (k, (name, schema)) in functions.iter().enumerate() {
-        let mut schema = schema.clone();
-        if let Some(o) = schema.as_object_mut() {
-            o.entry("x-guidance")
-                .or_insert_with(|| json!({"whitespace_pattern": ARGS_WHITESPACE, "lenient": true}));
-        }
-        rules.push(format!("args_{k}: %json {schema}"));
+        rules.push(format!("args_{k}: %json {}", with_guidance(schema)));
         let body = match format {
+            ToolFormat::QwenXml => format!(
+                "{} {} {}",
+                lit(&format!("<tool_call>\n<function={name}>\n")),
+                xml_parameters(k, schema, &mut rules),
+                lit("</function>\n</tool_call>")
+            ),
             ToolFormat::Hermes => format!(
                 "{} args_{k} {}",
                 lit(&format!(
@@ -1251,8 +1438,10 @@ pub fn tool_grammar(
     }
     rules.push(format!("call: {}", alternatives.join(" | ")));
     let start = match (format, parallel) {
-        (ToolFormat::Hermes | ToolFormat::Llama3, false) => "call".to_string(),
-        (ToolFormat::Hermes | ToolFormat::Llama3, true) => format!("call ({} call)*", lit("\n")),
+        (ToolFormat::Hermes | ToolFormat::QwenXml | ToolFormat::Llama3, false) => "call".into(),
+        (ToolFormat::Hermes | ToolFormat::QwenXml | ToolFormat::Llama3, true) => {
+            format!("call ({} call)*", lit("\n"))
+        }
         (ToolFormat::Mistral, false) => format!("{} call {}", lit("[TOOL_CALLS]["), lit("]")),
         (ToolFormat::Mistral, true) => format!(
             "{} call ({} call)* {}",
@@ -1300,6 +1489,10 @@ mod tests {
         assert_eq!(
             detect_tool_format("{{- '<tool_call>\\n' }}"),
             ToolFormat::Hermes
+        );
+        assert_eq!(
+            detect_tool_format("'<tool_call>\\n<function=' + name + '>\\n<parameter=' + k"),
+            ToolFormat::QwenXml
         );
         assert_eq!(
             detect_tool_format("{{- \"[TOOL_CALLS][\" }}"),
@@ -1378,7 +1571,7 @@ mod tests {
             parse(text, ToolFormat::Llama3).1,
             vec![call(
                 "brave_search",
-                "{\"query\":\"today's weather\",\"count\":3}"
+                "{\"query\": \"today's weather\", \"count\": 3}"
             )]
         );
         let text = "<|python_tag|>print(\"hi\")\nx = 1";
