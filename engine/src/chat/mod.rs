@@ -38,6 +38,7 @@ mod clock;
 mod reasoning;
 mod render;
 pub mod sandbox;
+pub mod tools;
 
 pub use reasoning::{split_reasoning, ReasoningFormat, ReasoningStream, THINK_END, THINK_START};
 pub use render::{prompt_opens_thinking, Reasoning, RenderRequest};
