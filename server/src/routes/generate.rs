@@ -87,7 +87,7 @@ pub async fn chat_input_tokens(
 
 /// The tokens of a rendered chat prompt: the longest text evaluated before (an earlier turn
 /// with its reply) keeps the tokens it was evaluated as; only the rest is tokenized.
-fn chat_tokens(st: &AppState, text: &str) -> Result<Vec<u32>> {
+pub(super) fn chat_tokens(st: &AppState, text: &str) -> Result<Vec<u32>> {
     let tok = st.model.tokenizer();
     let known = st
         .texts

@@ -1,11 +1,14 @@
 //! The HTTP side: the router, the shared state handlers see, the API-key check and the body
 //! extractor that turns a body over the limit into an OpenAI-style error.
 
+mod anthropic;
 mod cors;
 mod generate;
 mod info;
+mod responses;
 mod shape;
 mod slots;
+mod turn;
 mod ui;
 
 use std::path::PathBuf;
@@ -87,7 +90,15 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/apply-template", post(info::apply_template))
         .route("/slots", get(slots::list))
         .route("/slots/{id}", post(slots::action))
-        .route("/metrics", get(slots::metrics));
+        .route("/metrics", get(slots::metrics))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route("/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::fetch).delete(responses::remove))
+        .route("/responses/{id}", get(responses::fetch).delete(responses::remove));
     let routes = if prefix.is_empty() {
         routes
     } else {
@@ -139,6 +150,9 @@ async fn require_key(State(st): State<Arc<AppState>>, req: Request, next: Next) 
                 found | bool::from(given.as_bytes().ct_eq(key.as_bytes()))
             });
             if !matched {
+                if anthropic::is_anthropic_path(path) {
+                    return anthropic::unauthorized();
+                }
                 return ServerError::Unauthorized.into_response();
             }
         }

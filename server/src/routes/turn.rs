@@ -1,0 +1,385 @@
+//! What the Anthropic Messages and OpenAI Responses endpoints share: one assistant turn of a
+//! checked chat, from the rendered prompt to the reply read as reasoning, text and tool calls
+//! (whole, or piece by piece as it streams), and server-sent events with `event:` names.
+
+use std::convert::Infallible;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use engine::chat::tools::{
+    detect_tool_format, tool_grammar, ToolCall, ToolCallEvent, ToolCallStream, ToolChoice,
+    ToolFormat,
+};
+use engine::chat::{ReasoningFormat, ReasoningStream};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::generate::{self, Run};
+use super::AppState;
+use crate::error::{Result, ServerError};
+use crate::request::ChatRequest;
+use crate::scheduler::{Event, Finish, FinishReason, GenParams};
+
+/// A turn ready to generate: its prompt, settings and how its reply is read.
+pub(super) struct Turn {
+    /// The rendered prompt.
+    pub text: String,
+    /// Its tokens.
+    pub prompt: Vec<u32>,
+    /// How to generate (the tool grammar included).
+    pub params: GenParams,
+    reasoning: ReasoningFormat,
+    opened: bool,
+    /// How tool calls are written, when the reply is parsed for them.
+    tools: Option<ToolFormat>,
+}
+
+/// Renders and tokenizes `req`'s chat; `tool_choice` `required` or a named tool constrains the
+/// reply with the template family's tool-call grammar.
+pub(super) async fn prepare(st: &Arc<AppState>, req: &ChatRequest) -> Result<Turn> {
+    let mut params = generate::resolve(st, req.params.clone())?;
+    let chat = &req.chat;
+    let choice = match &chat.tool_choice {
+        None => ToolChoice::Auto,
+        Some(v) => ToolChoice::from_openai(v).ok_or_else(|| {
+            ServerError::BadRequest(format!("\"tool_choice\" {v} is not understood"))
+        })?,
+    };
+    let format = detect_tool_format(st.template().source());
+    let tools = match (&chat.tools, &choice) {
+        (None, _) | (_, ToolChoice::None) => None,
+        (Some(_), _) => Some(format),
+    };
+    if let Some(list) = &chat.tools {
+        if let ToolChoice::Named(name) = &choice {
+            let known = list.iter().any(|t| {
+                t.get("function")
+                    .unwrap_or(t)
+                    .get("name")
+                    .and_then(Value::as_str)
+                    == Some(name)
+            });
+            if !known {
+                return Err(ServerError::BadRequest(format!(
+                    "\"tool_choice\" names {name:?}, which is not among the tools"
+                )));
+            }
+        }
+        if let Some(g) = tool_grammar(list, choice.clone(), chat.parallel_tool_calls, format) {
+            if params.grammar.is_some() {
+                return Err(ServerError::BadRequest(
+                    "a forced tool call and an output format cannot both constrain the reply"
+                        .into(),
+                ));
+            }
+            params.grammar = Some(g);
+        }
+    } else if matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
+        return Err(ServerError::BadRequest(
+            "\"tool_choice\" asks for a tool call but no tools were given".into(),
+        ));
+    }
+    let text = super::render_chat(st, chat).await?;
+    let prompt = generate::chat_tokens(st, &text)?;
+    let name = chat
+        .reasoning_format
+        .as_deref()
+        .unwrap_or(&st.config.args.reasoning_format);
+    Ok(Turn {
+        reasoning: ReasoningFormat::parse(name).unwrap_or_default(),
+        opened: engine::chat::prompt_opens_thinking(&text),
+        text,
+        prompt,
+        params,
+        tools,
+    })
+}
+
+impl Turn {
+    /// Queues the generation.
+    pub fn start(&self, st: &Arc<AppState>) -> Result<Run> {
+        let limits = st.limits();
+        let mut runs = generate::submit_all(
+            st,
+            &limits,
+            std::slice::from_ref(&self.prompt),
+            &self.params,
+            1,
+        )?;
+        runs.pop().ok_or(ServerError::ShuttingDown)
+    }
+
+    /// Remembers the tokens of prompt and reply, so that the next turn of the conversation
+    /// keeps them (as the chat endpoint does).
+    pub fn remember(&self, st: &AppState, reply: &str, f: &Finish) {
+        if matches!(
+            f.reason,
+            FinishReason::EndOfGeneration | FinishReason::Length
+        ) {
+            let mut tokens = self.prompt.clone();
+            tokens.extend_from_slice(&f.tokens);
+            if let Ok(mut texts) = st.texts.lock() {
+                texts.insert(format!("{}{reply}", self.text), tokens);
+            }
+        }
+    }
+
+    /// A finished reply read whole.
+    pub fn read(&self, text: &str) -> Parsed {
+        let mut r = self.reader();
+        let mut pieces = r.feed(text);
+        pieces.extend(r.finish());
+        let mut out = Parsed::default();
+        for p in pieces {
+            match p {
+                Piece::Reasoning(s) => out.reasoning.push_str(&s),
+                Piece::Text(s) => out.content.push_str(&s),
+                Piece::CallStart { .. } | Piece::Arguments { .. } => {}
+            }
+        }
+        out.calls = r.calls();
+        out
+    }
+
+    /// A reader for the reply as it streams.
+    pub fn reader(&self) -> Reader {
+        Reader {
+            reasoning: ReasoningStream::new(self.reasoning, self.opened),
+            tools: self.tools.map(ToolCallStream::new),
+        }
+    }
+}
+
+/// A reply read: its reasoning, its text and its tool calls.
+#[derive(Debug, Default)]
+pub(super) struct Parsed {
+    /// The reasoning split out (empty when none).
+    pub reasoning: String,
+    /// The text outside reasoning and calls.
+    pub content: String,
+    /// The tool calls.
+    pub calls: Vec<ToolCall>,
+}
+
+/// A piece of a streamed reply, in order.
+#[derive(Debug)]
+pub(super) enum Piece {
+    /// More reasoning.
+    Reasoning(String),
+    /// More answer text.
+    Text(String),
+    /// Tool call `index` starts.
+    CallStart {
+        /// Its position among the reply's calls.
+        index: usize,
+        /// Its id.
+        id: String,
+        /// The function.
+        name: String,
+    },
+    /// More of call `index`'s arguments.
+    Arguments {
+        /// Its position among the reply's calls.
+        index: usize,
+        /// The next piece of the JSON text.
+        fragment: String,
+    },
+}
+
+/// Reads a reply as it streams: reasoning first split out, then tool calls out of the rest.
+pub(super) struct Reader {
+    reasoning: ReasoningStream,
+    tools: Option<ToolCallStream>,
+}
+
+impl Reader {
+    /// The pieces a delta settles.
+    pub fn feed(&mut self, delta: &str) -> Vec<Piece> {
+        let (r, c) = self.reasoning.feed(delta);
+        self.pieces(r, c, false)
+    }
+
+    /// The pieces held back until the end.
+    pub fn finish(&mut self) -> Vec<Piece> {
+        let (r, c) = self.reasoning.finish();
+        self.pieces(r, c, true)
+    }
+
+    /// The calls read so far.
+    pub fn calls(&self) -> Vec<ToolCall> {
+        self.tools
+            .as_ref()
+            .map(|t| t.calls().to_vec())
+            .unwrap_or_default()
+    }
+
+    fn pieces(&mut self, reasoning: String, content: String, end: bool) -> Vec<Piece> {
+        let mut out = Vec::new();
+        if !reasoning.is_empty() {
+            out.push(Piece::Reasoning(reasoning));
+        }
+        let Some(tools) = &mut self.tools else {
+            if !content.is_empty() {
+                out.push(Piece::Text(content));
+            }
+            return out;
+        };
+        let mut events = tools.push(&content);
+        if end {
+            events.extend(tools.finish());
+        }
+        for e in events {
+            out.push(match e {
+                ToolCallEvent::Content(s) if s.is_empty() => continue,
+                ToolCallEvent::Content(s) => Piece::Text(s),
+                ToolCallEvent::CallStart { index, id, name } => {
+                    Piece::CallStart { index, id, name }
+                }
+                ToolCallEvent::Arguments { index, fragment } => {
+                    Piece::Arguments { index, fragment }
+                }
+            });
+        }
+        out
+    }
+}
+
+/// A random id: `prefix`, `_`, and 32 hexadecimal digits.
+pub(super) fn random_id(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let word = || {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.finish()
+    };
+    format!("{prefix}_{:016x}{:016x}", word(), word())
+}
+
+/// Current Unix time in seconds.
+pub(super) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// One server-sent event: its name and its JSON.
+pub(super) type Named = (&'static str, Value);
+
+/// Server-sent events with names (`event: NAME` then `data: JSON`) for one generation:
+/// `format` turns each of its events into named payloads. The first event is awaited before
+/// the response starts, so a request that fails at once gets its error status; dropping the
+/// body (the client left) cancels the generation.
+pub(super) async fn sse<F>(mut run: Run, mut format: F) -> Result<Response>
+where
+    F: FnMut(Event) -> Vec<Named> + Send + 'static,
+{
+    let first = match run.rx.recv().await {
+        Some(Event::Failed(e)) => return Err(e),
+        Some(ev) => ev,
+        None => return Err(ServerError::ShuttingDown),
+    };
+    let (tx, body_rx) = mpsc::channel::<std::result::Result<Bytes, Infallible>>(64);
+    tokio::spawn(async move {
+        let mut next = Some(first);
+        loop {
+            let ev = match next.take() {
+                Some(ev) => ev,
+                None => tokio::select! {
+                    _ = tx.closed() => return,
+                    ev = run.rx.recv() => match ev {
+                        Some(ev) => ev,
+                        None => return,
+                    },
+                },
+            };
+            let last = matches!(ev, Event::Done(_) | Event::Failed(_));
+            for (name, data) in format(ev) {
+                let frame = format!("event: {name}\ndata: {data}\n\n");
+                if tx.send(Ok(Bytes::from(frame))).await.is_err() {
+                    return;
+                }
+            }
+            if last {
+                return;
+            }
+        }
+    });
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(ReceiverStream::new(body_rx)),
+    )
+        .into_response())
+}
+
+/// llama-server's own generation fields that the Anthropic and Responses bodies may carry
+/// too: they reach the sampler as they do on `/v1/chat/completions`.
+pub(super) const LLAMA_FIELDS: &[&str] = &[
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "repeat_penalty",
+    "repeat_last_n",
+    "frequency_penalty",
+    "presence_penalty",
+    "typical_p",
+    "xtc_probability",
+    "xtc_threshold",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "dry_sequence_breakers",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+    "top_n_sigma",
+    "dynatemp_range",
+    "dynatemp_exponent",
+    "samplers",
+    "cache_prompt",
+    "id_slot",
+    "ignore_eos",
+    "t_max_predict_ms",
+    "n_keep",
+    "min_keep",
+    "logit_bias",
+    "grammar",
+    "json_schema",
+    "chat_template_kwargs",
+    "reasoning_format",
+    "timings_per_token",
+    "return_progress",
+];
+
+/// Parses an OpenAI chat body built from another API's request, with the server's checks.
+/// An empty conversation is rendered as is (llama-server accepts one).
+pub(super) fn chat_request(st: &AppState, mut body: Value) -> Result<ChatRequest> {
+    let mut limits = st.limits();
+    // The body was held to the size limit as sent; its conversion is not.
+    limits.max_body = usize::MAX;
+    let empty = body["messages"].as_array().is_some_and(Vec::is_empty);
+    if empty {
+        body["messages"] = serde_json::json!([{ "role": "user", "content": "" }]);
+    }
+    let bytes = serde_json::to_vec(&body).map_err(|e| ServerError::BadRequest(e.to_string()))?;
+    let mut req = crate::request::chat(&bytes, &limits)?;
+    if empty {
+        req.chat.messages.clear();
+    }
+    Ok(req)
+}
