@@ -24,7 +24,11 @@ fn chat_bin() -> PathBuf {
         .unwrap()
         .join("examples")
         .join(format!("chat{}", std::env::consts::EXE_SUFFIX));
-    assert!(bin.is_file(), "{} is missing: cargo build --example chat", bin.display());
+    assert!(
+        bin.is_file(),
+        "{} is missing: cargo build --example chat",
+        bin.display()
+    );
     bin
 }
 
@@ -102,7 +106,10 @@ async fn a_slot_save_never_overwrites_a_chat_and_the_chat_never_overwrites_a_slo
         "-np",
         "1",
     ];
-    let config = server::Args::parse_from_argv(argv).unwrap().check().unwrap();
+    let config = server::Args::parse_from_argv(argv)
+        .unwrap()
+        .check()
+        .unwrap();
     let srv = server::Server::bind(config).await.unwrap();
     let url = format!("http://{}", srv.local_addr());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

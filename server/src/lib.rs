@@ -66,7 +66,11 @@ impl Server {
         let n_train = model.hparams().n_ctx_train.max(2);
         // llama-server's context: the whole of it (`-c`, 0 for the model's) split among the
         // slots, unless every slot may use all of it (`--kv-unified`).
-        let total = if args.ctx_size == 0 { n_train } else { args.ctx_size };
+        let total = if args.ctx_size == 0 {
+            n_train
+        } else {
+            args.ctx_size
+        };
         let per_slot = if args.kv_unified {
             total
         } else {
@@ -84,8 +88,7 @@ impl Server {
         let n_ctx = per_slot.min(n_train);
         // Each slot may need its context plus one copied page; as much again keeps finished
         // prompts resident for the next requests.
-        let kv_tokens =
-            2 * config.n_slots * (n_ctx.div_ceil(PAGE_TOKENS) + 1) * PAGE_TOKENS;
+        let kv_tokens = 2 * config.n_slots * (n_ctx.div_ceil(PAGE_TOKENS) + 1) * PAGE_TOKENS;
         let ctx = Context::new(
             Arc::clone(&model),
             ContextParams {
@@ -220,7 +223,10 @@ impl Server {
 /// The chat template the command line asks for: `--chat-template-file`, `--chat-template` (one
 /// of llama-server's built-in names, else Jinja source), `--no-jinja` (the built-in named by
 /// `--chat-template`, else ChatML); `None` for the model's own.
-fn chat_template(config: &Config, model: &Model) -> Result<Option<Arc<engine::chat::ChatTemplate>>> {
+fn chat_template(
+    config: &Config,
+    model: &Model,
+) -> Result<Option<Arc<engine::chat::ChatTemplate>>> {
     use engine::chat::ChatTemplate;
     let args = &config.args;
     let tok = model.tokenizer();

@@ -99,21 +99,96 @@ impl Metrics {
             0.0
         };
         let rows: [(&str, &str, &str, f64); 15] = [
-            ("prompt_tokens_total", "counter", "Number of prompt tokens processed.", computed as f64),
-            ("prompt_tokens_cached_total", "counter", "Number of prompt tokens taken from a cache.", cached as f64),
-            ("prompt_seconds_total", "counter", "Prompt process time.", secs(get(&self.prompt_us))),
-            ("tokens_predicted_total", "counter", "Number of generation tokens processed.", predicted as f64),
-            ("tokens_predicted_seconds_total", "counter", "Predict process time.", secs(get(&self.predicted_us))),
-            ("n_decode_total", "counter", "Total number of batches evaluated.", decodes as f64),
-            ("n_tokens_max", "counter", "Largest number of tokens observed in one request.", get(&self.n_tokens_max) as f64),
-            ("spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed (no speculative decoding here).", 0.0),
-            ("spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted (no speculative decoding here).", 0.0),
-            ("spec_decode_num_drafts_total", "counter", "Drafts made (no speculative decoding here).", 0.0),
-            ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", rate(computed, get(&self.prompt_us))),
-            ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.", rate(predicted, get(&self.predicted_us))),
-            ("requests_processing", "gauge", "Number of requests processing.", get(&self.requests_processing) as f64),
-            ("requests_deferred", "gauge", "Number of requests deferred.", get(&self.requests_waiting) as f64),
-            ("n_busy_slots_per_decode", "gauge", "Average number of busy slots per batch.", busy),
+            (
+                "prompt_tokens_total",
+                "counter",
+                "Number of prompt tokens processed.",
+                computed as f64,
+            ),
+            (
+                "prompt_tokens_cached_total",
+                "counter",
+                "Number of prompt tokens taken from a cache.",
+                cached as f64,
+            ),
+            (
+                "prompt_seconds_total",
+                "counter",
+                "Prompt process time.",
+                secs(get(&self.prompt_us)),
+            ),
+            (
+                "tokens_predicted_total",
+                "counter",
+                "Number of generation tokens processed.",
+                predicted as f64,
+            ),
+            (
+                "tokens_predicted_seconds_total",
+                "counter",
+                "Predict process time.",
+                secs(get(&self.predicted_us)),
+            ),
+            (
+                "n_decode_total",
+                "counter",
+                "Total number of batches evaluated.",
+                decodes as f64,
+            ),
+            (
+                "n_tokens_max",
+                "counter",
+                "Largest number of tokens observed in one request.",
+                get(&self.n_tokens_max) as f64,
+            ),
+            (
+                "spec_decode_num_draft_tokens_total",
+                "counter",
+                "Draft tokens proposed (no speculative decoding here).",
+                0.0,
+            ),
+            (
+                "spec_decode_num_accepted_tokens_total",
+                "counter",
+                "Draft tokens accepted (no speculative decoding here).",
+                0.0,
+            ),
+            (
+                "spec_decode_num_drafts_total",
+                "counter",
+                "Drafts made (no speculative decoding here).",
+                0.0,
+            ),
+            (
+                "prompt_tokens_seconds",
+                "gauge",
+                "Average prompt throughput in tokens/s.",
+                rate(computed, get(&self.prompt_us)),
+            ),
+            (
+                "predicted_tokens_seconds",
+                "gauge",
+                "Average generation throughput in tokens/s.",
+                rate(predicted, get(&self.predicted_us)),
+            ),
+            (
+                "requests_processing",
+                "gauge",
+                "Number of requests processing.",
+                get(&self.requests_processing) as f64,
+            ),
+            (
+                "requests_deferred",
+                "gauge",
+                "Number of requests deferred.",
+                get(&self.requests_waiting) as f64,
+            ),
+            (
+                "n_busy_slots_per_decode",
+                "gauge",
+                "Average number of busy slots per batch.",
+                busy,
+            ),
         ];
         for (name, kind, help, value) in rows {
             let _ = writeln!(out, "# HELP llamacpp:{name} {help}");

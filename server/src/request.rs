@@ -431,7 +431,11 @@ fn output(s: &Sampling, api: CompletionApi, chat: bool) -> Result<Output> {
     let n = match s.n {
         None => 1,
         Some(n) if (1..=16).contains(&n) => n as usize,
-        Some(n) => return Err(ServerError::BadRequest(format!("\"n\" is {n}; 1 to 16 are served"))),
+        Some(n) => {
+            return Err(ServerError::BadRequest(format!(
+                "\"n\" is {n}; 1 to 16 are served"
+            )))
+        }
     };
     // OpenAI's chat `logprobs` is a bool with `top_logprobs`; its completions' `logprobs` is
     // the count; llama-server's `n_probs` is the count on every endpoint.
@@ -439,13 +443,17 @@ fn output(s: &Sampling, api: CompletionApi, chat: bool) -> Result<Output> {
         if (0..=20).contains(&v) {
             Ok(v as usize)
         } else {
-            Err(ServerError::BadRequest(format!("\"{field}\" is {v}; 0 to 20 are served")))
+            Err(ServerError::BadRequest(format!(
+                "\"{field}\" is {v}; 0 to 20 are served"
+            )))
         }
     };
     let openai = match (&s.logprobs, chat) {
         (None | Some(serde_json::Value::Null), _) => None,
         (Some(serde_json::Value::Bool(false)), _) => None,
-        (Some(serde_json::Value::Bool(true)), _) => Some(count(s.top_logprobs.unwrap_or(0), "top_logprobs")?),
+        (Some(serde_json::Value::Bool(true)), _) => {
+            Some(count(s.top_logprobs.unwrap_or(0), "top_logprobs")?)
+        }
         (Some(serde_json::Value::Number(k)), false) => {
             Some(count(k.as_i64().unwrap_or(-1), "logprobs")?)
         }
@@ -633,14 +641,17 @@ fn chat_fields(f: ChatFields) -> Result<Chat> {
     let role = |m: &Value| m.get("role").and_then(Value::as_str).map(str::to_owned);
     if let [.., a, b] = messages.as_slice() {
         if role(a).as_deref() == Some("assistant") && role(b).as_deref() == Some("assistant") {
-            return Err(bad("the conversation ends with two assistant messages".into()));
+            return Err(bad(
+                "the conversation ends with two assistant messages".into()
+            ));
         }
     }
     let add_generation_prompt = f.add_generation_prompt.unwrap_or(true);
     if f.continue_final_message == Some(true) {
         if f.add_generation_prompt == Some(true) {
             return Err(bad(
-                "\"continue_final_message\" and \"add_generation_prompt\" cannot both be true".into(),
+                "\"continue_final_message\" and \"add_generation_prompt\" cannot both be true"
+                    .into(),
             ));
         }
         if messages.last().and_then(role).as_deref() != Some("assistant") {
@@ -651,7 +662,9 @@ fn chat_fields(f: ChatFields) -> Result<Chat> {
     }
     if let Some(Value::String(choice)) = &f.tool_choice {
         if !matches!(choice.as_str(), "auto" | "none" | "required") {
-            return Err(bad(format!("\"tool_choice\" is {choice:?}: auto, none or required")));
+            return Err(bad(format!(
+                "\"tool_choice\" is {choice:?}: auto, none or required"
+            )));
         }
     }
     Ok(Chat {
@@ -694,9 +707,7 @@ fn gen_params(limits: &Limits, s: &Sampling, max_tokens: Option<i64>) -> Result<
     let sampler = SamplerParams {
         temperature: s.temperature.unwrap_or(d.temperature),
         // llama-server reads a top-k of 0 or less as off.
-        top_k: s
-            .top_k
-            .map_or(d.top_k, |k| usize::try_from(k).unwrap_or(0)),
+        top_k: s.top_k.map_or(d.top_k, |k| usize::try_from(k).unwrap_or(0)),
         top_p: s.top_p.unwrap_or(d.top_p),
         min_p: s.min_p.unwrap_or(d.min_p),
         repeat_penalty: s.repeat_penalty.unwrap_or(d.repeat_penalty),
@@ -756,9 +767,7 @@ fn gen_params(limits: &Limits, s: &Sampling, max_tokens: Option<i64>) -> Result<
         }
     }
     // The ranges the chat accepts too, and those of the other samplers.
-    sampler
-        .check()
-        .map_err(|e| bad(e.to_string()))?;
+    sampler.check().map_err(|e| bad(e.to_string()))?;
     let pending = |field: &str, set: bool| -> Result<()> {
         if set {
             Err(ServerError::Unsupported(format!(
@@ -794,12 +803,17 @@ fn gen_params(limits: &Limits, s: &Sampling, max_tokens: Option<i64>) -> Result<
     };
     let probs = match (s.n_probs, &s.logprobs) {
         (Some(n), _) if n > 0 => n.min(20) as usize,
-        (_, Some(serde_json::Value::Bool(true))) => s.top_logprobs.unwrap_or(0).clamp(0, 20) as usize,
+        (_, Some(serde_json::Value::Bool(true))) => {
+            s.top_logprobs.unwrap_or(0).clamp(0, 20) as usize
+        }
         (_, Some(serde_json::Value::Number(n))) => n.as_i64().unwrap_or(0).clamp(0, 20) as usize,
         _ => 0,
     };
     let wants_probs = s.n_probs.is_some_and(|n| n > 0)
-        || matches!(s.logprobs, Some(serde_json::Value::Bool(true) | serde_json::Value::Number(_)));
+        || matches!(
+            s.logprobs,
+            Some(serde_json::Value::Bool(true) | serde_json::Value::Number(_))
+        );
     Ok(GenParams {
         max_tokens,
         sampler,
@@ -845,12 +859,16 @@ fn grammar(s: &Sampling) -> Result<Option<Grammar>> {
     };
     match format.get("type").and_then(Value::as_str) {
         Some("text") => Ok(None),
-        Some("json_object") => Ok(Some(schema(format.get("schema")).unwrap_or(Grammar::JsonObject))),
+        Some("json_object") => Ok(Some(
+            schema(format.get("schema")).unwrap_or(Grammar::JsonObject),
+        )),
         Some("json_schema") => {
             let inner = format.get("json_schema").and_then(|j| j.get("schema"));
             schema(inner.or_else(|| format.get("schema")))
                 .map(Some)
-                .ok_or_else(|| bad("\"response_format\": json_schema needs a \"schema\" object".into()))
+                .ok_or_else(|| {
+                    bad("\"response_format\": json_schema needs a \"schema\" object".into())
+                })
         }
         _ => Err(bad(format!(
             "\"response_format\" is {format}; type text, json_object or json_schema expected"
@@ -866,7 +884,9 @@ fn sampler_chain(v: &serde_json::Value) -> Result<Vec<engine::sampling::SamplerK
         serde_json::Value::String(letters) => {
             let (chain, unknown) = sampler_chain_from_letters(letters);
             match unknown.first() {
-                Some(c) => Err(bad(format!("\"samplers\": no sampler has the letter {c:?}"))),
+                Some(c) => Err(bad(format!(
+                    "\"samplers\": no sampler has the letter {c:?}"
+                ))),
                 None => Ok(chain),
             }
         }
@@ -885,7 +905,9 @@ fn sampler_chain(v: &serde_json::Value) -> Result<Vec<engine::sampling::SamplerK
                 None => Ok(chain),
             }
         }
-        other => Err(bad(format!("\"samplers\" is {other}; a list of names expected"))),
+        other => Err(bad(format!(
+            "\"samplers\" is {other}; a list of names expected"
+        ))),
     }
 }
 
@@ -1052,8 +1074,18 @@ mod tests {
             (br#"{"prompt": [["a"], [100]]}"#, 400),
             (br#"{"prompt": [1, {"x": 1}]}"#, 400),
             (br#"{"prompt": "x", "id_slot": 2}"#, 400),
-            (br#"{"prompt": {"prompt_string": "x", "multimodal_data": ["AA=="]}}"#, 501),
-            (br#"{"prompt": "x", "grammar": "root ::= \"a\""}"#, 501),
+            (
+                br#"{"prompt": {"prompt_string": "x", "multimodal_data": ["AA=="]}}"#,
+                501,
+            ),
+            (
+                br#"{"prompt": "x", "lora": [{"id": 0, "scale": 1.0}]}"#,
+                501,
+            ),
+            (
+                br#"{"prompt": "x", "response_format": {"type": "json_schema"}}"#,
+                400,
+            ),
         ] {
             let e = completion(body, &l, CompletionApi::Native).unwrap_err();
             assert_eq!(status(&e), code, "{e}");
@@ -1072,10 +1104,17 @@ mod tests {
     #[test]
     fn prompts_are_read_as_llama_server_reads_them() {
         let l = limits();
-        let read = |body: &str| completion(body.as_bytes(), &l, CompletionApi::Native).unwrap().prompts;
+        let read = |body: &str| {
+            completion(body.as_bytes(), &l, CompletionApi::Native)
+                .unwrap()
+                .prompts
+        };
         let t = |s: &str| Piece::Text(s.to_owned());
         assert_eq!(read(r#"{"prompt": "a"}"#), [vec![t("a")]]);
-        assert_eq!(read(r#"{"prompt": ["a", "b"]}"#), [vec![t("a")], vec![t("b")]]);
+        assert_eq!(
+            read(r#"{"prompt": ["a", "b"]}"#),
+            [vec![t("a")], vec![t("b")]]
+        );
         // A top-level id makes one mixed prompt.
         assert_eq!(
             read(r#"{"prompt": [1, "a", 2]}"#),
@@ -1083,7 +1122,11 @@ mod tests {
         );
         assert_eq!(
             read(r#"{"prompt": [[1, 2], "a", {"prompt_string": "b"}]}"#),
-            [vec![Piece::Token(1), Piece::Token(2)], vec![t("a")], vec![t("b")]]
+            [
+                vec![Piece::Token(1), Piece::Token(2)],
+                vec![t("a")],
+                vec![t("b")]
+            ]
         );
     }
 
@@ -1098,10 +1141,23 @@ mod tests {
             assert_eq!(status(&e), 400, "{body}: {e}");
         }
         // `n_predict: 0` asks for nothing, and the server's `-n` caps every request.
-        let zero = completion(br#"{"prompt": "x", "n_predict": 0}"#, &limits(), CompletionApi::Native).unwrap();
+        let zero = completion(
+            br#"{"prompt": "x", "n_predict": 0}"#,
+            &limits(),
+            CompletionApi::Native,
+        )
+        .unwrap();
         assert_eq!(zero.params.max_tokens, 0);
-        let capped = Limits { n_predict: 4, ..limits() };
-        let r = completion(br#"{"prompt": "x", "n_predict": 9}"#, &capped, CompletionApi::Native).unwrap();
+        let capped = Limits {
+            n_predict: 4,
+            ..limits()
+        };
+        let r = completion(
+            br#"{"prompt": "x", "n_predict": 9}"#,
+            &capped,
+            CompletionApi::Native,
+        )
+        .unwrap();
         assert_eq!(r.params.max_tokens, 4);
     }
 

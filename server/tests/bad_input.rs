@@ -123,7 +123,9 @@ async fn the_api_key_is_required_except_for_health() {
     }
     assert_eq!(send(Some("Bearer sesame-123")).await.status().as_u16(), 200);
     assert_eq!(srv.get("/health").await.0, 200);
-    assert_eq!(srv.get("/v1/models").await.0, 401);
+    // As llama-server: the model list is public, everything else needs the key.
+    assert_eq!(srv.get("/v1/models").await.0, 200);
+    assert_eq!(srv.get("/props").await.0, 401);
     srv.stop().await;
 }
 

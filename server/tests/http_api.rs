@@ -65,9 +65,11 @@ async fn chat_streamed_and_whole_give_the_same_text() {
         .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
         .collect();
     assert_eq!(streamed, content);
+    // The finish reason in the last chunk with a choice, then the usage in a chunk of its own.
+    let finished = &chunks[chunks.len() - 2];
+    assert_eq!(finished["choices"][0]["finish_reason"], reason);
     let last = chunks.last().unwrap();
-    assert_eq!(last["choices"][0]["finish_reason"], reason);
-    // The same prompt again: its full blocks come from the cache.
+    assert_eq!(last["choices"], json!([]));
     assert_eq!(
         last["usage"]["completion_tokens"].as_u64().unwrap(),
         completion

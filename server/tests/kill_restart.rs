@@ -28,7 +28,16 @@ fn spawn(env: &Env) -> (Killed, String) {
         .arg(&env.model)
         .arg("--cache-dir")
         .arg(env.cache())
-        .args(["--port", "0", "-t", "1", "-c", "512", "--kv-unified", "--metrics"])
+        .args([
+            "--port",
+            "0",
+            "-t",
+            "1",
+            "-c",
+            "512",
+            "--kv-unified",
+            "--metrics",
+        ])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();

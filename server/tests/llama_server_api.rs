@@ -54,7 +54,10 @@ async fn completion_answers_carry_tokens_probabilities_and_settings() {
 
     // The server's `-n 6` caps a request asking for more.
     let (_, capped) = srv
-        .post("/completion", &json!({"prompt": "hello", "n_predict": 50, "ignore_eos": true}))
+        .post(
+            "/completion",
+            &json!({"prompt": "hello", "n_predict": 50, "ignore_eos": true}),
+        )
         .await;
     assert_eq!(capped["timings"]["predicted_n"], 6, "{capped}");
 
@@ -106,15 +109,17 @@ async fn a_banned_token_is_never_generated_in_either_bias_form() {
         assert!(!ids.contains(&first), "{bias}: {ids:?}");
     }
     // A bias on text bans every token of that text.
-    let piece = srv
-        .post("/detokenize", &json!({"tokens": [first]}))
-        .await
-        .1["content"]
+    let piece = srv.post("/detokenize", &json!({"tokens": [first]})).await.1["content"]
         .as_str()
         .unwrap()
         .to_owned();
-    let (_, r) = srv.post("/completion", &body(json!([[piece, false]]))).await;
-    assert!(!r["tokens"].as_array().unwrap().contains(&json!(first)), "{r}");
+    let (_, r) = srv
+        .post("/completion", &body(json!([[piece, false]])))
+        .await;
+    assert!(
+        !r["tokens"].as_array().unwrap().contains(&json!(first)),
+        "{r}"
+    );
     // Nonsense is refused, not ignored.
     for bad in [json!([[first]]), json!("x"), json!([["a", "b"]])] {
         let (status, _) = srv.post("/completion", &body(bad)).await;
@@ -141,7 +146,10 @@ async fn several_prompts_and_choices_in_one_request() {
     assert_eq!(all.len(), 3);
     for (i, one) in all.iter().enumerate() {
         assert_eq!(one["index"], i);
-        assert_eq!(one["content"], all[0]["content"], "same prompt, same greedy text");
+        assert_eq!(
+            one["content"], all[0]["content"],
+            "same prompt, same greedy text"
+        );
     }
     // OpenAI's `n`: that many choices.
     let (status, chat) = srv
@@ -152,9 +160,15 @@ async fn several_prompts_and_choices_in_one_request() {
         .await;
     assert_eq!(status, 200, "{chat}");
     let choices = chat["choices"].as_array().unwrap();
-    let indexes: Vec<u64> = choices.iter().map(|c| c["index"].as_u64().unwrap()).collect();
+    let indexes: Vec<u64> = choices
+        .iter()
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
     assert_eq!(indexes, [0, 1, 2]);
-    assert!(chat["system_fingerprint"].as_str().unwrap().starts_with('b'));
+    assert!(chat["system_fingerprint"]
+        .as_str()
+        .unwrap()
+        .starts_with('b'));
     srv.stop().await;
 }
 
@@ -177,7 +191,10 @@ async fn the_stream_ends_with_a_usage_chunk_and_can_report_progress() {
     assert_eq!(last["choices"], json!([]), "{last}");
     let usage = &last["usage"];
     assert!(usage["prompt_tokens"].as_u64().unwrap() > 16);
-    let progress: Vec<&Value> = evs.iter().filter_map(|e| e.get("prompt_progress")).collect();
+    let progress: Vec<&Value> = evs
+        .iter()
+        .filter_map(|e| e.get("prompt_progress"))
+        .collect();
     assert!(progress.len() >= 2, "{evs:?}");
     let total = progress[0]["total"].as_u64().unwrap();
     assert_eq!(total, usage["prompt_tokens"].as_u64().unwrap());
@@ -185,8 +202,14 @@ async fn the_stream_ends_with_a_usage_chunk_and_can_report_progress() {
     // Every text chunk carries its tokens' log-probabilities.
     for e in &evs {
         if let Some(c) = e["choices"].get(0) {
-            if c["delta"]["content"].as_str().is_some_and(|t| !t.is_empty()) {
-                assert!(!c["logprobs"]["content"].as_array().unwrap().is_empty(), "{e}");
+            if c["delta"]["content"]
+                .as_str()
+                .is_some_and(|t| !t.is_empty())
+            {
+                assert!(
+                    !c["logprobs"]["content"].as_array().unwrap().is_empty(),
+                    "{e}"
+                );
             }
         }
     }
@@ -222,7 +245,10 @@ async fn errors_have_llama_servers_types() {
     }
     // A field for a capability the server lacks is refused, never ignored.
     let (status, e) = srv
-        .post("/completion", &json!({"prompt": "x", "lora": [{"id": 0, "scale": 1}]}))
+        .post(
+            "/completion",
+            &json!({"prompt": "x", "lora": [{"id": 0, "scale": 1}]}),
+        )
         .await;
     assert_eq!(status, 501, "{e}");
     srv.stop().await;
@@ -232,7 +258,14 @@ async fn errors_have_llama_servers_types() {
 async fn metrics_cors_keys_slots_and_the_page() {
     let env = Env::new();
     let srv = env
-        .start(&["--metrics", "--no-slots", "--api-key", "k1,k2", "--cors-origins", "localhost"])
+        .start(&[
+            "--metrics",
+            "--no-slots",
+            "--api-key",
+            "k1,k2",
+            "--cors-origins",
+            "localhost",
+        ])
         .await;
     let client = &srv.client;
     let req = |key: &str| {
@@ -253,8 +286,15 @@ async fn metrics_cors_keys_slots_and_the_page() {
         .unwrap();
     assert!(metrics.headers().contains_key("process-start-time-unix"));
     let text = metrics.text().await.unwrap();
-    for name in ["llamacpp:prompt_tokens_total", "llamacpp:n_decode_total", "llamacpp:requests_processing"] {
-        assert!(text.contains(&format!("# TYPE {name} ")), "{name} in\n{text}");
+    for name in [
+        "llamacpp:prompt_tokens_total",
+        "llamacpp:n_decode_total",
+        "llamacpp:requests_processing",
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {name} ")),
+            "{name} in\n{text}"
+        );
     }
     assert!(text.contains("llamacpp:requests_processing 0\n"), "{text}");
 
@@ -268,7 +308,10 @@ async fn metrics_cors_keys_slots_and_the_page() {
     };
     let ok = preflight("http://localhost:3000").await.unwrap();
     assert_eq!(ok.status(), 200);
-    assert_eq!(ok.headers()["access-control-allow-origin"], "http://localhost:3000");
+    assert_eq!(
+        ok.headers()["access-control-allow-origin"],
+        "http://localhost:3000"
+    );
     let evil = preflight("http://localhost.evil.com").await.unwrap();
     assert!(!evil.headers().contains_key("access-control-allow-origin"));
 

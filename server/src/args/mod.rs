@@ -27,7 +27,12 @@ pub use compat::NoEffect;
 #[command(name = "llama-hdd-server", version, args_override_self = true)]
 pub struct Args {
     /// Model file (GGUF).
-    #[arg(short = 'm', long = "model", value_name = "FNAME", env = "LLAMA_ARG_MODEL")]
+    #[arg(
+        short = 'm',
+        long = "model",
+        value_name = "FNAME",
+        env = "LLAMA_ARG_MODEL"
+    )]
     pub model: PathBuf,
     /// Layers to run on the GPU, counted from the last: a number, `auto` or `all` (`auto` is 0
     /// in a CPU-only build and `all` otherwise); more than the model has puts the output head
@@ -48,7 +53,13 @@ pub struct Args {
     pub port: u16,
     /// Context size in positions, shared by the slots as llama-server splits it (each slot
     /// gets `N / --parallel`, or all of it with `--kv-unified`); 0 takes the model's.
-    #[arg(short = 'c', long = "ctx-size", value_name = "N", default_value_t = 0, env = "LLAMA_ARG_CTX_SIZE")]
+    #[arg(
+        short = 'c',
+        long = "ctx-size",
+        value_name = "N",
+        default_value_t = 0,
+        env = "LLAMA_ARG_CTX_SIZE"
+    )]
     pub ctx_size: usize,
     /// Slots: requests evaluated at once (`-np`); more wait in a first-come queue. -1: 4.
     #[arg(long = "parallel", value_name = "N", default_value_t = -1, allow_negative_numbers = true, env = "LLAMA_ARG_N_PARALLEL")]
@@ -67,10 +78,20 @@ pub struct Args {
     #[arg(long = "threads-batch", value_name = "N", default_value_t = -1, allow_negative_numbers = true, env = "LLAMA_ARG_THREADS_BATCH")]
     pub threads_batch: i64,
     /// Logical batch: most tokens one scheduler step evaluates over all requests (`-b`).
-    #[arg(long = "batch-size", value_name = "N", default_value_t = 2048, env = "LLAMA_ARG_BATCH")]
+    #[arg(
+        long = "batch-size",
+        value_name = "N",
+        default_value_t = 2048,
+        env = "LLAMA_ARG_BATCH"
+    )]
     pub batch_size: usize,
     /// Physical batch: most tokens one evaluation of the model takes (`-ub`).
-    #[arg(long = "ubatch-size", value_name = "N", default_value_t = 512, env = "LLAMA_ARG_UBATCH")]
+    #[arg(
+        long = "ubatch-size",
+        value_name = "N",
+        default_value_t = 512,
+        env = "LLAMA_ARG_UBATCH"
+    )]
     pub ubatch_size: usize,
     /// Flash attention: on, off or auto (on) (`-fa`).
     #[arg(long = "flash-attn", value_name = "on|off|auto", default_value = "auto", num_args = 0..=1, default_missing_value = "on", env = "LLAMA_ARG_FLASH_ATTN")]
@@ -80,7 +101,12 @@ pub struct Args {
     #[arg(long = "n-predict", visible_aliases = ["predict"], value_name = "N", default_value_t = -1, allow_negative_numbers = true, env = "LLAMA_ARG_N_PREDICT")]
     pub n_predict: i64,
     /// Prompt tokens kept when the context shifts (-1: all); with `--context-shift`.
-    #[arg(long = "keep", value_name = "N", default_value_t = 0, allow_negative_numbers = true)]
+    #[arg(
+        long = "keep",
+        value_name = "N",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
     pub keep: i64,
     /// When a generation fills its context, drop the oldest half after `--keep` and go on.
     #[arg(long = "context-shift", action = ArgAction::SetTrue, overrides_with = "no_context_shift", env = "LLAMA_ARG_CONTEXT_SHIFT")]
@@ -92,25 +118,62 @@ pub struct Args {
     #[arg(long = "temp", visible_aliases = ["temperature"], value_name = "T", default_value_t = 0.8, env = "LLAMA_ARG_TEMPERATURE")]
     pub temp: f32,
     /// Default top-k (0 = off).
-    #[arg(long = "top-k", value_name = "N", default_value_t = 40, env = "LLAMA_ARG_TOP_K")]
+    #[arg(
+        long = "top-k",
+        value_name = "N",
+        default_value_t = 40,
+        env = "LLAMA_ARG_TOP_K"
+    )]
     pub top_k: usize,
     /// Default top-p (1 = off).
-    #[arg(long = "top-p", value_name = "P", default_value_t = 0.95, env = "LLAMA_ARG_TOP_P")]
+    #[arg(
+        long = "top-p",
+        value_name = "P",
+        default_value_t = 0.95,
+        env = "LLAMA_ARG_TOP_P"
+    )]
     pub top_p: f32,
     /// Default min-p (0 = off).
-    #[arg(long = "min-p", value_name = "P", default_value_t = 0.05, env = "LLAMA_ARG_MIN_P")]
+    #[arg(
+        long = "min-p",
+        value_name = "P",
+        default_value_t = 0.05,
+        env = "LLAMA_ARG_MIN_P"
+    )]
     pub min_p: f32,
     /// Default repeat penalty (1 = off).
-    #[arg(long = "repeat-penalty", value_name = "R", default_value_t = 1.0, env = "LLAMA_ARG_REPEAT_PENALTY")]
+    #[arg(
+        long = "repeat-penalty",
+        value_name = "R",
+        default_value_t = 1.0,
+        env = "LLAMA_ARG_REPEAT_PENALTY"
+    )]
     pub repeat_penalty: f32,
     /// Tokens the penalties look back over (0 = off, -1 = the context).
-    #[arg(long = "repeat-last-n", value_name = "N", default_value_t = 64, allow_negative_numbers = true)]
+    #[arg(
+        long = "repeat-last-n",
+        value_name = "N",
+        default_value_t = 64,
+        allow_negative_numbers = true
+    )]
     pub repeat_last_n: i64,
     /// Default presence penalty (0 = off).
-    #[arg(long = "presence-penalty", value_name = "P", default_value_t = 0.0, allow_negative_numbers = true, env = "LLAMA_ARG_PRESENCE_PENALTY")]
+    #[arg(
+        long = "presence-penalty",
+        value_name = "P",
+        default_value_t = 0.0,
+        allow_negative_numbers = true,
+        env = "LLAMA_ARG_PRESENCE_PENALTY"
+    )]
     pub presence_penalty: f32,
     /// Default frequency penalty (0 = off).
-    #[arg(long = "frequency-penalty", value_name = "P", default_value_t = 0.0, allow_negative_numbers = true, env = "LLAMA_ARG_FREQUENCY_PENALTY")]
+    #[arg(
+        long = "frequency-penalty",
+        value_name = "P",
+        default_value_t = 0.0,
+        allow_negative_numbers = true,
+        env = "LLAMA_ARG_FREQUENCY_PENALTY"
+    )]
     pub frequency_penalty: f32,
     /// Default locally typical sampling p (1 = off).
     #[arg(long = "typical-p", visible_aliases = ["typical"], value_name = "P", default_value_t = 1.0)]
@@ -161,7 +224,11 @@ pub struct Args {
     #[arg(long = "sampler-seq", visible_aliases = ["sampling-seq"], value_name = "SEQUENCE")]
     pub sampler_seq: Option<String>,
     /// A default logit bias, `TOKEN_ID+BIAS` or `TOKEN_ID-BIAS` (repeatable, `-l`).
-    #[arg(long = "logit-bias", value_name = "TOKEN_ID(+/-)BIAS", allow_hyphen_values = true)]
+    #[arg(
+        long = "logit-bias",
+        value_name = "TOKEN_ID(+/-)BIAS",
+        allow_hyphen_values = true
+    )]
     pub logit_bias: Vec<String>,
     /// Default seed, -1 for a random one per request (`-s`).
     #[arg(short = 's', long, value_name = "SEED", default_value_t = -1, allow_negative_numbers = true)]
@@ -174,7 +241,11 @@ pub struct Args {
     #[arg(long = "api-key", value_name = "KEY", env = "LLAMA_API_KEY")]
     pub api_key: Option<String>,
     /// File of API keys, one a line (`#` starts a comment line).
-    #[arg(long = "api-key-file", value_name = "FNAME", env = "LLAMA_ARG_API_KEY_FILE")]
+    #[arg(
+        long = "api-key-file",
+        value_name = "FNAME",
+        env = "LLAMA_ARG_API_KEY_FILE"
+    )]
     pub api_key_file: Option<PathBuf>,
     /// Separate store directory for `/slots` save and restore [default: the cache directory].
     #[arg(long = "slot-save-path", value_name = "PATH")]
@@ -198,16 +269,30 @@ pub struct Args {
     #[arg(long, value_name = "TAGS", env = "LLAMA_ARG_TAGS")]
     pub tags: Option<String>,
     /// Origins allowed by CORS, comma-separated; `*` allows any.
-    #[arg(long = "cors-origins", value_name = "ORIGINS", default_value = "*", env = "LLAMA_ARG_CORS_ORIGINS")]
+    #[arg(
+        long = "cors-origins",
+        value_name = "ORIGINS",
+        default_value = "*",
+        env = "LLAMA_ARG_CORS_ORIGINS"
+    )]
     pub cors_origins: String,
     /// Methods allowed by CORS.
-    #[arg(long = "cors-methods", value_name = "METHODS", default_value = "GET, POST, DELETE, OPTIONS")]
+    #[arg(
+        long = "cors-methods",
+        value_name = "METHODS",
+        default_value = "GET, POST, DELETE, OPTIONS"
+    )]
     pub cors_methods: String,
     /// Headers allowed by CORS.
     #[arg(long = "cors-headers", value_name = "HEADERS", default_value = "*")]
     pub cors_headers: String,
     /// Serve every endpoint under this path prefix too (e.g. `/llm`).
-    #[arg(long = "api-prefix", value_name = "PREFIX", default_value = "", env = "LLAMA_ARG_API_PREFIX")]
+    #[arg(
+        long = "api-prefix",
+        value_name = "PREFIX",
+        default_value = "",
+        env = "LLAMA_ARG_API_PREFIX"
+    )]
     pub api_prefix: String,
     /// Serve the small web page at `/` (the default).
     #[arg(long = "ui", visible_aliases = ["webui"], action = ArgAction::SetTrue, overrides_with = "no_ui")]
@@ -216,7 +301,12 @@ pub struct Args {
     #[arg(long = "no-ui", visible_aliases = ["no-webui"], action = ArgAction::SetTrue, overrides_with = "ui")]
     pub no_ui: bool,
     /// Seconds a request may wait on its client before it is dropped (`-to`).
-    #[arg(long = "timeout", value_name = "N", default_value_t = 3600, env = "LLAMA_ARG_TIMEOUT")]
+    #[arg(
+        long = "timeout",
+        value_name = "N",
+        default_value_t = 3600,
+        env = "LLAMA_ARG_TIMEOUT"
+    )]
     pub timeout: u64,
     /// Threads serving HTTP, -1 for as many as cores.
     #[arg(long = "threads-http", value_name = "N", default_value_t = -1, allow_negative_numbers = true, env = "LLAMA_ARG_THREADS_HTTP")]
@@ -234,7 +324,11 @@ pub struct Args {
     /// How much of the prompt a slot's last one must share for a request to go to it
     /// (`-sps`); prompts are shared by prefix in any slot here, so this only orders the
     /// choice.
-    #[arg(long = "slot-prompt-similarity", value_name = "S", default_value_t = 0.1)]
+    #[arg(
+        long = "slot-prompt-similarity",
+        value_name = "S",
+        default_value_t = 0.1
+    )]
     pub slot_prompt_similarity: f32,
     /// Free the slots' memory after this many idle seconds (-1 = never); it comes back from
     /// the cache on the next request.
@@ -268,14 +362,26 @@ pub struct Args {
     #[arg(long = "chat-template", value_name = "TEMPLATE")]
     pub chat_template: Option<String>,
     /// File holding the chat template.
-    #[arg(long = "chat-template-file", value_name = "FNAME", conflicts_with = "chat_template")]
+    #[arg(
+        long = "chat-template-file",
+        value_name = "FNAME",
+        conflicts_with = "chat_template"
+    )]
     pub chat_template_file: Option<PathBuf>,
     /// Extra variables for the chat template, a JSON object.
-    #[arg(long = "chat-template-kwargs", value_name = "JSON", env = "LLAMA_CHAT_TEMPLATE_KWARGS")]
+    #[arg(
+        long = "chat-template-kwargs",
+        value_name = "JSON",
+        env = "LLAMA_CHAT_TEMPLATE_KWARGS"
+    )]
     pub chat_template_kwargs: Option<String>,
     /// Where reasoning goes: `auto`/`deepseek` (split out as `reasoning_content`),
     /// `deepseek-legacy` (both), `none` (left in the content).
-    #[arg(long = "reasoning-format", value_name = "FORMAT", default_value = "auto")]
+    #[arg(
+        long = "reasoning-format",
+        value_name = "FORMAT",
+        default_value = "auto"
+    )]
     pub reasoning_format: String,
     /// Reasoning tokens allowed: -1 unrestricted, 0 none.
     #[arg(long = "reasoning-budget", value_name = "N", default_value_t = -1, allow_negative_numbers = true)]
@@ -295,7 +401,13 @@ pub struct Args {
     pub cache_dir: Option<PathBuf>,
     /// RAM tier of the prompt cache: MiB as llama-server reads it (`-cram`; -1 no limit, 0
     /// none), or a size with a unit (`256MiB`).
-    #[arg(long = "cache-ram", value_name = "SIZE", default_value = "256MiB", allow_negative_numbers = true, env = "LLAMA_ARG_CACHE_RAM")]
+    #[arg(
+        long = "cache-ram",
+        value_name = "SIZE",
+        default_value = "256MiB",
+        allow_negative_numbers = true,
+        env = "LLAMA_ARG_CACHE_RAM"
+    )]
     pub cache_ram: String,
     /// Disk budget of the prompt cache (e.g. 10GiB); least recently used blocks go first
     /// [default: no limit].
@@ -306,10 +418,20 @@ pub struct Args {
     pub no_cache: bool,
     /// Element type of the K cache: f16 or q8_0 (`-ctk`). The cache directory holds one
     /// type: a store written with another is refused.
-    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16", env = "LLAMA_ARG_CACHE_TYPE_K")]
+    #[arg(
+        long = "cache-type-k",
+        visible_alias = "ctk",
+        default_value = "f16",
+        env = "LLAMA_ARG_CACHE_TYPE_K"
+    )]
     pub cache_type_k: engine::KvType,
     /// Element type of the V cache: f16 or q8_0 (`-ctv`).
-    #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16", env = "LLAMA_ARG_CACHE_TYPE_V")]
+    #[arg(
+        long = "cache-type-v",
+        visible_alias = "ctv",
+        default_value = "f16",
+        env = "LLAMA_ARG_CACHE_TYPE_V"
+    )]
     pub cache_type_v: engine::KvType,
     /// Element type of K and V in the conversation store, when it differs from the cache
     /// types: f16 pages kept as q8_0 take 53% of the disk and RAM of the store, converted on
@@ -388,9 +510,21 @@ impl Args {
         // Parsed for their values, but tuning nothing here.
         let noted = [
             ("--timeout", args.timeout != 3600, "connection timeouts"),
-            ("--threads-http", args.threads_http != -1, "HTTP threads (requests are served on the async runtime)"),
-            ("--slot-prompt-similarity", args.slot_prompt_similarity != 0.1, "slot choice by prompt similarity (prompts are shared by prefix in any slot)"),
-            ("--ctx-checkpoints", args.ctx_checkpoints != 32, "context checkpoints (every 64-token page is one)"),
+            (
+                "--threads-http",
+                args.threads_http != -1,
+                "HTTP threads (requests are served on the async runtime)",
+            ),
+            (
+                "--slot-prompt-similarity",
+                args.slot_prompt_similarity != 0.1,
+                "slot choice by prompt similarity (prompts are shared by prefix in any slot)",
+            ),
+            (
+                "--ctx-checkpoints",
+                args.ctx_checkpoints != 32,
+                "context checkpoints (every 64-token page is one)",
+            ),
             ("--verbosity", args.verbosity != 3, "log verbosity"),
             ("--verbose", args.verbose, "log verbosity"),
         ];
@@ -414,7 +548,12 @@ impl Args {
         let n_slots = match self.parallel {
             -1 => 4,
             n if n >= 1 => n as usize,
-            _ => return Err(bad("--parallel", "at least one slot is needed (-1: 4)".into())),
+            _ => {
+                return Err(bad(
+                    "--parallel",
+                    "at least one slot is needed (-1: 4)".into(),
+                ))
+            }
         };
         for (option, x) in [
             ("--temp", self.temp),
@@ -441,19 +580,41 @@ impl Args {
             return Err(bad("--ctx-size", "at least 2 positions are needed".into()));
         }
         if self.batch_size == 0 || self.ubatch_size == 0 {
-            return Err(bad("--batch-size", "batches hold at least one token".into()));
+            return Err(bad(
+                "--batch-size",
+                "batches hold at least one token".into(),
+            ));
         }
         // Parsed, not built yet: refused rather than ignored.
         let unbuilt = [
-            ("--context-shift", self.context_shift, "context shift during generation"),
+            (
+                "--context-shift",
+                self.context_shift,
+                "context shift during generation",
+            ),
             ("--keep", self.keep != 0, "context shift during generation"),
-            ("--reasoning-budget", self.reasoning_budget >= 0, "reasoning budgets"),
-            ("--props", self.props, "changing settings through POST /props"),
-            ("--sleep-idle-seconds", self.sleep_idle_seconds >= 0, "sleeping when idle"),
+            (
+                "--reasoning-budget",
+                self.reasoning_budget >= 0,
+                "reasoning budgets",
+            ),
+            (
+                "--props",
+                self.props,
+                "changing settings through POST /props",
+            ),
+            (
+                "--sleep-idle-seconds",
+                self.sleep_idle_seconds >= 0,
+                "sleeping when idle",
+            ),
             ("--log-file", self.log_file.is_some(), "logging to a file"),
         ];
         if let Some((option, _, what)) = unbuilt.iter().find(|(_, set, _)| *set) {
-            return Err(bad(option, format!("llama-hdd-server has no {what} yet; leave the option out")));
+            return Err(bad(
+                option,
+                format!("llama-hdd-server has no {what} yet; leave the option out"),
+            ));
         }
         if self.cache_reuse != 0 {
             return Err(bad(
@@ -466,7 +627,12 @@ impl Args {
         let flash_attn = match self.flash_attn.as_str() {
             "on" | "auto" | "1" | "true" => true,
             "off" | "0" | "false" => false,
-            other => return Err(bad("--flash-attn", format!("{other:?} is not on, off or auto"))),
+            other => {
+                return Err(bad(
+                    "--flash-attn",
+                    format!("{other:?} is not on, off or auto"),
+                ))
+            }
         };
         let n_gpu_layers = match self.n_gpu_layers.as_str() {
             "auto" if !cfg!(any(feature = "cuda", feature = "metal")) => 0,
@@ -474,7 +640,12 @@ impl Args {
             n => n
                 .parse::<i64>()
                 .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
-                .map_err(|_| bad("--n-gpu-layers", format!("{n:?} is not a number, auto or all")))?,
+                .map_err(|_| {
+                    bad(
+                        "--n-gpu-layers",
+                        format!("{n:?} is not a number, auto or all"),
+                    )
+                })?,
         };
         match self.reasoning_format.as_str() {
             "auto" | "none" | "deepseek" | "deepseek-legacy" => {}
@@ -487,7 +658,12 @@ impl Args {
         }
         match self.reasoning.as_str() {
             "auto" | "on" | "off" => {}
-            other => return Err(bad("--reasoning", format!("{other:?} is not on, off or auto"))),
+            other => {
+                return Err(bad(
+                    "--reasoning",
+                    format!("{other:?} is not on, off or auto"),
+                ))
+            }
         }
         let chat_template_kwargs = match &self.chat_template_kwargs {
             None => serde_json::Map::new(),
@@ -509,7 +685,11 @@ impl Args {
             .filter(|k| !k.is_empty())
             .map(str::to_owned)
             .collect();
-        if self.api_key.as_deref().is_some_and(|k| api_keys.is_empty() || k.trim() != k) {
+        if self
+            .api_key
+            .as_deref()
+            .is_some_and(|k| api_keys.is_empty() || k.trim() != k)
+        {
             return Err(bad(
                 "--api-key",
                 "an empty key (or one with spaces around it) would turn authentication off; \
@@ -632,7 +812,11 @@ impl Args {
         let bad = |option: &'static str, reason: String| ServerError::BadOption { option, reason };
         let samplers = match (&self.samplers, &self.sampler_seq) {
             (Some(names), _) => {
-                let names: Vec<&str> = names.split(';').map(str::trim).filter(|n| !n.is_empty()).collect();
+                let names: Vec<&str> = names
+                    .split(';')
+                    .map(str::trim)
+                    .filter(|n| !n.is_empty())
+                    .collect();
                 let (chain, unknown) = sampler_chain_from_names(&names);
                 if let Some(n) = unknown.first() {
                     return Err(bad("--samplers", format!("no sampler is named {n:?}")));
@@ -642,7 +826,10 @@ impl Args {
             (None, Some(letters)) => {
                 let (chain, unknown) = sampler_chain_from_letters(letters);
                 if let Some(c) = unknown.first() {
-                    return Err(bad("--sampler-seq", format!("no sampler has the letter {c:?}")));
+                    return Err(bad(
+                        "--sampler-seq",
+                        format!("no sampler has the letter {c:?}"),
+                    ));
                 }
                 chain
             }
@@ -659,11 +846,18 @@ impl Args {
                     .map(|(i, _)| i);
                 let parsed = at.and_then(|i| {
                     let id = spec[..i].trim().parse::<u32>().ok()?;
-                    let bias = spec[i..].trim().trim_start_matches('+').parse::<f32>().ok()?;
+                    let bias = spec[i..]
+                        .trim()
+                        .trim_start_matches('+')
+                        .parse::<f32>()
+                        .ok()?;
                     Some((id, bias))
                 });
                 parsed.ok_or_else(|| {
-                    bad("--logit-bias", format!("{spec:?} is not TOKEN_ID+BIAS or TOKEN_ID-BIAS"))
+                    bad(
+                        "--logit-bias",
+                        format!("{spec:?} is not TOKEN_ID+BIAS or TOKEN_ID-BIAS"),
+                    )
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -693,7 +887,8 @@ impl Args {
             samplers,
             ..engine::sampling::SamplerParams::default()
         };
-        p.check().map_err(|e| bad("--temp", format!("the sampling defaults: {e}")))?;
+        p.check()
+            .map_err(|e| bad("--temp", format!("the sampling defaults: {e}")))?;
         Ok(p)
     }
 }
@@ -701,7 +896,11 @@ impl Args {
 /// The platform's per-user cache directory for the prompt cache: `$XDG_CACHE_HOME/llama-hdd`,
 /// else `~/.cache/llama-hdd` (`~/Library/Caches/llama-hdd` on macOS), else `./llama-hdd-cache`.
 pub fn default_cache_dir() -> PathBuf {
-    let env = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let env = |name: &str| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     if let Some(dir) = env("XDG_CACHE_HOME") {
         return dir.join("llama-hdd");
     }
@@ -727,9 +926,18 @@ mod tests {
 
     #[test]
     fn an_infinite_default_temperature_is_refused() {
-        let e = parse(&["--temp", "inf"]).expect("clap reads inf").check().unwrap_err();
+        let e = parse(&["--temp", "inf"])
+            .expect("clap reads inf")
+            .check()
+            .unwrap_err();
         assert!(
-            matches!(e, ServerError::BadOption { option: "--temp", .. }),
+            matches!(
+                e,
+                ServerError::BadOption {
+                    option: "--temp",
+                    ..
+                }
+            ),
             "{e}"
         );
     }
@@ -737,19 +945,63 @@ mod tests {
     #[test]
     fn the_test_suites_launch_lines_are_read_as_llama_server_reads_them() {
         let args = parse(&[
-            "--port", "0", "--temp", "0.8", "--seed", "42", "--host", "127.0.0.1,::1",
-            "--offline", "--batch-size", "32", "--ubatch-size", "16", "--threads", "2",
-            "-ngl", "0", "--cont-batching", "--no-slots", "--alias", "b,a", "--ctx-size", "512",
-            "-np", "2", "-ctk", "q8_0", "-fa", "on", "--n-predict", "64", "--verbose",
-            "--no-ui", "--jinja", "--reasoning-format", "none",
-            "--cache-ram", "0", "--cors-origins", "http://x", "-tb", "1", "--poll", "0",
+            "--port",
+            "0",
+            "--temp",
+            "0.8",
+            "--seed",
+            "42",
+            "--host",
+            "127.0.0.1,::1",
+            "--offline",
+            "--batch-size",
+            "32",
+            "--ubatch-size",
+            "16",
+            "--threads",
+            "2",
+            "-ngl",
+            "0",
+            "--cont-batching",
+            "--no-slots",
+            "--alias",
+            "b,a",
+            "--ctx-size",
+            "512",
+            "-np",
+            "2",
+            "-ctk",
+            "q8_0",
+            "-fa",
+            "on",
+            "--n-predict",
+            "64",
+            "--verbose",
+            "--no-ui",
+            "--jinja",
+            "--reasoning-format",
+            "none",
+            "--cache-ram",
+            "0",
+            "--cors-origins",
+            "http://x",
+            "-tb",
+            "1",
+            "--poll",
+            "0",
         ])
         .unwrap();
-        assert_eq!((args.batch_size, args.ubatch_size, args.threads), (32, 16, 2));
+        assert_eq!(
+            (args.batch_size, args.ubatch_size, args.threads),
+            (32, 16, 2)
+        );
         assert_eq!(args.parallel, 2);
         assert!(args.verbose && args.no_ui && args.no_slots);
         let names: Vec<&str> = args.no_effect.iter().map(|n| n.option.as_str()).collect();
-        assert_eq!(names, ["--offline", "--cont-batching", "--poll", "--verbose"]);
+        assert_eq!(
+            names,
+            ["--offline", "--cont-batching", "--poll", "--verbose"]
+        );
         let config = args.check().unwrap();
         assert_eq!(config.hosts, ["127.0.0.1", "::1"]);
         assert_eq!(config.aliases, ["a", "b"]);
@@ -780,7 +1032,13 @@ mod tests {
 
     #[test]
     fn cache_ram_is_mib_as_llama_server_reads_it_or_a_size() {
-        let ram = |v: &str| parse(&["--cache-ram", v]).unwrap().check().unwrap().cache_ram;
+        let ram = |v: &str| {
+            parse(&["--cache-ram", v])
+                .unwrap()
+                .check()
+                .unwrap()
+                .cache_ram
+        };
         assert_eq!(ram("8"), 8 << 20);
         assert_eq!(ram("-1"), u64::MAX);
         assert_eq!(ram("1GiB"), 1 << 30);

@@ -31,9 +31,19 @@ pub async fn chat(State(st): State<Arc<AppState>>, RawBody(body): RawBody) -> Re
     let params = resolve(&st, req.params)?;
     let text = super::render_chat(&st, &req.chat).await?;
     let prompt = chat_tokens(&st, &text)?;
-    let runs = submit_all(&st, &limits, &[prompt.clone()], &params, req.output.n)?;
+    let runs = submit_all(
+        &st,
+        &limits,
+        std::slice::from_ref(&prompt),
+        &params,
+        req.output.n,
+    )?;
     let reading = shape::Reading::new(&st, &req.chat, &text);
-    let verbose = st.config.args.verbose.then(|| st.model.tokenizer().decode(&prompt));
+    let verbose = st
+        .config
+        .args
+        .verbose
+        .then(|| st.model.tokenizer().decode(&prompt));
     let meta = shape::Meta::new(&st, "chatcmpl");
     let remember = {
         let st = Arc::clone(&st);
@@ -64,12 +74,16 @@ pub async fn chat(State(st): State<Arc<AppState>>, RawBody(body): RawBody) -> Re
         return Ok(Json(body).into_response());
     }
     let mut state = shape::ChatStream::new(meta, req.output.clone(), reading, runs.len());
-    sse(runs, move |index, ev| {
-        if let Event::Done(f) = &ev {
-            remember(state.text(index), f);
-        }
-        state.event(index, ev, tok.tokenizer())
-    }, move |out: &mut Vec<String>| out.push("[DONE]".to_owned()))
+    sse(
+        runs,
+        move |index, ev| {
+            if let Event::Done(f) = &ev {
+                remember(state.text(index), f);
+            }
+            state.event(index, ev, tok.tokenizer())
+        },
+        move |out: &mut Vec<String>| out.push("[DONE]".to_owned()),
+    )
     .await
 }
 
@@ -181,7 +195,9 @@ async fn complete(st: Arc<AppState>, body: Bytes, api: CompletionApi) -> Result<
             let meta2 = meta.clone();
             sse(
                 runs,
-                move |index, ev| shape::openai_completion_event(&meta, &output, index, ev, tok.tokenizer()),
+                move |index, ev| {
+                    shape::openai_completion_event(&meta, &output, index, ev, tok.tokenizer())
+                },
                 move |out: &mut Vec<String>| {
                     let _ = &meta2;
                     out.push("[DONE]".to_owned());
@@ -197,7 +213,10 @@ async fn complete(st: Arc<AppState>, body: Bytes, api: CompletionApi) -> Result<
                 move |index, ev| match ev {
                     Event::Text(chunk) => {
                         reply_texts[index].push_str(&chunk.text);
-                        vec![shape::native_chunk(&meta, index, &chunk, &output, tok.tokenizer()).to_string()]
+                        vec![
+                            shape::native_chunk(&meta, index, &chunk, &output, tok.tokenizer())
+                                .to_string(),
+                        ]
                     }
                     Event::Progress(p) => vec![json!({
                         "index": index,
@@ -289,12 +308,12 @@ pub(super) fn submit_all(
             params.sampler.seed = params.sampler.seed.wrapping_add(k as u64);
             let (events, rx) = mpsc::unbounded_channel();
             st.tx
-                .send(Command::Generate(Job {
+                .send(Command::Generate(Box::new(Job {
                     prompt: p.clone(),
                     params,
                     events,
                     constraint: constraint.clone(),
-                }))
+                })))
                 .map_err(|_| ServerError::ShuttingDown)?;
             runs.push(Run {
                 index: runs.len(),
@@ -423,7 +442,11 @@ where
             let done = matches!(ev, Event::Done(_) | Event::Failed(_));
             let failed = matches!(ev, Event::Failed(_));
             for data in format(index, ev) {
-                if tx.send(Ok(Bytes::from(format!("data: {data}\n\n")))).await.is_err() {
+                if tx
+                    .send(Ok(Bytes::from(format!("data: {data}\n\n"))))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
@@ -440,7 +463,11 @@ where
         let mut last = Vec::new();
         end(&mut last);
         for data in last {
-            if tx.send(Ok(Bytes::from(format!("data: {data}\n\n")))).await.is_err() {
+            if tx
+                .send(Ok(Bytes::from(format!("data: {data}\n\n"))))
+                .await
+                .is_err()
+            {
                 return;
             }
         }

@@ -64,7 +64,12 @@ pub struct AppState {
 /// The router of every endpoint, under `--api-prefix` when one is given.
 pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.config.max_body;
-    let prefix = state.config.args.api_prefix.trim_end_matches('/').to_owned();
+    let prefix = state
+        .config
+        .args
+        .api_prefix
+        .trim_end_matches('/')
+        .to_owned();
     let routes = Router::new()
         .route("/", get(ui::page))
         .route("/health", get(info::health))
@@ -97,8 +102,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/responses", post(responses::create))
         .route("/responses", post(responses::create))
-        .route("/v1/responses/{id}", get(responses::fetch).delete(responses::remove))
-        .route("/responses/{id}", get(responses::fetch).delete(responses::remove));
+        .route(
+            "/v1/responses/{id}",
+            get(responses::fetch).delete(responses::remove),
+        )
+        .route(
+            "/responses/{id}",
+            get(responses::fetch).delete(responses::remove),
+        );
     let routes = if prefix.is_empty() {
         routes
     } else {

@@ -12,8 +12,8 @@ use serde_json::{json, Map, Value};
 
 use super::AppState;
 use crate::request::{Chat, Output};
-use engine::chat::{ReasoningFormat, ReasoningStream};
 use crate::scheduler::{Chunk, Event, Finish, FinishReason, GenParams, Progress, TokenProbs};
+use engine::chat::{ReasoningFormat, ReasoningStream};
 
 /// One finished generation.
 #[derive(Debug)]
@@ -159,7 +159,11 @@ fn prob_entry(tok: &Tokenizer, p: &TokenProb, post_sampling: bool) -> Value {
         v["prob"] = json!(p.prob);
     } else {
         // JSON has no -inf: an impossible token shows as a very unlikely one.
-        v["logprob"] = json!(if p.logprob.is_finite() { p.logprob } else { -9999.0 });
+        v["logprob"] = json!(if p.logprob.is_finite() {
+            p.logprob
+        } else {
+            -9999.0
+        });
     }
     v
 }
@@ -176,7 +180,11 @@ fn probs_json(tok: &Tokenizer, probs: &[TokenProbs], post_sampling: bool) -> Vec
                 .filter(|t| !post_sampling || t.prob > 0.0)
                 .map(|t| prob_entry(tok, t, post_sampling))
                 .collect();
-            v[if post_sampling { "top_probs" } else { "top_logprobs" }] = Value::Array(top);
+            v[if post_sampling {
+                "top_probs"
+            } else {
+                "top_logprobs"
+            }] = Value::Array(top);
             v
         })
         .collect()
@@ -317,7 +325,13 @@ fn pick_fields(v: &Value, fields: &[String]) -> Value {
 }
 
 /// A streamed `/completion` chunk.
-pub fn native_chunk(meta: &Meta, index: usize, chunk: &Chunk, output: &Output, tok: &Tokenizer) -> Value {
+pub fn native_chunk(
+    meta: &Meta,
+    index: usize,
+    chunk: &Chunk,
+    output: &Output,
+    tok: &Tokenizer,
+) -> Value {
     let mut v = json!({
         "index": index,
         "content": chunk.text,
@@ -327,7 +341,8 @@ pub fn native_chunk(meta: &Meta, index: usize, chunk: &Chunk, output: &Output, t
         "model": meta.model,
     });
     if let Some(p) = output.probs {
-        v["completion_probabilities"] = Value::Array(probs_json(tok, &chunk.probs, p.post_sampling));
+        v["completion_probabilities"] =
+            Value::Array(probs_json(tok, &chunk.probs, p.post_sampling));
     }
     v
 }
@@ -474,8 +489,10 @@ impl ChatStream {
                         delta["content"] = json!(content);
                     }
                     out.push(
-                        self.chunk(json!([{ "index": index, "delta": delta, "finish_reason": null }]))
-                            .to_string(),
+                        self.chunk(
+                            json!([{ "index": index, "delta": delta, "finish_reason": null }]),
+                        )
+                        .to_string(),
                     );
                 }
                 out.push(
@@ -504,7 +521,12 @@ impl ChatStream {
 }
 
 /// The whole `/v1/completions` answer.
-pub fn openai_completion_whole(meta: &Meta, replies: &[Reply], output: &Output, tok: &Tokenizer) -> Value {
+pub fn openai_completion_whole(
+    meta: &Meta,
+    replies: &[Reply],
+    output: &Output,
+    tok: &Tokenizer,
+) -> Value {
     let choices: Vec<Value> = replies
         .iter()
         .map(|r| {

@@ -193,8 +193,8 @@ pub enum SlotAction {
 /// A message to the scheduler.
 #[derive(Debug)]
 pub enum Command {
-    /// Generate.
-    Generate(Job),
+    /// Generate (boxed: a job is far larger than the other commands).
+    Generate(Box<Job>),
     /// Report the slots as llama-server's `/slots` JSON.
     Slots(oneshot::Sender<serde_json::Value>),
     /// Act on one slot.
@@ -367,6 +367,9 @@ impl Scheduler {
                 continue;
             }
             self.step();
+            // Published after the step too: a request that finished in it is no longer
+            // processing, though the loop may now sleep until the next command.
+            self.publish_gauges();
             self.export_due(false);
         }
         self.export_due(true);
@@ -380,7 +383,7 @@ impl Scheduler {
     fn command(&mut self, cmd: Command) {
         match cmd {
             Command::Generate(job) => {
-                self.queue.push_back(job);
+                self.queue.push_back(*job);
             }
             Command::Slots(reply) => {
                 let _ = reply.send(self.slots_json());
@@ -780,7 +783,10 @@ impl Scheduler {
         let m = &self.metrics;
         Metrics::add(&m.prompt_us, (finish.prompt_ms * 1e3) as u64);
         Metrics::add(&m.predicted_us, (finish.predicted_ms * 1e3) as u64);
-        Metrics::raise(&m.n_tokens_max, (finish.n_prompt + finish.predicted_n) as u64);
+        Metrics::raise(
+            &m.n_tokens_max,
+            (finish.n_prompt + finish.predicted_n) as u64,
+        );
         let _ = a.events.send(Event::Done(Box::new(finish)));
         Metrics::add(&self.metrics.requests_finished, 1);
         self.keep(slot, a.seq, a.cache_n, a.prompt.len());
@@ -821,11 +827,7 @@ impl Scheduler {
 
 /// Samples the next token of `a`: with its grammar, a token the grammar refuses is drawn
 /// again from the logits the grammar allows; the grammar then takes the token.
-fn pick(
-    a: &mut Active,
-    logits: &[f32],
-    history: &[u32],
-) -> Result<(u32, Option<TokenProbs>)> {
+fn pick(a: &mut Active, logits: &[f32], history: &[u32]) -> Result<(u32, Option<TokenProbs>)> {
     let grammar_error = |e: engine::Error| ServerError::BadRequest(format!("the output's {e}"));
     let draw = |a: &mut Active, logits: &[f32]| match a.params.n_probs {
         None => (a.sampler.sample(logits, history), None),

@@ -143,10 +143,9 @@ fn claim_to_save(store: &SessionStore, name: &str, overwrite: bool) -> Result<kv
     }
     let owner = match store.read_checkpoint(name) {
         Ok((_, meta)) if meta.owner.as_deref() == Some(OWNER_SLOT) => return Ok(claim),
-        Ok((_, meta)) => meta.owner.map_or_else(
-            || "another program".to_owned(),
-            |o| format!("the {o}"),
-        ),
+        Ok((_, meta)) => meta
+            .owner
+            .map_or_else(|| "another program".to_owned(), |o| format!("the {o}")),
         Err(_) => "another program (it cannot be read)".to_owned(),
     };
     Err(ServerError::Conflict(format!(
