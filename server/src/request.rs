@@ -94,6 +94,7 @@ struct Sampling {
     n_indent: Option<i64>,
     n_keep: Option<i64>,
     min_keep: Option<i64>,
+    verbose: Option<bool>,
     logit_bias: Option<serde_json::Value>,
     typical_p: Option<f32>,
     xtc_probability: Option<f32>,
@@ -214,6 +215,8 @@ pub struct Output {
     pub probs: Option<Probs>,
     /// llama-server: timings in every streamed chunk.
     pub timings_per_token: bool,
+    /// llama-server: the prompt in `__verbose` (`None`: the server's `--verbose`).
+    pub verbose: Option<bool>,
 }
 
 /// Which probabilities a response reports for each generated token.
@@ -481,6 +484,7 @@ fn output(s: &Sampling, api: CompletionApi, chat: bool) -> Result<Output> {
         n,
         probs,
         timings_per_token: s.timings_per_token.unwrap_or(false),
+        verbose: s.verbose,
     })
 }
 
@@ -853,6 +857,15 @@ fn grammar(s: &Sampling) -> Result<Option<Grammar>> {
     let Some(format) = s.response_format.as_ref().filter(|v| !v.is_null()) else {
         return Ok(None);
     };
+    if format
+        .get("schema")
+        .is_some_and(|v| !v.is_object() && !v.is_null())
+    {
+        return Err(bad(format!(
+            "\"response_format\": its schema is {}, not a JSON schema object",
+            format["schema"]
+        )));
+    }
     let schema = |v: Option<&Value>| match v {
         Some(schema) if schema.is_object() => Some(Grammar::JsonSchema(schema.clone())),
         _ => None,

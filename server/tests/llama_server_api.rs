@@ -332,3 +332,69 @@ async fn metrics_cors_keys_slots_and_the_page() {
     assert_eq!(srv.get("/").await.0, 404);
     srv.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_tool_call_comes_back_as_tool_calls_whole_and_streamed() {
+    let env = Env::new();
+    let srv = env.start(&[]).await;
+    let tools = json!([{
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": { "city": { "enum": ["Paris", "Rome", "Oslo"] } },
+                "required": ["city"],
+                "additionalProperties": false,
+            },
+        },
+    }]);
+    let body = |stream: bool| {
+        json!({"messages": [{"role": "user", "content": "weather in Paris?"}], "tools": tools,
+               "tool_choice": "required", "max_tokens": 200, "seed": 3, "stream": stream})
+    };
+    let (status, whole) = srv.post("/v1/chat/completions", &body(false)).await;
+    assert_eq!(status, 200, "{whole}");
+    let choice = &whole["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{whole}");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "get_weather");
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(
+        ["Paris", "Rome", "Oslo"].contains(&args["city"].as_str().unwrap()),
+        "{args}"
+    );
+
+    // Streamed: a first delta names the call, the next ones carry its arguments.
+    let (status, _, raw) = srv.post_stream("/v1/chat/completions", &body(true)).await;
+    assert_eq!(status, 200);
+    let mut name = String::new();
+    let mut arguments = String::new();
+    let mut reason = Value::Null;
+    for e in events(&raw) {
+        let Some(c) = e["choices"].get(0) else {
+            continue;
+        };
+        if let Some(calls) = c["delta"]["tool_calls"].as_array() {
+            for d in calls {
+                assert_eq!(d["index"], 0);
+                if let Some(n) = d["function"]["name"].as_str() {
+                    assert!(d["id"].is_string());
+                    name.push_str(n);
+                }
+                arguments.push_str(d["function"]["arguments"].as_str().unwrap_or(""));
+            }
+        }
+        if !c["finish_reason"].is_null() {
+            reason = c["finish_reason"].clone();
+        }
+    }
+    assert_eq!(name, "get_weather");
+    assert_eq!(reason, "tool_calls");
+    // The same seed, the same call.
+    assert_eq!(arguments, call["function"]["arguments"].as_str().unwrap());
+    srv.stop().await;
+}

@@ -22,63 +22,47 @@ use super::shape::{self, Reply};
 use super::{AppState, RawBody};
 use crate::error::{Result, ServerError};
 use crate::request::{self, CompletionApi, Limits, Piece, Prompt};
-use crate::scheduler::{Command, Event, Finish, FinishReason, GenParams, Job};
+use crate::scheduler::{Command, Event, GenParams, Job};
 
-/// `POST /v1/chat/completions`.
+/// `POST /v1/chat/completions`: the reply read as reasoning, text and tool calls (the tools'
+/// family format, from the template), whole or streamed as OpenAI streams them.
 pub async fn chat(State(st): State<Arc<AppState>>, RawBody(body): RawBody) -> Result<Response> {
     let limits = st.limits();
     let req = request::chat(&body, &limits)?;
-    let params = resolve(&st, req.params)?;
-    let text = super::render_chat(&st, &req.chat).await?;
-    let prompt = chat_tokens(&st, &text)?;
+    let turn = Arc::new(super::turn::prepare(&st, &req).await?);
     let runs = submit_all(
         &st,
         &limits,
-        std::slice::from_ref(&prompt),
-        &params,
+        std::slice::from_ref(&turn.prompt),
+        &turn.params,
         req.output.n,
     )?;
-    let reading = shape::Reading::new(&st, &req.chat, &text);
-    let verbose = st
-        .config
-        .args
+    let verbose = req
+        .output
         .verbose
-        .then(|| st.model.tokenizer().decode(&prompt));
+        .unwrap_or(st.config.args.verbose)
+        .then(|| st.model.tokenizer().decode(&turn.prompt));
     let meta = shape::Meta::new(&st, "chatcmpl");
-    let remember = {
-        let st = Arc::clone(&st);
-        move |reply: &str, f: &Finish| {
-            // A reply cut at a stop string is not the text of its tokens.
-            if matches!(
-                f.reason,
-                FinishReason::EndOfGeneration | FinishReason::Length
-            ) {
-                let mut tokens = prompt.clone();
-                tokens.extend_from_slice(&f.tokens);
-                if let Ok(mut texts) = st.texts.lock() {
-                    texts.insert(format!("{text}{reply}"), tokens);
-                }
-            }
-        }
-    };
     let tok = Arc::clone(&st.model);
     if !req.output.stream {
         let replies = collect_all(runs).await?;
         for r in &replies {
-            remember(&r.text, &r.finish);
+            turn.remember(&st, &r.text, &r.finish);
         }
-        let mut body = shape::chat_whole(&meta, &replies, &req.output, &reading, tok.tokenizer());
+        let mut body = shape::chat_whole(&meta, &replies, &req.output, &turn, tok.tokenizer());
         if let Some(prompt) = verbose {
             body["__verbose"] = json!({ "prompt": prompt });
         }
         return Ok(Json(body).into_response());
     }
-    let mut state = shape::ChatStream::new(meta, req.output.clone(), reading, runs.len());
+    let readers = (0..runs.len()).map(|_| turn.reader()).collect();
+    let mut state = shape::ChatStream::new(meta, req.output.clone(), readers);
+    let st2 = Arc::clone(&st);
     sse(
         runs,
         move |index, ev| {
             if let Event::Done(f) = &ev {
-                remember(state.text(index), f);
+                turn.remember(&st2, state.text(index), f);
             }
             state.event(index, ev, tok.tokenizer())
         },
@@ -218,14 +202,19 @@ async fn complete(st: Arc<AppState>, body: Bytes, api: CompletionApi) -> Result<
                                 .to_string(),
                         ]
                     }
-                    Event::Progress(p) => vec![json!({
-                        "index": index,
-                        "content": "",
-                        "tokens": [],
-                        "stop": false,
-                        "prompt_progress": shape::progress(&p),
-                    })
-                    .to_string()],
+                    Event::Progress(p) => {
+                        let mut v = json!({
+                            "index": index,
+                            "content": "",
+                            "tokens": [],
+                            "stop": false,
+                            "prompt_progress": shape::progress(&p),
+                        });
+                        if output.timings_per_token {
+                            v["timings"] = shape::progress_timings(&p);
+                        }
+                        vec![v.to_string()]
+                    }
                     Event::Done(f) => {
                         let r = Reply {
                             index,

@@ -10,10 +10,10 @@ use engine::sampling::TokenProb;
 use engine::tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
 
+use super::turn::{Piece, Reader, Turn};
 use super::AppState;
-use crate::request::{Chat, Output};
+use crate::request::Output;
 use crate::scheduler::{Chunk, Event, Finish, FinishReason, GenParams, Progress, TokenProbs};
-use engine::chat::{ReasoningFormat, ReasoningStream};
 
 /// One finished generation.
 #[derive(Debug)]
@@ -24,38 +24,6 @@ pub struct Reply {
     pub text: String,
     /// Its figures.
     pub finish: Finish,
-}
-
-/// How a chat reply's text is read: its reasoning split out as `reasoning_content`.
-#[derive(Clone, Copy, Debug)]
-pub struct Reading {
-    format: ReasoningFormat,
-    opened: bool,
-}
-
-impl Reading {
-    /// The request's `reasoning_format` (else `--reasoning-format`), and whether the rendered
-    /// `prompt` left a thinking block open.
-    pub fn new(st: &AppState, chat: &Chat, prompt: &str) -> Reading {
-        let name = chat
-            .reasoning_format
-            .as_deref()
-            .unwrap_or(&st.config.args.reasoning_format);
-        Reading {
-            format: ReasoningFormat::parse(name).unwrap_or_default(),
-            opened: engine::chat::prompt_opens_thinking(prompt),
-        }
-    }
-
-    /// The assistant message of a whole reply.
-    fn message(&self, text: &str) -> Value {
-        let (reasoning, content) = engine::chat::split_reasoning(text, self.format, self.opened);
-        let mut m = json!({ "role": "assistant", "content": content });
-        if let Some(r) = reasoning {
-            m["reasoning_content"] = json!(r);
-        }
-        m
-    }
 }
 
 /// What every object of one response shares.
@@ -143,6 +111,23 @@ pub fn progress(p: &Progress) -> Value {
         "cache": p.cache,
         "processed": p.processed,
         "time_ms": p.time_ms,
+    })
+}
+
+/// llama-server's `timings` while a prompt is evaluated: nothing generated yet.
+pub fn progress_timings(p: &Progress) -> Value {
+    let n = p.processed.saturating_sub(p.cache);
+    let ms = if n == 0 { 0.0 } else { p.time_ms };
+    json!({
+        "cache_n": p.cache,
+        "prompt_n": n,
+        "prompt_ms": ms,
+        "prompt_per_token_ms": if n > 0 { ms / n as f64 } else { 0.0 },
+        "prompt_per_second": if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 },
+        "predicted_n": 0,
+        "predicted_ms": 0.0,
+        "predicted_per_token_ms": 0.0,
+        "predicted_per_second": 0.0,
     })
 }
 
@@ -357,16 +342,31 @@ pub fn chat_whole(
     meta: &Meta,
     replies: &[Reply],
     output: &Output,
-    reading: &Reading,
+    turn: &Turn,
     tok: &Tokenizer,
 ) -> Value {
     let choices: Vec<Value> = replies
         .iter()
         .map(|r| {
+            let parsed = turn.read(&r.text);
+            let mut message = json!({ "role": "assistant", "content": parsed.content });
+            if !parsed.reasoning.is_empty() {
+                message["reasoning_content"] = json!(parsed.reasoning);
+            }
+            let reason = if parsed.calls.is_empty() {
+                finish_reason(&r.finish)
+            } else {
+                if parsed.content.is_empty() {
+                    message["content"] = Value::Null;
+                }
+                message["tool_calls"] =
+                    Value::Array(parsed.calls.iter().map(|c| c.to_openai()).collect());
+                "tool_calls"
+            };
             let mut c = json!({
                 "index": r.index,
-                "message": reading.message(&r.text),
-                "finish_reason": finish_reason(&r.finish),
+                "message": message,
+                "finish_reason": reason,
             });
             if output.probs.is_some() {
                 c["logprobs"] = openai_logprobs(tok, &r.finish.probs);
@@ -394,7 +394,8 @@ pub fn chat_whole(
 pub struct ChatStream {
     meta: Meta,
     output: Output,
-    readers: Vec<ReasoningStream>,
+    readers: Vec<Reader>,
+    called: Vec<bool>,
     started: Vec<bool>,
     texts: Vec<String>,
     finishes: Vec<Option<Finish>>,
@@ -402,13 +403,13 @@ pub struct ChatStream {
 
 impl ChatStream {
     /// A stream of `n` choices.
-    pub fn new(meta: Meta, output: Output, reading: Reading, n: usize) -> ChatStream {
+    pub fn new(meta: Meta, output: Output, readers: Vec<Reader>) -> ChatStream {
+        let n = readers.len();
         ChatStream {
             meta,
             output,
-            readers: (0..n)
-                .map(|_| ReasoningStream::new(reading.format, reading.opened))
-                .collect(),
+            readers,
+            called: vec![false; n],
             started: vec![false; n],
             texts: vec![String::new(); n],
             finishes: (0..n).map(|_| None).collect(),
@@ -431,6 +432,28 @@ impl ChatStream {
         })
     }
 
+    /// OpenAI's deltas for the pieces of choice `index`'s reply: reasoning, content and tool
+    /// calls (a call's first delta names it; the next ones add to its arguments).
+    fn deltas(&mut self, index: usize, pieces: Vec<Piece>) -> Vec<Value> {
+        pieces
+            .into_iter()
+            .map(|p| match p {
+                Piece::Reasoning(r) => json!({ "reasoning_content": r }),
+                Piece::Text(t) => json!({ "content": t }),
+                Piece::CallStart { index: i, id, name } => {
+                    self.called[index] = true;
+                    json!({ "tool_calls": [{
+                        "index": i, "id": id, "type": "function",
+                        "function": { "name": name, "arguments": "" },
+                    }] })
+                }
+                Piece::Arguments { index: i, fragment } => json!({ "tool_calls": [{
+                    "index": i, "function": { "arguments": fragment },
+                }] }),
+            })
+            .collect()
+    }
+
     /// The payloads for one event of choice `index`; after the last choice's end, the usage
     /// in a chunk of its own with no choices.
     pub fn event(&mut self, index: usize, ev: Event, tok: &Tokenizer) -> Vec<String> {
@@ -449,29 +472,29 @@ impl ChatStream {
         match ev {
             Event::Text(c) => {
                 self.texts[index].push_str(&c.text);
-                let (reasoning, content) = self.readers[index].feed(&c.text);
-                let mut delta = json!({});
-                if !reasoning.is_empty() {
-                    delta["reasoning_content"] = json!(reasoning);
+                let pieces = self.readers[index].feed(&c.text);
+                let mut deltas = self.deltas(index, pieces);
+                // A chunk whose text is held back (a tag may be starting) sends nothing, or,
+                // when probabilities were asked for, an empty delta with its tokens'.
+                if deltas.is_empty() && self.output.probs.is_some() {
+                    deltas.push(json!({}));
                 }
-                // A chunk whose text is held back (a tag may be starting) still carries its
-                // tokens' probabilities.
-                if !content.is_empty() || reasoning.is_empty() {
-                    delta["content"] = json!(content);
+                let n = deltas.len();
+                for (i, delta) in deltas.into_iter().enumerate() {
+                    let mut choice = json!({
+                        "index": index,
+                        "delta": delta,
+                        "finish_reason": null,
+                    });
+                    if self.output.probs.is_some() && i + 1 == n {
+                        choice["logprobs"] = openai_logprobs(tok, &c.probs);
+                    }
+                    let mut chunk = self.chunk(json!([choice]));
+                    if self.output.timings_per_token {
+                        chunk["timings"] = json!({});
+                    }
+                    out.push(chunk.to_string());
                 }
-                let mut choice = json!({
-                    "index": index,
-                    "delta": delta,
-                    "finish_reason": null,
-                });
-                if self.output.probs.is_some() {
-                    choice["logprobs"] = openai_logprobs(tok, &c.probs);
-                }
-                let mut chunk = self.chunk(json!([choice]));
-                if self.output.timings_per_token {
-                    chunk["timings"] = json!({});
-                }
-                out.push(chunk.to_string());
             }
             Event::Progress(p) => {
                 let mut chunk = self.chunk(json!([]));
@@ -479,15 +502,8 @@ impl ChatStream {
                 out.push(chunk.to_string());
             }
             Event::Done(f) => {
-                let (reasoning, content) = self.readers[index].finish();
-                if !reasoning.is_empty() || !content.is_empty() {
-                    let mut delta = json!({});
-                    if !reasoning.is_empty() {
-                        delta["reasoning_content"] = json!(reasoning);
-                    }
-                    if !content.is_empty() {
-                        delta["content"] = json!(content);
-                    }
+                let pieces = self.readers[index].finish();
+                for delta in self.deltas(index, pieces) {
                     out.push(
                         self.chunk(
                             json!([{ "index": index, "delta": delta, "finish_reason": null }]),
@@ -495,11 +511,16 @@ impl ChatStream {
                         .to_string(),
                     );
                 }
+                let reason = if self.called[index] {
+                    "tool_calls"
+                } else {
+                    finish_reason(&f)
+                };
                 out.push(
                     self.chunk(json!([{
                         "index": index,
                         "delta": {},
-                        "finish_reason": finish_reason(&f),
+                        "finish_reason": reason,
                     }]))
                     .to_string(),
                 );

@@ -442,6 +442,15 @@ impl Scheduler {
             };
             match self.start(job) {
                 Ok(active) => {
+                    // The first progress report, before any prompt token is evaluated.
+                    if active.params.return_progress {
+                        let _ = active.events.send(Event::Progress(Progress {
+                            total: active.prompt.len(),
+                            cache: active.cache_n,
+                            processed: active.fed,
+                            time_ms: 0.0,
+                        }));
+                    }
                     // The slot's previous conversation stays in the cache list.
                     self.slots[slot].active = Some(active);
                 }
@@ -780,6 +789,9 @@ impl Scheduler {
             stopping_word: std::mem::take(&mut a.stopping_word),
             probs: std::mem::take(&mut a.probs),
         };
+        // The gauges first: a client that reads them once it has its answer sees this request
+        // done.
+        self.publish_gauges();
         let m = &self.metrics;
         Metrics::add(&m.prompt_us, (finish.prompt_ms * 1e3) as u64);
         Metrics::add(&m.predicted_us, (finish.predicted_ms * 1e3) as u64);
@@ -795,6 +807,7 @@ impl Scheduler {
     /// Fails the request in `slot` and drops its sequence.
     fn fail(&mut self, slot: usize, e: ServerError) {
         if let Some(a) = self.slots[slot].active.take() {
+            self.publish_gauges();
             let _ = a.events.send(Event::Failed(e));
             let _ = self.ctx.remove_sequence(a.seq);
             Metrics::add(&self.metrics.requests_finished, 1);
