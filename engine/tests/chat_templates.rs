@@ -284,7 +284,7 @@ fn todays_date_inside_the_prompt() {
     let prompt = template(LLAMA33_LIKE).render_request(&req).unwrap();
     assert!(prompt.contains("Environment: ipython\n"), "{prompt}");
     assert!(
-        prompt.contains("\"success\": {\n                    \"const\": true,\n"),
+        prompt.contains("\"success\": {\n                    \"type\": \"boolean\",\n                    \"const\": true\n"),
         "{prompt}"
     );
     // A date given in the kwargs wins.

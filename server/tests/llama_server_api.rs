@@ -52,14 +52,21 @@ async fn completion_answers_carry_tokens_probabilities_and_settings() {
         assert!(top[0]["logprob"].as_f64() >= top[1]["logprob"].as_f64());
     }
 
-    // The server's `-n 6` caps a request asking for more.
-    let (_, capped) = srv
+    // The server's `-n 6` is the default; a request may ask for more.
+    let (_, default) = srv
         .post(
             "/completion",
-            &json!({"prompt": "hello", "n_predict": 50, "ignore_eos": true}),
+            &json!({"prompt": "hello", "ignore_eos": true}),
         )
         .await;
-    assert_eq!(capped["timings"]["predicted_n"], 6, "{capped}");
+    assert_eq!(default["timings"]["predicted_n"], 6, "{default}");
+    let (_, more) = srv
+        .post(
+            "/completion",
+            &json!({"prompt": "hello", "n_predict": 9, "ignore_eos": true}),
+        )
+        .await;
+    assert_eq!(more["timings"]["predicted_n"], 9, "{more}");
 
     // `n_predict: 0` evaluates the prompt and generates nothing.
     let (status, zero) = srv

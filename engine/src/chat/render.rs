@@ -624,10 +624,10 @@ mod tests {
     #[test]
     fn tojson_writes_like_python_json_dumps() {
         let v = json!({"b": [1, 2.5, 1e-5, 1e16, 3.0], "a": "é\"\n<&>", "c": {}, "d": [], "e": null, "f": true});
-        // serde_json without preserve_order sorts keys: the input order here is a, b, c, d, e, f.
+        // Keys keep their order, as in a Python dict (serde_json's `preserve_order`).
         assert_eq!(
             dumps("{{ v | tojson }}", v.clone()),
-            r#"{"a": "é\"\n<&>", "b": [1, 2.5, 1e-05, 1e+16, 3.0], "c": {}, "d": [], "e": null, "f": true}"#
+            r#"{"b": [1, 2.5, 1e-05, 1e+16, 3.0], "a": "é\"\n<&>", "c": {}, "d": [], "e": null, "f": true}"#
         );
         assert_eq!(
             dumps("{{ v.b | tojson(indent=2) }}", v.clone()),

@@ -16,6 +16,8 @@ mod params;
 mod rng;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_params;
 
 use std::collections::HashMap;
 

@@ -209,7 +209,7 @@ const NO_EFFECT: &[(&[&str], Arity, &str)] = &[
         "reasoning kept in history",
     ),
     (
-        &["-bs", "--backend-sampling"],
+        &["-bs", "--backend-sampling", "--backend_sampling"],
         Flag,
         "sampling on the backend",
     ),

@@ -1,0 +1,142 @@
+//! The command line read as llama-server reads it, and checked.
+
+use super::*;
+
+fn parse(extra: &[&str]) -> std::result::Result<Args, clap::Error> {
+    let mut argv = vec!["server", "-m", "m.gguf"];
+    argv.extend_from_slice(extra);
+    Args::parse_from_argv(argv)
+}
+
+#[test]
+fn an_infinite_default_temperature_is_refused() {
+    let e = parse(&["--temp", "inf"])
+        .expect("clap reads inf")
+        .check()
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ServerError::BadOption {
+                option: "--temp",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_test_suites_launch_lines_are_read_as_llama_server_reads_them() {
+    let args = parse(&[
+        "--port",
+        "0",
+        "--temp",
+        "0.8",
+        "--seed",
+        "42",
+        "--host",
+        "127.0.0.1,::1",
+        "--offline",
+        "--batch-size",
+        "32",
+        "--ubatch-size",
+        "16",
+        "--threads",
+        "2",
+        "-ngl",
+        "0",
+        "--cont-batching",
+        "--no-slots",
+        "--alias",
+        "b,a",
+        "--ctx-size",
+        "512",
+        "-np",
+        "2",
+        "-ctk",
+        "q8_0",
+        "-fa",
+        "on",
+        "--n-predict",
+        "64",
+        "--verbose",
+        "--no-ui",
+        "--jinja",
+        "--reasoning-format",
+        "none",
+        "--cache-ram",
+        "0",
+        "--cors-origins",
+        "http://x",
+        "-tb",
+        "1",
+        "--poll",
+        "0",
+    ])
+    .unwrap();
+    assert_eq!(
+        (args.batch_size, args.ubatch_size, args.threads),
+        (32, 16, 2)
+    );
+    assert_eq!(args.parallel, 2);
+    assert!(args.verbose && args.no_ui && args.no_slots);
+    let names: Vec<&str> = args.no_effect.iter().map(|n| n.option.as_str()).collect();
+    assert_eq!(
+        names,
+        ["--offline", "--cont-batching", "--poll", "--verbose"]
+    );
+    let config = args.check().unwrap();
+    assert_eq!(config.hosts, ["127.0.0.1", "::1"]);
+    assert_eq!(config.aliases, ["a", "b"]);
+    assert_eq!(config.alias, "a");
+    assert_eq!(config.cache_ram, 0);
+    assert!(!config.slots_endpoint && !config.ui && config.flash_attn);
+    assert_eq!(config.n_gpu_layers, 0);
+}
+
+#[test]
+fn capabilities_it_lacks_are_refused_by_name() {
+    for (argv, capability) in [
+        (&["--lora", "x.gguf"][..], "LoRA"),
+        (&["--model-draft", "d.gguf"], "speculative"),
+        (&["-hf", "org/repo"], "download"),
+        (&["--mmproj", "p.gguf"], "multimodal"),
+        (&["--grp-attn-n", "4"], "self-extend"),
+    ] {
+        let e = parse(argv).unwrap_err().to_string();
+        assert!(e.contains(capability), "{argv:?}: {e}");
+    }
+    // An option no llama-server has is still a mistake.
+    assert!(parse(&["--no-such-option"]).is_err());
+    // Parsed, but what it asks for is not built: refused at the check, not ignored.
+    let e = parse(&["--context-shift"]).unwrap().check().unwrap_err();
+    assert!(e.to_string().contains("context shift"), "{e}");
+}
+
+#[test]
+fn cache_ram_is_mib_as_llama_server_reads_it_or_a_size() {
+    let ram = |v: &str| {
+        parse(&["--cache-ram", v])
+            .unwrap()
+            .check()
+            .unwrap()
+            .cache_ram
+    };
+    assert_eq!(ram("8"), 8 << 20);
+    assert_eq!(ram("-1"), u64::MAX);
+    assert_eq!(ram("1GiB"), 1 << 30);
+}
+
+#[test]
+fn an_empty_api_key_is_refused_and_key_files_hold_several() {
+    assert!(parse(&["--api-key", ""]).unwrap().check().is_err());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("keys");
+    std::fs::write(&file, "# comment\nk1\n\nk2\n").unwrap();
+    let config = parse(&["--api-key", "k0", "--api-key-file", file.to_str().unwrap()])
+        .unwrap()
+        .check()
+        .unwrap();
+    assert_eq!(config.api_keys, ["k0", "k1", "k2"]);
+}

@@ -1,0 +1,253 @@
+//! OpenAI's Responses API: `POST /v1/responses`, `GET /v1/responses/{id}` and
+//! `DELETE /v1/responses/{id}`.
+//!
+//! A request's `input` items (messages, `function_call`, `function_call_output`, `reasoning`)
+//! become the chat the template renders, after the conversation of `previous_response_id`
+//! when one is given. Each stored response (`store`, on by default) keeps its whole
+//! conversation, input and output items as JSON, in a file of its own under `responses/` in
+//! the cache directory (in memory with `--no-cache`), so a conversation continues by id after
+//! a restart; its prompt's KV comes from the prompt cache then, and only the new tokens are
+//! computed. Errors answer in OpenAI's shape.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{Path as UrlPath, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Map, Value};
+
+use super::turn;
+use super::{AppState, RawBody};
+use crate::error::ServerError;
+use crate::scheduler::Event;
+
+mod convert;
+mod output;
+mod store;
+mod stream;
+
+use convert::{convert, to_messages};
+use output::{output_items, Head};
+use store::{delete, load, save};
+use stream::Stream;
+
+/// A failed request's answer.
+struct Fail(Box<Response>);
+
+impl Fail {
+    fn new(r: Response) -> Fail {
+        Fail(Box::new(r))
+    }
+}
+
+impl From<ServerError> for Fail {
+    fn from(e: ServerError) -> Fail {
+        Fail::new(e.into_response())
+    }
+}
+
+fn bad(message: impl Into<String>) -> Fail {
+    Fail::new(ServerError::BadRequest(message.into()).into_response())
+}
+
+/// 404 in OpenAI's error shape.
+fn not_found(message: String, param: Option<&str>) -> Fail {
+    let body = json!({ "error": {
+        "message": message,
+        "type": "invalid_request_error",
+        "param": param,
+        "code": 404,
+    }});
+    Fail::new((StatusCode::NOT_FOUND, Json(body)).into_response())
+}
+
+/// `POST /v1/responses`.
+pub async fn create(
+    State(st): State<Arc<AppState>>,
+    body: Result<RawBody, ServerError>,
+) -> Response {
+    match respond(st, body).await {
+        Ok(r) => r,
+        Err(Fail(r)) => *r,
+    }
+}
+
+/// `GET /v1/responses/{id}`: a stored response.
+pub async fn fetch(State(st): State<Arc<AppState>>, UrlPath(id): UrlPath<String>) -> Response {
+    match load(&st, &id).await {
+        Ok(Some(record)) => Json(record["response"].clone()).into_response(),
+        Ok(None) => not_found(format!("Response with id '{id}' not found."), None)
+            .0
+            .into_response(),
+        Err(Fail(r)) => *r,
+    }
+}
+
+/// `DELETE /v1/responses/{id}`: forgets a stored response.
+pub async fn remove(State(st): State<Arc<AppState>>, UrlPath(id): UrlPath<String>) -> Response {
+    match delete(&st, &id).await {
+        Ok(true) => {
+            Json(json!({ "id": id, "object": "response", "deleted": true })).into_response()
+        }
+        Ok(false) => not_found(format!("Response with id '{id}' not found."), None)
+            .0
+            .into_response(),
+        Err(Fail(r)) => *r,
+    }
+}
+
+/// The fields of a Responses request this server reads or accepts as harmless; any other is
+/// refused, as OpenAI refuses unknown parameters.
+const KNOWN: &[&str] = &[
+    "model",
+    "input",
+    "instructions",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "max_output_tokens",
+    "stream",
+    "previous_response_id",
+    "store",
+    "metadata",
+    "user",
+    "safety_identifier",
+    "prompt_cache_key",
+    "service_tier",
+    "truncation",
+    "include",
+    "reasoning",
+    "text",
+    "stream_options",
+    "max_tool_calls",
+    "background",
+    "conversation",
+    "prompt",
+];
+
+/// What a request asks beyond the chat.
+struct Asked {
+    stream: bool,
+    store: bool,
+    instructions: Value,
+    previous: Option<String>,
+    /// The request's input as items.
+    input: Vec<Value>,
+    /// The request's fields echoed in the response object.
+    echo: Map<String, Value>,
+}
+
+async fn respond(st: Arc<AppState>, body: Result<RawBody, ServerError>) -> Result<Response, Fail> {
+    let body: Value = serde_json::from_slice(&body?.0).map_err(|e| {
+        Fail::new(
+            ServerError::BadJson {
+                reason: e.to_string(),
+            }
+            .into_response(),
+        )
+    })?;
+    let obj = body
+        .as_object()
+        .ok_or_else(|| bad("the request body must be a JSON object"))?;
+    let (mut chat, asked) = convert(obj)?;
+    let mut conversation = Vec::new();
+    if let Some(prev) = &asked.previous {
+        let record = load(&st, prev).await?.ok_or_else(|| {
+            not_found(
+                format!("Previous response with id '{prev}' not found."),
+                Some("previous_response_id"),
+            )
+        })?;
+        if let Some(items) = record["conversation"].as_array() {
+            conversation.extend(items.iter().cloned());
+        }
+    }
+    conversation.extend(asked.input.iter().cloned());
+    let mut messages = Vec::new();
+    if let Some(text) = asked.instructions.as_str() {
+        messages.push(json!({ "role": "system", "content": text }));
+    }
+    messages.extend(to_messages(&conversation)?);
+    chat["messages"] = Value::Array(messages);
+    let req = turn::chat_request(&st, chat)?;
+    let timings_per_token = req.output.timings_per_token;
+    let turn = turn::prepare(&st, &req).await?;
+    let run = turn.start(&st)?;
+    let head = Head {
+        id: turn::random_id("resp"),
+        created_at: turn::unix_now(),
+        model: st.config.alias.clone(),
+        asked,
+    };
+    if !head.asked.stream {
+        let reply = super::generate::collect_all(vec![run])
+            .await?
+            .pop()
+            .ok_or(ServerError::ShuttingDown)?;
+        turn.remember(&st, &reply.text, &reply.finish);
+        let output = output_items(&turn.read(&reply.text), &reply.finish);
+        let response = head.response(&output, Some(&reply.finish));
+        keep(&st, &head, &response, conversation, &output).await?;
+        return Ok(Json(response).into_response());
+    }
+    let mut state = Stream {
+        seq: 0,
+        head,
+        reader: turn.reader(),
+        text: String::new(),
+        started: false,
+        items: Vec::new(),
+        open: None,
+        timings_per_token,
+        n_prompt: turn.prompt.len(),
+        t0: Instant::now(),
+        first_token: None,
+        n_generated: 0,
+        progress: None,
+        conversation,
+    };
+    let st2 = Arc::clone(&st);
+    Ok(turn::sse(run, move |ev| {
+        if let Event::Done(f) = &ev {
+            turn.remember(&st2, &state.text, f);
+        }
+        state.event(ev, &st2)
+    })
+    .await?)
+}
+
+/// Stores a finished response with its conversation, unless the request said `store: false`.
+async fn keep(
+    st: &Arc<AppState>,
+    head: &Head,
+    response: &Value,
+    mut conversation: Vec<Value>,
+    output: &[Value],
+) -> Result<(), Fail> {
+    if !head.asked.store {
+        return Ok(());
+    }
+    conversation.extend(output.iter().cloned());
+    let record = json!({ "response": response, "conversation": conversation });
+    let st = Arc::clone(st);
+    let id = head.id.clone();
+    tokio::task::spawn_blocking(move || save(&st, &id, &record))
+        .await
+        .map_err(|e| {
+            Fail::new(io_error(
+                "the store task failed",
+                std::io::Error::other(e.to_string()),
+            ))
+        })?
+        .map_err(|e| Fail::new(io_error("storing the response", e)))
+}
+
+fn io_error(what: &str, e: std::io::Error) -> Response {
+    ServerError::Io {
+        what: what.into(),
+        source: e,
+    }
+    .into_response()
+}

@@ -1,0 +1,202 @@
+//! What goes in and out of the scheduler: jobs and their settings, the events a request
+//! receives, the figures of a finished one, and the commands of its inbox.
+
+use std::sync::Arc;
+
+use engine::sampling::SamplerParams;
+use engine::store::SessionStore;
+use engine::Context;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::{Result, ServerError};
+use crate::metrics::Metrics;
+
+/// How one request generates.
+#[derive(Clone, Debug)]
+pub struct GenParams {
+    /// Most tokens to generate (also cut by the context).
+    pub max_tokens: usize,
+    /// Sampling.
+    pub sampler: SamplerParams,
+    /// Generation stops before the first of these strings.
+    pub stop: Vec<String>,
+    /// Reuse cached prefixes (llama.cpp's `cache_prompt`; on by default).
+    pub cache_prompt: bool,
+    /// The slot to run in, if the client asked for one.
+    pub id_slot: Option<usize>,
+    /// Never sample an end-of-generation token (llama.cpp's `ignore_eos`).
+    pub ignore_eos: bool,
+    /// Report this many most likely tokens (and the chosen one's probability) for each
+    /// generated token; `None` reports nothing.
+    pub n_probs: Option<usize>,
+    /// Report probabilities after the sampler chain rather than the model's softmax.
+    pub post_sampling_probs: bool,
+    /// Stop once this long has passed since the first token and a newline was generated.
+    pub t_max_predict_ms: Option<u64>,
+    /// Prompt tokens kept when the context shifts (-1: all).
+    pub n_keep: i64,
+    /// Report the prompt's evaluation after each chunk.
+    pub return_progress: bool,
+    /// The grammar the output must follow (the handler compiles it into the job's constraint).
+    pub grammar: Option<engine::constraint::Grammar>,
+    /// `logit_bias` as sent: the handler tokenizes text targets into `sampler.logit_bias`.
+    pub bias: Vec<(crate::request::BiasTarget, f32)>,
+    /// DRY sequence breakers as text (`None`: llama-server's defaults), tokenized by the
+    /// handler into `sampler.dry_sequence_breakers`.
+    pub dry_breakers: Option<Vec<String>>,
+}
+
+/// A request for the scheduler.
+#[derive(Debug)]
+pub struct Job {
+    /// Prompt tokens (not empty, checked against the context by the handler).
+    pub prompt: Vec<u32>,
+    /// How to generate.
+    pub params: GenParams,
+    /// Where the text goes; dropping the receiver cancels the request.
+    pub events: mpsc::UnboundedSender<Event>,
+    /// The grammar compiled for this job, when it has one.
+    pub constraint: Option<engine::constraint::Constraint>,
+}
+
+/// Generated text with the tokens it came from.
+#[derive(Debug, Default)]
+pub struct Chunk {
+    /// More text (never part of a stop string, never a partial character).
+    pub text: String,
+    /// The tokens generated since the last chunk.
+    pub tokens: Vec<u32>,
+    /// Their probabilities, when the request asked for them.
+    pub probs: Vec<TokenProbs>,
+}
+
+/// One generated token's probability and the most likely alternatives: from the softmax of
+/// the model's logits, or after the sampler chain (llama-server's `post_sampling_probs`).
+pub type TokenProbs = engine::sampling::Sampled;
+
+/// How far a prompt's evaluation has come (llama-server's `prompt_progress`).
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    /// Prompt tokens in all.
+    pub total: usize,
+    /// Prompt tokens that came from a cache.
+    pub cache: usize,
+    /// Prompt tokens held so far, cached ones included.
+    pub processed: usize,
+    /// Time since the request was admitted.
+    pub time_ms: f64,
+}
+
+/// What a request receives.
+#[derive(Debug)]
+pub enum Event {
+    /// More text.
+    Text(Chunk),
+    /// A prompt chunk was evaluated (only for requests that asked).
+    Progress(Progress),
+    /// The end, with its figures.
+    Done(Box<Finish>),
+    /// The request failed.
+    Failed(ServerError),
+}
+
+/// Why a generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-generation token.
+    EndOfGeneration,
+    /// A stop string.
+    StopString,
+    /// `max_tokens` or the context ran out.
+    Length,
+    /// The client left.
+    Cancelled,
+}
+
+impl FinishReason {
+    /// OpenAI's `finish_reason`.
+    pub fn as_openai(self) -> &'static str {
+        match self {
+            FinishReason::Length => "length",
+            _ => "stop",
+        }
+    }
+}
+
+/// The figures of a finished request.
+#[derive(Clone, Debug)]
+pub struct Finish {
+    /// Why it ended.
+    pub reason: FinishReason,
+    /// The slot it ran in.
+    pub slot: usize,
+    /// Prompt tokens in all.
+    pub n_prompt: usize,
+    /// Prompt tokens whose KV came from a cache (pool or store).
+    pub cache_n: usize,
+    /// Prompt tokens evaluated.
+    pub prompt_n: usize,
+    /// Time from admission to the first token's logits.
+    pub prompt_ms: f64,
+    /// Tokens generated.
+    pub predicted_n: usize,
+    /// Time from the first token to the end.
+    pub predicted_ms: f64,
+    /// The generated tokens (without an end-of-generation token).
+    pub tokens: Vec<u32>,
+    /// The stop string that ended it (empty for other reasons).
+    pub stopping_word: String,
+    /// Every generated token's probabilities, when asked for.
+    pub probs: Vec<TokenProbs>,
+}
+
+/// A `/slots/{id}` action.
+#[derive(Clone, Debug)]
+pub enum SlotAction {
+    /// Save the slot's last conversation as a named checkpoint.
+    Save {
+        /// The checkpoint's name.
+        name: String,
+        /// Replace a checkpoint of that name that another program wrote (never one that a
+        /// live process holds).
+        overwrite: bool,
+    },
+    /// Load a named checkpoint into the slot.
+    Restore(String),
+    /// Forget the slot's last conversation.
+    Erase,
+}
+
+/// A message to the scheduler.
+#[derive(Debug)]
+pub enum Command {
+    /// Generate (boxed: a job is far larger than the other commands).
+    Generate(Box<Job>),
+    /// Report the slots as llama-server's `/slots` JSON.
+    Slots(oneshot::Sender<serde_json::Value>),
+    /// Act on one slot.
+    Slot {
+        /// Slot id.
+        id: usize,
+        /// What to do.
+        action: SlotAction,
+        /// The llama-server JSON answer.
+        reply: oneshot::Sender<Result<serde_json::Value>>,
+    },
+    /// Take no more requests; finish the running and waiting ones, flush the cache and end.
+    Shutdown,
+}
+
+/// What the scheduler needs besides its context.
+pub struct Parts {
+    /// The context (moved onto the scheduler thread).
+    pub ctx: Context,
+    /// Slots (requests evaluated at once).
+    pub n_slots: usize,
+    /// The prompt cache store, unless `--no-cache`.
+    pub store: Option<Arc<SessionStore>>,
+    /// Where `/slots` save and restore go, if anywhere.
+    pub slot_store: Option<Arc<SessionStore>>,
+    /// Shared counters.
+    pub metrics: Arc<Metrics>,
+}
