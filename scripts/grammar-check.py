@@ -65,6 +65,7 @@ for seed in range(N):
     ok = valid_json(text) if use_schema else bool(GBNF_RE.match(text.strip()))
     if not ok:
         bad.append((seed, text))
+    print(f"seed {seed}: {'ok' if ok else 'BAD'} {text!r}", flush=True)
     n = r["timings"]["predicted_n"]
     if n >= 4:
         free = post({"prompt": prompt, "seed": seed, "temperature": 0.8, "n_predict": n,
@@ -72,6 +73,8 @@ for seed in range(N):
         t_con = r["timings"]["predicted_ms"] / max(n - 1, 1)
         t_free = free["timings"]["predicted_ms"] / max(free["timings"]["predicted_n"] - 1, 1)
         ratios.append(t_con / t_free)
+        print(f"  {n} tokens: {t_con:.2f} ms/token constrained, {t_free:.2f} unconstrained",
+              flush=True)
 
 print(f"{N - len(bad)} of {N} constrained outputs parse")
 for seed, text in bad[:10]:
