@@ -151,16 +151,10 @@ impl Server {
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(["-t", &o.threads.to_string()])
             .args(["-np", &parallel.to_string()]);
-        match kind {
-            // Our `-c` is per request; llama-server splits its `-c` among the slots.
-            Kind::Ours => {
-                c.args(["-c", &ctx.to_string()])
-                    .arg("--cache-dir")
-                    .arg(cache);
-            }
-            Kind::Llama => {
-                c.args(["-c", &(ctx * parallel).to_string()]);
-            }
+        // Both split `-c` among the slots, as llama-server does.
+        c.args(["-c", &(ctx * parallel).to_string()]);
+        if let Kind::Ours = kind {
+            c.arg("--cache-dir").arg(cache);
         }
         let out = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
