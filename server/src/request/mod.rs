@@ -80,7 +80,6 @@ struct Sampling {
     ignore_eos: Option<bool>,
     #[serde(default)]
     stream: bool,
-    stream_options: Option<StreamOptions>,
     /// llama-server's `n_probs`: the most likely tokens at each step, with probabilities.
     n_probs: Option<i64>,
     post_sampling_probs: Option<bool>,
@@ -118,13 +117,6 @@ struct Sampling {
     json_schema: Option<serde_json::Value>,
     response_format: Option<serde_json::Value>,
     lora: Option<serde_json::Value>,
-}
-
-/// OpenAI's `stream_options`.
-#[derive(Default, Deserialize)]
-struct StreamOptions {
-    #[serde(default)]
-    include_usage: bool,
 }
 
 /// `POST /v1/chat/completions` body as sent.
@@ -205,8 +197,6 @@ struct SlotBody {
 pub struct Output {
     /// Answer as server-sent events.
     pub stream: bool,
-    /// OpenAI: a last chunk with the usage and no choices.
-    pub include_usage: bool,
     /// llama-server: the generated token ids in `tokens`.
     pub return_tokens: bool,
     /// llama-server: only these fields (`a/b` picks a nested one), when not empty.
@@ -480,7 +470,6 @@ fn output(s: &Sampling, api: CompletionApi, chat: bool) -> Result<Output> {
     let _ = api;
     Ok(Output {
         stream: s.stream,
-        include_usage: s.stream_options.as_ref().is_some_and(|o| o.include_usage),
         return_tokens: s.return_tokens.unwrap_or(false),
         response_fields: s.response_fields.clone().unwrap_or_default(),
         n,

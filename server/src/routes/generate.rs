@@ -354,12 +354,10 @@ pub(super) async fn collect_all(runs: Vec<Run>) -> Result<Vec<Reply>> {
     let mut replies = Vec::with_capacity(runs.len());
     for mut run in runs {
         let mut text = String::new();
-        let mut tokens_seen = Vec::new();
         let finish = loop {
             match run.rx.recv().await {
                 Some(Event::Text(chunk)) => {
                     text.push_str(&chunk.text);
-                    tokens_seen.extend(chunk.tokens);
                 }
                 Some(Event::Progress(_)) => {}
                 Some(Event::Done(f)) => break *f,

@@ -489,11 +489,7 @@ impl ChatStream {
                     if self.output.probs.is_some() && i + 1 == n {
                         choice["logprobs"] = openai_logprobs(tok, &c.probs);
                     }
-                    let mut chunk = self.chunk(json!([choice]));
-                    if self.output.timings_per_token {
-                        chunk["timings"] = json!({});
-                    }
-                    out.push(chunk.to_string());
+                    out.push(self.chunk(json!([choice])).to_string());
                 }
             }
             Event::Progress(p) => {
