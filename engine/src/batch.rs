@@ -40,6 +40,8 @@ pub(crate) struct BatchItem {
 #[derive(Clone, Debug, Default)]
 pub struct Batch {
     pub(crate) items: Vec<BatchItem>,
+    /// Rows asked for are embeddings (the final norm's output) rather than logits.
+    pub(crate) embeddings: bool,
 }
 
 impl Batch {
@@ -87,12 +89,22 @@ impl Batch {
     pub fn clear(&mut self) {
         self.items.clear();
     }
+
+    /// Makes the rows the items ask for embeddings, `n_embd` floats each (the output of the
+    /// model's final norm, before the output head: llama.cpp's embeddings of a causal model),
+    /// instead of logits. The sequences keep no logits from such a batch.
+    pub fn set_embeddings(&mut self, embeddings: bool) {
+        self.embeddings = embeddings;
+    }
 }
 
 /// The logits a [`Context::decode`](crate::Context::decode) produced.
 #[derive(Clone, Debug)]
 pub struct BatchOutput {
+    /// Floats per row: `n_vocab`, or `n_embd` for embeddings.
     pub(crate) n_vocab: usize,
+    /// Whether the rows are embeddings.
+    pub(crate) embeddings: bool,
     pub(crate) logits: Vec<f32>,
     /// Output rows of each item, in batch order.
     pub(crate) rows: Vec<Range<usize>>,
@@ -100,8 +112,24 @@ pub struct BatchOutput {
 
 impl BatchOutput {
     /// Logits of item `item` (as returned by [`Batch::add`]): `n_vocab` per row asked for (none,
-    /// the last token's, or every token's); empty for an unknown item.
+    /// the last token's, or every token's); empty for an unknown item or an embeddings batch.
     pub fn logits(&self, item: usize) -> &[f32] {
+        if self.embeddings {
+            return &[];
+        }
+        self.rows(item)
+    }
+
+    /// Embeddings of item `item` of a batch made with [`Batch::set_embeddings`]: `n_embd` per
+    /// row asked for; empty for an unknown item or a logits batch.
+    pub fn embeddings(&self, item: usize) -> &[f32] {
+        if !self.embeddings {
+            return &[];
+        }
+        self.rows(item)
+    }
+
+    fn rows(&self, item: usize) -> &[f32] {
         match self.rows.get(item) {
             Some(r) => &self.logits[r.start * self.n_vocab..r.end * self.n_vocab],
             None => &[],

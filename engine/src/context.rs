@@ -463,9 +463,10 @@ impl Context {
         let model = &self.model;
         let kv = &mut self.kv;
         let flash_attn = self.params.flash_attn;
+        let embeddings = batch.embeddings;
         let result = self
             .compute
-            .run(|g| llama::build(g, model, kv, &plan, flash_attn));
+            .run(|g| llama::build(g, model, kv, &plan, flash_attn, embeddings));
         let logits = match result {
             Ok(logits) => logits,
             Err(e) => {
@@ -480,7 +481,11 @@ impl Context {
         for p in replaced {
             self.pool.release(p);
         }
-        let n_vocab = self.model.hparams().n_vocab;
+        let n_vocab = if embeddings {
+            self.model.hparams().n_embd
+        } else {
+            self.model.hparams().n_vocab
+        };
         for ((item, table), rows) in batch.items.iter().zip(tables).zip(&plan.item_rows) {
             let fingerprint = self.fingerprint;
             let s = self.seqs.get_mut(&item.seq).expect("checked above");
@@ -496,7 +501,7 @@ impl Context {
                 self.pool.index(s.pages[i], id);
                 s.ids.push(id);
             }
-            s.logits = if rows.is_empty() || discard_output {
+            s.logits = if rows.is_empty() || discard_output || embeddings {
                 None
             } else {
                 Some(logits[(rows.end - 1) * n_vocab..rows.end * n_vocab].to_vec())
@@ -505,6 +510,7 @@ impl Context {
         let logits = if discard_output { Vec::new() } else { logits };
         Ok(BatchOutput {
             n_vocab,
+            embeddings,
             logits,
             rows: plan.item_rows,
         })
@@ -583,23 +589,7 @@ impl Context {
     /// Checked first as a whole (sequence, vocabulary, context, pages); a failure in a later
     /// micro-batch leaves the earlier ones evaluated.
     pub fn feed(&mut self, seq: SeqId, tokens: &[u32], logits: Logits) -> Result<Vec<f32>> {
-        let s = self.seq(seq)?;
-        self.check_tokens(tokens)?;
-        let needed = s.tokens.len() + tokens.len();
-        if needed > self.params.n_ctx {
-            return Err(Error::ContextFull {
-                needed,
-                n_ctx: self.params.n_ctx,
-            });
-        }
-        let pages = self.pages_needed(s, tokens.len());
-        if pages > self.pool.n_free() {
-            return Err(Error::OutOfPages {
-                needed: pages,
-                free: self.pool.n_free(),
-                total: self.pool.n_pages(),
-            });
-        }
+        self.check_append(seq, tokens)?;
         let mut all = Vec::new();
         let chunks = tokens.chunks(self.params.n_batch);
         let n_chunks = chunks.len();
@@ -619,6 +609,45 @@ impl Context {
             }
         }
         Ok(all)
+    }
+
+    /// Appends `tokens` to `seq` in micro-batches of `n_batch`, like [`Context::feed`], and
+    /// returns every token's embedding (`n_embd` floats each, in order; see
+    /// [`Batch::set_embeddings`]).
+    pub fn embed(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.check_append(seq, tokens)?;
+        let mut all = Vec::with_capacity(tokens.len() * self.model.hparams().n_embd);
+        for chunk in tokens.chunks(self.params.n_batch) {
+            let mut batch = Batch::new();
+            batch.set_embeddings(true);
+            batch.add(seq, chunk, Logits::All);
+            let out = self.decode(&batch)?;
+            all.extend_from_slice(out.embeddings(0));
+        }
+        Ok(all)
+    }
+
+    /// Whether `tokens` can be appended to `seq` as a whole: the sequence exists, the ids are
+    /// in the vocabulary, the context holds them and the pool has the pages.
+    fn check_append(&self, seq: SeqId, tokens: &[u32]) -> Result<()> {
+        let s = self.seq(seq)?;
+        self.check_tokens(tokens)?;
+        let needed = s.tokens.len() + tokens.len();
+        if needed > self.params.n_ctx {
+            return Err(Error::ContextFull {
+                needed,
+                n_ctx: self.params.n_ctx,
+            });
+        }
+        let pages = self.pages_needed(s, tokens.len());
+        if pages > self.pool.n_free() {
+            return Err(Error::OutOfPages {
+                needed: pages,
+                free: self.pool.n_free(),
+                total: self.pool.n_pages(),
+            });
+        }
+        Ok(())
     }
 }
 

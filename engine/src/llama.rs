@@ -13,14 +13,16 @@ use crate::model::{Arch, Model, RopeScaling};
 
 /// Builds the graph evaluating the batch `plan` describes: each token's K and V are written
 /// into its cell of the page pool, each token attends to the cells its mask allows; returns the
-/// logits tensor (`[n_vocab, plan.out_rows.len()]`). The KV pool is borrowed mutably for the
-/// graph's life: the graph writes its cells.
+/// logits tensor (`[n_vocab, plan.out_rows.len()]`), or with `embeddings` the final norm's
+/// output (`[n_embd, plan.out_rows.len()]`, what llama.cpp calls the embeddings of a causal
+/// model). The KV pool is borrowed mutably for the graph's life: the graph writes its cells.
 pub(crate) fn build<'g, 'w>(
     g: &mut Graph<'g, 'w>,
     model: &'w Model,
     kv: &'w mut KvTensors,
     plan: &Plan,
     flash_attn: bool,
+    embeddings: bool,
 ) -> Result<Tensor<'g>> {
     let hp = model.hparams();
     let n = plan.tokens.len();
@@ -164,8 +166,11 @@ pub(crate) fn build<'g, 'w>(
     let norm = g.rms_norm(x, hp.rms_eps);
     let w = g.lift(model.output_norm());
     let x = g.mul(norm, w);
-    let out = g.lift(model.output());
     debug_assert_eq!(x.ne(0), hp.n_embd);
+    if embeddings {
+        return Ok(x);
+    }
+    let out = g.lift(model.output());
     Ok(g.mul_mat(out, x))
 }
 

@@ -11,7 +11,7 @@ use engine::testing::SplitMix64;
 use engine::{Model, SessionParams};
 use half::f16;
 
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, PartialEq, Debug)]
 pub enum Shape {
     Llama,
     Qwen2,
@@ -299,6 +299,14 @@ pub fn rope(
 
 /// The whole network on `tokens`, one position at a time; returns logits after each token.
 pub fn reference(c: &Cfg, w: &Weights, tokens: &[u32]) -> Vec<Vec<f32>> {
+    reference_hidden(c, w, tokens)
+        .iter()
+        .map(|h| matvec(&w.output, h))
+        .collect()
+}
+
+/// The network up to its final norm: each token's embedding (the output head's input).
+pub fn reference_hidden(c: &Cfg, w: &Weights, tokens: &[u32]) -> Vec<Vec<f32>> {
     let (e, hd) = (c.n_embd, c.head_dim());
     let group = c.n_head / c.n_head_kv;
     let mut keys: Vec<Vec<Vec<f32>>> = vec![Vec::new(); c.n_layer];
@@ -358,8 +366,7 @@ pub fn reference(c: &Cfg, w: &Weights, tokens: &[u32]) -> Vec<Vec<f32>> {
             let d = matvec(&lw.down, &via_f16(&act));
             x = x.iter().zip(&d).map(|(a, b)| a + b).collect();
         }
-        let h = rms_norm(&x, &w.out_norm, c.eps);
-        all.push(matvec(&w.output, &h));
+        all.push(rms_norm(&x, &w.out_norm, c.eps));
     }
     all
 }

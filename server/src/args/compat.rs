@@ -454,8 +454,6 @@ const UNSUPPORTED: &[(&[&str], Arity, &str)] = &[
         Flag,
         "multimodal input (images, audio, video)",
     ),
-    (&["--embd-normalize"], One, "embeddings"),
-    (&["--embedding", "--pooling"], Flag, "embeddings"),
     (&["--rerank"], Flag, "reranking"),
     (&["--path"], One, "serving static files"),
     (

@@ -45,6 +45,8 @@ pub struct Config {
     pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// The sampling defaults of requests (`--temp`, `--top-k`, …, `--logit-bias`).
     pub sampler: engine::sampling::SamplerParams,
+    /// Pooling of `/embedding` and `/v1/embeddings` (served with `--embedding`).
+    pub pooling: super::Pooling,
     /// DRY's sequence breakers (`None`: llama-server's defaults).
     pub dry_breakers: Option<Vec<String>>,
 }

@@ -10,10 +10,12 @@
 mod compat;
 mod config;
 mod defaults;
+mod embed;
 
 pub use config::Config;
 
 pub use defaults::default_cache_dir;
+pub use embed::{EmbeddingArgs, Pooling};
 
 use std::path::PathBuf;
 
@@ -448,6 +450,9 @@ pub struct Args {
     /// Largest request body accepted (e.g. 8MiB).
     #[arg(long = "max-body", value_name = "SIZE", default_value = "8MiB")]
     pub max_body: String,
+    /// The embeddings options.
+    #[command(flatten)]
+    pub embeddings: EmbeddingArgs,
     /// llama-server options accepted that tune nothing here (filled by the parser).
     #[arg(skip)]
     pub no_effect: Vec<NoEffect>,
@@ -540,6 +545,10 @@ impl Args {
         if self.ctx_size == 1 {
             return Err(bad("--ctx-size", "at least 2 positions are needed".into()));
         }
+        let pooling = self
+            .embeddings
+            .pooling()
+            .map_err(|reason| bad("--pooling", reason))?;
         if self.batch_size == 0 || self.ubatch_size == 0 {
             return Err(bad(
                 "--batch-size",
@@ -763,6 +772,7 @@ impl Args {
             chat_template_kwargs,
             sampler,
             dry_breakers,
+            pooling,
             args: self,
         })
     }

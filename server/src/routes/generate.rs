@@ -248,7 +248,7 @@ async fn complete(st: Arc<AppState>, body: Bytes, api: CompletionApi) -> Result<
 
 /// A completion prompt as tokens: text pieces tokenized with the model's special tokens (a
 /// beginning-of-sequence token added when the prompt starts with text), ids as they are.
-fn prompt_tokens(st: &AppState, prompt: &Prompt) -> Result<Vec<u32>> {
+pub(super) fn prompt_tokens(st: &AppState, prompt: &Prompt) -> Result<Vec<u32>> {
     let tok = st.model.tokenizer();
     let mut out = Vec::new();
     for (i, piece) in prompt.iter().enumerate() {

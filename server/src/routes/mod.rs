@@ -3,6 +3,7 @@
 
 mod anthropic;
 mod cors;
+mod embeddings;
 mod generate;
 mod info;
 mod responses;
@@ -96,6 +97,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/slots", get(slots::list))
         .route("/slots/{id}", post(slots::action))
         .route("/metrics", get(slots::metrics))
+        .route("/embedding", post(embeddings::native))
+        .route("/embeddings", post(embeddings::native))
+        .route("/v1/embeddings", post(embeddings::openai))
         .route("/v1/messages", post(anthropic::messages))
         .route("/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))

@@ -207,8 +207,30 @@ impl Scheduler {
             Command::Slot { id, action, reply } => {
                 let _ = reply.send(self.slot_action(id, action));
             }
+            Command::Embed { inputs, reply } => {
+                let _ = reply.send(self.embed(&inputs));
+            }
             Command::Shutdown => self.closing = true,
         }
+    }
+
+    /// Every token's embedding of each input; the prompt cache gives way when the pool is
+    /// short of pages.
+    fn embed(&mut self, inputs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+        let mut out = Vec::with_capacity(inputs.len());
+        for tokens in inputs {
+            let seq = self.ctx.new_sequence();
+            let mut got = self.ctx.embed(seq, tokens);
+            if let Err(engine::Error::OutOfPages { needed, .. }) = got {
+                if self.make_room(needed) {
+                    got = self.ctx.embed(seq, tokens);
+                }
+            }
+            let _ = self.ctx.remove_sequence(seq);
+            Metrics::add(&self.metrics.prompt_tokens, tokens.len() as u64);
+            out.push(got.map_err(|e| ServerError::Busy(e.to_string()))?);
+        }
+        Ok(out)
     }
 
     fn publish_gauges(&self) {

@@ -183,6 +183,14 @@ pub enum Command {
         /// The llama-server JSON answer.
         reply: oneshot::Sender<Result<serde_json::Value>>,
     },
+    /// Every token's embedding of each input (`n_embd` floats a token, in order), evaluated
+    /// between two steps in sequences of their own that are dropped afterwards.
+    Embed {
+        /// The inputs' tokens, each within a slot's context.
+        inputs: Vec<Vec<u32>>,
+        /// The embeddings, an input at a time.
+        reply: oneshot::Sender<Result<Vec<Vec<f32>>>>,
+    },
     /// Take no more requests; finish the running and waiting ones, flush the cache and end.
     Shutdown,
 }
