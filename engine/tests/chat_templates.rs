@@ -349,6 +349,26 @@ fn continue_final_message_ends_inside_the_assistant_message() {
         dropping.render_request(&req).unwrap(),
         "<user>Hi<assistant>Hel"
     );
+    // A prefill in text parts: a blank line between them, as llama-server writes it; the
+    // parts of earlier messages are joined by one newline.
+    let parts = |a: &str, b: &str| serde_json::json!([{ "type": "text", "text": a }, { "type": "text", "text": b }]);
+    let mut req = request(
+        vec![
+            serde_json::json!({ "role": "user", "content": parts("Hi", "there") }),
+            serde_json::json!({ "role": "assistant", "content": parts("Wh", "ill") }),
+        ],
+        None,
+        Reasoning::Auto,
+    );
+    req.continue_final_message = true;
+    assert_eq!(
+        chatml.render_request(&req).unwrap(),
+        "<|im_start|>user\nHi\nthere<|im_end|>\n<|im_start|>assistant\nWh\n\nill"
+    );
+    assert_eq!(
+        dropping.render_request(&req).unwrap(),
+        "<user>Hi\nthere<assistant>Wh\n\nill"
+    );
     // Without a final assistant message it is a plain generation prompt; without
     // continue_final_message the assistant message is closed.
     let mut req = request(vec![user("Hi")], None, Reasoning::Auto);

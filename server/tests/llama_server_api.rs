@@ -405,3 +405,60 @@ async fn a_forced_tool_call_comes_back_as_tool_calls_whole_and_streamed() {
     assert_eq!(arguments, call["function"]["arguments"].as_str().unwrap());
     srv.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn context_shift_lets_a_generation_run_past_its_context() {
+    let env = Env::new();
+    // `-c 64` after the common options' 512: the later value counts, as in llama-server.
+    let body = json!({"prompt": "hello there, how are you", "n_predict": 150,
+                      "ignore_eos": true, "temperature": 0});
+    let plain = env
+        .start(&["-np", "1", "-c", "64", "--no-kv-unified"])
+        .await;
+    let (status, r) = plain.post("/completion", &body).await;
+    assert_eq!(status, 200, "{r}");
+    let n_prompt = r["tokens_evaluated"].as_u64().unwrap();
+    // Without a shift the generation stops where the context is full.
+    let stopped = r["tokens_predicted"].as_u64().unwrap();
+    assert!(n_prompt + stopped <= 64, "{r}");
+    assert_eq!(r["stop_type"], "limit");
+    assert_eq!(r["truncated"], false);
+    plain.stop().await;
+
+    let shifting = env
+        .start(&[
+            "-np",
+            "1",
+            "-c",
+            "64",
+            "--no-kv-unified",
+            "--context-shift",
+            "--keep",
+            "4",
+        ])
+        .await;
+    let (status, r) = shifting.post("/completion", &body).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["tokens_predicted"], 150, "{r}");
+    assert_eq!(r["truncated"], true);
+    assert_eq!(r["stop_type"], "limit");
+    // A short generation does not shift.
+    let (_, r) = shifting
+        .post(
+            "/completion",
+            &json!({"prompt": "hi", "n_predict": 3, "ignore_eos": true}),
+        )
+        .await;
+    assert_eq!(r["truncated"], false, "{r}");
+    // A request's n_discard larger than what can go is held to all but one token.
+    let (status, r) = shifting
+        .post(
+            "/completion",
+            &json!({"prompt": "hello there", "n_predict": 100, "ignore_eos": true,
+                    "n_keep": -1, "n_discard": 1000}),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["tokens_predicted"], 100, "{r}");
+    shifting.stop().await;
+}

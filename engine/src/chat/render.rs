@@ -247,12 +247,7 @@ fn normalize(messages: &[Json], keep_developer: bool) -> Vec<Json> {
             let mut m = m.clone();
             if let Json::Object(fields) = &mut m {
                 if let Some(Json::Array(parts)) = fields.get("content") {
-                    let text: Vec<&str> = parts
-                        .iter()
-                        .filter(|p| p["type"] == "text" || p["type"].is_null())
-                        .filter_map(|p| p["text"].as_str())
-                        .collect();
-                    let text = text.join("\n");
+                    let text = join_text_parts(parts, "\n");
                     fields.insert("content".into(), Json::String(text));
                 }
                 let has_calls = fields.get("tool_calls").is_some_and(|c| !c.is_null());
@@ -269,6 +264,17 @@ fn normalize(messages: &[Json], keep_developer: bool) -> Vec<Json> {
         .collect()
 }
 
+/// The text of `parts` (OpenAI content parts) joined with `sep`; other kinds of part are left
+/// out.
+fn join_text_parts(parts: &[Json], sep: &str) -> String {
+    let text: Vec<&str> = parts
+        .iter()
+        .filter(|p| p["type"] == "text" || p["type"].is_null())
+        .filter_map(|p| p["text"].as_str())
+        .collect();
+    text.join(sep)
+}
+
 impl ChatTemplate {
     /// Renders `req` in this process, bounded by fuel and output only (see
     /// [`render_request`](Self::render_request)).
@@ -282,6 +288,14 @@ impl ChatTemplate {
             let input = serde_json::to_string(&req.messages).unwrap_or_default();
             while input.contains(&marker) || self.source.contains(&marker) {
                 marker.push('\u{3}');
+            }
+            // The message being continued has its text parts joined by a blank line, as
+            // llama-server writes a prefilled reply.
+            if let Some(Json::Array(parts)) = req.messages.last().map(|m| &m["content"]) {
+                let text = join_text_parts(parts, "\n\n");
+                if let Some(last) = messages.last_mut().and_then(Json::as_object_mut) {
+                    last.insert("content".into(), Json::String(text));
+                }
             }
             let last = messages.last_mut().and_then(Json::as_object_mut);
             if let Some(last) = last {
@@ -302,12 +316,9 @@ impl ChatTemplate {
                 return Ok(prompt[..at].replace(&marker, ""));
             }
             // The template dropped the content: continue after a generation prompt instead.
-            let content = req.messages.last().map(|m| {
-                normalize(std::slice::from_ref(m), true)[0]["content"]
-                    .as_str()
-                    .unwrap_or("")
-                    .to_string()
-            });
+            let content = messages
+                .last()
+                .map(|m| m["content"].as_str().unwrap_or("").replace(&marker, ""));
             let before = &messages[..messages.len() - 1];
             let prompt = self.render_messages(req, before, true, thinking, size)?;
             return Ok(prompt + &content.unwrap_or_default());

@@ -558,12 +558,6 @@ impl Args {
         // Parsed, not built yet: refused rather than ignored.
         let unbuilt = [
             (
-                "--context-shift",
-                self.context_shift,
-                "context shift during generation",
-            ),
-            ("--keep", self.keep != 0, "context shift during generation"),
-            (
                 "--reasoning-budget",
                 self.reasoning_budget >= 0,
                 "reasoning budgets",

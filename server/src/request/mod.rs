@@ -52,6 +52,10 @@ pub struct Limits {
     pub cache_prompt: bool,
     /// DRY's sequence breakers unless a request gives its own (`None`: llama-server's).
     pub dry_breakers: Option<Vec<String>>,
+    /// A generation that fills its context drops older tokens and goes on (`--context-shift`).
+    pub context_shift: bool,
+    /// Prompt tokens a context shift keeps unless a request says otherwise (`--keep`).
+    pub n_keep: i64,
 }
 
 /// `stop`: one string or several.
@@ -94,6 +98,7 @@ struct Sampling {
     t_max_predict_ms: Option<i64>,
     n_indent: Option<i64>,
     n_keep: Option<i64>,
+    n_discard: Option<i64>,
     min_keep: Option<i64>,
     verbose: Option<bool>,
     logit_bias: Option<serde_json::Value>,

@@ -144,7 +144,9 @@ pub(super) fn gen_params(
         n_probs: wants_probs.then_some(probs),
         post_sampling_probs: s.post_sampling_probs.unwrap_or(false),
         t_max_predict_ms: s.t_max_predict_ms.filter(|&t| t > 0).map(|t| t as u64),
-        n_keep: s.n_keep.unwrap_or(0),
+        n_keep: s.n_keep.unwrap_or(limits.n_keep),
+        n_discard: s.n_discard.map_or(0, |n| usize::try_from(n).unwrap_or(0)),
+        context_shift: limits.context_shift,
         return_progress: s.return_progress.unwrap_or(false),
         grammar,
         bias: match &s.logit_bias {

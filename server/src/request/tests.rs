@@ -14,6 +14,8 @@ fn limits() -> Limits {
         ignore_eos: false,
         cache_prompt: true,
         dry_breakers: None,
+        context_shift: false,
+        n_keep: 0,
     }
 }
 

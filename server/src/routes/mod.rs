@@ -210,6 +210,8 @@ impl AppState {
             ignore_eos: args.ignore_eos,
             cache_prompt: self.config.cache_prompt,
             dry_breakers: self.config.dry_breakers.clone(),
+            context_shift: args.context_shift,
+            n_keep: args.keep,
         }
     }
 }

@@ -279,7 +279,7 @@ pub fn native_final(
         "generation_settings": settings,
         "prompt": prompt,
         "has_new_line": r.text.contains('\n') || content.contains('\n'),
-        "truncated": false,
+        "truncated": f.truncated,
         "stop_type": stop_type(f),
         "stopping_word": f.stopping_word,
         "tokens_cached": f.cache_n,

@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 use crate::cache::Writer;
 
 mod reuse;
+mod shift;
 mod slots;
 mod stop;
 mod types;
@@ -73,6 +74,11 @@ struct Active {
     /// An earlier request still computing a longer common prefix (its sequence, the prefix's
     /// length): this one waits for it and forks those tokens instead of computing them too.
     follow: Option<(SeqId, usize)>,
+    /// Tokens dropped by context shifts.
+    shifted: usize,
+    /// A context shift was made (or tried): the sequence is no longer the plain evaluation
+    /// of its tokens, so it is not cached.
+    truncated: bool,
 }
 
 /// A slot: at most one active request, and the sequence it last ran.
@@ -403,6 +409,8 @@ impl Scheduler {
             first_token: None,
             ticket: self.tickets,
             follow,
+            shifted: 0,
+            truncated: false,
         })
     }
 
@@ -582,19 +590,27 @@ impl Scheduler {
             self.finish(slot, FinishReason::EndOfGeneration);
             return;
         }
-        let held = a.prompt.len() + a.generated.len();
+        let held = a.prompt.len() + a.generated.len() - a.shifted;
         // llama-server's `t_max_predict_ms`: out of time once a line has ended.
         let out_of_time = a.params.t_max_predict_ms.is_some_and(|ms| {
             a.first_token
                 .is_some_and(|t| t.elapsed().as_millis() >= u128::from(ms))
                 && a.text.contains('\n')
         });
-        if a.generated.len() >= a.params.max_tokens || held >= n_ctx || out_of_time {
-            let rest = a.decoder.flush();
-            a.text.push_str(&rest);
-            let end = a.text.len();
-            flush_text(a, end);
-            self.finish(slot, FinishReason::Length);
+        let full = held >= n_ctx;
+        if full && a.params.context_shift && a.generated.len() < a.params.max_tokens && !out_of_time
+        {
+            if self.shift_context(slot) {
+                if let Some(a) = self.slots[slot].active.as_mut() {
+                    a.pending = Some(token);
+                }
+                return;
+            }
+            self.finish_at_length(slot);
+            return;
+        }
+        if a.generated.len() >= a.params.max_tokens || full || out_of_time {
+            self.finish_at_length(slot);
             return;
         }
         a.pending = Some(token);
@@ -626,6 +642,7 @@ impl Scheduler {
             tokens: std::mem::take(&mut a.generated),
             stopping_word: std::mem::take(&mut a.stopping_word),
             probs: std::mem::take(&mut a.probs),
+            truncated: a.truncated,
         };
         // The gauges first: a client that reads them once it has its answer sees this request
         // done.
@@ -639,7 +656,11 @@ impl Scheduler {
         );
         let _ = a.events.send(Event::Done(Box::new(finish)));
         Metrics::add(&self.metrics.requests_finished, 1);
-        self.keep(slot, a.seq, a.cache_n, a.prompt.len());
+        if a.truncated {
+            let _ = self.ctx.remove_sequence(a.seq);
+        } else {
+            self.keep(slot, a.seq, a.cache_n, a.prompt.len());
+        }
     }
 
     /// Fails the request in `slot` and drops its sequence.

@@ -35,6 +35,10 @@ pub struct GenParams {
     pub t_max_predict_ms: Option<u64>,
     /// Prompt tokens kept when the context shifts (-1: all).
     pub n_keep: i64,
+    /// Tokens a context shift drops (0: half of those after the kept ones).
+    pub n_discard: usize,
+    /// A generation that fills its context shifts it and goes on, rather than stopping.
+    pub context_shift: bool,
     /// Report the prompt's evaluation after each chunk.
     pub return_progress: bool,
     /// The grammar the output must follow (the handler compiles it into the job's constraint).
@@ -148,6 +152,8 @@ pub struct Finish {
     pub stopping_word: String,
     /// Every generated token's probabilities, when asked for.
     pub probs: Vec<TokenProbs>,
+    /// The context was shifted: older tokens were dropped to go on.
+    pub truncated: bool,
 }
 
 /// A `/slots/{id}` action.

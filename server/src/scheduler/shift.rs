@@ -1,0 +1,58 @@
+//! llama-server's context shift (`--context-shift`): a generation that fills its context keeps
+//! its first `n_keep` tokens, drops the next `n_discard` (half of the rest by default) and goes
+//! on, the later tokens' cached K rotated to their new positions by the engine.
+
+use super::{flush_text, FinishReason, Scheduler};
+
+impl Scheduler {
+    /// Shifts the context of the request in `slot`; false when nothing can be dropped or the
+    /// engine refused (the request then ends at its length). Either way the sequence is marked
+    /// truncated, so it is never cached as the evaluation of its tokens.
+    pub(super) fn shift_context(&mut self, slot: usize) -> bool {
+        let Some(a) = self.slots[slot].active.as_mut() else {
+            return false;
+        };
+        a.truncated = true;
+        let Ok(len) = self.ctx.tokens(a.seq).map(<[u32]>::len) else {
+            return false;
+        };
+        // As llama-server: -1 keeps the whole prompt, a beginning-of-sequence token is kept
+        // besides, and at most all but 4 positions are kept; at least one token after the kept
+        // ones stays.
+        let bos = usize::from(self.model.tokenizer().add_bos());
+        let n_keep = (usize::try_from(a.params.n_keep).unwrap_or(a.prompt.len()) + bos)
+            .min(self.ctx.params().n_ctx.saturating_sub(4))
+            .min(len);
+        let n_left = len - n_keep;
+        let n_discard = match a.params.n_discard {
+            0 => n_left / 2,
+            n => n,
+        }
+        .min(n_left.saturating_sub(1));
+        if n_discard == 0 {
+            return false;
+        }
+        match self.ctx.shift(a.seq, n_keep, n_discard) {
+            Ok(()) => {
+                a.shifted += n_discard;
+                true
+            }
+            Err(e) => {
+                eprintln!("context shift of slot {slot} failed: {e}");
+                false
+            }
+        }
+    }
+
+    /// Ends the request in `slot` at its length: the text held back for stop strings goes out
+    /// first.
+    pub(super) fn finish_at_length(&mut self, slot: usize) {
+        if let Some(a) = self.slots[slot].active.as_mut() {
+            let rest = a.decoder.flush();
+            a.text.push_str(&rest);
+            let end = a.text.len();
+            flush_text(a, end);
+        }
+        self.finish(slot, FinishReason::Length);
+    }
+}
