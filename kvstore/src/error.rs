@@ -27,8 +27,32 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
-    /// A `ckptfmt` call failed (I/O inside the format crate, a corrupt or
-    /// foreign file, a bad checkpoint name, ...).
+    /// The disk (or the filesystem's quota for this user) is full: nothing was written in
+    /// place of what was there.
+    #[error("no space left on the device during {op} on {path:?}")]
+    NoSpace {
+        /// The operation that failed (`"write"`, `"fsync"`, ...).
+        op: &'static str,
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The store's directory cannot be written: a read-only filesystem or no permission.
+    #[error(
+        "cannot write during {op} on {path:?} (read-only filesystem or no permission): {source}"
+    )]
+    NotWritable {
+        /// The operation that failed (`"create"`, `"rename"`, ...).
+        op: &'static str,
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A `ckptfmt` call failed (a corrupt or foreign file, a bad checkpoint name, ...).
     #[error("checkpoint format error at {path:?}: {source}")]
     Format {
         /// The file or directory involved.
@@ -133,11 +157,19 @@ pub enum StoreError {
 
 impl StoreError {
     /// Wraps an I/O error with the operation and path.
+    /// A full disk becomes [`StoreError::NoSpace`], a read-only filesystem or a refused
+    /// permission [`StoreError::NotWritable`].
     pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        StoreError::Io {
-            op,
-            path: path.into(),
-            source,
+        use std::io::ErrorKind;
+        let path = path.into();
+        match source.kind() {
+            ErrorKind::StorageFull | ErrorKind::QuotaExceeded => {
+                StoreError::NoSpace { op, path, source }
+            }
+            ErrorKind::ReadOnlyFilesystem | ErrorKind::PermissionDenied => {
+                StoreError::NotWritable { op, path, source }
+            }
+            _ => StoreError::Io { op, path, source },
         }
     }
 
@@ -146,6 +178,8 @@ impl StoreError {
         match source {
             FormatError::Busy { path, wanted, pids } => StoreError::Busy { path, wanted, pids },
             FormatError::ReadOnly { path, op } => StoreError::ReadOnly { path, op },
+            // I/O inside the format crate is I/O: typed the same way as the store's own.
+            FormatError::Io { op, path, source } => StoreError::io(op, path, source),
             source => StoreError::Format {
                 path: path.into(),
                 source,
@@ -156,7 +190,9 @@ impl StoreError {
     /// The underlying I/O error, if this error is one (directly or inside `ckptfmt`).
     pub fn io_error(&self) -> Option<&std::io::Error> {
         match self {
-            StoreError::Io { source, .. } => Some(source),
+            StoreError::Io { source, .. }
+            | StoreError::NoSpace { source, .. }
+            | StoreError::NotWritable { source, .. } => Some(source),
             StoreError::Format {
                 source: FormatError::Io { source, .. },
                 ..
@@ -168,7 +204,7 @@ impl StoreError {
     /// True when the disk is full (ENOSPC) or the quota is exhausted.
     pub fn is_no_space(&self) -> bool {
         match self {
-            StoreError::QuotaExceeded { .. } => return true,
+            StoreError::QuotaExceeded { .. } | StoreError::NoSpace { .. } => return true,
             StoreError::Spill { source } => return source.is_no_space(),
             _ => {}
         }

@@ -20,6 +20,9 @@ pub enum Fault {
     NoSpace,
     /// Any mutating operation fails with an I/O error.
     Eio,
+    /// The filesystem went read-only: a create or write fails with
+    /// [`io::ErrorKind::ReadOnlyFilesystem`].
+    ReadOnly,
     /// A file or directory sync fails; the data it should have made durable
     /// is not durable.
     FsyncFail,
@@ -63,6 +66,7 @@ fn fault_error(f: Fault) -> io::Error {
     match f {
         Fault::NoSpace => io::Error::new(io::ErrorKind::StorageFull, "injected ENOSPC"),
         Fault::Eio => io::Error::other("injected EIO"),
+        Fault::ReadOnly => io::Error::new(io::ErrorKind::ReadOnlyFilesystem, "injected EROFS"),
         Fault::FsyncFail => io::Error::other("injected fsync failure"),
         Fault::Crash => io::Error::other("injected crash: the process is dead"),
     }
@@ -136,7 +140,9 @@ impl FaultIo {
         c.ops += 1;
         if let Some((at, fault)) = c.armed {
             let applies = match fault {
-                Fault::NoSpace => matches!(kind, OpKind::Create | OpKind::Write),
+                Fault::NoSpace | Fault::ReadOnly => {
+                    matches!(kind, OpKind::Create | OpKind::Write)
+                }
                 Fault::FsyncFail => kind == OpKind::Sync,
                 Fault::Eio | Fault::Crash => true,
             };
