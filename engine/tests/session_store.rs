@@ -158,6 +158,19 @@ fn a_damaged_or_foreign_checkpoint_is_refused_and_the_session_kept() {
         "the damaged checkpoint is kept, not deleted"
     );
 
+    // A prefix lookup (what the server's prompt cache does) still uses the two blocks that
+    // verify: the damaged one ends the usable prefix there.
+    let mut prefixed = Session::new(model.clone(), p.clone()).unwrap();
+    let reused = store.restore_prefix(&mut prefixed, &toks).unwrap();
+    assert_eq!(reused, 128, "the blocks before the damaged one");
+    assert_eq!(prefixed.tokens(), &toks[..128]);
+    let got = prefixed.feed(&toks[128..]).unwrap().to_vec();
+    assert_eq!(
+        got,
+        s.logits().unwrap(),
+        "same logits as the uninterrupted evaluation"
+    );
+
     // A different model (other weights, same shapes) has another fingerprint: its store sees
     // no checkpoint, and the first model's files are untouched.
     let before: Vec<_> = walk(dir.path());

@@ -567,12 +567,53 @@ impl SessionStore {
         found: &StoredPrefix,
     ) -> Result<usize> {
         let conversion = self.conversion(ctx.kv_layout())?;
-        let read = |_: usize, id: &BlockId, sink: &mut dyn FnMut(&[u8]) -> Result<()>| {
-            self.read_block(&conversion, id, sink)
+        // The first block that could not be read (missing, damaged): the blocks before it
+        // still make a usable prefix.
+        let failed = std::cell::Cell::new(None::<usize>);
+        let read = |i: usize, id: &BlockId, sink: &mut dyn FnMut(&[u8]) -> Result<()>| {
+            let r = self.read_block(&conversion, id, sink);
+            if r.is_err() && failed.get().is_none_or(|f| i < f) {
+                failed.set(Some(i));
+            }
+            r
         };
+        match self.import_found(ctx, seq, tokens, found, &conversion, read) {
+            Err(e) => match failed.get() {
+                Some(good) if good > 0 => {
+                    let shorter = StoredPrefix {
+                        blocks: good,
+                        tail: None,
+                        tokens: good * PAGE_TOKENS,
+                    };
+                    let read =
+                        |_: usize, id: &BlockId, sink: &mut dyn FnMut(&[u8]) -> Result<()>| {
+                            self.read_block(&conversion, id, sink)
+                        };
+                    self.import_found(ctx, seq, tokens, &shorter, &conversion, read)
+                        .map_err(|_| e)
+                }
+                _ => Err(e),
+            },
+            ok => ok,
+        }
+    }
+
+    /// Imports `found` into `seq` with `read` for the blocks.
+    fn import_found<F>(
+        &self,
+        ctx: &mut Context,
+        seq: SeqId,
+        tokens: &[u32],
+        found: &StoredPrefix,
+        conversion: &Option<KvLayout>,
+        read: F,
+    ) -> Result<usize>
+    where
+        F: FnMut(usize, &BlockId, &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()>,
+    {
         match &found.tail {
             Some(tail) => {
-                let kv = self.stored_to_session(&conversion, &tail.tail_kv)?;
+                let kv = self.stored_to_session(conversion, &tail.tail_kv)?;
                 ctx.import(seq, &tail.tokens, &kv, read)?;
                 ctx.truncate(seq, found.tokens)?;
             }
