@@ -159,7 +159,7 @@ impl<V: BlockIo> ModelStore<V> {
         for (i, chunk) in tokens.chunks_exact(tpb).enumerate() {
             let id = BlockId::chain(&self.info.fp, prev.as_ref(), chunk);
             let found = match hold {
-                Hold::Cache => self.shared.touch_if_present(&id),
+                Hold::Cache => self.contains(&id) && self.shared.touch_if_present(&id),
                 Hold::Pin => self.contains(&id) && self.shared.get(&id, Access::Pin)?.is_some(),
             };
             if found {
@@ -317,6 +317,14 @@ impl<V: BlockIo> ModelStore<V> {
             .map_err(|e| StoreError::format(self.info.store.root(), e))?;
         v.sort();
         Ok(v)
+    }
+
+    /// Whether checkpoint `name` exists (one `stat`: the manifest is not read).
+    pub fn has_checkpoint(&self, name: &str) -> Result<bool> {
+        self.info
+            .store
+            .has_manifest(name)
+            .map_err(|e| StoreError::format(self.info.store.root(), e))
     }
 
     /// Every checkpoint with its size, the bytes only it holds and its last

@@ -46,9 +46,27 @@ struct ReadBlock {
 impl<V: BlockIo> Shared<V> {
     /// Whether block `id` is in the index, or its file exists (then it is
     /// added to the index: another process wrote it).
+    ///
+    /// A block the index knows as written is looked for again (one `stat`): another
+    /// process's gc or `rm` may have removed its file. Then the index forgets the file: a copy
+    /// still in RAM becomes dirty (it is written again), a block without one is no longer
+    /// held, so the caller puts it again rather than relying on a file that is gone.
     pub(crate) fn contains(&self, model: usize, info: &ModelInfo<V>, id: &BlockId) -> bool {
-        if lock_mutex(&self.state).entries.contains_key(id) {
-            return true;
+        let written = lock_mutex(&self.state)
+            .entries
+            .get(id)
+            .map(|e| e.on_disk && !e.in_flight);
+        match written {
+            Some(false) => return true,
+            Some(true) => {
+                if info.store.has_block(id).unwrap_or(true) {
+                    return true;
+                }
+                let mut st = lock_mutex(&self.state);
+                st.lost_file(id, info.record_len);
+                return st.entries.contains_key(id);
+            }
+            None => {}
         }
         if !info.store.has_block(id).unwrap_or(false) {
             return false;

@@ -147,3 +147,43 @@ async fn the_disk_budget_holds_and_keeps_the_most_recent_prompt() {
     assert_eq!(first["timings"]["cache_n"], 0, "{first}");
     srv.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_collected_by_another_process_are_written_again() {
+    let env = Env::new();
+    let srv = env.start(&[]).await;
+    let (_, cold) = srv.post("/v1/chat/completions", &long_chat()).await;
+    let n_prompt = cold["usage"]["prompt_tokens"].as_u64().unwrap();
+    // Let the writer store the blocks (it waits for the scheduler to be idle).
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+
+    // Beside the running server, another process removes every checkpoint and collects the
+    // blocks (what `ckpt rm` and `ckpt gc` do).
+    let cache = env.cache();
+    let removed = tokio::task::spawn_blocking(move || {
+        let store = kvstore::KvStore::open(&cache, kvstore::Config::default()).unwrap();
+        for fp in store.models() {
+            let m = store.existing_model(&fp).unwrap();
+            for name in m.list().unwrap() {
+                m.delete(&name).unwrap();
+            }
+        }
+        store.gc().unwrap().blocks
+    })
+    .await
+    .unwrap();
+    assert!(removed >= 3, "{removed} blocks collected");
+
+    // The same prompt again: served from the server's memory, and its blocks, which the store
+    // no longer holds, are written again.
+    let (_, warm) = srv.post("/v1/chat/completions", &long_chat()).await;
+    assert_eq!(warm["timings"]["cache_n"], n_prompt - 1, "{warm}");
+    srv.stop().await;
+
+    // So a new server finds them on disk.
+    let next = env.start(&[]).await;
+    let (_, restarted) = next.post("/v1/chat/completions", &long_chat()).await;
+    assert_eq!(restarted["timings"]["cache_n"], n_prompt - 1, "{restarted}");
+    assert_eq!(restarted["choices"], cold["choices"]);
+    next.stop().await;
+}

@@ -356,6 +356,14 @@ impl<V: Vfs> Store<V> {
         Ok(self.manifests_dir.join(format!("{name}{MANIFEST_SUFFIX}")))
     }
 
+    /// Whether checkpoint `name` has a committed manifest (one `stat`; not verified).
+    pub fn has_manifest(&self, name: &str) -> Result<bool> {
+        let p = self.manifest_path(name)?;
+        self.vfs
+            .exists(&p)
+            .map_err(|e| FormatError::io("stat", &p, e))
+    }
+
     /// Whether the store holds block `id` (a committed file; not verified).
     pub fn has_block(&self, id: &BlockId) -> Result<bool> {
         let p = self.block_path(id);

@@ -327,7 +327,7 @@ impl SessionStore {
 
     /// Whether a checkpoint `name` exists.
     pub fn exists(&self, name: &str) -> Result<bool> {
-        Ok(self.handle.list()?.iter().any(|n| n == name))
+        Ok(self.handle.has_checkpoint(name)?)
     }
 
     /// Every checkpoint of this model, with the bytes each alone holds.

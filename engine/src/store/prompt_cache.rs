@@ -32,6 +32,20 @@ impl SessionStore {
         }))
     }
 
+    /// Whether the store holds a tail checkpoint for the partial page of the first `len` tokens
+    /// of `seq` (one file looked for); true when there is no partial page to hold.
+    pub fn holds_tail(&self, ctx: &Context, seq: SeqId, len: usize) -> bool {
+        let full = len / PAGE_TOKENS;
+        if full == 0 || len.is_multiple_of(PAGE_TOKENS) {
+            return true;
+        }
+        let Some(last) = ctx.block_ids(seq).ok().and_then(|ids| ids.get(full - 1)) else {
+            return false;
+        };
+        self.exists(&format!("{TAIL_PREFIX}{}", last.to_hex()))
+            .unwrap_or(false)
+    }
+
     /// Stores `tail` durably as the tail checkpoint of its last full block (replacing an
     /// earlier one), after its full blocks (which must be in the store). Tails are a cache:
     /// under the disk budget they go before any block ([`SessionStore::collect_unreferenced`]).

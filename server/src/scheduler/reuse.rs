@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use engine::{SeqId, PAGE_TOKENS};
+use engine::SeqId;
 use tokio::sync::mpsc;
 
 use super::{Command, Scheduler};
@@ -78,11 +78,14 @@ impl Scheduler {
         };
         let len = self.ctx.tokens(seq).map_or(0, <[u32]>::len);
         let work = (|| -> engine::Result<Work> {
-            let blocks = store.new_blocks(&self.ctx, seq, cache_n / PAGE_TOKENS)?;
+            // Every page the store lacks, the ones that came from a cache too: another process
+            // may have collected their blocks since (the store looks for each file again).
+            let blocks = store.new_blocks(&self.ctx, seq, 0)?;
             let mut tails = Vec::new();
             // The prompt's own tail (a repeated prompt ends there), unless it came from a
-            // cache, and the whole sequence's (the next turn of a chat continues it).
-            if prompt_len > cache_n + 1 {
+            // cache and the store still holds it, and the whole sequence's (the next turn of a
+            // chat continues it).
+            if prompt_len > cache_n + 1 || !store.holds_tail(&self.ctx, seq, prompt_len) {
                 tails.extend(store.tail_of(&self.ctx, seq, prompt_len)?);
             }
             tails.extend(store.tail_of(&self.ctx, seq, len)?);
