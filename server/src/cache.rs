@@ -81,6 +81,7 @@ const MAX_DEFER: std::time::Duration = std::time::Duration::from_millis(500);
 /// flush whenever the queue runs dry, keep the disk budget with unreferenced blocks and old
 /// tails.
 fn write_behind(store: &SessionStore, metrics: &Metrics, rx: &mpsc::Receiver<Work>) {
+    let mut full = FullDisk::default();
     while let Ok(work) = rx.recv() {
         // Hashing, copying and syncing megabytes takes a core from the kernels' threads: let a
         // request that is being evaluated (a repeated prompt is answered in tens of ms) go
@@ -103,10 +104,35 @@ fn write_behind(store: &SessionStore, metrics: &Metrics, rx: &mpsc::Receiver<Wor
         }
         let mut batches = vec![work];
         batches.extend(rx.try_iter());
+        // Room first, then the writes: the directory stays within the disk budget while they
+        // go on, not only after.
+        let incoming: u64 = batches
+            .iter()
+            .map(|w| store.incoming_bytes(&w.blocks, &w.tails))
+            .sum();
+        if let Err(e) = store.make_room(incoming) {
+            metrics.cache_error(format!("keeping the disk budget failed: {e}"));
+        }
         let mut tails = Vec::new();
         for work in batches {
+            let blocks = work.blocks.clone();
             match store.put_blocks(work.blocks) {
-                Ok(n) => Metrics::add(&metrics.blocks_written, n as u64),
+                Ok(n) => {
+                    Metrics::add(&metrics.blocks_written, n as u64);
+                    full.recovered(metrics);
+                }
+                Err(e) if is_no_space(&e) => {
+                    // A full filesystem: the oldest prompts go to make room, and the blocks
+                    // are put again.
+                    full.report(metrics, &e);
+                    let retry = store
+                        .make_room_on_full_disk(2 * store.incoming_bytes(&blocks, &work.tails))
+                        .and_then(|()| store.put_blocks(blocks));
+                    match retry {
+                        Ok(n) => Metrics::add(&metrics.blocks_written, n as u64),
+                        Err(e) => metrics.cache_error(format!("storing blocks failed: {e}")),
+                    }
+                }
                 Err(e) => metrics.cache_error(format!("storing blocks failed: {e}")),
             }
             tails.extend(work.tails);
@@ -122,17 +148,57 @@ fn write_behind(store: &SessionStore, metrics: &Metrics, rx: &mpsc::Receiver<Wor
             if last.get(&tail.last_block) != Some(&i) {
                 continue;
             }
-            match store.put_tail(tail) {
+            let again = tail.clone();
+            let stored = match store.put_tail(tail) {
+                Err(e) if is_no_space(&e) => {
+                    full.report(metrics, &e);
+                    let bytes = 2 * store.incoming_bytes(&[], std::slice::from_ref(&again));
+                    store
+                        .make_room_on_full_disk(bytes)
+                        .and_then(|()| store.put_tail(again))
+                }
+                r => r,
+            };
+            match stored {
                 Ok(()) => Metrics::add(&metrics.tails_written, 1),
                 Err(e) => metrics.cache_error(format!("storing a tail failed: {e}")),
             }
         }
         if let Err(e) = store.flush() {
+            if is_no_space(&e) {
+                full.report(metrics, &e);
+                let _ = store.make_room_on_full_disk(incoming.max(1 << 20));
+            }
             metrics.cache_error(format!("flush failed: {e}"));
         }
         // Unnamed prompt blocks and tails go first and only: saved conversations stay.
         if let Err(e) = store.collect_unreferenced() {
             metrics.cache_error(format!("keeping the disk budget failed: {e}"));
+        }
+    }
+}
+
+fn is_no_space(e: &engine::Error) -> bool {
+    matches!(e, engine::Error::Store(s) if s.is_no_space())
+}
+
+/// Whether the cache's filesystem was last seen full: said in the log once when it fills and
+/// once when writes succeed again, not at every failed write.
+#[derive(Default)]
+struct FullDisk(bool);
+
+impl FullDisk {
+    fn report(&mut self, metrics: &Metrics, e: &engine::Error) {
+        if !std::mem::replace(&mut self.0, true) {
+            metrics.log(format!(
+                "prompt cache: the disk is full ({e}); the oldest cached prompts make room"
+            ));
+        }
+    }
+
+    fn recovered(&mut self, metrics: &Metrics) {
+        if std::mem::replace(&mut self.0, false) {
+            metrics.log("prompt cache: writing again".to_owned());
         }
     }
 }

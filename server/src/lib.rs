@@ -53,6 +53,7 @@ pub struct Server {
     listeners: Vec<tokio::net::TcpListener>,
     state: Arc<AppState>,
     scheduler: std::thread::JoinHandle<()>,
+    log: Option<std::sync::mpsc::Receiver<String>>,
 }
 
 impl Server {
@@ -125,6 +126,10 @@ impl Server {
         };
         let template = chat_template(&config, &model)?;
         let metrics = Arc::new(Metrics::default());
+        let (log_tx, log_rx) = std::sync::mpsc::channel();
+        if let Ok(mut log) = metrics.log.lock() {
+            *log = Some(log_tx);
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let scheduler = scheduler::spawn(
             Parts {
@@ -168,7 +173,14 @@ impl Server {
             listeners,
             state,
             scheduler,
+            log: Some(log_rx),
         })
+    }
+
+    /// The server's log lines (a full disk, a failed context shift, …), for the caller to
+    /// print or keep; `None` after the first call.
+    pub fn log_lines(&mut self) -> Option<std::sync::mpsc::Receiver<String>> {
+        self.log.take()
     }
 
     /// The addresses it listens on, in `--host` order.
@@ -198,6 +210,7 @@ impl Server {
             listeners,
             state,
             scheduler,
+            ..
         } = self;
         let tx = state.tx.clone();
         let app = routes::router(state);

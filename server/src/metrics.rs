@@ -37,6 +37,8 @@ pub struct Metrics {
     pub cache_errors: AtomicU64,
     /// The last of those problems, as text.
     pub last_cache_error: Mutex<Option<String>>,
+    /// Where [`Metrics::log`] sends lines ([`crate::Server::log_lines`] hands out the other end).
+    pub log: Mutex<Option<std::sync::mpsc::Sender<String>>>,
     /// Microseconds spent evaluating prompts (admission to first token), over requests.
     pub prompt_us: AtomicU64,
     /// Microseconds spent generating (first token to end), over requests.
@@ -71,7 +73,17 @@ impl Metrics {
         gauge.store(n, Ordering::Relaxed);
     }
 
-    /// Records a problem of the prompt cache that costs only speed.
+    /// Sends a line to the server's log (the binary prints it; the library writes nothing to
+    /// stderr itself).
+    pub fn log(&self, line: String) {
+        if let Ok(tx) = self.log.lock() {
+            if let Some(tx) = tx.as_ref() {
+                let _ = tx.send(line);
+            }
+        }
+    }
+
+    /// Counts a prompt-cache error and keeps its message for `/props`.
     pub fn cache_error(&self, what: String) {
         Metrics::add(&self.cache_errors, 1);
         if let Ok(mut last) = self.last_cache_error.lock() {

@@ -187,3 +187,59 @@ async fn blocks_collected_by_another_process_are_written_again() {
     assert_eq!(restarted["choices"], cold["choices"]);
     next.stop().await;
 }
+
+/// The largest regular file under `dir` (a block file, in a prompt cache).
+fn largest_file(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => largest_file(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_directory_stays_within_the_budget_while_it_is_written() {
+    let env = Env::new();
+    let budget = 64 * 1024;
+    let srv = env.start(&["--cache-disk", "64KiB"]).await;
+    // Sample the directory's size as fast as it can be read, for as long as the requests run.
+    let cache = env.cache();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let (mut peak, mut block, mut samples) = (0, 0, 0);
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(common::dir_bytes(&cache));
+                block = block.max(largest_file(&cache));
+                samples += 1;
+            }
+            (peak, block, samples)
+        })
+    };
+    for i in 0..12 {
+        let prompt = format!("{i} {}", "abcdefgh".repeat(40));
+        let (status, body) = srv
+            .post("/completion", &json!({"prompt": prompt, "n_predict": 1}))
+            .await;
+        assert_eq!(status, 200, "{body}");
+        // Give the writer its round between requests.
+        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+    }
+    srv.stop().await;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (peak, block, samples) = sampler.join().unwrap();
+    assert!(samples > 100, "{samples} samples");
+    assert!(block > 0);
+    assert!(
+        peak <= budget + block,
+        "the directory reached {peak} bytes: budget {budget} + one block of {block}"
+    );
+}

@@ -4,7 +4,9 @@
 
 use ckptfmt::{BlockId, Manifest, Metadata};
 
-use super::{unix_now, SessionStore, StoredPrefix, TailBlock, TAIL_PREFIX, TOKENS_PER_BLOCK};
+use super::{
+    unix_now, NewBlock, SessionStore, StoredPrefix, TailBlock, TAIL_PREFIX, TOKENS_PER_BLOCK,
+};
 use crate::context::{Context, SeqId};
 use crate::error::Result;
 use crate::kv::PAGE_TOKENS;
@@ -30,6 +32,17 @@ impl SessionStore {
             kv,
             last_block,
         }))
+    }
+
+    /// Bytes that storing `blocks` and `tails` can add to the directory at most: a block file
+    /// each, and a tail checkpoint at most a block's file plus its token list each.
+    pub fn incoming_bytes(&self, blocks: &[NewBlock], tails: &[TailBlock]) -> u64 {
+        let per_block = self.handle.block_file_bytes();
+        let tail_bytes: u64 = tails
+            .iter()
+            .map(|t| per_block + 8 * t.tokens.len() as u64 + 4096)
+            .sum();
+        blocks.len() as u64 * per_block + tail_bytes
     }
 
     /// Whether the store holds a tail checkpoint for the partial page of the first `len` tokens
@@ -125,9 +138,29 @@ impl SessionStore {
     /// the budget, tail checkpoints ([`TAIL_PREFIX`], oldest first), which frees their blocks
     /// in turn. Named checkpoints are never removed; their manifests count in the budget.
     pub fn collect_unreferenced(&self) -> Result<()> {
-        let Some(budget) = self.disk_bytes else {
-            return Ok(());
-        };
+        self.make_room(0)
+    }
+
+    /// Like [`SessionStore::collect_unreferenced`], leaving room for `incoming` more bytes
+    /// under the budget: run before writing, so the directory stays within its budget while
+    /// the blocks are written rather than only after.
+    pub fn make_room(&self, incoming: u64) -> Result<()> {
+        match self.disk_bytes {
+            Some(b) => self.collect_to(Some(b), incoming),
+            None => Ok(()),
+        }
+    }
+
+    /// After a write failed for want of space (a full filesystem, whatever the budget): frees
+    /// `incoming` bytes below what the cache's files take now, the same way.
+    pub fn make_room_on_full_disk(&self, incoming: u64) -> Result<()> {
+        self.collect_to(None, incoming)
+    }
+
+    /// Removes unreferenced blocks, then the oldest tails, until the files (blocks and
+    /// manifests) leave `incoming` bytes free below `budget` (`None`: below what they take
+    /// now), or nothing more can go.
+    fn collect_to(&self, budget: Option<u64>, incoming: u64) -> Result<()> {
         let mut manifests = 0u64;
         let mut tails = Vec::new();
         for name in self.handle.list()? {
@@ -154,6 +187,9 @@ impl SessionStore {
                 t.1 = order.1.get(&t.3).copied().unwrap_or(0);
             }
         }
+        let budget = budget
+            .unwrap_or(self.store.metrics().disk_bytes + manifests)
+            .saturating_sub(incoming);
         tails.sort();
         let mut tails = tails.into_iter();
         loop {

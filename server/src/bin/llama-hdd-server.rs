@@ -56,7 +56,16 @@ fn main() -> ExitCode {
         ));
     }
     let result = runtime.block_on(async {
-        let server = Server::bind(config).await?;
+        let mut server = Server::bind(config).await?;
+        if let Some(lines) = server.log_lines() {
+            std::thread::spawn(move || {
+                for line in lines {
+                    if !quiet {
+                        eprintln!("{line}");
+                    }
+                }
+            });
+        }
         for addr in server.local_addrs() {
             say(format!("llama-hdd-server listening on http://{addr}"));
         }

@@ -38,7 +38,8 @@ impl Scheduler {
                 true
             }
             Err(e) => {
-                eprintln!("context shift of slot {slot} failed: {e}");
+                self.metrics
+                    .log(format!("context shift of slot {slot} failed: {e}"));
                 false
             }
         }
