@@ -319,6 +319,11 @@ impl<V: BlockIo> ModelStore<V> {
         Ok(v)
     }
 
+    /// Bytes one block takes on disk (its file: header, tokens and KV).
+    pub fn block_file_bytes(&self) -> u64 {
+        self.info.record_len
+    }
+
     /// Whether checkpoint `name` exists (one `stat`: the manifest is not read).
     pub fn has_checkpoint(&self, name: &str) -> Result<bool> {
         self.info
