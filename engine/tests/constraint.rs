@@ -592,3 +592,25 @@ fn measure_constraint_cost_per_token() {
         );
     }
 }
+
+#[test]
+fn listed_properties_close_an_object_as_llama_cpp_reads_schemas() {
+    let model = tiny_model();
+    let tok = model.tokenizer();
+    let vocab = Vocab::new(tok).unwrap();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": { "path": { "type": "string" } },
+        "required": ["path"]
+    });
+    let mut c = Constraint::new(&vocab, &Grammar::JsonSchema(schema.clone())).unwrap();
+    assert!(accepts_bytes(&mut c, tok, r#"{"path": "a"}"#));
+    // A key the schema does not list is refused where it starts.
+    let mut c = Constraint::new(&vocab, &Grammar::JsonSchema(schema.clone())).unwrap();
+    assert!(!accepts_bytes(&mut c, tok, r#"{"path": "a", "type": "x"}"#));
+    // `additionalProperties: true` opens it again.
+    let mut open = schema;
+    open["additionalProperties"] = serde_json::json!(true);
+    let mut c = Constraint::new(&vocab, &Grammar::JsonSchema(open)).unwrap();
+    assert!(accepts_bytes(&mut c, tok, r#"{"path": "a", "type": "x"}"#));
+}

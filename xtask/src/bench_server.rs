@@ -12,6 +12,9 @@
 //!   got). Reported: prompt tokens computed (the servers' own `timings.prompt_n`), mean and p99
 //!   time to first token, and aggregate generated tokens per second over the trace.
 //!
+//! - With `--workload agent`, instead: one tool-calling conversation with a restart in the middle
+//!   (see `bench_agent`).
+//!
 //! The texts are generated from a fixed seed, so both servers see the same requests.
 
 use std::io::{BufRead, BufReader, Write};
@@ -26,26 +29,44 @@ use serde_json::{json, Value};
 
 use crate::{cargo, run, workspace_root};
 
-struct Options {
+/// The command line of `cargo xtask bench-server`.
+pub(crate) struct Options {
+    /// `--ours`: our server's binary (built when not given).
     ours: Option<PathBuf>,
+    /// `--llama-server` or `LLAMA_SERVER`: llama.cpp's server, if any.
     llama: Option<PathBuf>,
+    /// `--model`: the GGUF both servers load.
     model: PathBuf,
+    /// `--threads`: `-t` of both servers.
     threads: usize,
+    /// `--prompt-tokens`: the time-to-first-token prompt's size.
     prompt_tokens: usize,
+    /// `--reps`: repetitions of the time-to-first-token measurement.
     reps: usize,
+    /// `--repeats`: repeated requests per repetition.
     repeats: usize,
-    system_tokens: usize,
+    /// `--system-tokens`: the shared system prompt's size.
+    pub(crate) system_tokens: usize,
+    /// `--conversations`: conversations of the trace.
     conversations: usize,
-    turns: usize,
+    /// `--turns`: turns per conversation.
+    pub(crate) turns: usize,
+    /// `--clients`: concurrent clients of the trace (and server slots).
     clients: usize,
-    gen_tokens: usize,
-    dir: PathBuf,
+    /// `--gen-tokens`: `max_tokens` of each reply.
+    pub(crate) gen_tokens: usize,
+    /// `--dir`: where the servers' caches and logs go.
+    pub(crate) dir: PathBuf,
+    /// `--only ours|llama`: measure one server.
     only: Option<String>,
+    /// `--skip-trace`: no trace.
     skip_trace: bool,
+    /// `--skip-ttft`: no time-to-first-token measurement.
     skip_ttft: bool,
 }
 
-fn parse(args: &[String]) -> Result<Options, String> {
+/// Reads the options; later flags override earlier ones.
+pub(crate) fn parse(args: &[String]) -> Result<Options, String> {
     let root = workspace_root();
     let mut o = Options {
         ours: None,
@@ -100,7 +121,8 @@ fn parse(args: &[String]) -> Result<Options, String> {
                     "bench-server: unknown option `{other}` (options: --ours BIN, \
                      --llama-server BIN, --model PATH, --threads N, --prompt-tokens N, --reps N, --repeats N, \
                      --system-tokens N, --conversations N, --turns N, --clients N, \
-                     --gen-tokens N, --dir DIR, --only ours|llama, --skip-trace, --skip-ttft)"
+                     --gen-tokens N, --dir DIR, --only ours|llama, --skip-trace, --skip-ttft, \
+                     --workload agent [--restart-after N] [--ctx N] [--chat-template-file PATH])"
                 ))
             }
         }
@@ -110,13 +132,16 @@ fn parse(args: &[String]) -> Result<Options, String> {
 
 /// Which server, and how to start it.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
+    /// `llama-hdd-server`.
     Ours,
+    /// llama.cpp's `llama-server`.
     Llama,
 }
 
 impl Kind {
-    fn name(self) -> &'static str {
+    /// The server's binary name, as reports and directories name it.
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::Ours => "llama-hdd-server",
             Kind::Llama => "llama-server",
@@ -125,14 +150,17 @@ impl Kind {
 }
 
 /// A running server process.
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    base: String,
+    /// `http://127.0.0.1:PORT`.
+    pub(crate) base: String,
 }
 
 impl Server {
-    /// Starts `bin` with `parallel` slots of `ctx` positions each and waits until it is ready.
-    fn start(
+    /// Starts `bin` with `parallel` slots of `ctx` positions each, and `extra` arguments after
+    /// the common ones, and waits until it is ready.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start(
         kind: Kind,
         bin: &Path,
         o: &Options,
@@ -140,6 +168,7 @@ impl Server {
         ctx: usize,
         cache: &Path,
         log: &Path,
+        extra: &[String],
     ) -> Result<Server, String> {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -156,6 +185,7 @@ impl Server {
         if let Kind::Ours = kind {
             c.arg("--cache-dir").arg(cache);
         }
+        c.args(extra);
         let out = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
         let child = c
@@ -196,7 +226,7 @@ impl Server {
     }
 
     /// SIGTERM, then waits for the process to end (its cache flushed).
-    fn stop(mut self) -> Result<(), String> {
+    pub(crate) fn stop(mut self) -> Result<(), String> {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
@@ -290,7 +320,7 @@ fn chat(base: &str, messages: &Value, max_tokens: usize) -> Result<Reply, String
 }
 
 /// Tokens of `text` as the server counts them.
-fn count_tokens(base: &str, text: &str) -> Result<usize, String> {
+pub(crate) fn count_tokens(base: &str, text: &str) -> Result<usize, String> {
     let resp = ureq::post(&format!("{base}/tokenize"))
         .set("Content-Type", "application/json")
         .send_string(&json!({ "content": text }).to_string())
@@ -303,7 +333,7 @@ fn count_tokens(base: &str, text: &str) -> Result<usize, String> {
 }
 
 /// Deterministic English-like text: sentences of common words from a seeded generator.
-struct Words(u64);
+pub(crate) struct Words(pub(crate) u64);
 
 impl Words {
     const LIST: &'static [&'static str] = &[
@@ -412,7 +442,8 @@ impl Words {
         "sends",
     ];
 
-    fn next(&mut self) -> u64 {
+    /// The next number of the xorshift sequence.
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -420,7 +451,7 @@ impl Words {
     }
 
     /// About `words` words, in sentences.
-    fn text(&mut self, words: usize) -> String {
+    pub(crate) fn text(&mut self, words: usize) -> String {
         let mut s = String::new();
         let mut in_sentence = 0;
         for _ in 0..words {
@@ -446,7 +477,7 @@ impl Words {
     }
 
     /// Text of about `tokens` tokens as `base` counts them (grown a sentence at a time).
-    fn text_of_tokens(&mut self, base: &str, tokens: usize) -> Result<String, String> {
+    pub(crate) fn text_of_tokens(&mut self, base: &str, tokens: usize) -> Result<String, String> {
         let mut s = self.text(tokens * 3 / 4);
         while count_tokens(base, &s)? < tokens {
             s.push(' ');
@@ -456,7 +487,8 @@ impl Words {
     }
 }
 
-fn percentile(v: &[f64], p: f64) -> f64 {
+/// The `p`th percentile of `v` (nearest rank); NaN when `v` is empty.
+pub(crate) fn percentile(v: &[f64], p: f64) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     if v.is_empty() {
@@ -479,7 +511,7 @@ fn ttft(kind: Kind, bin: &Path, o: &Options) -> Result<Value, String> {
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let cache = dir.join("cache");
         let log = dir.join("server.log");
-        let server = Server::start(kind, bin, o, 1, 4096, &cache, &log)?;
+        let server = Server::start(kind, bin, o, 1, 4096, &cache, &log, &[])?;
         // Another text each repetition, so no earlier run's cache could serve it.
         let mut words = Words(0x9E37_79B9_7F4A_7C15 ^ (rep as u64 + 1));
         let system = words.text_of_tokens(&server.base, o.prompt_tokens - 40)?;
@@ -495,7 +527,16 @@ fn ttft(kind: Kind, bin: &Path, o: &Options) -> Result<Value, String> {
         let repeat_ms: Vec<f64> = again.iter().map(|r| r.ttft_ms).collect();
         let b = again.swap_remove(0);
         server.stop()?;
-        let server = Server::start(kind, bin, o, 1, 4096, &cache, &log.with_extension("2.log"))?;
+        let server = Server::start(
+            kind,
+            bin,
+            o,
+            1,
+            4096,
+            &cache,
+            &log.with_extension("2.log"),
+            &[],
+        )?;
         let c = chat(&server.base, &messages, 8)?;
         server.stop()?;
         if a.text != b.text || a.text != c.text {
@@ -552,6 +593,7 @@ fn trace(kind: Kind, bin: &Path, o: &Options) -> Result<Value, String> {
         4096,
         &dir.join("cache"),
         &dir.join("server.log"),
+        &[],
     )?;
     let mut words = Words(0xD1B5_4A32_D192_ED03);
     let system = words.text_of_tokens(&server.base, o.system_tokens)?;
@@ -626,9 +668,44 @@ fn trace(kind: Kind, bin: &Path, o: &Options) -> Result<Value, String> {
     Ok(out)
 }
 
-/// Entry point of `cargo xtask bench-server`.
+/// Entry point of `cargo xtask bench-server`; `--workload agent` goes to `bench_agent`.
 pub fn bench_server(args: &[String]) -> Result<(), String> {
+    if let Some(i) = args.iter().position(|a| a == "--workload") {
+        return match args.get(i + 1).map(String::as_str) {
+            Some("agent") => crate::bench_agent::bench_agent(args),
+            other => Err(format!(
+                "bench-server: --workload wants `agent`, got `{}` (without it: the time to first \
+                 token and the concurrent trace)",
+                other.unwrap_or("")
+            )),
+        };
+    }
     let o = parse(args)?;
+    let servers = servers(&o)?;
+    let mut report = serde_json::Map::new();
+    for (kind, bin) in &servers {
+        let mut r = serde_json::Map::new();
+        if !o.skip_ttft {
+            r.insert("ttft".into(), ttft(*kind, bin, &o)?);
+        }
+        if !o.skip_trace {
+            r.insert("trace".into(), trace(*kind, bin, &o)?);
+        }
+        report.insert(kind.name().into(), Value::Object(r));
+    }
+    let out = Value::Object(report);
+    let mut stdout = std::io::stdout();
+    let _ = writeln!(
+        stdout,
+        "{}",
+        serde_json::to_string_pretty(&out).unwrap_or_default()
+    );
+    Ok(())
+}
+
+/// The servers to measure, ours first: ours (built when `--ours` is not given) and llama-server
+/// when given, `--only` applied; an error when the model is missing.
+pub(crate) fn servers(o: &Options) -> Result<Vec<(Kind, PathBuf)>, String> {
     if !o.model.exists() {
         return Err(format!(
             "bench-server: no model at {} (run `cargo xtask fetch-model`)",
@@ -653,23 +730,5 @@ pub fn bench_server(args: &[String]) -> Result<(), String> {
     if let Some(only) = &o.only {
         servers.retain(|(k, _)| (only == "ours") == (*k == Kind::Ours));
     }
-    let mut report = serde_json::Map::new();
-    for (kind, bin) in &servers {
-        let mut r = serde_json::Map::new();
-        if !o.skip_ttft {
-            r.insert("ttft".into(), ttft(*kind, bin, &o)?);
-        }
-        if !o.skip_trace {
-            r.insert("trace".into(), trace(*kind, bin, &o)?);
-        }
-        report.insert(kind.name().into(), Value::Object(r));
-    }
-    let out = Value::Object(report);
-    let mut stdout = std::io::stdout();
-    let _ = writeln!(
-        stdout,
-        "{}",
-        serde_json::to_string_pretty(&out).unwrap_or_default()
-    );
-    Ok(())
+    Ok(servers)
 }

@@ -2,7 +2,10 @@
 //!
 //! - `fetch-model`: download the default model into `models/` and verify its checksum.
 //! - `bindgen`: regenerate `ggml-sys/src/bindings*.rs` from the pinned ggml headers.
-//! - `ci`: formatting check, clippy with warnings denied, `tidy`, then the whole test suite.
+//! - `ci`: formatting check, clippy with warnings denied, `tidy`, the whole test suite, then
+//!   `clients`.
+//! - `clients`: the server driven by the official `openai` and `anthropic` Python packages
+//!   (`server/tests/clients/`).
 //! - `compare-llama-cpp`: engine speed against llama.cpp's reference harness, side by side.
 //! - `bench-server`: our HTTP server against llama.cpp's `llama-server`, side by side: time to
 //!   first token (first, repeated, after a restart) and an agent-like trace of concurrent chats.
@@ -21,9 +24,11 @@ use std::process::{Command, ExitCode};
 mod source {
     include!("../../ggml-sys/src/source.rs");
 }
+mod bench_agent;
 mod bench_server;
 #[cfg(feature = "bindgen")]
 mod bindings;
+mod clients;
 mod compare;
 mod crash;
 mod cuda;
@@ -38,6 +43,7 @@ fn main() -> ExitCode {
         }),
         Some("bindgen") => bindgen(),
         Some("ci") => ci(),
+        Some("clients") => clients::clients(&args[1..]),
         Some("compare-llama-cpp") => compare::compare(&args[1..]),
         Some("crash-test") => crash::crash_test(&args[1..]),
         Some("cuda-build") => cuda::cuda_build(&args[1..]),
@@ -45,7 +51,7 @@ fn main() -> ExitCode {
         Some("bench-server") => bench_server::bench_server(&args[1..]),
         Some("tidy") => tidy::tidy(&workspace_root()),
         Some("help") | Some("--help") | Some("-h") | None => {
-            println!("usage: cargo xtask <fetch-model | bindgen | ci | tidy | compare-llama-cpp --refh PATH [--reps N] [--sequences N] [--cache-type f16|q8_0] | crash-test [--kills N] | cuda-build [--arch 90] [--out DIR] | cuda-toolkit [DIR] | bench-server [--llama-server PATH] (--help lists its options)>");
+            println!("usage: cargo xtask <fetch-model | bindgen | ci | clients [--server BIN] [--model PATH] | tidy | compare-llama-cpp --refh PATH [--reps N] [--sequences N] [--cache-type f16|q8_0] | crash-test [--kills N] | cuda-build [--arch 90] [--out DIR] | cuda-toolkit [DIR] | bench-server [--llama-server PATH] (--help lists its options)>");
             Ok(())
         }
         Some(other) => Err(format!(
@@ -112,7 +118,8 @@ fn bindgen() -> Result<(), String> {
     }
 }
 
-/// What CI runs: the model (so the fidelity tests use it), format, lints, tidy, tests.
+/// What CI runs: the model (so the fidelity tests use it), format, lints, tidy, tests, then
+/// the official Python clients against the server the tests built.
 fn ci() -> Result<(), String> {
     let root = workspace_root();
     if let Err(e) = model::fetch_default(&root) {
@@ -139,5 +146,7 @@ fn ci() -> Result<(), String> {
     eprintln!("$ cargo xtask tidy");
     tidy::tidy(&root)?;
     run(&cargo, &["test", "--workspace"])?;
+    eprintln!("$ cargo xtask clients");
+    clients::clients(&[])?;
     Ok(())
 }

@@ -36,6 +36,9 @@
 #![forbid(unsafe_code)]
 
 mod gbnf;
+mod schema;
+
+pub(crate) use schema::close_objects;
 
 use std::sync::Arc;
 
@@ -86,9 +89,12 @@ impl Grammar {
     }
 }
 
-/// `schema` with [`JSON_WHITESPACE`] as its whitespace, unless it sets `x-guidance` itself.
+/// `schema` with [`JSON_WHITESPACE`] as its whitespace, unless it sets `x-guidance` itself,
+/// and its objects closed to keys they do not list, as llama.cpp reads schemas
+/// ([`close_objects`]).
 fn json_options(schema: &serde_json::Value) -> serde_json::Value {
     let mut schema = schema.clone();
+    close_objects(&mut schema);
     if let Some(obj) = schema.as_object_mut() {
         obj.entry("x-guidance")
             .or_insert_with(|| serde_json::json!({ "whitespace_pattern": JSON_WHITESPACE }));

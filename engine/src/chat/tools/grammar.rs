@@ -11,9 +11,11 @@ fn lit(s: &str) -> String {
 }
 
 /// `schema` with short whitespace runs between JSON tokens and lenient handling of keywords
-/// llguidance does not know, unless it sets `x-guidance` itself.
+/// llguidance does not know, unless it sets `x-guidance` itself; its objects admit only the
+/// keys they list, as llama.cpp reads a tool's parameters.
 fn with_guidance(schema: &Value) -> Value {
     let mut schema = schema.clone();
+    crate::constraint::close_objects(&mut schema);
     if let Some(o) = schema.as_object_mut() {
         o.entry("x-guidance")
             .or_insert_with(|| json!({"whitespace_pattern": ARGS_WHITESPACE, "lenient": true}));

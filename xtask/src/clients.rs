@@ -1,0 +1,247 @@
+//! `cargo xtask clients [--server BIN] [--model PATH]`: the server driven by the official
+//! `openai` and `anthropic` Python packages, with the scripts of `server/tests/clients/`
+//! (tools, streaming, the Responses API across a restart, embeddings, Anthropic's Messages
+//! API). Each script starts and stops its own servers in a scratch directory.
+//!
+//! The packages come from `server/tests/clients/requirements.txt`; the server is
+//! `target/debug/llama-hdd-server` unless `--server` names another (built when missing, as
+//! `cargo test --workspace` leaves it in CI). Python is `$PYTHON`, else `python3`. Without the
+//! model the command warns and skips, except in CI (`CI` set), where that is an error.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Instant, SystemTime};
+
+use crate::{cargo, model, run, workspace_root};
+
+/// The scripts' directory, relative to the workspace root.
+const DIR: &str = "server/tests/clients";
+
+/// The scripts, run in this order.
+const SCRIPTS: &[&str] = &["openai_client.py", "anthropic_client.py"];
+
+/// Where the default server binary is built.
+const DEFAULT_SERVER: &str = "target/debug/llama-hdd-server";
+
+/// The crates whose sources the server binary is built from (for the staleness warning).
+const SERVER_SOURCES: &[&str] = &[
+    "server/src",
+    "engine/src",
+    "kvstore/src",
+    "ckptfmt/src",
+    "ggml-sys/src",
+];
+
+/// What the command line asks.
+struct Options {
+    server: Option<PathBuf>,
+    model: PathBuf,
+}
+
+fn parse(args: &[String]) -> Result<Option<Options>, String> {
+    let mut o = Options {
+        server: None,
+        model: workspace_root().join("models").join(model::FILE_NAME),
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .map(PathBuf::from)
+                .ok_or_else(|| format!("clients: {name} needs a value"))
+        };
+        match arg.as_str() {
+            "--server" => o.server = Some(value("--server")?),
+            "--model" => o.model = value("--model")?,
+            "-h" | "--help" => {
+                println!(
+                    "usage: cargo xtask clients [--server BIN] [--model PATH]\n\
+                     Runs {DIR}/{{{}}} against the server \
+                     (default {DEFAULT_SERVER}, built when missing).",
+                    SCRIPTS.join(",")
+                );
+                return Ok(None);
+            }
+            other => return Err(format!("clients: unknown argument `{other}`")),
+        }
+    }
+    Ok(Some(o))
+}
+
+/// Runs both client scripts; an error names the scripts that failed.
+pub fn clients(args: &[String]) -> Result<(), String> {
+    let Some(o) = parse(args)? else {
+        return Ok(());
+    };
+    let root = workspace_root();
+    if !o.model.is_file() {
+        let e = format!(
+            "clients: no model at {} (run `cargo xtask fetch-model`)",
+            o.model.display()
+        );
+        // As `ci` does for the model: a failure in CI, a skip elsewhere.
+        if std::env::var_os("CI").is_some() {
+            return Err(e);
+        }
+        eprintln!("warning: {e}; the client checks are skipped");
+        return Ok(());
+    }
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = match check_packages(&python) {
+        Ok(()) => python,
+        // A fresh machine: the pinned packages go into a virtual environment of the
+        // project's own (under `target/`), made once.
+        Err(e) => venv(&root, "python3").map_err(|v| format!("{e}\n({v})"))?,
+    };
+    let server = server_binary(&root, o.server)?;
+    let scratch = std::env::temp_dir().join(format!("llama-hdd-clients-{}", std::process::id()));
+    // A leftover of an earlier run with this pid holds nothing we need.
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch)
+        .map_err(|e| format!("clients: cannot create {}: {e}", scratch.display()))?;
+
+    let mut failed = Vec::new();
+    for script in SCRIPTS {
+        let dir = scratch.join(script.trim_end_matches(".py"));
+        let path = root.join(DIR).join(script);
+        let args = [&path, &server, &o.model, &dir].map(|p| p.to_string_lossy().into_owned());
+        eprintln!("$ {python} {}", args.join(" "));
+        let t0 = Instant::now();
+        let status = Command::new(&python)
+            .args(&args)
+            .current_dir(&root)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .status()
+            .map_err(|e| format!("clients: could not run {python}: {e}"))?;
+        let secs = t0.elapsed().as_secs_f64();
+        if status.success() {
+            eprintln!("clients: {script} passed in {secs:.0}s");
+        } else {
+            eprintln!("clients: {script} FAILED ({status}) after {secs:.0}s");
+            failed.push(*script);
+        }
+    }
+    if failed.is_empty() {
+        let _ = std::fs::remove_dir_all(&scratch);
+        Ok(())
+    } else {
+        Err(format!(
+            "clients: {} failed; the servers' logs are kept in {}",
+            failed.join(" and "),
+            scratch.display()
+        ))
+    }
+}
+
+/// Imports both packages and prints their versions.
+const IMPORT_CHECK: &str = "import openai, anthropic; \
+    print('openai', openai.__version__, '/ anthropic', anthropic.__version__)";
+
+/// The packages import, or an error that says how to install them; prints their versions.
+fn check_packages(python: &str) -> Result<(), String> {
+    let install = format!("python3 -m pip install -r {DIR}/requirements.txt");
+    let out = Command::new(python)
+        .args(["-c", IMPORT_CHECK])
+        .output()
+        .map_err(|e| {
+            format!("clients: could not run {python} ({e}); install Python 3, then `{install}`")
+        })?;
+    if !out.status.success() {
+        return Err(format!(
+            "clients: the client packages do not import with {python}:\n{}\n\
+             install them: `{install}`",
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        ));
+    }
+    eprintln!(
+        "clients: {} (pinned in {DIR}/requirements.txt)",
+        String::from_utf8_lossy(&out.stdout).trim()
+    );
+    Ok(())
+}
+
+/// A virtual environment under `target/clients-venv` with the pinned packages (made when
+/// missing): its Python.
+fn venv(root: &Path, python: &str) -> Result<String, String> {
+    let dir = root.join("target/clients-venv");
+    let bin = dir.join("bin/python");
+    let bin_s = bin.to_string_lossy().into_owned();
+    if check_packages(&bin_s).is_ok() {
+        return Ok(bin_s);
+    }
+    eprintln!(
+        "clients: installing the pinned packages into {}",
+        dir.display()
+    );
+    let ok = |c: &mut Command| c.status().map(|s| s.success()).unwrap_or(false);
+    if !ok(Command::new(python).arg("-m").arg("venv").arg(&dir)) {
+        return Err(format!(
+            "could not make a virtual environment at {}",
+            dir.display()
+        ));
+    }
+    let req = root.join(DIR).join("requirements.txt");
+    if !ok(Command::new(&bin)
+        .args(["-m", "pip", "install", "-q", "-r"])
+        .arg(&req))
+    {
+        return Err(format!("pip could not install {}", req.display()));
+    }
+    check_packages(&bin_s)?;
+    Ok(bin_s)
+}
+
+/// `--server`'s binary, or the debug build: built when missing, and a warning when it is
+/// older than the sources it is built from.
+fn server_binary(root: &Path, given: Option<PathBuf>) -> Result<PathBuf, String> {
+    if let Some(path) = given {
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(format!("clients: no server binary at {}", path.display()))
+        };
+    }
+    let path = root.join(DEFAULT_SERVER);
+    if !path.is_file() {
+        run(
+            &cargo(),
+            &["build", "-p", "server", "--bin", "llama-hdd-server"],
+        )?;
+    } else if let (Ok(built), Some(newest)) = (modified(&path), newest_source(root)) {
+        if newest > built {
+            eprintln!(
+                "warning: {DEFAULT_SERVER} is older than the sources; rebuild it \
+                 (`cargo build -p server --bin llama-hdd-server`) to test the current code"
+            );
+        }
+    }
+    Ok(path)
+}
+
+fn modified(path: &Path) -> std::io::Result<SystemTime> {
+    std::fs::metadata(path)?.modified()
+}
+
+/// The newest modification time of a `.rs` file under [`SERVER_SOURCES`].
+fn newest_source(root: &Path) -> Option<SystemTime> {
+    fn walk(dir: &Path, newest: &mut Option<SystemTime>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, newest);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                if let Ok(t) = modified(&path) {
+                    *newest = (*newest).max(Some(t));
+                }
+            }
+        }
+    }
+    let mut newest = None;
+    for dir in SERVER_SOURCES {
+        walk(&root.join(dir), &mut newest);
+    }
+    newest
+}
