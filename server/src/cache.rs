@@ -1,8 +1,6 @@
 //! The persistent side of the prompt cache: the write-behind thread that puts new KV blocks
-//! into the store without delaying any response, and the text index that lets a chat's next
-//! turn reuse the tokens its reply was sampled as.
+//! into the store without delaying any response, keeping the disk budget as it writes.
 
-use std::collections::VecDeque;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -200,58 +198,5 @@ impl FullDisk {
         if std::mem::replace(&mut self.0, false) {
             metrics.log("prompt cache: writing again".to_owned());
         }
-    }
-}
-
-/// Conversations as text with the tokens the model saw: a chat's next turn repeats the earlier
-/// turns as text, and tokenizing a sampled reply again may give other tokens than those sampled
-/// (which would end the cached prefix at the reply). A prompt that starts with a known text
-/// takes its tokens from here and tokenizes only the rest.
-#[derive(Debug)]
-pub struct TextIndex {
-    entries: VecDeque<(String, Vec<u32>)>,
-    capacity: usize,
-    /// Lookups that found an entry.
-    pub hits: u64,
-    /// Lookups where the entry's tokens differ from the text tokenized again.
-    pub retokenize_mismatches: u64,
-}
-
-impl TextIndex {
-    /// An index of at most `capacity` conversations (oldest dropped first).
-    pub fn new(capacity: usize) -> TextIndex {
-        TextIndex {
-            entries: VecDeque::new(),
-            capacity,
-            hits: 0,
-            retokenize_mismatches: 0,
-        }
-    }
-
-    /// Remembers that `text` was evaluated as `tokens`.
-    pub fn insert(&mut self, text: String, tokens: Vec<u32>) {
-        if text.is_empty() || tokens.is_empty() {
-            return;
-        }
-        self.entries.retain(|(t, _)| !text.starts_with(t.as_str()));
-        if self.entries.len() >= self.capacity {
-            self.entries.pop_front();
-        }
-        self.entries.push_back((text, tokens));
-    }
-
-    /// The longest known text that `text` starts with: its length in bytes and its tokens.
-    pub fn longest_prefix(&mut self, text: &str) -> Option<(usize, Vec<u32>)> {
-        let (i, _) = self
-            .entries
-            .iter()
-            .enumerate()
-            .filter(|(_, (t, _))| text.starts_with(t.as_str()))
-            .max_by_key(|(_, (t, _))| t.len())?;
-        let entry = self.entries.remove(i)?;
-        let found = (entry.0.len(), entry.1.clone());
-        self.entries.push_back(entry);
-        self.hits += 1;
-        Some(found)
     }
 }

@@ -27,6 +27,7 @@ pub mod request;
 mod routes;
 pub mod scheduler;
 mod serve;
+pub mod texts;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -40,10 +41,10 @@ use tokio::sync::mpsc;
 pub use args::{Args, Config};
 pub use error::{Result, ServerError};
 
-use crate::cache::TextIndex;
 use crate::metrics::Metrics;
 use crate::routes::AppState;
 use crate::scheduler::{Command, Parts};
+use crate::texts::TextIndex;
 
 /// Conversations the chat text index remembers.
 const TEXT_INDEX_ENTRIES: usize = 1024;
@@ -153,6 +154,17 @@ impl Server {
                 })?;
             listeners.push(listener);
         }
+        // The text index lives beside the blocks it names, per model.
+        let texts = match &store {
+            Some(_) => {
+                let fp: String = model.fingerprint()[..16]
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect();
+                TextIndex::open(config.cache_dir.join("texts").join(fp), TEXT_INDEX_ENTRIES)
+            }
+            None => TextIndex::new(TEXT_INDEX_ENTRIES),
+        };
         let state = Arc::new(AppState {
             tx,
             model,
@@ -161,7 +173,7 @@ impl Server {
             metrics,
             cache_dir: store.as_ref().map(|_| config.cache_dir.clone()),
             store,
-            texts: Mutex::new(TextIndex::new(TEXT_INDEX_ENTRIES)),
+            texts: Mutex::new(texts),
             started_unix: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),

@@ -5,6 +5,7 @@
 mod common;
 
 use common::Env;
+use engine::testing::TinyChatModel;
 use serde_json::{json, Value};
 
 /// A chat whose prompt spans several 64-token blocks.
@@ -242,4 +243,60 @@ async fn the_directory_stays_within_the_budget_while_it_is_written() {
         peak <= budget + block,
         "the directory reached {peak} bytes: budget {budget} + one block of {block}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_that_tokenizes_otherwise_is_reused_after_a_restart_too() {
+    // Letter pairs are merged when text is tokenized, but a reply is sampled a letter at a
+    // time: its text tokenized again gives other tokens than the ones the cache holds.
+    let env = Env::new();
+    TinyChatModel {
+        n_ff: 64,
+        context_length: 4096,
+        letter_merges: true,
+        ..TinyChatModel::default()
+    }
+    .write(&env.model)
+    .unwrap();
+    let mut messages = vec![
+        json!({"role": "system", "content": "abcdefgh ".repeat(20)}),
+        json!({"role": "user", "content": "first question"}),
+    ];
+    // Single letters only (a grammar, and the 64 pair tokens banned), so that the reply's
+    // text merges into pairs when tokenized again.
+    let pairs: Vec<Value> = (256..320).map(|id| json!([id, false])).collect();
+    let body = |m: &Vec<Value>| {
+        json!({"messages": m, "max_tokens": 150, "temperature": 0,
+               "grammar": "root ::= [a-h]{150}", "logit_bias": pairs})
+    };
+    let srv = env.start(&[]).await;
+    let (_, turn1) = srv.post("/v1/chat/completions", &body(&messages)).await;
+    let reply = turn1["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let held = turn1["usage"]["prompt_tokens"].as_u64().unwrap()
+        + turn1["usage"]["completion_tokens"].as_u64().unwrap();
+    messages.push(json!({"role": "assistant", "content": reply.clone()}));
+    messages.push(json!({"role": "user", "content": "second question"}));
+    // The reply's text tokenizes into fewer tokens than were sampled.
+    let (_, again) = srv.post("/tokenize", &json!({"content": reply})).await;
+    let retokenized = again["tokens"].as_array().unwrap().len() as u64;
+    assert!(
+        retokenized < turn1["usage"]["completion_tokens"].as_u64().unwrap(),
+        "{retokenized} tokens"
+    );
+    srv.stop().await;
+
+    // After a restart, the next turn still starts from every full block of the first.
+    let srv = env.start(&[]).await;
+    let (_, turn2) = srv.post("/v1/chat/completions", &body(&messages)).await;
+    let cached = turn2["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached >= (held - 1) / 64 * 64,
+        "cached {cached} of {held}: {turn2}"
+    );
+    srv.stop().await;
 }

@@ -28,11 +28,11 @@ use subtle::ConstantTimeEq;
 use tokio::sync::mpsc;
 
 use crate::args::Config;
-use crate::cache::TextIndex;
 use crate::error::ServerError;
 use crate::metrics::Metrics;
 use crate::request::{Chat, Limits};
 use crate::scheduler::Command;
+use crate::texts::TextIndex;
 
 /// What every handler can reach.
 pub struct AppState {

@@ -1,0 +1,183 @@
+//! Conversations as text with the tokens the model saw, kept beside the prompt cache.
+//!
+//! A chat's next turn repeats the earlier turns as text, and tokenizing a sampled reply again
+//! may give other tokens than those sampled (which would end the cached prefix at the reply).
+//! A prompt that starts with a known text takes its tokens from here and tokenizes only the
+//! rest. Each entry is also a small file (`texts/<model>/<hash>.json` in the cache directory,
+//! written whole then renamed into place), so after a restart the blocks stored under the
+//! sampled tokens are found again; an unreadable file is skipped, never trusted.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// One conversation's text and tokens, as stored.
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    text: String,
+    tokens: Vec<u32>,
+}
+
+/// The index (see the module docs).
+#[derive(Debug)]
+pub struct TextIndex {
+    entries: VecDeque<(String, Vec<u32>)>,
+    capacity: usize,
+    /// Where entries are kept as files (`None`: in memory only).
+    dir: Option<PathBuf>,
+    /// Lookups that found an entry.
+    pub hits: u64,
+    /// Lookups where the entry's tokens differ from the text tokenized again.
+    pub retokenize_mismatches: u64,
+    /// Entries read back from disk at start.
+    pub loaded: usize,
+}
+
+impl TextIndex {
+    /// An index of at most `capacity` conversations (oldest dropped first), in memory only.
+    pub fn new(capacity: usize) -> TextIndex {
+        TextIndex {
+            entries: VecDeque::new(),
+            capacity,
+            dir: None,
+            hits: 0,
+            retokenize_mismatches: 0,
+            loaded: 0,
+        }
+    }
+
+    /// An index kept in `dir` as well (created when missing): the newest `capacity` entries
+    /// found there are read back; older ones are removed.
+    pub fn open(dir: PathBuf, capacity: usize) -> TextIndex {
+        let mut index = TextIndex::new(capacity);
+        let _ = std::fs::create_dir_all(&dir);
+        let mut files: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+            .collect();
+        files.sort();
+        let keep = files.len().saturating_sub(capacity);
+        for (_, old) in &files[..keep] {
+            let _ = std::fs::remove_file(old);
+        }
+        for (_, path) in &files[keep..] {
+            let read = std::fs::read(path)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Stored>(&b).ok());
+            match read {
+                Some(s) if !s.text.is_empty() && !s.tokens.is_empty() => {
+                    index.entries.push_back((s.text, s.tokens));
+                }
+                _ => {
+                    let _ = std::fs::remove_file(path);
+                }
+            }
+        }
+        index.loaded = index.entries.len();
+        index.dir = Some(dir);
+        index
+    }
+
+    /// Remembers that `text` was evaluated as `tokens`; the entries it extends are dropped.
+    pub fn insert(&mut self, text: String, tokens: Vec<u32>) {
+        if text.is_empty() || tokens.is_empty() {
+            return;
+        }
+        let dir = self.dir.clone();
+        let forget = |t: &str| {
+            if let Some(dir) = &dir {
+                let _ = std::fs::remove_file(file_of(dir, t));
+            }
+        };
+        self.entries.retain(|(t, _)| {
+            let extended = text.starts_with(t.as_str());
+            if extended {
+                forget(t);
+            }
+            !extended
+        });
+        if self.entries.len() >= self.capacity {
+            if let Some((old, _)) = self.entries.pop_front() {
+                forget(&old);
+            }
+        }
+        if let Some(dir) = &self.dir {
+            write(dir, &text, &tokens);
+        }
+        self.entries.push_back((text, tokens));
+    }
+
+    /// The longest known text that `text` starts with: its length in bytes and its tokens.
+    pub fn longest_prefix(&mut self, text: &str) -> Option<(usize, Vec<u32>)> {
+        let (i, _) = self
+            .entries
+            .iter()
+            .enumerate()
+            .filter(|(_, (t, _))| text.starts_with(t.as_str()))
+            .max_by_key(|(_, (t, _))| t.len())?;
+        let entry = self.entries.remove(i)?;
+        let found = (entry.0.len(), entry.1.clone());
+        self.entries.push_back(entry);
+        self.hits += 1;
+        Some(found)
+    }
+}
+
+/// The file of the entry for `text`.
+fn file_of(dir: &Path, text: &str) -> PathBuf {
+    let hash = blake3::hash(text.as_bytes()).to_hex();
+    dir.join(format!("{}.json", &hash[..32]))
+}
+
+/// Writes the entry whole to a temporary file, then renames it into place (a cache: no sync;
+/// a torn file fails to parse and is skipped at the next start).
+fn write(dir: &Path, text: &str, tokens: &[u32]) {
+    let path = file_of(dir, text);
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let body = serde_json::to_vec(&Stored {
+        text: text.to_owned(),
+        tokens: tokens.to_vec(),
+    });
+    if let Ok(body) = body {
+        if std::fs::write(&tmp, body).is_ok() && std::fs::rename(&tmp, &path).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_survive_a_reopen_and_extended_ones_are_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("texts");
+        let mut a = TextIndex::open(path.clone(), 2);
+        a.insert("hello".into(), vec![1, 2]);
+        a.insert("hello world".into(), vec![1, 2, 3]);
+        a.insert("other".into(), vec![9]);
+        drop(a);
+        let files = std::fs::read_dir(&path).unwrap().count();
+        assert_eq!(files, 2, "the extended entry's file is gone");
+        // A torn file is skipped and removed.
+        std::fs::write(path.join("0000.json"), b"{\"text\": \"x").unwrap();
+        let mut b = TextIndex::open(path.clone(), 2);
+        assert_eq!(b.loaded, 2);
+        assert_eq!(
+            b.longest_prefix("hello world, again"),
+            Some((11, vec![1, 2, 3]))
+        );
+        assert_eq!(b.longest_prefix("other one"), Some((5, vec![9])));
+        assert!(!path.join("0000.json").exists());
+        // Capacity: the oldest goes, file and all.
+        b.insert("third".into(), vec![4]);
+        drop(b);
+        let c = TextIndex::open(path, 2);
+        assert_eq!(c.loaded, 2);
+    }
+}
