@@ -59,18 +59,16 @@ impl TextIndex {
             .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
             .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
             .collect();
-        files.sort();
-        let keep = files.len().saturating_sub(capacity);
-        for (_, old) in &files[..keep] {
-            let _ = std::fs::remove_file(old);
-        }
-        for (_, path) in &files[keep..] {
-            let read = std::fs::read(path)
-                .ok()
+        // Newest first: the newest `capacity` readable entries stay, the rest go.
+        files.sort_by(|a, b| b.cmp(a));
+        for (_, path) in &files {
+            let read = (index.entries.len() < capacity)
+                .then(|| std::fs::read(path).ok())
+                .flatten()
                 .and_then(|b| serde_json::from_slice::<Stored>(&b).ok());
             match read {
                 Some(s) if !s.text.is_empty() && !s.tokens.is_empty() => {
-                    index.entries.push_back((s.text, s.tokens));
+                    index.entries.push_front((s.text, s.tokens));
                 }
                 _ => {
                     let _ = std::fs::remove_file(path);
