@@ -397,10 +397,30 @@ async fn bad_requests_are_refused_in_openais_shape() {
             501,
         ),
         (json!({"input": "Hi", "background": true}), 501),
+        (json!({"input": "Hi", "truncation": "auto"}), 501),
+        (json!({"input": "Hi", "truncation": "sometimes"}), 400),
+        (
+            json!({"input": "Hi", "include": ["message.output_text.logprobs"]}),
+            501,
+        ),
+        (json!({"input": "Hi", "max_tool_calls": 3}), 501),
+        (json!({"input": "Hi", "max_tool_calls": "many"}), 400),
     ] {
         let (status, r) = srv.post("/v1/responses", &body).await;
         assert_eq!(status, code, "{body}: {r}");
         common::assert_error(&r, code);
+    }
+    // What is served: no truncation, encrypted reasoning (there is none to carry), and at
+    // most one call when parallel calls are off.
+    for body in [
+        json!({"input": "Hi", "max_output_tokens": 4, "truncation": "disabled"}),
+        json!({"input": "Hi", "max_output_tokens": 4, "include": ["reasoning.encrypted_content"]}),
+        json!({"input": "Hi", "max_output_tokens": 4, "max_tool_calls": 1}),
+        json!({"input": "Hi", "max_output_tokens": 4, "max_tool_calls": 5,
+               "parallel_tool_calls": false}),
+    ] {
+        let (status, r) = srv.post("/v1/responses", &body).await;
+        assert_eq!(status, 200, "{body}: {r}");
     }
     srv.stop().await;
 }

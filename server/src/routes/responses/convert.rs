@@ -34,6 +34,43 @@ pub(super) fn convert(obj: &Map<String, Value>) -> Result<(Value, Asked), Fail> 
             "\"prompt\": this server has no stored prompt templates",
         ));
     }
+    match obj.get("truncation") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(t)) if t == "disabled" => {}
+        Some(Value::String(t)) if t == "auto" => {
+            return Err(unsupported(
+                "\"truncation\": \"auto\": a conversation longer than the context is refused \
+                 (as with \"disabled\"), not cut",
+            ))
+        }
+        Some(other) => {
+            return Err(bad(format!(
+                "'truncation' is {other}; 'disabled' or 'auto'"
+            )))
+        }
+    }
+    // Encrypted reasoning has nothing to carry here: reasoning items hold their text, which
+    // the client sends back as it is. Nothing else that `include` can ask for is produced.
+    if let Some(list) = obj.get("include").filter(|v| !v.is_null()) {
+        let list = list
+            .as_array()
+            .ok_or_else(|| bad("'include' must be a list"))?;
+        if let Some(x) = list
+            .iter()
+            .find(|x| x.as_str() != Some("reasoning.encrypted_content"))
+        {
+            return Err(unsupported(&format!(
+                "\"include\": {x} is not produced by this server"
+            )));
+        }
+    }
+    let max_calls = match obj.get("max_tool_calls") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            v.as_u64()
+                .ok_or_else(|| bad("'max_tool_calls' must be a count"))?,
+        ),
+    };
     let input = match obj.get("input") {
         Some(Value::String(s)) => vec![json!({
             "type": "message",
@@ -90,6 +127,23 @@ pub(super) fn convert(obj: &Map<String, Value>) -> Result<(Value, Asked), Fail> 
         .get("parallel_tool_calls")
         .and_then(Value::as_bool)
         .unwrap_or(true);
+    // `max_tool_calls`: 0 is no tool call, 1 one call at most; more than one cannot be held
+    // to a count by the grammar, so it is refused rather than ignored.
+    let parallel = match max_calls {
+        None => parallel,
+        Some(0) => {
+            chat.insert("tool_choice".into(), json!("none"));
+            false
+        }
+        Some(1) => false,
+        Some(_) if !parallel => false,
+        Some(n) => {
+            return Err(unsupported(&format!(
+                "\"max_tool_calls\": {n}: calls are not counted; give 0 or 1, or \
+                 \"parallel_tool_calls\": false"
+            )))
+        }
+    };
     chat.insert("parallel_tool_calls".into(), json!(parallel));
     match obj.get("max_output_tokens") {
         None | Some(Value::Null) => {}
