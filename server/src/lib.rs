@@ -181,6 +181,12 @@ impl Server {
             vocab: std::sync::OnceLock::new(),
             config,
         });
+        // The grammars' token trie is built now, off the request path: a first request with a
+        // grammar or forced tool call does not wait for it on an HTTP worker.
+        let early = Arc::clone(&state);
+        let _ = std::thread::Builder::new()
+            .name("vocab".into())
+            .spawn(move || drop(early.vocab()));
         Ok(Server {
             listeners,
             state,

@@ -59,7 +59,7 @@ pub struct AppState {
     /// The chat template given on the command line, if one was.
     pub template: Option<Arc<engine::chat::ChatTemplate>>,
     /// The vocabulary's token trie for grammars, built at the first request with one.
-    pub vocab: std::sync::OnceLock<Arc<engine::constraint::Vocab>>,
+    pub vocab: std::sync::OnceLock<Result<Arc<engine::constraint::Vocab>, String>>,
 }
 
 /// The router of every endpoint, under `--api-prefix` when one is given.
@@ -251,13 +251,16 @@ async fn render_chat(st: &Arc<AppState>, chat: &Chat) -> Result<String, ServerEr
 }
 
 impl AppState {
-    /// The vocabulary grammars are compiled against (built once, at first use).
+    /// The vocabulary grammars are compiled against (built once, by a thread started with the
+    /// server; a caller that comes first waits for it rather than building another).
     pub fn vocab(&self) -> Result<Arc<engine::constraint::Vocab>, ServerError> {
-        if let Some(v) = self.vocab.get() {
-            return Ok(Arc::clone(v));
-        }
-        let v = engine::constraint::Vocab::new(self.model.tokenizer())?;
-        Ok(Arc::clone(self.vocab.get_or_init(|| v)))
+        // The tokenizer does not change: a failure is kept as an answer too.
+        self.vocab
+            .get_or_init(|| {
+                engine::constraint::Vocab::new(self.model.tokenizer()).map_err(|e| e.to_string())
+            })
+            .clone()
+            .map_err(|e| ServerError::Engine(engine::Error::Grammar(e)))
     }
 
     /// The chat template in use: `--chat-template`/`--chat-template-file`/`--no-jinja`, or the
