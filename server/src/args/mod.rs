@@ -555,12 +555,18 @@ impl Args {
                 "batches hold at least one token".into(),
             ));
         }
+        if self.reasoning_budget == 0 && self.reasoning == "on" {
+            return Err(bad(
+                "--reasoning-budget",
+                "0 turns reasoning off, which --reasoning on contradicts".into(),
+            ));
+        }
         // Parsed, not built yet: refused rather than ignored.
         let unbuilt = [
             (
                 "--reasoning-budget",
-                self.reasoning_budget >= 0,
-                "reasoning budgets",
+                self.reasoning_budget > 0,
+                "reasoning budgets above 0 (0 turns reasoning off, -1 leaves it unbounded)",
             ),
             (
                 "--props",

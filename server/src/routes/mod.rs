@@ -240,8 +240,12 @@ async fn render_chat(st: &Arc<AppState>, chat: &Chat) -> Result<String, ServerEr
         add_generation_prompt: chat.add_generation_prompt && !continue_final,
         continue_final_message: continue_final,
         kwargs,
-        reasoning: engine::chat::Reasoning::parse(&args.reasoning)
-            .unwrap_or(engine::chat::Reasoning::Auto),
+        // llama-server's `--reasoning-budget 0` is reasoning off.
+        reasoning: match args.reasoning_budget {
+            0 => engine::chat::Reasoning::Off,
+            _ => engine::chat::Reasoning::parse(&args.reasoning)
+                .unwrap_or(engine::chat::Reasoning::Auto),
+        },
     };
     let st = Arc::clone(st);
     tokio::task::spawn_blocking(move || st.template().render_request(&req))
