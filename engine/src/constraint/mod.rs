@@ -64,9 +64,10 @@ pub enum Grammar {
 }
 
 /// The whitespace allowed between JSON tokens unless the schema says otherwise (llguidance's
-/// `x-guidance` options): runs of at most 20 blanks, so that a model cannot fill its whole
-/// budget with whitespace inside a value, as an unbounded pattern would let it.
-const JSON_WHITESPACE: &str = r"[\x20\x0A\x0D\x09]{1,20}";
+/// `x-guidance` options), as llama.cpp's schema converter allows it: one space, or one or two
+/// newlines and at most 20 spaces or tabs of indentation, so that a model cannot fill its budget
+/// with whitespace inside a value.
+pub(crate) const JSON_WHITESPACE: &str = r"(\x20|\x0A{1,2}[\x20\x09]{0,20})";
 
 impl Grammar {
     fn to_llguidance(&self, vocab: &Vocab) -> Result<TopLevelGrammar> {

@@ -17,8 +17,9 @@ fn with_guidance(schema: &Value) -> Value {
     let mut schema = schema.clone();
     crate::constraint::close_objects(&mut schema);
     if let Some(o) = schema.as_object_mut() {
-        o.entry("x-guidance")
-            .or_insert_with(|| json!({"whitespace_pattern": ARGS_WHITESPACE, "lenient": true}));
+        o.entry("x-guidance").or_insert_with(
+            || json!({"whitespace_pattern": crate::constraint::JSON_WHITESPACE, "lenient": true}),
+        );
     }
     schema
 }
@@ -106,10 +107,6 @@ fn xml_parameters(k: usize, schema: &Value, rules: &mut Vec<String>) -> String {
     }
     seq.join(" ")
 }
-
-/// The whitespace allowed between JSON tokens of the arguments: short runs, so that a model
-/// cannot spend its budget on blanks.
-const ARGS_WHITESPACE: &str = r"[\x20\x0A\x0D\x09]{1,20}";
 
 /// A grammar that allows only tool calls in `format`'s syntax whose arguments validate
 /// against the tool's `parameters` schema: exactly one call, or when `parallel` one or more.
