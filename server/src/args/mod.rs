@@ -355,7 +355,7 @@ pub struct Args {
     /// Log nothing.
     #[arg(long = "log-disable")]
     pub log_disable: bool,
-    /// Log to this file instead of standard error.
+    /// Log to this file as well (appended to).
     #[arg(long = "log-file", value_name = "FNAME", env = "LLAMA_ARG_LOG_FILE")]
     pub log_file: Option<PathBuf>,
     /// Render chats with the model's Jinja template (the default).
@@ -578,7 +578,6 @@ impl Args {
                 self.sleep_idle_seconds >= 0,
                 "sleeping when idle",
             ),
-            ("--log-file", self.log_file.is_some(), "logging to a file"),
         ];
         if let Some((option, _, what)) = unbuilt.iter().find(|(_, set, _)| *set) {
             return Err(bad(

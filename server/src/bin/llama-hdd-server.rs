@@ -33,12 +33,14 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let quiet = config.args.log_disable;
-    let say = |line: String| {
-        if !quiet {
-            eprintln!("{line}");
+    let log = match Log::open(config.args.log_disable, config.args.log_file.as_deref()) {
+        Ok(l) => std::sync::Arc::new(l),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
         }
     };
+    let say = |line: String| log.say(&line);
     for n in &config.args.no_effect {
         say(format!(
             "note: {} tunes {} in llama-server; it has no effect here",
@@ -58,11 +60,10 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         let mut server = Server::bind(config).await?;
         if let Some(lines) = server.log_lines() {
+            let log = std::sync::Arc::clone(&log);
             std::thread::spawn(move || {
                 for line in lines {
-                    if !quiet {
-                        eprintln!("{line}");
-                    }
+                    log.say(&line);
                 }
             });
         }
@@ -74,8 +75,46 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            log.say(&format!("error: {e}"));
+            if log.quiet {
+                eprintln!("error: {e}");
+            }
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Where the server's lines go: standard error unless `--log-disable`, and the `--log-file`
+/// too when one is given (appended to, as llama-server does).
+struct Log {
+    quiet: bool,
+    file: Option<std::sync::Mutex<std::fs::File>>,
+}
+
+impl Log {
+    fn open(quiet: bool, path: Option<&std::path::Path>) -> Result<Log, String> {
+        let file = match path {
+            None => None,
+            Some(p) => Some(std::sync::Mutex::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .map_err(|e| format!("--log-file {}: {e}", p.display()))?,
+            )),
+        };
+        Ok(Log { quiet, file })
+    }
+
+    fn say(&self, line: &str) {
+        if !self.quiet {
+            eprintln!("{line}");
+        }
+        if let Some(f) = &self.file {
+            if let Ok(mut f) = f.lock() {
+                use std::io::Write;
+                let _ = writeln!(f, "{line}");
+            }
         }
     }
 }
