@@ -139,6 +139,9 @@ impl Server {
                 store: store.clone(),
                 slot_store,
                 metrics: Arc::clone(&metrics),
+                sleep_after: u64::try_from(config.args.sleep_idle_seconds)
+                    .ok()
+                    .map(std::time::Duration::from_secs),
             },
             rx,
         );

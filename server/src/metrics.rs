@@ -37,6 +37,8 @@ pub struct Metrics {
     pub cache_errors: AtomicU64,
     /// The last of those problems, as text.
     pub last_cache_error: Mutex<Option<String>>,
+    /// 1 while the scheduler sleeps (`--sleep-idle-seconds`), else 0.
+    pub sleeping: AtomicU64,
     /// Where [`Metrics::log`] sends lines ([`crate::Server::log_lines`] hands out the other end).
     pub log: Mutex<Option<std::sync::mpsc::Sender<String>>>,
     /// Microseconds spent evaluating prompts (admission to first token), over requests.

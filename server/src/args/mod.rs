@@ -573,11 +573,6 @@ impl Args {
                 self.props,
                 "changing settings through POST /props",
             ),
-            (
-                "--sleep-idle-seconds",
-                self.sleep_idle_seconds >= 0,
-                "sleeping when idle",
-            ),
         ];
         if let Some((option, _, what)) = unbuilt.iter().find(|(_, set, _)| *set) {
             return Err(bad(

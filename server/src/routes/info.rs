@@ -70,7 +70,7 @@ pub async fn props(State(st): State<Arc<AppState>>) -> Result<Json<Value>> {
         "eos_token": tok.eos().map(|e| tok.token_text(e).to_owned()),
         "build_info": super::shape::FINGERPRINT,
         "webui": st.config.ui,
-        "is_sleeping": false,
+        "is_sleeping": st.metrics.sleeping.load(std::sync::atomic::Ordering::Relaxed) == 1,
         "cache_dir": st.cache_dir.as_ref().map(|d| d.display().to_string()),
         "chat_prefix_hits": text_hits,
         "chat_retokenize_mismatches": retokenize_mismatches,

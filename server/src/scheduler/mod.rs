@@ -24,6 +24,7 @@ use crate::cache::Writer;
 
 mod reuse;
 mod shift;
+mod sleep;
 mod slots;
 mod stop;
 mod types;
@@ -35,7 +36,7 @@ pub use types::{
 
 use crate::error::{Result, ServerError};
 use crate::metrics::Metrics;
-use reuse::{common_prefix, recv_within, EXPORT_IDLE};
+use reuse::{common_prefix, recv_timeout, recv_within, EXPORT_IDLE};
 use stop::{find_stop, safe_prefix_len};
 
 /// Finished sequences kept resident at most (each holds at least its partial last page).
@@ -107,6 +108,9 @@ struct Scheduler {
     tickets: u64,
     /// Shutdown was asked for.
     closing: bool,
+    /// `--sleep-idle-seconds`: the idle time before sleeping, and while asleep the parameters
+    /// of the context to build again.
+    sleep: Option<(std::time::Duration, Option<engine::ContextParams>)>,
 }
 
 /// Starts the scheduler thread; it ends (after finishing or cancelling its work and flushing
@@ -129,6 +133,7 @@ pub fn spawn(parts: Parts, rx: mpsc::UnboundedReceiver<Command>) -> std::thread:
         exports: Vec::new(),
         tickets: 0,
         closing: false,
+        sleep: parts.sleep_after.map(|d| (d, None)),
     };
     std::thread::Builder::new()
         .name("scheduler".into())
@@ -155,7 +160,15 @@ impl Scheduler {
                         Some(cmd) => cmd,
                         None => {
                             self.export_due(true);
-                            rx.blocking_recv()
+                            // Idle: sleep once `--sleep-idle-seconds` pass without a command.
+                            match self.sleep_due().map(|d| recv_timeout(&mut rx, d)) {
+                                Some(Some(cmd)) => cmd,
+                                Some(None) => {
+                                    self.fall_asleep();
+                                    rx.blocking_recv()
+                                }
+                                None => rx.blocking_recv(),
+                            }
                         }
                     }
                 } else {
@@ -203,6 +216,12 @@ impl Scheduler {
     }
 
     fn command(&mut self, cmd: Command) {
+        if matches!(
+            cmd,
+            Command::Generate(_) | Command::Embed { .. } | Command::Slot { .. }
+        ) {
+            self.wake();
+        }
         match cmd {
             Command::Generate(job) => {
                 self.queue.push_back(*job);

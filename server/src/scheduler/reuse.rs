@@ -126,6 +126,21 @@ pub(super) fn recv_within(
     }
 }
 
+/// Waits up to `d` for a command without polling (a timer of a small runtime of this thread's
+/// own): `Some(Some(cmd))`, `Some(None)` when every sender is gone, `None` when nothing came.
+pub(super) fn recv_timeout(
+    rx: &mut mpsc::UnboundedReceiver<Command>,
+    d: Duration,
+) -> Option<Option<Command>> {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+    else {
+        return recv_within(rx, d);
+    };
+    rt.block_on(async { tokio::time::timeout(d, rx.recv()).await.ok() })
+}
+
 /// Length of the common prefix of `a` and `b`.
 pub(super) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()

@@ -213,4 +213,6 @@ pub struct Parts {
     pub slot_store: Option<Arc<SessionStore>>,
     /// Shared counters.
     pub metrics: Arc<Metrics>,
+    /// Sleep after this long idle (`--sleep-idle-seconds`), if at all.
+    pub sleep_after: Option<std::time::Duration>,
 }
