@@ -462,3 +462,31 @@ async fn context_shift_lets_a_generation_run_past_its_context() {
     assert_eq!(r["tokens_predicted"], 100, "{r}");
     shifting.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_props_is_served_with_the_option_and_changes_nothing_silently() {
+    let env = Env::new();
+    let plain = env.start(&[]).await;
+    let (status, r) = plain.post("/props", &json!({})).await;
+    assert_eq!(status, 501, "{r}");
+    assert!(
+        r["error"]["message"].as_str().unwrap().contains("--props"),
+        "{r}"
+    );
+    plain.stop().await;
+
+    let srv = env.start(&["--props"]).await;
+    let (status, r) = srv.post("/props", &json!({})).await;
+    assert_eq!((status, &r["success"]), (200, &json!(true)), "{r}");
+    // No property can be changed: a field is refused by name, not ignored.
+    let (status, r) = srv.post("/props", &json!({"n_predict": 5})).await;
+    assert_eq!(status, 400, "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("n_predict"),
+        "{r}"
+    );
+    srv.stop().await;
+}

@@ -267,7 +267,7 @@ pub struct Args {
     /// Do not serve `GET /slots` (501 instead).
     #[arg(long = "no-slots", action = ArgAction::SetTrue, overrides_with = "slots")]
     pub no_slots: bool,
-    /// Accept `POST /props` (changes to the server's defaults).
+    /// Accept `POST /props`; as in llama-server, no property can be changed through it yet.
     #[arg(long = "props", env = "LLAMA_ARG_ENDPOINT_PROPS")]
     pub props: bool,
     /// Model names for the API, comma-separated (`-a`) [default: the file's stem].
@@ -562,18 +562,11 @@ impl Args {
             ));
         }
         // Parsed, not built yet: refused rather than ignored.
-        let unbuilt = [
-            (
-                "--reasoning-budget",
-                self.reasoning_budget > 0,
-                "reasoning budgets above 0 (0 turns reasoning off, -1 leaves it unbounded)",
-            ),
-            (
-                "--props",
-                self.props,
-                "changing settings through POST /props",
-            ),
-        ];
+        let unbuilt = [(
+            "--reasoning-budget",
+            self.reasoning_budget > 0,
+            "reasoning budgets above 0 (0 turns reasoning off, -1 leaves it unbounded)",
+        )];
         if let Some((option, _, what)) = unbuilt.iter().find(|(_, set, _)| *set) {
             return Err(bad(
                 option,

@@ -37,6 +37,27 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
     }))
 }
 
+/// `POST /props`, served with `--props` as llama-server serves it: no property can be changed
+/// yet, so an empty object succeeds and any field is refused by name rather than ignored.
+pub async fn change_props(
+    State(st): State<Arc<AppState>>,
+    RawBody(body): RawBody,
+) -> Result<Json<Value>> {
+    if !st.config.args.props {
+        return Err(crate::error::ServerError::NotEnabled {
+            what: "changing properties through POST /props",
+            how: "start the server with --props",
+        });
+    }
+    let fields: serde_json::Map<String, Value> = request::json_body(&body, st.config.max_body)?;
+    if let Some(name) = fields.keys().next() {
+        return Err(crate::error::ServerError::BadRequest(format!(
+            "property {name:?} cannot be changed: no property can be changed through POST /props"
+        )));
+    }
+    Ok(Json(json!({ "success": true })))
+}
+
 /// `GET /props`: llama-server's shape (default generation settings, slots, model, template),
 /// plus the prompt cache's figures.
 pub async fn props(State(st): State<Arc<AppState>>) -> Result<Json<Value>> {

@@ -77,7 +77,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/health", get(info::health))
         .route("/v1/models", get(info::models))
         .route("/models", get(info::models))
-        .route("/props", get(info::props))
+        .route("/props", get(info::props).post(info::change_props))
         .route("/v1/chat/completions", post(generate::chat))
         .route("/chat/completions", post(generate::chat))
         .route(
