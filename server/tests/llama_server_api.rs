@@ -490,3 +490,38 @@ async fn post_props_is_served_with_the_option_and_changes_nothing_silently() {
     );
     srv.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_reuse_moves_a_later_chunk_of_the_cached_prompt_into_place() {
+    let env = Env::new();
+    // A prompt, then the same without its middle part (a message deleted from a chat).
+    let head = "a".repeat(100);
+    let middle = "x".repeat(60);
+    let tail = "b".repeat(150);
+    let full = json!({"prompt": format!("{head}{middle}{tail}"), "n_predict": 2});
+    let cut = json!({"prompt": format!("{head}{tail}"), "n_predict": 2});
+    for (options, reused) in [(&[][..], false), (&["--cache-reuse", "16"][..], true)] {
+        let mut argv = vec!["--no-cache", "-np", "1"];
+        argv.extend_from_slice(options);
+        let srv = env.start(&argv).await;
+        let (_, first) = srv.post("/completion", &full).await;
+        assert_eq!(first["timings"]["cache_n"], 0);
+        let (status, r) = srv.post("/completion", &cut).await;
+        assert_eq!(status, 200, "{r}");
+        let n_prompt = r["tokens_evaluated"].as_u64().unwrap();
+        let cache_n = r["timings"]["cache_n"].as_u64().unwrap();
+        if reused {
+            // Everything but the last token: the head by prefix, the tail moved into place.
+            assert_eq!(cache_n, n_prompt - 1, "{r}");
+        } else {
+            assert_eq!(cache_n, 100, "by prefix only: {r}");
+        }
+        // A sequence with moved KV is not kept (the first prompt's sequence became it): the
+        // same prompt again is computed, never served from the moved pages.
+        let (_, again) = srv.post("/completion", &cut).await;
+        if reused {
+            assert_eq!(again["timings"]["cache_n"], 0, "{again}");
+        }
+        srv.stop().await;
+    }
+}

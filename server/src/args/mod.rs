@@ -325,9 +325,15 @@ pub struct Args {
     /// Reuse no cached prompt unless a request asks (`cache_prompt: true`).
     #[arg(long = "no-cache-prompt", action = ArgAction::SetTrue, overrides_with = "cache_prompt")]
     pub no_cache_prompt: bool,
-    /// Smallest chunk reused from a cached prompt by shifting (0 = off). Reuse here is by
-    /// prefix and by 64-token block, so any value other than 0 is refused.
-    #[arg(long = "cache-reuse", value_name = "N", default_value_t = 0)]
+    /// Smallest chunk of a resident cached prompt reused after the shared prefix by shifting
+    /// its KV into place, as llama-server does (0 = off). A shifted sequence's KV saw other
+    /// tokens before it, so replies may differ from a full evaluation; it is never stored.
+    #[arg(
+        long = "cache-reuse",
+        value_name = "N",
+        default_value_t = 0,
+        env = "LLAMA_ARG_CACHE_REUSE"
+    )]
     pub cache_reuse: usize,
     /// How much of the prompt a slot's last one must share for a request to go to it
     /// (`-sps`); prompts are shared by prefix in any slot here, so this only orders the
@@ -571,14 +577,6 @@ impl Args {
             return Err(bad(
                 option,
                 format!("llama-hdd-server has no {what} yet; leave the option out"),
-            ));
-        }
-        if self.cache_reuse != 0 {
-            return Err(bad(
-                "--cache-reuse",
-                "reuse by shifting chunks is not supported: prompts are reused by prefix, \
-                 64-token blocks at a time, in memory and on disk (give 0)"
-                    .into(),
             ));
         }
         let flash_attn = match self.flash_attn.as_str() {

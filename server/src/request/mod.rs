@@ -56,6 +56,8 @@ pub struct Limits {
     pub context_shift: bool,
     /// Prompt tokens a context shift keeps unless a request says otherwise (`--keep`).
     pub n_keep: i64,
+    /// Smallest chunk reused by shifting unless a request says otherwise (`--cache-reuse`).
+    pub cache_reuse: usize,
 }
 
 /// `stop`: one string or several.
@@ -99,6 +101,7 @@ struct Sampling {
     n_indent: Option<i64>,
     n_keep: Option<i64>,
     n_discard: Option<i64>,
+    n_cache_reuse: Option<i64>,
     min_keep: Option<i64>,
     verbose: Option<bool>,
     logit_bias: Option<serde_json::Value>,

@@ -147,6 +147,9 @@ pub(super) fn gen_params(
         n_keep: s.n_keep.unwrap_or(limits.n_keep),
         n_discard: s.n_discard.map_or(0, |n| usize::try_from(n).unwrap_or(0)),
         context_shift: limits.context_shift,
+        cache_reuse: s
+            .n_cache_reuse
+            .map_or(limits.cache_reuse, |n| usize::try_from(n).unwrap_or(0)),
         return_progress: s.return_progress.unwrap_or(false),
         grammar,
         bias: match &s.logit_bias {

@@ -16,6 +16,7 @@ fn limits() -> Limits {
         dry_breakers: None,
         context_shift: false,
         n_keep: 0,
+        cache_reuse: 0,
     }
 }
 

@@ -212,6 +212,7 @@ impl AppState {
             dry_breakers: self.config.dry_breakers.clone(),
             context_shift: args.context_shift,
             n_keep: args.keep,
+            cache_reuse: args.cache_reuse,
         }
     }
 }

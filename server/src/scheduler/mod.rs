@@ -80,6 +80,8 @@ struct Active {
     /// A context shift was made (or tried): the sequence is no longer the plain evaluation
     /// of its tokens, so it is not cached.
     truncated: bool,
+    /// Cached KV was moved into place by `--cache-reuse`: not cached either.
+    moved: bool,
 }
 
 /// A slot: at most one active request, and the sequence it last ran.
@@ -335,6 +337,9 @@ impl Scheduler {
         let usable = &prompt[..prompt.len().saturating_sub(1)];
         let mut from_ram = 0;
         let mut from_store = 0;
+        // KV moved into place by `--cache-reuse`: the sequence is not the plain evaluation of
+        // its tokens, so it is not cached afterwards.
+        let mut shifted = false;
         if job.params.cache_prompt {
             // A resident sequence that shares more than the stored blocks is forked, partly
             // filled last page included (a repeated or extended prompt costs nothing).
@@ -357,10 +362,15 @@ impl Scheduler {
                         s.last = None;
                     }
                 }
-                if self.ctx.truncate(src, n).is_ok() {
+                let kept = match job.params.cache_reuse {
+                    0 => self.ctx.truncate(src, n).map(|()| (n, false)),
+                    chunk => self.reuse_chunks(src, usable, n, chunk),
+                };
+                if let Ok((n, moved)) = kept {
                     let _ = self.ctx.remove_sequence(seq);
                     seq = src;
                     from_ram = n;
+                    shifted = moved;
                 } else {
                     let _ = self.ctx.remove_sequence(src);
                 }
@@ -430,6 +440,7 @@ impl Scheduler {
             follow,
             shifted: 0,
             truncated: false,
+            moved: shifted,
         })
     }
 
@@ -675,7 +686,7 @@ impl Scheduler {
         );
         let _ = a.events.send(Event::Done(Box::new(finish)));
         Metrics::add(&self.metrics.requests_finished, 1);
-        if a.truncated {
+        if a.truncated || a.moved {
             let _ = self.ctx.remove_sequence(a.seq);
         } else {
             self.keep(slot, a.seq, a.cache_n, a.prompt.len());

@@ -2,6 +2,8 @@
 //! its first `n_keep` tokens, drops the next `n_discard` (half of the rest by default) and goes
 //! on, the later tokens' cached K rotated to their new positions by the engine.
 
+use engine::SeqId;
+
 use super::{flush_text, FinishReason, Scheduler};
 
 impl Scheduler {
@@ -55,5 +57,45 @@ impl Scheduler {
             flush_text(a, end);
         }
         self.finish(slot, FinishReason::Length);
+    }
+}
+
+impl Scheduler {
+    /// llama-server's `--cache-reuse`: resident sequence `seq` shares `n` tokens with
+    /// `prompt`; after them, every run of at least `chunk` cached tokens that the prompt has
+    /// next is moved into place by a context shift (the cached tokens before it dropped), and
+    /// the sequence is cut after the last one. Returns the tokens now shared and whether any
+    /// were moved.
+    pub(super) fn reuse_chunks(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+        n: usize,
+        chunk: usize,
+    ) -> engine::Result<(usize, bool)> {
+        let mut cache = self.ctx.tokens(seq)?.to_vec();
+        let (mut head_c, mut head_p, mut shared) = (n, n, n);
+        let mut moved = false;
+        while head_c < cache.len() && head_p < prompt.len() {
+            let run = cache[head_c..]
+                .iter()
+                .zip(&prompt[head_p..])
+                .take_while(|(a, b)| a == b)
+                .count();
+            if run < chunk.max(1) {
+                head_c += 1;
+                continue;
+            }
+            if head_c > head_p {
+                self.ctx.shift(seq, head_p, head_c - head_p)?;
+                cache.drain(head_p..head_c);
+                moved = true;
+            }
+            shared = head_p + run;
+            head_p += run;
+            head_c = head_p;
+        }
+        self.ctx.truncate(seq, shared)?;
+        Ok((shared, moved))
     }
 }

@@ -39,6 +39,9 @@ pub struct GenParams {
     pub n_discard: usize,
     /// A generation that fills its context shifts it and goes on, rather than stopping.
     pub context_shift: bool,
+    /// Smallest chunk of a resident prompt reused after the shared prefix by shifting it into
+    /// place (0: off).
+    pub cache_reuse: usize,
     /// Report the prompt's evaluation after each chunk.
     pub return_progress: bool,
     /// The grammar the output must follow (the handler compiles it into the job's constraint).
