@@ -525,3 +525,35 @@ async fn cache_reuse_moves_a_later_chunk_of_the_cached_prompt_into_place() {
         srv.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reasoning_budget_closes_the_thinking_block_after_its_tokens() {
+    // A template that opens a thinking block for the reply, as Qwen3's and DeepSeek's do.
+    let env = Env::with_template(Some(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n\
+         {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}",
+    ));
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 40,
+                      "temperature": 0, "ignore_eos": true});
+    let unbounded = env.start(&[]).await;
+    let (status, free) = unbounded.post("/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{free}");
+    unbounded.stop().await;
+
+    let bounded = env.start(&["--reasoning-budget", "5"]).await;
+    let (status, r) = bounded.post("/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{r}");
+    bounded.stop().await;
+    let message = &r["choices"][0]["message"];
+    let reasoning = message["reasoning_content"].as_str().unwrap_or("");
+    let content = message["content"].as_str().unwrap_or("");
+    // Five tokens of the byte vocabulary at most, then the end tag, then the reply.
+    assert!(reasoning.trim().chars().count() <= 5, "{r}");
+    assert!(!content.is_empty(), "{r}");
+    assert_eq!(r["usage"]["completion_tokens"], 40, "{r}");
+    // Unbounded, the model thinks for longer than that (its reply never closes the block).
+    let free_reasoning = free["choices"][0]["message"]["reasoning_content"]
+        .as_str()
+        .unwrap_or("");
+    assert!(free_reasoning.chars().count() > 5, "{free}");
+}

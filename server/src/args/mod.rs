@@ -567,18 +567,6 @@ impl Args {
                 "0 turns reasoning off, which --reasoning on contradicts".into(),
             ));
         }
-        // Parsed, not built yet: refused rather than ignored.
-        let unbuilt = [(
-            "--reasoning-budget",
-            self.reasoning_budget > 0,
-            "reasoning budgets above 0 (0 turns reasoning off, -1 leaves it unbounded)",
-        )];
-        if let Some((option, _, what)) = unbuilt.iter().find(|(_, set, _)| *set) {
-            return Err(bad(
-                option,
-                format!("llama-hdd-server has no {what} yet; leave the option out"),
-            ));
-        }
         let flash_attn = match self.flash_attn.as_str() {
             "on" | "auto" | "1" | "true" => true,
             "off" | "0" | "false" => false,

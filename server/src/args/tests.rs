@@ -110,17 +110,22 @@ fn capabilities_it_lacks_are_refused_by_name() {
     // An option no llama-server has is still a mistake.
     assert!(parse(&["--no-such-option"]).is_err());
     // Parsed, but what it asks for is not built: refused at the check, not ignored.
-    let e = parse(&["--reasoning-budget", "100"])
-        .unwrap()
-        .check()
-        .unwrap_err();
-    assert!(e.to_string().contains("reasoning budgets"), "{e}");
     let e = parse(&["--pooling", "rank"]).unwrap().check().unwrap_err();
     assert!(e.to_string().contains("reranking"), "{e}");
-    // What is built is accepted: context shift, a budget of 0 (reasoning off), embeddings.
+    // What is built is accepted: context shift, reasoning budgets, embeddings, POST /props,
+    // sleeping, cache reuse, a log file.
     for argv in [
         &["--context-shift", "--keep", "-1"][..],
         &["--reasoning-budget", "0"],
+        &["--reasoning-budget", "100"],
+        &[
+            "--props",
+            "--sleep-idle-seconds",
+            "30",
+            "--cache-reuse",
+            "256",
+        ],
+        &["--log-file", "/dev/null"],
         &["--embedding", "--pooling", "mean"],
     ] {
         parse(argv).unwrap().check().unwrap();

@@ -150,6 +150,8 @@ pub(super) fn gen_params(
         cache_reuse: s
             .n_cache_reuse
             .map_or(limits.cache_reuse, |n| usize::try_from(n).unwrap_or(0)),
+        // Set by the chat handlers, which know the template and the prompt.
+        reasoning_budget: None,
         return_progress: s.return_progress.unwrap_or(false),
         grammar,
         bias: match &s.logit_bias {

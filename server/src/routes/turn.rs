@@ -86,13 +86,27 @@ pub(super) async fn prepare(st: &Arc<AppState>, req: &ChatRequest) -> Result<Tur
     }
     let text = super::render_chat(st, chat).await?;
     let prompt = generate::chat_tokens(st, &text)?;
+    let opened = engine::chat::prompt_opens_thinking(&text);
+    if let Ok(tokens) = usize::try_from(st.config.args.reasoning_budget) {
+        if tokens > 0 {
+            let close = st
+                .model
+                .tokenizer()
+                .encode(engine::chat::THINK_END, false, true)?;
+            params.reasoning_budget = Some(crate::scheduler::ReasoningBudget {
+                tokens,
+                close,
+                opened,
+            });
+        }
+    }
     let name = chat
         .reasoning_format
         .as_deref()
         .unwrap_or(&st.config.args.reasoning_format);
     Ok(Turn {
         reasoning: ReasoningFormat::parse(name).unwrap_or_default(),
-        opened: engine::chat::prompt_opens_thinking(&text),
+        opened,
         text,
         prompt,
         params,

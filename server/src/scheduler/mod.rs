@@ -14,6 +14,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
+use engine::chat::{THINK_END, THINK_START};
 use engine::sampling::{ProbsMode, Sampler};
 use engine::store::SessionStore;
 use engine::tokenizer::StreamDecoder;
@@ -30,8 +31,8 @@ mod stop;
 mod types;
 
 pub use types::{
-    Chunk, Command, Event, Finish, FinishReason, GenParams, Job, Parts, Progress, SlotAction,
-    TokenProbs,
+    Chunk, Command, Event, Finish, FinishReason, GenParams, Job, Parts, Progress, ReasoningBudget,
+    SlotAction, TokenProbs,
 };
 
 use crate::error::{Result, ServerError};
@@ -82,6 +83,10 @@ struct Active {
     truncated: bool,
     /// Cached KV was moved into place by `--cache-reuse`: not cached either.
     moved: bool,
+    /// Tokens generated inside the open thinking block, while a reasoning budget applies.
+    thinking: usize,
+    /// Tokens to feed next instead of sampling (a reasoning budget's end tag).
+    forced: VecDeque<u32>,
 }
 
 /// A slot: at most one active request, and the sequence it last ran.
@@ -441,6 +446,8 @@ impl Scheduler {
             shifted: 0,
             truncated: false,
             moved: shifted,
+            thinking: 0,
+            forced: VecDeque::new(),
         })
     }
 
@@ -535,6 +542,11 @@ impl Scheduler {
                             let history = self.ctx.tokens(a.seq).unwrap_or(&[]);
                             // `ignore_eos` reaches the sampler as a ban of those tokens.
                             let logits = out.logits(item);
+                            // A reasoning budget's end tag goes in as it is, not sampled.
+                            if let Some(token) = a.forced.pop_front() {
+                                self.on_token(slot, token, None);
+                                continue;
+                            }
                             match pick(a, logits, history) {
                                 Ok((token, probs)) => self.on_token(slot, token, probs),
                                 Err(e) => self.fail(slot, e),
@@ -608,6 +620,17 @@ impl Scheduler {
             flush_text(a, cut);
             self.finish(slot, FinishReason::StopString);
             return;
+        }
+        if let Some(b) = &a.params.reasoning_budget {
+            // Inside the thinking block (opened by the prompt or by the reply, not closed):
+            // count, and close it once the budget is spent.
+            let inside = (b.opened || a.text.contains(THINK_START)) && !a.text.contains(THINK_END);
+            if inside && a.forced.is_empty() {
+                a.thinking += 1;
+                if a.thinking >= b.tokens {
+                    a.forced.extend(b.close.iter().copied());
+                }
+            }
         }
         let safe = safe_prefix_len(&a.text, &a.params.stop).max(a.sent);
         flush_text(a, safe);

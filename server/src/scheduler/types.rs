@@ -42,6 +42,8 @@ pub struct GenParams {
     /// Smallest chunk of a resident prompt reused after the shared prefix by shifting it into
     /// place (0: off).
     pub cache_reuse: usize,
+    /// `--reasoning-budget N` (N > 0): a thinking block is closed after N tokens.
+    pub reasoning_budget: Option<ReasoningBudget>,
     /// Report the prompt's evaluation after each chunk.
     pub return_progress: bool,
     /// The grammar the output must follow (the handler compiles it into the job's constraint).
@@ -202,6 +204,18 @@ pub enum Command {
     },
     /// Take no more requests; finish the running and waiting ones, flush the cache and end.
     Shutdown,
+}
+
+/// llama-server's reasoning budget: once a thinking block has run for `tokens` tokens, the
+/// tokens of `close` (its end tag) are the next ones, not sampled, and the reply goes on.
+#[derive(Clone, Debug)]
+pub struct ReasoningBudget {
+    /// Tokens a thinking block may take.
+    pub tokens: usize,
+    /// The tokens that close it (`</think>`).
+    pub close: Vec<u32>,
+    /// The prompt left a thinking block open (the reply starts inside it).
+    pub opened: bool,
 }
 
 /// What the scheduler needs besides its context.
