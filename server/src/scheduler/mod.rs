@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use engine::chat::{THINK_END, THINK_START};
-use engine::sampling::{ProbsMode, Sampler};
+use engine::sampling::Sampler;
 use engine::store::SessionStore;
 use engine::tokenizer::StreamDecoder;
 use engine::{Batch, Context, Logits, Model, SeqId, PAGE_TOKENS};
@@ -24,6 +24,7 @@ use tokio::sync::mpsc;
 use crate::cache::Writer;
 
 mod reuse;
+mod sample;
 mod shift;
 mod sleep;
 mod slots;
@@ -38,6 +39,7 @@ pub use types::{
 use crate::error::{Result, ServerError};
 use crate::metrics::Metrics;
 use reuse::{common_prefix, recv_timeout, recv_within, EXPORT_IDLE};
+use sample::{flush_text, pick};
 use stop::{find_stop, safe_prefix_len};
 
 /// Finished sequences kept resident at most (each holds at least its partial last page).
@@ -747,53 +749,5 @@ impl Scheduler {
                 }
             }
         }
-    }
-}
-
-/// Samples the next token of `a`: with its grammar, a token the grammar refuses is drawn
-/// again from the logits the grammar allows; the grammar then takes the token.
-fn pick(a: &mut Active, logits: &[f32], history: &[u32]) -> Result<(u32, Option<TokenProbs>)> {
-    let grammar_error = |e: engine::Error| ServerError::BadRequest(format!("the output's {e}"));
-    let draw = |a: &mut Active, logits: &[f32]| match a.params.n_probs {
-        None => (a.sampler.sample(logits, history), None),
-        Some(n) => {
-            let mode = if a.params.post_sampling_probs {
-                ProbsMode::PostSampling
-            } else {
-                ProbsMode::PreSampling
-            };
-            let s = a.sampler.sample_detailed(logits, history, n, mode);
-            (s.token, Some(s))
-        }
-    };
-    let (mut token, mut probs) = draw(a, logits);
-    if let Some(mut c) = a.constraint.take() {
-        let allowed = c.is_allowed(token).map_err(grammar_error);
-        let result = match allowed {
-            Ok(true) => Ok(()),
-            Ok(false) => {
-                let mut masked = logits.to_vec();
-                c.mask_logits(&mut masked).map_err(grammar_error).map(|()| {
-                    (token, probs) = draw(a, &masked);
-                })
-            }
-            Err(e) => Err(e),
-        };
-        let result = result.and_then(|()| c.accept(token).map_err(grammar_error));
-        a.constraint = Some(c);
-        result?;
-    }
-    Ok((token, probs))
-}
-
-/// Sends the text of `a` up to byte `upto` that was not sent yet.
-fn flush_text(a: &mut Active, upto: usize) {
-    if upto > a.sent {
-        let _ = a.events.send(Event::Text(Chunk {
-            text: a.text[a.sent..upto].to_owned(),
-            tokens: std::mem::take(&mut a.unsent),
-            probs: std::mem::take(&mut a.unsent_probs),
-        }));
-        a.sent = upto;
     }
 }
