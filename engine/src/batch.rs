@@ -184,8 +184,9 @@ pub(crate) struct Plan {
 
 impl Plan {
     /// Plans `items` over a pool of `n_cells` cells. Each token attends to the cells of its own
-    /// sequence at positions up to its own.
-    pub(crate) fn new(items: &[PlanItem<'_>], n_cells: usize) -> Plan {
+    /// sequence at positions up to its own; with `invariant`, no attention op has 64 queries or
+    /// more (see [`ContextParams::batch_invariant`](crate::ContextParams::batch_invariant)).
+    pub(crate) fn new(items: &[PlanItem<'_>], n_cells: usize, invariant: bool) -> Plan {
         let n: usize = items.iter().map(|i| i.tokens.len()).sum();
         let mut plan = Plan {
             tokens: Vec::with_capacity(n),
@@ -245,7 +246,11 @@ impl Plan {
             row += m;
             plan.item_rows.push(first_out..plan.out_rows.len());
         }
-        plan.attention = group_small(std::mem::take(&mut plan.attention), n_cells);
+        let mut parts = std::mem::take(&mut plan.attention);
+        if invariant {
+            parts = split_large(parts);
+        }
+        plan.attention = group_small(parts, n_cells);
         plan
     }
 }
@@ -254,6 +259,34 @@ impl Plan {
 /// it tiles queries together and sums in another order): sequences whose queries together stay
 /// below it can share one attention op without changing a single result.
 const QUERY_TILE: usize = 64;
+
+/// Splits a sequence's attention over more queries than [`QUERY_TILE`] into parts of fewer,
+/// each over the same window with its own rows of the mask: every query is then computed on
+/// its own, in the same order of operations whether its token is evaluated alone, in a
+/// micro-batch of any size or beside other sequences, so a reply does not depend on how its
+/// prompt was split or what it was batched with (the cache is invisible in the logits).
+fn split_large(parts: Vec<SeqAttention>) -> Vec<SeqAttention> {
+    let mut out = Vec::with_capacity(parts.len());
+    for a in parts {
+        if a.rows.len() < QUERY_TILE {
+            out.push(a);
+            continue;
+        }
+        let row_bytes = a.n_kv * 2;
+        let mut start = a.rows.start;
+        for chunk in a.mask.chunks((QUERY_TILE - 1) * row_bytes) {
+            let m = chunk.len() / row_bytes;
+            out.push(SeqAttention {
+                rows: start..start + m,
+                first_cell: a.first_cell,
+                n_kv: a.n_kv,
+                mask: chunk.to_vec(),
+            });
+            start += m;
+        }
+    }
+    out
+}
 
 /// Merges runs of consecutive sequences with few tokens (decode steps, above all) into one
 /// attention over the union of their windows, each row masked to its own sequence's cells. One
@@ -339,7 +372,7 @@ mod tests {
                 logits: Logits::Last,
             },
         ];
-        let plan = Plan::new(&items, 1024);
+        let plan = Plan::new(&items, 1024, false);
         let rows: Vec<_> = plan.attention.iter().map(|a| a.rows.clone()).collect();
         assert_eq!(
             rows,
@@ -368,7 +401,7 @@ mod tests {
                 logits: Logits::None,
             },
         ];
-        let plan = Plan::new(&items, 1024);
+        let plan = Plan::new(&items, 1024, false);
         // Three queries: one attention over the union of both windows.
         assert_eq!(plan.attention.len(), 1);
         let a = &plan.attention[0];

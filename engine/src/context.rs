@@ -37,6 +37,11 @@ pub struct ContextParams {
     pub type_k: KvType,
     /// Element type of cached V (a quantized V needs `flash_attn`).
     pub type_v: KvType,
+    /// Batch-invariant evaluation: attention computes every query on its own (never in
+    /// ggml's tiles of 64 queries), so a token's logits are the same bits whether it was
+    /// evaluated alone, in a micro-batch or beside other sequences. Costs about 30% of prefill
+    /// speed on the CPU (see docs/BENCHMARKS.md); off by default.
+    pub batch_invariant: bool,
 }
 
 impl Default for ContextParams {
@@ -49,6 +54,7 @@ impl Default for ContextParams {
             flash_attn: true,
             type_k: KvType::F16,
             type_v: KvType::F16,
+            batch_invariant: false,
         }
     }
 }
@@ -454,7 +460,11 @@ impl Context {
                 logits: item.logits,
             })
             .collect();
-        let mut plan = Plan::new(&plan_items, self.pool.n_pages() * PAGE_TOKENS);
+        let mut plan = Plan::new(
+            &plan_items,
+            self.pool.n_pages() * PAGE_TOKENS,
+            self.params.batch_invariant,
+        );
         let discard_output = plan.out_rows.is_empty();
         if discard_output {
             // The graph needs an output: compute the last row's logits and drop them.

@@ -118,6 +118,7 @@ impl Session {
                 flash_attn: params.flash_attn,
                 type_k: params.type_k,
                 type_v: params.type_v,
+                batch_invariant: false,
             },
         )?;
         // The first half of the pool (the context window) will be used: touch it now, as a

@@ -120,6 +120,7 @@ fn batched(args: &Args, model: &std::sync::Arc<Model>) -> Result<serde_json::Val
                 flash_attn: !args.no_flash_attn,
                 type_k: args.cache_type_k,
                 type_v: args.cache_type_v,
+                batch_invariant: false,
             },
         )?;
         let seqs: Vec<_> = (0..ns).map(|_| ctx.new_sequence()).collect();

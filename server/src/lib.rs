@@ -101,6 +101,7 @@ impl Server {
                 flash_attn: config.flash_attn,
                 type_k: args.cache_type_k,
                 type_v: args.cache_type_v,
+                batch_invariant: args.deterministic,
             },
         )?;
         let n_ctx = ctx.params().n_ctx;

@@ -60,3 +60,81 @@ async fn a_streamed_chat_on_the_real_model_answers_in_words() {
     assert!(text.contains("Everest"), "{text:?}");
     srv.stop().await;
 }
+
+/// Starts a server on the real model with `cache` as its cache directory and 8 slots.
+async fn real_server(model: &str, cache: &str) -> TestServer {
+    TestServer::start(&[
+        "llama-hdd-server",
+        "-m",
+        model,
+        "--port",
+        "0",
+        "--cache-dir",
+        cache,
+        "-c",
+        "1024",
+        "-np",
+        "8",
+        "--kv-unified",
+        "-t",
+        "2",
+        "--deterministic",
+    ])
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn greedy_replies_are_the_same_cold_from_memory_and_from_disk() {
+    let Some(model) = real_model() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run the real-model tests"
+        );
+        eprintln!("skipped: the real model is absent (cargo xtask fetch-model)");
+        return;
+    };
+    let model = model.display().to_string();
+    let words = [
+        "river", "stone", "lamp", "orbit", "maple", "quiet", "harbor", "copper",
+    ];
+    let bodies: Vec<Value> = (0..20)
+        .map(|i| {
+            let text: Vec<&str> = (0..10 + i * 7)
+                .map(|k| words[(k * 5 + i) % words.len()])
+                .collect();
+            json!({"prompt": format!("Note {i}: {}. Summary:", text.join(" ")),
+                   "n_predict": 8, "temperature": 0, "ignore_eos": true, "return_tokens": true})
+        })
+        .collect();
+    let replies = |rs: &[Value]| -> Vec<Value> { rs.iter().map(|r| r["tokens"].clone()).collect() };
+
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache").display().to_string();
+    let srv = real_server(&model, &cache).await;
+    let mut cold = Vec::new();
+    for b in &bodies {
+        cold.push(srv.post("/completion", b).await.1);
+    }
+    // (The prompts share their first words, so only the first is wholly cold.)
+    assert_eq!(cold[0]["timings"]["cache_n"], 0);
+    let mut warm = Vec::new();
+    for b in &bodies {
+        warm.push(srv.post("/completion", b).await.1);
+    }
+    assert!(warm
+        .iter()
+        .all(|r| r["timings"]["cache_n"].as_u64() > Some(0)));
+    srv.stop().await;
+    let srv = real_server(&model, &cache).await;
+    let mut restored = Vec::new();
+    for b in &bodies {
+        restored.push(srv.post("/completion", b).await.1);
+    }
+    srv.stop().await;
+    assert_eq!(replies(&warm), replies(&cold), "from memory");
+    assert_eq!(
+        replies(&restored),
+        replies(&cold),
+        "from disk after a restart"
+    );
+}

@@ -453,6 +453,11 @@ pub struct Args {
     /// a store written with q8_0 from an f16 session, and the other way round.
     #[arg(long = "cache-type-stored", value_name = "TYPE")]
     pub cache_type_stored: Option<engine::KvType>,
+    /// Batch-invariant evaluation: a reply is the same bits whether its prompt came from the
+    /// cache or was computed, alone or in a batch (attention never tiles queries; about 30%
+    /// slower prefill on the CPU).
+    #[arg(long = "deterministic")]
+    pub deterministic: bool,
     /// Largest request body accepted (e.g. 8MiB).
     #[arg(long = "max-body", value_name = "SIZE", default_value = "8MiB")]
     pub max_body: String,
