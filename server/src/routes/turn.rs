@@ -279,13 +279,6 @@ pub(super) fn random_id(prefix: &str) -> String {
     format!("{prefix}_{:016x}{:016x}", word(), word())
 }
 
-/// Current Unix time in seconds.
-pub(super) fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 /// One server-sent event: its name and its JSON.
 pub(super) type Named = (&'static str, Value);
 

@@ -177,7 +177,7 @@ async fn respond(st: Arc<AppState>, body: Result<RawBody, ServerError>) -> Resul
     let run = turn.start(&st)?;
     let head = Head {
         id: turn::random_id("resp"),
-        created_at: turn::unix_now(),
+        created_at: crate::routes::shape::unix_now(),
         model: st.config.alias.clone(),
         asked,
     };
