@@ -161,8 +161,13 @@ pub(crate) struct SeqAttention {
     pub first_cell: usize,
     /// Cells in the window.
     pub n_kv: usize,
-    /// f16 `[n_kv, rows.len()]`: 0 where a token may attend to a cell, -inf elsewhere.
+    /// f16 `[n_kv, rows.len()]` (one more row, the same, with `dup`): 0 where a token may
+    /// attend to a cell, -inf elsewhere.
     pub mask: Vec<u8>,
+    /// The single query is given twice (its first output kept): ggml's CPU flash attention
+    /// splits one query's window of [`KV_SPLIT`] cells or more among threads, summing in an
+    /// order that depends on the window; two queries take the per-query path.
+    pub dup: bool,
 }
 
 /// The graph's inputs for a batch.
@@ -242,6 +247,7 @@ impl Plan {
                 first_cell,
                 n_kv,
                 mask,
+                dup: false,
             });
             row += m;
             plan.item_rows.push(first_out..plan.out_rows.len());
@@ -251,6 +257,14 @@ impl Plan {
             parts = split_large(parts);
         }
         plan.attention = group_small(parts, n_cells);
+        if invariant {
+            for a in &mut plan.attention {
+                if a.rows.len() == 1 && a.n_kv >= KV_SPLIT {
+                    a.dup = true;
+                    a.mask = a.mask.repeat(2);
+                }
+            }
+        }
         plan
     }
 }
@@ -259,6 +273,10 @@ impl Plan {
 /// it tiles queries together and sums in another order): sequences whose queries together stay
 /// below it can share one attention op without changing a single result.
 const QUERY_TILE: usize = 64;
+
+/// From this many cells, ggml's CPU flash attention splits a single query's window among its
+/// threads (a split that depends on the window; see [`SeqAttention::dup`]).
+const KV_SPLIT: usize = 512;
 
 /// Splits a sequence's attention over more queries than [`QUERY_TILE`] into parts of fewer,
 /// each over the same window with its own rows of the mask: every query is then computed on
@@ -281,6 +299,7 @@ fn split_large(parts: Vec<SeqAttention>) -> Vec<SeqAttention> {
                 first_cell: a.first_cell,
                 n_kv: a.n_kv,
                 mask: chunk.to_vec(),
+                dup: false,
             });
             start += m;
         }
@@ -333,6 +352,7 @@ fn group_small(parts: Vec<SeqAttention>, n_cells: usize) -> Vec<SeqAttention> {
                 first_cell,
                 n_kv,
                 mask,
+                dup: false,
             }
         })
         .collect()

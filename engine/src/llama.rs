@@ -42,7 +42,10 @@ pub(crate) fn build<'g, 'w>(
     let masks: Vec<Tensor<'g>> = plan
         .attention
         .iter()
-        .map(|a| g.input(DType::F16, &[a.n_kv, a.rows.len()], a.mask.clone()))
+        .map(|a| {
+            let rows = a.rows.len() + usize::from(a.dup);
+            g.input(DType::F16, &[a.n_kv, rows], a.mask.clone())
+        })
         .collect();
     let n_out = plan.out_rows.len();
     let out_ids = (n_out < n).then(|| {
@@ -109,6 +112,8 @@ pub(crate) fn build<'g, 'w>(
                 [head_dim * 4, q_bytes],
                 a.rows.start * q_bytes,
             );
+            // A lone query given twice, in batch-invariant plans (see `SeqAttention::dup`).
+            let q = if a.dup { g.concat(q, q, 2) } else { q };
             let q = g.permute(q, [0, 2, 1, 3]);
             let window = |g: &mut Graph<'g, 'w>, cache: TensorMut<'g>| {
                 // One cell's row and one head of it, in the cache's type (heads are whole
@@ -124,7 +129,7 @@ pub(crate) fn build<'g, 'w>(
             };
             let k = window(g, k_cache);
             let v = window(g, v_cache);
-            parts.push(if flash_attn {
+            let out = if flash_attn {
                 // Result: [head_dim, n_head, m].
                 g.flash_attn(q, k, v, mask, scale)
             } else {
@@ -137,6 +142,12 @@ pub(crate) fn build<'g, 'w>(
                 let kqv = g.mul_mat(v_t, kq);
                 let kqv = g.permute(kqv, [0, 2, 1, 3]);
                 g.cont(kqv)
+            };
+            // Result: [head_dim, n_head, m]; the duplicated query's output is dropped.
+            parts.push(if a.dup {
+                g.view_3d(out, [head_dim, n_head, 1], [head_dim * 4, q_bytes], 0)
+            } else {
+                out
             });
         }
         let attn = concat_tokens(g, parts);

@@ -47,6 +47,10 @@ struct Args {
     /// Compute attention without ggml's fused flash-attention kernel.
     #[arg(long)]
     no_flash_attn: bool,
+    /// Batch-invariant evaluation (`ContextParams::batch_invariant`, the server's
+    /// `--deterministic`).
+    #[arg(long)]
+    deterministic: bool,
     /// Element type of the K cache: f16 or q8_0 (llama.cpp's `-ctk`).
     #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16")]
     cache_type_k: engine::KvType,
@@ -120,7 +124,7 @@ fn batched(args: &Args, model: &std::sync::Arc<Model>) -> Result<serde_json::Val
                 flash_attn: !args.no_flash_attn,
                 type_k: args.cache_type_k,
                 type_v: args.cache_type_v,
-                batch_invariant: false,
+                batch_invariant: args.deterministic,
             },
         )?;
         let seqs: Vec<_> = (0..ns).map(|_| ctx.new_sequence()).collect();

@@ -137,4 +137,26 @@ async fn greedy_replies_are_the_same_cold_from_memory_and_from_disk() {
         replies(&cold),
         "from disk after a restart"
     );
+
+    // Eight at a time on a fresh cache: prompts and replies share every batch.
+    let other = dir.path().join("other").display().to_string();
+    let srv = real_server(&model, &other).await;
+    let mut batched = Vec::new();
+    for group in bodies.chunks(8) {
+        let mut tasks = Vec::new();
+        for b in group {
+            let client = srv.client.clone();
+            let url = format!("{}/completion", srv.url);
+            let b = b.clone();
+            tasks.push(tokio::spawn(async move {
+                let r = client.post(url).json(&b).send().await.unwrap();
+                r.json::<Value>().await.unwrap()
+            }));
+        }
+        for t in tasks {
+            batched.push(t.await.unwrap());
+        }
+    }
+    srv.stop().await;
+    assert_eq!(replies(&batched), replies(&cold), "in batches of 8");
 }
