@@ -179,6 +179,23 @@ async fn openai_inputs_forms_base64_and_errors() {
         .post("/v1/embeddings", &json!({ "input": { "content": [{ "type": "image_url", "image_url": { "url": "data:," } }] } }))
         .await;
     assert_eq!(status, 501, "{r}");
+    // `dimensions` other than the model's width is refused, not ignored; the width itself is
+    // served.
+    let (status, r) = srv
+        .post(
+            "/v1/embeddings",
+            &json!({ "input": "abc", "dimensions": 8 }),
+        )
+        .await;
+    assert_eq!(status, 501, "{r}");
+    let width = v[1].len();
+    let (status, r) = srv
+        .post(
+            "/v1/embeddings",
+            &json!({ "input": "abc", "dimensions": width }),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
     // Generation still works beside embeddings.
     let (status, r) = srv
         .post("/completion", &json!({ "prompt": "abc", "n_predict": 3 }))

@@ -375,14 +375,7 @@ pub fn prompts(prompt: Option<&serde_json::Value>, limits: &Limits) -> Result<Ve
         let piece = |v: &Value| -> Result<Piece> {
             match v {
                 Value::String(s) => Ok(Piece::Text(s.clone())),
-                Value::Number(n) => {
-                    let id = n
-                        .as_u64()
-                        .and_then(|id| u32::try_from(id).ok())
-                        .ok_or_else(|| bad(format!("{n} is not a token id")))?;
-                    check_tokens(&[id], limits)?;
-                    Ok(Piece::Token(id))
-                }
+                Value::Number(n) => Ok(Piece::Token(token_id(n, limits)?)),
                 other => Err(bad(format!(
                     "a prompt holds strings and token ids, not {other}"
                 ))),
@@ -568,6 +561,16 @@ pub fn check_prompt(prompt: &[u32], limits: &Limits) -> Result<()> {
         });
     }
     check_tokens(prompt, limits)
+}
+
+/// A JSON number as a token id inside the vocabulary.
+fn token_id(n: &serde_json::Number, limits: &Limits) -> Result<u32> {
+    let id = n
+        .as_u64()
+        .and_then(|id| u32::try_from(id).ok())
+        .ok_or_else(|| ServerError::BadRequest(format!("{n} is not a token id")))?;
+    check_tokens(&[id], limits)?;
+    Ok(id)
 }
 
 /// Every id inside the vocabulary.

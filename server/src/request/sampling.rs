@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::{check_tokens, Grammar, Limits, SamplerParams, Sampling, Stop};
+use super::{check_tokens, token_id, Grammar, Limits, SamplerParams, Sampling, Stop};
 use crate::error::{Result, ServerError};
 use crate::scheduler::GenParams;
 
@@ -277,14 +277,7 @@ fn logit_bias(v: &serde_json::Value, limits: &Limits) -> Result<Vec<(BiasTarget,
     };
     let target = |t: &Value| -> Result<BiasTarget> {
         match t {
-            Value::Number(n) => {
-                let id = n
-                    .as_u64()
-                    .and_then(|id| u32::try_from(id).ok())
-                    .ok_or_else(|| bad(format!("{n} is not a token id")))?;
-                check_tokens(&[id], limits)?;
-                Ok(BiasTarget::Token(id))
-            }
+            Value::Number(n) => Ok(BiasTarget::Token(token_id(n, limits)?)),
             Value::String(s) => Ok(BiasTarget::Text(s.clone())),
             other => Err(bad(format!("{other} is not a token"))),
         }

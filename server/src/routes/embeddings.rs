@@ -57,6 +57,18 @@ pub async fn openai(
         }
     };
     let normalize = normalize_field(&body, &st)?;
+    let n_embd = st.model.hparams().n_embd;
+    // OpenAI's `dimensions` shortens vectors of models trained for it; this server gives the
+    // model's own width and refuses any other rather than ignore the field.
+    match body.get("dimensions") {
+        None | Some(Value::Null) => {}
+        Some(d) if d.as_u64() == Some(n_embd as u64) => {}
+        Some(d) => {
+            return Err(ServerError::Unsupported(format!(
+                "\"dimensions\": {d}: this model's embeddings have {n_embd} dimensions"
+            )))
+        }
+    }
     let pooling = st.config.pooling;
     if pooling == Pooling::None {
         return Err(ServerError::BadRequest(
@@ -67,7 +79,6 @@ pub async fn openai(
     }
     let input = body.get("input").or_else(|| body.get("content"));
     let (rows, n_tokens) = embed(&st, input).await?;
-    let n_embd = st.model.hparams().n_embd;
     let data: Vec<Value> = rows
         .iter()
         .enumerate()

@@ -87,8 +87,9 @@ pub(super) async fn prepare(st: &Arc<AppState>, req: &ChatRequest) -> Result<Tur
     let text = super::render_chat(st, chat).await?;
     let prompt = generate::chat_tokens(st, &text)?;
     let opened = engine::chat::prompt_opens_thinking(&text);
+    // A grammar decides every token itself: the budget's end tag is not forced into it.
     if let Ok(tokens) = usize::try_from(st.config.args.reasoning_budget) {
-        if tokens > 0 {
+        if tokens > 0 && params.grammar.is_none() {
             let close = st
                 .model
                 .tokenizer()
