@@ -168,6 +168,11 @@ pub(crate) struct SeqAttention {
     /// splits one query's window of [`KV_SPLIT`] cells or more among threads, summing in an
     /// order that depends on the window; two queries take the per-query path.
     pub dup: bool,
+    /// With `Some`, the window is not a run of the pool's cells but these cells (i32 each, as
+    /// many as `n_kv`), gathered in this order: a sequence whose pages do not ascend in the
+    /// pool is attended in the order of its positions, as if they did, since flash attention
+    /// sums cells in window order (masked cells are skipped, so they change nothing).
+    pub gather: Option<Vec<u8>>,
 }
 
 /// The graph's inputs for a batch.
@@ -190,8 +195,16 @@ pub(crate) struct Plan {
 impl Plan {
     /// Plans `items` over a pool of `n_cells` cells. Each token attends to the cells of its own
     /// sequence at positions up to its own; with `invariant`, no attention op has 64 queries or
-    /// more (see [`ContextParams::batch_invariant`](crate::ContextParams::batch_invariant)).
-    pub(crate) fn new(items: &[PlanItem<'_>], n_cells: usize, invariant: bool) -> Plan {
+    /// more (see [`ContextParams::batch_invariant`](crate::ContextParams::batch_invariant)),
+    /// and, with `gather` too (a cache of a float type, which a gather copies exactly), a
+    /// sequence whose pages do not ascend in the pool attends through a gathered window
+    /// ([`SeqAttention::gather`]).
+    pub(crate) fn new(
+        items: &[PlanItem<'_>],
+        n_cells: usize,
+        invariant: bool,
+        gather: bool,
+    ) -> Plan {
         let n: usize = items.iter().map(|i| i.tokens.len()).sum();
         let mut plan = Plan {
             tokens: Vec::with_capacity(n),
@@ -204,14 +217,35 @@ impl Plan {
         let neg_inf = f16::NEG_INFINITY.to_le_bytes();
         let mut row = 0;
         for item in items {
-            // The window: from the sequence's lowest page to past its highest, padded.
-            let lo = item.pages.iter().min().map_or(0, |&p| p as usize) * PAGE_TOKENS;
-            let hi = item.pages.iter().max().map_or(0, |&p| p as usize + 1) * PAGE_TOKENS;
-            let n_kv = (hi - lo)
-                .div_ceil(KV_PAD)
-                .saturating_mul(KV_PAD)
-                .min(n_cells);
-            let first_cell = lo.min(n_cells - n_kv);
+            let ascending = item.pages.windows(2).all(|w| w[0] < w[1]);
+            let gathered = (invariant && gather && !ascending).then(|| {
+                let n_kv = (item.pages.len() * PAGE_TOKENS).div_ceil(KV_PAD) * KV_PAD;
+                let mut cells: Vec<u8> = item
+                    .pages
+                    .iter()
+                    .flat_map(|&p| {
+                        let first = p as usize * PAGE_TOKENS;
+                        (first..first + PAGE_TOKENS).flat_map(|c| (c as i32).to_le_bytes())
+                    })
+                    .collect();
+                // Padding: any cell, masked.
+                cells.resize(n_kv * 4, 0);
+                cells
+            });
+            // The window: from the sequence's lowest page to past its highest, padded (or the
+            // gathered cells, page after page).
+            let (first_cell, n_kv) = match &gathered {
+                Some(cells) => (0, cells.len() / 4),
+                None => {
+                    let lo = item.pages.iter().min().map_or(0, |&p| p as usize) * PAGE_TOKENS;
+                    let hi = item.pages.iter().max().map_or(0, |&p| p as usize + 1) * PAGE_TOKENS;
+                    let n_kv = (hi - lo)
+                        .div_ceil(KV_PAD)
+                        .saturating_mul(KV_PAD)
+                        .min(n_cells);
+                    (lo.min(n_cells - n_kv), n_kv)
+                }
+            };
             let m = item.tokens.len();
             let mut mask = neg_inf.repeat(n_kv * m);
             let first_out = plan.out_rows.len();
@@ -230,7 +264,10 @@ impl Plan {
                         break;
                     }
                     let visible = (pos - first + 1).min(PAGE_TOKENS);
-                    let c = page as usize * PAGE_TOKENS - first_cell;
+                    let c = match gathered {
+                        Some(_) => first,
+                        None => page as usize * PAGE_TOKENS - first_cell,
+                    };
                     mask_row[c * 2..(c + visible) * 2].fill(0);
                 }
                 let wanted = match item.logits {
@@ -248,6 +285,7 @@ impl Plan {
                 n_kv,
                 mask,
                 dup: false,
+                gather: gathered,
             });
             row += m;
             plan.item_rows.push(first_out..plan.out_rows.len());
@@ -300,6 +338,7 @@ fn split_large(parts: Vec<SeqAttention>) -> Vec<SeqAttention> {
                 n_kv: a.n_kv,
                 mask: chunk.to_vec(),
                 dup: false,
+                gather: a.gather.clone(),
             });
             start += m;
         }
@@ -309,13 +348,17 @@ fn split_large(parts: Vec<SeqAttention>) -> Vec<SeqAttention> {
 
 /// Merges runs of consecutive sequences with few tokens (decode steps, above all) into one
 /// attention over the union of their windows, each row masked to its own sequence's cells. One
-/// op per group instead of one per sequence saves a thread barrier per sequence and layer.
+/// op per group instead of one per sequence saves a thread barrier per sequence and layer. A
+/// gathered window stays on its own.
 fn group_small(parts: Vec<SeqAttention>, n_cells: usize) -> Vec<SeqAttention> {
     let mut groups: Vec<Vec<SeqAttention>> = Vec::new();
     for part in parts {
         match groups.last_mut() {
             Some(g)
-                if g.iter().map(|a| a.rows.len()).sum::<usize>() + part.rows.len() < QUERY_TILE =>
+                if part.gather.is_none()
+                    && g.iter().all(|a| a.gather.is_none())
+                    && g.iter().map(|a| a.rows.len()).sum::<usize>() + part.rows.len()
+                        < QUERY_TILE =>
             {
                 g.push(part)
             }
@@ -353,6 +396,7 @@ fn group_small(parts: Vec<SeqAttention>, n_cells: usize) -> Vec<SeqAttention> {
                 n_kv,
                 mask,
                 dup: false,
+                gather: None,
             }
         })
         .collect()
@@ -375,6 +419,47 @@ mod tests {
     }
 
     #[test]
+    fn pages_out_of_pool_order_are_gathered_in_position_order_when_invariant() {
+        // Pages 2 then 0: position order is not pool order.
+        let pages = [2u32, 0];
+        let items = [PlanItem {
+            pages: &pages,
+            start: 70,
+            tokens: &[5],
+            logits: Logits::Last,
+        }];
+        let plain = Plan::new(&items, 1024, true, false);
+        assert!(plain.attention[0].gather.is_none());
+        let plan = Plan::new(&items, 1024, true, true);
+        let a = &plan.attention[0];
+        let cells: Vec<i32> = a
+            .gather
+            .as_ref()
+            .expect("gathered")
+            .chunks(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        assert_eq!(cells.len(), a.n_kv);
+        assert_eq!(cells[0], 128, "page 2 first");
+        assert_eq!(cells[63], 191);
+        assert_eq!(cells[64], 0, "then page 0");
+        // Position 70 sees the whole first page and positions 64..=70 of the second: in
+        // gathered coordinates, 0..71.
+        assert_eq!(visible(&plan, 0, 0), (0..71).collect::<Vec<_>>());
+        // Ascending pages need no gather.
+        let up = [0u32, 2];
+        let items = [PlanItem {
+            pages: &up,
+            start: 70,
+            tokens: &[5],
+            logits: Logits::Last,
+        }];
+        assert!(Plan::new(&items, 1024, true, true).attention[0]
+            .gather
+            .is_none());
+    }
+
+    #[test]
     fn a_long_prefill_attends_alone() {
         let (a_pages, b_pages) = ([0u32, 1], [2u32]);
         let long: Vec<u32> = (0..70).collect();
@@ -392,7 +477,7 @@ mod tests {
                 logits: Logits::Last,
             },
         ];
-        let plan = Plan::new(&items, 1024, false);
+        let plan = Plan::new(&items, 1024, false, false);
         let rows: Vec<_> = plan.attention.iter().map(|a| a.rows.clone()).collect();
         assert_eq!(
             rows,
@@ -421,7 +506,7 @@ mod tests {
                 logits: Logits::None,
             },
         ];
-        let plan = Plan::new(&items, 1024, false);
+        let plan = Plan::new(&items, 1024, false, false);
         // Three queries: one attention over the union of both windows.
         assert_eq!(plan.attention.len(), 1);
         let a = &plan.attention[0];

@@ -269,6 +269,23 @@ impl Context {
         Ok(n)
     }
 
+    /// How many of `tokens`' leading tokens, in whole pages, the pool holds by block id (what
+    /// [`Context::attach_prefix`] would attach now), without changing anything.
+    pub fn resident_prefix(&self, tokens: &[u32]) -> usize {
+        let usable = tokens.len().min(self.params.n_ctx);
+        let mut prev: Option<BlockId> = None;
+        let mut n = 0;
+        for block in tokens[..usable].chunks_exact(PAGE_TOKENS) {
+            let id = BlockId::chain(&self.fingerprint, prev.as_ref(), block);
+            if self.pool.find(&id).is_none() {
+                break;
+            }
+            prev = Some(id);
+            n += PAGE_TOKENS;
+        }
+        n
+    }
+
     /// Drops `seq`, returning the pages only it held.
     pub fn remove_sequence(&mut self, seq: SeqId) -> Result<()> {
         let s = self
@@ -464,6 +481,7 @@ impl Context {
             &plan_items,
             self.pool.n_pages() * PAGE_TOKENS,
             self.params.batch_invariant,
+            self.layout.type_k == KvType::F16 && self.layout.type_v == KvType::F16,
         );
         let discard_output = plan.out_rows.is_empty();
         if discard_output {

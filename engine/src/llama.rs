@@ -47,6 +47,16 @@ pub(crate) fn build<'g, 'w>(
             g.input(DType::F16, &[a.n_kv, rows], a.mask.clone())
         })
         .collect();
+    // Cells of the gathered windows (see `SeqAttention::gather`).
+    let gathers: Vec<Option<Tensor<'g>>> = plan
+        .attention
+        .iter()
+        .map(|a| {
+            a.gather
+                .as_ref()
+                .map(|cells| g.input(DType::I32, &[a.n_kv], cells.clone()))
+        })
+        .collect();
     let n_out = plan.out_rows.len();
     let out_ids = (n_out < n).then(|| {
         g.input(
@@ -103,7 +113,7 @@ pub(crate) fn build<'g, 'w>(
         // Each sequence attends on its own, over the window of cells holding its pages.
         // Per sequence, q: [head_dim, m, n_head]; cached k, v: [head_dim, n_kv, n_head_kv].
         let mut parts = Vec::with_capacity(plan.attention.len());
-        for (a, &mask) in plan.attention.iter().zip(&masks) {
+        for ((a, &mask), &gather) in plan.attention.iter().zip(&masks).zip(&gathers) {
             let m = a.rows.len();
             let q_bytes = head_dim * n_head * 4;
             let q = g.view_3d(
@@ -119,12 +129,16 @@ pub(crate) fn build<'g, 'w>(
                 // One cell's row and one head of it, in the cache's type (heads are whole
                 // blocks of a quantized type).
                 let cache = cache.as_tensor();
+                let (cache, first_cell) = match gather {
+                    Some(cells) => (g.gather_f16(cache, cells), 0),
+                    None => (cache, a.first_cell),
+                };
                 let row_bytes = cache.nb(1);
                 g.view_3d(
                     cache,
                     [head_dim, a.n_kv, n_head_kv],
                     [row_bytes, row_bytes / n_head_kv],
-                    a.first_cell * row_bytes,
+                    first_cell * row_bytes,
                 )
             };
             let k = window(g, k_cache);

@@ -168,3 +168,33 @@ fn cold_resident_stored_and_batched_logits_are_the_same_bits() {
         }
     }
 }
+
+#[test]
+fn pages_out_of_pool_order_give_the_same_bits() {
+    let Some(path) = common::real_model_path() else {
+        return;
+    };
+    let model = Arc::new(Model::load(&path).unwrap());
+    let prompt = prompts(&model).into_iter().find(|p| p.len() > 100).unwrap();
+
+    // Alone in a fresh context: the sequence's pages ascend in the pool.
+    let mut ctx = context(&model, 512);
+    let seq = ctx.new_sequence();
+    let first = ctx.feed(seq, &prompt, Logits::Last).unwrap();
+    let cold = generate(&mut ctx, seq, first);
+
+    // Another sequence takes page 0 first and leaves it once ours holds page 1: our second
+    // page is then page 0, before our first in the pool.
+    let mut ctx = context(&model, 512);
+    let other = ctx.new_sequence();
+    ctx.feed(other, &prompt[..64], Logits::None).unwrap();
+    let seq = ctx.new_sequence();
+    ctx.feed(seq, &prompt[..64], Logits::None).unwrap();
+    ctx.remove_sequence(other).unwrap();
+    let first = ctx.feed(seq, &prompt[64..], Logits::Last).unwrap();
+    let swapped = generate(&mut ctx, seq, first);
+    assert!(
+        swapped == cold,
+        "pages out of pool order changed the logits"
+    );
+}

@@ -100,6 +100,7 @@ fn main() -> Result<()> {
         type_v: args.cache_type_v,
         stored_type_k: args.cache_type_stored,
         stored_type_v: args.cache_type_stored,
+        ..StoreConfig::default()
     };
     let store = SessionStore::open(&store_dir, &model, config).map_err(|e| {
         let hint = match &e {

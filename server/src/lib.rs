@@ -112,6 +112,7 @@ impl Server {
             type_v: args.cache_type_v,
             stored_type_k: args.cache_type_stored,
             stored_type_v: args.cache_type_stored,
+            read_delay: std::time::Duration::from_millis(args.fault_read_delay_ms),
         };
         let store = if args.no_cache {
             None
@@ -143,6 +144,7 @@ impl Server {
                 sleep_after: u64::try_from(config.args.sleep_idle_seconds)
                     .ok()
                     .map(std::time::Duration::from_secs),
+                wake: tx.downgrade(),
             },
             rx,
         );

@@ -309,6 +309,15 @@ impl<'g, 'w> Graph<'g, 'w> {
     pub(crate) fn get_rows(&mut self, table: Tensor<'g>, ids: Tensor<'g>) -> Tensor<'g> {
         op!(self, sys::ggml_get_rows(self.ctx(), table.raw, ids.raw))
     }
+    /// Rows `ids` of the f16 `table`, still f16: `get_rows` widens them to f32 and the cast
+    /// narrows them back, which is exact.
+    pub(crate) fn gather_f16(&mut self, table: Tensor<'g>, ids: Tensor<'g>) -> Tensor<'g> {
+        let rows = self.get_rows(table, ids);
+        op!(
+            self,
+            sys::ggml_cast(self.ctx(), rows.raw, sys::GGML_TYPE_F16)
+        )
+    }
     pub(crate) fn rms_norm(&mut self, x: Tensor<'g>, eps: f32) -> Tensor<'g> {
         op!(self, sys::ggml_rms_norm(self.ctx(), x.raw, eps))
     }

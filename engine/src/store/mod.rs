@@ -21,7 +21,10 @@ use crate::kv::{KvLayout, KvType, PAGE_TOKENS};
 use crate::model::Model;
 use crate::session::Session;
 
+mod load;
 mod prompt_cache;
+
+pub use load::LoadedPrefix;
 
 /// Tokens per checkpoint block: one KV page.
 const TOKENS_PER_BLOCK: u32 = PAGE_TOKENS as u32;
@@ -95,6 +98,9 @@ pub struct StoreConfig {
     pub stored_type_k: Option<KvType>,
     /// Element type of V in the store's blocks (`None`: `type_v`).
     pub stored_type_v: Option<KvType>,
+    /// Fault injection for tests: every block read for a restore waits this long first, as
+    /// a slow disk would. Zero in use.
+    pub read_delay: std::time::Duration,
 }
 
 impl Default for StoreConfig {
@@ -106,6 +112,7 @@ impl Default for StoreConfig {
             type_v: KvType::F16,
             stored_type_k: None,
             stored_type_v: None,
+            read_delay: std::time::Duration::ZERO,
         }
     }
 }
@@ -242,6 +249,8 @@ pub struct SessionStore {
     /// The KV types of the sessions this store converts for (the configured ones).
     session_types: (KvType, KvType),
     disk_bytes: Option<u64>,
+    /// [`StoreConfig::read_delay`].
+    read_delay: std::time::Duration,
     /// The order in which this process stored tails: files written within one clock tick
     /// share a modification time, and the newest must not be taken for the oldest.
     tails_stored: std::sync::Mutex<(u64, std::collections::HashMap<String, u64>)>,
@@ -292,6 +301,7 @@ impl SessionStore {
             stored,
             session_types: (config.type_k, config.type_v),
             disk_bytes: config.disk_bytes,
+            read_delay: config.read_delay,
             tails_stored: std::sync::Mutex::default(),
         })
     }
@@ -577,7 +587,11 @@ impl SessionStore {
             }
             r
         };
-        match self.import_found(ctx, seq, tokens, found, &conversion, read) {
+        let tail = match &found.tail {
+            Some(t) => Some(self.stored_to_session(&conversion, &t.tail_kv)?),
+            None => None,
+        };
+        match self.import_found(ctx, seq, tokens, found, tail.as_deref(), read) {
             Err(e) => match failed.get() {
                 Some(good) if good > 0 => {
                     let shorter = StoredPrefix {
@@ -589,7 +603,7 @@ impl SessionStore {
                         |_: usize, id: &BlockId, sink: &mut dyn FnMut(&[u8]) -> Result<()>| {
                             self.read_block(&conversion, id, sink)
                         };
-                    self.import_found(ctx, seq, tokens, &shorter, &conversion, read)
+                    self.import_found(ctx, seq, tokens, &shorter, None, read)
                         .map_err(|_| e)
                 }
                 _ => Err(e),
@@ -598,26 +612,26 @@ impl SessionStore {
         }
     }
 
-    /// Imports `found` into `seq` with `read` for the blocks.
+    /// Imports `found` into `seq` with `read` for the blocks and `tail_kv` (in the session's
+    /// types) for its tail.
     fn import_found<F>(
         &self,
         ctx: &mut Context,
         seq: SeqId,
         tokens: &[u32],
         found: &StoredPrefix,
-        conversion: &Option<KvLayout>,
+        tail_kv: Option<&[u8]>,
         read: F,
     ) -> Result<usize>
     where
         F: FnMut(usize, &BlockId, &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()>,
     {
-        match &found.tail {
-            Some(tail) => {
-                let kv = self.stored_to_session(conversion, &tail.tail_kv)?;
-                ctx.import(seq, &tail.tokens, &kv, read)?;
+        match (&found.tail, tail_kv) {
+            (Some(tail), Some(kv)) => {
+                ctx.import(seq, &tail.tokens, kv, read)?;
                 ctx.truncate(seq, found.tokens)?;
             }
-            None => {
+            _ => {
                 let n = (found.blocks * PAGE_TOKENS).min(tokens.len());
                 ctx.import(seq, &tokens[..n], &[], read)?;
             }
@@ -722,9 +736,18 @@ impl SessionStore {
         id: &BlockId,
         sink: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<()> {
-        match self.handle.get_uncached(id)? {
-            Some(bytes) => sink(&self.stored_to_session(conversion, &bytes)?),
-            None => Err(kvstore::StoreError::BlockNotFound { id: id.to_hex() }.into()),
+        let bytes = self.read_delayed(id)?;
+        sink(&self.stored_to_session(conversion, &bytes)?)
+    }
+
+    /// Block `id`'s verified bytes in the store's types, not promoted into the RAM tier (the
+    /// caller copies them into pages at once), after [`StoreConfig::read_delay`].
+    fn read_delayed(&self, id: &BlockId) -> Result<kvstore::KvBytes> {
+        if !self.read_delay.is_zero() {
+            std::thread::sleep(self.read_delay);
         }
+        self.handle
+            .get_uncached(id)?
+            .ok_or_else(|| kvstore::StoreError::BlockNotFound { id: id.to_hex() }.into())
     }
 }

@@ -458,6 +458,10 @@ pub struct Args {
     /// slower prefill on the CPU).
     #[arg(long = "deterministic")]
     pub deterministic: bool,
+    /// Fault injection for tests: each block read from the cache waits this many milliseconds
+    /// first, as on a slow disk.
+    #[arg(long = "fault-read-delay-ms", hide = true, default_value_t = 0)]
+    pub fault_read_delay_ms: u64,
     /// Largest request body accepted (e.g. 8MiB).
     #[arg(long = "max-body", value_name = "SIZE", default_value = "8MiB")]
     pub max_body: String,

@@ -16,13 +16,14 @@ use std::time::Instant;
 
 use engine::chat::{THINK_END, THINK_START};
 use engine::sampling::Sampler;
-use engine::store::SessionStore;
+use engine::store::{LoadedPrefix, SessionStore};
 use engine::tokenizer::StreamDecoder;
 use engine::{Batch, Context, Logits, Model, SeqId, PAGE_TOKENS};
 use tokio::sync::mpsc;
 
 use crate::cache::Writer;
 
+mod loader;
 mod reuse;
 mod sample;
 mod shift;
@@ -38,6 +39,7 @@ pub use types::{
 
 use crate::error::{Result, ServerError};
 use crate::metrics::Metrics;
+use loader::{Loaded, Loader};
 use reuse::{common_prefix, recv_timeout, recv_within, EXPORT_IDLE};
 use sample::{flush_text, pick};
 use stop::{find_stop, safe_prefix_len};
@@ -91,6 +93,22 @@ struct Active {
     forced: VecDeque<u32>,
 }
 
+/// Where a waiting request's stored prefix stands.
+enum Load {
+    /// Not looked up yet.
+    NotAsked,
+    /// The loader is reading it (the number of the load).
+    Asked(u64),
+    /// Read (`None`: nothing to take from the store).
+    Done(Option<Box<LoadedPrefix>>),
+}
+
+/// A request waiting for a slot.
+struct Queued {
+    job: Job,
+    load: Load,
+}
+
 /// A slot: at most one active request, and the sequence it last ran.
 #[derive(Default)]
 struct Slot {
@@ -107,7 +125,11 @@ struct Scheduler {
     writer: Option<Writer>,
     metrics: Arc<Metrics>,
     slots: Vec<Slot>,
-    queue: VecDeque<Job>,
+    queue: VecDeque<Queued>,
+    /// Reads stored prefixes for waiting requests (with a store).
+    loader: Option<Loader>,
+    /// Numbers the loads asked for.
+    loads: u64,
     /// Finished sequences kept resident, least recently finished first.
     cached: VecDeque<SeqId>,
     /// Finished sequences whose new pages are not copied out for the store yet (sequence,
@@ -129,6 +151,10 @@ pub fn spawn(parts: Parts, rx: mpsc::UnboundedReceiver<Command>) -> std::thread:
         .store
         .as_ref()
         .map(|s| Writer::start(Arc::clone(s), Arc::clone(&parts.metrics)));
+    let loader = parts
+        .store
+        .as_ref()
+        .map(|s| Loader::start(Arc::clone(s), Arc::clone(&parts.metrics), parts.wake));
     let mut sched = Scheduler {
         model: Arc::clone(parts.ctx.model()),
         ctx: parts.ctx,
@@ -138,6 +164,8 @@ pub fn spawn(parts: Parts, rx: mpsc::UnboundedReceiver<Command>) -> std::thread:
         metrics: parts.metrics,
         slots: (0..parts.n_slots).map(|_| Slot::default()).collect(),
         queue: VecDeque::new(),
+        loader,
+        loads: 0,
         cached: VecDeque::new(),
         exports: Vec::new(),
         tickets: 0,
@@ -156,7 +184,11 @@ impl Scheduler {
         loop {
             // Take every command waiting; sleep only when there is nothing to do.
             loop {
-                let idle = self.queue.is_empty() && self.slots.iter().all(|s| s.active.is_none());
+                self.collect_loads();
+                // Nothing to evaluate and nothing to start (requests waiting for the loader
+                // are woken by it).
+                let idle = self.slots.iter().all(|s| s.active.is_none())
+                    && self.queue.iter().all(|q| matches!(q.load, Load::Asked(_)));
                 let cmd = if idle && open {
                     // Finished pages are copied out once no request came for a moment: a
                     // client's next request usually follows its last response at once.
@@ -167,6 +199,10 @@ impl Scheduler {
                     };
                     match waited {
                         Some(cmd) => cmd,
+                        None if self.loading() => {
+                            self.export_due(true);
+                            rx.blocking_recv()
+                        }
                         None => {
                             self.export_due(true);
                             // Idle: sleep once `--sleep-idle-seconds` pass without a command.
@@ -201,12 +237,19 @@ impl Scheduler {
                     }
                 }
             }
+            self.collect_loads();
             self.cancel_abandoned();
             self.admit();
             self.publish_gauges();
             if self.slots.iter().all(|s| s.active.is_none()) {
                 if !open && self.queue.is_empty() {
                     break;
+                }
+                if !open && self.loading() {
+                    // The command channel may be closed: wait on the loader itself.
+                    if let Some(done) = self.loader.as_ref().and_then(Loader::wait_done) {
+                        self.take_load(done);
+                    }
                 }
                 continue;
             }
@@ -233,8 +276,12 @@ impl Scheduler {
         }
         match cmd {
             Command::Generate(job) => {
-                self.queue.push_back(*job);
+                self.queue.push_back(Queued {
+                    job: *job,
+                    load: Load::NotAsked,
+                });
             }
+            Command::Wake => self.collect_loads(),
             Command::Slots(reply) => {
                 let _ = reply.send(self.slots_json());
             }
@@ -287,15 +334,73 @@ impl Scheduler {
                 self.finish(i, FinishReason::Cancelled);
             }
         }
-        self.queue.retain(|j| !j.events.is_closed());
+        self.queue.retain(|q| !q.job.events.is_closed());
+    }
+
+    /// Whether a load is being read for a waiting request.
+    fn loading(&self) -> bool {
+        self.queue.iter().any(|q| matches!(q.load, Load::Asked(_)))
+    }
+
+    /// Hands finished loads to their requests.
+    fn collect_loads(&mut self) {
+        while let Some(done) = self.loader.as_ref().and_then(Loader::try_done) {
+            self.take_load(done);
+        }
+    }
+
+    fn take_load(&mut self, done: Loaded) {
+        // A request cancelled meanwhile is gone from the queue: its load is dropped.
+        if let Some(q) = self
+            .queue
+            .iter_mut()
+            .find(|q| matches!(q.load, Load::Asked(id) if id == done.id))
+        {
+            q.load = Load::Done(done.prefix);
+        }
+    }
+
+    /// Asks the loader for the stored prefixes of the first waiting requests (as many as there
+    /// are slots), unless memory holds all they could take from the store.
+    fn ask_loads(&mut self) {
+        let Some(loader) = &self.loader else { return };
+        let n = self.queue.len().min(self.slots.len());
+        for i in 0..n {
+            let q = &self.queue[i];
+            if !matches!(q.load, Load::NotAsked) {
+                continue;
+            }
+            let prompt = &q.job.prompt;
+            let usable = &prompt[..prompt.len().saturating_sub(1)];
+            let in_pool = self.ctx.resident_prefix(usable);
+            let resident = self.longest_resident(usable).map_or(0, |(n, _)| n);
+            if !q.job.params.cache_prompt || in_pool.max(resident) >= usable.len() {
+                self.queue[i].load = Load::Done(None);
+                continue;
+            }
+            self.loads += 1;
+            loader.ask(
+                self.loads,
+                usable.to_vec(),
+                in_pool / PAGE_TOKENS,
+                self.ctx.kv_layout().clone(),
+            );
+            self.queue[i].load = Load::Asked(self.loads);
+        }
     }
 
     /// Moves waiting requests into free slots, first come first served (a request for a
     /// particular slot waits for that one without holding up the others).
     fn admit(&mut self) {
+        self.ask_loads();
         let mut i = 0;
         while i < self.queue.len() {
-            let want = self.queue[i].params.id_slot;
+            // A request whose blocks are being read lets the others go first.
+            if matches!(self.queue[i].load, Load::Asked(_)) {
+                i += 1;
+                continue;
+            }
+            let want = self.queue[i].job.params.id_slot;
             let free = match want {
                 Some(id) => {
                     (id < self.slots.len() && self.slots[id].active.is_none()).then_some(id)
@@ -309,10 +414,14 @@ impl Scheduler {
                 i += 1;
                 continue;
             };
-            let Some(job) = self.queue.remove(i) else {
+            let Some(Queued { job, load }) = self.queue.remove(i) else {
                 break;
             };
-            match self.start(job) {
+            let loaded = match load {
+                Load::Done(prefix) => prefix,
+                _ => None,
+            };
+            match self.start(job, loaded) {
                 Ok(active) => {
                     // The first progress report, before any prompt token is evaluated.
                     if active.params.return_progress {
@@ -333,10 +442,12 @@ impl Scheduler {
         }
     }
 
-    /// A new sequence for `job`, starting from the longest cached prefix of its prompt.
+    /// A new sequence for `job`, starting from the longest cached prefix of its prompt: in
+    /// memory, or `loaded` from the store by the loader.
     fn start(
         &mut self,
         job: Job,
+        loaded: Option<Box<LoadedPrefix>>,
     ) -> std::result::Result<Active, (mpsc::UnboundedSender<Event>, ServerError)> {
         let mut seq = self.ctx.new_sequence();
         let prompt = job.prompt;
@@ -351,12 +462,7 @@ impl Scheduler {
             // A resident sequence that shares more than the stored blocks is forked, partly
             // filled last page included (a repeated or extended prompt costs nothing).
             let resident = self.longest_resident(usable);
-            // The store is asked only when memory lacks part of the prompt.
-            let found = match resident {
-                Some((n, _)) if n >= usable.len() => None,
-                _ => self.store.as_ref().map(|s| s.find_prefix(usable)),
-            };
-            let stored = found.as_ref().map_or(0, |f| f.tokens);
+            let stored = loaded.as_ref().map_or(0, |l| l.tokens());
             if let Some((n, src)) = resident.filter(|&(n, _)| n > 0 && n >= stored) {
                 // The finished sequence is taken over, cut to the shared prefix, rather than
                 // forked: no page is copied, the pool does not grow with every repeat, and its
@@ -385,13 +491,13 @@ impl Scheduler {
             if from_ram == 0 {
                 from_ram = self.ctx.attach_prefix(seq, usable).unwrap_or(0);
             }
-            if let (Some(store), Some(found)) =
-                (self.store.clone(), found.filter(|_| stored > from_ram))
+            if let (Some(store), Some(loaded)) =
+                (self.store.clone(), loaded.filter(|_| stored > from_ram))
             {
-                let mut result = store.restore_found(&mut self.ctx, seq, usable, &found);
+                let mut result = store.import_loaded(&mut self.ctx, seq, usable, &loaded);
                 if let Err(engine::Error::OutOfPages { needed, .. }) = result {
                     self.make_room(needed);
-                    result = store.restore_found(&mut self.ctx, seq, usable, &found);
+                    result = store.import_loaded(&mut self.ctx, seq, usable, &loaded);
                 }
                 match result {
                     Ok(n) => from_store = n.saturating_sub(from_ram),

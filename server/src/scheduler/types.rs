@@ -204,6 +204,8 @@ pub enum Command {
     },
     /// Take no more requests; finish the running and waiting ones, flush the cache and end.
     Shutdown,
+    /// Nothing to do but look again: the loader has read a waiting request's blocks.
+    Wake,
 }
 
 /// llama-server's reasoning budget: once a thinking block has run for `tokens` tokens, the
@@ -232,4 +234,7 @@ pub struct Parts {
     pub metrics: Arc<Metrics>,
     /// Sleep after this long idle (`--sleep-idle-seconds`), if at all.
     pub sleep_after: Option<std::time::Duration>,
+    /// The scheduler's own command channel, for the loader to wake it (weak: it does not keep
+    /// the scheduler running).
+    pub wake: mpsc::WeakUnboundedSender<Command>,
 }

@@ -1,0 +1,163 @@
+//! A stored prefix read into memory on one thread and imported into a context on another: the
+//! server's loader thread does the lookup, the file reads, the verification and any type
+//! conversion, so the thread that owns the context only copies bytes into free pages.
+
+use ckptfmt::BlockId;
+use kvstore::KvBytes;
+
+use super::{SessionStore, StoredPrefix, TOKENS_PER_BLOCK};
+use crate::context::{Context, SeqId};
+use crate::error::{Error, Result};
+use crate::kv::{KvLayout, PAGE_TOKENS};
+
+/// One block's KV span in the session's types: the store's own bytes when no conversion was
+/// needed, else the converted copy.
+enum Span {
+    Shared(KvBytes),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Span {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Span::Shared(b) => b,
+            Span::Owned(v) => v,
+        }
+    }
+}
+
+/// The longest stored prefix of a prompt, read and verified into memory by
+/// [`SessionStore::load_prefix`], ready for [`SessionStore::import_loaded`].
+pub struct LoadedPrefix {
+    /// The prefix found (its blocks and the tail that continues them).
+    found: StoredPrefix,
+    /// Leading blocks not read because the context held them when the load was asked for.
+    skipped: usize,
+    /// The spans of blocks `skipped..found.blocks`, in the session's types.
+    spans: Vec<Span>,
+    /// The tail's span in the session's types, when `found` has a tail.
+    tail: Option<Vec<u8>>,
+    /// The session layout the spans were converted for.
+    layout: KvLayout,
+}
+
+impl std::fmt::Debug for LoadedPrefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedPrefix")
+            .field("tokens", &self.found.tokens)
+            .field("blocks", &self.found.blocks)
+            .field("skipped", &self.skipped)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LoadedPrefix {
+    /// Tokens of the prompt the loaded prefix covers.
+    pub fn tokens(&self) -> usize {
+        self.found.tokens
+    }
+
+    /// Blocks read from the store (not counting the skipped ones).
+    pub fn blocks_read(&self) -> usize {
+        self.spans.len()
+    }
+}
+
+impl SessionStore {
+    /// Finds the longest stored prefix of `tokens` ([`SessionStore::find_prefix`]) and reads its
+    /// blocks and tail, verified and converted to `layout`'s types, into memory: the I/O half
+    /// of a restore, for a thread that does not own the context. The first `skip` blocks are
+    /// not read (the context holds them; [`Context::resident_prefix`]). A block that cannot be
+    /// read ends the prefix there (the blocks before it are kept); a store that holds nothing
+    /// of the prompt gives an empty prefix.
+    pub fn load_prefix(
+        &self,
+        layout: &KvLayout,
+        tokens: &[u32],
+        skip: usize,
+    ) -> Result<LoadedPrefix> {
+        let conversion = self.conversion(layout)?;
+        let mut found = self.find_prefix(tokens);
+        let skipped = skip.min(found.blocks);
+        let ids = BlockId::chain_all(
+            &self.fingerprint,
+            &tokens[..found.blocks * PAGE_TOKENS],
+            TOKENS_PER_BLOCK,
+        );
+        let mut spans = Vec::with_capacity(found.blocks - skipped);
+        for (i, id) in ids.iter().enumerate().skip(skipped) {
+            let span = self.read_delayed(id).and_then(|bytes| match &conversion {
+                Some(to) => Ok(Span::Owned(self.stored.convert_span(&bytes, to)?)),
+                None => Ok(Span::Shared(bytes)),
+            });
+            match span {
+                Ok(s) => spans.push(s),
+                // A missing or damaged block ends the usable prefix where it is.
+                Err(_) => {
+                    found = StoredPrefix {
+                        blocks: i,
+                        tail: None,
+                        tokens: i * PAGE_TOKENS,
+                    };
+                    break;
+                }
+            }
+        }
+        let tail = match found.tail.as_ref().map(|m| &m.tail_kv) {
+            Some(kv) => match self.stored_to_session(&conversion, kv) {
+                Ok(span) => Some(span.into_owned()),
+                Err(_) => {
+                    found.tail = None;
+                    found.tokens = found.blocks * PAGE_TOKENS;
+                    None
+                }
+            },
+            None => None,
+        };
+        Ok(LoadedPrefix {
+            found,
+            skipped,
+            spans,
+            tail,
+            layout: layout.clone(),
+        })
+    }
+
+    /// Replaces sequence `seq` of `ctx` with `loaded`, the prefix of `tokens` that
+    /// [`SessionStore::load_prefix`] read; returns its length. Only memory is copied. Fails,
+    /// leaving the sequence as it was, when the context's layout is not the one loaded for, or
+    /// when a skipped block is no longer resident.
+    pub fn import_loaded(
+        &self,
+        ctx: &mut Context,
+        seq: SeqId,
+        tokens: &[u32],
+        loaded: &LoadedPrefix,
+    ) -> Result<usize> {
+        if ctx.kv_layout() != &loaded.layout {
+            return Err(Error::KvTypeMismatch {
+                stored_k: loaded.layout.type_k.to_string(),
+                stored_v: loaded.layout.type_v.to_string(),
+                session_k: ctx.kv_layout().type_k,
+                session_v: ctx.kv_layout().type_v,
+            });
+        }
+        let read = |i: usize, id: &BlockId, sink: &mut dyn FnMut(&[u8]) -> Result<()>| match i
+            .checked_sub(loaded.skipped)
+            .and_then(|j| loaded.spans.get(j))
+        {
+            Some(span) => sink(span),
+            None => Err(kvstore::StoreError::BlockNotFound { id: id.to_hex() }.into()),
+        };
+        self.import_found(
+            ctx,
+            seq,
+            tokens,
+            &loaded.found,
+            loaded.tail.as_deref(),
+            read,
+        )
+    }
+}
