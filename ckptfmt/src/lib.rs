@@ -91,4 +91,4 @@ pub use manifest::{Manifest, ManifestView, Metadata};
 pub use store::{
     BadBlock, BlockInput, CheckpointHealth, MappedBlock, OwnedBlock, SaveReport, Store,
 };
-pub use vfs::{create_dir_durable, FileLock, LockMode, StdFs, Vfs, VfsFile};
+pub use vfs::{create_dir_durable, FileLock, FileStamp, LockMode, StdFs, Vfs, VfsFile};

@@ -82,6 +82,25 @@ pub trait Vfs: Send + Sync {
     fn sync_files(&self, files: &mut [Self::File]) -> io::Result<()> {
         files.iter_mut().try_for_each(VfsFile::sync)
     }
+    /// What identifies the file's present version (length, modification time, inode), so a
+    /// caller can tell that a file it read has not changed without reading it again;
+    /// `Ok(None)` when the file system cannot say (the default: read it again).
+    fn stamp(&self, path: &Path) -> io::Result<Option<FileStamp>> {
+        let _ = path;
+        Ok(None)
+    }
+}
+
+/// One version of a file, as [`Vfs::stamp`] sees it. A commit renames a new file into place,
+/// so a rewritten file has a new inode even within one tick of the clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileStamp {
+    /// Length in bytes.
+    pub len: u64,
+    /// Modification time.
+    pub modified: std::time::SystemTime,
+    /// Inode number (0 where the platform has none).
+    pub ino: u64,
 }
 
 /// Creates `dir` and its missing parents, and makes each new directory's
@@ -165,6 +184,19 @@ impl Vfs for StdFs {
 
     fn exists(&self, path: &Path) -> io::Result<bool> {
         path.try_exists()
+    }
+
+    fn stamp(&self, path: &Path) -> io::Result<Option<FileStamp>> {
+        let m = fs::metadata(path)?;
+        #[cfg(unix)]
+        let ino = std::os::unix::fs::MetadataExt::ino(&m);
+        #[cfg(not(unix))]
+        let ino = 0;
+        Ok(Some(FileStamp {
+            len: m.len(),
+            modified: m.modified()?,
+            ino,
+        }))
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {

@@ -28,6 +28,8 @@ pub struct SessionParams {
     pub type_k: KvType,
     /// Element type of cached V (a quantized V needs `flash_attn`).
     pub type_v: KvType,
+    /// Batch-invariant evaluation ([`ContextParams::batch_invariant`]).
+    pub batch_invariant: bool,
 }
 
 impl Default for SessionParams {
@@ -39,6 +41,7 @@ impl Default for SessionParams {
             flash_attn: true,
             type_k: KvType::F16,
             type_v: KvType::F16,
+            batch_invariant: false,
         }
     }
 }
@@ -118,7 +121,7 @@ impl Session {
                 flash_attn: params.flash_attn,
                 type_k: params.type_k,
                 type_v: params.type_v,
-                batch_invariant: false,
+                batch_invariant: params.batch_invariant,
             },
         )?;
         // The first half of the pool (the context window) will be used: touch it now, as a
@@ -143,6 +146,7 @@ impl Session {
             flash_attn: p.flash_attn,
             type_k: p.type_k,
             type_v: p.type_v,
+            batch_invariant: p.batch_invariant,
         }
     }
 

@@ -203,6 +203,7 @@ fn main() -> Result<()> {
         flash_attn: !args.no_flash_attn,
         type_k: args.cache_type_k,
         type_v: args.cache_type_v,
+        batch_invariant: args.deterministic,
         ..SessionParams::default()
     };
     let mut prefill = Vec::new();

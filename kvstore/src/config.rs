@@ -89,13 +89,17 @@ pub struct RecoveryReport {
 }
 
 /// What a garbage collection reclaimed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GcReport {
     /// Block files deleted.
     pub blocks: u64,
     /// Bytes of those files.
     pub bytes: u64,
-    /// Models not collected because one of their manifests is damaged (its
-    /// blocks are unknown, so none of the model's blocks can be proven unneeded).
-    pub skipped_models: u64,
+    /// Damaged manifests moved into their store's quarantine directory (they
+    /// name no usable blocks; left in place they would keep any collection
+    /// from proving a block unneeded).
+    pub set_aside: Vec<std::path::PathBuf>,
+    /// Manifests read to find the live blocks (those new or changed since this
+    /// process last looked; unchanged files are known by their stamps).
+    pub manifests_read: usize,
 }

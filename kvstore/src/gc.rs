@@ -1,10 +1,13 @@
 //! Garbage collection: deleting block files no checkpoint of any process
-//! references and this process has not pinned, least recently used first.
+//! references and this process has not pinned, least recently used first. The
+//! live blocks come from an index of the manifests that reads only those new or
+//! changed since the last collection; a damaged manifest is set aside, not a
+//! reason to stop.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use ckptfmt::{BlockId, FormatError};
+use ckptfmt::{BlockId, FileLock};
 
 use crate::config::GcReport;
 use crate::error::{Result, StoreError};
@@ -21,9 +24,15 @@ struct Victim {
 }
 
 impl<V: BlockIo> Shared<V> {
-    /// The blocks every checkpoint of a model references (read from disk);
-    /// `None` when a manifest cannot be read (its blocks are unknown).
-    fn live_blocks(&self, info: &ModelInfo<V>) -> Result<Option<HashSet<BlockId>>> {
+    /// The blocks every checkpoint of a model references, from this process's index of its
+    /// manifests brought up to date (only new or changed manifests are read; a damaged one is
+    /// set aside and reported in `report`). The caller holds the exclusive store lock.
+    fn live_blocks(
+        &self,
+        info: &ModelInfo<V>,
+        exclusive: &FileLock,
+        report: &mut GcReport,
+    ) -> Result<HashSet<BlockId>> {
         let store = &info.store;
         // A manifest removal (a delete whose directory sync failed, or one in
         // flight in another process) must be durable before its blocks go:
@@ -32,20 +41,12 @@ impl<V: BlockIo> Shared<V> {
         self.io
             .sync_dir(&manifests_dir)
             .map_err(|e| StoreError::io("fsync", &manifests_dir, e))?;
-        let mut live = HashSet::new();
-        let names = store
-            .list_manifests()
+        let found = lock_mutex(&info.manifests)
+            .refresh(store, exclusive)
             .map_err(|e| StoreError::format(store.root(), e))?;
-        for name in names {
-            match store.read_manifest(&name) {
-                Ok(m) => live.extend(m.block_ids),
-                // Deleted meanwhile: nothing to keep.
-                Err(FormatError::NotFound { .. }) => {}
-                Err(e) if e.is_corruption() => return Ok(None),
-                Err(e) => return Err(StoreError::format(store.root(), e)),
-            }
-        }
-        Ok(Some(live))
+        report.manifests_read += found.read;
+        report.set_aside.extend(found.set_aside);
+        Ok(found.live)
     }
 
     pub(crate) fn gc_to(&self, target: u64) -> Result<GcReport> {
@@ -67,16 +68,14 @@ impl<V: BlockIo> Shared<V> {
         let mut cands: Vec<(u64, Victim)> = Vec::new();
         {
             let mut per_model = Vec::new();
-            for (idx, m) in &models {
+            for ((idx, m), lock) in models.iter().zip(&locks) {
                 let files = m
                     .store
                     .list_blocks()
                     .map_err(|e| StoreError::format(&m.blocks_dir, e))?;
                 used += files.len() as u64 * m.record_len;
-                match self.live_blocks(m)? {
-                    Some(live) => per_model.push((*idx, m, files, live)),
-                    None => report.skipped_models += 1,
-                }
+                let live = self.live_blocks(m, lock, &mut report)?;
+                per_model.push((*idx, m, files, live));
             }
             let st = lock_mutex(&self.state);
             for (idx, m, files, live) in per_model {

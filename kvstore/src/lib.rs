@@ -82,6 +82,7 @@ mod gc;
 mod handle;
 pub mod io;
 pub mod legacy;
+mod manifest_index;
 pub mod metrics;
 mod persist;
 pub mod policy;

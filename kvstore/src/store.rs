@@ -84,6 +84,8 @@ pub(crate) struct ModelInfo<V: BlockIo> {
     pub(crate) blocks_dir: PathBuf,
     pub(crate) record_len: u64,
     pub(crate) block_bytes: u64,
+    /// The manifests as this process last read them (kept by gc).
+    pub(crate) manifests: Mutex<crate::manifest_index::ManifestIndex>,
 }
 
 /// What the store and its handles share.

@@ -1,14 +1,14 @@
-//! Damage: how much of a checkpoint verifies, and quarantine of block files
-//! that do not.
+//! Damage: how much of a checkpoint verifies, and quarantine of block files and manifests
+//! that do not verify.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{Store, BLOCK_SUFFIX, QUARANTINE_DIR};
+use super::{Store, BLOCK_SUFFIX, MANIFEST_SUFFIX, QUARANTINE_DIR};
 use crate::error::{FormatError, Result};
 use crate::ids::BlockId;
 use crate::manifest::Manifest;
-use crate::vfs::{create_dir_durable, Vfs};
+use crate::vfs::{create_dir_durable, FileLock, Vfs};
 
 static QUARANTINE_SEQ: AtomicU64 = AtomicU64::new(0);
 
@@ -102,6 +102,36 @@ impl<V: Vfs> Store<V> {
             .rename(&p, &dst)
             .map_err(|e| FormatError::io("rename", &p, e))?;
         for d in [&dir, &self.blocks_dir] {
+            self.vfs
+                .sync_dir(d)
+                .map_err(|e| FormatError::io("fsync", d, e))?;
+        }
+        Ok(Some(dst))
+    }
+
+    /// Moves checkpoint `name`'s manifest into the quarantine directory when its bytes do
+    /// not verify ([`Store::decode_manifest`]): a damaged manifest names no blocks anyone can
+    /// use, and set aside it no longer stops a collection. Returns its new path, or `None` when
+    /// the file is absent or verifies.
+    /// The caller holds the exclusive store lock (`exclusive`, from
+    /// [`Store::lock_exclusive`]), so no save is committing that name meanwhile.
+    pub fn quarantine_manifest(&self, name: &str, exclusive: &FileLock) -> Result<Option<PathBuf>> {
+        let _ = exclusive;
+        let owner = self.owner("quarantine_manifest")?;
+        match self.decode_manifest(name) {
+            Ok(_) | Err(FormatError::NotFound { .. }) => return Ok(None),
+            Err(e) if e.is_corruption() => {}
+            Err(e) => return Err(e),
+        }
+        let p = self.manifest_path(name)?;
+        let dir = self.root.join(QUARANTINE_DIR);
+        create_dir_durable(&self.vfs, &dir).map_err(|e| FormatError::io("mkdir", &dir, e))?;
+        let seq = QUARANTINE_SEQ.fetch_add(1, Ordering::Relaxed);
+        let dst = dir.join(format!("{name}.{}-{seq}{MANIFEST_SUFFIX}", owner.token));
+        self.vfs
+            .rename(&p, &dst)
+            .map_err(|e| FormatError::io("rename", &p, e))?;
+        for d in [&dir, &self.manifests_dir] {
             self.vfs
                 .sync_dir(d)
                 .map_err(|e| FormatError::io("fsync", d, e))?;

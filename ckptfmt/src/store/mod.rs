@@ -356,6 +356,19 @@ impl<V: Vfs> Store<V> {
         Ok(self.manifests_dir.join(format!("{name}{MANIFEST_SUFFIX}")))
     }
 
+    /// The stamp of checkpoint `name`'s manifest file ([`Vfs::stamp`]; `Ok(None)` when the
+    /// file system gives none).
+    pub fn manifest_stamp(&self, name: &str) -> Result<Option<crate::FileStamp>> {
+        let p = self.manifest_path(name)?;
+        self.vfs.stamp(&p).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => FormatError::NotFound {
+                what: "checkpoint",
+                name: name.to_string(),
+            },
+            _ => FormatError::io("stat", &p, e),
+        })
+    }
+
     /// Whether checkpoint `name` has a committed manifest (one `stat`; not verified).
     pub fn has_manifest(&self, name: &str) -> Result<bool> {
         let p = self.manifest_path(name)?;
@@ -563,14 +576,7 @@ impl<V: Vfs> Store<V> {
     /// refused with [`FormatError::NameMismatch`]).
     pub fn read_manifest(&self, name: &str) -> Result<Manifest> {
         let p = self.manifest_path(name)?;
-        let bytes = self.vfs.read(&p).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => FormatError::NotFound {
-                what: "checkpoint",
-                name: name.to_string(),
-            },
-            _ => FormatError::io("read", &p, e),
-        })?;
-        let m = Manifest::decode(&bytes)?;
+        let m = self.decode_manifest(name)?;
         m.check_owner(&self.fingerprint, &self.geometry)?;
         if m.meta.name != name {
             return Err(FormatError::NameMismatch {
@@ -580,6 +586,21 @@ impl<V: Vfs> Store<V> {
             });
         }
         Ok(m)
+    }
+
+    /// Reads and verifies (checksums, structure) the manifest file of checkpoint `name`,
+    /// without checking that it belongs to this store's model or carries that name: what a
+    /// collection needs to know which blocks the file keeps.
+    pub fn decode_manifest(&self, name: &str) -> Result<Manifest> {
+        let p = self.manifest_path(name)?;
+        let bytes = self.vfs.read(&p).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => FormatError::NotFound {
+                what: "checkpoint",
+                name: name.to_string(),
+            },
+            _ => FormatError::io("read", &p, e),
+        })?;
+        Manifest::decode(&bytes)
     }
 
     /// Deletes checkpoint `name` durably (its blocks stay; see [`Store::gc`]).

@@ -232,12 +232,11 @@ pub fn gc(dir: &Path, max_bytes: Option<u64>, out: &mut dyn Write) -> Result<Exi
             format_size(b)
         )?;
     }
-    if report.skipped_models > 0 {
+    for p in &report.set_aside {
         writeln!(
             out,
-            "note: {} models not collected: one of their manifests is damaged \
-             (see `ckpt verify`)",
-            report.skipped_models
+            "note: a damaged manifest was set aside, its checkpoint is lost: {}",
+            p.display()
         )?;
     }
     store.close()?;

@@ -1,0 +1,114 @@
+//! Collection reads only the manifests that changed since it last looked (unchanged files are
+//! known by their stamps), and a damaged manifest is set aside rather than stopping it.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use common::*;
+use kvstore::KvStore;
+
+fn manifests_dir(root: &Path) -> PathBuf {
+    root.join("models").join(fp().to_hex()).join("manifests")
+}
+
+/// Dates the manifests `names` (every one when empty) back a minute, as if written long
+/// before (the index reads a file modified within the last moments again, in case it changes
+/// within the same clock tick).
+fn age_manifests(root: &Path, names: &[&str]) {
+    let old = SystemTime::now() - Duration::from_secs(60);
+    for e in std::fs::read_dir(manifests_dir(root)).unwrap() {
+        let path = e.unwrap().path();
+        let stem = path.file_stem().unwrap().to_str().unwrap().to_owned();
+        if names.is_empty() || names.contains(&stem.as_str()) {
+            let f = std::fs::File::options().write(true).open(&path).unwrap();
+            f.set_modified(old).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_collection_reads_only_new_or_changed_manifests() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = KvStore::open(dir.path(), inline_config(1)).unwrap();
+    let model = store.model(fp(), geometry()).unwrap();
+    for c in 0..20u32 {
+        let tokens: Vec<u32> = (0..8).map(|t| c * 100 + t).collect();
+        put_tokens(&model, &tokens).unwrap();
+        model.save(&manifest(&format!("chat{c}"), &tokens)).unwrap();
+    }
+    store.flush().unwrap();
+    age_manifests(dir.path(), &[]);
+    assert_eq!(store.gc().unwrap().manifests_read, 20);
+    // Nothing changed: nothing read.
+    assert_eq!(store.gc().unwrap().manifests_read, 0);
+
+    // One new checkpoint and one deleted: one read; the deleted one's blocks go.
+    let tokens: Vec<u32> = (0..8).map(|t| 5000 + t).collect();
+    put_tokens(&model, &tokens).unwrap();
+    model.save(&manifest("new", &tokens)).unwrap();
+    model.delete("chat3").unwrap();
+    store.flush().unwrap();
+    age_manifests(dir.path(), &["new"]);
+    let report = store.gc().unwrap();
+    assert_eq!(report.manifests_read, 1, "{report:?}");
+    assert!(
+        report.blocks > 0,
+        "chat3's blocks are collected: {report:?}"
+    );
+    assert!(model.load("new").is_ok());
+    assert!(model.load("chat4").is_ok());
+
+    // Another process replaces a checkpoint under the same name: read again.
+    {
+        let other = KvStore::open(dir.path(), inline_config(1)).unwrap();
+        let m = other.model(fp(), geometry()).unwrap();
+        let tokens: Vec<u32> = (0..8).map(|t| 7000 + t).collect();
+        put_tokens(&m, &tokens).unwrap();
+        m.save(&manifest("chat5", &tokens)).unwrap();
+        other.flush().unwrap();
+    }
+    let report = store.gc().unwrap();
+    assert_eq!(report.manifests_read, 1, "{report:?}");
+    assert!(report.blocks > 0, "the old chat5's blocks are collected");
+    // (A new open indexes the files another process wrote.)
+    drop((model, store));
+    let fresh = KvStore::open(dir.path(), inline_config(1)).unwrap();
+    let model = fresh.model(fp(), geometry()).unwrap();
+    if let Err(e) = model.load("chat5") {
+        panic!("the new chat5 keeps its blocks: {e}");
+    }
+}
+
+#[test]
+fn a_damaged_manifest_is_set_aside_and_the_rest_is_collected() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = KvStore::open(dir.path(), inline_config(1)).unwrap();
+    let model = store.model(fp(), geometry()).unwrap();
+    let kept: Vec<u32> = (0..8).collect();
+    put_tokens(&model, &kept).unwrap();
+    model.save(&manifest("kept", &kept)).unwrap();
+    let damaged: Vec<u32> = (100..108).collect();
+    put_tokens(&model, &damaged).unwrap();
+    model.save(&manifest("damaged", &damaged)).unwrap();
+    // Blocks no checkpoint references.
+    put_tokens(&model, &(200..208).collect::<Vec<u32>>()).unwrap();
+    store.flush().unwrap();
+
+    let path = manifests_dir(dir.path()).join("damaged.ckpt");
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[40] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+
+    let report = store.gc().unwrap();
+    assert_eq!(report.set_aside.len(), 1, "{report:?}");
+    assert!(!path.exists());
+    assert!(
+        report.set_aside[0].exists(),
+        "moved aside, not deleted: {report:?}"
+    );
+    assert!(report.blocks > 0, "the store was collected: {report:?}");
+    assert!(model.load("kept").is_ok());
+    assert!(model.load("damaged").is_err());
+}
