@@ -1,6 +1,7 @@
 //! The persistent side of the prompt cache: the write-behind thread that puts new KV blocks
 //! into the store without delaying any response, keeping the disk budget as it writes.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -19,6 +20,24 @@ pub struct Work {
     pub tails: Vec<TailBlock>,
 }
 
+impl Work {
+    /// KV bytes it holds (what it costs in memory while queued).
+    fn bytes(&self) -> u64 {
+        let blocks: usize = self.blocks.iter().map(|b| b.kv.len()).sum();
+        let tails: usize = self.tails.iter().map(|t| t.kv.len()).sum();
+        (blocks + tails) as u64
+    }
+
+    fn items(&self) -> u64 {
+        (self.blocks.len() + self.tails.len()) as u64
+    }
+}
+
+/// Bytes the write-behind queue holds at most: work that would go past it is dropped and
+/// counted (`cache_writes_dropped_total`) rather than waited for, so a slow or stuck disk
+/// costs memory only up to this and never delays a response.
+pub const MAX_QUEUED_BYTES: u64 = 512 << 20;
+
 /// The write-behind thread: blocks copied out of the KV pool by the scheduler (a memory copy)
 /// are put into the store here, then flushed to disk, so a restart or a crash loses at most the
 /// blocks still in this thread's queue.
@@ -26,26 +45,67 @@ pub struct Work {
 pub struct Writer {
     tx: Option<mpsc::Sender<Work>>,
     thread: Option<JoinHandle<()>>,
+    /// Bytes sent and not yet written.
+    queued: Arc<AtomicU64>,
+    metrics: Arc<Metrics>,
+    /// Whether the last work offered was dropped (the log says so once per change).
+    dropping: std::sync::atomic::AtomicBool,
 }
 
 impl Writer {
     /// Starts the thread over `store`.
     pub fn start(store: Arc<SessionStore>, metrics: Arc<Metrics>) -> Writer {
         let (tx, rx) = mpsc::channel::<Work>();
-        let thread = std::thread::Builder::new()
-            .name("cache-writer".into())
-            .spawn(move || write_behind(&store, &metrics, &rx))
-            .ok();
+        let queued = Arc::new(AtomicU64::new(0));
+        let thread = {
+            let (metrics, queued) = (Arc::clone(&metrics), Arc::clone(&queued));
+            std::thread::Builder::new()
+                .name("cache-writer".into())
+                .spawn(move || write_behind(&store, &metrics, &rx, &queued))
+                .ok()
+        };
         Writer {
             tx: Some(tx),
             thread,
+            queued,
+            metrics,
+            dropping: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
-    /// Queues blocks and tails for the store; never blocks.
+    /// Queues blocks and tails for the store; never blocks. Work that would take the queue
+    /// past [`MAX_QUEUED_BYTES`] is dropped and counted.
     pub fn send(&self, work: Work) {
+        self.send_within(work, MAX_QUEUED_BYTES);
+    }
+
+    /// [`Writer::send`] with a queue of at most `limit` bytes.
+    pub fn send_within(&self, work: Work, limit: u64) {
         if work.blocks.is_empty() && work.tails.is_empty() {
             return;
+        }
+        let bytes = work.bytes();
+        let admitted = self
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q == 0 || q + bytes <= limit).then_some(q + bytes)
+            })
+            .is_ok();
+        let was_dropping = self.dropping.swap(!admitted, Ordering::Relaxed);
+        if !admitted {
+            Metrics::add(&self.metrics.cache_writes_dropped, work.items());
+            if !was_dropping {
+                self.metrics.log(format!(
+                    "prompt cache: the write queue is full ({} MiB waiting for the disk); \
+                     new blocks are dropped, not stored, until it drains",
+                    self.queued.load(Ordering::Relaxed) >> 20
+                ));
+            }
+            return;
+        }
+        if was_dropping {
+            self.metrics
+                .log("prompt cache: the write queue drained; storing again".to_owned());
         }
         if let Some(tx) = &self.tx {
             // The thread only ends after `finish`; a send to a thread that died is lost, as a
@@ -78,7 +138,12 @@ const MAX_DEFER: std::time::Duration = std::time::Duration::from_millis(500);
 /// The writer thread's loop: put what arrives, store the tails (each commits its blocks),
 /// flush whenever the queue runs dry, keep the disk budget with unreferenced blocks and old
 /// tails.
-fn write_behind(store: &SessionStore, metrics: &Metrics, rx: &mpsc::Receiver<Work>) {
+fn write_behind(
+    store: &SessionStore,
+    metrics: &Metrics,
+    rx: &mpsc::Receiver<Work>,
+    queued: &AtomicU64,
+) {
     let mut full = FullDisk::default();
     while let Ok(work) = rx.recv() {
         // Hashing, copying and syncing megabytes takes a core from the kernels' threads: let a
@@ -102,6 +167,7 @@ fn write_behind(store: &SessionStore, metrics: &Metrics, rx: &mpsc::Receiver<Wor
         }
         let mut batches = vec![work];
         batches.extend(rx.try_iter());
+        let taken: u64 = batches.iter().map(Work::bytes).sum();
         // Room first, then the writes: the directory stays within the disk budget while they
         // go on, not only after.
         let incoming: u64 = batches
@@ -173,6 +239,7 @@ fn write_behind(store: &SessionStore, metrics: &Metrics, rx: &mpsc::Receiver<Wor
         if let Err(e) = store.collect_unreferenced() {
             metrics.cache_error(format!("keeping the disk budget failed: {e}"));
         }
+        queued.fetch_sub(taken, Ordering::AcqRel);
     }
 }
 
@@ -198,5 +265,54 @@ impl FullDisk {
         if std::mem::replace(&mut self.0, false) {
             metrics.log("prompt cache: writing again".to_owned());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engine::testing::TinyChatModel;
+
+    /// A tail of `bytes` KV bytes (not a valid one: the writer's failure to store it is
+    /// counted as a cache error, which does not matter here).
+    fn work(bytes: usize, n: u8) -> Work {
+        Work {
+            blocks: Vec::new(),
+            tails: vec![TailBlock {
+                tokens: vec![1, 2, 3],
+                kv: vec![0; bytes],
+                last_block: kvstore::BlockId([n; 32]),
+            }],
+        }
+    }
+
+    #[test]
+    fn a_full_write_queue_drops_and_counts_rather_than_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        TinyChatModel::default().write(&path).unwrap();
+        let model = engine::Model::load(&path).unwrap();
+        let store = Arc::new(
+            SessionStore::open(&dir.path().join("cache"), &model, Default::default()).unwrap(),
+        );
+        let metrics = Arc::new(Metrics::default());
+        // A request is being evaluated: the writer waits before it takes the queue.
+        Metrics::set(&metrics.requests_processing, 1);
+        let writer = Writer::start(store, Arc::clone(&metrics));
+        let started = std::time::Instant::now();
+        writer.send_within(work(1 << 20, 1), 3 << 19);
+        writer.send_within(work(1 << 20, 2), 3 << 19);
+        writer.send_within(work(1 << 19, 3), 3 << 19);
+        assert!(
+            started.elapsed() < std::time::Duration::from_millis(100),
+            "sending waited"
+        );
+        assert_eq!(
+            metrics.cache_writes_dropped.load(Ordering::Relaxed),
+            1,
+            "the second tail goes past 1.5 MiB; the third fits"
+        );
+        Metrics::set(&metrics.requests_processing, 0);
+        writer.finish();
     }
 }

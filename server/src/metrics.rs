@@ -33,6 +33,8 @@ pub struct Metrics {
     pub tails_written: AtomicU64,
     /// Finished sequences dropped from memory to make room.
     pub cache_evictions: AtomicU64,
+    /// Blocks and tails not stored because the write-behind queue was full.
+    pub cache_writes_dropped: AtomicU64,
     /// Problems of the prompt cache that cost only speed (a failed restore or write).
     pub cache_errors: AtomicU64,
     /// The last of those problems, as text.
@@ -215,7 +217,7 @@ impl Metrics {
     /// then the prompt cache's own (`llamahdd:`).
     pub fn render(&self, store: StoreBytes) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let rows: [(&str, &str, &str, u64); 17] = [
+        let rows: [(&str, &str, &str, u64); 18] = [
             (
                 "prompt_tokens_total",
                 "counter",
@@ -293,6 +295,12 @@ impl Metrics {
                 "counter",
                 "Cached prompts dropped from memory.",
                 get(&self.cache_evictions),
+            ),
+            (
+                "cache_writes_dropped_total",
+                "counter",
+                "Blocks and tails not stored because the write-behind queue was full.",
+                get(&self.cache_writes_dropped),
             ),
             (
                 "cache_errors_total",

@@ -19,6 +19,8 @@ struct Options {
     reps: usize,
     sequences: usize,
     cache_type: String,
+    /// Ours with batch-invariant evaluation (`bench --deterministic`).
+    deterministic: bool,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -31,9 +33,14 @@ fn parse(args: &[String]) -> Result<Options, String> {
         reps: 5,
         sequences: 1,
         cache_type: "f16".into(),
+        deterministic: false,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
+        if flag == "--deterministic" {
+            o.deterministic = true;
+            continue;
+        }
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
         let num = || {
             value
@@ -144,6 +151,7 @@ pub fn compare(args: &[String]) -> Result<(), String> {
     ]
     .iter()
     .map(|s| s.to_string())
+    .chain(o.deterministic.then(|| "--deterministic".to_string()))
     .collect();
     let (mut rp, mut rd, mut op, mut od) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for rep in 0..o.reps {
@@ -183,7 +191,7 @@ pub fn compare(args: &[String]) -> Result<(), String> {
     );
     let out = serde_json::json!({
         "prompt_tokens": o.prompt, "gen_tokens": o.gen, "threads": o.threads, "reps": o.reps,
-        "sequences": o.sequences, "cache_type": o.cache_type,
+        "sequences": o.sequences, "cache_type": o.cache_type, "deterministic": o.deterministic,
         "llama_cpp": { "prefill_tps": rp, "decode_tps": rd },
         "llama_hdd": { "prefill_tps": op, "decode_tps": od },
         "ratio": { "prefill": op / rp, "decode": od / rd },

@@ -51,7 +51,7 @@ fn main() -> ExitCode {
         Some("bench-server") => bench_server::bench_server(&args[1..]),
         Some("tidy") => tidy::tidy(&workspace_root()),
         Some("help") | Some("--help") | Some("-h") | None => {
-            println!("usage: cargo xtask <fetch-model | bindgen | ci | clients [--server BIN] [--model PATH] | tidy | compare-llama-cpp --refh PATH [--reps N] [--sequences N] [--cache-type f16|q8_0] | crash-test [--kills N] | cuda-build [--arch 90] [--out DIR] | cuda-toolkit [DIR] | bench-server [--llama-server PATH] (--help lists its options)>");
+            println!("usage: cargo xtask <fetch-model | bindgen | ci | clients [--server BIN] [--model PATH] | tidy | compare-llama-cpp --refh PATH [--reps N] [--sequences N] [--cache-type f16|q8_0] [--deterministic] | crash-test [--kills N] | cuda-build [--arch 90] [--out DIR] | cuda-toolkit [DIR] | bench-server [--llama-server PATH] (--help lists its options)>");
             Ok(())
         }
         Some(other) => Err(format!(

@@ -190,6 +190,11 @@ impl SessionStore {
         let budget = budget
             .unwrap_or(self.store.metrics().disk_bytes + manifests)
             .saturating_sub(incoming);
+        // Within the budget by this process's count of the block files: no collection (which
+        // lists the block files and looks at every manifest under the exclusive lock).
+        if self.store.metrics().disk_bytes + manifests <= budget {
+            return Ok(());
+        }
         tails.sort();
         let mut tails = tails.into_iter();
         loop {

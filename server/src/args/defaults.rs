@@ -1,5 +1,5 @@
-//! Defaults the options give: the sampling settings of requests, and where the prompt cache
-//! lives when `--cache-dir` is not given.
+//! Defaults the options give: the sampling settings of requests, where the prompt cache
+//! lives when `--cache-dir` is not given, and its disk budget without `--cache-disk`.
 
 use std::path::PathBuf;
 
@@ -91,6 +91,23 @@ impl Args {
         p.check()
             .map_err(|e| bad("--temp", format!("the sampling defaults: {e}")))?;
         Ok(p)
+    }
+}
+
+/// The disk budget largest by default.
+const DEFAULT_DISK_CAP: u64 = 20 << 30;
+
+/// The prompt cache's disk budget without `--cache-disk`: the smaller of 20 GiB and half the
+/// space free (to unprivileged users) on the filesystem of `dir` (or of its nearest existing
+/// ancestor) now; 20 GiB when that cannot be told.
+pub fn default_disk_budget(dir: &std::path::Path) -> u64 {
+    let free = dir
+        .ancestors()
+        .find_map(|d| rustix::fs::statvfs(d).ok())
+        .map(|s| s.f_bavail.saturating_mul(s.f_frsize));
+    match free {
+        Some(free) => (free / 2).min(DEFAULT_DISK_CAP),
+        None => DEFAULT_DISK_CAP,
     }
 }
 

@@ -14,7 +14,7 @@ mod embed;
 
 pub use config::Config;
 
-pub use defaults::default_cache_dir;
+pub use defaults::{default_cache_dir, default_disk_budget};
 pub use embed::{EmbeddingArgs, Pooling};
 
 use std::path::PathBuf;
@@ -423,9 +423,14 @@ pub struct Args {
         env = "LLAMA_ARG_CACHE_RAM"
     )]
     pub cache_ram: String,
-    /// Disk budget of the prompt cache (e.g. 10GiB); least recently used blocks go first
-    /// [default: no limit].
-    #[arg(long = "cache-disk", value_name = "SIZE")]
+    /// Disk budget of the prompt cache (e.g. 10GiB); least recently used blocks go first;
+    /// -1 for no limit [default: the smaller of 20GiB and half the space free on the cache
+    /// directory's filesystem at start].
+    #[arg(
+        long = "cache-disk",
+        value_name = "SIZE",
+        allow_negative_numbers = true
+    )]
     pub cache_disk: Option<String>,
     /// Keep no prompt cache on disk (prompts are still shared in memory).
     #[arg(long = "no-cache")]
@@ -677,9 +682,14 @@ impl Args {
                 .ok_or_else(|| bad("--cache-ram", format!("{t} MiB is too large")))?,
             t => size("--cache-ram", t)?,
         };
-        let cache_disk = match &self.cache_disk {
+        let cache_dir = match &self.cache_dir {
+            Some(dir) => dir.clone(),
+            None => default_cache_dir(),
+        };
+        let cache_disk = match self.cache_disk.as_deref().map(str::trim) {
+            Some("-1") => None,
             Some(s) => Some(size("--cache-disk", s)?),
-            None => None,
+            None => Some(default_disk_budget(&cache_dir)),
         };
         let max_body = size("--max-body", &self.max_body)? as usize;
         let stem = self
@@ -729,10 +739,6 @@ impl Args {
             [] => None,
             [none] if none == "none" => Some(Vec::new()),
             list => Some(list.to_vec()),
-        };
-        let cache_dir = match &self.cache_dir {
-            Some(dir) => dir.clone(),
-            None => default_cache_dir(),
         };
         Ok(Config {
             api_keys,
