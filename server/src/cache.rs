@@ -177,28 +177,10 @@ fn write_behind(
         if let Err(e) = store.make_room(incoming) {
             metrics.cache_error(format!("keeping the disk budget failed: {e}"));
         }
+        let mut blocks = Vec::new();
         let mut tails = Vec::new();
         for work in batches {
-            let blocks = work.blocks.clone();
-            match store.put_blocks(work.blocks) {
-                Ok(n) => {
-                    Metrics::add(&metrics.blocks_written, n as u64);
-                    full.recovered(metrics);
-                }
-                Err(e) if is_no_space(&e) => {
-                    // A full filesystem: the oldest prompts go to make room, and the blocks
-                    // are put again.
-                    full.report(metrics, &e);
-                    let retry = store
-                        .make_room_on_full_disk(2 * store.incoming_bytes(&blocks, &work.tails))
-                        .and_then(|()| store.put_blocks(blocks));
-                    match retry {
-                        Ok(n) => Metrics::add(&metrics.blocks_written, n as u64),
-                        Err(e) => metrics.cache_error(format!("storing blocks failed: {e}")),
-                    }
-                }
-                Err(e) => metrics.cache_error(format!("storing blocks failed: {e}")),
-            }
+            blocks.extend(work.blocks);
             tails.extend(work.tails);
         }
         // A later tail of the same blocks replaces an earlier one: store only the last, in
@@ -208,38 +190,63 @@ fn write_behind(
             .enumerate()
             .map(|(i, t)| (t.last_block, i))
             .collect();
-        for (i, tail) in tails.into_iter().enumerate() {
-            if last.get(&tail.last_block) != Some(&i) {
-                continue;
-            }
-            let again = tail.clone();
-            let stored = match store.put_tail(tail) {
-                Err(e) if is_no_space(&e) => {
-                    full.report(metrics, &e);
-                    let bytes = 2 * store.incoming_bytes(&[], std::slice::from_ref(&again));
-                    store
-                        .make_room_on_full_disk(bytes)
-                        .and_then(|()| store.put_tail(again))
+        let tails: Vec<TailBlock> = tails
+            .into_iter()
+            .enumerate()
+            .filter(|(i, t)| last.get(&t.last_block) == Some(i))
+            .map(|(_, t)| t)
+            .collect();
+        match write_round(store, metrics, &blocks, &tails) {
+            Ok(()) => full.recovered(metrics),
+            Err(e) => {
+                // A full filesystem: what the cache takes now is all it can take. That becomes
+                // a budget, the oldest prompts make room for this round, and it is written
+                // again; later rounds make room before they write.
+                let cap = store.learn_capacity().unwrap_or(0);
+                full.report(metrics, &e, cap);
+                if let Err(e) = store.make_room(incoming) {
+                    metrics.cache_error(format!("making room on a full disk failed: {e}"));
                 }
-                r => r,
-            };
-            match stored {
-                Ok(()) => Metrics::add(&metrics.tails_written, 1),
-                Err(e) => metrics.cache_error(format!("storing a tail failed: {e}")),
+                if let Err(e) = write_round(store, metrics, &blocks, &tails) {
+                    metrics.cache_error(format!("storing on a full disk failed: {e}"));
+                }
             }
-        }
-        if let Err(e) = store.flush() {
-            if is_no_space(&e) {
-                full.report(metrics, &e);
-                let _ = store.make_room_on_full_disk(incoming.max(1 << 20));
-            }
-            metrics.cache_error(format!("flush failed: {e}"));
         }
         // Unnamed prompt blocks and tails go first and only: saved conversations stay.
         if let Err(e) = store.collect_unreferenced() {
             metrics.cache_error(format!("keeping the disk budget failed: {e}"));
         }
         queued.fetch_sub(taken, Ordering::AcqRel);
+    }
+}
+
+/// Puts `blocks`, stores `tails` and flushes, counting what was written; a failure for want
+/// of space stops the round and is returned (other failures are counted and the round goes on).
+fn write_round(
+    store: &SessionStore,
+    metrics: &Metrics,
+    blocks: &[NewBlock],
+    tails: &[TailBlock],
+) -> Result<(), engine::Error> {
+    match store.put_blocks(blocks.to_vec()) {
+        Ok(n) => Metrics::add(&metrics.blocks_written, n as u64),
+        Err(e) if is_no_space(&e) => return Err(e),
+        Err(e) => metrics.cache_error(format!("storing blocks failed: {e}")),
+    }
+    for tail in tails {
+        match store.put_tail(tail.clone()) {
+            Ok(()) => Metrics::add(&metrics.tails_written, 1),
+            Err(e) if is_no_space(&e) => return Err(e),
+            Err(e) => metrics.cache_error(format!("storing a tail failed: {e}")),
+        }
+    }
+    match store.flush() {
+        Ok(()) => Ok(()),
+        Err(e) if is_no_space(&e) => Err(e),
+        Err(e) => {
+            metrics.cache_error(format!("flush failed: {e}"));
+            Ok(())
+        }
     }
 }
 
@@ -253,10 +260,13 @@ fn is_no_space(e: &engine::Error) -> bool {
 struct FullDisk(bool);
 
 impl FullDisk {
-    fn report(&mut self, metrics: &Metrics, e: &engine::Error) {
+    fn report(&mut self, metrics: &Metrics, e: &engine::Error, cap: u64) {
+        metrics.cache_error(format!("the disk is full: {e}"));
         if !std::mem::replace(&mut self.0, true) {
             metrics.log(format!(
-                "prompt cache: the disk is full ({e}); the oldest cached prompts make room"
+                "prompt cache: the disk is full ({e}); the cache keeps within {} from now \
+                 on, the oldest cached prompts making room",
+                kvstore::format_size(cap)
             ));
         }
     }

@@ -254,6 +254,9 @@ pub struct SessionStore {
     /// The order in which this process stored tails: files written within one clock tick
     /// share a modification time, and the newest must not be taken for the oldest.
     tails_stored: std::sync::Mutex<(u64, std::collections::HashMap<String, u64>)>,
+    /// The bytes the cache's files took when the filesystem was found full
+    /// ([`SessionStore::learn_capacity`]): from then on a budget too (`u64::MAX`: none).
+    learned_cap: std::sync::atomic::AtomicU64,
 }
 
 // The server hands a store to its writer thread and shares it with its scheduler.
@@ -303,6 +306,7 @@ impl SessionStore {
             disk_bytes: config.disk_bytes,
             read_delay: config.read_delay,
             tails_stored: std::sync::Mutex::default(),
+            learned_cap: std::sync::atomic::AtomicU64::new(u64::MAX),
         })
     }
 

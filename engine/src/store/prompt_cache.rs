@@ -145,10 +145,42 @@ impl SessionStore {
     /// under the budget: run before writing, so the directory stays within its budget while
     /// the blocks are written rather than only after.
     pub fn make_room(&self, incoming: u64) -> Result<()> {
-        match self.disk_bytes {
+        let learned = self.learned_cap.load(std::sync::atomic::Ordering::Relaxed);
+        let budget = match (self.disk_bytes, learned) {
+            (Some(b), l) => Some(b.min(l)),
+            (None, u64::MAX) => None,
+            (None, l) => Some(l),
+        };
+        match budget {
             Some(b) => self.collect_to(Some(b), incoming),
             None => Ok(()),
         }
+    }
+
+    /// After a write failed for want of space (a full filesystem, whatever the budget): what
+    /// the cache's files take now becomes a budget as well, so that later rounds make room
+    /// before they write ([`SessionStore::make_room`]) instead of failing. Returns it.
+    pub fn learn_capacity(&self) -> Result<u64> {
+        let used = self.store.metrics().disk_bytes + self.all_manifest_bytes()?;
+        self.learned_cap
+            .fetch_min(used, std::sync::atomic::Ordering::Relaxed);
+        Ok(used)
+    }
+
+    /// Bytes of this model's manifests (tails and named checkpoints).
+    fn all_manifest_bytes(&self) -> Result<u64> {
+        let mut total = 0;
+        for name in self.handle.list()? {
+            if let Some(meta) = self
+                .handle
+                .manifest_path(&name)
+                .ok()
+                .and_then(|p| std::fs::metadata(p).ok())
+            {
+                total += meta.len();
+            }
+        }
+        Ok(total)
     }
 
     /// After a write failed for want of space (a full filesystem, whatever the budget): frees
