@@ -79,6 +79,14 @@ struct Args {
     /// Tokens of a prefix common to every sequence, computed once and shared.
     #[arg(long, default_value_t = 0)]
     shared_prefix: usize,
+    /// Fills this store directory (a server's `--cache-dir`) with `--conversations` cached
+    /// prompts, as a server leaves them, for the growth benchmark (see `fill_store`). Prints
+    /// the count and the time taken.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["checkpoint", "sequences", "shared_prefix"])]
+    fill_store: Option<PathBuf>,
+    /// With `--fill-store`: how many.
+    #[arg(long, default_value_t = 1000, requires = "fill_store")]
+    conversations: usize,
 }
 
 fn argmax(logits: &[f32]) -> u32 {
@@ -176,6 +184,49 @@ fn batched(args: &Args, model: &std::sync::Arc<Model>) -> Result<serde_json::Val
     }))
 }
 
+/// `--fill-store DIR --conversations N`: N cached prompts as a server leaves them (a full block
+/// and a two-token tail each, under the ids of their own tokens), written through the store.
+/// Their KV bytes are a filler pattern, not computed: they stand for other users' prompts in
+/// the growth benchmark, which measures what the store's size costs, and nobody asks for them.
+fn fill_store(
+    model: &std::sync::Arc<Model>,
+    dir: &std::path::Path,
+    n: usize,
+) -> Result<serde_json::Value> {
+    use engine::store::{NewBlock, TailBlock};
+    let started = Instant::now();
+    let store = SessionStore::open(dir, model, StoreConfig::default())?;
+    let layout =
+        engine::KvLayout::with_types(model.hparams(), engine::KvType::F16, engine::KvType::F16)?;
+    let per_token = layout.bytes_per_token();
+    let fingerprint = kvstore::Fingerprint(model.fingerprint());
+    let n_vocab = model.hparams().n_vocab as u64;
+    for c in 0..n as u64 {
+        let tokens: Vec<u32> = (0..PAGE_TOKENS as u64 + 2)
+            .map(|i| (100 + (c * 131 + i * 7919) % (n_vocab - 200)) as u32)
+            .collect();
+        let block = &tokens[..PAGE_TOKENS];
+        let id = kvstore::BlockId::chain(&fingerprint, None, block);
+        let fill = (c % 251) as u8;
+        store.put_blocks(vec![NewBlock {
+            prev: None,
+            id,
+            tokens: block.to_vec(),
+            kv: vec![fill; PAGE_TOKENS * per_token],
+        }])?;
+        store.put_tail(TailBlock {
+            tokens,
+            kv: vec![fill; 2 * per_token],
+            last_block: id,
+        })?;
+    }
+    store.flush()?;
+    Ok(serde_json::json!({
+        "conversations": n,
+        "seconds": started.elapsed().as_secs_f64(),
+    }))
+}
+
 fn main() -> Result<()> {
     let args = Args::parse_from(engine::expand_llama_cpp_flags(std::env::args_os()));
     let store_config = StoreConfig {
@@ -189,6 +240,10 @@ fn main() -> Result<()> {
         &args.model,
         &engine::ModelParams::gpu_layers(args.n_gpu_layers),
     )?;
+    if let Some(dir) = &args.fill_store {
+        println!("{}", fill_store(&model, dir, args.conversations)?);
+        return Ok(());
+    }
     if args.sequences > 1 || args.shared_prefix > 0 {
         println!("{}", batched(&args, &model)?);
         return Ok(());

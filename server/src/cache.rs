@@ -165,6 +165,7 @@ fn write_behind(
                 idle_polls = 0;
             }
         }
+        let round = std::time::Instant::now();
         let mut batches = vec![work];
         batches.extend(rx.try_iter());
         let taken: u64 = batches.iter().map(Work::bytes).sum();
@@ -217,6 +218,11 @@ fn write_behind(
             metrics.cache_error(format!("keeping the disk budget failed: {e}"));
         }
         queued.fetch_sub(taken, Ordering::AcqRel);
+        Metrics::add(&metrics.writer_rounds, 1);
+        Metrics::add(
+            &metrics.writer_round_us,
+            round.elapsed().as_micros().try_into().unwrap_or(u64::MAX),
+        );
     }
 }
 

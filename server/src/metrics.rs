@@ -35,6 +35,10 @@ pub struct Metrics {
     pub cache_evictions: AtomicU64,
     /// Blocks and tails not stored because the write-behind queue was full.
     pub cache_writes_dropped: AtomicU64,
+    /// Rounds of the write-behind thread (room made, blocks and tails written, flushed).
+    pub writer_rounds: AtomicU64,
+    /// Microseconds those rounds took, in all.
+    pub writer_round_us: AtomicU64,
     /// Problems of the prompt cache that cost only speed (a failed restore or write).
     pub cache_errors: AtomicU64,
     /// The last of those problems, as text.
@@ -217,7 +221,7 @@ impl Metrics {
     /// then the prompt cache's own (`llamahdd:`).
     pub fn render(&self, store: StoreBytes) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let rows: [(&str, &str, &str, u64); 18] = [
+        let rows: [(&str, &str, &str, u64); 20] = [
             (
                 "prompt_tokens_total",
                 "counter",
@@ -295,6 +299,18 @@ impl Metrics {
                 "counter",
                 "Cached prompts dropped from memory.",
                 get(&self.cache_evictions),
+            ),
+            (
+                "cache_writer_rounds_total",
+                "counter",
+                "Rounds of the write-behind thread.",
+                get(&self.writer_rounds),
+            ),
+            (
+                "cache_writer_microseconds_total",
+                "counter",
+                "Time the write-behind thread's rounds took, in all.",
+                get(&self.writer_round_us),
             ),
             (
                 "cache_writes_dropped_total",

@@ -36,7 +36,7 @@ pub(crate) struct Options {
     /// `--llama-server` or `LLAMA_SERVER`: llama.cpp's server, if any.
     llama: Option<PathBuf>,
     /// `--model`: the GGUF both servers load.
-    model: PathBuf,
+    pub(crate) model: PathBuf,
     /// `--threads`: `-t` of both servers.
     threads: usize,
     /// `--prompt-tokens`: the time-to-first-token prompt's size.
@@ -63,6 +63,13 @@ pub(crate) struct Options {
     skip_trace: bool,
     /// `--skip-ttft`: no time-to-first-token measurement.
     skip_ttft: bool,
+}
+
+impl Options {
+    /// `--reps`.
+    pub(crate) fn reps(&self) -> usize {
+        self.reps
+    }
 }
 
 /// Reads the options; later flags override earlier ones.
@@ -122,7 +129,9 @@ pub(crate) fn parse(args: &[String]) -> Result<Options, String> {
                      --llama-server BIN, --model PATH, --threads N, --prompt-tokens N, --reps N, --repeats N, \
                      --system-tokens N, --conversations N, --turns N, --clients N, \
                      --gen-tokens N, --dir DIR, --only ours|llama, --skip-trace, --skip-ttft, \
-                     --workload agent [--restart-after N] [--ctx N] [--chat-template-file PATH])"
+                     --workload agent [--restart-after N] [--ctx N] [--chat-template-file PATH], \
+                     --workload multi-round [--users N] [--rounds N] [--doc-tokens N] [--ctx N] \
+                     [--cache-ram-mib N])"
                 ))
             }
         }
@@ -256,16 +265,16 @@ impl Drop for Server {
 }
 
 /// What one streamed chat request gave.
-struct Reply {
-    ttft_ms: f64,
-    text: String,
-    completion_tokens: u64,
-    prompt_tokens: u64,
-    prompt_computed: u64,
+pub(crate) struct Reply {
+    pub(crate) ttft_ms: f64,
+    pub(crate) text: String,
+    pub(crate) completion_tokens: u64,
+    pub(crate) prompt_tokens: u64,
+    pub(crate) prompt_computed: u64,
 }
 
 /// Sends a streaming chat completion and reads it to the end.
-fn chat(base: &str, messages: &Value, max_tokens: usize) -> Result<Reply, String> {
+pub(crate) fn chat(base: &str, messages: &Value, max_tokens: usize) -> Result<Reply, String> {
     let body = json!({
         "messages": messages,
         "max_tokens": max_tokens,
@@ -673,8 +682,10 @@ pub fn bench_server(args: &[String]) -> Result<(), String> {
     if let Some(i) = args.iter().position(|a| a == "--workload") {
         return match args.get(i + 1).map(String::as_str) {
             Some("agent") => crate::bench_agent::bench_agent(args),
+            Some("multi-round") => crate::bench_multiround::bench_multiround(args),
+            Some("growth") => crate::bench_growth::bench_growth(args),
             other => Err(format!(
-                "bench-server: --workload wants `agent`, got `{}` (without it: the time to first \
+                "bench-server: --workload wants `agent` or `multi-round`, got `{}` (without it: the time to first \
                  token and the concurrent trace)",
                 other.unwrap_or("")
             )),

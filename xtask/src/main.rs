@@ -25,6 +25,8 @@ mod source {
     include!("../../ggml-sys/src/source.rs");
 }
 mod bench_agent;
+mod bench_growth;
+mod bench_multiround;
 mod bench_server;
 #[cfg(feature = "bindgen")]
 mod bindings;

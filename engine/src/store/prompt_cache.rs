@@ -129,6 +129,14 @@ impl SessionStore {
         if matching > 0 {
             found.tokens = start + matching;
             found.tail = Some(manifest);
+            // Used now: the disk budget drops the tails used longest ago first, and a tail's
+            // age is its file's modification time (the same in every process). Best effort.
+            if let Ok(path) = self.handle.manifest_path(&name) {
+                let _ = std::fs::File::options()
+                    .write(true)
+                    .open(path)
+                    .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+            }
         }
         found
     }

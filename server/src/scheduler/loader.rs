@@ -12,7 +12,9 @@ use engine::store::{LoadedPrefix, SessionStore};
 use engine::KvLayout;
 use tokio::sync::mpsc;
 
-use super::Command;
+use engine::PAGE_TOKENS;
+
+use super::{Command, Job, Scheduler};
 use crate::metrics::Metrics;
 
 /// What the loader is asked to read.
@@ -104,6 +106,76 @@ impl Drop for Loader {
         self.requests = None;
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+    }
+}
+
+/// Where a waiting request's stored prefix stands.
+pub(super) enum Load {
+    /// Not looked up yet.
+    NotAsked,
+    /// The loader is reading it (the number of the load).
+    Asked(u64),
+    /// Read (`None`: nothing to take from the store).
+    Done(Option<Box<LoadedPrefix>>),
+}
+
+/// A request waiting for a slot.
+pub(super) struct Queued {
+    pub(super) job: Job,
+    pub(super) load: Load,
+}
+
+impl Scheduler {
+    /// Whether a load is being read for a waiting request.
+    pub(super) fn loading(&self) -> bool {
+        self.queue.iter().any(|q| matches!(q.load, Load::Asked(_)))
+    }
+
+    /// Hands finished loads to their requests.
+    pub(super) fn collect_loads(&mut self) {
+        while let Some(done) = self.loader.as_ref().and_then(Loader::try_done) {
+            self.take_load(done);
+        }
+    }
+
+    pub(super) fn take_load(&mut self, done: Loaded) {
+        // A request cancelled meanwhile is gone from the queue: its load is dropped.
+        if let Some(q) = self
+            .queue
+            .iter_mut()
+            .find(|q| matches!(q.load, Load::Asked(id) if id == done.id))
+        {
+            q.load = Load::Done(done.prefix);
+        }
+    }
+
+    /// Asks the loader for the stored prefixes of the first waiting requests (as many as there
+    /// are slots), unless memory holds all they could take from the store.
+    pub(super) fn ask_loads(&mut self) {
+        let Some(loader) = &self.loader else { return };
+        let n = self.queue.len().min(self.slots.len());
+        for i in 0..n {
+            let q = &self.queue[i];
+            if !matches!(q.load, Load::NotAsked) {
+                continue;
+            }
+            let prompt = &q.job.prompt;
+            let usable = &prompt[..prompt.len().saturating_sub(1)];
+            let in_pool = self.ctx.resident_prefix(usable);
+            let resident = self.longest_resident(usable).map_or(0, |(n, _)| n);
+            if !q.job.params.cache_prompt || in_pool.max(resident) >= usable.len() {
+                self.queue[i].load = Load::Done(None);
+                continue;
+            }
+            self.loads += 1;
+            loader.ask(
+                self.loads,
+                usable.to_vec(),
+                in_pool / PAGE_TOKENS,
+                self.ctx.kv_layout().clone(),
+            );
+            self.queue[i].load = Load::Asked(self.loads);
         }
     }
 }

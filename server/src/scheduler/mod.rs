@@ -39,7 +39,7 @@ pub use types::{
 
 use crate::error::{Result, ServerError};
 use crate::metrics::Metrics;
-use loader::{Loaded, Loader};
+use loader::{Load, Loader, Queued};
 use reuse::{common_prefix, recv_timeout, recv_within, EXPORT_IDLE};
 use sample::{flush_text, pick};
 use stop::{find_stop, safe_prefix_len};
@@ -91,22 +91,6 @@ struct Active {
     thinking: usize,
     /// Tokens to feed next instead of sampling (a reasoning budget's end tag).
     forced: VecDeque<u32>,
-}
-
-/// Where a waiting request's stored prefix stands.
-enum Load {
-    /// Not looked up yet.
-    NotAsked,
-    /// The loader is reading it (the number of the load).
-    Asked(u64),
-    /// Read (`None`: nothing to take from the store).
-    Done(Option<Box<LoadedPrefix>>),
-}
-
-/// A request waiting for a slot.
-struct Queued {
-    job: Job,
-    load: Load,
 }
 
 /// A slot: at most one active request, and the sequence it last ran.
@@ -337,58 +321,6 @@ impl Scheduler {
         self.queue.retain(|q| !q.job.events.is_closed());
     }
 
-    /// Whether a load is being read for a waiting request.
-    fn loading(&self) -> bool {
-        self.queue.iter().any(|q| matches!(q.load, Load::Asked(_)))
-    }
-
-    /// Hands finished loads to their requests.
-    fn collect_loads(&mut self) {
-        while let Some(done) = self.loader.as_ref().and_then(Loader::try_done) {
-            self.take_load(done);
-        }
-    }
-
-    fn take_load(&mut self, done: Loaded) {
-        // A request cancelled meanwhile is gone from the queue: its load is dropped.
-        if let Some(q) = self
-            .queue
-            .iter_mut()
-            .find(|q| matches!(q.load, Load::Asked(id) if id == done.id))
-        {
-            q.load = Load::Done(done.prefix);
-        }
-    }
-
-    /// Asks the loader for the stored prefixes of the first waiting requests (as many as there
-    /// are slots), unless memory holds all they could take from the store.
-    fn ask_loads(&mut self) {
-        let Some(loader) = &self.loader else { return };
-        let n = self.queue.len().min(self.slots.len());
-        for i in 0..n {
-            let q = &self.queue[i];
-            if !matches!(q.load, Load::NotAsked) {
-                continue;
-            }
-            let prompt = &q.job.prompt;
-            let usable = &prompt[..prompt.len().saturating_sub(1)];
-            let in_pool = self.ctx.resident_prefix(usable);
-            let resident = self.longest_resident(usable).map_or(0, |(n, _)| n);
-            if !q.job.params.cache_prompt || in_pool.max(resident) >= usable.len() {
-                self.queue[i].load = Load::Done(None);
-                continue;
-            }
-            self.loads += 1;
-            loader.ask(
-                self.loads,
-                usable.to_vec(),
-                in_pool / PAGE_TOKENS,
-                self.ctx.kv_layout().clone(),
-            );
-            self.queue[i].load = Load::Asked(self.loads);
-        }
-    }
-
     /// Moves waiting requests into free slots, first come first served (a request for a
     /// particular slot waits for that one without holding up the others).
     fn admit(&mut self) {
@@ -559,40 +491,6 @@ impl Scheduler {
         })
     }
 
-    /// The finished sequence sharing the longest token prefix with `tokens`, and its length.
-    fn longest_resident(&self, tokens: &[u32]) -> Option<(usize, SeqId)> {
-        self.cached
-            .iter()
-            .filter_map(|&s| {
-                let held = self.ctx.tokens(s).ok()?;
-                let n = held.iter().zip(tokens).take_while(|(a, b)| a == b).count();
-                Some((n, s))
-            })
-            .max()
-    }
-
-    /// Drops cached sequences, least recently finished first, until `pages` are free or none
-    /// is left. Returns whether that many are free.
-    fn make_room(&mut self, pages: usize) -> bool {
-        loop {
-            let stats = self.ctx.stats();
-            if stats.pages_total - stats.pages_used >= pages {
-                return true;
-            }
-            let Some(seq) = self.cached.pop_front() else {
-                return false;
-            };
-            self.export(seq);
-            let _ = self.ctx.remove_sequence(seq);
-            for slot in &mut self.slots {
-                if slot.last == Some(seq) {
-                    slot.last = None;
-                }
-            }
-            Metrics::add(&self.metrics.cache_evictions, 1);
-        }
-    }
-
     /// One batch: a decode token of each generating request, prefill chunks of the others.
     fn step(&mut self) {
         self.resolve_followers();
@@ -611,9 +509,26 @@ impl Scheduler {
                     }
                 }
             }
-            for (i, slot) in self.slots.iter().enumerate() {
-                let Some(a) = &slot.active else { continue };
-                if a.fed >= a.prompt.len() || budget == 0 || a.follow.is_some() {
+            // Prefill chunks, the request with the fewest prompt tokens left first: a request
+            // that found most of its prompt cached is answered at the next step instead of
+            // waiting behind a cold document (which takes what budget is left).
+            let mut prefilling: Vec<(usize, u64, usize)> = self
+                .slots
+                .iter()
+                .enumerate()
+                .filter_map(|(i, s)| {
+                    s.active
+                        .as_ref()
+                        .map(|a| (a.prompt.len() - a.fed, a.ticket, i))
+                })
+                .filter(|&(left, _, _)| left > 0)
+                .collect();
+            prefilling.sort_unstable();
+            for (_, _, i) in prefilling {
+                let Some(a) = &self.slots[i].active else {
+                    continue;
+                };
+                if budget == 0 || a.follow.is_some() {
                     continue;
                 }
                 let n = (a.prompt.len() - a.fed).min(budget);

@@ -1,4 +1,5 @@
-//! The prompt cache's side of the scheduler: requests that wait for a prefix another request is
+//! The prompt cache's side of the scheduler: the finished sequences kept resident (the longest
+//! match, eviction when the pool runs short), requests that wait for a prefix another request is
 //! computing (followers), and the copy of finished sequences' pages for the store, done when the
 //! scheduler has a moment.
 
@@ -13,6 +14,40 @@ use crate::cache::Work;
 use crate::metrics::Metrics;
 
 impl Scheduler {
+    /// The finished sequence sharing the longest token prefix with `tokens`, and its length.
+    pub(super) fn longest_resident(&self, tokens: &[u32]) -> Option<(usize, SeqId)> {
+        self.cached
+            .iter()
+            .filter_map(|&s| {
+                let held = self.ctx.tokens(s).ok()?;
+                let n = held.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+                Some((n, s))
+            })
+            .max()
+    }
+
+    /// Drops cached sequences, least recently finished first, until `pages` are free or none
+    /// is left. Returns whether that many are free.
+    pub(super) fn make_room(&mut self, pages: usize) -> bool {
+        loop {
+            let stats = self.ctx.stats();
+            if stats.pages_total - stats.pages_used >= pages {
+                return true;
+            }
+            let Some(seq) = self.cached.pop_front() else {
+                return false;
+            };
+            self.export(seq);
+            let _ = self.ctx.remove_sequence(seq);
+            for slot in &mut self.slots {
+                if slot.last == Some(seq) {
+                    slot.last = None;
+                }
+            }
+            Metrics::add(&self.metrics.cache_evictions, 1);
+        }
+    }
+
     /// Starts each waiting follower whose leader has computed the shared prefix (or stopped
     /// computing): it forks the leader's pages. A follower whose leader is gone computes the
     /// prefix itself.
