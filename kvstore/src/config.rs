@@ -102,4 +102,6 @@ pub struct GcReport {
     /// Manifests read to find the live blocks (those new or changed since this
     /// process last looked; unchanged files are known by their stamps).
     pub manifests_read: usize,
+    /// Manifests deleted to make room ([`crate::ModelStore::collect_dropping`]).
+    pub manifests_dropped: Vec<String>,
 }

@@ -7,12 +7,22 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use ckptfmt::{BlockId, FileLock};
+use ckptfmt::{BlockId, FileLock, FormatError};
 
 use crate::config::GcReport;
 use crate::error::{Result, StoreError};
 use crate::io::BlockIo;
 use crate::store::{lock_mutex, ModelInfo, Shared};
+
+/// The model whose manifests a collection may delete to make room: its block files, the
+/// manifests referencing each block, and each manifest's blocks.
+struct Droppable<V: BlockIo> {
+    idx: usize,
+    info: Arc<ModelInfo<V>>,
+    files: HashSet<BlockId>,
+    refs: HashMap<BlockId, u32>,
+    lists: HashMap<String, Vec<BlockId>>,
+}
 
 /// A block file chosen for deletion.
 struct Victim {
@@ -32,7 +42,7 @@ impl<V: BlockIo> Shared<V> {
         info: &ModelInfo<V>,
         exclusive: &FileLock,
         report: &mut GcReport,
-    ) -> Result<HashSet<BlockId>> {
+    ) -> Result<crate::manifest_index::Refreshed> {
         let store = &info.store;
         // A manifest removal (a delete whose directory sync failed, or one in
         // flight in another process) must be durable before its blocks go:
@@ -41,15 +51,32 @@ impl<V: BlockIo> Shared<V> {
         self.io
             .sync_dir(&manifests_dir)
             .map_err(|e| StoreError::io("fsync", &manifests_dir, e))?;
-        let found = lock_mutex(&info.manifests)
+        let mut found = lock_mutex(&info.manifests)
             .refresh(store, exclusive)
             .map_err(|e| StoreError::format(store.root(), e))?;
         report.manifests_read += found.read;
-        report.set_aside.extend(found.set_aside);
-        Ok(found.live)
+        report
+            .set_aside
+            .extend(std::mem::take(&mut found.set_aside));
+        Ok(found)
     }
 
     pub(crate) fn gc_to(&self, target: u64) -> Result<GcReport> {
+        self.gc_dropping(target, 0, None)
+    }
+
+    /// Like [`Shared::gc_to`] with a target of `budget` less `owed` (the bytes of manifests
+    /// the caller's budget counts too); and when the unreferenced blocks are not enough,
+    /// deletes the manifests `dropping.1` of model `dropping.0` in their order (each owing its
+    /// bytes no more), whose blocks then lose a reference, until the target is met: one
+    /// listing of the directory and one look at the manifests however many go. Returns, in the
+    /// report, the manifests deleted.
+    pub(crate) fn gc_dropping(
+        &self,
+        budget: u64,
+        owed: u64,
+        dropping: Option<(usize, &[(String, u64)])>,
+    ) -> Result<GcReport> {
         self.writable("gc")?;
         let mut models: Vec<(usize, Arc<ModelInfo<V>>)> =
             self.models_read().iter().cloned().enumerate().collect();
@@ -66,6 +93,9 @@ impl<V: BlockIo> Shared<V> {
         }
         let mut used = 0u64;
         let mut cands: Vec<(u64, Victim)> = Vec::new();
+        // For the model whose manifests may be dropped: its files, the references to each
+        // block and each manifest's blocks.
+        let mut droppable: Option<Droppable<V>> = None;
         {
             let mut per_model = Vec::new();
             for ((idx, m), lock) in models.iter().zip(&locks) {
@@ -74,13 +104,22 @@ impl<V: BlockIo> Shared<V> {
                     .list_blocks()
                     .map_err(|e| StoreError::format(&m.blocks_dir, e))?;
                 used += files.len() as u64 * m.record_len;
-                let live = self.live_blocks(m, lock, &mut report)?;
-                per_model.push((*idx, m, files, live));
+                let found = self.live_blocks(m, lock, &mut report)?;
+                if dropping.is_some_and(|(d, _)| d == *idx) {
+                    droppable = Some(Droppable {
+                        idx: *idx,
+                        info: Arc::clone(m),
+                        files: files.iter().copied().collect(),
+                        refs: found.live.clone(),
+                        lists: found.lists,
+                    });
+                }
+                per_model.push((*idx, m, files, found.live));
             }
             let st = lock_mutex(&self.state);
             for (idx, m, files, live) in per_model {
                 for id in files {
-                    if live.contains(&id) {
+                    if live.contains_key(&id) {
                         continue;
                     }
                     let last = match st.entries.get(&id) {
@@ -133,25 +172,82 @@ impl<V: BlockIo> Shared<V> {
                 )
             });
         }
+        // Signed: the manifests alone may exceed the budget.
+        let mut target = i128::from(budget) - i128::from(owed);
+        let mut used = i128::from(used);
+        let mut dropped: Vec<String> = Vec::new();
         let victims: Vec<Victim> = {
             let mut st = lock_mutex(&self.state);
             let mut out = Vec::new();
-            for (_, mut v) in cands {
+            let mut queue: std::collections::VecDeque<Victim> =
+                cands.into_iter().map(|(_, v)| v).collect();
+            let mut drops = dropping.map_or(&[][..], |d| d.1).iter();
+            loop {
+                while used > target {
+                    let Some(mut v) = queue.pop_front() else {
+                        break;
+                    };
+                    if let Some(e) = st.entries.get_mut(&v.id) {
+                        if e.in_flight || e.pins > 0 {
+                            continue;
+                        }
+                        e.in_flight = true;
+                        v.claimed = true;
+                    }
+                    used -= i128::from(v.record_len);
+                    out.push(v);
+                }
                 if used <= target {
                     break;
                 }
-                if let Some(e) = st.entries.get_mut(&v.id) {
-                    if e.in_flight || e.pins > 0 {
+                let (Some((name, bytes)), Some(d)) = (drops.next(), droppable.as_mut()) else {
+                    break;
+                };
+                target += i128::from(*bytes);
+                dropped.push(name.clone());
+                // Its blocks lose a reference; those left with none go, the last first.
+                for id in d.lists.get(name).into_iter().flatten().rev() {
+                    let Some(n) = d.refs.get_mut(id) else {
                         continue;
+                    };
+                    *n = n.saturating_sub(1);
+                    if *n == 0 && d.files.contains(id) {
+                        queue.push_back(Victim {
+                            id: *id,
+                            model: d.idx,
+                            record_len: d.info.record_len,
+                            claimed: false,
+                        });
                     }
-                    e.in_flight = true;
-                    v.claimed = true;
                 }
-                used = used.saturating_sub(v.record_len);
-                out.push(v);
             }
             out
         };
+        // The dropped manifests go first, durably: a block goes only once nothing refers to it.
+        if let Some(Droppable { info: m, .. }) = &droppable {
+            for name in &dropped {
+                match m.store.delete_manifest(name) {
+                    Ok(()) => report.manifests_dropped.push(name.clone()),
+                    Err(FormatError::Io { source, .. })
+                        if source.kind() == std::io::ErrorKind::NotFound =>
+                    {
+                        report.manifests_dropped.push(name.clone());
+                    }
+                    Err(e) => {
+                        // Their blocks may still be needed: none goes this time.
+                        let mut st = lock_mutex(&self.state);
+                        for v in victims.iter().filter(|v| v.claimed) {
+                            if let Some(e) = st.entries.get_mut(&v.id) {
+                                e.in_flight = false;
+                            }
+                        }
+                        drop(st);
+                        self.cond.notify_all();
+                        return Err(StoreError::format(m.store.root(), e));
+                    }
+                }
+            }
+        }
         if victims.is_empty() {
             return Ok(report);
         }

@@ -7,6 +7,7 @@ use std::sync::{mpsc, Arc};
 use ckptfmt::{BlockId, CheckpointHealth, Fingerprint, FormatError, Geometry, Manifest};
 
 use crate::bytes::KvBytes;
+use crate::config::GcReport;
 use crate::error::{Result, StoreError};
 use crate::io::BlockIo;
 use crate::state::PrefetchJob;
@@ -336,6 +337,22 @@ impl<V: BlockIo> ModelStore<V> {
     /// use, sorted by name. A damaged manifest is listed with 0 tokens.
     pub fn checkpoints(&self) -> Result<Vec<CheckpointInfo>> {
         self.shared.checkpoint_infos(&self.info)
+    }
+
+    /// Collects the store until its block files and `manifest_bytes` of manifests take at
+    /// most `budget` bytes: unreferenced blocks first, least recently used first; when they
+    /// are not enough, this model's checkpoints `droppable` (name and manifest bytes, in the
+    /// order to drop them) are deleted one after the other, and their blocks that nothing else
+    /// references go too. One pass over the directory, however many go; the report names the
+    /// checkpoints deleted.
+    pub fn collect_dropping(
+        &self,
+        budget: u64,
+        manifest_bytes: u64,
+        droppable: &[(String, u64)],
+    ) -> Result<GcReport> {
+        self.shared
+            .gc_dropping(budget, manifest_bytes, Some((self.idx, droppable)))
     }
 
     /// Deletes checkpoint `name` durably. Its blocks stay until collected.

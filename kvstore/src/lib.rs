@@ -23,7 +23,8 @@
 //!     bytes it alone holds, last use), `delete`, `checkpoint_health`
 //!     ([`CheckpointHealth`]: how many leading blocks verify; damaged ones
 //!     are quarantined), `longest_prefix` ([`PrefixMatch`]), `prefetch`
-//!     ([`Prefetch`]).
+//!     ([`Prefetch`]), `collect_dropping` (a collection that may delete the
+//!     given checkpoints, in order, as far as a budget needs).
 //! - Store-wide: `flush`, `gc`, `gc_to(bytes)` ([`GcReport`]), `metrics`
 //!   ([`Metrics`]), `recovery_report` ([`RecoveryReport`]), `close`.
 //! - Migration of a bare `ckptfmt` store directory: [`legacy`].

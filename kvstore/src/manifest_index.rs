@@ -30,8 +30,10 @@ struct Indexed {
 /// What [`ManifestIndex::refresh`] found.
 #[derive(Debug, Default)]
 pub(crate) struct Refreshed {
-    /// Every block some manifest references.
-    pub live: HashSet<BlockId>,
+    /// Every block some manifest references, with how many manifests reference it.
+    pub live: HashMap<BlockId, u32>,
+    /// The blocks of each manifest the index holds.
+    pub lists: HashMap<String, Vec<BlockId>>,
     /// Damaged manifests moved into the quarantine directory.
     pub set_aside: Vec<PathBuf>,
     /// Manifests read (new or changed since the last refresh).
@@ -91,7 +93,9 @@ impl ManifestIndex {
                         // No stamps: nothing to remember it by; its blocks are live now.
                         None => {
                             self.entries.remove(&name);
-                            out.live.extend(m.block_ids);
+                            for id in m.block_ids {
+                                *out.live.entry(id).or_default() += 1;
+                            }
                         }
                     }
                 }
@@ -107,8 +111,11 @@ impl ManifestIndex {
                 Err(e) => return Err(e),
             }
         }
-        for e in self.entries.values() {
-            out.live.extend(e.blocks.iter().copied());
+        for (name, e) in &self.entries {
+            for id in &e.blocks {
+                *out.live.entry(*id).or_default() += 1;
+            }
+            out.lists.insert(name.clone(), e.blocks.clone());
         }
         Ok(out)
     }

@@ -112,3 +112,52 @@ fn a_damaged_manifest_is_set_aside_and_the_rest_is_collected() {
     assert!(model.load("kept").is_ok());
     assert!(model.load("damaged").is_err());
 }
+
+#[test]
+fn a_collection_drops_the_given_checkpoints_in_order_only_as_far_as_needed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = KvStore::open(dir.path(), inline_config(1)).unwrap();
+    let model = store.model(fp(), geometry()).unwrap();
+    // Three conversations after one shared first block; and blocks nobody references.
+    let conv = |c: u32| -> Vec<u32> { (0..4).chain((0..8).map(|t| 100 * (c + 1) + t)).collect() };
+    for c in 0..3 {
+        put_tokens(&model, &conv(c)).unwrap();
+        model
+            .save(&manifest(&format!("conv{c}"), &conv(c)))
+            .unwrap();
+    }
+    put_tokens(&model, &(900..908).collect::<Vec<u32>>()).unwrap();
+    store.flush().unwrap();
+    let blocks_dir = dir.path().join("models").join(fp().to_hex()).join("blocks");
+    let count = || std::fs::read_dir(&blocks_dir).unwrap().count() as u64;
+    let before = count();
+    let per_block = std::fs::read_dir(&blocks_dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .metadata()
+        .unwrap()
+        .len();
+    let droppable: Vec<(String, u64)> = (0..3).map(|c| (format!("conv{c}"), 0)).collect();
+
+    // Three blocks must go: the two unreferenced ones, then conv0 is dropped and one of its
+    // own blocks (its last) goes, and nothing more.
+    let report = model
+        .collect_dropping((before - 3) * per_block, 0, &droppable)
+        .unwrap();
+    assert_eq!(report.manifests_dropped, ["conv0"], "{report:?}");
+    assert_eq!(count(), before - 3);
+    assert!(model.load("conv1").is_ok() && model.load("conv2").is_ok());
+    assert!(model.load("conv0").is_err());
+
+    // Room for one block: conv0's other block (unreferenced now) goes first, then conv1 and
+    // conv2 are dropped; the shared block, first of the chain, is the one left.
+    let report = model
+        .collect_dropping(per_block, 0, &droppable[1..])
+        .unwrap();
+    assert_eq!(report.manifests_dropped, ["conv1", "conv2"], "{report:?}");
+    assert_eq!(count(), 1);
+    let shared = kvstore::BlockId::chain(&fp(), None, &[0, 1, 2, 3]);
+    assert!(blocks_dir.join(format!("{}.blk", shared.to_hex())).exists());
+}

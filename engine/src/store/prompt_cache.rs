@@ -222,7 +222,8 @@ impl SessionStore {
                 .tails_stored
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            order.1.retain(|name, _| tails.iter().any(|t| &t.3 == name));
+            let present: std::collections::HashSet<&String> = tails.iter().map(|t| &t.3).collect();
+            order.1.retain(|name, _| present.contains(name));
             for t in &mut tails {
                 t.1 = order.1.get(&t.3).copied().unwrap_or(0);
             }
@@ -236,21 +237,14 @@ impl SessionStore {
             return Ok(());
         }
         tails.sort();
-        let mut tails = tails.into_iter();
-        loop {
-            self.store.gc_to(budget.saturating_sub(manifests))?;
-            if self.store.metrics().disk_bytes + manifests <= budget {
-                return Ok(());
-            }
-            let Some((_, _, bytes, name)) = tails.next() else {
-                return Ok(());
-            };
-            match self.handle.delete(&name) {
-                Ok(()) => manifests = manifests.saturating_sub(bytes),
-                // Another process removed it first.
-                Err(kvstore::StoreError::CheckpointNotFound { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
+        // One collection: unreferenced blocks, then the oldest tails and the blocks only they
+        // held, as many as the budget needs.
+        let droppable: Vec<(String, u64)> = tails
+            .into_iter()
+            .map(|(_, _, bytes, name)| (name, bytes))
+            .collect();
+        self.handle
+            .collect_dropping(budget, manifests, &droppable)?;
+        Ok(())
     }
 }
