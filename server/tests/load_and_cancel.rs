@@ -190,3 +190,67 @@ async fn concurrent_requests_share_the_system_prompt_they_have_in_common() {
     assert!(cached[1] >= 4 * 64, "cached tokens per request: {cached:?}");
     srv.stop().await;
 }
+
+/// A short request that arrives while a long prompt is being read is answered first: prefill
+/// chunks go to the request with the fewest prompt tokens left (before, the long prompt took
+/// every step's budget until it was read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_request_is_not_held_behind_a_long_prompt() {
+    use std::time::Instant;
+    let env = common::Env::new();
+    let srv = env
+        .start(&["-c", "4096", "-np", "2", "-ub", "32", "-b", "32"])
+        .await;
+    let long: String = (0..3800)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let mut resp = srv
+        .client
+        .post(format!("{}/completion", srv.url))
+        .json(
+            &serde_json::json!({"prompt": long, "n_predict": 1, "stream": true,
+                                  "return_progress": true, "cache_prompt": false}),
+        )
+        .send()
+        .await
+        .unwrap();
+    // Wait until the long prompt is being read (its first progress past the start).
+    let mut buf = String::new();
+    loop {
+        let chunk = resp
+            .chunk()
+            .await
+            .unwrap()
+            .expect("the long request ended early");
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        if buf.matches("prompt_progress").count() >= 2 {
+            break;
+        }
+    }
+    let sent = Instant::now();
+    let (status, short) = srv
+        .post(
+            "/completion",
+            &serde_json::json!({"prompt": "zz", "n_predict": 1, "cache_prompt": false}),
+        )
+        .await;
+    let short_done = Instant::now();
+    assert_eq!(status, 200, "{short}");
+    // The long request is still going when the short one has its answer: its last event
+    // (`"stop": true`) comes long after.
+    let mut long_done = None;
+    while let Some(chunk) = resp.chunk().await.unwrap() {
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        if long_done.is_none() && buf.contains("\"stop\":true") {
+            long_done = Some(Instant::now());
+        }
+    }
+    let long_done = long_done.expect("the long request answered");
+    // About 2 steps against about 110.
+    let (short_took, long_took) = (short_done - sent, long_done - sent);
+    assert!(
+        short_took * 4 < long_took,
+        "the short request took {short_took:?}, the long one {long_took:?}: it waited"
+    );
+    srv.stop().await;
+}
