@@ -163,3 +163,21 @@ fn an_empty_api_key_is_refused_and_key_files_hold_several() {
         .unwrap();
     assert_eq!(config.api_keys, ["k0", "k1", "k2"]);
 }
+
+#[test]
+fn the_disk_budget_has_a_default_and_minus_one_lifts_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("not-yet").join("cache");
+    let disk = |extra: &[&str]| {
+        let mut argv = vec!["--cache-dir", cache.to_str().unwrap()];
+        argv.extend_from_slice(extra);
+        parse(&argv).unwrap().check().unwrap().cache_disk
+    };
+    // Half the free space of the filesystem (the directory does not exist yet: its nearest
+    // existing ancestor's), at most 20 GiB.
+    let default = disk(&[]).expect("a default budget");
+    assert!(default > 0 && default <= 20 << 30, "{default}");
+    assert_eq!(super::default_disk_budget(&cache), default);
+    assert_eq!(disk(&["--cache-disk", "-1"]), None);
+    assert_eq!(disk(&["--cache-disk", "64KiB"]), Some(64 << 10));
+}
