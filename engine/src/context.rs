@@ -245,18 +245,7 @@ impl Context {
         if !s.tokens.is_empty() {
             return Err(Error::SequenceNotEmpty { seq });
         }
-        let mut ids = Vec::new();
-        let mut pages = Vec::new();
-        for block in tokens[..usable].chunks_exact(PAGE_TOKENS) {
-            let id = BlockId::chain(&self.fingerprint, ids.last(), block);
-            match self.pool.find(&id) {
-                Some(page) => {
-                    ids.push(id);
-                    pages.push(page);
-                }
-                None => break,
-            }
-        }
+        let (ids, pages) = self.resident_pages(&tokens[..usable]);
         for &p in &pages {
             self.pool.retain(p);
         }
@@ -273,17 +262,25 @@ impl Context {
     /// [`Context::attach_prefix`] would attach now), without changing anything.
     pub fn resident_prefix(&self, tokens: &[u32]) -> usize {
         let usable = tokens.len().min(self.params.n_ctx);
-        let mut prev: Option<BlockId> = None;
-        let mut n = 0;
-        for block in tokens[..usable].chunks_exact(PAGE_TOKENS) {
-            let id = BlockId::chain(&self.fingerprint, prev.as_ref(), block);
-            if self.pool.find(&id).is_none() {
-                break;
+        self.resident_pages(&tokens[..usable]).1.len() * PAGE_TOKENS
+    }
+
+    /// The ids and pool pages of the longest run of `tokens`' leading full blocks resident in
+    /// the pool.
+    fn resident_pages(&self, tokens: &[u32]) -> (Vec<BlockId>, Vec<u32>) {
+        let mut ids = Vec::new();
+        let mut pages = Vec::new();
+        for block in tokens.chunks_exact(PAGE_TOKENS) {
+            let id = BlockId::chain(&self.fingerprint, ids.last(), block);
+            match self.pool.find(&id) {
+                Some(page) => {
+                    ids.push(id);
+                    pages.push(page);
+                }
+                None => break,
             }
-            prev = Some(id);
-            n += PAGE_TOKENS;
         }
-        n
+        (ids, pages)
     }
 
     /// Drops `seq`, returning the pages only it held.

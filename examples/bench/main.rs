@@ -223,6 +223,7 @@ fn fill_store(
     store.flush()?;
     Ok(serde_json::json!({
         "conversations": n,
+        "kv_bytes_per_token": per_token,
         "seconds": started.elapsed().as_secs_f64(),
     }))
 }

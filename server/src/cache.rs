@@ -80,7 +80,7 @@ impl Writer {
     }
 
     /// [`Writer::send`] with a queue of at most `limit` bytes.
-    pub fn send_within(&self, work: Work, limit: u64) {
+    fn send_within(&self, work: Work, limit: u64) {
         if work.blocks.is_empty() && work.tails.is_empty() {
             return;
         }

@@ -6,22 +6,12 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::Env;
+use common::{Env, Killed};
 use serde_json::{json, Value};
-
-/// The server process (in its namespaces), killed when dropped.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Whether this machine lets an unprivileged process mount a tmpfs of its own.
 fn can_mount() -> bool {
@@ -75,15 +65,7 @@ async fn a_full_filesystem_keeps_serving_cache_hits() {
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let _server = Killed(child);
-    let url = loop {
-        let line = lines
-            .next()
-            .expect("the server said where it listens")
-            .unwrap();
-        if let Some(rest) = line.split("listening on ").nth(1) {
-            break rest.trim().to_owned();
-        }
-    };
+    let url = common::listening_url(&mut lines);
     let log = Arc::new(Mutex::new(Vec::<String>::new()));
     {
         let log = Arc::clone(&log);

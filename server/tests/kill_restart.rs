@@ -5,21 +5,11 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Env;
+use common::{Env, Killed};
 use serde_json::{json, Value};
-
-/// A server process, killed when dropped (a failing test leaves none behind).
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Starts the binary on port 0 and reads the address it listens on.
 fn spawn(env: &Env) -> (Killed, String) {
@@ -42,15 +32,7 @@ fn spawn(env: &Env) -> (Killed, String) {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = loop {
-        let line = lines
-            .next()
-            .expect("the server said where it listens")
-            .unwrap();
-        if let Some(rest) = line.split("listening on ").nth(1) {
-            break rest.trim().to_owned();
-        }
-    };
+    let url = common::listening_url(&mut lines);
     // Keep draining its standard error so it never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
     (Killed(child), url)

@@ -177,9 +177,14 @@ fn one_size(ours: &Path, o: &Options, n: usize) -> Result<Value, String> {
         ));
     }
     let filled = bytes_under(&cache);
-    // SmolLM2: 23,040 bytes of f16 KV a token. Room for the measured prompt and one of the
-    // later ones: the other two make room by evicting.
-    let budget = filled + (PROMPT_TOKENS as u64 + 64 + 300 + 64) * 23_040 + (2 << 20);
+    let report: Value = serde_json::from_slice(&fill.stdout)
+        .map_err(|e| format!("bench --fill-store printed no JSON: {e}"))?;
+    let per_token = report["kv_bytes_per_token"]
+        .as_u64()
+        .ok_or("bench --fill-store did not say the KV bytes a token")?;
+    // Room for the measured prompt and one of the later ones: the other two make room by
+    // evicting.
+    let budget = filled + (PROMPT_TOKENS as u64 + 64 + 300 + 64) * per_token + (2 << 20);
     let extra = vec![
         "--cache-disk".to_string(),
         format!("{}KiB", budget / 1024),

@@ -90,23 +90,33 @@ impl<V: Vfs> Store<V> {
             Err(e) if e.is_corruption() => {}
             Err(e) => return Err(e),
         }
+        let name = format!("{}.{}", id.to_hex(), owner.token);
+        self.move_to_quarantine(&p, &self.blocks_dir, &name, BLOCK_SUFFIX)
+            .map(Some)
+    }
+
+    /// Renames the file `path` of directory `from` into the quarantine directory as
+    /// `{stem}-{n}{suffix}` (`n` unique in this process), durably.
+    fn move_to_quarantine(
+        &self,
+        path: &std::path::Path,
+        from: &std::path::Path,
+        stem: &str,
+        suffix: &str,
+    ) -> Result<PathBuf> {
         let dir = self.root.join(QUARANTINE_DIR);
         create_dir_durable(&self.vfs, &dir).map_err(|e| FormatError::io("mkdir", &dir, e))?;
         let seq = QUARANTINE_SEQ.fetch_add(1, Ordering::Relaxed);
-        let dst = dir.join(format!(
-            "{}.{}-{seq}{BLOCK_SUFFIX}",
-            id.to_hex(),
-            owner.token
-        ));
+        let dst = dir.join(format!("{stem}-{seq}{suffix}"));
         self.vfs
-            .rename(&p, &dst)
-            .map_err(|e| FormatError::io("rename", &p, e))?;
-        for d in [&dir, &self.blocks_dir] {
+            .rename(path, &dst)
+            .map_err(|e| FormatError::io("rename", path, e))?;
+        for d in [&dir, from] {
             self.vfs
                 .sync_dir(d)
                 .map_err(|e| FormatError::io("fsync", d, e))?;
         }
-        Ok(Some(dst))
+        Ok(dst)
     }
 
     /// Moves checkpoint `name`'s manifest into the quarantine directory when its bytes do
@@ -124,19 +134,9 @@ impl<V: Vfs> Store<V> {
             Err(e) => return Err(e),
         }
         let p = self.manifest_path(name)?;
-        let dir = self.root.join(QUARANTINE_DIR);
-        create_dir_durable(&self.vfs, &dir).map_err(|e| FormatError::io("mkdir", &dir, e))?;
-        let seq = QUARANTINE_SEQ.fetch_add(1, Ordering::Relaxed);
-        let dst = dir.join(format!("{name}.{}-{seq}{MANIFEST_SUFFIX}", owner.token));
-        self.vfs
-            .rename(&p, &dst)
-            .map_err(|e| FormatError::io("rename", &p, e))?;
-        for d in [&dir, &self.manifests_dir] {
-            self.vfs
-                .sync_dir(d)
-                .map_err(|e| FormatError::io("fsync", d, e))?;
-        }
-        Ok(Some(dst))
+        let stem = format!("{name}.{}", owner.token);
+        self.move_to_quarantine(&p, &self.manifests_dir, &stem, MANIFEST_SUFFIX)
+            .map(Some)
     }
 
     /// Files in the quarantine directory.

@@ -360,13 +360,9 @@ impl<V: Vfs> Store<V> {
     /// file system gives none).
     pub fn manifest_stamp(&self, name: &str) -> Result<Option<crate::FileStamp>> {
         let p = self.manifest_path(name)?;
-        self.vfs.stamp(&p).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => FormatError::NotFound {
-                what: "checkpoint",
-                name: name.to_string(),
-            },
-            _ => FormatError::io("stat", &p, e),
-        })
+        self.vfs
+            .stamp(&p)
+            .map_err(|e| manifest_io_error(name, "stat", &p, e))
     }
 
     /// Whether checkpoint `name` has a committed manifest (one `stat`; not verified).
@@ -593,13 +589,10 @@ impl<V: Vfs> Store<V> {
     /// collection needs to know which blocks the file keeps.
     pub fn decode_manifest(&self, name: &str) -> Result<Manifest> {
         let p = self.manifest_path(name)?;
-        let bytes = self.vfs.read(&p).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => FormatError::NotFound {
-                what: "checkpoint",
-                name: name.to_string(),
-            },
-            _ => FormatError::io("read", &p, e),
-        })?;
+        let bytes = self
+            .vfs
+            .read(&p)
+            .map_err(|e| manifest_io_error(name, "read", &p, e))?;
         Manifest::decode(&bytes)
     }
 
@@ -764,5 +757,22 @@ impl<V: Vfs> Store<V> {
         report.bytes_written += man.len;
         self.commit(staged, Some(man))?;
         Ok(report)
+    }
+}
+
+/// An I/O error on checkpoint `name`'s manifest at `path`: [`FormatError::NotFound`] when the
+/// file is absent.
+fn manifest_io_error(
+    name: &str,
+    op: &'static str,
+    path: &std::path::Path,
+    e: std::io::Error,
+) -> FormatError {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => FormatError::NotFound {
+            what: "checkpoint",
+            name: name.to_string(),
+        },
+        _ => FormatError::io(op, path, e),
     }
 }

@@ -169,26 +169,29 @@ impl SessionStore {
     /// the cache's files take now becomes a budget as well, so that later rounds make room
     /// before they write ([`SessionStore::make_room`]) instead of failing. Returns it.
     pub fn learn_capacity(&self) -> Result<u64> {
-        let used = self.store.metrics().disk_bytes + self.all_manifest_bytes()?;
+        let manifests: u64 = self.manifest_files()?.iter().map(|(_, m)| m.len()).sum();
+        let used = self.store.metrics().disk_bytes + manifests;
         self.learned_cap
             .fetch_min(used, std::sync::atomic::Ordering::Relaxed);
         Ok(used)
     }
 
-    /// Bytes of this model's manifests (tails and named checkpoints).
-    fn all_manifest_bytes(&self) -> Result<u64> {
-        let mut total = 0;
-        for name in self.handle.list()? {
-            if let Some(meta) = self
-                .handle
-                .manifest_path(&name)
-                .ok()
-                .and_then(|p| std::fs::metadata(p).ok())
-            {
-                total += meta.len();
-            }
-        }
-        Ok(total)
+    /// This model's manifests (tails and named checkpoints) with their files' metadata; one
+    /// removed meanwhile is left out.
+    fn manifest_files(&self) -> Result<Vec<(String, std::fs::Metadata)>> {
+        Ok(self
+            .handle
+            .list()?
+            .into_iter()
+            .filter_map(|name| {
+                let meta = self
+                    .handle
+                    .manifest_path(&name)
+                    .ok()
+                    .and_then(|p| std::fs::metadata(p).ok())?;
+                Some((name, meta))
+            })
+            .collect())
     }
 
     /// After a write failed for want of space (a full filesystem, whatever the budget): frees
@@ -203,15 +206,7 @@ impl SessionStore {
     fn collect_to(&self, budget: Option<u64>, incoming: u64) -> Result<()> {
         let mut manifests = 0u64;
         let mut tails = Vec::new();
-        for name in self.handle.list()? {
-            let Some(meta) = self
-                .handle
-                .manifest_path(&name)
-                .ok()
-                .and_then(|p| std::fs::metadata(p).ok())
-            else {
-                continue;
-            };
+        for (name, meta) in self.manifest_files()? {
             manifests += meta.len();
             if name.starts_with(TAIL_PREFIX) {
                 tails.push((meta.modified().ok(), 0, meta.len(), name));

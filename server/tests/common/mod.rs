@@ -201,3 +201,26 @@ pub fn dir_bytes(dir: &Path) -> u64 {
         })
         .sum()
 }
+
+/// A server process, killed when dropped (a failing test leaves none behind).
+pub struct Killed(pub std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Reads a server binary's standard error up to the line saying where it listens; its URL.
+pub fn listening_url(lines: &mut impl Iterator<Item = std::io::Result<String>>) -> String {
+    loop {
+        let line = lines
+            .next()
+            .expect("the server said where it listens")
+            .unwrap();
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            return rest.trim().to_owned();
+        }
+    }
+}
