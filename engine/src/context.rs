@@ -17,6 +17,7 @@ use crate::ggml::{Compute, KvTensors};
 use crate::kv::{KvLayout, KvStats, KvType, PagePool, PAGE_TOKENS};
 use crate::llama;
 use crate::model::Model;
+use crate::namespace::Namespace;
 
 /// How a [`Context`] runs.
 #[derive(Clone, Debug)]
@@ -84,6 +85,9 @@ pub(crate) struct Sequence {
     /// instead of from the id before them (see `shift.rs`), by increasing page; each page is at
     /// most `ids.len()`.
     pub roots: Vec<ChainRoot>,
+    /// The root of its prompt-cache namespace, which its first block chains from (unless a
+    /// root of block 0 in `roots` replaced it); kept when the sequence is truncated or shifted.
+    pub namespace: Option<BlockId>,
 }
 
 /// The engine's state for one model: backends (the CPU's thread pool, and the device of the
@@ -226,6 +230,7 @@ impl Context {
             },
             pages,
             roots: roots_below(&s.roots, len),
+            namespace: s.namespace,
         };
         for &p in &fork.pages {
             self.pool.retain(p);
@@ -245,7 +250,8 @@ impl Context {
         if !s.tokens.is_empty() {
             return Err(Error::SequenceNotEmpty { seq });
         }
-        let (ids, pages) = self.resident_pages(&tokens[..usable]);
+        let (ids, pages) =
+            self.resident_pages(&tokens[..usable], s.namespace.map(Namespace::from_root));
         for &p in &pages {
             self.pool.retain(p);
         }
@@ -258,20 +264,22 @@ impl Context {
         Ok(n)
     }
 
-    /// How many of `tokens`' leading tokens, in whole pages, the pool holds by block id (what
-    /// [`Context::attach_prefix`] would attach now), without changing anything.
-    pub fn resident_prefix(&self, tokens: &[u32]) -> usize {
+    /// How many of `tokens`' leading tokens, in whole pages, the pool holds by block id in
+    /// namespace `ns` (what [`Context::attach_prefix`] would attach now to a sequence of that
+    /// namespace), without changing anything.
+    pub fn resident_prefix(&self, tokens: &[u32], ns: Option<Namespace>) -> usize {
         let usable = tokens.len().min(self.params.n_ctx);
-        self.resident_pages(&tokens[..usable]).1.len() * PAGE_TOKENS
+        self.resident_pages(&tokens[..usable], ns).1.len() * PAGE_TOKENS
     }
 
     /// The ids and pool pages of the longest run of `tokens`' leading full blocks resident in
-    /// the pool.
-    fn resident_pages(&self, tokens: &[u32]) -> (Vec<BlockId>, Vec<u32>) {
+    /// the pool, in namespace `ns`.
+    fn resident_pages(&self, tokens: &[u32], ns: Option<Namespace>) -> (Vec<BlockId>, Vec<u32>) {
+        let root = ns.map(Namespace::root);
         let mut ids = Vec::new();
         let mut pages = Vec::new();
         for block in tokens.chunks_exact(PAGE_TOKENS) {
-            let id = BlockId::chain(&self.fingerprint, ids.last(), block);
+            let id = BlockId::chain(&self.fingerprint, ids.last().or(root.as_ref()), block);
             match self.pool.find(&id) {
                 Some(page) => {
                     ids.push(id);
@@ -355,8 +363,39 @@ impl Context {
     /// sequence never shifted, or truncated back before its first shift): page `r.block`
     /// chains from `r.id`. A checkpoint records them, so that a restored sequence names its
     /// pages as the original did.
-    pub fn chain_roots(&self, seq: SeqId) -> Result<&[ChainRoot]> {
-        Ok(&self.seq(seq)?.roots)
+    ///
+    /// A sequence in a namespace ([`Context::set_namespace`]) has a root of block 0 too.
+    pub fn chain_roots(&self, seq: SeqId) -> Result<Vec<ChainRoot>> {
+        let s = self.seq(seq)?;
+        let mut roots = s.roots.clone();
+        if let Some(id) = s.namespace {
+            if roots.first().is_none_or(|r| r.block != 0) {
+                roots.insert(0, ChainRoot { block: 0, id });
+            }
+        }
+        Ok(roots)
+    }
+
+    /// Whether `seq` was shifted: its later blocks chain from a root that hashes its history,
+    /// so they are not found by its tokens alone.
+    pub fn is_shifted(&self, seq: SeqId) -> Result<bool> {
+        Ok(!self.seq(seq)?.roots.is_empty())
+    }
+
+    /// Puts the empty sequence `seq` in namespace `ns` (`None`: the shared one): its blocks
+    /// share ids, and so pages and stored blocks, only with sequences of the same namespace.
+    pub fn set_namespace(&mut self, seq: SeqId, ns: Option<Namespace>) -> Result<()> {
+        let s = self.seq_mut(seq)?;
+        if !s.tokens.is_empty() {
+            return Err(Error::SequenceNotEmpty { seq });
+        }
+        s.namespace = ns.map(Namespace::root);
+        Ok(())
+    }
+
+    /// The namespace of `seq` ([`Context::set_namespace`]).
+    pub fn namespace(&self, seq: SeqId) -> Result<Option<Namespace>> {
+        Ok(self.seq(seq)?.namespace.map(Namespace::from_root))
     }
 
     pub(crate) fn seq(&self, seq: SeqId) -> Result<&Sequence> {

@@ -51,6 +51,7 @@ pub mod ingest;
 pub mod kv;
 mod llama;
 mod model;
+mod namespace;
 mod pages;
 pub mod sampling;
 mod session;
@@ -66,8 +67,10 @@ pub use error::{Error, GgufProblem, Result, TokenizerError};
 pub use ingest::{IngestParams, IngestReport, Progress};
 pub use kv::{KvLayout, KvStats, KvType, PAGE_TOKENS};
 pub use model::{
-    Arch, HParams, Model, ModelParams, OffloadDevice, RopeScaling, FINGERPRINT_VERSION,
+    Arch, FingerprintOrigin, HParams, Model, ModelParams, OffloadDevice, RopeScaling,
+    FINGERPRINT_VERSION,
 };
+pub use namespace::Namespace;
 pub use pages::ImportSummary;
 pub use session::{GenerateParams, Generation, Session, SessionParams, StopReason};
 

@@ -20,6 +20,7 @@ use crate::tokenizer::Tokenizer;
 mod fingerprint;
 mod hparams;
 
+pub(crate) use fingerprint::records_bytes;
 pub use fingerprint::FINGERPRINT_VERSION;
 
 /// The model families this engine runs.
@@ -292,7 +293,10 @@ pub struct Model {
     hparams: HParams,
     tokenizer: Tokenizer,
     chat_template: ChatTemplate,
-    fingerprint: [u8; 32],
+    /// Computed when first asked for, or taken from a record ([`Model::remember_fingerprint`]).
+    fingerprint: std::sync::OnceLock<[u8; 32]>,
+    /// The file, for the fingerprint.
+    gguf: Arc<Gguf>,
     // Indices into `weights`; the tensors are borrowed from it when a graph is built.
     tok_embd: usize,
     output_norm: usize,
@@ -426,7 +430,6 @@ impl Model {
             }
         }
         let weights = Weights::map(Arc::clone(&gguf), &specs.list, placement.map(|p| p.device))?;
-        let fingerprint = fingerprint::fingerprint(&gguf, &hp, &tokenizer);
         Ok(Model {
             placement,
             tok_embd,
@@ -437,7 +440,8 @@ impl Model {
             hparams: hp,
             tokenizer,
             chat_template,
-            fingerprint,
+            fingerprint: std::sync::OnceLock::new(),
+            gguf,
             weights,
         })
     }
@@ -500,12 +504,55 @@ impl Model {
 
     /// 32 bytes that identify the model's computation: BLAKE3 over an explicit, versioned
     /// encoding ([`FINGERPRINT_VERSION`]) of the architecture, every hyperparameter, every
-    /// tensor's name, type and shape, a sample of every tensor's bytes (its first and last 4 KiB,
-    /// so fine-tunes of one base differ) and the vocabulary. KV caches are only interchangeable
-    /// between models with equal fingerprints.
+    /// tensor's name, type and shape, every byte of every tensor (hashed on all cores, when
+    /// first asked for) and the vocabulary. KV caches are only interchangeable between models
+    /// with equal fingerprints.
     pub fn fingerprint(&self) -> [u8; 32] {
-        self.fingerprint
+        *self
+            .fingerprint
+            .get_or_init(|| fingerprint::fingerprint(&self.gguf, &self.hparams, &self.tokenizer))
     }
+
+    /// [`Model::fingerprint`], taken from the record kept for this model file in cache
+    /// directory `dir` when the file is unchanged since (same path, length, times, inode and
+    /// device), else hashed and recorded there. Says which it was.
+    pub fn remember_fingerprint(&self, dir: &Path) -> ([u8; 32], FingerprintOrigin) {
+        let id = self.gguf.identity();
+        if let Some(fp) = self.fingerprint.get() {
+            if let Some(id) = id.filter(|id| fingerprint::remembered(dir, id) != Some(*fp)) {
+                fingerprint::remember(dir, id, fp);
+            }
+            return (*fp, FingerprintOrigin::Known);
+        }
+        if let Some(fp) = id.and_then(|id| fingerprint::remembered(dir, id)) {
+            return (
+                *self.fingerprint.get_or_init(|| fp),
+                FingerprintOrigin::Remembered,
+            );
+        }
+        let fp = self.fingerprint();
+        if let Some(id) = id {
+            fingerprint::remember(dir, id, &fp);
+        }
+        (fp, FingerprintOrigin::Hashed)
+    }
+
+    /// The fingerprint fingerprint version 2 gave this model (its tensors sampled at both
+    /// ends): stores named by it are not used, and can be reported as such.
+    pub fn legacy_fingerprint(&self) -> [u8; 32] {
+        fingerprint::legacy_sampled(&self.gguf, &self.hparams, &self.tokenizer)
+    }
+}
+
+/// Where [`Model::remember_fingerprint`] found the fingerprint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FingerprintOrigin {
+    /// Hashed from the file now (and recorded).
+    Hashed,
+    /// Read from the record of the unchanged file.
+    Remembered,
+    /// Computed earlier in this process.
+    Known,
 }
 
 /// The ggml device `device` names: [`Error::NoGpu`] when there is no such GPU.

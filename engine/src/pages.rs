@@ -316,7 +316,18 @@ impl Context {
         s.tokens = tokens.to_vec();
         s.ids = ids;
         s.logits = None;
-        s.roots = roots.to_vec();
+        // A root of block 0 is the sequence's namespace: kept apart, so that it outlives a
+        // truncation to nothing.
+        match roots.split_first() {
+            Some((first, rest)) if first.block == 0 => {
+                s.namespace = Some(first.id);
+                s.roots = rest.to_vec();
+            }
+            _ => {
+                s.namespace = None;
+                s.roots = roots.to_vec();
+            }
+        }
         for p in old {
             self.pool.release(p);
         }

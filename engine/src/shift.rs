@@ -40,7 +40,10 @@ impl Sequence {
     /// The id that block `i` of this sequence chains from (needs the ids of the blocks before
     /// it): its root after a shift, else the block before it.
     pub(crate) fn prev_id(&self, i: usize) -> Option<&BlockId> {
-        ChainRoot::find(&self.roots, i).or_else(|| i.checked_sub(1).and_then(|p| self.ids.get(p)))
+        ChainRoot::find(&self.roots, i).or_else(|| match i.checked_sub(1) {
+            Some(p) => self.ids.get(p),
+            None => self.namespace.as_ref(),
+        })
     }
 }
 
@@ -140,7 +143,11 @@ impl Context {
         let tail = &s.tokens[s.ids.len() * PAGE_TOKENS..];
         let mut history = tail.to_vec();
         history.extend([SHIFT_MARKER, n_keep as u32, n_discard as u32]);
-        let root = BlockId::chain(&fingerprint, s.ids.last(), &history);
+        let root = BlockId::chain(
+            &fingerprint,
+            s.ids.last().or(s.namespace.as_ref()),
+            &history,
+        );
         s.tokens.drain(n_keep..n_keep + n_discard);
         s.ids.truncate(first);
         s.roots.retain(|r| r.block < first as u64);

@@ -87,6 +87,11 @@ struct Args {
     /// With `--fill-store`: how many.
     #[arg(long, default_value_t = 1000, requires = "fill_store")]
     conversations: usize,
+    /// Measures the model fingerprint instead (see `fingerprint.rs`), with this many
+    /// repetitions: hashing every byte of the file against reading it, and a start that finds
+    /// it remembered.
+    #[arg(long, value_name = "REPS")]
+    fingerprint: Option<usize>,
 }
 
 fn argmax(logits: &[f32]) -> u32 {
@@ -218,6 +223,7 @@ fn fill_store(
             tokens,
             kv: vec![fill; 2 * per_token],
             last_block: id,
+            namespace: None,
         })?;
     }
     store.flush()?;
@@ -228,8 +234,14 @@ fn fill_store(
     }))
 }
 
+mod fingerprint;
+
 fn main() -> Result<()> {
     let args = Args::parse_from(engine::expand_llama_cpp_flags(std::env::args_os()));
+    if let Some(reps) = args.fingerprint {
+        println!("{}", fingerprint::fingerprint_cost(&args.model, reps)?);
+        return Ok(());
+    }
     let store_config = StoreConfig {
         type_k: args.cache_type_k,
         type_v: args.cache_type_v,

@@ -59,6 +59,9 @@ fn main() -> Result<()> {
         &engine::ModelParams::gpu_layers(args.n_gpu_layers),
     )
     .with_context(|| format!("loading {}", args.model.display()))?;
+    // Before the session, which needs it: unchanged since the last start, the file is not
+    // hashed again.
+    model.remember_fingerprint(&store_dir);
     let params = SessionParams {
         n_ctx: args.ctx,
         n_threads: args.threads,
@@ -118,6 +121,9 @@ fn main() -> Result<()> {
             store_dir.display()
         ))
     })?;
+    if let Some(old) = store.legacy_store() {
+        eprintln!("note: {old}");
+    }
 
     // The name: the one asked for, unless it is taken (another chat has it open, or --fresh
     // and a conversation is saved under it).

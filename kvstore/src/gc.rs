@@ -1,81 +1,50 @@
 //! Garbage collection: deleting block files no checkpoint of any process
-//! references and this process has not pinned, least recently used first. The
-//! live blocks come from an index of the manifests that reads only those new or
+//! references and this process has not pinned, least recently used first. It
+//! works from each model's index of its files, brought up to date from what
 //! changed since the last collection; a damaged manifest is set aside, not a
 //! reason to stop.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
-use ckptfmt::{BlockId, FileLock, FormatError};
+use ckptfmt::{BlockId, FormatError};
 
 use crate::config::GcReport;
 use crate::error::{Result, StoreError};
 use crate::io::BlockIo;
 use crate::store::{lock_mutex, ModelInfo, Shared};
 
-/// The model whose manifests a collection may delete to make room: its block files, the
-/// manifests referencing each block, and each manifest's blocks.
-struct Droppable<V: BlockIo> {
-    idx: usize,
-    info: Arc<ModelInfo<V>>,
-    files: HashSet<BlockId>,
-    refs: HashMap<BlockId, u32>,
-    lists: HashMap<String, Vec<BlockId>>,
-}
+/// The order in which a collection may delete a model's manifests to make room: a key for
+/// each that may go (among those of equal modification time, the lower key goes first), `None`
+/// for those that stay.
+pub(crate) type DropOrder<'a> = &'a dyn Fn(&str) -> Option<u64>;
 
 /// A block file chosen for deletion.
 struct Victim {
     id: BlockId,
-    model: usize,
+    /// Its model's place in the collection's lists.
+    pos: usize,
     record_len: u64,
     /// Whether this process's index knows it (and marked it in flight).
     claimed: bool,
 }
 
 impl<V: BlockIo> Shared<V> {
-    /// The blocks every checkpoint of a model references, from this process's index of its
-    /// manifests brought up to date (only new or changed manifests are read; a damaged one is
-    /// set aside and reported in `report`). The caller holds the exclusive store lock.
-    fn live_blocks(
-        &self,
-        info: &ModelInfo<V>,
-        exclusive: &FileLock,
-        report: &mut GcReport,
-    ) -> Result<crate::manifest_index::Refreshed> {
-        let store = &info.store;
-        // A manifest removal (a delete whose directory sync failed, or one in
-        // flight in another process) must be durable before its blocks go:
-        // otherwise a crash brings back a checkpoint without its blocks.
-        let manifests_dir = store.root().join(ckptfmt::store::MANIFESTS_DIR);
-        self.io
-            .sync_dir(&manifests_dir)
-            .map_err(|e| StoreError::io("fsync", &manifests_dir, e))?;
-        let mut found = lock_mutex(&info.manifests)
-            .refresh(store, exclusive)
-            .map_err(|e| StoreError::format(store.root(), e))?;
-        report.manifests_read += found.read;
-        report
-            .set_aside
-            .extend(std::mem::take(&mut found.set_aside));
-        Ok(found)
-    }
-
     pub(crate) fn gc_to(&self, target: u64) -> Result<GcReport> {
-        self.gc_dropping(target, 0, None)
+        self.gc_dropping(target, None)
     }
 
-    /// Like [`Shared::gc_to`] with a target of `budget` less `owed` (the bytes of manifests
-    /// the caller's budget counts too); and when the unreferenced blocks are not enough,
-    /// deletes the manifests `dropping.1` of model `dropping.0` in their order (each owing its
-    /// bytes no more), whose blocks then lose a reference, until the target is met: one
-    /// listing of the directory and one look at the manifests however many go. Returns, in the
-    /// report, the manifests deleted.
+    /// Deletes unreferenced block files, least recently used first, until the block files take
+    /// at most `budget` bytes. With `dropping` (a model and a [`DropOrder`]), that model's
+    /// manifests count in the budget too, and when the unreferenced blocks are not enough its
+    /// manifests go in that order (oldest first), whose blocks then lose a reference, until
+    /// the budget is met. Works from each model's [`DiskIndex`](crate::disk_index::DiskIndex):
+    /// its cost follows what changed since the last collection, however many go. Returns, in
+    /// the report, the manifests deleted.
     pub(crate) fn gc_dropping(
         &self,
         budget: u64,
-        owed: u64,
-        dropping: Option<(usize, &[(String, u64)])>,
+        dropping: Option<(usize, DropOrder<'_>)>,
     ) -> Result<GcReport> {
         self.writable("gc")?;
         let mut models: Vec<(usize, Arc<ModelInfo<V>>)> =
@@ -83,6 +52,23 @@ impl<V: BlockIo> Shared<V> {
         // One lock order for every process: by fingerprint.
         models.sort_by_key(|(_, m)| m.fp.to_hex());
         let mut report = GcReport::default();
+        // Within the budget by the indexes, followed without the store lock: nothing to do.
+        let mut known = Some(0i128);
+        for (idx, m) in &models {
+            let mut index = lock_mutex(&m.index);
+            let used = index
+                .follow(&m.store, m.record_len)
+                .map_err(|e| StoreError::format(m.store.root(), e))?;
+            // The block files alone count for a collection without a model to drop from.
+            let used = match dropping {
+                Some((d, _)) if d == *idx => used,
+                _ => used.map(|u| u - index.manifest_bytes()),
+            };
+            known = known.zip(used).map(|(k, u)| k + i128::from(u));
+        }
+        if known.is_some_and(|k| k <= i128::from(budget)) {
+            return Ok(report);
+        }
         let mut locks = Vec::with_capacity(models.len());
         for (_, m) in &models {
             locks.push(
@@ -91,37 +77,35 @@ impl<V: BlockIo> Shared<V> {
                     .map_err(|e| StoreError::format(m.store.root(), e))?,
             );
         }
-        let mut used = 0u64;
-        let mut cands: Vec<(u64, Victim)> = Vec::new();
-        // For the model whose manifests may be dropped: its files, the references to each
-        // block and each manifest's blocks.
-        let mut droppable: Option<Droppable<V>> = None;
-        {
-            let mut per_model = Vec::new();
-            for ((idx, m), lock) in models.iter().zip(&locks) {
-                let files = m
-                    .store
-                    .list_blocks()
-                    .map_err(|e| StoreError::format(&m.blocks_dir, e))?;
-                used += files.len() as u64 * m.record_len;
-                let found = self.live_blocks(m, lock, &mut report)?;
-                if dropping.is_some_and(|(d, _)| d == *idx) {
-                    droppable = Some(Droppable {
-                        idx: *idx,
-                        info: Arc::clone(m),
-                        files: files.iter().copied().collect(),
-                        refs: found.live.clone(),
-                        lists: found.lists,
-                    });
-                }
-                per_model.push((*idx, m, files, found.live));
+        // Each model's index brought up to date (under the exclusive lock: no manifest of any
+        // process is being committed), and what the files take. Signed: the manifests alone
+        // may exceed the budget.
+        let mut used = 0i128;
+        let mut target = i128::from(budget);
+        let mut indexes = Vec::with_capacity(models.len());
+        let mut drop_pos = None;
+        for ((idx, m), lock) in models.iter().zip(&locks) {
+            let mut index = lock_mutex(&m.index);
+            let found = index
+                .refresh(&m.store, lock)
+                .map_err(|e| StoreError::format(m.store.root(), e))?;
+            report.manifests_read += found.read;
+            report.set_aside.extend(found.set_aside);
+            used += i128::from(index.block_count() * m.record_len);
+            if dropping.is_some_and(|(d, _)| d == *idx) {
+                target -= i128::from(index.manifest_bytes());
+                drop_pos = Some(indexes.len());
             }
+            indexes.push(index);
+        }
+        if used <= target {
+            return Ok(report);
+        }
+        let mut cands: Vec<(u64, Victim)> = Vec::new();
+        {
             let st = lock_mutex(&self.state);
-            for (idx, m, files, live) in per_model {
-                for id in files {
-                    if live.contains_key(&id) {
-                        continue;
-                    }
+            for (pos, ((_, m), index)) in models.iter().zip(&indexes).enumerate() {
+                for &id in index.unreferenced() {
                     let last = match st.entries.get(&id) {
                         Some(e) if e.in_flight || e.pins > 0 => continue,
                         Some(e) => e.last_access,
@@ -131,7 +115,7 @@ impl<V: BlockIo> Shared<V> {
                         last,
                         Victim {
                             id,
-                            model: idx,
+                            pos,
                             record_len: m.record_len,
                             claimed: false,
                         },
@@ -172,16 +156,28 @@ impl<V: BlockIo> Shared<V> {
                 )
             });
         }
-        // Signed: the manifests alone may exceed the budget.
-        let mut target = i128::from(budget) - i128::from(owed);
-        let mut used = i128::from(used);
+        // The manifests that may go, oldest first (looked at only when over budget).
+        let drops: Vec<(&str, u64)> = match (dropping, drop_pos) {
+            (Some((_, order)), Some(pos)) => {
+                let mut v: Vec<_> = indexes[pos]
+                    .manifests()
+                    .filter_map(|(name, len, modified)| {
+                        order(name).map(|key| (modified, key, name, len))
+                    })
+                    .collect();
+                v.sort_unstable();
+                v.into_iter().map(|(_, _, n, len)| (n, len)).collect()
+            }
+            _ => Vec::new(),
+        };
         let mut dropped: Vec<String> = Vec::new();
         let victims: Vec<Victim> = {
             let mut st = lock_mutex(&self.state);
             let mut out = Vec::new();
-            let mut queue: std::collections::VecDeque<Victim> =
-                cands.into_iter().map(|(_, v)| v).collect();
-            let mut drops = dropping.map_or(&[][..], |d| d.1).iter();
+            let mut queue: VecDeque<Victim> = cands.into_iter().map(|(_, v)| v).collect();
+            let mut drops = drops.iter();
+            // References left to the blocks of the manifests dropped so far.
+            let mut left: HashMap<BlockId, u32> = HashMap::new();
             loop {
                 while used > target {
                     let Some(mut v) = queue.pop_front() else {
@@ -200,22 +196,25 @@ impl<V: BlockIo> Shared<V> {
                 if used <= target {
                     break;
                 }
-                let (Some((name, bytes)), Some(d)) = (drops.next(), droppable.as_mut()) else {
+                let (Some(&(name, bytes)), Some(pos)) = (drops.next(), drop_pos) else {
                     break;
                 };
-                target += i128::from(*bytes);
-                dropped.push(name.clone());
+                target += i128::from(bytes);
+                dropped.push(name.to_owned());
+                let index = &indexes[pos];
+                let m = &models[pos].1;
                 // Its blocks lose a reference; those left with none go, the last first.
-                for id in d.lists.get(name).into_iter().flatten().rev() {
-                    let Some(n) = d.refs.get_mut(id) else {
+                for id in index.blocks_of(name).into_iter().flatten().rev() {
+                    let n = left.entry(*id).or_insert_with(|| index.refs(id));
+                    if *n == 0 {
                         continue;
-                    };
-                    *n = n.saturating_sub(1);
-                    if *n == 0 && d.files.contains(id) {
+                    }
+                    *n -= 1;
+                    if *n == 0 && index.holds_block(id) {
                         queue.push_back(Victim {
                             id: *id,
-                            model: d.idx,
-                            record_len: d.info.record_len,
+                            pos,
+                            record_len: m.record_len,
                             claimed: false,
                         });
                     }
@@ -224,7 +223,8 @@ impl<V: BlockIo> Shared<V> {
             out
         };
         // The dropped manifests go first, durably: a block goes only once nothing refers to it.
-        if let Some(Droppable { info: m, .. }) = &droppable {
+        if let Some(pos) = drop_pos {
+            let m = &models[pos].1;
             for name in &dropped {
                 match m.store.delete_manifest(name) {
                     Ok(()) => report.manifests_dropped.push(name.clone()),
@@ -246,36 +246,63 @@ impl<V: BlockIo> Shared<V> {
                         return Err(StoreError::format(m.store.root(), e));
                     }
                 }
+                indexes[pos].remove_manifest(name);
             }
         }
         if victims.is_empty() {
             return Ok(report);
         }
+        // A manifest removal (a delete whose directory sync failed, or one in flight in
+        // another process) must be durable before its blocks go: otherwise a crash brings back
+        // a checkpoint without its blocks.
+        let positions: HashSet<usize> = victims.iter().map(|v| v.pos).collect();
+        for &pos in &positions {
+            let dir = models[pos]
+                .1
+                .store
+                .root()
+                .join(ckptfmt::store::MANIFESTS_DIR);
+            if let Err(e) = self.io.sync_dir(&dir) {
+                let mut st = lock_mutex(&self.state);
+                for v in victims.iter().filter(|v| v.claimed) {
+                    if let Some(e) = st.entries.get_mut(&v.id) {
+                        e.in_flight = false;
+                    }
+                }
+                drop(st);
+                self.cond.notify_all();
+                return Err(StoreError::io("fsync", &dir, e));
+            }
+        }
         let mut removed = HashSet::new();
         let mut first_err = None;
         let mut dirs: HashSet<usize> = HashSet::new();
         for v in &victims {
-            let info = self.model_info(v.model);
+            let info = &models[v.pos].1;
             let p = info.store.block_path(&v.id);
             match self.io.remove(&p) {
                 Ok(()) => {
                     removed.insert(v.id);
-                    dirs.insert(v.model);
+                    dirs.insert(v.pos);
+                    indexes[v.pos].remove_block(&v.id);
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    indexes[v.pos].remove_block(&v.id);
+                }
                 Err(e) => {
                     first_err.get_or_insert(StoreError::io("remove", &p, e));
                 }
             }
         }
-        for model in dirs {
-            let info = self.model_info(model);
+        for pos in dirs {
+            let info = &models[pos].1;
             if let Err(e) = self.io.sync_dir(&info.blocks_dir) {
                 // The removals may come back after a crash: harmless, the
                 // blocks are complete and unreferenced.
                 first_err.get_or_insert(StoreError::io("fsync", &info.blocks_dir, e));
             }
         }
+        drop(indexes);
         drop(locks);
         let mut st = lock_mutex(&self.state);
         for v in &victims {

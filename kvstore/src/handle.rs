@@ -273,13 +273,19 @@ impl<V: BlockIo> ModelStore<V> {
         let mut guard = PinGuard::empty(Arc::clone(&self.shared), hold);
         let mut blocks = Vec::with_capacity(manifest.block_ids.len());
         for id in &manifest.block_ids {
-            let b = self
-                .shared
-                .get(id, access)?
-                .ok_or_else(|| StoreError::MissingBlock {
-                    checkpoint: name.to_string(),
-                    id: id.to_hex(),
-                })?;
+            let b = match self.shared.get(id, access)? {
+                Some(b) => Some(b),
+                // A block another process wrote since this one last looked: its file is
+                // found, indexed, and read.
+                None if self.shared.contains(self.idx, &self.info, id) => {
+                    self.shared.get(id, access)?
+                }
+                None => None,
+            };
+            let b = b.ok_or_else(|| StoreError::MissingBlock {
+                checkpoint: name.to_string(),
+                id: id.to_hex(),
+            })?;
             guard.push(*id);
             blocks.push(b);
         }
@@ -339,20 +345,18 @@ impl<V: BlockIo> ModelStore<V> {
         self.shared.checkpoint_infos(&self.info)
     }
 
-    /// Collects the store until its block files and `manifest_bytes` of manifests take at
-    /// most `budget` bytes: unreferenced blocks first, least recently used first; when they
-    /// are not enough, this model's checkpoints `droppable` (name and manifest bytes, in the
-    /// order to drop them) are deleted one after the other, and their blocks that nothing else
-    /// references go too. One pass over the directory, however many go; the report names the
-    /// checkpoints deleted.
+    /// Collects the store until its block files and this model's manifests take at most
+    /// `budget` bytes: unreferenced blocks first, least recently used first; when they are not
+    /// enough, this model's checkpoints for which `order` gives a key are deleted, those
+    /// modified longest ago first (then by key), and their blocks that nothing else references
+    /// go too. Its cost follows what changed in the store since the last collection, however
+    /// many go; the report names the checkpoints deleted.
     pub fn collect_dropping(
         &self,
         budget: u64,
-        manifest_bytes: u64,
-        droppable: &[(String, u64)],
+        order: &dyn Fn(&str) -> Option<u64>,
     ) -> Result<GcReport> {
-        self.shared
-            .gc_dropping(budget, manifest_bytes, Some((self.idx, droppable)))
+        self.shared.gc_dropping(budget, Some((self.idx, order)))
     }
 
     /// Deletes checkpoint `name` durably. Its blocks stay until collected.

@@ -76,6 +76,7 @@
 pub mod bytes;
 pub mod claim;
 mod config;
+mod disk_index;
 pub mod error;
 #[cfg(feature = "test-util")]
 pub mod fault;
@@ -83,7 +84,6 @@ mod gc;
 mod handle;
 pub mod io;
 pub mod legacy;
-mod manifest_index;
 pub mod metrics;
 mod persist;
 pub mod policy;
@@ -92,6 +92,7 @@ pub mod size;
 mod state;
 pub mod store;
 mod tier;
+mod watch;
 mod worker;
 
 pub use bytes::KvBytes;

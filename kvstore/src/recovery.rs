@@ -38,7 +38,7 @@ impl<V: BlockIo> Shared<V> {
             store,
             record_len,
             block_bytes,
-            manifests: Default::default(),
+            index: Default::default(),
         })
     }
 

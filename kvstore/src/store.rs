@@ -84,8 +84,8 @@ pub(crate) struct ModelInfo<V: BlockIo> {
     pub(crate) blocks_dir: PathBuf,
     pub(crate) record_len: u64,
     pub(crate) block_bytes: u64,
-    /// The manifests as this process last read them (kept by gc).
-    pub(crate) manifests: Mutex<crate::manifest_index::ManifestIndex>,
+    /// The files as this process last saw them (kept by gc).
+    pub(crate) index: Mutex<crate::disk_index::DiskIndex>,
 }
 
 /// What the store and its handles share.

@@ -139,13 +139,19 @@ fn a_collection_drops_the_given_checkpoints_in_order_only_as_far_as_needed() {
         .metadata()
         .unwrap()
         .len();
-    let droppable: Vec<(String, u64)> = (0..3).map(|c| (format!("conv{c}"), 0)).collect();
+    // All of the same age: the order's keys decide.
+    age_manifests(dir.path(), &[]);
+    let manifest_len = |c: u32| {
+        std::fs::metadata(manifests_dir(dir.path()).join(format!("conv{c}.ckpt")))
+            .unwrap()
+            .len()
+    };
+    let order = |name: &str| name.strip_prefix("conv").and_then(|c| c.parse().ok());
 
-    // Three blocks must go: the two unreferenced ones, then conv0 is dropped and one of its
-    // own blocks (its last) goes, and nothing more.
-    let report = model
-        .collect_dropping((before - 3) * per_block, 0, &droppable)
-        .unwrap();
+    // The budget counts the manifests. Three blocks must go: the two unreferenced ones, then
+    // conv0 is dropped and one of its own blocks (its last) goes, and nothing more.
+    let budget = (before - 3) * per_block + manifest_len(1) + manifest_len(2);
+    let report = model.collect_dropping(budget, &order).unwrap();
     assert_eq!(report.manifests_dropped, ["conv0"], "{report:?}");
     assert_eq!(count(), before - 3);
     assert!(model.load("conv1").is_ok() && model.load("conv2").is_ok());
@@ -153,11 +159,66 @@ fn a_collection_drops_the_given_checkpoints_in_order_only_as_far_as_needed() {
 
     // Room for one block: conv0's other block (unreferenced now) goes first, then conv1 and
     // conv2 are dropped; the shared block, first of the chain, is the one left.
-    let report = model
-        .collect_dropping(per_block, 0, &droppable[1..])
-        .unwrap();
+    let report = model.collect_dropping(per_block, &order).unwrap();
     assert_eq!(report.manifests_dropped, ["conv1", "conv2"], "{report:?}");
     assert_eq!(count(), 1);
     let shared = kvstore::BlockId::chain(&fp(), None, &[0, 1, 2, 3]);
     assert!(blocks_dir.join(format!("{}.blk", shared.to_hex())).exists());
+}
+
+/// Another process's store on the same directory (a store of its own: its own index and its
+/// own view of the files).
+fn other_process(root: &Path) -> (KvStore, kvstore::ModelStore) {
+    let store = KvStore::open(root, inline_config(1)).unwrap();
+    let model = store.model(fp(), geometry()).unwrap();
+    (store, model)
+}
+
+#[test]
+fn a_collection_follows_what_other_processes_did_since_it_last_looked() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = KvStore::open(dir.path(), inline_config(1)).unwrap();
+    let model = store.model(fp(), geometry()).unwrap();
+    let conv = |c: u32| -> Vec<u32> { (0..8).map(|t| 1000 * (c + 1) + t).collect() };
+    for c in 0..3 {
+        put_tokens(&model, &conv(c)).unwrap();
+        model
+            .save(&manifest(&format!("conv{c}"), &conv(c)))
+            .unwrap();
+    }
+    store.flush().unwrap();
+    let report = store.gc().unwrap();
+    assert_eq!(report.manifests_read, 3, "{report:?}");
+    assert_eq!(report.blocks, 0);
+
+    // Meanwhile another process saves conv3 over blocks of its own, deletes conv0 and
+    // replaces conv1 with a checkpoint of other tokens.
+    {
+        let (other, theirs) = other_process(dir.path());
+        put_tokens(&theirs, &conv(3)).unwrap();
+        theirs.save(&manifest("conv3", &conv(3))).unwrap();
+        theirs.delete("conv0").unwrap();
+        put_tokens(&theirs, &conv(4)).unwrap();
+        theirs.save(&manifest("conv1", &conv(4))).unwrap();
+        other.flush().unwrap();
+    }
+    // This process's collection reads the two manifests written, and deletes exactly the
+    // blocks of conv0 and of the old conv1; conv3's blocks, which it never saw written, stay.
+    let report = store.gc().unwrap();
+    assert_eq!(report.manifests_read, 2, "{report:?}");
+    assert_eq!(
+        report.blocks, 4,
+        "two blocks each of conv0 and the old conv1: {report:?}"
+    );
+    for name in ["conv1", "conv2", "conv3"] {
+        if let Err(e) = model.load(name) {
+            panic!("{name} lost its blocks: {e}");
+        }
+    }
+    assert_eq!(model.load("conv1").unwrap().manifest.tokens, conv(4));
+    let blocks_dir = dir.path().join("models").join(fp().to_hex()).join("blocks");
+    assert_eq!(std::fs::read_dir(&blocks_dir).unwrap().count(), 6);
+    // Nothing changed since: nothing read, nothing deleted.
+    let report = store.gc().unwrap();
+    assert_eq!((report.manifests_read, report.blocks), (0, 0), "{report:?}");
 }

@@ -298,6 +298,7 @@ mod tests {
                 tokens: vec![1, 2, 3],
                 kv: vec![0; bytes],
                 last_block: kvstore::BlockId([n; 32]),
+                namespace: None,
             }],
         }
     }

@@ -91,20 +91,8 @@ impl Server {
         // Each slot may need its context plus one copied page; as much again keeps finished
         // prompts resident for the next requests.
         let kv_tokens = 2 * config.n_slots * (n_ctx.div_ceil(PAGE_TOKENS) + 1) * PAGE_TOKENS;
-        let ctx = Context::new(
-            Arc::clone(&model),
-            ContextParams {
-                n_ctx,
-                kv_tokens,
-                n_threads: config.n_threads,
-                n_batch: args.batch_size.min(args.ubatch_size),
-                flash_attn: config.flash_attn,
-                type_k: args.cache_type_k,
-                type_v: args.cache_type_v,
-                batch_invariant: args.deterministic,
-            },
-        )?;
-        let n_ctx = ctx.params().n_ctx;
+        // The store first: it knows the model's fingerprint when the file is unchanged, and the
+        // context needs it.
         let store_config = StoreConfig {
             ram_bytes: config.cache_ram,
             disk_bytes: config.cache_disk,
@@ -127,11 +115,38 @@ impl Server {
             Some(dir) => Some(Arc::new(SessionStore::open(dir, &model, store_config)?)),
             None => store.clone(),
         };
+        let ctx = Context::new(
+            Arc::clone(&model),
+            ContextParams {
+                n_ctx,
+                kv_tokens,
+                n_threads: config.n_threads,
+                n_batch: args.batch_size.min(args.ubatch_size),
+                flash_attn: config.flash_attn,
+                type_k: args.cache_type_k,
+                type_v: args.cache_type_v,
+                batch_invariant: args.deterministic,
+            },
+        )?;
+        let n_ctx = ctx.params().n_ctx;
         let template = chat_template(&config, &model)?;
         let metrics = Arc::new(Metrics::default());
         let (log_tx, log_rx) = std::sync::mpsc::channel();
         if let Ok(mut log) = metrics.log.lock() {
             *log = Some(log_tx);
+        }
+        if let Some(store) = &store {
+            metrics.log(match store.fingerprint_origin() {
+                engine::FingerprintOrigin::Hashed => {
+                    "prompt cache: the model file was hashed (its fingerprint is remembered \
+                     for the next start)"
+                        .to_owned()
+                }
+                _ => "prompt cache: the model file's fingerprint was remembered".to_owned(),
+            });
+            if let Some(old) = store.legacy_store() {
+                metrics.log(format!("prompt cache: note: {old}"));
+            }
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let scheduler = scheduler::spawn(

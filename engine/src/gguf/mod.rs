@@ -20,7 +20,7 @@
 //! a panic or a huge allocation. Tensor data ranges are validated once, at open.
 
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
@@ -94,6 +94,48 @@ pub struct Gguf {
     tensors: Vec<TensorInfo>,
     /// Indices into `tensors`, sorted by name.
     tensor_order: Vec<u32>,
+    /// The file it was opened from, when it was (and the platform says enough of it).
+    identity: Option<FileIdentity>,
+}
+
+/// A model file as the file system saw it when it was opened: what decides whether a
+/// fingerprint remembered for it still holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileIdentity {
+    /// The canonical path.
+    pub path: PathBuf,
+    /// Length in bytes.
+    pub len: u64,
+    /// Modification time, nanoseconds since the epoch.
+    pub modified_ns: i128,
+    /// Status change time, nanoseconds since the epoch (set by the kernel on every change,
+    /// and not settable by users).
+    pub changed_ns: i128,
+    /// Inode number.
+    pub inode: u64,
+    /// Device number.
+    pub device: u64,
+}
+
+impl FileIdentity {
+    #[cfg(unix)]
+    fn of(path: &Path, meta: &std::fs::Metadata) -> Option<FileIdentity> {
+        use std::os::unix::fs::MetadataExt;
+        let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+        Some(FileIdentity {
+            path: std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()),
+            len: meta.len(),
+            modified_ns: ns(meta.mtime(), meta.mtime_nsec()),
+            changed_ns: ns(meta.ctime(), meta.ctime_nsec()),
+            inode: meta.ino(),
+            device: meta.dev(),
+        })
+    }
+
+    #[cfg(not(unix))]
+    fn of(_path: &Path, _meta: &std::fs::Metadata) -> Option<FileIdentity> {
+        None
+    }
 }
 
 impl std::fmt::Debug for Gguf {
@@ -118,7 +160,8 @@ impl Gguf {
             source,
         };
         let file = File::open(path).map_err(io_err)?;
-        let len = file.metadata().map_err(io_err)?.len();
+        let meta = file.metadata().map_err(io_err)?;
+        let len = meta.len();
         let backing = if len == 0 {
             // Mapping an empty file fails on some platforms; it is truncated either way.
             Backing::Owned(Vec::new())
@@ -130,7 +173,9 @@ impl Gguf {
             let map = unsafe { Mmap::map(&file) }.map_err(io_err)?;
             Backing::Mapped(map)
         };
-        Gguf::parse(backing, path)
+        let mut gguf = Gguf::parse(backing, path)?;
+        gguf.identity = FileIdentity::of(path, &meta);
+        Ok(gguf)
     }
 
     /// Validates a GGUF file held in memory (used by tests and tools).
@@ -149,7 +194,14 @@ impl Gguf {
             kv_order: header.kv_order,
             tensors: header.tensors,
             tensor_order: header.tensor_order,
+            identity: None,
         })
+    }
+
+    /// The file it was opened from, as the file system saw it then (`None` for a file held in
+    /// memory).
+    pub fn identity(&self) -> Option<&FileIdentity> {
+        self.identity.as_ref()
     }
 
     /// The GGUF version (2 or 3).

@@ -1,7 +1,11 @@
 //! The model fingerprint: an explicit, versioned encoding of everything that decides the KV
-//! cache's contents, hashed with BLAKE3.
+//! cache's contents, every byte of the weights included, hashed with BLAKE3 on all cores; and
+//! the record that lets a second start skip the hashing for an unchanged file.
 
-use crate::gguf::Gguf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::gguf::{FileIdentity, Gguf};
 use crate::tokenizer::Tokenizer;
 
 use super::{Arch, HParams, RopeScaling};
@@ -11,7 +15,7 @@ use super::{Arch, HParams, RopeScaling};
 /// Bump it whenever the encoding below changes, and together with any change of the KV cache
 /// layout (`kv.rs`: element type, row order) or of the forward pass that changes what is
 /// cached: checkpoints made under another version then no longer match any model.
-pub const FINGERPRINT_VERSION: u32 = 2;
+pub const FINGERPRINT_VERSION: u32 = 3;
 
 /// Domain separation: no other BLAKE3 input of this project starts like this.
 const DOMAIN: &[u8] = b"llama-hdd model fingerprint\0";
@@ -38,8 +42,13 @@ mod tag {
     pub const VOCAB: u8 = 0x30;
 }
 
-/// Bytes sampled from each end of every tensor.
-const SAMPLE: usize = 4096;
+/// Bytes of tensor data hashed as one piece (pieces are hashed in parallel).
+const PIECE: usize = 1 << 20;
+
+/// Version 2 of the encoding hashed only this many bytes from each end of every tensor: two
+/// fine-tunes that differ only inside a tensor shared a fingerprint. Known only to recognise
+/// the stores it named ([`legacy_sampled`]).
+const LEGACY_SAMPLE: usize = 4096;
 
 /// The fingerprint of a model. The input, in order:
 ///
@@ -50,13 +59,81 @@ const SAMPLE: usize = 4096;
 ///    RoPE dimensions, RoPE scaling kind (0 none, 1 linear, 2 yarn), its factor (f32 bits, 0 when
 ///    none) and its original context (0 unless yarn);
 /// 3. tag `0x20`, the tensor count (`u64`), then per tensor in file order: name length (`u64`)
-///    and bytes, type code (`u32`), dimension count (`u32`), each dimension (`u64`), and the
-///    first and last 4 KiB of its data (the whole tensor when smaller), so fine-tunes differ;
+///    and bytes, type code (`u32`), dimension count (`u32`), each dimension (`u64`), its data's
+///    length (`u64`), and the BLAKE3 hash of each 1 MiB piece of its data in order (the last
+///    piece shorter): every byte of every tensor counts;
 /// 4. tag `0x30`, the vocabulary size (`u64`), then per token its piece length (`u32`) and bytes.
 pub(super) fn fingerprint(gguf: &Gguf, hp: &HParams, tokenizer: &Tokenizer) -> [u8; 32] {
+    let pieces = piece_hashes(gguf);
+    let mut next = pieces.iter();
+    encode(gguf, hp, tokenizer, FINGERPRINT_VERSION, |h, data| {
+        h.update(&(data.len() as u64).to_le_bytes());
+        for _ in 0..data.len().div_ceil(PIECE) {
+            h.update(next.next().map_or(&[0; 32], |d| d));
+        }
+    })
+}
+
+/// The fingerprint version 2 gave the model (tensors sampled at both ends), to recognise the
+/// stores written under it.
+pub(super) fn legacy_sampled(gguf: &Gguf, hp: &HParams, tokenizer: &Tokenizer) -> [u8; 32] {
+    encode(gguf, hp, tokenizer, 2, |h, data| {
+        let sample = LEGACY_SAMPLE.min(data.len());
+        h.update(&data[..sample]);
+        h.update(&data[data.len() - sample..]);
+    })
+}
+
+/// The BLAKE3 hash of every [`PIECE`] of every tensor's data, in file order, computed on all
+/// cores.
+fn piece_hashes(gguf: &Gguf) -> Vec<[u8; 32]> {
+    let pieces: Vec<&[u8]> = gguf
+        .tensors()
+        .iter()
+        .flat_map(|t| gguf.tensor_bytes(t).chunks(PIECE))
+        .collect();
+    let threads = std::thread::available_parallelism()
+        .map_or(1, std::num::NonZeroUsize::get)
+        .min(pieces.len().max(1));
+    let next = AtomicUsize::new(0);
+    let work = || {
+        let mut mine = Vec::new();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(piece) = pieces.get(i) else {
+                return mine;
+            };
+            mine.push((i, *blake3::hash(piece).as_bytes()));
+        }
+    };
+    let mut out = vec![[0u8; 32]; pieces.len()];
+    std::thread::scope(|s| {
+        let helpers: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
+        let mut all = work();
+        for h in helpers {
+            match h.join() {
+                Ok(found) => all.extend(found),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        for (i, d) in all {
+            out[i] = d;
+        }
+    });
+    out
+}
+
+/// The encoding above, each tensor's data hashed by `data`.
+fn encode(
+    gguf: &Gguf,
+    hp: &HParams,
+    tokenizer: &Tokenizer,
+    version: u32,
+    mut data: impl FnMut(&mut blake3::Hasher, &[u8]),
+) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
     h.update(DOMAIN);
-    h.update(&FINGERPRINT_VERSION.to_le_bytes());
+    h.update(&version.to_le_bytes());
     // Destructured so that a new field does not compile until it is encoded (or skipped here
     // on purpose).
     let HParams {
@@ -113,10 +190,7 @@ pub(super) fn fingerprint(gguf: &Gguf, hp: &HParams, tokenizer: &Tokenizer) -> [
         for d in &t.shape {
             h.update(&d.to_le_bytes());
         }
-        let data = gguf.tensor_bytes(t);
-        let sample = SAMPLE.min(data.len());
-        h.update(&data[..sample]);
-        h.update(&data[data.len() - sample..]);
+        data(&mut h, gguf.tensor_bytes(t));
     }
 
     h.update(&[tag::VOCAB]);
@@ -127,4 +201,72 @@ pub(super) fn fingerprint(gguf: &Gguf, hp: &HParams, tokenizer: &Tokenizer) -> [
         h.update(piece);
     }
     *h.finalize().as_bytes()
+}
+
+/// Directory, inside a cache directory, of the fingerprints remembered per model file.
+const RECORDS_DIR: &str = "fingerprints";
+
+/// First line of a record.
+const RECORD_MAGIC: &str = "llama-hdd model fingerprint";
+
+/// The record of the model file `id` in cache directory `dir`: one file per model path.
+fn record_path(dir: &Path, id: &FileIdentity) -> PathBuf {
+    let key = blake3::hash(id.path.as_os_str().as_encoded_bytes());
+    dir.join(RECORDS_DIR)
+        .join(format!("{}.txt", &key.to_hex()[..32]))
+}
+
+/// What a record says of a file, line by line (the path last: it is only for people).
+fn record_text(id: &FileIdentity, fp: &[u8; 32]) -> String {
+    format!(
+        "{RECORD_MAGIC}\nversion {FINGERPRINT_VERSION}\nlen {}\nmodified_ns {}\nchanged_ns {}\n\
+         inode {}\ndevice {}\nfingerprint {}\npath {}\n",
+        id.len,
+        id.modified_ns,
+        id.changed_ns,
+        id.inode,
+        id.device,
+        blake3::Hash::from_bytes(*fp).to_hex(),
+        id.path.display()
+    )
+}
+
+/// The fingerprint remembered in `dir` for the model file `id`, when the record is of this
+/// version and the file is the same (path, length, modification and change times, inode and
+/// device: the change time cannot be set back, so an edited file is hashed again).
+pub(super) fn remembered(dir: &Path, id: &FileIdentity) -> Option<[u8; 32]> {
+    let text = std::fs::read_to_string(record_path(dir, id)).ok()?;
+    let fp_hex = text.lines().find_map(|l| l.strip_prefix("fingerprint "))?;
+    let fp = *blake3::Hash::from_hex(fp_hex).ok()?.as_bytes();
+    (text == record_text(id, &fp)).then_some(fp)
+}
+
+/// Bytes the records in cache directory `dir` take (a disk budget for the directory counts
+/// them).
+pub(crate) fn records_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir.join(RECORDS_DIR))
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok()?.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Remembers `fp` for the model file `id` in `dir`, atomically (a new file renamed into
+/// place). Best effort: without the record, the next start hashes the file again.
+pub(super) fn remember(dir: &Path, id: &FileIdentity, fp: &[u8; 32]) {
+    let path = record_path(dir, id);
+    let Some(parent) = path.parent() else {
+        return;
+    };
+    if std::fs::create_dir_all(parent).is_err() {
+        return;
+    }
+    let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
+    if std::fs::write(&tmp, record_text(id, fp)).is_ok() && std::fs::rename(&tmp, &path).is_ok() {
+        return;
+    }
+    let _ = std::fs::remove_file(&tmp);
 }

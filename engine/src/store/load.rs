@@ -5,7 +5,7 @@
 use ckptfmt::BlockId;
 use kvstore::KvBytes;
 
-use super::{SessionStore, StoredPrefix, TOKENS_PER_BLOCK};
+use super::{SessionStore, StoredPrefix};
 use crate::context::{Context, SeqId};
 use crate::error::{Error, Result};
 use crate::kv::{KvLayout, PAGE_TOKENS};
@@ -66,7 +66,8 @@ impl LoadedPrefix {
 }
 
 impl SessionStore {
-    /// Finds the longest stored prefix of `tokens` ([`SessionStore::find_prefix`]) and reads its
+    /// Finds the longest stored prefix of `tokens` in namespace `ns`
+    /// ([`SessionStore::find_prefix`]) and reads its
     /// blocks and tail, verified and converted to `layout`'s types, into memory: the I/O half
     /// of a restore, for a thread that does not own the context. The first `skip` blocks are
     /// not read (the context holds them; [`Context::resident_prefix`]). A block that cannot be
@@ -77,15 +78,12 @@ impl SessionStore {
         layout: &KvLayout,
         tokens: &[u32],
         skip: usize,
+        ns: Option<crate::Namespace>,
     ) -> Result<LoadedPrefix> {
         let conversion = self.conversion(layout)?;
-        let mut found = self.find_prefix(tokens);
+        let mut found = self.find_prefix(tokens, ns);
         let skipped = skip.min(found.blocks);
-        let ids = BlockId::chain_all(
-            &self.fingerprint,
-            &tokens[..found.blocks * PAGE_TOKENS],
-            TOKENS_PER_BLOCK,
-        );
+        let ids = self.prefix_ids(&tokens[..found.blocks * PAGE_TOKENS], ns);
         let mut spans = Vec::with_capacity(found.blocks - skipped);
         for (i, id) in ids.iter().enumerate().skip(skipped) {
             let span = self.read_delayed(id).and_then(|bytes| match &conversion {
@@ -100,6 +98,7 @@ impl SessionStore {
                         blocks: i,
                         tail: None,
                         tokens: i * PAGE_TOKENS,
+                        namespace: ns,
                     };
                     break;
                 }

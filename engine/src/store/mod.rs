@@ -21,9 +21,11 @@ use crate::kv::{KvLayout, KvType, PAGE_TOKENS};
 use crate::model::Model;
 use crate::session::Session;
 
+mod legacy;
 mod load;
 mod prompt_cache;
 
+pub use legacy::LegacyStore;
 pub use load::LoadedPrefix;
 
 /// Tokens per checkpoint block: one KV page.
@@ -226,6 +228,8 @@ pub struct TailBlock {
     pub kv: Vec<u8>,
     /// Id of the last full block.
     pub last_block: BlockId,
+    /// The namespace of the sequence it came from ([`Context::set_namespace`]).
+    pub namespace: Option<crate::Namespace>,
 }
 
 /// The longest prefix of a prompt that a store holds (see [`SessionStore::find_prefix`]).
@@ -237,6 +241,8 @@ pub struct StoredPrefix {
     tail: Option<Manifest>,
     /// Tokens the store holds: `blocks` pages plus the matching tokens of the tail.
     pub tokens: usize,
+    /// The namespace it was looked up in.
+    pub namespace: Option<crate::Namespace>,
 }
 
 /// One model's conversations in a store directory.
@@ -257,6 +263,8 @@ pub struct SessionStore {
     /// The bytes the cache's files took when the filesystem was found full
     /// ([`SessionStore::learn_capacity`]): from then on a budget too (`u64::MAX`: none).
     learned_cap: std::sync::atomic::AtomicU64,
+    origin: crate::FingerprintOrigin,
+    legacy: Option<LegacyStore>,
 }
 
 // The server hands a store to its writer thread and shares it with its scheduler.
@@ -287,7 +295,16 @@ impl SessionStore {
             ..kvstore::Config::default()
         };
         let store = KvStore::open(dir, cfg)?;
-        let fingerprint = Fingerprint(model.fingerprint());
+        let (fingerprint, origin) = model.remember_fingerprint(dir);
+        let fingerprint = Fingerprint(fingerprint);
+        let legacy = Fingerprint(model.legacy_fingerprint());
+        let legacy = match store.existing_model(&legacy) {
+            Some(old) => Some(LegacyStore {
+                dir: dir.join(kvstore::store::MODELS_DIR).join(legacy.to_hex()),
+                checkpoints: old.list()?.len(),
+            }),
+            None => None,
+        };
         let stored = KvLayout::with_types(
             model.hparams(),
             config.stored_type_k.unwrap_or(config.type_k),
@@ -303,11 +320,32 @@ impl SessionStore {
             fingerprint,
             stored,
             session_types: (config.type_k, config.type_v),
-            disk_bytes: config.disk_bytes,
+            // The store's descriptor and the fingerprint records count in the budget too.
+            disk_bytes: config.disk_bytes.map(|b| {
+                let descriptor = dir
+                    .join(kvstore::store::MODELS_DIR)
+                    .join(fingerprint.to_hex())
+                    .join(ckptfmt::store::DESCRIPTOR_FILE);
+                let descriptor = std::fs::metadata(descriptor).map_or(0, |m| m.len());
+                b.saturating_sub(descriptor + crate::model::records_bytes(dir))
+            }),
             read_delay: config.read_delay,
             tails_stored: std::sync::Mutex::default(),
             learned_cap: std::sync::atomic::AtomicU64::new(u64::MAX),
+            origin,
+            legacy,
         })
+    }
+
+    /// Whether opening the store hashed the model file or found its fingerprint recorded.
+    pub fn fingerprint_origin(&self) -> crate::FingerprintOrigin {
+        self.origin
+    }
+
+    /// This model's store under fingerprint version 2, when the directory holds one: its
+    /// checkpoints are not used (that fingerprint did not cover every byte of the weights).
+    pub fn legacy_store(&self) -> Option<&LegacyStore> {
+        self.legacy.as_ref()
     }
 
     /// The store's directory.
@@ -415,7 +453,7 @@ impl SessionStore {
             },
         )?;
         // A shifted sequence's ids chain from its roots: the manifest checks them against those.
-        let mut manifest = manifest.with_chain_roots(ctx.chain_roots(seq)?.to_vec())?;
+        let mut manifest = manifest.with_chain_roots(ctx.chain_roots(seq)?)?;
         if manifest.block_ids != ids {
             return Err(ckptfmt::FormatError::invalid(
                 "checkpoint manifest",
@@ -450,7 +488,7 @@ impl SessionStore {
             let id = &ids[i];
             let kv = self.session_to_stored(&conversion, kv)?;
             out.push(NewBlock {
-                prev: ChainRoot::find(roots, i)
+                prev: ChainRoot::find(&roots, i)
                     .or_else(|| i.checked_sub(1).map(|p| &ids[p]))
                     .copied(),
                 id: *id,
@@ -566,6 +604,7 @@ impl SessionStore {
             blocks,
             tail: None,
             tokens: blocks * PAGE_TOKENS,
+            namespace: None,
         };
         self.restore_found(ctx, seq, tokens, &found)
     }
@@ -602,6 +641,7 @@ impl SessionStore {
                         blocks: good,
                         tail: None,
                         tokens: good * PAGE_TOKENS,
+                        namespace: found.namespace,
                     };
                     let read =
                         |_: usize, id: &BlockId, sink: &mut dyn FnMut(&[u8]) -> Result<()>| {
@@ -632,12 +672,13 @@ impl SessionStore {
     {
         match (&found.tail, tail_kv) {
             (Some(tail), Some(kv)) => {
-                ctx.import(seq, &tail.tokens, kv, read)?;
+                ctx.import_chained(seq, &tail.tokens, &tail.chain_roots, kv, read)?;
                 ctx.truncate(seq, found.tokens)?;
             }
             _ => {
                 let n = (found.blocks * PAGE_TOKENS).min(tokens.len());
-                ctx.import(seq, &tokens[..n], &[], read)?;
+                let roots = crate::Namespace::roots(found.namespace);
+                ctx.import_chained(seq, &tokens[..n], &roots, &[], read)?;
             }
         }
         Ok(found.tokens)

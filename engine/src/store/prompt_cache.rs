@@ -10,6 +10,7 @@ use super::{
 use crate::context::{Context, SeqId};
 use crate::error::Result;
 use crate::kv::PAGE_TOKENS;
+use crate::Namespace;
 
 impl SessionStore {
     /// Copies the partial page of the first `len` tokens of `seq` (`None` when `len` is a whole
@@ -19,7 +20,7 @@ impl SessionStore {
         let len = len.min(tokens.len());
         let full = len / PAGE_TOKENS;
         // A shifted sequence's blocks are not found by prompt tokens alone: no tail for it.
-        if full == 0 || len % PAGE_TOKENS == 0 || !ctx.chain_roots(seq)?.is_empty() {
+        if full == 0 || len % PAGE_TOKENS == 0 || ctx.is_shifted(seq)? {
             return Ok(None);
         }
         let conversion = self.conversion(ctx.kv_layout())?;
@@ -31,6 +32,7 @@ impl SessionStore {
             tokens: tokens[..len].to_vec(),
             kv,
             last_block,
+            namespace: ctx.namespace(seq)?,
         }))
     }
 
@@ -77,7 +79,8 @@ impl SessionStore {
                 created_unix: unix_now(),
                 kv: Vec::new(),
             },
-        )?;
+        )?
+        .with_chain_roots(Namespace::roots(tail.namespace))?;
         self.handle.save(&manifest)?;
         if self.disk_bytes.is_none() {
             // The order matters only to the disk budget; without one it is not kept.
@@ -93,17 +96,19 @@ impl SessionStore {
         Ok(())
     }
 
-    /// The longest prefix of `tokens` the store holds: leading full blocks (from any
-    /// conversation or process), then the tokens of the tail checkpoint that continues them.
-    /// A tail that cannot be read or belongs to another model is ignored: it is only a cache.
-    pub fn find_prefix(&self, tokens: &[u32]) -> StoredPrefix {
-        let ids = BlockId::chain_all(&self.fingerprint, tokens, TOKENS_PER_BLOCK);
+    /// The longest prefix of `tokens` the store holds in namespace `ns`: leading full blocks
+    /// (from any conversation or process of that namespace), then the tokens of the tail
+    /// checkpoint that continues them. A tail that cannot be read or belongs to another model
+    /// is ignored: it is only a cache.
+    pub fn find_prefix(&self, tokens: &[u32], ns: Option<Namespace>) -> StoredPrefix {
+        let ids = self.prefix_ids(tokens, ns);
         let blocks = ids.iter().take_while(|id| self.handle.contains(id)).count();
         let start = blocks * PAGE_TOKENS;
         let mut found = StoredPrefix {
             blocks,
             tail: None,
             tokens: start,
+            namespace: ns,
         };
         if blocks == 0 || tokens.len() == start {
             return found;
@@ -141,6 +146,16 @@ impl SessionStore {
         found
     }
 
+    /// The ids of `tokens`' full blocks in namespace `ns`.
+    pub(super) fn prefix_ids(&self, tokens: &[u32], ns: Option<Namespace>) -> Vec<BlockId> {
+        BlockId::chain_all_rooted(
+            &self.fingerprint,
+            tokens,
+            TOKENS_PER_BLOCK,
+            &Namespace::roots(ns),
+        )
+    }
+
     /// Keeps the disk budget, if there is one, for a prompt cache: removes blocks that no
     /// checkpoint references (least recently used first), then, while the files still exceed
     /// the budget, tail checkpoints ([`TAIL_PREFIX`], oldest first), which frees their blocks
@@ -160,7 +175,7 @@ impl SessionStore {
             (None, l) => Some(l),
         };
         match budget {
-            Some(b) => self.collect_to(Some(b), incoming),
+            Some(b) => self.collect_to(b, incoming),
             None => Ok(()),
         }
     }
@@ -194,52 +209,39 @@ impl SessionStore {
             .collect())
     }
 
-    /// After a write failed for want of space (a full filesystem, whatever the budget): frees
-    /// `incoming` bytes below what the cache's files take now, the same way.
-    pub fn make_room_on_full_disk(&self, incoming: u64) -> Result<()> {
-        self.collect_to(None, incoming)
-    }
-
     /// Removes unreferenced blocks, then the oldest tails, until the files (blocks and
-    /// manifests) leave `incoming` bytes free below `budget` (`None`: below what they take
-    /// now), or nothing more can go.
-    fn collect_to(&self, budget: Option<u64>, incoming: u64) -> Result<()> {
-        let mut manifests = 0u64;
-        let mut tails = Vec::new();
-        for (name, meta) in self.manifest_files()? {
-            manifests += meta.len();
-            if name.starts_with(TAIL_PREFIX) {
-                tails.push((meta.modified().ok(), 0, meta.len(), name));
+    /// manifests) leave `incoming` bytes free below `budget`, or nothing more can go. The
+    /// store works from its index of the files (brought up to date from what changed), so
+    /// this costs little however large the store is.
+    fn collect_to(&self, budget: u64, incoming: u64) -> Result<()> {
+        let mut order = self
+            .tails_stored
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Among tails of the same age, the one this process stored first goes first.
+        let seen = std::cell::RefCell::new(std::collections::HashSet::new());
+        let key = |name: &str| {
+            if !name.starts_with(TAIL_PREFIX) {
+                return None;
             }
-        }
-        {
-            let mut order = self
-                .tails_stored
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let present: std::collections::HashSet<&String> = tails.iter().map(|t| &t.3).collect();
-            order.1.retain(|name, _| present.contains(name));
-            for t in &mut tails {
-                t.1 = order.1.get(&t.3).copied().unwrap_or(0);
+            let n = order.1.get(name).copied().unwrap_or(0);
+            if n > 0 {
+                seen.borrow_mut().insert(name.to_owned());
             }
+            Some(n)
+        };
+        let report = self
+            .handle
+            .collect_dropping(budget.saturating_sub(incoming), &key)?;
+        let seen = seen.into_inner();
+        // Forget the order of tails gone (dropped here, or by anyone when the store's
+        // manifests were looked at).
+        if !seen.is_empty() {
+            order.1.retain(|name, _| seen.contains(name));
         }
-        let budget = budget
-            .unwrap_or(self.store.metrics().disk_bytes + manifests)
-            .saturating_sub(incoming);
-        // Within the budget by this process's count of the block files: no collection (which
-        // lists the block files and looks at every manifest under the exclusive lock).
-        if self.store.metrics().disk_bytes + manifests <= budget {
-            return Ok(());
+        for name in &report.manifests_dropped {
+            order.1.remove(name);
         }
-        tails.sort();
-        // One collection: unreferenced blocks, then the oldest tails and the blocks only they
-        // held, as many as the budget needs.
-        let droppable: Vec<(String, u64)> = tails
-            .into_iter()
-            .map(|(_, _, bytes, name)| (name, bytes))
-            .collect();
-        self.handle
-            .collect_dropping(budget, manifests, &droppable)?;
         Ok(())
     }
 }

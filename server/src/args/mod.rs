@@ -245,9 +245,14 @@ pub struct Args {
     #[arg(long = "ignore-eos")]
     pub ignore_eos: bool,
     /// API keys that clients must send (`Authorization: Bearer KEY` or `x-api-key`),
-    /// comma-separated.
+    /// comma-separated or the option repeated.
     #[arg(long = "api-key", value_name = "KEY", env = "LLAMA_API_KEY")]
-    pub api_key: Option<String>,
+    pub api_key: Vec<String>,
+    /// What keeps clients' cached prompts apart: `key` (each API key its own cache, and a
+    /// request's `cache_salt` within it), `salt` (only `cache_salt`), `none` (one cache for
+    /// all: a client can tell by timing whether another sent a prompt).
+    #[arg(long = "cache-isolation", value_name = "MODE", default_value = "key")]
+    pub cache_isolation: CacheIsolation,
     /// File of API keys, one a line (`#` starts a comment line).
     #[arg(
         long = "api-key-file",
@@ -644,8 +649,8 @@ impl Args {
             .collect();
         if self
             .api_key
-            .as_deref()
-            .is_some_and(|k| api_keys.is_empty() || k.trim() != k)
+            .iter()
+            .any(|k| k.trim() != k || k.split(',').all(|p| p.trim().is_empty()))
         {
             return Err(bad(
                 "--api-key",
@@ -768,3 +773,15 @@ impl Args {
 
 #[cfg(test)]
 mod tests;
+
+/// `--cache-isolation`: what keeps clients' cached prompts apart.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum CacheIsolation {
+    /// Each API key has a cache of its own, and a request's `cache_salt` separates further.
+    #[default]
+    Key,
+    /// Only `cache_salt` separates: clients with the same key or without one share.
+    Salt,
+    /// One cache for every client; `cache_salt` is ignored.
+    None,
+}

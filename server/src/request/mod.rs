@@ -82,6 +82,7 @@ struct Sampling {
     presence_penalty: Option<f32>,
     stop: Option<Stop>,
     cache_prompt: Option<bool>,
+    cache_salt: Option<String>,
     id_slot: Option<i64>,
     ignore_eos: Option<bool>,
     #[serde(default)]

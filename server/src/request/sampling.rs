@@ -134,7 +134,14 @@ pub(super) fn gen_params(
             s.logprobs,
             Some(serde_json::Value::Bool(true) | serde_json::Value::Number(_))
         );
+    if s.cache_salt.as_deref().is_some_and(str::is_empty) {
+        return Err(ServerError::BadRequest(
+            "cache_salt must be a non-empty string".into(),
+        ));
+    }
     Ok(GenParams {
+        cache_salt: s.cache_salt.clone(),
+        namespace: None,
         max_tokens,
         sampler,
         stop,

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde_json::{json, Map, Value};
 
 use super::turn::{self, Named, Parsed, Piece};
@@ -93,9 +93,10 @@ pub fn unauthorized() -> Response {
 /// `POST /v1/messages`.
 pub async fn messages(
     State(st): State<Arc<AppState>>,
+    Extension(client): Extension<super::ClientKey>,
     body: Result<RawBody, ServerError>,
 ) -> Response {
-    match create(st, body).await {
+    match create(st, client, body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
@@ -119,6 +120,15 @@ pub async fn count_tokens(
     }
 }
 
+/// A request's `cache_salt`, a non-empty string when given.
+fn salt(body: &Value) -> Result<Option<String>, ApiError> {
+    match body.get("cache_salt") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
+        Some(_) => Err(ApiError::bad("cache_salt must be a non-empty string")),
+    }
+}
+
 fn parse_body(bytes: &[u8]) -> Result<Value, ApiError> {
     let v: Value = serde_json::from_slice(bytes)
         .map_err(|e| ApiError::bad(format!("invalid request body: {e}")))?;
@@ -130,15 +140,17 @@ fn parse_body(bytes: &[u8]) -> Result<Value, ApiError> {
 
 async fn create(
     st: Arc<AppState>,
+    client: super::ClientKey,
     body: Result<RawBody, ServerError>,
 ) -> Result<Response, ApiError> {
     let body = parse_body(&body?.0)?;
     let (chat, stream) = convert(&body, true)?;
     let mut req = turn::chat_request(&st, chat)?;
+    req.params.cache_salt = salt(&body)?;
     // The prompt's cached part is known from the first progress report, for `message_start`.
     req.params.return_progress |= stream;
     let turn = turn::prepare(&st, &req).await?;
-    let run = turn.start(&st)?;
+    let run = turn.start(&st, &client)?;
     let id = turn::random_id("msg");
     let model = st.config.alias.clone();
     if !stream {

@@ -13,7 +13,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -26,12 +26,17 @@ use crate::scheduler::{Command, Event, GenParams, Job};
 
 /// `POST /v1/chat/completions`: the reply read as reasoning, text and tool calls (the tools'
 /// family format, from the template), whole or streamed as OpenAI streams them.
-pub async fn chat(State(st): State<Arc<AppState>>, RawBody(body): RawBody) -> Result<Response> {
+pub async fn chat(
+    State(st): State<Arc<AppState>>,
+    Extension(client): Extension<super::ClientKey>,
+    RawBody(body): RawBody,
+) -> Result<Response> {
     let limits = st.limits();
     let req = request::chat(&body, &limits)?;
     let turn = Arc::new(super::turn::prepare(&st, &req).await?);
     let runs = submit_all(
         &st,
+        &client,
         &limits,
         std::slice::from_ref(&turn.prompt),
         &turn.params,
@@ -110,21 +115,28 @@ pub(super) fn chat_tokens(st: &AppState, text: &str) -> Result<Vec<u32>> {
 /// `POST /v1/completions`.
 pub async fn completions(
     State(st): State<Arc<AppState>>,
+    Extension(client): Extension<super::ClientKey>,
     RawBody(body): RawBody,
 ) -> Result<Response> {
-    complete(st, body, CompletionApi::OpenAi).await
+    complete(st, client, body, CompletionApi::OpenAi).await
 }
 
 /// `POST /completion`: llama.cpp's native endpoint.
 pub async fn completion(
     State(st): State<Arc<AppState>>,
+    Extension(client): Extension<super::ClientKey>,
     RawBody(body): RawBody,
 ) -> Result<Response> {
-    complete(st, body, CompletionApi::Native).await
+    complete(st, client, body, CompletionApi::Native).await
 }
 
 /// Both completion endpoints: every prompt (and choice) of the request generated at once.
-async fn complete(st: Arc<AppState>, body: Bytes, api: CompletionApi) -> Result<Response> {
+async fn complete(
+    st: Arc<AppState>,
+    client: super::ClientKey,
+    body: Bytes,
+    api: CompletionApi,
+) -> Result<Response> {
     let limits = st.limits();
     let req = request::completion(&body, &limits, api)?;
     let prompts = req
@@ -133,7 +145,7 @@ async fn complete(st: Arc<AppState>, body: Bytes, api: CompletionApi) -> Result<
         .map(|p| prompt_tokens(&st, p))
         .collect::<Result<Vec<_>>>()?;
     let params = resolve(&st, req.params)?;
-    let runs = submit_all(&st, &limits, &prompts, &params, req.output.n)?;
+    let runs = submit_all(&st, &client, &limits, &prompts, &params, req.output.n)?;
     let meta = shape::Meta::new(&st, "cmpl");
     let tok = Arc::clone(&st.model);
     let settings = shape::generation_settings(&params, &req.output, &st);
@@ -272,6 +284,7 @@ pub(super) struct Run {
 /// `seed + k`): nothing is queued unless every prompt fits.
 pub(super) fn submit_all(
     st: &AppState,
+    client: &super::ClientKey,
     limits: &Limits,
     prompts: &[Vec<u32>],
     params: &GenParams,
@@ -295,6 +308,7 @@ pub(super) fn submit_all(
         for k in 0..n {
             let mut params = params.clone();
             params.sampler.seed = params.sampler.seed.wrapping_add(k as u64);
+            params.namespace = st.namespace(client, params.cache_salt.as_deref());
             let (events, rx) = mpsc::unbounded_channel();
             st.tx
                 .send(Command::Generate(Box::new(Job {

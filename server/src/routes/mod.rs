@@ -140,13 +140,39 @@ async fn not_found() -> Response {
     (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
 }
 
+/// The API key a request came with, as a hash (`None` when the server has no keys): what
+/// separates clients' cached prompts under `--cache-isolation key`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClientKey(Option<[u8; 32]>);
+
+impl AppState {
+    /// The prompt-cache namespace of a request from `client` with `salt`, per
+    /// `--cache-isolation`; `None` (the shared cache) when neither applies.
+    pub fn namespace(&self, client: &ClientKey, salt: Option<&str>) -> Option<engine::Namespace> {
+        use crate::args::CacheIsolation;
+        let mode = self.config.args.cache_isolation;
+        let key = client.0.filter(|_| mode == CacheIsolation::Key);
+        let salt = salt.filter(|_| mode != CacheIsolation::None);
+        if key.is_none() && salt.is_none() {
+            return None;
+        }
+        Some(engine::Namespace::new(&[
+            &[u8::from(key.is_some())],
+            key.as_ref().map_or(&[][..], |k| &k[..]),
+            &[u8::from(salt.is_some())],
+            salt.map_or(&[][..], str::as_bytes),
+        ]))
+    }
+}
+
 /// Paths served without an API key, as llama-server serves them (after `--api-prefix`).
 const PUBLIC_PATHS: &[&str] = &["/", "/health", "/v1/health", "/models", "/v1/models"];
 
 /// Refuses requests without one of the API keys (when keys are set), comparing in constant
 /// time. The key comes as `Authorization: Bearer KEY` or as Anthropic's `x-api-key`.
-async fn require_key(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+async fn require_key(State(st): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
     let keys = &st.config.api_keys;
+    let mut client = ClientKey::default();
     if !keys.is_empty() {
         let path = req.uri().path();
         let path = path
@@ -161,10 +187,14 @@ async fn require_key(State(st): State<Arc<AppState>>, req: Request, next: Next) 
                 .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
                 .unwrap_or("");
             // Every key is compared, so the time says nothing about which one nearly matched.
-            let matched = keys.iter().fold(false, |found, key| {
-                found | bool::from(given.as_bytes().ct_eq(key.as_bytes()))
-            });
-            if !matched {
+            let mut matched = None;
+            for key in keys {
+                if bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
+                    matched = Some(key);
+                }
+            }
+            client = ClientKey(matched.map(|k| *blake3::hash(k.as_bytes()).as_bytes()));
+            if matched.is_none() {
                 if anthropic::is_anthropic_path(path) {
                     return anthropic::unauthorized();
                 }
@@ -172,6 +202,7 @@ async fn require_key(State(st): State<Arc<AppState>>, req: Request, next: Next) 
             }
         }
     }
+    req.extensions_mut().insert(client);
     next.run(req).await
 }
 

@@ -117,10 +117,11 @@ pub(super) async fn prepare(st: &Arc<AppState>, req: &ChatRequest) -> Result<Tur
 
 impl Turn {
     /// Queues the generation.
-    pub fn start(&self, st: &Arc<AppState>) -> Result<Run> {
+    pub fn start(&self, st: &Arc<AppState>, client: &super::ClientKey) -> Result<Run> {
         let limits = st.limits();
         let mut runs = generate::submit_all(
             st,
+            client,
             &limits,
             std::slice::from_ref(&self.prompt),
             &self.params,

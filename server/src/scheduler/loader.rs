@@ -23,6 +23,7 @@ struct Request {
     tokens: Vec<u32>,
     skip: usize,
     layout: KvLayout,
+    namespace: Option<engine::Namespace>,
 }
 
 /// A finished load: the prefix read for request `id` (`None` when the store held nothing of
@@ -53,7 +54,8 @@ impl Loader {
             .name("loader".into())
             .spawn(move || {
                 for r in rx {
-                    let prefix = match store.load_prefix(&r.layout, &r.tokens, r.skip) {
+                    let prefix = match store.load_prefix(&r.layout, &r.tokens, r.skip, r.namespace)
+                    {
                         Ok(p) if p.tokens() > 0 => Some(Box::new(p)),
                         Ok(_) => None,
                         Err(e) => {
@@ -79,13 +81,21 @@ impl Loader {
 
     /// Asks for the stored prefix of `tokens` beyond its first `skip` blocks, in `layout`'s
     /// types, for request `id`.
-    pub fn ask(&self, id: u64, tokens: Vec<u32>, skip: usize, layout: KvLayout) {
+    pub fn ask(
+        &self,
+        id: u64,
+        tokens: Vec<u32>,
+        skip: usize,
+        layout: KvLayout,
+        namespace: Option<engine::Namespace>,
+    ) {
         if let Some(tx) = &self.requests {
             let _ = tx.send(Request {
                 id,
                 tokens,
                 skip,
                 layout,
+                namespace,
             });
         }
     }
@@ -162,8 +172,9 @@ impl Scheduler {
             }
             let prompt = &q.job.prompt;
             let usable = &prompt[..prompt.len().saturating_sub(1)];
-            let in_pool = self.ctx.resident_prefix(usable);
-            let resident = self.longest_resident(usable).map_or(0, |(n, _)| n);
+            let ns = q.job.params.namespace;
+            let in_pool = self.ctx.resident_prefix(usable, ns);
+            let resident = self.longest_resident(usable, ns).map_or(0, |(n, _)| n);
             if !q.job.params.cache_prompt || in_pool.max(resident) >= usable.len() {
                 self.queue[i].load = Load::Done(None);
                 continue;
@@ -174,6 +185,7 @@ impl Scheduler {
                 usable.to_vec(),
                 in_pool / PAGE_TOKENS,
                 self.ctx.kv_layout().clone(),
+                ns,
             );
             self.queue[i].load = Load::Asked(self.loads);
         }

@@ -382,6 +382,9 @@ impl Scheduler {
         loaded: Option<Box<LoadedPrefix>>,
     ) -> std::result::Result<Active, (mpsc::UnboundedSender<Event>, ServerError)> {
         let mut seq = self.ctx.new_sequence();
+        let namespace = job.params.namespace;
+        // A new sequence is empty: this cannot fail.
+        let _ = self.ctx.set_namespace(seq, namespace);
         let prompt = job.prompt;
         // One token is always evaluated, for its logits.
         let usable = &prompt[..prompt.len().saturating_sub(1)];
@@ -393,7 +396,7 @@ impl Scheduler {
         if job.params.cache_prompt {
             // A resident sequence that shares more than the stored blocks is forked, partly
             // filled last page included (a repeated or extended prompt costs nothing).
-            let resident = self.longest_resident(usable);
+            let resident = self.longest_resident(usable, namespace);
             let stored = loaded.as_ref().map_or(0, |l| l.tokens());
             if let Some((n, src)) = resident.filter(|&(n, _)| n > 0 && n >= stored) {
                 // The finished sequence is taken over, cut to the shared prefix, rather than
@@ -448,6 +451,7 @@ impl Scheduler {
                 .iter()
                 .filter_map(|s| s.active.as_ref())
                 .filter(|a| a.follow.is_none() && a.fed < a.prompt.len())
+                .filter(|a| a.params.namespace == namespace)
                 .map(|a| (common_prefix(&a.prompt, usable), a.seq))
                 .filter(|&(n, _)| n >= cache_n + PAGE_TOKENS)
                 .max()

@@ -15,9 +15,14 @@ use crate::metrics::Metrics;
 
 impl Scheduler {
     /// The finished sequence sharing the longest token prefix with `tokens`, and its length.
-    pub(super) fn longest_resident(&self, tokens: &[u32]) -> Option<(usize, SeqId)> {
+    pub(super) fn longest_resident(
+        &self,
+        tokens: &[u32],
+        ns: Option<engine::Namespace>,
+    ) -> Option<(usize, SeqId)> {
         self.cached
             .iter()
+            .filter(|&&s| self.ctx.namespace(s).ok().flatten() == ns)
             .filter_map(|&s| {
                 let held = self.ctx.tokens(s).ok()?;
                 let n = held.iter().zip(tokens).take_while(|(a, b)| a == b).count();

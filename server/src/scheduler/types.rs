@@ -14,6 +14,12 @@ use crate::metrics::Metrics;
 /// How one request generates.
 #[derive(Clone, Debug)]
 pub struct GenParams {
+    /// The request's `cache_salt` (vLLM's name): its prompt shares cached blocks only with
+    /// requests of the same salt (and, per `--cache-isolation`, the same API key).
+    pub cache_salt: Option<String>,
+    /// The prompt cache's namespace for the request, from its API key and salt
+    /// ([`crate::routes::AppState::namespace`]); `None`: the shared one.
+    pub namespace: Option<engine::Namespace>,
     /// Most tokens to generate (also cut by the context).
     pub max_tokens: usize,
     /// Sampling.

@@ -15,7 +15,7 @@ use std::time::Instant;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde_json::{json, Map, Value};
 
 use super::turn;
@@ -66,9 +66,10 @@ fn not_found(message: String, param: Option<&str>) -> Fail {
 /// `POST /v1/responses`.
 pub async fn create(
     State(st): State<Arc<AppState>>,
+    Extension(client): Extension<crate::routes::ClientKey>,
     body: Result<RawBody, ServerError>,
 ) -> Response {
-    match respond(st, body).await {
+    match respond(st, client, body).await {
         Ok(r) => r,
         Err(Fail(r)) => *r,
     }
@@ -139,7 +140,11 @@ struct Asked {
     echo: Map<String, Value>,
 }
 
-async fn respond(st: Arc<AppState>, body: Result<RawBody, ServerError>) -> Result<Response, Fail> {
+async fn respond(
+    st: Arc<AppState>,
+    client: crate::routes::ClientKey,
+    body: Result<RawBody, ServerError>,
+) -> Result<Response, Fail> {
     let body: Value = serde_json::from_slice(&body?.0).map_err(|e| {
         Fail::new(
             ServerError::BadJson {
@@ -171,10 +176,15 @@ async fn respond(st: Arc<AppState>, body: Result<RawBody, ServerError>) -> Resul
     }
     messages.extend(to_messages(&conversation)?);
     chat["messages"] = Value::Array(messages);
-    let req = turn::chat_request(&st, chat)?;
+    let mut req = turn::chat_request(&st, chat)?;
+    req.params.cache_salt = match obj.get("cache_salt") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+        Some(_) => return Err(bad("cache_salt must be a non-empty string")),
+    };
     let timings_per_token = req.output.timings_per_token;
     let turn = turn::prepare(&st, &req).await?;
-    let run = turn.start(&st)?;
+    let run = turn.start(&st, &client)?;
     let head = Head {
         id: turn::random_id("resp"),
         created_at: crate::routes::shape::unix_now(),
