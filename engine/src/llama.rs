@@ -1,7 +1,8 @@
-//! The llama-family forward pass as a ggml graph (llama and qwen2 architectures).
+//! The llama-family forward pass as a ggml graph (llama, qwen2 and qwen3 architectures).
 //!
-//! Follows llama.cpp's `llm_build_llama` / `llm_build_qwen2`: pre-norm blocks of RMSNorm,
-//! grouped-query attention with RoPE (adjacent pairs for llama, halves (NeoX) for qwen2), and a
+//! Follows llama.cpp's `llm_build_llama` / `llm_build_qwen2` / `llm_build_qwen3`: pre-norm
+//! blocks of RMSNorm, grouped-query attention with RoPE (adjacent pairs for llama, halves (NeoX)
+//! for qwen2 and qwen3, whose Q and K heads are RMS-normalised first), and a
 //! SwiGLU feed-forward network; a final RMSNorm and the output head (tied to the embedding table
 //! when the file has no `output.weight`). Attention uses ggml's fused flash-attention kernel over
 //! the KV cache (f16 or q8_0), with a causal mask.
@@ -97,6 +98,17 @@ pub(crate) fn build<'g, 'w>(
         let v = project(g, lw.wv, lw.bv);
         let q = g.reshape_3d(q, head_dim, n_head, n);
         let k = g.reshape_3d(k, head_dim, n_head_kv, n);
+        // qwen3: each head of Q and K normalised (over its `head_dim` values) before RoPE.
+        let head_norm = |g: &mut Graph<'g, 'w>, t, w: Option<_>| match w {
+            Some(w) => {
+                let norm = g.rms_norm(t, hp.rms_eps);
+                let w = g.lift(w);
+                g.mul(norm, w)
+            }
+            None => t,
+        };
+        let q = head_norm(g, q, lw.q_norm);
+        let k = head_norm(g, k, lw.k_norm);
         let q = g.rope(q, pos, freq_factors, &rope);
         let k = g.rope(k, pos, freq_factors, &rope);
 
@@ -226,7 +238,7 @@ pub(crate) fn rope_params(model: &Model) -> RopeParams {
         n_dims: hp.rope_dims,
         mode: match hp.arch {
             Arch::Llama => 0,
-            Arch::Qwen2 => 2,
+            Arch::Qwen2 | Arch::Qwen3 => 2,
         },
         n_ctx_orig,
         freq_base: hp.rope_freq_base,

@@ -31,6 +31,9 @@ pub enum Arch {
     Llama,
     /// `qwen2`: llama-shaped with biases on Q, K and V, and NeoX-style RoPE.
     Qwen2,
+    /// `qwen3`: qwen2 without the biases, with an RMSNorm over each head of Q and K before
+    /// RoPE.
+    Qwen3,
 }
 
 impl Arch {
@@ -38,6 +41,7 @@ impl Arch {
         match name {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
+            "qwen3" => Ok(Arch::Qwen3),
             other => Err(Error::UnsupportedArchitecture {
                 arch: other.to_owned(),
             }),
@@ -49,6 +53,7 @@ impl Arch {
         match self {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
         }
     }
 }
@@ -113,6 +118,9 @@ pub(crate) struct LayerWeights<T = usize> {
     pub bq: Option<T>,
     pub bk: Option<T>,
     pub bv: Option<T>,
+    /// Per-head RMSNorm weights of Q and K (qwen3).
+    pub q_norm: Option<T>,
+    pub k_norm: Option<T>,
     pub ffn_norm: T,
     pub ffn_gate: T,
     pub ffn_up: T,
@@ -133,7 +141,11 @@ impl LayerWeights<usize> {
             self.ffn_up,
             self.ffn_down,
         ];
-        all.extend([self.bq, self.bk, self.bv].into_iter().flatten());
+        all.extend(
+            [self.bq, self.bk, self.bv, self.q_norm, self.k_norm]
+                .into_iter()
+                .flatten(),
+        );
         all
     }
 }
@@ -149,6 +161,8 @@ impl<T: Copy> LayerWeights<T> {
             bq: self.bq.map(&f),
             bk: self.bk.map(&f),
             bv: self.bv.map(&f),
+            q_norm: self.q_norm.map(&f),
+            k_norm: self.k_norm.map(&f),
             ffn_norm: f(self.ffn_norm),
             ffn_gate: f(self.ffn_gate),
             ffn_up: f(self.ffn_up),
@@ -379,10 +393,18 @@ impl Model {
         let mut layer_idx = Vec::with_capacity(hp.n_layer);
         for l in 0..hp.n_layer {
             let n = |s: &str| format!("blk.{l}.{s}");
-            // qwen2 has Q/K/V biases; for llama they are optional (some finetunes carry them).
+            // qwen2 has Q/K/V biases; for llama and qwen3 they are optional (some finetunes
+            // carry them).
             let bias = |specs: &mut Specs<'_>, name: &str, dim: usize| match hp.arch {
                 Arch::Qwen2 => specs.require(&n(name), &[dim], Role::Vector).map(Some),
-                Arch::Llama => specs.find(&n(name), &[dim], Role::Vector),
+                Arch::Llama | Arch::Qwen3 => specs.find(&n(name), &[dim], Role::Vector),
+            };
+            // qwen3 normalises each head of Q and K.
+            let head_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
+                Arch::Qwen3 => specs
+                    .require(&n(name), &[hp.head_dim], Role::Vector)
+                    .map(Some),
+                Arch::Llama | Arch::Qwen2 => Ok(None),
             };
             let (m, v) = (Role::Matrix, Role::Vector);
             layer_idx.push(LayerWeights {
@@ -394,6 +416,8 @@ impl Model {
                 bq: bias(&mut specs, "attn_q.bias", q)?,
                 bk: bias(&mut specs, "attn_k.bias", kv)?,
                 bv: bias(&mut specs, "attn_v.bias", kv)?,
+                q_norm: head_norm(&mut specs, "attn_q_norm.weight")?,
+                k_norm: head_norm(&mut specs, "attn_k_norm.weight")?,
                 ffn_norm: specs.require(&n("ffn_norm.weight"), &[e], v)?,
                 ffn_gate: specs.require(&n("ffn_gate.weight"), &[e, hp.n_ff], m)?,
                 ffn_up: specs.require(&n("ffn_up.weight"), &[e, hp.n_ff], m)?,

@@ -1,4 +1,4 @@
-//! The forward pass on tiny llama- and qwen2-shaped models that the test writes, against a naive
+//! The forward pass on tiny llama-, qwen2- and qwen3-shaped models that the test writes, against a naive
 //! Rust implementation of the same network; KV save/restore; micro-batching; typed errors.
 
 mod common;
@@ -88,6 +88,11 @@ fn llama_shape_with_tied_embeddings_matches_reference() {
 #[test]
 fn qwen2_shape_with_biases_matches_reference() {
     check_against_reference(Shape::Qwen2, false);
+}
+
+#[test]
+fn qwen3_shape_with_head_norms_matches_reference() {
+    check_against_reference(Shape::Qwen3, false);
 }
 
 #[test]

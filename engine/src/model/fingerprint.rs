@@ -54,7 +54,7 @@ const LEGACY_SAMPLE: usize = 4096;
 ///
 /// 1. `DOMAIN` and [`FINGERPRINT_VERSION`] (`u32` LE);
 /// 2. each hyperparameter as `tag: u8, value: u64 LE`, tags 1..=15 in order: architecture
-///    (0 llama, 1 qwen2), vocabulary size, training context, embedding width, blocks, heads, KV
+///    (0 llama, 1 qwen2, 2 qwen3), vocabulary size, training context, embedding width, blocks, heads, KV
 ///    heads, head dimension, feed-forward width, RMS epsilon (f32 bits), RoPE base (f32 bits),
 ///    RoPE dimensions, RoPE scaling kind (0 none, 1 linear, 2 yarn), its factor (f32 bits, 0 when
 ///    none) and its original context (0 unless yarn);
@@ -158,6 +158,7 @@ fn encode(
     let arch = match arch {
         Arch::Llama => 0,
         Arch::Qwen2 => 1,
+        Arch::Qwen3 => 2,
     };
     let (kind, factor, n_ctx_orig) = match rope_scaling {
         RopeScaling::None => (0, 0.0f32, 0),

@@ -15,6 +15,19 @@ use half::f16;
 pub enum Shape {
     Llama,
     Qwen2,
+    /// qwen2 without biases, with per-head RMSNorm of Q and K before RoPE.
+    Qwen3,
+}
+
+impl Shape {
+    /// The GGUF architecture name.
+    pub fn arch(self) -> &'static str {
+        match self {
+            Shape::Llama => "llama",
+            Shape::Qwen2 => "qwen2",
+            Shape::Qwen3 => "qwen3",
+        }
+    }
 }
 
 pub struct Cfg {
@@ -51,6 +64,9 @@ pub struct Layer {
     pub bq: Vec<f32>,
     pub bk: Vec<f32>,
     pub bv: Vec<f32>,
+    /// Per-head norms of Q and K (`head_dim` values each; written for qwen3 only).
+    pub q_norm: Vec<f32>,
+    pub k_norm: Vec<f32>,
     pub ffn_norm: Vec<f32>,
     pub gate: Vec<f32>,
     pub up: Vec<f32>,
@@ -83,6 +99,8 @@ pub fn make_weights(c: &Cfg, seed: u64) -> Weights {
             bq: r.f32_vec(e, 0.2),
             bk: r.f32_vec(kv, 0.2),
             bv: r.f32_vec(kv, 0.2),
+            q_norm: Vec::new(),
+            k_norm: Vec::new(),
             ffn_norm: norm(&mut r),
             gate: r.f32_vec(e * ff, 0.3),
             up: r.f32_vec(e * ff, 0.3),
@@ -95,9 +113,22 @@ pub fn make_weights(c: &Cfg, seed: u64) -> Weights {
     } else {
         r.f32_vec(e * c.n_vocab, 0.3)
     };
+    let out_norm = norm(&mut r);
+    // Drawn last, so the other weights of a seed do not depend on them.
+    let mut layers: Vec<Layer> = layers;
+    for l in &mut layers {
+        let head = |r: &mut SplitMix64| {
+            r.f32_vec(c.head_dim(), 0.5)
+                .iter()
+                .map(|v| 1.0 + v)
+                .collect::<Vec<_>>()
+        };
+        l.q_norm = head(&mut r);
+        l.k_norm = head(&mut r);
+    }
     Weights {
         embd,
-        out_norm: norm(&mut r),
+        out_norm,
         output,
         layers,
     }
@@ -120,11 +151,7 @@ pub fn via_f16(v: &[f32]) -> Vec<f32> {
 
 /// Writes the model; the FFN matrices are stored as f16 (so the reference rounds them too).
 pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
-    let arch = if c.shape == Shape::Llama {
-        "llama"
-    } else {
-        "qwen2"
-    };
+    let arch = c.shape.arch();
     let mut g = GgufWriter::new();
     g.add_str("general.architecture", arch);
     let k = |s: &str| format!("{arch}.{s}");
@@ -217,6 +244,21 @@ pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
             GgmlType::F32,
             f32_bytes(&lw.wo),
         );
+        if c.shape == Shape::Qwen3 {
+            let hd = c.head_dim() as u64;
+            g.add_tensor(
+                &n("attn_q_norm.weight"),
+                &[hd],
+                GgmlType::F32,
+                f32_bytes(&lw.q_norm),
+            );
+            g.add_tensor(
+                &n("attn_k_norm.weight"),
+                &[hd],
+                GgmlType::F32,
+                f32_bytes(&lw.k_norm),
+            );
+        }
         if c.shape == Shape::Qwen2 {
             g.add_tensor(&n("attn_q.bias"), &[e], GgmlType::F32, f32_bytes(&lw.bq));
             g.add_tensor(&n("attn_k.bias"), &[kv], GgmlType::F32, f32_bytes(&lw.bk));
@@ -321,7 +363,15 @@ pub fn reference_hidden(c: &Cfg, w: &Weights, tokens: &[u32]) -> Vec<Vec<f32>> {
             let mut q = add(matvec(&lw.wq, &h), &lw.bq);
             let mut k = add(matvec(&lw.wk, &h), &lw.bk);
             let v = add(matvec(&lw.wv, &h), &lw.bv);
-            let neox = c.shape == Shape::Qwen2;
+            if c.shape == Shape::Qwen3 {
+                for (t, w) in [(&mut q, &lw.q_norm), (&mut k, &lw.k_norm)] {
+                    for head in t.chunks_mut(hd) {
+                        let normed = rms_norm(head, w, c.eps);
+                        head.copy_from_slice(&normed);
+                    }
+                }
+            }
+            let neox = matches!(c.shape, Shape::Qwen2 | Shape::Qwen3);
             rope(&mut q, hd, pos, c.base, neox, c.rope_freqs.as_deref());
             rope(&mut k, hd, pos, c.base, neox, c.rope_freqs.as_deref());
             // The cache and the attention kernel hold Q, K and V as f16.
