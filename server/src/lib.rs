@@ -203,11 +203,17 @@ impl Server {
             config,
         });
         // The grammars' token trie is built now, off the request path: a first request with a
-        // grammar or forced tool call does not wait for it on an HTTP worker.
+        // grammar or forced tool call does not wait for it on an HTTP worker. The template
+        // renderer starts too, rather than at the first chat request.
         let early = Arc::clone(&state);
         let _ = std::thread::Builder::new()
-            .name("vocab".into())
-            .spawn(move || drop(early.vocab()));
+            .name("warm-up".into())
+            .spawn(move || {
+                if let Some(sandbox) = engine::chat::sandbox::active() {
+                    sandbox.prestart();
+                }
+                drop(early.vocab());
+            });
         Ok(Server {
             listeners,
             state,

@@ -290,6 +290,15 @@ impl Sandbox {
         }
     }
 
+    /// Starts the renderer now, when none is running, so that the first render does not wait
+    /// for a process to start. Best effort: a failure here is met again at the first render.
+    pub fn prestart(&self) {
+        let mut slot = self.renderer.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.is_none() {
+            *slot = self.start().ok();
+        }
+    }
+
     /// Starts a renderer and waits for its greeting.
     fn start(&self) -> Result<Renderer> {
         let failed = |e: &dyn std::fmt::Display| {
