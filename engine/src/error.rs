@@ -87,6 +87,9 @@ pub enum Error {
     /// past the renderer's memory or time limit, or the renderer could not run.
     #[error("chat template renderer: {0}")]
     TemplateRenderer(String),
+    /// A pin that cannot be made (see [`crate::store::SessionStore::pin`]).
+    #[error("pin: {0}")]
+    InvalidPin(String),
     /// A grammar or JSON schema for constrained decoding that does not compile (a GBNF error
     /// says its line, column and rule), or a token that the grammar does not allow.
     #[error("grammar: {0}")]
@@ -105,7 +108,7 @@ pub enum Error {
         path: PathBuf,
     },
     /// The GGUF's `general.architecture` is not one this engine runs.
-    #[error("unsupported model architecture `{arch}` (supported: llama, qwen2)")]
+    #[error("unsupported model architecture `{arch}` (supported: llama, qwen2, qwen3)")]
     UnsupportedArchitecture {
         /// The architecture named by the file.
         arch: String,

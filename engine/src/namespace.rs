@@ -31,6 +31,11 @@ impl Namespace {
         Namespace(*h.finalize().as_bytes())
     }
 
+    /// The namespace's 32 bytes (a hash: they name it, and say nothing of its parts).
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
     /// What the first block of a sequence in this namespace chains from.
     pub(crate) fn root(self) -> BlockId {
         BlockId(self.0)

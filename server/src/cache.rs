@@ -18,6 +18,23 @@ pub struct Work {
     pub blocks: Vec<NewBlock>,
     /// Tails of the prompt and of the whole sequence.
     pub tails: Vec<TailBlock>,
+    /// Prefixes to pin once the blocks above are stored.
+    pub pins: Vec<PinWork>,
+}
+
+/// A prefix to pin ([`SessionStore::pin`]), answered once the writer has stored it.
+#[derive(Debug)]
+pub struct PinWork {
+    /// The pin's id.
+    pub id: String,
+    /// Its tokens (whole blocks).
+    pub tokens: Vec<u32>,
+    /// Its namespace.
+    pub namespace: Option<engine::Namespace>,
+    /// When it expires (seconds since the epoch).
+    pub expires_unix: Option<u64>,
+    /// Where the outcome goes: the tokens pinned.
+    pub reply: tokio::sync::oneshot::Sender<Result<usize, String>>,
 }
 
 impl Work {
@@ -81,14 +98,16 @@ impl Writer {
 
     /// [`Writer::send`] with a queue of at most `limit` bytes.
     fn send_within(&self, work: Work, limit: u64) {
-        if work.blocks.is_empty() && work.tails.is_empty() {
+        if work.blocks.is_empty() && work.tails.is_empty() && work.pins.is_empty() {
             return;
         }
         let bytes = work.bytes();
+        // A pin is asked for by an operator and waited for: never dropped.
+        let must = !work.pins.is_empty();
         let admitted = self
             .queued
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-                (q == 0 || q + bytes <= limit).then_some(q + bytes)
+                (must || q == 0 || q + bytes <= limit).then_some(q + bytes)
             })
             .is_ok();
         let was_dropping = self.dropping.swap(!admitted, Ordering::Relaxed);
@@ -132,6 +151,9 @@ impl Drop for Writer {
     }
 }
 
+/// How often the writer looks for expired pins.
+const EXPIRY_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The longest the writer waits for the requests being evaluated before it writes anyway.
 const MAX_DEFER: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -145,6 +167,7 @@ fn write_behind(
     queued: &AtomicU64,
 ) {
     let mut full = FullDisk::default();
+    let mut expiries_checked: Option<std::time::Instant> = None;
     while let Ok(work) = rx.recv() {
         // Hashing, copying and syncing megabytes takes a core from the kernels' threads: let a
         // request that is being evaluated (a repeated prompt is answered in tens of ms) go
@@ -180,9 +203,11 @@ fn write_behind(
         }
         let mut blocks = Vec::new();
         let mut tails = Vec::new();
+        let mut pins = Vec::new();
         for work in batches {
             blocks.extend(work.blocks);
             tails.extend(work.tails);
+            pins.extend(work.pins);
         }
         // A later tail of the same blocks replaces an earlier one: store only the last, in
         // the order they came (the newest tail is the last to go under the disk budget).
@@ -211,6 +236,26 @@ fn write_behind(
                 if let Err(e) = write_round(store, metrics, &blocks, &tails) {
                     metrics.cache_error(format!("storing on a full disk failed: {e}"));
                 }
+            }
+        }
+        for pin in pins {
+            let result = store
+                .pin(&pin.id, &pin.tokens, pin.namespace, pin.expires_unix)
+                .map_err(|e| e.to_string());
+            if let Err(e) = &result {
+                metrics.cache_error(format!("pinning {} failed: {e}", pin.id));
+            }
+            let _ = pin.reply.send(result);
+        }
+        // Expired pins go (looked for at most once a second: it lists the checkpoints).
+        if expiries_checked.is_none_or(|t| t.elapsed() >= EXPIRY_CHECK) {
+            expiries_checked = Some(std::time::Instant::now());
+            match store.expire_pins(crate::routes::unix_now()) {
+                Ok(gone) if !gone.is_empty() => {
+                    metrics.log(format!("prompt cache: pin(s) {} expired", gone.join(", ")))
+                }
+                Ok(_) => {}
+                Err(e) => metrics.cache_error(format!("expiring pins failed: {e}")),
             }
         }
         // Unnamed prompt blocks and tails go first and only: saved conversations stay.
@@ -300,6 +345,7 @@ mod tests {
                 last_block: kvstore::BlockId([n; 32]),
                 namespace: None,
             }],
+            pins: Vec::new(),
         }
     }
 

@@ -74,6 +74,9 @@ pub enum ServerError {
     /// A name that another program owns: a checkpoint it wrote, or one a live process holds.
     #[error("{0}")]
     Conflict(String),
+    /// No such thing (a pin).
+    #[error("{0}")]
+    NotFound(String),
     /// The server is shutting down.
     #[error("the server is shutting down")]
     ShuttingDown,
@@ -114,6 +117,7 @@ impl ServerError {
             | ServerError::BadFilename { .. } => StatusCode::BAD_REQUEST,
             ServerError::Unauthorized => StatusCode::UNAUTHORIZED,
             ServerError::Conflict(_) => StatusCode::CONFLICT,
+            ServerError::NotFound(_) => StatusCode::NOT_FOUND,
             ServerError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ServerError::NotEnabled { .. } | ServerError::Unsupported(_) => {
                 StatusCode::NOT_IMPLEMENTED

@@ -23,10 +23,12 @@ use crate::session::Session;
 
 mod legacy;
 mod load;
+mod pins;
 mod prompt_cache;
 
 pub use legacy::LegacyStore;
 pub use load::LoadedPrefix;
+pub use pins::{Pin, PIN_PREFIX};
 
 /// Tokens per checkpoint block: one KV page.
 const TOKENS_PER_BLOCK: u32 = PAGE_TOKENS as u32;

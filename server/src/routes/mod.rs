@@ -2,12 +2,15 @@
 //! extractor that turns a body over the limit into an OpenAI-style error.
 
 mod anthropic;
+mod cache_admin;
 mod cors;
 mod embeddings;
 mod generate;
 mod info;
 mod responses;
 mod shape;
+
+pub(crate) use shape::unix_now;
 mod slots;
 mod turn;
 mod ui;
@@ -94,6 +97,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(info::tokenize))
         .route("/detokenize", post(info::detokenize))
         .route("/apply-template", post(info::apply_template))
+        .route("/cache", get(cache_admin::show))
+        .route("/cache/pin", post(cache_admin::pin))
+        .route("/cache/pin/{id}", axum::routing::delete(cache_admin::unpin))
         .route("/slots", get(slots::list))
         .route("/slots/{id}", post(slots::action))
         .route("/metrics", get(slots::metrics))

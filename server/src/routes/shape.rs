@@ -610,7 +610,7 @@ pub fn openai_completion_event(
 }
 
 /// Current Unix time in seconds.
-pub(super) fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

@@ -275,6 +275,22 @@ impl Scheduler {
             Command::Embed { inputs, reply } => {
                 let _ = reply.send(self.embed(&inputs));
             }
+            Command::Pin {
+                id,
+                tokens,
+                namespace,
+                expires_unix,
+                reply,
+            } => {
+                let pin = crate::cache::PinWork {
+                    id,
+                    tokens,
+                    namespace,
+                    expires_unix,
+                    reply,
+                };
+                self.pin(pin);
+            }
             Command::Shutdown => self.closing = true,
         }
     }

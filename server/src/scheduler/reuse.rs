@@ -106,6 +106,38 @@ impl Scheduler {
         }
     }
 
+    /// Hands `pin` to the writer with the blocks of a finished sequence holding its tokens that
+    /// the store lacks; answers at once when there is no such sequence or no store.
+    pub(super) fn pin(&mut self, mut pin: crate::cache::PinWork) {
+        let full = pin.tokens.len() / engine::PAGE_TOKENS * engine::PAGE_TOKENS;
+        pin.tokens.truncate(full);
+        let (Some(store), Some(writer)) = (self.store.clone(), self.writer.as_ref()) else {
+            let _ = pin
+                .reply
+                .send(Err("the server keeps no cache (--no-cache)".into()));
+            return;
+        };
+        let held = self
+            .longest_resident(&pin.tokens, pin.namespace)
+            .filter(|&(n, _)| full > 0 && n >= full);
+        let Some((_, seq)) = held else {
+            let _ = pin.reply.send(Err(
+                "the prompt's blocks are not in memory any more; pin again".into(),
+            ));
+            return;
+        };
+        match store.new_blocks(&self.ctx, seq, 0) {
+            Ok(blocks) => writer.send(Work {
+                blocks,
+                tails: Vec::new(),
+                pins: vec![pin],
+            }),
+            Err(e) => {
+                let _ = pin.reply.send(Err(format!("reading pages failed: {e}")));
+            }
+        }
+    }
+
     /// Copies the new full pages and the tails of finished sequence `seq`, if it waits for
     /// that, and hands them to the writer thread (a memory copy; the writing is the writer's).
     pub(super) fn export(&mut self, seq: SeqId) {
@@ -129,7 +161,11 @@ impl Scheduler {
                 tails.extend(store.tail_of(&self.ctx, seq, prompt_len)?);
             }
             tails.extend(store.tail_of(&self.ctx, seq, len)?);
-            Ok(Work { blocks, tails })
+            Ok(Work {
+                blocks,
+                tails,
+                pins: Vec::new(),
+            })
         })();
         match work {
             Ok(work) => writer.send(work),

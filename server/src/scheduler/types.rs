@@ -208,6 +208,20 @@ pub enum Command {
         /// The embeddings, an input at a time.
         reply: oneshot::Sender<Result<Vec<Vec<f32>>>>,
     },
+    /// Pin the full blocks of `tokens`, which a finished sequence of `namespace` holds (a
+    /// request computed them), as pin `id` ([`engine::store::SessionStore::pin`]).
+    Pin {
+        /// The pin's id.
+        id: String,
+        /// The prompt's tokens.
+        tokens: Vec<u32>,
+        /// Its namespace.
+        namespace: Option<engine::Namespace>,
+        /// When it expires (seconds since the epoch).
+        expires_unix: Option<u64>,
+        /// The tokens pinned, once the writer stored the pin.
+        reply: oneshot::Sender<std::result::Result<usize, String>>,
+    },
     /// Take no more requests; finish the running and waiting ones, flush the cache and end.
     Shutdown,
     /// Nothing to do but look again: the loader has read a waiting request's blocks.

@@ -1,0 +1,121 @@
+//! Pinned prefixes: a prompt's full blocks kept as a named checkpoint (`_pin-ID`) in its
+//! namespace. The prompt cache's disk budget drops only tails, so a pin stays, counted in the
+//! budget, until it is unpinned or its expiry passes ([`SessionStore::expire_pins`]).
+
+use ckptfmt::{Manifest, Metadata};
+
+use super::{unix_now, SessionStore};
+use crate::error::{Error, Result};
+use crate::kv::PAGE_TOKENS;
+use crate::Namespace;
+
+/// Name prefix of a pin's checkpoint.
+pub const PIN_PREFIX: &str = "_pin-";
+
+/// Metadata key of a pin's expiry (seconds since the epoch).
+const EXPIRES_KEY: &str = "llama-hdd.pin.expires_unix";
+
+/// A pinned prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pin {
+    /// Its id (the checkpoint is `_pin-ID`).
+    pub id: String,
+    /// Tokens it keeps (whole blocks).
+    pub tokens: usize,
+    /// When it expires, if it does (seconds since the epoch).
+    pub expires_unix: Option<u64>,
+    /// When it was pinned (seconds since the epoch).
+    pub created_unix: u64,
+    /// Whether it is in a namespace other than the shared one.
+    pub namespaced: bool,
+}
+
+impl SessionStore {
+    /// Pins the full blocks of `tokens` in namespace `ns` as `_pin-ID` until `expires_unix`
+    /// (never when `None`); pinning the same id again replaces it. Every block must be in the
+    /// store already ([`kvstore::StoreError::MissingBlock`] otherwise). Returns the tokens
+    /// pinned.
+    pub fn pin(
+        &self,
+        id: &str,
+        tokens: &[u32],
+        ns: Option<Namespace>,
+        expires_unix: Option<u64>,
+    ) -> Result<usize> {
+        let full = tokens.len() / PAGE_TOKENS * PAGE_TOKENS;
+        if full == 0 {
+            return Err(Error::InvalidPin(format!(
+                "{} tokens: a pin keeps whole blocks of {PAGE_TOKENS}",
+                tokens.len()
+            )));
+        }
+        let kv = expires_unix
+            .map(|e| vec![(EXPIRES_KEY.to_owned(), e.to_string())])
+            .unwrap_or_default();
+        let manifest = Manifest::new(
+            self.fingerprint,
+            self.handle.geometry().clone(),
+            tokens[..full].to_vec(),
+            (0..full as i32).collect(),
+            Vec::new(),
+            Metadata {
+                name: format!("{PIN_PREFIX}{id}"),
+                parent: None,
+                created_unix: unix_now(),
+                kv,
+            },
+        )?
+        .with_chain_roots(Namespace::roots(ns))?;
+        self.handle.save(&manifest)?;
+        Ok(full)
+    }
+
+    /// Removes pin `id`; false when there was none. Its blocks stay until a collection needs
+    /// the room.
+    pub fn unpin(&self, id: &str) -> Result<bool> {
+        let name = format!("{PIN_PREFIX}{id}");
+        if !self.handle.has_checkpoint(&name)? {
+            return Ok(false);
+        }
+        self.handle.delete(&name)?;
+        Ok(true)
+    }
+
+    /// Every pin of this model (from disk: those of every process), by id.
+    pub fn pins(&self) -> Result<Vec<Pin>> {
+        let mut out = Vec::new();
+        for name in self.handle.list()? {
+            let Some(id) = name.strip_prefix(PIN_PREFIX) else {
+                continue;
+            };
+            // One removed or damaged meanwhile is left out.
+            let Ok(m) = self.handle.read_manifest(&name) else {
+                continue;
+            };
+            out.push(Pin {
+                id: id.to_owned(),
+                tokens: m.tokens.len(),
+                expires_unix: m
+                    .meta
+                    .kv
+                    .iter()
+                    .find(|(k, _)| k == EXPIRES_KEY)
+                    .and_then(|(_, v)| v.parse().ok()),
+                created_unix: m.meta.created_unix,
+                namespaced: !m.chain_roots.is_empty(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Removes the pins whose expiry is at or before `now_unix`; returns their ids.
+    pub fn expire_pins(&self, now_unix: u64) -> Result<Vec<String>> {
+        let mut gone = Vec::new();
+        for pin in self.pins()? {
+            if pin.expires_unix.is_some_and(|e| e <= now_unix) && self.unpin(&pin.id)? {
+                gone.push(pin.id);
+            }
+        }
+        Ok(gone)
+    }
+}
