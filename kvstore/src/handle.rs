@@ -359,6 +359,30 @@ impl<V: BlockIo> ModelStore<V> {
         self.shared.gc_dropping(budget, Some((self.idx, order)))
     }
 
+    /// Deletes the checkpoints whose expiry ([`crate::EXPIRES_KEY`]) is at or before
+    /// `now_unix` (reading every manifest); returns their names. One that cannot be read is
+    /// left to `ckpt verify`.
+    pub fn delete_expired(&self, now_unix: u64) -> Result<Vec<String>> {
+        let mut gone = Vec::new();
+        for name in self.list()? {
+            let Ok(m) = self.read_manifest(&name) else {
+                continue;
+            };
+            let expired = m
+                .meta
+                .kv
+                .iter()
+                .find(|(k, _)| k == crate::EXPIRES_KEY)
+                .and_then(|(_, v)| v.parse::<u64>().ok())
+                .is_some_and(|e| e <= now_unix);
+            if expired {
+                self.delete(&name)?;
+                gone.push(name);
+            }
+        }
+        Ok(gone)
+    }
+
     /// Deletes checkpoint `name` durably. Its blocks stay until collected.
     pub fn delete(&self, name: &str) -> Result<()> {
         self.shared.delete(&self.info, name)

@@ -575,3 +575,54 @@ fn bench_prints_the_promised_figures() {
     // The bench cleans up after itself.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
+
+#[test]
+fn ls_notes_pins_namespaces_and_expiry_and_gc_deletes_what_expired() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = KvStore::open(dir.path(), inline_config(64)).unwrap();
+    let model = store.model(fp(), geometry()).unwrap();
+    let tokens: Vec<u32> = (0..8).collect();
+    put_tokens(&model, &tokens).unwrap();
+    let with = |name: &str, expires: Option<u64>| {
+        let mut m = manifest(name, &tokens);
+        m.meta.kv = expires
+            .map(|e| vec![(kvstore::EXPIRES_KEY.to_owned(), e.to_string())])
+            .unwrap_or_default();
+        m
+    };
+    model.save(&with("_pin-old", Some(1_000))).unwrap();
+    model
+        .save(&with("_pin-later", Some(4_000_000_000)))
+        .unwrap();
+    model.save(&with("plain", None)).unwrap();
+    drop(model);
+    drop(store);
+
+    let (code, text) = ckpt(&["ls", s(dir.path())]);
+    assert_eq!(code, 0, "{text}");
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(name))
+            .unwrap_or_else(|| panic!("{name} not listed: {text}"))
+            .to_owned()
+    };
+    assert!(
+        line("_pin-old").contains("[pin, expires 1970-01-01"),
+        "{text}"
+    );
+    assert!(line("_pin-later").contains("[pin, expires 2096"), "{text}");
+    assert!(!line("plain").contains('['), "{text}");
+
+    let (code, text) = ckpt(&["gc", s(dir.path())]);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("deleted the expired checkpoint _pin-old"),
+        "{text}"
+    );
+    let (_, text) = ckpt(&["ls", s(dir.path())]);
+    assert!(!text.contains("_pin-old"), "{text}");
+    assert!(
+        text.contains("_pin-later") && text.contains("plain"),
+        "{text}"
+    );
+}

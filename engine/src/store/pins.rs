@@ -12,8 +12,8 @@ use crate::Namespace;
 /// Name prefix of a pin's checkpoint.
 pub const PIN_PREFIX: &str = "_pin-";
 
-/// Metadata key of a pin's expiry (seconds since the epoch).
-const EXPIRES_KEY: &str = "llama-hdd.pin.expires_unix";
+/// Metadata key of a pin's expiry: kvstore's, so that `ckpt gc` honours it too.
+const EXPIRES_KEY: &str = kvstore::EXPIRES_KEY;
 
 /// A pinned prefix.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -88,9 +88,30 @@ pub fn ls(dir: &Path, out: &mut dyn Write) -> Result<ExitCode, CliError> {
     let mut rows = Vec::new();
     for m in models(&store) {
         for c in m.checkpoints()? {
-            // A manifest that cannot be read is listed (with 0 tokens) and said so.
+            // A manifest that cannot be read is listed (with 0 tokens) and said so; a pin, a
+            // namespace (a chain root of block 0) and an expiry are noted after the last use.
             let last_use = match m.read_manifest(&c.name) {
-                Ok(_) => utc(c.last_used_unix),
+                Ok(manifest) => {
+                    let mut notes = Vec::new();
+                    if c.name.starts_with("_pin-") {
+                        notes.push("pin".to_owned());
+                    }
+                    if manifest.chain_roots.first().is_some_and(|r| r.block == 0) {
+                        notes.push("namespaced".to_owned());
+                    }
+                    let expires = manifest
+                        .meta
+                        .kv
+                        .iter()
+                        .find(|(k, _)| k == kvstore::EXPIRES_KEY);
+                    if let Some(e) = expires.and_then(|(_, v)| v.parse::<u64>().ok()) {
+                        notes.push(format!("expires {}", utc(e)));
+                    }
+                    match notes.is_empty() {
+                        true => utc(c.last_used_unix),
+                        false => format!("{}  [{}]", utc(c.last_used_unix), notes.join(", ")),
+                    }
+                }
                 Err(_) => "- (manifest damaged: see `ckpt verify`)".to_string(),
             };
             rows.push([
@@ -210,6 +231,14 @@ fn block_file_bytes(store: &KvStore) -> u64 {
 pub fn gc(dir: &Path, max_bytes: Option<u64>, out: &mut dyn Write) -> Result<ExitCode, CliError> {
     require_store(dir)?;
     let store = KvStore::open(dir, config())?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    for m in models(&store) {
+        for name in m.delete_expired(now)? {
+            writeln!(out, "deleted the expired checkpoint {name}")?;
+        }
+    }
     let report = match max_bytes {
         Some(b) => store.gc_to(b)?,
         None => store.gc()?,
