@@ -88,6 +88,18 @@ pub struct RecoveryReport {
     pub damaged_checkpoints: Vec<DamagedCheckpoint>,
 }
 
+/// What [`crate::ModelStore::delete_chain`] removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChainReport {
+    /// Checkpoints deleted (their first block chained from the root).
+    pub manifests: Vec<String>,
+    /// Blocks deleted, from disk or from RAM.
+    pub blocks: u64,
+    /// Blocks of the chain left because a live sequence holds them (pinned in RAM) or they
+    /// were being written.
+    pub busy: u64,
+}
+
 /// What a garbage collection reclaimed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GcReport {

@@ -57,6 +57,8 @@ struct Indexed {
     stamp: Option<FileStamp>,
     read_at: SystemTime,
     blocks: Vec<BlockId>,
+    /// What its first block chains from, when not from nothing (a namespace's root).
+    root: Option<BlockId>,
 }
 
 /// What [`DiskIndex::refresh`] did.
@@ -220,12 +222,14 @@ impl DiskIndex {
         match store.decode_manifest(name) {
             Ok(m) => {
                 out.read += 1;
+                let root = m.chain_roots.first().filter(|r| r.block == 0).map(|r| r.id);
                 self.set_manifest(
                     name,
                     Indexed {
                         stamp,
                         read_at,
                         blocks: m.block_ids,
+                        root,
                     },
                 );
             }
@@ -313,6 +317,15 @@ impl DiskIndex {
     /// The blocks manifest `name` references, if the index holds it.
     pub(crate) fn blocks_of(&self, name: &str) -> Option<&[BlockId]> {
         self.manifests.get(name).map(|e| e.blocks.as_slice())
+    }
+
+    /// The manifests whose first block chains from `root`.
+    pub(crate) fn rooted_at(&self, root: &BlockId) -> Vec<String> {
+        self.manifests
+            .iter()
+            .filter(|(_, e)| e.root.as_ref() == Some(root))
+            .map(|(n, _)| n.clone())
+            .collect()
     }
 
     /// Each manifest with its file's length and modification time, where known.

@@ -360,3 +360,118 @@ impl<V: BlockIo> Shared<V> {
         }
     }
 }
+
+impl<V: BlockIo> Shared<V> {
+    /// [`crate::ModelStore::delete_chain`], under the exclusive store lock.
+    pub(crate) fn delete_chain(&self, idx: usize, root: &BlockId) -> Result<crate::ChainReport> {
+        self.writable("delete_chain")?;
+        let info = self.model_info(idx);
+        let lock = info
+            .store
+            .lock_exclusive()
+            .map_err(|e| StoreError::format(info.store.root(), e))?;
+        let mut index = lock_mutex(&info.index);
+        index
+            .refresh(&info.store, &lock)
+            .map_err(|e| StoreError::format(info.store.root(), e))?;
+        let mut report = crate::ChainReport::default();
+        // The checkpoints rooted there, and their blocks.
+        let mut doomed: HashSet<BlockId> = HashSet::new();
+        for name in index.rooted_at(root) {
+            doomed.extend(index.blocks_of(&name).into_iter().flatten().copied());
+            match info.store.delete_manifest(&name) {
+                Ok(()) => {}
+                Err(FormatError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StoreError::format(info.store.root(), e)),
+            }
+            index.remove_manifest(&name);
+            report.manifests.push(name);
+        }
+        // Blocks no checkpoint holds, on disk and in RAM, by what each chains from: those
+        // leading to the root go too (a chain is followed to its end).
+        let mut prev_of: HashMap<BlockId, BlockId> = HashMap::new();
+        let loose: Vec<BlockId> = index.unreferenced().copied().collect();
+        for id in loose {
+            if let Ok(b) = info.store.read_block(&id) {
+                if let Some(p) = b.view().ok().and_then(|v| v.prev()) {
+                    prev_of.insert(id, p);
+                }
+            }
+        }
+        {
+            let st = lock_mutex(&self.state);
+            for (id, e) in &st.entries {
+                if e.model != idx {
+                    continue;
+                }
+                if let Some((Some(p), _)) = &e.chain {
+                    prev_of.insert(*id, *p);
+                }
+            }
+        }
+        loop {
+            let more: Vec<BlockId> = prev_of
+                .iter()
+                .filter(|(id, p)| !doomed.contains(*id) && (*p == root || doomed.contains(*p)))
+                .map(|(id, _)| *id)
+                .collect();
+            if more.is_empty() {
+                break;
+            }
+            doomed.extend(more);
+        }
+        let mut st = lock_mutex(&self.state);
+        let mut first_err = None;
+        let mut removed_any = false;
+        for id in &doomed {
+            if index.refs(id) > 0 {
+                continue;
+            }
+            if let Some(e) = st.entries.get(id) {
+                if e.in_flight || e.pins > 0 {
+                    report.busy += 1;
+                    continue;
+                }
+            }
+            let mut gone = false;
+            if index.holds_block(id) {
+                let p = info.store.block_path(id);
+                match self.io.remove(&p) {
+                    Ok(()) => {
+                        gone = true;
+                        removed_any = true;
+                        index.remove_block(id);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        index.remove_block(id);
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(StoreError::io("remove", &p, e));
+                        continue;
+                    }
+                }
+            }
+            if st.entries.contains_key(id) {
+                gone = true;
+                st.lost_file(id, info.record_len);
+                st.drop_ram(id);
+                st.entries.remove(id);
+            }
+            report.blocks += u64::from(gone);
+        }
+        drop(st);
+        if removed_any {
+            if let Err(e) = self.io.sync_dir(&info.blocks_dir) {
+                first_err.get_or_insert(StoreError::io("fsync", &info.blocks_dir, e));
+            }
+        }
+        drop(index);
+        drop(lock);
+        self.cond.notify_all();
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(report),
+        }
+    }
+}

@@ -359,6 +359,14 @@ impl<V: BlockIo> ModelStore<V> {
         self.shared.gc_dropping(budget, Some((self.idx, order)))
     }
 
+    /// Deletes everything of this model that chains from `root` (a namespace's root): the
+    /// checkpoints whose first block chains from it, and every block, on disk or in RAM, whose
+    /// chain of predecessors leads to it and that no other checkpoint references. Blocks a live
+    /// sequence holds pinned stay (counted as busy).
+    pub fn delete_chain(&self, root: &BlockId) -> Result<crate::ChainReport> {
+        self.shared.delete_chain(self.idx, root)
+    }
+
     /// Deletes the checkpoints whose expiry ([`crate::EXPIRES_KEY`]) is at or before
     /// `now_unix` (reading every manifest); returns their names. One that cannot be read is
     /// left to `ckpt verify`.

@@ -100,7 +100,7 @@ pub use bytes::KvBytes;
 pub use ckptfmt::CrashMode;
 pub use ckptfmt::{BadBlock, BlockId, CheckpointHealth, Fingerprint, Geometry, Manifest};
 pub use claim::{claim, Claim};
-pub use config::{Config, DamagedCheckpoint, GcReport, RecoveryReport, VerifyLevel};
+pub use config::{ChainReport, Config, DamagedCheckpoint, GcReport, RecoveryReport, VerifyLevel};
 pub use error::{Result, StoreError};
 #[cfg(feature = "test-util")]
 pub use fault::{Fault, FaultIo};

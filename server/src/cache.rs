@@ -20,6 +20,17 @@ pub struct Work {
     pub tails: Vec<TailBlock>,
     /// Prefixes to pin once the blocks above are stored.
     pub pins: Vec<PinWork>,
+    /// Namespaces to clear, after everything queued before.
+    pub clears: Vec<ClearWork>,
+}
+
+/// A namespace to clear ([`SessionStore::clear_namespace`]), answered once done.
+#[derive(Debug)]
+pub struct ClearWork {
+    /// The namespace.
+    pub namespace: engine::Namespace,
+    /// Where the outcome goes.
+    pub reply: tokio::sync::oneshot::Sender<Result<engine::store::Cleared, String>>,
 }
 
 /// A prefix to pin ([`SessionStore::pin`]), answered once the writer has stored it.
@@ -98,12 +109,16 @@ impl Writer {
 
     /// [`Writer::send`] with a queue of at most `limit` bytes.
     fn send_within(&self, work: Work, limit: u64) {
-        if work.blocks.is_empty() && work.tails.is_empty() && work.pins.is_empty() {
+        if work.blocks.is_empty()
+            && work.tails.is_empty()
+            && work.pins.is_empty()
+            && work.clears.is_empty()
+        {
             return;
         }
         let bytes = work.bytes();
-        // A pin is asked for by an operator and waited for: never dropped.
-        let must = !work.pins.is_empty();
+        // A pin or a clear is asked for by an operator and waited for: never dropped.
+        let must = !work.pins.is_empty() || !work.clears.is_empty();
         let admitted = self
             .queued
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
@@ -204,10 +219,12 @@ fn write_behind(
         let mut blocks = Vec::new();
         let mut tails = Vec::new();
         let mut pins = Vec::new();
+        let mut clears = Vec::new();
         for work in batches {
             blocks.extend(work.blocks);
             tails.extend(work.tails);
             pins.extend(work.pins);
+            clears.extend(work.clears);
         }
         // A later tail of the same blocks replaces an earlier one: store only the last, in
         // the order they came (the newest tail is the last to go under the disk budget).
@@ -246,6 +263,15 @@ fn write_behind(
                 metrics.cache_error(format!("pinning {} failed: {e}", pin.id));
             }
             let _ = pin.reply.send(result);
+        }
+        for clear in clears {
+            let result = store
+                .clear_namespace(clear.namespace)
+                .map_err(|e| e.to_string());
+            if let Err(e) = &result {
+                metrics.cache_error(format!("clearing a namespace failed: {e}"));
+            }
+            let _ = clear.reply.send(result);
         }
         // Expired pins go (looked for at most once a second: it lists the checkpoints).
         if expiries_checked.is_none_or(|t| t.elapsed() >= EXPIRY_CHECK) {
@@ -346,6 +372,7 @@ mod tests {
                 namespace: None,
             }],
             pins: Vec::new(),
+            clears: Vec::new(),
         }
     }
 

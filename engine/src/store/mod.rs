@@ -28,7 +28,7 @@ mod prompt_cache;
 
 pub use legacy::LegacyStore;
 pub use load::LoadedPrefix;
-pub use pins::{Pin, PIN_PREFIX};
+pub use pins::{Cleared, Pin, PIN_PREFIX};
 
 /// Tokens per checkpoint block: one KV page.
 const TOKENS_PER_BLOCK: u32 = PAGE_TOKENS as u32;

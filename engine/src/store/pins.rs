@@ -15,6 +15,17 @@ pub const PIN_PREFIX: &str = "_pin-";
 /// Metadata key of a pin's expiry: kvstore's, so that `ckpt gc` honours it too.
 const EXPIRES_KEY: &str = kvstore::EXPIRES_KEY;
 
+/// What [`SessionStore::clear_namespace`] deleted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Cleared {
+    /// Checkpoints deleted.
+    pub checkpoints: Vec<String>,
+    /// Blocks deleted.
+    pub blocks: u64,
+    /// Blocks left because a live sequence holds them.
+    pub busy: u64,
+}
+
 /// A pinned prefix.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pin {
@@ -106,6 +117,17 @@ impl SessionStore {
             });
         }
         Ok(out)
+    }
+
+    /// Deletes everything of namespace `ns` in the store: its checkpoints (tails, pins, saves)
+    /// and its blocks, on disk and in RAM, except those a live sequence holds pinned.
+    pub fn clear_namespace(&self, ns: Namespace) -> Result<Cleared> {
+        let r = self.handle.delete_chain(&ns.root())?;
+        Ok(Cleared {
+            checkpoints: r.manifests,
+            blocks: r.blocks,
+            busy: r.busy,
+        })
     }
 
     /// Removes the pins whose expiry is at or before `now_unix`; returns their ids.

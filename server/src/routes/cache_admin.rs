@@ -183,3 +183,50 @@ pub async fn show(State(st): State<Arc<AppState>>) -> Result<Json<Value>> {
         "prompt_tokens": prompts,
     })))
 }
+
+/// `POST /cache/clear`: deletes everything cached in the request's namespace (its API key's,
+/// with the body's `cache_salt` if it gives one): sequences in memory, tails, pins and blocks
+/// on disk. Requests of the namespace still running store their prompts afterwards. The
+/// shared cache (no key and no salt, or `--cache-isolation none`) is not cleared this way:
+/// `ckpt rm` and `ckpt gc` do that.
+pub async fn clear(
+    State(st): State<Arc<AppState>>,
+    Extension(client): Extension<ClientKey>,
+    RawBody(body): RawBody,
+) -> Result<Json<Value>> {
+    let v: Value = match body.is_empty() {
+        true => json!({}),
+        false => serde_json::from_slice(&body).map_err(|e| ServerError::BadJson {
+            reason: e.to_string(),
+        })?,
+    };
+    let salt = match v.get("cache_salt") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+        Some(_) => {
+            return Err(ServerError::BadRequest(
+                "cache_salt must be a non-empty string".into(),
+            ))
+        }
+    };
+    let namespace = st.namespace(&client, salt.as_deref()).ok_or_else(|| {
+        ServerError::BadRequest(
+            "this request is in the shared cache (no API key namespace, no cache_salt): \
+             nothing of its own to clear"
+                .into(),
+        )
+    })?;
+    let (reply, rx) = oneshot::channel();
+    st.tx
+        .send(Command::Clear(crate::cache::ClearWork { namespace, reply }))
+        .map_err(|_| ServerError::ShuttingDown)?;
+    let cleared = rx
+        .await
+        .map_err(|_| ServerError::ShuttingDown)?
+        .map_err(ServerError::Busy)?;
+    Ok(Json(json!({
+        "checkpoints": cleared.checkpoints.len(),
+        "blocks": cleared.blocks,
+        "busy": cleared.busy,
+    })))
+}

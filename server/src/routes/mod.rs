@@ -99,6 +99,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/apply-template", post(info::apply_template))
         .route("/cache", get(cache_admin::show))
         .route("/cache/pin", post(cache_admin::pin))
+        .route("/cache/clear", post(cache_admin::clear))
         .route("/cache/pin/{id}", axum::routing::delete(cache_admin::unpin))
         .route("/slots", get(slots::list))
         .route("/slots/{id}", post(slots::action))

@@ -291,6 +291,7 @@ impl Scheduler {
                 };
                 self.pin(pin);
             }
+            Command::Clear(clear) => self.clear(clear),
             Command::Shutdown => self.closing = true,
         }
     }

@@ -131,9 +131,43 @@ impl Scheduler {
                 blocks,
                 tails: Vec::new(),
                 pins: vec![pin],
+                clears: Vec::new(),
             }),
             Err(e) => {
                 let _ = pin.reply.send(Err(format!("reading pages failed: {e}")));
+            }
+        }
+    }
+
+    /// Drops the finished sequences of `clear`'s namespace (not stored: they are being
+    /// cleared), then hands `clear` to the writer, behind whatever it has queued.
+    pub(super) fn clear(&mut self, clear: crate::cache::ClearWork) {
+        let ns = Some(clear.namespace);
+        let doomed: Vec<SeqId> = self
+            .cached
+            .iter()
+            .copied()
+            .filter(|&s| self.ctx.namespace(s).ok().flatten() == ns)
+            .collect();
+        for seq in doomed {
+            self.cached.retain(|&s| s != seq);
+            self.exports.retain(|e| e.0 != seq);
+            let _ = self.ctx.remove_sequence(seq);
+            for slot in &mut self.slots {
+                if slot.last == Some(seq) {
+                    slot.last = None;
+                }
+            }
+        }
+        match &self.writer {
+            Some(writer) => writer.send(Work {
+                blocks: Vec::new(),
+                tails: Vec::new(),
+                pins: Vec::new(),
+                clears: vec![clear],
+            }),
+            None => {
+                let _ = clear.reply.send(Ok(engine::store::Cleared::default()));
             }
         }
     }
@@ -165,6 +199,7 @@ impl Scheduler {
                 blocks,
                 tails,
                 pins: Vec::new(),
+                clears: Vec::new(),
             })
         })();
         match work {

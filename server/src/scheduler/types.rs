@@ -222,6 +222,9 @@ pub enum Command {
         /// The tokens pinned, once the writer stored the pin.
         reply: oneshot::Sender<std::result::Result<usize, String>>,
     },
+    /// Clear a namespace: its cached sequences in memory, then its checkpoints and blocks in
+    /// the store (after the writes queued before).
+    Clear(crate::cache::ClearWork),
     /// Take no more requests; finish the running and waiting ones, flush the cache and end.
     Shutdown,
     /// Nothing to do but look again: the loader has read a waiting request's blocks.
