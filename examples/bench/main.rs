@@ -224,6 +224,7 @@ fn fill_store(
             kv: vec![fill; 2 * per_token],
             last_block: id,
             namespace: None,
+            expires_unix: None,
         })?;
     }
     store.flush()?;

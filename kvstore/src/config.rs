@@ -116,4 +116,6 @@ pub struct GcReport {
     pub manifests_read: usize,
     /// Manifests deleted to make room ([`crate::ModelStore::collect_dropping`]).
     pub manifests_dropped: Vec<String>,
+    /// Manifests deleted because their expiry ([`crate::EXPIRES_KEY`]) had passed.
+    pub manifests_expired: Vec<String>,
 }

@@ -40,6 +40,8 @@ pub(crate) struct DiskIndex {
     /// Manifests an event named that were not looked at yet, with their files' lengths then
     /// (0: gone).
     pending: HashMap<String, u64>,
+    /// The manifests that expire ([`crate::EXPIRES_KEY`]), by expiry.
+    expiries: std::collections::BTreeSet<(u64, String)>,
 }
 
 #[derive(Debug, Default)]
@@ -59,6 +61,8 @@ struct Indexed {
     blocks: Vec<BlockId>,
     /// What its first block chains from, when not from nothing (a namespace's root).
     root: Option<BlockId>,
+    /// When it expires (seconds since the epoch).
+    expires: Option<u64>,
 }
 
 /// What [`DiskIndex::refresh`] did.
@@ -223,6 +227,12 @@ impl DiskIndex {
             Ok(m) => {
                 out.read += 1;
                 let root = m.chain_roots.first().filter(|r| r.block == 0).map(|r| r.id);
+                let expires = m
+                    .meta
+                    .kv
+                    .iter()
+                    .find(|(k, _)| k == crate::EXPIRES_KEY)
+                    .and_then(|(_, v)| v.parse().ok());
                 self.set_manifest(
                     name,
                     Indexed {
@@ -230,6 +240,7 @@ impl DiskIndex {
                         read_at,
                         blocks: m.block_ids,
                         root,
+                        expires,
                     },
                 );
             }
@@ -248,6 +259,9 @@ impl DiskIndex {
     fn set_manifest(&mut self, name: &str, entry: Indexed) {
         self.remove_manifest(name);
         self.manifest_bytes += entry.stamp.map_or(0, |s| s.len);
+        if let Some(e) = entry.expires {
+            self.expiries.insert((e, name.to_owned()));
+        }
         for id in &entry.blocks {
             let n = self.refs.entry(*id).or_default();
             *n += 1;
@@ -264,6 +278,9 @@ impl DiskIndex {
             return;
         };
         self.manifest_bytes -= old.stamp.map_or(0, |s| s.len);
+        if let Some(e) = old.expires {
+            self.expiries.remove(&(e, name.to_owned()));
+        }
         for id in &old.blocks {
             if let Some(n) = self.refs.get_mut(id) {
                 *n -= 1;
@@ -317,6 +334,25 @@ impl DiskIndex {
     /// The blocks manifest `name` references, if the index holds it.
     pub(crate) fn blocks_of(&self, name: &str) -> Option<&[BlockId]> {
         self.manifests.get(name).map(|e| e.blocks.as_slice())
+    }
+
+    /// The manifests whose expiry is at or before `now_unix`.
+    pub(crate) fn expired(&self, now_unix: u64) -> Vec<String> {
+        self.expiries
+            .iter()
+            .take_while(|(e, _)| *e <= now_unix)
+            .map(|(_, n)| n.clone())
+            .collect()
+    }
+
+    /// Whether manifests changed that were not read yet (their expiries are not known).
+    pub(crate) fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Whether some manifest's expiry is at or before `now_unix`.
+    pub(crate) fn any_expired(&self, now_unix: u64) -> bool {
+        self.expiries.first().is_some_and(|(e, _)| *e <= now_unix)
     }
 
     /// The manifests whose first block chains from `root`.

@@ -52,13 +52,20 @@ impl<V: BlockIo> Shared<V> {
         // One lock order for every process: by fingerprint.
         models.sort_by_key(|(_, m)| m.fp.to_hex());
         let mut report = GcReport::default();
-        // Within the budget by the indexes, followed without the store lock: nothing to do.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        // Within the budget by the indexes, followed without the store lock, nothing expired
+        // and no new manifest: nothing to do.
         let mut known = Some(0i128);
+        let mut due = false;
         for (idx, m) in &models {
             let mut index = lock_mutex(&m.index);
             let used = index
                 .follow(&m.store, m.record_len)
                 .map_err(|e| StoreError::format(m.store.root(), e))?;
+            // A new manifest may carry an expiry: it is read (under the lock) first.
+            due |= index.any_expired(now) || index.has_pending();
             // The block files alone count for a collection without a model to drop from.
             let used = match dropping {
                 Some((d, _)) if d == *idx => used,
@@ -66,7 +73,7 @@ impl<V: BlockIo> Shared<V> {
             };
             known = known.zip(used).map(|(k, u)| k + i128::from(u));
         }
-        if known.is_some_and(|k| k <= i128::from(budget)) {
+        if !due && known.is_some_and(|k| k <= i128::from(budget)) {
             return Ok(report);
         }
         let mut locks = Vec::with_capacity(models.len());
@@ -98,14 +105,54 @@ impl<V: BlockIo> Shared<V> {
             }
             indexes.push(index);
         }
-        if used <= target {
+        // Expired checkpoints go whatever the budget, and the blocks only they held with them
+        // (a dropped manifest owes the budget nothing any more).
+        let mut forced: Vec<Victim> = Vec::new();
+        for (pos, ((_, m), index)) in models.iter().zip(indexes.iter_mut()).enumerate() {
+            for name in index.expired(now) {
+                let blocks = index
+                    .blocks_of(&name)
+                    .map(<[_]>::to_vec)
+                    .unwrap_or_default();
+                let before = index.manifest_bytes();
+                match m.store.delete_manifest(&name) {
+                    Ok(()) => {}
+                    Err(FormatError::Io { source, .. })
+                        if source.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(StoreError::format(m.store.root(), e)),
+                }
+                index.remove_manifest(&name);
+                if Some(pos) == drop_pos {
+                    target += i128::from(before - index.manifest_bytes());
+                }
+                report.manifests_expired.push(name);
+                for id in blocks.into_iter().rev() {
+                    if index.refs(&id) == 0
+                        && index.holds_block(&id)
+                        && !forced.iter().any(|v| v.id == id)
+                    {
+                        forced.push(Victim {
+                            id,
+                            pos,
+                            record_len: m.record_len,
+                            claimed: false,
+                        });
+                    }
+                }
+            }
+        }
+        if used <= target && forced.is_empty() {
             return Ok(report);
         }
+        let forced_ids: HashSet<BlockId> = forced.iter().map(|v| v.id).collect();
         let mut cands: Vec<(u64, Victim)> = Vec::new();
         {
             let st = lock_mutex(&self.state);
             for (pos, ((_, m), index)) in models.iter().zip(&indexes).enumerate() {
                 for &id in index.unreferenced() {
+                    if forced_ids.contains(&id) {
+                        continue;
+                    }
                     let last = match st.entries.get(&id) {
                         Some(e) if e.in_flight || e.pins > 0 => continue,
                         Some(e) => e.last_access,
@@ -174,6 +221,17 @@ impl<V: BlockIo> Shared<V> {
         let victims: Vec<Victim> = {
             let mut st = lock_mutex(&self.state);
             let mut out = Vec::new();
+            for mut v in forced {
+                if let Some(e) = st.entries.get_mut(&v.id) {
+                    if e.in_flight || e.pins > 0 {
+                        continue;
+                    }
+                    e.in_flight = true;
+                    v.claimed = true;
+                }
+                used -= i128::from(v.record_len);
+                out.push(v);
+            }
             let mut queue: VecDeque<Victim> = cands.into_iter().map(|(_, v)| v).collect();
             let mut drops = drops.iter();
             // References left to the blocks of the manifests dropped so far.

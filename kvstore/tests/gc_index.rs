@@ -222,3 +222,40 @@ fn a_collection_follows_what_other_processes_did_since_it_last_looked() {
     let report = store.gc().unwrap();
     assert_eq!((report.manifests_read, report.blocks), (0, 0), "{report:?}");
 }
+
+#[test]
+fn an_expired_checkpoint_and_the_blocks_only_it_held_go_whatever_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = KvStore::open(dir.path(), inline_config(1)).unwrap();
+    let model = store.model(fp(), geometry()).unwrap();
+    // Two conversations after a shared first block; one expires.
+    let conv = |c: u32| -> Vec<u32> { (0..4).chain((0..8).map(|t| 100 * (c + 1) + t)).collect() };
+    let with_expiry = |name: &str, tokens: &[u32], expires: u64| {
+        let mut m = manifest(name, tokens);
+        m.meta.kv = vec![(kvstore::EXPIRES_KEY.to_owned(), expires.to_string())];
+        m
+    };
+    put_tokens(&model, &conv(0)).unwrap();
+    put_tokens(&model, &conv(1)).unwrap();
+    model.save(&with_expiry("old", &conv(0), 1_000)).unwrap();
+    model
+        .save(&with_expiry("later", &conv(1), 4_000_000_000))
+        .unwrap();
+    store.flush().unwrap();
+    let blocks_dir = dir.path().join("models").join(fp().to_hex()).join("blocks");
+    let count = || std::fs::read_dir(&blocks_dir).unwrap().count();
+    assert_eq!(count(), 5, "a shared block and two of each conversation");
+
+    let report = model.collect_dropping(u64::MAX, &|_| None).unwrap();
+    assert_eq!(report.manifests_expired, ["old"], "{report:?}");
+    assert_eq!(
+        count(),
+        3,
+        "old's own two blocks went; the shared one stays"
+    );
+    assert!(model.load("old").is_err());
+    assert!(model.load("later").is_ok());
+    // Nothing more to do.
+    let report = model.collect_dropping(u64::MAX, &|_| None).unwrap();
+    assert!(report.manifests_expired.is_empty() && report.blocks == 0);
+}

@@ -166,9 +166,6 @@ impl Drop for Writer {
     }
 }
 
-/// How often the writer looks for expired pins.
-const EXPIRY_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
-
 /// The longest the writer waits for the requests being evaluated before it writes anyway.
 const MAX_DEFER: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -182,7 +179,6 @@ fn write_behind(
     queued: &AtomicU64,
 ) {
     let mut full = FullDisk::default();
-    let mut expiries_checked: Option<std::time::Instant> = None;
     while let Ok(work) = rx.recv() {
         // Hashing, copying and syncing megabytes takes a core from the kernels' threads: let a
         // request that is being evaluated (a repeated prompt is answered in tens of ms) go
@@ -273,17 +269,6 @@ fn write_behind(
             }
             let _ = clear.reply.send(result);
         }
-        // Expired pins go (looked for at most once a second: it lists the checkpoints).
-        if expiries_checked.is_none_or(|t| t.elapsed() >= EXPIRY_CHECK) {
-            expiries_checked = Some(std::time::Instant::now());
-            match store.expire_pins(crate::routes::unix_now()) {
-                Ok(gone) if !gone.is_empty() => {
-                    metrics.log(format!("prompt cache: pin(s) {} expired", gone.join(", ")))
-                }
-                Ok(_) => {}
-                Err(e) => metrics.cache_error(format!("expiring pins failed: {e}")),
-            }
-        }
         // Unnamed prompt blocks and tails go first and only: saved conversations stay.
         if let Err(e) = store.collect_unreferenced() {
             metrics.cache_error(format!("keeping the disk budget failed: {e}"));
@@ -370,6 +355,7 @@ mod tests {
                 kv: vec![0; bytes],
                 last_block: kvstore::BlockId([n; 32]),
                 namespace: None,
+                expires_unix: None,
             }],
             pins: Vec::new(),
             clears: Vec::new(),

@@ -80,7 +80,11 @@ async fn clear_removes_exactly_its_namespace() {
     assert!(cleared["blocks"].as_u64().unwrap() > 0, "{cleared}");
     // What alpha (without a salt) stored went, from disk and from the queue to it; every
     // other namespace's file is there.
-    assert_eq!(files(&env.cache()), kept, "exactly the other namespaces' files");
+    assert_eq!(
+        files(&env.cache()),
+        kept,
+        "exactly the other namespaces' files"
+    );
     // Alpha's prompts are computed again, in memory and from disk alike; the others are not.
     assert_eq!(cache_n(&srv, "alpha", None, 0).await, 0);
     assert_eq!(cache_n(&srv, "alpha", None, 1).await, 0);

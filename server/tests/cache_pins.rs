@@ -144,3 +144,36 @@ async fn pins_expire_and_are_deleted_and_need_the_key() {
     assert!(list(&srv).await.is_empty());
     srv.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_with_cache_ttl_is_not_kept_past_it() {
+    let env = Env::new();
+    let srv = env.start(&[]).await;
+    let ask = |i: usize, ttl: Option<u64>| {
+        let mut body = json!({"prompt": other_text(i), "n_predict": 1});
+        if let Some(t) = ttl {
+            body["cache_ttl"] = json!(t);
+        }
+        body
+    };
+    let (status, _) = srv.post("/completion", &ask(0, Some(1))).await;
+    assert_eq!(status, 200);
+    let (status, _) = srv.post("/completion", &ask(1, None)).await;
+    assert_eq!(status, 200);
+    let (status, bad) = srv.post("/completion", &ask(2, Some(0))).await;
+    assert_eq!(status, 400, "{bad}");
+    // Past the time, another request's writer round collects it.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let (status, _) = srv.post("/completion", &ask(3, None)).await;
+    assert_eq!(status, 200);
+    srv.stop().await;
+
+    let srv = env.start(&[]).await;
+    assert_eq!(
+        cached(&srv, &other_text(0)).await,
+        0,
+        "expired with its blocks"
+    );
+    assert!(cached(&srv, &other_text(1)).await > 0, "kept");
+    srv.stop().await;
+}

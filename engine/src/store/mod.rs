@@ -29,6 +29,7 @@ mod prompt_cache;
 pub use legacy::LegacyStore;
 pub use load::LoadedPrefix;
 pub use pins::{Cleared, Pin, PIN_PREFIX};
+pub use prompt_cache::TailBlock;
 
 /// Tokens per checkpoint block: one KV page.
 const TOKENS_PER_BLOCK: u32 = PAGE_TOKENS as u32;
@@ -218,21 +219,6 @@ pub struct NewBlock {
 /// Name prefix of the prompt cache's tail checkpoints: `_tail-` and the hex id of the last full
 /// block the tail follows (see [`SessionStore::tail_of`]). Nobody else names a checkpoint so.
 pub const TAIL_PREFIX: &str = "_tail-";
-
-/// The partly filled page that follows a sequence's full pages, copied out of a context: stored
-/// as a small checkpoint named after its last full block ([`TAIL_PREFIX`]), it lets a prompt
-/// that continues those blocks take up to a page's worth more tokens from disk.
-#[derive(Clone, Debug)]
-pub struct TailBlock {
-    /// Tokens of the prefix, full blocks and tail.
-    pub tokens: Vec<u32>,
-    /// KV bytes of the tail as a checkpoint span.
-    pub kv: Vec<u8>,
-    /// Id of the last full block.
-    pub last_block: BlockId,
-    /// The namespace of the sequence it came from ([`Context::set_namespace`]).
-    pub namespace: Option<crate::Namespace>,
-}
 
 /// The longest prefix of a prompt that a store holds (see [`SessionStore::find_prefix`]).
 #[derive(Debug, Default)]

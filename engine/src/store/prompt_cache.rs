@@ -4,13 +4,28 @@
 
 use ckptfmt::{BlockId, Manifest, Metadata};
 
-use super::{
-    unix_now, NewBlock, SessionStore, StoredPrefix, TailBlock, TAIL_PREFIX, TOKENS_PER_BLOCK,
-};
+use super::{unix_now, NewBlock, SessionStore, StoredPrefix, TAIL_PREFIX, TOKENS_PER_BLOCK};
 use crate::context::{Context, SeqId};
 use crate::error::Result;
 use crate::kv::PAGE_TOKENS;
 use crate::Namespace;
+
+/// The partly filled page that follows a sequence's full pages, copied out of a context: stored
+/// as a small checkpoint named after its last full block ([`TAIL_PREFIX`]), it lets a prompt
+/// that continues those blocks take up to a page's worth more tokens from disk.
+#[derive(Clone, Debug)]
+pub struct TailBlock {
+    /// Tokens of the prefix, full blocks and tail.
+    pub tokens: Vec<u32>,
+    /// KV bytes of the tail as a checkpoint span.
+    pub kv: Vec<u8>,
+    /// Id of the last full block.
+    pub last_block: BlockId,
+    /// The namespace of the sequence it came from ([`Context::set_namespace`]).
+    pub namespace: Option<crate::Namespace>,
+    /// When it expires (seconds since the epoch; [`kvstore::EXPIRES_KEY`]).
+    pub expires_unix: Option<u64>,
+}
 
 impl SessionStore {
     /// Copies the partial page of the first `len` tokens of `seq` (`None` when `len` is a whole
@@ -33,6 +48,7 @@ impl SessionStore {
             kv,
             last_block,
             namespace: ctx.namespace(seq)?,
+            expires_unix: None,
         }))
     }
 
@@ -77,7 +93,10 @@ impl SessionStore {
                 name,
                 parent: None,
                 created_unix: unix_now(),
-                kv: Vec::new(),
+                kv: tail
+                    .expires_unix
+                    .map(|e| vec![(kvstore::EXPIRES_KEY.to_owned(), e.to_string())])
+                    .unwrap_or_default(),
             },
         )?
         .with_chain_roots(Namespace::roots(tail.namespace))?;
@@ -174,10 +193,9 @@ impl SessionStore {
             (None, u64::MAX) => None,
             (None, l) => Some(l),
         };
-        match budget {
-            Some(b) => self.collect_to(b, incoming),
-            None => Ok(()),
-        }
+        // Without a budget a collection still runs, for the checkpoints that expired (it
+        // returns at once when none did).
+        self.collect_to(budget.unwrap_or(u64::MAX), incoming)
     }
 
     /// After a write failed for want of space (a full filesystem, whatever the budget): what

@@ -83,6 +83,7 @@ struct Sampling {
     stop: Option<Stop>,
     cache_prompt: Option<bool>,
     cache_salt: Option<String>,
+    cache_ttl: Option<i64>,
     id_slot: Option<i64>,
     ignore_eos: Option<bool>,
     #[serde(default)]

@@ -139,8 +139,14 @@ pub(super) fn gen_params(
             "cache_salt must be a non-empty string".into(),
         ));
     }
+    if s.cache_ttl.is_some_and(|t| t <= 0) {
+        return Err(ServerError::BadRequest(
+            "cache_ttl must be a positive number of seconds".into(),
+        ));
+    }
     Ok(GenParams {
         cache_salt: s.cache_salt.clone(),
+        cache_ttl: s.cache_ttl.map(|t| t as u64),
         namespace: None,
         max_tokens,
         sampler,

@@ -117,9 +117,10 @@ struct Scheduler {
     /// Finished sequences kept resident, least recently finished first.
     cached: VecDeque<SeqId>,
     /// Finished sequences whose new pages are not copied out for the store yet (sequence,
-    /// prompt tokens that came from a cache, prompt length, when it finished): the copy waits
-    /// until the scheduler is idle, so a client's next request starts at once.
-    exports: Vec<(SeqId, usize, usize, Instant)>,
+    /// prompt tokens that came from a cache, prompt length, when it finished, when its stored
+    /// tails expire): the copy waits until the scheduler is idle, so a client's next request
+    /// starts at once.
+    exports: Vec<(SeqId, usize, usize, Instant, Option<u64>)>,
     tickets: u64,
     /// Shutdown was asked for.
     closing: bool,
@@ -756,7 +757,8 @@ impl Scheduler {
         if a.truncated || a.moved {
             let _ = self.ctx.remove_sequence(a.seq);
         } else {
-            self.keep(slot, a.seq, a.cache_n, a.prompt.len());
+            let expires = a.params.cache_ttl.map(|t| crate::routes::unix_now() + t);
+            self.keep(slot, a.seq, a.cache_n, a.prompt.len(), expires);
         }
     }
 
@@ -767,29 +769,6 @@ impl Scheduler {
             let _ = a.events.send(Event::Failed(e));
             let _ = self.ctx.remove_sequence(a.seq);
             Metrics::add(&self.metrics.requests_finished, 1);
-        }
-    }
-
-    /// Keeps a finished sequence resident as the slot's last one; its full blocks from
-    /// `cache_n` on (the ones before came from a cache) go to the store soon after
-    /// ([`Scheduler::export_due`]).
-    fn keep(&mut self, slot: usize, seq: SeqId, cache_n: usize, prompt_len: usize) {
-        if self.store.is_some() {
-            self.exports
-                .push((seq, cache_n, prompt_len, Instant::now()));
-        }
-        self.slots[slot].last = Some(seq);
-        self.cached.push_back(seq);
-        while self.cached.len() > MAX_CACHED {
-            if let Some(old) = self.cached.pop_front() {
-                self.export(old);
-                let _ = self.ctx.remove_sequence(old);
-                for s in &mut self.slots {
-                    if s.last == Some(old) {
-                        s.last = None;
-                    }
-                }
-            }
         }
     }
 }

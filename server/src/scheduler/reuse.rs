@@ -139,6 +139,36 @@ impl Scheduler {
         }
     }
 
+    /// Keeps a finished sequence resident as the slot's last one; its full blocks from
+    /// `cache_n` on (the ones before came from a cache) go to the store soon after
+    /// ([`Scheduler::export_due`]).
+    pub(super) fn keep(
+        &mut self,
+        slot: usize,
+        seq: SeqId,
+        cache_n: usize,
+        prompt_len: usize,
+        expires: Option<u64>,
+    ) {
+        if self.store.is_some() {
+            self.exports
+                .push((seq, cache_n, prompt_len, Instant::now(), expires));
+        }
+        self.slots[slot].last = Some(seq);
+        self.cached.push_back(seq);
+        while self.cached.len() > super::MAX_CACHED {
+            if let Some(old) = self.cached.pop_front() {
+                self.export(old);
+                let _ = self.ctx.remove_sequence(old);
+                for s in &mut self.slots {
+                    if s.last == Some(old) {
+                        s.last = None;
+                    }
+                }
+            }
+        }
+    }
+
     /// Drops the finished sequences of `clear`'s namespace (not stored: they are being
     /// cleared), then hands `clear` to the writer, behind whatever it has queued.
     pub(super) fn clear(&mut self, clear: crate::cache::ClearWork) {
@@ -178,7 +208,7 @@ impl Scheduler {
         let Some(i) = self.exports.iter().position(|e| e.0 == seq) else {
             return;
         };
-        let (_, cache_n, prompt_len, _) = self.exports.swap_remove(i);
+        let (_, cache_n, prompt_len, _, expires) = self.exports.swap_remove(i);
         let (Some(store), Some(writer)) = (&self.store, &self.writer) else {
             return;
         };
@@ -195,6 +225,9 @@ impl Scheduler {
                 tails.extend(store.tail_of(&self.ctx, seq, prompt_len)?);
             }
             tails.extend(store.tail_of(&self.ctx, seq, len)?);
+            for t in &mut tails {
+                t.expires_unix = expires;
+            }
             Ok(Work {
                 blocks,
                 tails,

@@ -17,6 +17,9 @@ pub struct GenParams {
     /// The request's `cache_salt` (vLLM's name): its prompt shares cached blocks only with
     /// requests of the same salt (and, per `--cache-isolation`, the same API key).
     pub cache_salt: Option<String>,
+    /// `cache_ttl`: seconds after which the prompt's stored tails expire (and the blocks only
+    /// they hold go with them at the writer's next round).
+    pub cache_ttl: Option<u64>,
     /// The prompt cache's namespace for the request, from its API key and salt
     /// ([`crate::routes::AppState::namespace`]); `None`: the shared one.
     pub namespace: Option<engine::Namespace>,
