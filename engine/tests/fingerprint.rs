@@ -128,3 +128,39 @@ fn the_fingerprint_is_remembered_for_an_unchanged_file_only() {
         (fp2, FingerprintOrigin::Hashed)
     );
 }
+
+#[test]
+fn a_store_under_the_old_fingerprint_is_reported_and_not_used() {
+    let (dir, model, _) = build(&cfg(Shape::Llama, false), 45);
+    let cache = dir.path().join("cache");
+    // A store as version 2 left it: the model's checkpoints under its sampled fingerprint.
+    {
+        let layout =
+            engine::KvLayout::with_types(model.hparams(), engine::KvType::F16, engine::KvType::F16)
+                .unwrap();
+        let geometry = engine::store::geometry(&layout).unwrap();
+        let old = kvstore::Fingerprint(model.legacy_fingerprint());
+        let store = kvstore::KvStore::open(&cache, kvstore::Config::default()).unwrap();
+        let m = store.model(old, geometry.clone()).unwrap();
+        let manifest = kvstore::Manifest::new(
+            old,
+            geometry,
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            ckptfmt::Metadata {
+                name: "chat".into(),
+                ..ckptfmt::Metadata::default()
+            },
+        )
+        .unwrap();
+        m.save(&manifest).unwrap();
+    }
+    let store = SessionStore::open(&cache, &model, StoreConfig::default()).unwrap();
+    let old = store.legacy_store().expect("the old store is found");
+    assert_eq!(old.checkpoints, 1);
+    assert!(old.to_string().contains("delete that directory"), "{old}");
+    assert!(old.dir.exists());
+    // Not used: the checkpoint is not there for this model.
+    assert!(!store.exists("chat").unwrap());
+}
