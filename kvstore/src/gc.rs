@@ -29,7 +29,32 @@ struct Victim {
     claimed: bool,
 }
 
+/// Marks victim `v` in flight when this process knows its block (so no one uses or writes it
+/// meanwhile); false when it must stay: in flight already, or pinned.
+fn claim(st: &mut crate::state::State, v: &mut Victim) -> bool {
+    if let Some(e) = st.entries.get_mut(&v.id) {
+        if e.in_flight || e.pins > 0 {
+            return false;
+        }
+        e.in_flight = true;
+        v.claimed = true;
+    }
+    true
+}
+
 impl<V: BlockIo> Shared<V> {
+    /// Gives back the victims a collection claimed and will not delete.
+    fn release(&self, victims: &[Victim]) {
+        let mut st = lock_mutex(&self.state);
+        for v in victims.iter().filter(|v| v.claimed) {
+            if let Some(e) = st.entries.get_mut(&v.id) {
+                e.in_flight = false;
+            }
+        }
+        drop(st);
+        self.cond.notify_all();
+    }
+
     pub(crate) fn gc_to(&self, target: u64) -> Result<GcReport> {
         self.gc_dropping(target, None)
     }
@@ -222,15 +247,10 @@ impl<V: BlockIo> Shared<V> {
             let mut st = lock_mutex(&self.state);
             let mut out = Vec::new();
             for mut v in forced {
-                if let Some(e) = st.entries.get_mut(&v.id) {
-                    if e.in_flight || e.pins > 0 {
-                        continue;
-                    }
-                    e.in_flight = true;
-                    v.claimed = true;
+                if claim(&mut st, &mut v) {
+                    used -= i128::from(v.record_len);
+                    out.push(v);
                 }
-                used -= i128::from(v.record_len);
-                out.push(v);
             }
             let mut queue: VecDeque<Victim> = cands.into_iter().map(|(_, v)| v).collect();
             let mut drops = drops.iter();
@@ -241,15 +261,10 @@ impl<V: BlockIo> Shared<V> {
                     let Some(mut v) = queue.pop_front() else {
                         break;
                     };
-                    if let Some(e) = st.entries.get_mut(&v.id) {
-                        if e.in_flight || e.pins > 0 {
-                            continue;
-                        }
-                        e.in_flight = true;
-                        v.claimed = true;
+                    if claim(&mut st, &mut v) {
+                        used -= i128::from(v.record_len);
+                        out.push(v);
                     }
-                    used -= i128::from(v.record_len);
-                    out.push(v);
                 }
                 if used <= target {
                     break;
@@ -293,14 +308,7 @@ impl<V: BlockIo> Shared<V> {
                     }
                     Err(e) => {
                         // Their blocks may still be needed: none goes this time.
-                        let mut st = lock_mutex(&self.state);
-                        for v in victims.iter().filter(|v| v.claimed) {
-                            if let Some(e) = st.entries.get_mut(&v.id) {
-                                e.in_flight = false;
-                            }
-                        }
-                        drop(st);
-                        self.cond.notify_all();
+                        self.release(&victims);
                         return Err(StoreError::format(m.store.root(), e));
                     }
                 }
@@ -321,14 +329,7 @@ impl<V: BlockIo> Shared<V> {
                 .root()
                 .join(ckptfmt::store::MANIFESTS_DIR);
             if let Err(e) = self.io.sync_dir(&dir) {
-                let mut st = lock_mutex(&self.state);
-                for v in victims.iter().filter(|v| v.claimed) {
-                    if let Some(e) = st.entries.get_mut(&v.id) {
-                        e.in_flight = false;
-                    }
-                }
-                drop(st);
-                self.cond.notify_all();
+                self.release(&victims);
                 return Err(StoreError::io("fsync", &dir, e));
             }
         }

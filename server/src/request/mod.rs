@@ -687,6 +687,15 @@ fn chat_fields(f: ChatFields) -> Result<Chat> {
     })
 }
 
+/// A body's `cache_salt` (vLLM's field): a non-empty string when given; the error says why not.
+pub fn cache_salt(body: &serde_json::Value) -> std::result::Result<Option<String>, &'static str> {
+    match body.get("cache_salt") {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
+        Some(_) => Err("cache_salt must be a non-empty string"),
+    }
+}
+
 /// The settings a request that sets nothing generates with (`/props` shows them).
 pub fn defaults(limits: &Limits) -> Result<(GenParams, Output)> {
     let none = Sampling::default();

@@ -120,15 +120,6 @@ pub async fn count_tokens(
     }
 }
 
-/// A request's `cache_salt`, a non-empty string when given.
-fn salt(body: &Value) -> Result<Option<String>, ApiError> {
-    match body.get("cache_salt") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
-        Some(_) => Err(ApiError::bad("cache_salt must be a non-empty string")),
-    }
-}
-
 fn parse_body(bytes: &[u8]) -> Result<Value, ApiError> {
     let v: Value = serde_json::from_slice(bytes)
         .map_err(|e| ApiError::bad(format!("invalid request body: {e}")))?;
@@ -146,7 +137,7 @@ async fn create(
     let body = parse_body(&body?.0)?;
     let (chat, stream) = convert(&body, true)?;
     let mut req = turn::chat_request(&st, chat)?;
-    req.params.cache_salt = salt(&body)?;
+    req.params.cache_salt = crate::request::cache_salt(&body).map_err(ApiError::bad)?;
     // The prompt's cached part is known from the first progress report, for `message_start`.
     req.params.return_progress |= stream;
     let turn = turn::prepare(&st, &req).await?;

@@ -45,11 +45,7 @@ pub async fn pin(
     if tokens.iter().any(|&t| t as usize >= n_vocab) {
         return Err(bad("a token id is outside the vocabulary"));
     }
-    let salt = match v.get("cache_salt") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
-        Some(_) => return Err(bad("cache_salt must be a non-empty string")),
-    };
+    let salt = request::cache_salt(&v).map_err(bad)?;
     let ttl = match v.get("ttl_seconds") {
         None | Some(Value::Null) => None,
         Some(t) => Some(
@@ -200,15 +196,7 @@ pub async fn clear(
             reason: e.to_string(),
         })?,
     };
-    let salt = match v.get("cache_salt") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
-        Some(_) => {
-            return Err(ServerError::BadRequest(
-                "cache_salt must be a non-empty string".into(),
-            ))
-        }
-    };
+    let salt = request::cache_salt(&v).map_err(|e| ServerError::BadRequest(e.to_owned()))?;
     let namespace = st.namespace(&client, salt.as_deref()).ok_or_else(|| {
         ServerError::BadRequest(
             "this request is in the shared cache (no API key namespace, no cache_salt): \

@@ -177,11 +177,7 @@ async fn respond(
     messages.extend(to_messages(&conversation)?);
     chat["messages"] = Value::Array(messages);
     let mut req = turn::chat_request(&st, chat)?;
-    req.params.cache_salt = match obj.get("cache_salt") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
-        Some(_) => return Err(bad("cache_salt must be a non-empty string")),
-    };
+    req.params.cache_salt = crate::request::cache_salt(&body).map_err(bad)?;
     let timings_per_token = req.output.timings_per_token;
     let turn = turn::prepare(&st, &req).await?;
     let run = turn.start(&st, &client)?;
