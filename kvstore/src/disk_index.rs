@@ -72,8 +72,6 @@ pub(crate) struct Refreshed {
     pub set_aside: Vec<PathBuf>,
     /// Manifests read (new or changed since the last refresh).
     pub read: usize,
-    /// Whether the directories were listed (no events to go by).
-    pub listed: bool,
 }
 
 impl DiskIndex {
@@ -155,7 +153,6 @@ impl DiskIndex {
             }
             return Ok(out);
         }
-        out.listed = true;
         let files: HashSet<BlockId> = store.list_blocks()?.into_iter().collect();
         let gone: Vec<BlockId> = self.blocks.difference(&files).copied().collect();
         for id in gone {

@@ -29,6 +29,17 @@ struct Victim {
     claimed: bool,
 }
 
+/// Deletes manifest `name` durably; one already gone is as good.
+fn delete_manifest<V: BlockIo>(store: &ckptfmt::Store<V>, name: &str) -> Result<()> {
+    match store.delete_manifest(name) {
+        Ok(()) => Ok(()),
+        Err(FormatError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            Ok(())
+        }
+        Err(e) => Err(StoreError::format(store.root(), e)),
+    }
+}
+
 /// Marks victim `v` in flight when this process knows its block (so no one uses or writes it
 /// meanwhile); false when it must stay: in flight already, or pinned.
 fn claim(st: &mut crate::state::State, v: &mut Victim) -> bool {
@@ -140,12 +151,7 @@ impl<V: BlockIo> Shared<V> {
                     .map(<[_]>::to_vec)
                     .unwrap_or_default();
                 let before = index.manifest_bytes();
-                match m.store.delete_manifest(&name) {
-                    Ok(()) => {}
-                    Err(FormatError::Io { source, .. })
-                        if source.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(StoreError::format(m.store.root(), e)),
-                }
+                delete_manifest(&m.store, &name)?;
                 index.remove_manifest(&name);
                 if Some(pos) == drop_pos {
                     target += i128::from(before - index.manifest_bytes());
@@ -299,19 +305,12 @@ impl<V: BlockIo> Shared<V> {
         if let Some(pos) = drop_pos {
             let m = &models[pos].1;
             for name in &dropped {
-                match m.store.delete_manifest(name) {
-                    Ok(()) => report.manifests_dropped.push(name.clone()),
-                    Err(FormatError::Io { source, .. })
-                        if source.kind() == std::io::ErrorKind::NotFound =>
-                    {
-                        report.manifests_dropped.push(name.clone());
-                    }
-                    Err(e) => {
-                        // Their blocks may still be needed: none goes this time.
-                        self.release(&victims);
-                        return Err(StoreError::format(m.store.root(), e));
-                    }
+                if let Err(e) = delete_manifest(&m.store, name) {
+                    // Their blocks may still be needed: none goes this time.
+                    self.release(&victims);
+                    return Err(e);
                 }
+                report.manifests_dropped.push(name.clone());
                 indexes[pos].remove_manifest(name);
             }
         }
@@ -422,7 +421,12 @@ impl<V: BlockIo> Shared<V> {
 
 impl<V: BlockIo> Shared<V> {
     /// [`crate::ModelStore::delete_chain`], under the exclusive store lock.
-    pub(crate) fn delete_chain(&self, idx: usize, root: &BlockId) -> Result<crate::ChainReport> {
+    pub(crate) fn delete_chain(
+        &self,
+        idx: usize,
+        root: &BlockId,
+        which: &dyn Fn(&str) -> bool,
+    ) -> Result<crate::ChainReport> {
         self.writable("delete_chain")?;
         let info = self.model_info(idx);
         let lock = info
@@ -437,13 +441,11 @@ impl<V: BlockIo> Shared<V> {
         // The checkpoints rooted there, and their blocks.
         let mut doomed: HashSet<BlockId> = HashSet::new();
         for name in index.rooted_at(root) {
-            doomed.extend(index.blocks_of(&name).into_iter().flatten().copied());
-            match info.store.delete_manifest(&name) {
-                Ok(()) => {}
-                Err(FormatError::Io { source, .. })
-                    if source.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(StoreError::format(info.store.root(), e)),
+            if !which(&name) {
+                continue;
             }
+            doomed.extend(index.blocks_of(&name).into_iter().flatten().copied());
+            delete_manifest(&info.store, &name)?;
             index.remove_manifest(&name);
             report.manifests.push(name);
         }

@@ -359,12 +359,16 @@ impl<V: BlockIo> ModelStore<V> {
         self.shared.gc_dropping(budget, Some((self.idx, order)))
     }
 
-    /// Deletes everything of this model that chains from `root` (a namespace's root): the
-    /// checkpoints whose first block chains from it, and every block, on disk or in RAM, whose
-    /// chain of predecessors leads to it and that no other checkpoint references. Blocks a live
-    /// sequence holds pinned stay (counted as busy).
-    pub fn delete_chain(&self, root: &BlockId) -> Result<crate::ChainReport> {
-        self.shared.delete_chain(self.idx, root)
+    /// Deletes what of this model chains from `root` (a namespace's root): the checkpoints
+    /// whose first block chains from it and for which `which` says yes, and every block, on
+    /// disk or in RAM, whose chain of predecessors leads to it and that no remaining
+    /// checkpoint references. Blocks a live sequence holds pinned stay (counted as busy).
+    pub fn delete_chain(
+        &self,
+        root: &BlockId,
+        which: &dyn Fn(&str) -> bool,
+    ) -> Result<crate::ChainReport> {
+        self.shared.delete_chain(self.idx, root, which)
     }
 
     /// Deletes the checkpoints whose expiry ([`crate::EXPIRES_KEY`]) is at or before

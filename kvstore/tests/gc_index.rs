@@ -259,3 +259,58 @@ fn an_expired_checkpoint_and_the_blocks_only_it_held_go_whatever_the_budget() {
     let report = model.collect_dropping(u64::MAX, &|_| None).unwrap();
     assert!(report.manifests_expired.is_empty() && report.blocks == 0);
 }
+
+#[test]
+fn deleting_a_chain_removes_what_chains_from_its_root_and_spares_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = KvStore::open(dir.path(), inline_config(1)).unwrap();
+    let model = store.model(fp(), geometry()).unwrap();
+    let root = kvstore::BlockId([7; 32]);
+    let tpb = TPB as usize;
+    // The same tokens three times: chained from the root (a tail and a named save, and a
+    // longer chain no checkpoint holds), and plainly.
+    let tokens: Vec<u32> = (0..12).collect();
+    let put_rooted = |tokens: &[u32]| {
+        let mut prev = root;
+        let mut ids = Vec::new();
+        for chunk in tokens.chunks_exact(tpb) {
+            let id = kvstore::BlockId::chain(&fp(), Some(&prev), chunk);
+            model.put(Some(&prev), chunk, kv_of(&id)).unwrap();
+            ids.push(id);
+            prev = id;
+        }
+        ids
+    };
+    let rooted = put_rooted(&tokens[..8]);
+    let loose = put_rooted(&tokens);
+    let roots = vec![ckptfmt::ChainRoot { block: 0, id: root }];
+    let rooted_manifest = |name: &str, n: usize| {
+        manifest(name, &tokens[..n])
+            .with_chain_roots(roots.clone())
+            .unwrap()
+    };
+    model.save(&rooted_manifest("_tail-x", 8)).unwrap();
+    model.save(&rooted_manifest("saved", 4)).unwrap();
+    put_tokens(&model, &tokens).unwrap();
+    model.save(&manifest("plain", &tokens)).unwrap();
+    store.flush().unwrap();
+    let blocks_dir = dir.path().join("models").join(fp().to_hex()).join("blocks");
+    let files = || std::fs::read_dir(&blocks_dir).unwrap().count();
+    assert_eq!(
+        files(),
+        3 + 3,
+        "the rooted chain's three blocks and the plain three"
+    );
+
+    let report = model
+        .delete_chain(&root, &|name: &str| name.starts_with("_tail-"))
+        .unwrap();
+    assert_eq!(report.manifests, ["_tail-x"]);
+    // The rooted blocks went but the first, which the named save still holds; the loose third
+    // block went by its chain.
+    assert_eq!(report.blocks, 2, "{report:?}");
+    assert_eq!(files(), 1 + 3);
+    assert!(model.contains(&rooted[0]) && !model.contains(&rooted[1]));
+    assert!(!model.contains(&loose[2]));
+    assert!(model.load("saved").is_ok() && model.load("plain").is_ok());
+}

@@ -77,6 +77,9 @@ pub enum ServerError {
     /// No such thing (a pin).
     #[error("{0}")]
     NotFound(String),
+    /// The prompt cache could not do what an operator asked (pin, clear).
+    #[error("prompt cache: {0}")]
+    Cache(String),
     /// The server is shutting down.
     #[error("the server is shutting down")]
     ShuttingDown,
@@ -124,9 +127,10 @@ impl ServerError {
             }
             ServerError::Busy(_) | ServerError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ServerError::Engine(engine::Error::ContextFull { .. }) => StatusCode::BAD_REQUEST,
-            ServerError::Engine(_) | ServerError::BadOption { .. } | ServerError::Io { .. } => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            ServerError::Engine(_)
+            | ServerError::Cache(_)
+            | ServerError::BadOption { .. }
+            | ServerError::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 

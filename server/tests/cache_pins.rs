@@ -162,6 +162,23 @@ async fn a_prompt_with_cache_ttl_is_not_kept_past_it() {
     assert_eq!(status, 200);
     let (status, bad) = srv.post("/completion", &ask(2, Some(0))).await;
     assert_eq!(status, 400, "{bad}");
+    // The Messages and Responses APIs take it too, and refuse a bad one alike.
+    let (status, bad) = srv
+        .post(
+            "/v1/messages",
+            &json!({"max_tokens": 1, "cache_ttl": 0,
+                    "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(status, 400, "{bad}");
+    assert!(bad.to_string().contains("cache_ttl"), "{bad}");
+    let (status, bad) = srv
+        .post(
+            "/v1/responses",
+            &json!({"input": "hi", "cache_ttl": "soon"}),
+        )
+        .await;
+    assert_eq!(status, 400, "{bad}");
     // Past the time, another request's writer round collects it.
     tokio::time::sleep(Duration::from_millis(2100)).await;
     let (status, _) = srv.post("/completion", &ask(3, None)).await;

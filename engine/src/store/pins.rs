@@ -1,10 +1,10 @@
 //! Pinned prefixes: a prompt's full blocks kept as a named checkpoint (`_pin-ID`) in its
 //! namespace. The prompt cache's disk budget drops only tails, so a pin stays, counted in the
-//! budget, until it is unpinned or its expiry passes ([`SessionStore::expire_pins`]).
+//! budget, until it is unpinned or its expiry passes (a collection deletes it then).
 
 use ckptfmt::{Manifest, Metadata};
 
-use super::{unix_now, SessionStore};
+use super::{unix_now, SessionStore, TAIL_PREFIX};
 use crate::error::{Error, Result};
 use crate::kv::PAGE_TOKENS;
 use crate::Namespace;
@@ -119,25 +119,17 @@ impl SessionStore {
         Ok(out)
     }
 
-    /// Deletes everything of namespace `ns` in the store: its checkpoints (tails, pins, saves)
-    /// and its blocks, on disk and in RAM, except those a live sequence holds pinned.
+    /// Deletes the prompt cache of namespace `ns` in the store: its tails and pins, and its
+    /// blocks on disk and in RAM, except those a live sequence holds pinned and those a named
+    /// checkpoint of the namespace (a `/slots` save) still references: names are deleted only
+    /// by name.
     pub fn clear_namespace(&self, ns: Namespace) -> Result<Cleared> {
-        let r = self.handle.delete_chain(&ns.root())?;
+        let cache = |name: &str| name.starts_with(TAIL_PREFIX) || name.starts_with(PIN_PREFIX);
+        let r = self.handle.delete_chain(&ns.root(), &cache)?;
         Ok(Cleared {
             checkpoints: r.manifests,
             blocks: r.blocks,
             busy: r.busy,
         })
-    }
-
-    /// Removes the pins whose expiry is at or before `now_unix`; returns their ids.
-    pub fn expire_pins(&self, now_unix: u64) -> Result<Vec<String>> {
-        let mut gone = Vec::new();
-        for pin in self.pins()? {
-            if pin.expires_unix.is_some_and(|e| e <= now_unix) && self.unpin(&pin.id)? {
-                gone.push(pin.id);
-            }
-        }
-        Ok(gone)
     }
 }

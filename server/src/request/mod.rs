@@ -687,6 +687,18 @@ fn chat_fields(f: ChatFields) -> Result<Chat> {
     })
 }
 
+/// A body's `cache_ttl` in seconds: a positive integer when given; the error says why not.
+pub fn cache_ttl(body: &serde_json::Value) -> std::result::Result<Option<u64>, &'static str> {
+    match body.get("cache_ttl") {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .filter(|&t| t > 0)
+            .map(Some)
+            .ok_or("cache_ttl must be a positive number of seconds"),
+    }
+}
+
 /// A body's `cache_salt` (vLLM's field): a non-empty string when given; the error says why not.
 pub fn cache_salt(body: &serde_json::Value) -> std::result::Result<Option<String>, &'static str> {
     match body.get("cache_salt") {

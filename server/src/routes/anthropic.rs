@@ -138,6 +138,7 @@ async fn create(
     let (chat, stream) = convert(&body, true)?;
     let mut req = turn::chat_request(&st, chat)?;
     req.params.cache_salt = crate::request::cache_salt(&body).map_err(ApiError::bad)?;
+    req.params.cache_ttl = crate::request::cache_ttl(&body).map_err(ApiError::bad)?;
     // The prompt's cached part is known from the first progress report, for `message_start`.
     req.params.return_progress |= stream;
     let turn = turn::prepare(&st, &req).await?;

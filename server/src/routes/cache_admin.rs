@@ -111,7 +111,7 @@ pub async fn pin(
     let pinned = rx
         .await
         .map_err(|_| ServerError::ShuttingDown)?
-        .map_err(ServerError::Busy)?;
+        .map_err(ServerError::Cache)?;
     Ok(Json(json!({
         "id": id,
         "tokens": pinned,
@@ -211,7 +211,7 @@ pub async fn clear(
     let cleared = rx
         .await
         .map_err(|_| ServerError::ShuttingDown)?
-        .map_err(ServerError::Busy)?;
+        .map_err(ServerError::Cache)?;
     Ok(Json(json!({
         "checkpoints": cleared.checkpoints.len(),
         "blocks": cleared.blocks,

@@ -178,6 +178,7 @@ async fn respond(
     chat["messages"] = Value::Array(messages);
     let mut req = turn::chat_request(&st, chat)?;
     req.params.cache_salt = crate::request::cache_salt(&body).map_err(bad)?;
+    req.params.cache_ttl = crate::request::cache_ttl(&body).map_err(bad)?;
     let timings_per_token = req.output.timings_per_token;
     let turn = turn::prepare(&st, &req).await?;
     let run = turn.start(&st, &client)?;
