@@ -88,6 +88,9 @@ pub struct Args {
     /// a store written with q8_0 from an f16 session, and the other way round.
     #[arg(long = "cache-type-stored", value_name = "TYPE")]
     pub cache_type_stored: Option<engine::KvType>,
+    /// A remote tier (Redis) shared with other machines.
+    #[command(flatten)]
+    pub remote: kvstore::remote::RemoteArgs,
 }
 
 fn positive(s: &str) -> Result<usize, String> {

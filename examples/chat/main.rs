@@ -103,6 +103,10 @@ fn main() -> Result<()> {
         type_v: args.cache_type_v,
         stored_type_k: args.cache_type_stored,
         stored_type_v: args.cache_type_stored,
+        remote: args
+            .remote
+            .config()
+            .map_err(|(option, reason)| anyhow::anyhow!("{option}: {reason}"))?,
         ..StoreConfig::default()
     };
     let store = SessionStore::open(&store_dir, &model, config).map_err(|e| {
@@ -124,6 +128,9 @@ fn main() -> Result<()> {
     if let Some(old) = store.legacy_store() {
         eprintln!("note: {old}");
     }
+    store.set_remote_log(|line| eprintln!("{line}"));
+    // A conversation saved on another machine sharing the remote tier resumes here too.
+    store.fetch_remote_checkpoint(&args.session);
 
     // The name: the one asked for, unless it is taken (another chat has it open, or --fresh
     // and a conversation is saved under it).

@@ -96,6 +96,9 @@ struct Args {
     /// Longest answer in tokens.
     #[arg(long, value_parser = positive, default_value_t = 256)]
     max_tokens: usize,
+    /// A remote tier (Redis) shared with other machines.
+    #[command(flatten)]
+    remote: kvstore::remote::RemoteArgs,
     /// Sampling temperature for answers (0 = greedy).
     #[arg(long, default_value_t = 0.7)]
     temp: f32,
@@ -157,8 +160,18 @@ fn main() -> Result<()> {
         print_report(&report, started.elapsed());
         return Ok(());
     }
-    let store = SessionStore::open(&args.store, &model, StoreConfig::default())
+    let config = StoreConfig {
+        remote: args
+            .remote
+            .config()
+            .map_err(|(option, reason)| anyhow::anyhow!("{option}: {reason}"))?,
+        ..StoreConfig::default()
+    };
+    let store = SessionStore::open(&args.store, &model, config)
         .with_context(|| format!("opening the store {}", args.store.display()))?;
+    store.set_remote_log(|line| eprintln!("{line}"));
+    // An ingestion another machine saved (all of it, or as far as it went) resumes here.
+    store.fetch_remote_checkpoint(&name);
     let _claim = kvstore::claim(&args.store, &name).with_context(|| {
         format!("claiming checkpoint `{name}` (is another ingestion of it running?)")
     })?;

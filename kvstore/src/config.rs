@@ -39,6 +39,8 @@ pub struct Config {
     pub encoding: Encoding,
     /// Checks run by [`crate::KvStore::open`].
     pub verify: VerifyLevel,
+    /// A tier below the disk shared by several machines ([`crate::remote`]); `None`: none.
+    pub remote: Option<crate::remote::Remote>,
 }
 
 impl Default for Config {
@@ -53,6 +55,7 @@ impl Default for Config {
             prefetch_readers: 4,
             encoding: Encoding::Raw,
             verify: VerifyLevel::default(),
+            remote: None,
         }
     }
 }

@@ -150,6 +150,15 @@ pub enum StoreError {
         #[source]
         source: std::sync::Arc<StoreError>,
     },
+    /// The remote tier failed (unreachable, timed out, refused the call): a miss, never data
+    /// lost.
+    #[error("remote cache {op} failed: {detail}")]
+    Remote {
+        /// The call (`"get"`, `"exists"`, `"put"`).
+        op: &'static str,
+        /// What went wrong, with the tier's address (never its password).
+        detail: String,
+    },
     /// The background worker stopped (the store is being dropped).
     #[error("the store's background worker has stopped")]
     ShutDown,

@@ -18,9 +18,9 @@ use crate::tier::{Access, Hold};
 /// and checkpoint operations. Owned and cheap to clone (`Send + Sync +
 /// 'static`); it stays usable after the [`crate::KvStore`] is dropped.
 pub struct ModelStore<V: BlockIo = ckptfmt::StdFs> {
-    shared: Arc<Shared<V>>,
-    idx: usize,
-    info: Arc<ModelInfo<V>>,
+    pub(crate) shared: Arc<Shared<V>>,
+    pub(crate) idx: usize,
+    pub(crate) info: Arc<ModelInfo<V>>,
 }
 
 impl<V: BlockIo> Clone for ModelStore<V> {

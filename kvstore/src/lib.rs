@@ -27,6 +27,9 @@
 //!     given checkpoints, in order, as far as a budget needs).
 //! - Store-wide: `flush`, `gc`, `gc_to(bytes)` ([`GcReport`]), `metrics`
 //!   ([`Metrics`]), `recovery_report` ([`RecoveryReport`]), `close`.
+//! - A remote tier shared by several machines ([`remote`]: [`RemoteTier`], Redis with the
+//!   feature `redis`, on by default): `Config::remote`, then `fetch_remote` (read-through),
+//!   `push_remote` / `push_remote_manifest` (write-behind), `fetch_remote_checkpoint`.
 //! - Migration of a bare `ckptfmt` store directory: [`legacy`].
 //! - Disk budgets as people write them (`50MB`, `1GiB`): [`parse_size`],
 //!   [`format_size`].
@@ -88,6 +91,7 @@ pub mod metrics;
 mod persist;
 pub mod policy;
 mod recovery;
+pub mod remote;
 pub mod size;
 mod state;
 pub mod store;
@@ -108,6 +112,7 @@ pub use handle::{Checkpoint, CheckpointInfo, ModelStore, PinGuard, Prefetch, Pre
 pub use io::BlockIo;
 pub use metrics::Metrics;
 pub use policy::{EvictionPolicy, Lru, PolicyKind, S3Fifo};
+pub use remote::{Remote, RemoteConfig, RemoteFetch, RemoteFigures, RemoteTier};
 pub use size::{format_size, parse_size};
 pub use store::KvStore;
 

@@ -235,7 +235,11 @@ fn write_behind(
             .filter(|(i, t)| last.get(&t.last_block) == Some(i))
             .map(|(_, t)| t)
             .collect();
-        match write_round(store, metrics, &blocks, &tails) {
+        let written = write_round(store, metrics, &blocks, &tails);
+        // Then the remote tier, if any: the blocks it lacks and the tails. A failure there is
+        // counted and logged by the tier; the local store has them either way.
+        let _ = store.push_remote(&blocks, &tails);
+        match written {
             Ok(()) => full.recovered(metrics),
             Err(e) => {
                 // A full filesystem: what the cache takes now is all it can take. That becomes

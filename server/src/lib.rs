@@ -101,6 +101,7 @@ impl Server {
             stored_type_k: args.cache_type_stored,
             stored_type_v: args.cache_type_stored,
             read_delay: std::time::Duration::from_millis(args.fault_read_delay_ms),
+            remote: crate::args::remote_config(&args.remote)?,
         };
         let store = if args.no_cache {
             None
@@ -147,6 +148,8 @@ impl Server {
             if let Some(old) = store.legacy_store() {
                 metrics.log(format!("prompt cache: note: {old}"));
             }
+            let log = Arc::clone(&metrics);
+            store.set_remote_log(move |line| log.log(line));
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let scheduler = scheduler::spawn(

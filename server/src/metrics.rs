@@ -354,3 +354,97 @@ impl Metrics {
         out
     }
 }
+
+/// The remote tier's counters (`llamahdd:cache_remote_*`, with `--cache-remote`), appended to
+/// `out`: reads, writes, failures, and the calls' latency as a histogram.
+pub fn render_remote(f: &engine::store::RemoteFigures, out: &mut String) {
+    let rows: [(&str, &str, &str, u64); 11] = [
+        (
+            "hits_total",
+            "counter",
+            "Blocks and tails read from the remote tier and used.",
+            f.hits,
+        ),
+        (
+            "misses_total",
+            "counter",
+            "Blocks and tails looked for that the remote tier lacked.",
+            f.misses,
+        ),
+        (
+            "rejected_total",
+            "counter",
+            "Values read that did not verify (damaged or another model's); recomputed.",
+            f.rejected,
+        ),
+        (
+            "bytes_read_total",
+            "counter",
+            "Bytes read from the remote tier.",
+            f.bytes_read,
+        ),
+        (
+            "blocks_written_total",
+            "counter",
+            "Blocks written to the remote tier.",
+            f.blocks_written,
+        ),
+        (
+            "manifests_written_total",
+            "counter",
+            "Tails and checkpoints written to the remote tier.",
+            f.manifests_written,
+        ),
+        (
+            "bytes_written_total",
+            "counter",
+            "Bytes written to the remote tier.",
+            f.bytes_written,
+        ),
+        (
+            "errors_total",
+            "counter",
+            "Calls to the remote tier that failed (unreachable, timed out, refused).",
+            f.errors,
+        ),
+        (
+            "skipped_total",
+            "counter",
+            "Calls not made while the remote tier was down (retried with backoff).",
+            f.skipped,
+        ),
+        (
+            "calls_total",
+            "counter",
+            "Calls made to the remote tier.",
+            f.calls,
+        ),
+        (
+            "up",
+            "gauge",
+            "1 when the remote tier answered its last call.",
+            u64::from(f.up),
+        ),
+    ];
+    for (name, kind, help, value) in rows {
+        let _ = writeln!(out, "# HELP llamahdd:cache_remote_{name} {help}");
+        let _ = writeln!(out, "# TYPE llamahdd:cache_remote_{name} {kind}");
+        let _ = writeln!(out, "llamahdd:cache_remote_{name} {value}");
+    }
+    let name = "llamahdd:cache_remote_call_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Latency of the calls to the remote tier."
+    );
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    let mut cumulative = 0;
+    for (i, count) in f.latency.iter().enumerate() {
+        cumulative += count;
+        let le = engine::store::REMOTE_LATENCY_BOUNDS_US
+            .get(i)
+            .map_or_else(|| "+Inf".to_owned(), |us| format!("{}", *us as f64 / 1e6));
+        let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+    }
+    let _ = writeln!(out, "{name}_sum {}", f.latency_sum_us as f64 / 1e6);
+    let _ = writeln!(out, "{name}_count {}", f.calls);
+}

@@ -25,7 +25,12 @@ mod legacy;
 mod load;
 mod pins;
 mod prompt_cache;
+mod remote;
 
+// The remote tier's settings and figures are kvstore's, re-exported on purpose: they are
+// plain data a user of the store fills in and reads.
+pub use kvstore::remote::LATENCY_BOUNDS_US as REMOTE_LATENCY_BOUNDS_US;
+pub use kvstore::{RemoteConfig, RemoteFigures};
 pub use legacy::LegacyStore;
 pub use load::LoadedPrefix;
 pub use pins::{Cleared, Pin, PIN_PREFIX};
@@ -106,6 +111,9 @@ pub struct StoreConfig {
     /// Fault injection for tests: every block read for a restore waits this long first, as
     /// a slow disk would. Zero in use.
     pub read_delay: std::time::Duration,
+    /// A remote tier shared with other machines (Redis): prefixes not held locally are looked
+    /// for there, and what is stored here is written there too. `None`: none.
+    pub remote: Option<RemoteConfig>,
 }
 
 impl Default for StoreConfig {
@@ -118,6 +126,7 @@ impl Default for StoreConfig {
             stored_type_k: None,
             stored_type_v: None,
             read_delay: std::time::Duration::ZERO,
+            remote: None,
         }
     }
 }
@@ -280,6 +289,11 @@ impl SessionStore {
         let cfg = kvstore::Config {
             ram_budget: config.ram_bytes,
             disk_quota: u64::MAX,
+            remote: config
+                .remote
+                .as_ref()
+                .map(kvstore::Remote::open)
+                .transpose()?,
             ..kvstore::Config::default()
         };
         let store = KvStore::open(dir, cfg)?;
@@ -452,6 +466,7 @@ impl SessionStore {
         manifest.sampler_state = meta.sampler_state.clone();
         summary.bytes_written += manifest.tail_kv.len() as u64;
         self.handle.save(&manifest)?;
+        self.push_saved(&manifest);
         summary.evicted = self.collect(name)?;
         Ok(summary)
     }
@@ -534,6 +549,7 @@ impl SessionStore {
     /// does for a session (blocks resident in the pool are shared, not read).
     pub fn restore_seq(&self, ctx: &mut Context, seq: SeqId, name: &str) -> Result<CheckpointMeta> {
         let conversion = self.conversion(ctx.kv_layout())?;
+        self.fetch_remote_checkpoint(name);
         let manifest = self.handle.read_manifest(name)?;
         check_kv_types(&manifest.geometry, &self.stored)?;
         manifest.check_owner(&self.fingerprint, self.handle.geometry())?;

@@ -81,6 +81,24 @@ impl SessionStore {
     /// earlier one), after its full blocks (which must be in the store). Tails are a cache:
     /// under the disk budget they go before any block ([`SessionStore::collect_unreferenced`]).
     pub fn put_tail(&self, tail: TailBlock) -> Result<()> {
+        let manifest = self.tail_manifest(tail)?;
+        self.handle.save(&manifest)?;
+        if self.disk_bytes.is_none() {
+            // The order matters only to the disk budget; without one it is not kept.
+            return Ok(());
+        }
+        let mut order = self
+            .tails_stored
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        order.0 += 1;
+        let n = order.0;
+        order.1.insert(manifest.meta.name, n);
+        Ok(())
+    }
+
+    /// The checkpoint that stores `tail` ([`TAIL_PREFIX`] and its last block's id).
+    pub(super) fn tail_manifest(&self, tail: TailBlock) -> Result<Manifest> {
         let name = format!("{TAIL_PREFIX}{}", tail.last_block.to_hex());
         let positions = (0..tail.tokens.len() as i32).collect();
         let manifest = Manifest::new(
@@ -100,28 +118,19 @@ impl SessionStore {
             },
         )?
         .with_chain_roots(Namespace::roots(tail.namespace))?;
-        self.handle.save(&manifest)?;
-        if self.disk_bytes.is_none() {
-            // The order matters only to the disk budget; without one it is not kept.
-            return Ok(());
-        }
-        let mut order = self
-            .tails_stored
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        order.0 += 1;
-        let n = order.0;
-        order.1.insert(manifest.meta.name, n);
-        Ok(())
+        Ok(manifest)
     }
 
     /// The longest prefix of `tokens` the store holds in namespace `ns`: leading full blocks
-    /// (from any conversation or process of that namespace), then the tokens of the tail
-    /// checkpoint that continues them. A tail that cannot be read or belongs to another model
+    /// (from any conversation or process of that namespace; then from the remote tier, if
+    /// any, which keeps what it brings), then the tokens of the tail checkpoint that continues
+    /// them (local, else remote). A tail that cannot be read or belongs to another model
     /// is ignored: it is only a cache.
     pub fn find_prefix(&self, tokens: &[u32], ns: Option<Namespace>) -> StoredPrefix {
         let ids = self.prefix_ids(tokens, ns);
-        let blocks = ids.iter().take_while(|id| self.handle.contains(id)).count();
+        let local = ids.iter().take_while(|id| self.handle.contains(id)).count();
+        // Then the remote tier, for the rest, in one round trip (blocks it brings are kept).
+        let blocks = local + self.handle.fetch_remote(&ids[local..]).blocks;
         let start = blocks * PAGE_TOKENS;
         let mut found = StoredPrefix {
             blocks,
@@ -133,7 +142,12 @@ impl SessionStore {
             return found;
         }
         let name = format!("{TAIL_PREFIX}{}", ids[blocks - 1].to_hex());
-        let Ok(manifest) = self.handle.read_manifest(&name) else {
+        let Some(manifest) = self
+            .handle
+            .read_manifest(&name)
+            .ok()
+            .or_else(|| self.handle.fetch_remote_manifest(&name))
+        else {
             return found;
         };
         let fits = manifest

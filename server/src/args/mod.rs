@@ -11,11 +11,13 @@ mod compat;
 mod config;
 mod defaults;
 mod embed;
+mod remote;
 
 pub use config::Config;
 
 pub use defaults::{default_cache_dir, default_disk_budget};
 pub use embed::{EmbeddingArgs, Pooling};
+pub use remote::{remote_config, RemoteArgs};
 
 use std::path::PathBuf;
 
@@ -478,6 +480,9 @@ pub struct Args {
     /// The embeddings options.
     #[command(flatten)]
     pub embeddings: EmbeddingArgs,
+    /// The prompt cache's remote tier.
+    #[command(flatten)]
+    pub remote: RemoteArgs,
     /// llama-server options accepted that tune nothing here (filled by the parser).
     #[arg(skip)]
     pub no_effect: Vec<NoEffect>,

@@ -63,7 +63,10 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Result<Response> {
             on_disk: m.disk_bytes,
         }
     });
-    let text = st.metrics.render(bytes);
+    let mut text = st.metrics.render(bytes);
+    if let Some(remote) = st.store.as_ref().and_then(|s| s.remote_figures()) {
+        crate::metrics::render_remote(&remote, &mut text);
+    }
     Ok((
         [
             (header::CONTENT_TYPE, "text/plain; version=0.0.4".to_owned()),

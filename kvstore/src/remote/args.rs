@@ -1,0 +1,69 @@
+//! The remote tier's command-line options (feature `cli`), one definition for every program
+//! that opens a store: the server, the chat and the ingest example flatten [`RemoteArgs`].
+
+use std::time::Duration;
+
+use super::RemoteConfig;
+
+/// `--cache-remote`, `--cache-remote-namespace`, `--cache-remote-timeout`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct RemoteArgs {
+    /// A Redis shared by several machines as a tier below the cache directory:
+    /// `redis://[:PASSWORD@]HOST:PORT[/DB]`. KV one machine computed is read by the others
+    /// instead of computed again; nothing fails when Redis is down.
+    #[arg(
+        long = "cache-remote",
+        value_name = "URL",
+        env = "LLAMA_HDD_CACHE_REMOTE"
+    )]
+    pub cache_remote: Option<String>,
+    /// Prefix of the remote tier's keys, so several deployments can share one Redis.
+    #[arg(
+        long = "cache-remote-namespace",
+        value_name = "NAME",
+        default_value = "llama-hdd"
+    )]
+    pub cache_remote_namespace: String,
+    /// The longest a call to the remote tier may wait, in milliseconds (connecting, and each
+    /// read and write).
+    #[arg(
+        long = "cache-remote-timeout",
+        value_name = "MS",
+        default_value_t = 100
+    )]
+    pub cache_remote_timeout: u64,
+}
+
+impl RemoteArgs {
+    /// The remote tier asked for, if any; `Err((option, reason))` for a value that cannot be
+    /// used.
+    pub fn config(&self) -> Result<Option<RemoteConfig>, (&'static str, String)> {
+        let Some(url) = self.cache_remote.as_deref().map(str::trim) else {
+            return Ok(None);
+        };
+        if !(url.starts_with("redis://") || url.starts_with("redis+unix://")) {
+            return Err((
+                "--cache-remote",
+                format!("{url:?} is not a Redis URL (redis://HOST:PORT[/DB])"),
+            ));
+        }
+        if self.cache_remote_timeout == 0 {
+            return Err((
+                "--cache-remote-timeout",
+                "0 ms leaves no time for any call".into(),
+            ));
+        }
+        let namespace = self.cache_remote_namespace.trim();
+        if namespace.is_empty() || namespace.contains(|c: char| c.is_whitespace() || c == ':') {
+            return Err((
+                "--cache-remote-namespace",
+                format!("{namespace:?}: a name without spaces or ':' is needed"),
+            ));
+        }
+        Ok(Some(RemoteConfig {
+            url: url.to_owned(),
+            namespace: namespace.to_owned(),
+            timeout: Duration::from_millis(self.cache_remote_timeout),
+        }))
+    }
+}

@@ -1,0 +1,241 @@
+//! A model's blocks and checkpoints through the remote tier: read-through after the local
+//! tiers, write-behind from the caller's background thread.
+
+use std::collections::HashSet;
+
+use ckptfmt::store::BlockInput;
+use ckptfmt::{encode_block, BlockId, BlockView, Manifest};
+
+use super::{Remote, RemoteMetrics};
+use crate::error::Result;
+use crate::handle::ModelStore;
+use crate::io::BlockIo;
+use crate::store::Access;
+use crate::tier::Hold;
+
+/// What [`ModelStore::fetch_remote`] brought from the remote tier.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RemoteFetch {
+    /// Leading blocks of the ids asked for that the store now holds.
+    pub blocks: usize,
+    /// Whether the tier answered (false: no tier, or it failed; the blocks are then 0).
+    pub answered: bool,
+}
+
+impl<V: BlockIo> ModelStore<V> {
+    /// The store's remote tier, if it has one ([`crate::Config::remote`]).
+    pub fn remote(&self) -> Option<&Remote> {
+        self.shared.cfg.remote.as_ref()
+    }
+
+    /// Extends a prefix from the remote tier, in one round trip: `ids` continue what the local
+    /// tiers hold (the first chains from the last block held). Stops at the first block the
+    /// tier lacks or whose value does not verify (checksums, owner, geometry, chained id:
+    /// a bad value is counted as rejected and never used); each verified block is put into
+    /// the RAM tier (durable once spilled or flushed). Never fails: a tier that is absent,
+    /// slow or broken brings nothing.
+    pub fn fetch_remote(&self, ids: &[BlockId]) -> RemoteFetch {
+        let Some(remote) = self.remote() else {
+            return RemoteFetch::default();
+        };
+        if ids.is_empty() || self.shared.access == Access::ReadOnly {
+            return RemoteFetch::default();
+        }
+        let keys: Vec<String> = ids
+            .iter()
+            .map(|id| remote.block_key(&self.info.fp, &self.info.geometry, id))
+            .collect();
+        let Ok(values) = remote.tier().get_many(&keys) else {
+            return RemoteFetch::default();
+        };
+        let m = remote.metrics();
+        let mut held = 0;
+        for (id, value) in ids.iter().zip(values) {
+            let Some(bytes) = value else {
+                RemoteMetrics::add(&m.misses, 1);
+                break;
+            };
+            RemoteMetrics::add(&m.bytes_read, bytes.len() as u64);
+            let Some((prev, tokens, kv)) = self.verify_record(&bytes, id) else {
+                RemoteMetrics::add(&m.rejected, 1);
+                break;
+            };
+            drop(bytes);
+            let put = self.shared.put(
+                self.idx,
+                &self.info,
+                prev.as_ref(),
+                &tokens,
+                kv,
+                Hold::Cache,
+            );
+            if put.is_err() {
+                break;
+            }
+            RemoteMetrics::add(&m.hits, 1);
+            held += 1;
+        }
+        RemoteFetch {
+            blocks: held,
+            answered: true,
+        }
+    }
+
+    /// The previous id, tokens and KV of a block record read from the tier, when it is block
+    /// `id` of this model, whole and undamaged.
+    fn verify_record(
+        &self,
+        bytes: &[u8],
+        id: &BlockId,
+    ) -> Option<(Option<BlockId>, Vec<u32>, Vec<u8>)> {
+        let view = BlockView::parse(bytes).ok()?;
+        view.check_owner(&self.info.fp, &self.info.geometry).ok()?;
+        let (prev, tokens) = (view.prev(), view.tokens());
+        if view.id() != *id || BlockId::chain(&self.info.fp, prev.as_ref(), &tokens) != *id {
+            return None;
+        }
+        let kv = view.kv().ok()?.into_owned();
+        Some((prev, tokens, kv))
+    }
+
+    /// Writes `blocks` to the remote tier as block records (the store's encoding): one round
+    /// trip asks which the tier lacks, one more writes those. Returns how many were written.
+    /// A failure is the tier's (already counted); nothing local changes either way.
+    pub fn push_remote(&self, blocks: &[BlockInput<'_>]) -> Result<usize> {
+        let Some(remote) = self.remote() else {
+            return Ok(0);
+        };
+        let (fp, geometry) = (&self.info.fp, &self.info.geometry);
+        let mut seen = HashSet::new();
+        let mut keyed = Vec::new();
+        for b in blocks {
+            let id = BlockId::chain(fp, b.prev, b.tokens);
+            if seen.insert(id) {
+                keyed.push((remote.block_key(fp, geometry, &id), b));
+            }
+        }
+        let keys: Vec<String> = keyed.iter().map(|(k, _)| k.clone()).collect();
+        let held = remote.tier().exists_many(&keys)?;
+        let mut records = Vec::new();
+        for ((key, b), held) in keyed.into_iter().zip(held) {
+            if held {
+                continue;
+            }
+            let record = encode_block(
+                fp,
+                geometry,
+                b.prev,
+                b.tokens,
+                b.kv,
+                self.shared.cfg.encoding,
+            )
+            .map_err(|e| crate::StoreError::format(&self.info.blocks_dir, e))?;
+            records.push((key, record.to_vec()));
+        }
+        let items: Vec<(String, &[u8])> = records
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_slice()))
+            .collect();
+        remote.tier().put_many(&items)?;
+        let m = remote.metrics();
+        RemoteMetrics::add(&m.blocks_written, items.len() as u64);
+        let bytes: usize = items.iter().map(|(_, v)| v.len()).sum();
+        RemoteMetrics::add(&m.bytes_written, bytes as u64);
+        Ok(items.len())
+    }
+
+    /// Writes `manifest` to the remote tier under its name (after its blocks: see
+    /// [`ModelStore::push_remote`]).
+    pub fn push_remote_manifest(&self, manifest: &Manifest) -> Result<()> {
+        let Some(remote) = self.remote() else {
+            return Ok(());
+        };
+        let key = remote.manifest_key(&self.info.fp, &self.info.geometry, &manifest.meta.name);
+        let bytes = manifest
+            .encode()
+            .map_err(|e| crate::StoreError::format(&self.info.blocks_dir, e))?;
+        remote.tier().put_many(&[(key, bytes.as_slice())])?;
+        let m = remote.metrics();
+        RemoteMetrics::add(&m.manifests_written, 1);
+        RemoteMetrics::add(&m.bytes_written, bytes.len() as u64);
+        Ok(())
+    }
+
+    /// Writes a saved checkpoint to the remote tier: the blocks the tier lacks (read from the
+    /// local tiers), then its manifest. Returns how many blocks were written.
+    pub fn push_remote_checkpoint(&self, manifest: &Manifest) -> Result<usize> {
+        if self.remote().is_none() {
+            return Ok(0);
+        }
+        let tpb = self.info.geometry.tokens_per_block() as usize;
+        let ids = &manifest.block_ids;
+        let mut kvs = Vec::with_capacity(ids.len());
+        for id in ids {
+            match self.get_uncached(id)? {
+                Some(kv) => kvs.push(kv),
+                None => {
+                    return Err(crate::StoreError::BlockNotFound { id: id.to_hex() });
+                }
+            }
+        }
+        let inputs: Vec<BlockInput<'_>> = (0..ids.len())
+            .map(|i| BlockInput {
+                prev: ckptfmt::ChainRoot::find(&manifest.chain_roots, i)
+                    .or_else(|| i.checked_sub(1).map(|p| &ids[p])),
+                tokens: &manifest.tokens[i * tpb..(i + 1) * tpb],
+                kv: &kvs[i],
+            })
+            .collect();
+        let written = self.push_remote(&inputs)?;
+        self.push_remote_manifest(manifest)?;
+        Ok(written)
+    }
+
+    /// Checkpoint `name`'s manifest from the remote tier, when the tier holds one that
+    /// verifies and belongs to this model and geometry (else `None`, counted as a miss or a
+    /// rejection). Its blocks are not read: see [`ModelStore::fetch_remote`].
+    pub fn fetch_remote_manifest(&self, name: &str) -> Option<Manifest> {
+        let remote = self.remote()?;
+        let key = remote.manifest_key(&self.info.fp, &self.info.geometry, name);
+        let value = remote.tier().get_many(&[key]).ok()?.pop().flatten();
+        let m = remote.metrics();
+        let Some(bytes) = value else {
+            RemoteMetrics::add(&m.misses, 1);
+            return None;
+        };
+        RemoteMetrics::add(&m.bytes_read, bytes.len() as u64);
+        let manifest = Manifest::decode(&bytes).ok().filter(|man| {
+            man.meta.name == name && man.check_owner(&self.info.fp, &self.info.geometry).is_ok()
+        });
+        match manifest {
+            Some(man) => {
+                RemoteMetrics::add(&m.hits, 1);
+                Some(man)
+            }
+            None => {
+                RemoteMetrics::add(&m.rejected, 1);
+                None
+            }
+        }
+    }
+
+    /// Brings checkpoint `name` from the remote tier into the local store (manifest and
+    /// every block, then saved as a local checkpoint): true when it is now held locally.
+    /// A checkpoint the local store already holds is left as it is.
+    pub fn fetch_remote_checkpoint(&self, name: &str) -> Result<bool> {
+        if self.has_checkpoint(name)? {
+            return Ok(true);
+        }
+        let Some(manifest) = self.fetch_remote_manifest(name) else {
+            return Ok(false);
+        };
+        let ids = &manifest.block_ids;
+        let local = ids.iter().take_while(|id| self.contains(id)).count();
+        let fetched = self.fetch_remote(&ids[local..]).blocks;
+        if local + fetched < ids.len() {
+            return Ok(false);
+        }
+        self.save(&manifest)?;
+        Ok(true)
+    }
+}
