@@ -22,6 +22,10 @@ pub struct Work {
     pub pins: Vec<PinWork>,
     /// Namespaces to clear, after everything queued before.
     pub clears: Vec<ClearWork>,
+    /// A prompt's blocks handed over as soon as it was evaluated, for the remote tier: written
+    /// at once (not after the requests being evaluated), to Redis first, so other replicas
+    /// find them while this one still generates.
+    pub urgent: bool,
 }
 
 /// A namespace to clear ([`SessionStore::clear_namespace`]), answered once done.
@@ -186,7 +190,7 @@ fn write_behind(
         // Idle means no request for a few polls in a row: a client's next request often
         // follows its last response within a millisecond.
         let deferred = std::time::Instant::now();
-        let mut idle_polls = 0;
+        let mut idle_polls = if work.urgent { 4 } else { 0 };
         while idle_polls < 4 && deferred.elapsed() < MAX_DEFER {
             std::thread::sleep(std::time::Duration::from_millis(3));
             if metrics
@@ -235,11 +239,11 @@ fn write_behind(
             .filter(|(i, t)| last.get(&t.last_block) == Some(i))
             .map(|(_, t)| t)
             .collect();
-        let written = write_round(store, metrics, &blocks, &tails);
-        // Then the remote tier, if any: the blocks it lacks and the tails. A failure there is
-        // counted and logged by the tier; the local store has them either way.
+        // The remote tier first, if any (other replicas wait for it; this one has the pages in
+        // memory): the blocks it lacks and the tails. A failure there is counted and logged by
+        // the tier; the local store gets them either way.
         let _ = store.push_remote(&blocks, &tails);
-        match written {
+        match write_round(store, metrics, &blocks, &tails) {
             Ok(()) => full.recovered(metrics),
             Err(e) => {
                 // A full filesystem: what the cache takes now is all it can take. That becomes

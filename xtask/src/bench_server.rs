@@ -70,6 +70,11 @@ impl Options {
     pub(crate) fn reps(&self) -> usize {
         self.reps
     }
+
+    /// `--prompt-tokens`.
+    pub(crate) fn prompt_tokens(&self) -> usize {
+        self.prompt_tokens
+    }
 }
 
 /// Reads the options; later flags override earlier ones.

@@ -9,6 +9,8 @@
 //! - `compare-llama-cpp`: engine speed against llama.cpp's reference harness, side by side.
 //! - `bench-server`: our HTTP server against llama.cpp's `llama-server`, side by side: time to
 //!   first token (first, repeated, after a restart) and an agent-like trace of concurrent chats.
+//! - `bench-remote`: the prompt cache's Redis tier against a local disk hit and computing, its
+//!   read throughput against `redis-benchmark`, and a fleet of 1–8 replicas on one Redis.
 //! - `crash-test`: SIGKILL a process saving conversations N times; every committed checkpoint
 //!   must restore to the bytes it was saved with, and `ckpt verify` must pass.
 //! - `cuda-build`: the `cuda` feature compiled and linked without a GPU (the toolkit from its
@@ -27,6 +29,7 @@ mod source {
 mod bench_agent;
 mod bench_growth;
 mod bench_multiround;
+mod bench_remote;
 mod bench_server;
 #[cfg(feature = "bindgen")]
 mod bindings;
@@ -51,9 +54,10 @@ fn main() -> ExitCode {
         Some("cuda-build") => cuda::cuda_build(&args[1..]),
         Some("cuda-toolkit") => cuda::cuda_toolkit(&args[1..]),
         Some("bench-server") => bench_server::bench_server(&args[1..]),
+        Some("bench-remote") => bench_remote::bench_remote(&args[1..]),
         Some("tidy") => tidy::tidy(&workspace_root()),
         Some("help") | Some("--help") | Some("-h") | None => {
-            println!("usage: cargo xtask <fetch-model | bindgen | ci | clients [--server BIN] [--model PATH] | tidy | compare-llama-cpp --refh PATH [--reps N] [--sequences N] [--cache-type f16|q8_0] [--deterministic] | crash-test [--kills N] | cuda-build [--arch 90] [--out DIR] | cuda-toolkit [DIR] | bench-server [--llama-server PATH] (--help lists its options)>");
+            println!("usage: cargo xtask <fetch-model | bindgen | ci | clients [--server BIN] [--model PATH] | tidy | compare-llama-cpp --refh PATH [--reps N] [--sequences N] [--cache-type f16|q8_0] [--deterministic] | crash-test [--kills N] | cuda-build [--arch 90] [--out DIR] | cuda-toolkit [DIR] | bench-server [--llama-server PATH] (--help lists its options) | bench-remote [--replicas 1,2,4,8] [--users N] [--fleet-turns N] [--reps N]>");
             Ok(())
         }
         Some(other) => Err(format!(

@@ -633,6 +633,13 @@ impl Scheduler {
 
     /// Handles a token sampled for the request in `slot`.
     fn on_token(&mut self, slot: usize, token: u32, probs: Option<TokenProbs>) {
+        if self.slots[slot]
+            .active
+            .as_ref()
+            .is_some_and(|a| a.first_token.is_none())
+        {
+            self.export_prompt(slot);
+        }
         let model = Arc::clone(&self.model);
         let tok = model.tokenizer();
         let n_ctx = self.ctx.params().n_ctx;

@@ -128,6 +128,7 @@ impl Scheduler {
         };
         match store.new_blocks(&self.ctx, seq, 0) {
             Ok(blocks) => writer.send(Work {
+                urgent: false,
                 blocks,
                 tails: Vec::new(),
                 pins: vec![pin],
@@ -191,6 +192,7 @@ impl Scheduler {
         }
         match &self.writer {
             Some(writer) => writer.send(Work {
+                urgent: false,
                 blocks: Vec::new(),
                 tails: Vec::new(),
                 pins: Vec::new(),
@@ -199,6 +201,47 @@ impl Scheduler {
             None => {
                 let _ = clear.reply.send(Ok(engine::store::Cleared::default()));
             }
+        }
+    }
+
+    /// With a remote tier: the new full pages of the prompt in `slot` and its tail, handed to
+    /// the writer as soon as the prompt is evaluated (at its first token), so that other
+    /// replicas find them while this one generates. What the request adds is exported when it
+    /// finishes, as without a remote tier.
+    pub(super) fn export_prompt(&mut self, slot: usize) {
+        let (Some(store), Some(writer)) = (&self.store, &self.writer) else {
+            return;
+        };
+        let Some(a) = self.slots[slot].active.as_ref() else {
+            return;
+        };
+        let full = a.prompt.len() / engine::PAGE_TOKENS;
+        if !store.has_remote() || a.moved || full <= a.cache_n / engine::PAGE_TOKENS {
+            return;
+        }
+        let expires = a.params.cache_ttl.map(|t| crate::routes::unix_now() + t);
+        let (seq, from, prompt_len) = (a.seq, a.cache_n / engine::PAGE_TOKENS, a.prompt.len());
+        let work = (|| -> engine::Result<Work> {
+            let blocks = store.new_blocks(&self.ctx, seq, from)?;
+            let mut tails: Vec<_> = store
+                .tail_of(&self.ctx, seq, prompt_len)?
+                .into_iter()
+                .collect();
+            for t in &mut tails {
+                t.expires_unix = expires;
+            }
+            Ok(Work {
+                urgent: true,
+                blocks,
+                tails,
+                ..Work::default()
+            })
+        })();
+        match work {
+            Ok(work) => writer.send(work),
+            Err(e) => self
+                .metrics
+                .cache_error(format!("reading pages failed: {e}")),
         }
     }
 
@@ -229,6 +272,7 @@ impl Scheduler {
                 t.expires_unix = expires;
             }
             Ok(Work {
+                urgent: false,
                 blocks,
                 tails,
                 pins: Vec::new(),

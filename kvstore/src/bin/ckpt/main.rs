@@ -28,6 +28,8 @@
 mod bench;
 mod files;
 mod manage;
+#[cfg(feature = "redis")]
+mod remote;
 mod shared;
 mod verify;
 
@@ -149,6 +151,26 @@ enum Cmd {
         #[arg(long, hide = true)]
         worker: Option<usize>,
     },
+    /// The remote tier's read throughput on a Redis (one prompt's blocks in one call, raw and
+    /// verified into RAM); prints JSON.
+    #[cfg(feature = "redis")]
+    BenchRemote {
+        /// The Redis (`redis://HOST:PORT`).
+        #[arg(long)]
+        url: String,
+        /// Blocks of the prompt (31: 2,000 tokens).
+        #[arg(long, default_value_t = 31)]
+        blocks: usize,
+        /// Layers.
+        #[arg(long, default_value_t = 30)]
+        layers: usize,
+        /// Bytes per token per layer, for K and for V each.
+        #[arg(long, default_value_t = 384)]
+        bytes_per_token: u32,
+        /// Repetitions (medians are reported).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+    },
 }
 
 /// Why a command failed.
@@ -226,6 +248,23 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<ExitCode, CliError> {
                 None => shared::run(&dir, processes, reps, &args, out),
             }
             .map(|()| ExitCode::SUCCESS)
+        }
+        #[cfg(feature = "redis")]
+        Cmd::BenchRemote {
+            url,
+            blocks,
+            layers,
+            bytes_per_token,
+            reps,
+        } => {
+            let args = remote::RemoteArgs {
+                url,
+                blocks,
+                layers,
+                bytes_per_token,
+                reps,
+            };
+            remote::run(&args, out).map(|()| ExitCode::SUCCESS)
         }
     }
 }
