@@ -367,6 +367,7 @@ mod tests {
             }],
             pins: Vec::new(),
             clears: Vec::new(),
+            urgent: false,
         }
     }
 
