@@ -14,6 +14,9 @@
 //!   another replica than the last (a load balancer without affinity); prompt tokens computed
 //!   fleet-wide, against one replica's.
 //!
+//! - With `--netns`: two replicas in network namespaces of their own (`ip netns`, a veth pair
+//!   each) reach the Redis on the host: one computes a prompt, the other reads it.
+//!
 //! Goals (the remote-tier issue): a remote hit within 1.5x a local disk hit and at least 30x
 //! faster than computing; read throughput at least 0.7x redis-benchmark's; the fleet within
 //! 1.1x of one replica's computed tokens.
@@ -35,13 +38,15 @@ struct Redis {
 }
 
 impl Redis {
-    fn start(dir: &Path) -> Result<Redis, String> {
+    /// `bind`: `--bind` and its addresses, and whatever else the run needs.
+    fn start(dir: &Path, bind: &[&str]) -> Result<Redis, String> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map_err(|e| e.to_string())?
             .port();
         let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--port", &port.to_string()])
+            .args(bind)
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(dir)
@@ -349,12 +354,179 @@ fn fleet(
     }))
 }
 
+/// Two network namespaces, each joined to the host by a veth pair: `10.231.N.2` inside
+/// namespace `llama-hdd-bench-N`, `10.231.N.1` on the host. Removed on drop.
+struct Hosts(Vec<String>);
+
+impl Hosts {
+    fn create(n: usize) -> Result<Hosts, String> {
+        let sh = |args: &[&str]| -> Result<(), String> {
+            let out = Command::new("ip")
+                .args(args)
+                .output()
+                .map_err(|e| format!("ip: {e}"))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "`ip {}` failed: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ))
+            }
+        };
+        let mut hosts = Hosts(Vec::new());
+        for i in 1..=n {
+            let ns = format!("llama-hdd-bench-{i}");
+            let _ = Command::new("ip").args(["netns", "del", &ns]).output();
+            sh(&["netns", "add", &ns])?;
+            hosts.0.push(ns.clone());
+            let (outer, inner) = (format!("lhb{i}"), format!("lhb{i}p"));
+            // A pair left by an interrupted run.
+            let _ = Command::new("ip").args(["link", "del", &outer]).output();
+            sh(&[
+                "link", "add", &outer, "type", "veth", "peer", "name", &inner,
+            ])?;
+            sh(&["link", "set", &inner, "netns", &ns])?;
+            sh(&["addr", "add", &format!("10.231.{i}.1/24"), "dev", &outer])?;
+            sh(&["link", "set", &outer, "up"])?;
+            let inside = |args: &[&str]| {
+                let mut all = vec!["netns", "exec", ns.as_str(), "ip"];
+                all.extend_from_slice(args);
+                sh(&all)
+            };
+            inside(&["addr", "add", &format!("10.231.{i}.2/24"), "dev", &inner])?;
+            inside(&["link", "set", &inner, "up"])?;
+            inside(&["link", "set", "lo", "up"])?;
+        }
+        Ok(hosts)
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for ns in &self.0 {
+            // Deleting the namespace deletes its end of the veth pair, and so the pair.
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+    }
+}
+
+/// A replica started inside namespace `ns`, listening on `ip`.
+fn replica_in(
+    bin: &Path,
+    o: &Options,
+    ns: &str,
+    ip: &str,
+    cache: &Path,
+    log: &Path,
+    redis_url: &str,
+) -> Result<(Child, String), String> {
+    let port = 18_000 + (std::process::id() % 1000) as u16;
+    let out = std::fs::File::create(log).map_err(|e| e.to_string())?;
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(bin)
+        .arg("-m")
+        .arg(&o.model)
+        .args([
+            "--host",
+            ip,
+            "--port",
+            &port.to_string(),
+            "-t",
+            &o.threads().to_string(),
+        ])
+        .args([
+            "-np",
+            "1",
+            "-c",
+            "4096",
+            "--metrics",
+            "--cache-remote",
+            redis_url,
+        ])
+        .arg("--cache-dir")
+        .arg(cache)
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(out))
+        .spawn()
+        .map_err(|e| format!("ip netns exec: {e}"))?;
+    let base = format!("http://{ip}:{port}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ureq::get(&format!("{base}/health"))
+        .call()
+        .is_ok_and(|r| r.status() == 200)
+    {
+        if Instant::now() > deadline || matches!(child.try_wait(), Ok(Some(_))) {
+            let _ = child.kill();
+            return Err(format!(
+                "the replica in {ns} did not start; log: {}",
+                log.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok((child, base))
+}
+
+/// Two replicas in network namespaces of their own reach a Redis on the host across veth
+/// pairs: what one computed, the other reads.
+fn netns(bin: &Path, o: &Options, redis: &Redis, hosts: Hosts) -> Result<Value, String> {
+    let dir = o.dir.join("remote-netns");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    redis.cli(&["FLUSHALL"]);
+    let mut replicas = Vec::new();
+    for (i, ns) in hosts.0.iter().enumerate() {
+        let n = i + 1;
+        let url = format!("redis://10.231.{n}.1:{}", redis.port);
+        replicas.push(replica_in(
+            bin,
+            o,
+            ns,
+            &format!("10.231.{n}.2"),
+            &dir.join(format!("cache-{n}")),
+            &dir.join(format!("replica-{n}.log")),
+            &url,
+        )?);
+    }
+    let mut words = Words(0xAE75);
+    let system = words.text_of_tokens(&replicas[0].1, o.prompt_tokens() - 40)?;
+    let messages = json!([
+        {"role": "system", "content": system},
+        {"role": "user", "content": "Summarize the text above in one sentence."},
+    ]);
+    let cold = chat(&replicas[0].1, &messages, 8)?;
+    wait_pushed(&replicas[0].1, cold.prompt_tokens / 64)?;
+    let hit = chat(&replicas[1].1, &messages, 8)?;
+    let hits = metric(&replicas[1].1, "cache_remote_hits_total");
+    for (mut child, _) in replicas {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    drop(hosts);
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!(
+        "network namespaces: replica 1 computed {} tokens in {:.1} ms; replica 2 computed {}          ({hits} blocks and tails over the veth pair) in {:.1} ms",
+        cold.prompt_computed, cold.ttft_ms, hit.prompt_computed, hit.ttft_ms
+    );
+    Ok(json!({
+        "prompt_tokens": cold.prompt_tokens,
+        "computed_ms": cold.ttft_ms,
+        "remote_ms": hit.ttft_ms,
+        "remote_computed": hit.prompt_computed,
+        "remote_hits": hits,
+    }))
+}
+
 /// Entry point of `cargo xtask bench-remote`.
 pub(crate) fn bench_remote(args: &[String]) -> Result<(), String> {
     let mut shared = vec!["--only".to_owned(), "ours".to_owned()];
     let mut sizes = vec![1usize, 2, 4, 8];
     let (mut users, mut turns) = (8usize, 4usize);
     let (mut skip_ttft, mut skip_throughput, mut skip_fleet) = (false, false, false);
+    let mut with_netns = false;
     let mut it = args.iter();
     let number = |flag: &str, v: Option<&String>| -> Result<usize, String> {
         v.and_then(|v| v.parse().ok())
@@ -379,6 +551,7 @@ pub(crate) fn bench_remote(args: &[String]) -> Result<(), String> {
             "--skip-ttft" => skip_ttft = true,
             "--skip-throughput" => skip_throughput = true,
             "--skip-fleet" => skip_fleet = true,
+            "--netns" => with_netns = true,
             _ => shared.push(flag.clone()),
         }
     }
@@ -402,7 +575,17 @@ pub(crate) fn bench_remote(args: &[String]) -> Result<(), String> {
         ],
     )?;
     std::fs::create_dir_all(&o.dir).map_err(|e| e.to_string())?;
-    let redis = Redis::start(&o.dir)?;
+    // With --netns, Redis listens on the host's ends of the veth pairs too (created first).
+    let hosts = if with_netns {
+        Some(Hosts::create(2)?)
+    } else {
+        None
+    };
+    let mut bind = vec!["--bind", "127.0.0.1"];
+    if hosts.is_some() {
+        bind.extend(["10.231.1.1", "10.231.2.1", "--protected-mode", "no"]);
+    }
+    let redis = Redis::start(&o.dir, &bind)?;
     let mut report = serde_json::Map::new();
     if !skip_ttft {
         report.insert("ttft".into(), ttft(&bin, &o, &redis)?);
@@ -415,6 +598,9 @@ pub(crate) fn bench_remote(args: &[String]) -> Result<(), String> {
             "fleet".into(),
             fleet(&bin, &o, &redis, &sizes, users, turns)?,
         );
+    }
+    if let Some(hosts) = hosts {
+        report.insert("netns".into(), netns(&bin, &o, &redis, hosts)?);
     }
     let _ = writeln!(
         std::io::stdout(),

@@ -71,6 +71,11 @@ impl Options {
         self.reps
     }
 
+    /// `--threads`.
+    pub(crate) fn threads(&self) -> usize {
+        self.threads
+    }
+
     /// `--prompt-tokens`.
     pub(crate) fn prompt_tokens(&self) -> usize {
         self.prompt_tokens

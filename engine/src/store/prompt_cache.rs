@@ -4,11 +4,43 @@
 
 use ckptfmt::{BlockId, Manifest, Metadata};
 
-use super::{unix_now, NewBlock, SessionStore, StoredPrefix, TAIL_PREFIX, TOKENS_PER_BLOCK};
+use super::{unix_now, SessionStore, TOKENS_PER_BLOCK};
 use crate::context::{Context, SeqId};
 use crate::error::Result;
 use crate::kv::PAGE_TOKENS;
 use crate::Namespace;
+
+/// A full page's block, copied out of a context and not yet in the store (see
+/// [`SessionStore::new_blocks`]).
+#[derive(Clone, Debug)]
+pub struct NewBlock {
+    /// The id it chains from: the block before it, its chain root after a context shift,
+    /// `None` for a plain first block.
+    pub prev: Option<BlockId>,
+    /// Its own chained id.
+    pub id: BlockId,
+    /// Its tokens (one page).
+    pub tokens: Vec<u32>,
+    /// Its KV bytes as a checkpoint span.
+    pub kv: Vec<u8>,
+}
+
+/// Name prefix of the prompt cache's tail checkpoints: `_tail-` and the hex id of the last full
+/// block the tail follows (see [`SessionStore::tail_of`]). Nobody else names a checkpoint so.
+pub const TAIL_PREFIX: &str = "_tail-";
+
+/// The longest prefix of a prompt that a store holds (see [`SessionStore::find_prefix`]).
+#[derive(Debug, Default)]
+pub struct StoredPrefix {
+    /// Leading full blocks held.
+    pub blocks: usize,
+    /// The tail checkpoint that continues them, when one matches at least one more token.
+    pub(super) tail: Option<Manifest>,
+    /// Tokens the store holds: `blocks` pages plus the matching tokens of the tail.
+    pub tokens: usize,
+    /// The namespace it was looked up in.
+    pub namespace: Option<crate::Namespace>,
+}
 
 /// The partly filled page that follows a sequence's full pages, copied out of a context: stored
 /// as a small checkpoint named after its last full block ([`TAIL_PREFIX`]), it lets a prompt
