@@ -116,8 +116,14 @@ impl<V: BlockIo> ModelStore<V> {
     /// or with the spill's error when making room required a write that
     /// failed (the block is then not stored, unless already in flight).
     pub fn put(&self, prev: Option<&BlockId>, tokens: &[u32], kv: Vec<u8>) -> Result<BlockId> {
-        self.shared
-            .put(self.idx, &self.info, prev, tokens, kv, Hold::Cache)
+        self.shared.put(
+            self.idx,
+            &self.info,
+            prev,
+            tokens,
+            KvBytes::from_vec(kv),
+            Hold::Cache,
+        )
     }
 
     /// Puts every full block of `tokens`, asking `kv(i)` for block `i`'s
@@ -170,8 +176,14 @@ impl<V: BlockIo> ModelStore<V> {
                     st.m.dedup_bytes += self.info.block_bytes;
                 }
             } else {
-                self.shared
-                    .put(self.idx, &self.info, prev.as_ref(), chunk, kv(i), hold)?;
+                self.shared.put(
+                    self.idx,
+                    &self.info,
+                    prev.as_ref(),
+                    chunk,
+                    KvBytes::from_vec(kv(i)),
+                    hold,
+                )?;
             }
             guard.push(id);
             prev = Some(id);

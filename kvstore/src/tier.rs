@@ -102,7 +102,7 @@ impl<V: BlockIo> Shared<V> {
         info: &ModelInfo<V>,
         prev: Option<&BlockId>,
         tokens: &[u32],
-        kv: Vec<u8>,
+        kv: KvBytes,
         hold: Hold,
     ) -> Result<BlockId> {
         self.writable("put")?;
@@ -136,7 +136,7 @@ impl<V: BlockIo> Shared<V> {
             }
             if e.ram.is_none() {
                 // On disk only: the caller hands us the bytes, keep them.
-                e.ram = kv.take().map(KvBytes::from_vec);
+                e.ram = kv.take();
                 e.chain = Some((prev.copied(), Arc::from(tokens)));
                 st.ram_bytes += len;
                 st.policy.insert(id, len);
@@ -163,7 +163,7 @@ impl<V: BlockIo> Shared<V> {
         st.entries.insert(
             id,
             Entry {
-                ram: kv.take().map(KvBytes::from_vec),
+                ram: kv.take(),
                 on_disk: false,
                 found: false,
                 pins: u32::from(pin),

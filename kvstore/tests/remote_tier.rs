@@ -316,3 +316,49 @@ fn compute_when_up(model: &ModelStore, tokens: &[u32]) {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+#[test]
+fn a_password_and_a_database_from_the_url_are_used() {
+    let redis = RedisServer::start();
+    redis.cli(&["CONFIG", "SET", "requirepass", "s3cret"]);
+    let fp = Fingerprint::of(b"model");
+    let url = format!("redis://:s3cret@127.0.0.1:{}/2", redis.port());
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (_sa, ma) = host(a.path(), &url, &fp);
+    let tokens: Vec<u32> = (0..8).collect();
+    let ids = compute(&ma, &tokens, 4);
+    // The values are in database 2, not 0.
+    let count = |db: &str| {
+        std::process::Command::new("redis-cli")
+            .args([
+                "-p",
+                &redis.port().to_string(),
+                "-a",
+                "s3cret",
+                "--no-auth-warning",
+            ])
+            .args(["-n", db, "DBSIZE"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap()
+    };
+    assert_eq!(count("2"), ids.len().to_string());
+    assert_eq!(count("0"), "0");
+    // A wrong password is a miss, never an error of the lookup.
+    let wrong = format!("redis://:nope@127.0.0.1:{}/2", redis.port());
+    let (_sb, mb) = host(b.path(), &wrong, &fp);
+    let lines = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = Arc::clone(&lines);
+    mb.remote()
+        .unwrap()
+        .metrics()
+        .set_log(move |l| sink.lock().unwrap().push(l));
+    let got = mb.fetch_remote(&ids);
+    assert_eq!((got.blocks, got.answered), (0, false));
+    assert!(mb.remote().unwrap().metrics().figures().errors >= 1);
+    let said = lines.lock().unwrap().join("\n");
+    assert!(
+        said.contains("unavailable") && said.contains("WRONGPASS"),
+        "{said}"
+    );
+}

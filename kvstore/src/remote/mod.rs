@@ -26,6 +26,8 @@ mod args;
 mod ops;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redis")]
+mod resp;
 #[cfg(all(feature = "redis", feature = "test-util"))]
 pub mod testing;
 

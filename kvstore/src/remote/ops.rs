@@ -1,12 +1,14 @@
 //! A model's blocks and checkpoints through the remote tier: read-through after the local
 //! tiers, write-behind from the caller's background thread.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 use ckptfmt::store::BlockInput;
 use ckptfmt::{encode_block, BlockId, BlockView, Manifest};
 
 use super::{Remote, RemoteMetrics};
+use crate::bytes::KvBytes;
 use crate::error::Result;
 use crate::handle::ModelStore;
 use crate::io::BlockIo;
@@ -56,11 +58,10 @@ impl<V: BlockIo> ModelStore<V> {
                 break;
             };
             RemoteMetrics::add(&m.bytes_read, bytes.len() as u64);
-            let Some((prev, tokens, kv)) = self.verify_record(&bytes, id) else {
+            let Some((prev, tokens, kv)) = self.verify_record(bytes, id) else {
                 RemoteMetrics::add(&m.rejected, 1);
                 break;
             };
-            drop(bytes);
             let put = self.shared.put(
                 self.idx,
                 &self.info,
@@ -82,19 +83,27 @@ impl<V: BlockIo> ModelStore<V> {
     }
 
     /// The previous id, tokens and KV of a block record read from the tier, when it is block
-    /// `id` of this model, whole and undamaged.
+    /// `id` of this model, whole and undamaged. A raw payload stays where it was received (the
+    /// KV is a view of the record's buffer, no copy).
     fn verify_record(
         &self,
-        bytes: &[u8],
+        bytes: Vec<u8>,
         id: &BlockId,
-    ) -> Option<(Option<BlockId>, Vec<u32>, Vec<u8>)> {
-        let view = BlockView::parse(bytes).ok()?;
+    ) -> Option<(Option<BlockId>, Vec<u32>, KvBytes)> {
+        let view = BlockView::parse(&bytes).ok()?;
         view.check_owner(&self.info.fp, &self.info.geometry).ok()?;
         let (prev, tokens) = (view.prev(), view.tokens());
         if view.id() != *id || BlockId::chain(&self.info.fp, prev.as_ref(), &tokens) != *id {
             return None;
         }
-        let kv = view.kv().ok()?.into_owned();
+        let kv = match view.kv().ok()? {
+            Cow::Borrowed(payload) => {
+                let start = payload.as_ptr() as usize - bytes.as_ptr() as usize;
+                let len = payload.len();
+                KvBytes::slice_of(bytes, start, len)?
+            }
+            Cow::Owned(decoded) => KvBytes::from_vec(decoded),
+        };
         Some((prev, tokens, kv))
     }
 

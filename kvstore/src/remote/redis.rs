@@ -1,11 +1,11 @@
 //! [`RedisTier`]: the remote tier on Redis (or Valkey), with timeouts on every call, a
-//! connection per concurrent caller, and reconnection with backoff.
+//! connection per concurrent caller, and reconnection with backoff, over [`super::resp`]'s
+//! connections.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redis::{Client, Connection, RedisError};
-
+use super::resp::{Conn, Failure, Reply, Target};
 use super::{RemoteMetrics, RemoteTier};
 use crate::error::{Result, StoreError};
 
@@ -17,7 +17,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// A Redis server as the remote tier. Values are plain strings (`GET`/`SET`); the server's own
 /// eviction (`maxmemory` with an LRU policy) bounds what it holds.
 pub struct RedisTier {
-    client: Client,
+    target: Target,
     timeout: Duration,
     shown: String,
     metrics: Arc<RemoteMetrics>,
@@ -27,7 +27,7 @@ pub struct RedisTier {
 /// The connections and what the last calls found.
 struct Link {
     /// Connections not in use.
-    idle: Vec<Connection>,
+    idle: Vec<Conn>,
     state: State,
     /// While down: no call is made before this.
     retry_at: Option<Instant>,
@@ -48,12 +48,12 @@ impl RedisTier {
     /// The Redis at `url`; nothing is connected until the first call. `timeout` bounds the
     /// connection and each read and write of every call.
     pub fn open(url: &str, timeout: Duration, metrics: Arc<RemoteMetrics>) -> Result<RedisTier> {
-        let client = Client::open(url).map_err(|e| StoreError::Invalid {
+        let target = Target::parse(url).map_err(|e| StoreError::Invalid {
             what: "remote cache URL",
             detail: format!("{}: {e}", hide_password(url)),
         })?;
         Ok(RedisTier {
-            client,
+            target,
             timeout,
             shown: hide_password(url),
             metrics,
@@ -74,7 +74,7 @@ impl RedisTier {
 
     /// A connection: an idle one, else a new one unless the server is known to be down and its
     /// next attempt has not come.
-    fn connection(&self, op: &'static str) -> Result<Connection> {
+    fn connection(&self, op: &'static str) -> Result<Conn> {
         {
             let mut link = self.lock();
             if let Some(c) = link.idle.pop() {
@@ -91,23 +91,30 @@ impl RedisTier {
             }
         }
         let started = Instant::now();
-        let conn = self
-            .client
-            .get_connection_with_timeout(self.timeout)
-            .and_then(|c| {
-                c.set_read_timeout(Some(self.timeout))?;
-                c.set_write_timeout(Some(self.timeout))?;
-                Ok(c)
-            });
+        let conn = Conn::open(&self.target, self.timeout);
         self.metrics.call(started.elapsed());
-        conn.map_err(|e| self.failed(op, &e, true))
+        // A refused login (a wrong password, an unknown database) leaves nothing to use: the
+        // server is as good as down.
+        conn.map_err(|e| {
+            let e = match e {
+                Failure::Refused(m) => Failure::Lost(std::io::Error::other(m)),
+                lost => lost,
+            };
+            self.failed(op, &e)
+        })
     }
 
-    /// Counts and reports a failed call; `lost` drops the connection state to down.
-    fn failed(&self, op: &'static str, e: &RedisError, lost: bool) -> StoreError {
+    /// Counts and reports a failed call; a lost connection marks the server down.
+    fn failed(&self, op: &'static str, e: &Failure) -> StoreError {
+        let lost = matches!(e, Failure::Lost(_));
         self.metrics.error();
         let mut link = self.lock();
-        let state = if lost { State::Down } else { State::Refusing };
+        let state = match (lost, op) {
+            (true, _) => State::Down,
+            (false, "put") => State::Refusing,
+            // A read refused says nothing about the server's state; it is counted.
+            (false, _) => link.state,
+        };
         if lost {
             link.idle.clear();
             link.retry_at = Some(Instant::now() + link.backoff);
@@ -133,7 +140,7 @@ impl RedisTier {
     }
 
     /// Records a call that succeeded (a read, or a write when `wrote`).
-    fn succeeded(&self, conn: Connection, wrote: bool) {
+    fn succeeded(&self, conn: Conn, wrote: bool) {
         let mut link = self.lock();
         link.idle.push(conn);
         link.retry_at = None;
@@ -158,12 +165,12 @@ impl RedisTier {
     }
 
     /// Runs `f` on a connection; a failure that may leave the connection mid-reply (I/O, a
-    /// timeout) drops it and marks the server down.
+    /// timeout, a reply that does not parse) drops it and marks the server down.
     fn call<T>(
         &self,
         op: &'static str,
         wrote: bool,
-        f: impl FnOnce(&mut Connection) -> redis::RedisResult<T>,
+        f: impl FnOnce(&mut Conn) -> std::result::Result<T, Failure>,
     ) -> Result<T> {
         let mut conn = self.connection(op)?;
         let started = Instant::now();
@@ -175,17 +182,20 @@ impl RedisTier {
                 Ok(v)
             }
             Err(e) => {
-                let lost = e.is_io_error()
-                    || e.is_timeout()
-                    || e.is_connection_dropped()
-                    || e.is_unrecoverable_error();
-                if !lost {
+                if matches!(e, Failure::Refused(_)) {
                     self.lock().idle.push(conn);
                 }
-                Err(self.failed(op, &e, lost))
+                Err(self.failed(op, &e))
             }
         }
     }
+}
+
+fn unexpected(what: &str) -> Failure {
+    Failure::Lost(std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        format!("an unexpected reply to {what}"),
+    ))
 }
 
 impl RemoteTier for RedisTier {
@@ -193,7 +203,21 @@ impl RemoteTier for RedisTier {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        self.call("get", false, |c| redis::cmd("MGET").arg(keys).query(c))
+        self.call("get", false, |c| {
+            let mut args: Vec<&[u8]> = Vec::with_capacity(keys.len() + 1);
+            args.push(b"MGET");
+            args.extend(keys.iter().map(|k| k.as_bytes()));
+            match c.call(&args)? {
+                Reply::Array(Some(items)) if items.len() == keys.len() => items
+                    .into_iter()
+                    .map(|r| match r {
+                        Reply::Bulk(v) => Ok(v),
+                        _ => Err(unexpected("MGET")),
+                    })
+                    .collect(),
+                _ => Err(unexpected("MGET")),
+            }
+        })
     }
 
     fn exists_many(&self, keys: &[String]) -> Result<Vec<bool>> {
@@ -201,11 +225,17 @@ impl RemoteTier for RedisTier {
             return Ok(Vec::new());
         }
         self.call("exists", false, |c| {
-            let mut pipe = redis::pipe();
-            for k in keys {
-                pipe.cmd("EXISTS").arg(k);
-            }
-            pipe.query(c)
+            let commands: Vec<Vec<&[u8]>> = keys
+                .iter()
+                .map(|k| vec![&b"EXISTS"[..], k.as_bytes()])
+                .collect();
+            c.pipeline(&commands)?
+                .into_iter()
+                .map(|r| match r {
+                    Reply::Int(n) => Ok(n > 0),
+                    _ => Err(unexpected("EXISTS")),
+                })
+                .collect()
         })
     }
 
@@ -214,11 +244,11 @@ impl RemoteTier for RedisTier {
             return Ok(());
         }
         self.call("put", true, |c| {
-            let mut pipe = redis::pipe();
-            for (k, v) in items {
-                pipe.cmd("SET").arg(k).arg(*v).ignore();
-            }
-            pipe.exec(c)
+            let commands: Vec<Vec<&[u8]>> = items
+                .iter()
+                .map(|(k, v)| vec![&b"SET"[..], k.as_bytes(), *v])
+                .collect();
+            c.pipeline(&commands).map(drop)
         })
     }
 

@@ -1,0 +1,399 @@
+//! A Redis connection that reads replies straight into their final buffers: the remote tier's
+//! hot path (`MGET` of megabyte values) costs one copy from the socket, where a general client
+//! parses through a growing buffer and copies each value again. The `redis` crate parses the
+//! URL; commands and replies are RESP2, only the few this tier sends.
+
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+#[cfg(unix)]
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+/// The largest value a reply may carry (a block record is far smaller); a longer length is a
+/// protocol error, not an allocation.
+const MAX_BULK: usize = 1 << 30;
+/// The longest status or error line.
+const MAX_LINE: usize = 64 << 10;
+
+/// Why a call failed.
+#[derive(Debug)]
+pub(super) enum Failure {
+    /// The connection failed (I/O, a timeout, a reply that does not parse): it is dropped.
+    Lost(io::Error),
+    /// The server answered with an error (`-OOM …`, `-READONLY …`): the connection is fine.
+    Refused(String),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Lost(e) => write!(f, "{e}"),
+            Failure::Refused(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+impl From<io::Error> for Failure {
+    fn from(e: io::Error) -> Self {
+        Failure::Lost(e)
+    }
+}
+
+fn bad(what: impl Into<String>) -> Failure {
+    Failure::Lost(io::Error::new(io::ErrorKind::InvalidData, what.into()))
+}
+
+/// A TCP or Unix socket.
+enum Stream {
+    Tcp(TcpStream),
+    #[cfg(unix)]
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+            #[cfg(unix)]
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+        })
+    }
+
+    fn set_timeouts(&self, t: Duration) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => {
+                s.set_nodelay(true)?;
+                s.set_read_timeout(Some(t))?;
+                s.set_write_timeout(Some(t))
+            }
+            #[cfg(unix)]
+            Stream::Unix(s) => {
+                s.set_read_timeout(Some(t))?;
+                s.set_write_timeout(Some(t))
+            }
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.flush(),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.flush(),
+        }
+    }
+}
+
+/// Where a server is and how to log in, from its URL.
+#[derive(Clone, Debug)]
+pub(super) struct Target {
+    addr: Addr,
+    username: Option<String>,
+    password: Option<String>,
+    db: i64,
+}
+
+#[derive(Clone, Debug)]
+enum Addr {
+    Tcp(String, u16),
+    #[cfg(unix)]
+    Unix(std::path::PathBuf),
+}
+
+impl Target {
+    /// Parses `url` (`redis://`, `redis+unix://`); TLS is refused, being not compiled in.
+    pub(super) fn parse(url: &str) -> Result<Target, String> {
+        use redis::IntoConnectionInfo;
+        let info = url.into_connection_info().map_err(|e| e.to_string())?;
+        let addr = match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port) => Addr::Tcp(host.clone(), *port),
+            #[cfg(unix)]
+            redis::ConnectionAddr::Unix(path) => Addr::Unix(path.clone()),
+            other => return Err(format!("{other:?} is not supported (no TLS)")),
+        };
+        let r = info.redis_settings();
+        Ok(Target {
+            addr,
+            username: r.username().map(str::to_owned),
+            password: r.password().map(str::to_owned),
+            db: r.db(),
+        })
+    }
+}
+
+/// One reply.
+#[derive(Debug)]
+pub(super) enum Reply {
+    /// `+OK` and the like.
+    Status,
+    /// `:N`.
+    Int(i64),
+    /// `$N` (`None`: nil).
+    Bulk(Option<Vec<u8>>),
+    /// `*N` (`None`: nil).
+    Array(Option<Vec<Reply>>),
+}
+
+/// A connection: commands written through a small buffer (large values go straight to the
+/// socket), replies read through one.
+pub(super) struct Conn {
+    reader: BufReader<Stream>,
+    writer: BufWriter<Stream>,
+}
+
+impl Conn {
+    /// Connects within `timeout`, sets it on every read and write, logs in and selects the
+    /// database.
+    pub(super) fn open(target: &Target, timeout: Duration) -> Result<Conn, Failure> {
+        let stream = match &target.addr {
+            Addr::Tcp(host, port) => {
+                let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
+                let mut found = None;
+                for a in (host.as_str(), *port).to_socket_addrs()? {
+                    match TcpStream::connect_timeout(&a, timeout) {
+                        Ok(s) => {
+                            found = Some(s);
+                            break;
+                        }
+                        Err(e) => last = e,
+                    }
+                }
+                Stream::Tcp(found.ok_or(last)?)
+            }
+            #[cfg(unix)]
+            Addr::Unix(path) => Stream::Unix(UnixStream::connect(path)?),
+        };
+        stream.set_timeouts(timeout)?;
+        let mut conn = Conn {
+            reader: BufReader::with_capacity(64 << 10, stream.try_clone()?),
+            writer: BufWriter::with_capacity(64 << 10, stream),
+        };
+        if let Some(password) = &target.password {
+            let mut args: Vec<&[u8]> = vec![b"AUTH"];
+            if let Some(user) = &target.username {
+                args.push(user.as_bytes());
+            }
+            args.push(password.as_bytes());
+            conn.call(&args)?;
+        }
+        if target.db != 0 {
+            let db = target.db.to_string();
+            conn.call(&[b"SELECT", db.as_bytes()])?;
+        }
+        Ok(conn)
+    }
+
+    /// Writes one command.
+    fn send(&mut self, args: &[&[u8]]) -> io::Result<()> {
+        write!(self.writer, "*{}\r\n", args.len())?;
+        for a in args {
+            write!(self.writer, "${}\r\n", a.len())?;
+            self.writer.write_all(a)?;
+            self.writer.write_all(b"\r\n")?;
+        }
+        Ok(())
+    }
+
+    /// One command and its reply.
+    pub(super) fn call(&mut self, args: &[&[u8]]) -> Result<Reply, Failure> {
+        self.send(args)?;
+        self.writer.flush()?;
+        self.read_reply(0)
+    }
+
+    /// Several commands in one write, then their replies in order; the first refusal among
+    /// them is returned after every reply was read (the connection stays in step).
+    pub(super) fn pipeline(&mut self, commands: &[Vec<&[u8]>]) -> Result<Vec<Reply>, Failure> {
+        for c in commands {
+            self.send(c)?;
+        }
+        self.writer.flush()?;
+        let mut replies = Vec::with_capacity(commands.len());
+        let mut refused = None;
+        for _ in commands {
+            match self.read_reply(0) {
+                Ok(r) => replies.push(r),
+                Err(Failure::Refused(m)) => {
+                    refused.get_or_insert(m);
+                    replies.push(Reply::Status);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        match refused {
+            Some(m) => Err(Failure::Refused(m)),
+            None => Ok(replies),
+        }
+    }
+
+    /// A line without its CRLF.
+    fn line(&mut self) -> Result<Vec<u8>, Failure> {
+        let mut line = Vec::new();
+        let n = (&mut self.reader)
+            .take(MAX_LINE as u64)
+            .read_until(b'\n', &mut line)?;
+        if n == 0 {
+            return Err(Failure::Lost(io::ErrorKind::UnexpectedEof.into()));
+        }
+        if !line.ends_with(b"\r\n") {
+            return Err(bad("a reply line without CRLF"));
+        }
+        line.truncate(line.len() - 2);
+        Ok(line)
+    }
+
+    fn number(bytes: &[u8]) -> Result<i64, Failure> {
+        std::str::from_utf8(bytes)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad("a bad number in a reply"))
+    }
+
+    fn read_reply(&mut self, depth: usize) -> Result<Reply, Failure> {
+        if depth > 2 {
+            return Err(bad("a reply nested too deep"));
+        }
+        let line = self.line()?;
+        let (kind, rest) = line.split_first().ok_or_else(|| bad("an empty reply"))?;
+        match kind {
+            b'+' => Ok(Reply::Status),
+            b'-' => Err(Failure::Refused(String::from_utf8_lossy(rest).into_owned())),
+            b':' => Ok(Reply::Int(Self::number(rest)?)),
+            b'$' => {
+                let n = Self::number(rest)?;
+                if n < 0 {
+                    return Ok(Reply::Bulk(None));
+                }
+                let n = usize::try_from(n).map_err(|_| bad("a bad length"))?;
+                if n > MAX_BULK {
+                    return Err(bad(format!("a value of {n} bytes")));
+                }
+                // Read straight into the value's own buffer: no zeroing, no second copy.
+                let mut value = Vec::with_capacity(n + 2);
+                (&mut self.reader)
+                    .take(n as u64 + 2)
+                    .read_to_end(&mut value)?;
+                if value.len() != n + 2 || !value.ends_with(b"\r\n") {
+                    return Err(bad("a value cut short"));
+                }
+                value.truncate(n);
+                Ok(Reply::Bulk(Some(value)))
+            }
+            b'*' => {
+                let n = Self::number(rest)?;
+                if n < 0 {
+                    return Ok(Reply::Array(None));
+                }
+                let n = usize::try_from(n).map_err(|_| bad("a bad length"))?;
+                if n > 1 << 20 {
+                    return Err(bad(format!("an array of {n} replies")));
+                }
+                let mut items = Vec::with_capacity(n);
+                for _ in 0..n {
+                    items.push(self.read_reply(depth + 1)?);
+                }
+                Ok(Reply::Array(Some(items)))
+            }
+            _ => Err(bad("an unknown reply type")),
+        }
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+
+    /// A connection whose server is `script`: the bytes it answers with, whatever is asked.
+    fn scripted(script: &'static [u8]) -> Conn {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        std::thread::spawn(move || {
+            let mut theirs = theirs;
+            let _ = theirs.write_all(script);
+            // Keep the socket open a moment so a short script reads as cut, not closed early.
+            std::thread::sleep(Duration::from_millis(200));
+        });
+        let stream = Stream::Unix(ours);
+        stream.set_timeouts(Duration::from_secs(2)).unwrap();
+        Conn {
+            reader: BufReader::with_capacity(16, stream.try_clone().unwrap()),
+            writer: BufWriter::new(stream),
+        }
+    }
+
+    #[test]
+    fn values_nils_numbers_and_arrays_are_read_whole() {
+        let mut c = scripted(b"*3\r\n$5\r\nhello\r\n$-1\r\n$0\r\n\r\n:7\r\n+OK\r\n");
+        match c.call(&[b"MGET", b"a", b"b", b"c"]).unwrap() {
+            Reply::Array(Some(items)) => {
+                assert!(matches!(&items[0], Reply::Bulk(Some(v)) if v == b"hello"));
+                assert!(matches!(&items[1], Reply::Bulk(None)));
+                assert!(matches!(&items[2], Reply::Bulk(Some(v)) if v.is_empty()));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(c.call(&[b"EXISTS", b"a"]).unwrap(), Reply::Int(7)));
+        assert!(matches!(c.call(&[b"PING"]).unwrap(), Reply::Status));
+    }
+
+    #[test]
+    fn a_refusal_inside_a_pipeline_keeps_the_connection_in_step() {
+        let mut c = scripted(b"+OK\r\n-OOM command not allowed\r\n+OK\r\n:1\r\n");
+        let set: Vec<&[u8]> = vec![b"SET", b"k", b"v"];
+        match c.pipeline(&[set.clone(), set.clone(), set]) {
+            Err(Failure::Refused(m)) => assert!(m.starts_with("OOM")),
+            other => panic!("{other:?}"),
+        }
+        // The next reply is the next command's, not a leftover.
+        assert!(matches!(c.call(&[b"EXISTS", b"k"]).unwrap(), Reply::Int(1)));
+    }
+
+    #[test]
+    fn cut_oversized_and_malformed_replies_lose_the_connection() {
+        for script in [
+            &b"$10\r\nshort"[..],
+            b"$5\r\nhelloXX",
+            b"$99999999999\r\n",
+            b"*2000000\r\n",
+            b"$abc\r\n",
+            b"?\r\n",
+            b"+OK\n",
+            b"*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n",
+            b"",
+        ] {
+            let mut c = scripted(script);
+            match c.call(&[b"GET", b"k"]) {
+                Err(Failure::Lost(_)) => {}
+                other => panic!("{:?}: {other:?}", String::from_utf8_lossy(script)),
+            }
+        }
+    }
+
+    #[test]
+    fn urls_name_the_server_and_its_login() {
+        let t = Target::parse("redis://app:s3cret@db.example:6380/3").unwrap();
+        assert!(matches!(&t.addr, Addr::Tcp(h, 6380) if h == "db.example"));
+        assert_eq!(t.username.as_deref(), Some("app"));
+        assert_eq!(t.password.as_deref(), Some("s3cret"));
+        assert_eq!(t.db, 3);
+        assert!(Target::parse("not a url").is_err());
+    }
+}
