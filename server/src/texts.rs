@@ -30,6 +30,8 @@ pub struct TextIndex {
     pub hits: u64,
     /// Lookups where the entry's tokens differ from the text tokenized again.
     pub retokenize_mismatches: u64,
+    /// Entries found in the remote tier (another replica's conversations).
+    pub remote_hits: u64,
     /// Entries read back from disk at start.
     pub loaded: usize,
 }
@@ -43,6 +45,7 @@ impl TextIndex {
             dir: None,
             hits: 0,
             retokenize_mismatches: 0,
+            remote_hits: 0,
             loaded: 0,
         }
     }
@@ -123,6 +126,32 @@ impl TextIndex {
         self.hits += 1;
         Some(found)
     }
+}
+
+/// Kind of the remote tier's values that hold entries ([`engine::store::SessionStore::push_remote_values`]).
+pub const REMOTE_KIND: &str = "text";
+
+/// The remote tier's name and value of the entry for `text`: replicas that share a Redis find
+/// a conversation's tokens wherever its last turn was served.
+pub fn remote_entry(text: &str, tokens: &[u32]) -> Option<(String, Vec<u8>)> {
+    let body = serde_json::to_vec(&Stored {
+        text: text.to_owned(),
+        tokens: tokens.to_vec(),
+    })
+    .ok()?;
+    Some((remote_name(text), body))
+}
+
+/// The remote tier's name of the entry for `text`.
+pub fn remote_name(text: &str) -> String {
+    blake3::hash(text.as_bytes()).to_hex().to_string()
+}
+
+/// The tokens in a remote entry, when it is the entry of exactly `text` (a value that does not
+/// parse or names another text is not used).
+pub fn remote_tokens(text: &str, value: &[u8]) -> Option<Vec<u32>> {
+    let stored: Stored = serde_json::from_slice(value).ok()?;
+    (stored.text == text && !stored.tokens.is_empty()).then_some(stored.tokens)
 }
 
 /// The file of the entry for `text`.

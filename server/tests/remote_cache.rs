@@ -81,6 +81,29 @@ impl Replica {
         resp.json().await.unwrap()
     }
 
+    /// `/v1/chat/completions`, greedy; fails the test on anything but a 200.
+    async fn chat(&self, messages: &Value) -> Value {
+        let resp = reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", self.url))
+            .json(&json!({"messages": messages, "max_tokens": 8, "temperature": 0}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        resp.json().await.unwrap()
+    }
+
+    /// A field of `/props`.
+    async fn prop(&self, name: &str) -> u64 {
+        let props: Value = reqwest::get(format!("{}/props", self.url))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        props[name].as_u64().unwrap()
+    }
+
     /// A remote-tier counter of `/metrics` (`llamahdd:cache_remote_NAME`).
     async fn remote(&self, name: &str) -> u64 {
         let text = reqwest::get(format!("{}/metrics", self.url))
@@ -342,4 +365,80 @@ async fn a_redis_refusing_writes_is_counted_and_said_once() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(a.said("accepts writes again"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_goes_on_at_another_replica_with_the_tokens_it_was_evaluated_as() {
+    let env = Env::new();
+    let redis = RedisServer::start();
+    let a = Replica::spawn(&env.model, &redis.url());
+    let b = Replica::spawn(&env.model, &redis.url());
+    let mut messages = json!([
+        {"role": "system", "content": long_prompt("system")},
+        {"role": "user", "content": "hello there"},
+    ]);
+    let first = a.chat(&messages).await;
+    let reply = first["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    a.wait_pushed(8).await;
+    // The turn's text and tokens reach Redis off the request's thread.
+    let mut con = redis.connection();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("t:*:v:text:*")
+            .query(&mut con)
+            .unwrap();
+        if !keys.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the conversation's text never reached Redis"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    messages.as_array_mut().unwrap().extend([
+        json!({"role": "assistant", "content": reply}),
+        json!({"role": "user", "content": "and then?"}),
+    ]);
+    let second = b.chat(&messages).await;
+    assert_eq!(b.prop("chat_prefix_remote_hits").await, 1, "{second}");
+    let prompt = second["usage"]["prompt_tokens"].as_u64().unwrap();
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached + 64 >= prompt, "{cached} of {prompt} from the tier");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_that_branch_off_a_shared_prefix_share_its_last_partial_page_too() {
+    let env = Env::new();
+    let redis = RedisServer::start();
+    let replicas: Vec<Replica> = (0..3)
+        .map(|_| Replica::spawn(&env.model, &redis.url()))
+        .collect();
+    // 616 tokens shared (9 full blocks and 40 tokens: one a byte), then each user's own 100.
+    let shared = "s".repeat(616);
+    let prompt = |user: char| format!("{shared}{}", user.to_string().repeat(100));
+    replicas[0].complete(&prompt('a'), true).await;
+    replicas[0].wait_pushed(10).await;
+    // The second computes the shared partial page again (the tier shares whole blocks) and
+    // leaves a tail where it branched off them.
+    let b = replicas[1].complete(&prompt('b'), true).await;
+    assert_eq!(b["tokens_cached"].as_u64().unwrap(), 9 * 64, "{b}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while replicas[1].remote("manifests_written_total").await < 2 {
+        assert!(Instant::now() < deadline, "no tail at the branch");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The third finds the whole shared prefix: blocks and the branch's tail.
+    let c = replicas[2].complete(&prompt('c'), true).await;
+    let cached = c["tokens_cached"].as_u64().unwrap();
+    assert_eq!(cached, 616, "the shared partial page was computed again");
+    let computed = replicas[2].complete(&prompt('c'), false).await;
+    assert_eq!(c["content"], computed["content"]);
 }

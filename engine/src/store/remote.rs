@@ -52,6 +52,18 @@ impl SessionStore {
         Ok(written)
     }
 
+    /// Writes small values of the application's own to the remote tier, beside this model's
+    /// blocks (`kind` names them); a failure is the tier's (counted).
+    pub fn push_remote_values(&self, kind: &str, items: &[(String, Vec<u8>)]) -> Result<()> {
+        Ok(self.handle.push_remote_values(kind, items)?)
+    }
+
+    /// Values [`SessionStore::push_remote_values`] wrote (on any machine), in one round trip;
+    /// `None` for each the tier lacks, all `None` without a tier or when it failed.
+    pub fn fetch_remote_values(&self, kind: &str, names: &[String]) -> Vec<Option<Vec<u8>>> {
+        self.handle.fetch_remote_values(kind, names)
+    }
+
     /// After a named save: the checkpoint to the remote tier too. Best effort (a failure is
     /// counted by the tier and said once in its log).
     pub(super) fn push_saved(&self, manifest: &Manifest) {

@@ -141,6 +141,18 @@ impl Remote {
         format!("{}:m:{name}", self.model_prefix(fp, geometry))
     }
 
+    /// The key of the caller's value `name` of kind `kind` of a model
+    /// ([`crate::ModelStore::push_remote_values`]).
+    pub fn value_key(
+        &self,
+        fp: &Fingerprint,
+        geometry: &Geometry,
+        kind: &str,
+        name: &str,
+    ) -> String {
+        format!("{}:v:{kind}:{name}", self.model_prefix(fp, geometry))
+    }
+
     fn model_prefix(&self, fp: &Fingerprint, geometry: &Geometry) -> String {
         let digest = geometry.digest();
         let geometry: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();

@@ -200,6 +200,47 @@ impl<V: BlockIo> ModelStore<V> {
         Ok(written)
     }
 
+    /// Writes small values of the caller's own beside this model's blocks, `kind` naming what
+    /// they are (the server keeps a conversation's text with the tokens it was evaluated as).
+    /// A failure is the tier's (counted).
+    pub fn push_remote_values(&self, kind: &str, items: &[(String, Vec<u8>)]) -> Result<()> {
+        let Some(remote) = self.remote() else {
+            return Ok(());
+        };
+        let (fp, geometry) = (&self.info.fp, &self.info.geometry);
+        let keyed: Vec<(String, &[u8])> = items
+            .iter()
+            .map(|(name, v)| (remote.value_key(fp, geometry, kind, name), v.as_slice()))
+            .collect();
+        remote.tier().put_many(&keyed)?;
+        let bytes: usize = items.iter().map(|(_, v)| v.len()).sum();
+        RemoteMetrics::add(&remote.metrics().bytes_written, bytes as u64);
+        Ok(())
+    }
+
+    /// Values [`ModelStore::push_remote_values`] wrote, in one round trip: `None` for a name
+    /// the tier lacks, and for every name when there is no tier or it failed. What they hold
+    /// is the caller's to check.
+    pub fn fetch_remote_values(&self, kind: &str, names: &[String]) -> Vec<Option<Vec<u8>>> {
+        let none = || vec![None; names.len()];
+        let Some(remote) = self.remote() else {
+            return none();
+        };
+        let (fp, geometry) = (&self.info.fp, &self.info.geometry);
+        let keys: Vec<String> = names
+            .iter()
+            .map(|name| remote.value_key(fp, geometry, kind, name))
+            .collect();
+        match remote.tier().get_many(&keys) {
+            Ok(values) => {
+                let bytes: usize = values.iter().flatten().map(Vec::len).sum();
+                RemoteMetrics::add(&remote.metrics().bytes_read, bytes as u64);
+                values
+            }
+            Err(_) => none(),
+        }
+    }
+
     /// Checkpoint `name`'s manifest from the remote tier, when the tier holds one that
     /// verifies and belongs to this model and geometry (else `None`, counted as a miss or a
     /// rejection). Its blocks are not read: see [`ModelStore::fetch_remote`].

@@ -88,15 +88,74 @@ pub async fn chat_input_tokens(
     Ok(Json(json!({ "input_tokens": prompt.len() })))
 }
 
+/// Keeps `text` (a prompt and its reply) with the tokens it was evaluated as, in the index and,
+/// with a remote tier, in Redis (off this thread), so the next turn keeps them on any replica.
+pub(super) fn remember_text(st: &AppState, text: String, tokens: Vec<u32>) {
+    if let Some(store) = st.store.as_ref().filter(|s| s.has_remote()) {
+        if let Some(entry) = crate::texts::remote_entry(&text, &tokens) {
+            let store = Arc::clone(store);
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn_blocking(move || {
+                    let _ = store.push_remote_values(crate::texts::REMOTE_KIND, &[entry]);
+                });
+            }
+        }
+    }
+    if let Ok(mut texts) = st.texts.lock() {
+        texts.insert(text, tokens);
+    }
+}
+
+/// With a remote tier: the longest entry in Redis that `text` starts with and that is longer
+/// than `local` bytes. An entry ends where a reply ended, so the candidates are the places
+/// where an end-of-generation token's text follows in `text` (the last few turns), asked for
+/// in one round trip.
+fn remote_text(st: &AppState, text: &str, local: usize) -> Option<(usize, Vec<u32>)> {
+    let store = st.store.as_ref().filter(|s| s.has_remote())?;
+    let tok = st.model.tokenizer();
+    let markers: Vec<&str> = tok
+        .eog_tokens()
+        .iter()
+        .map(|&t| tok.token_text(t))
+        .filter(|m| !m.is_empty())
+        .collect();
+    let mut ends: Vec<usize> = markers
+        .iter()
+        .flat_map(|m| text.match_indices(m).map(|(i, _)| i))
+        .filter(|&i| i > local)
+        .collect();
+    ends.sort_unstable_by(|a, b| b.cmp(a));
+    ends.dedup();
+    ends.truncate(8);
+    if ends.is_empty() {
+        return None;
+    }
+    let names: Vec<String> = ends
+        .iter()
+        .map(|&i| crate::texts::remote_name(&text[..i]))
+        .collect();
+    let values = store.fetch_remote_values(crate::texts::REMOTE_KIND, &names);
+    let (end, tokens) = ends.iter().zip(values).find_map(|(&i, v)| {
+        crate::texts::remote_tokens(&text[..i], &v?).map(|tokens| (i, tokens))
+    })?;
+    if let Ok(mut texts) = st.texts.lock() {
+        texts.insert(text[..end].to_owned(), tokens.clone());
+        texts.remote_hits += 1;
+    }
+    Some((end, tokens))
+}
+
 /// The tokens of a rendered chat prompt: the longest text evaluated before (an earlier turn
-/// with its reply) keeps the tokens it was evaluated as; only the rest is tokenized.
+/// with its reply, here or, with a remote tier, on another replica) keeps the tokens it was
+/// evaluated as; only the rest is tokenized.
 pub(super) fn chat_tokens(st: &AppState, text: &str) -> Result<Vec<u32>> {
     let tok = st.model.tokenizer();
-    let known = st
+    let local = st
         .texts
         .lock()
         .ok()
         .and_then(|mut t| t.longest_prefix(text));
+    let known = remote_text(st, text, local.as_ref().map_or(0, |l| l.0)).or(local);
     match known {
         Some((n, mut tokens)) => {
             tokens.extend(tok.encode(&text[n..], false, true)?);

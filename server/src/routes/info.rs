@@ -62,10 +62,10 @@ pub async fn change_props(
 /// plus the prompt cache's figures.
 pub async fn props(State(st): State<Arc<AppState>>) -> Result<Json<Value>> {
     let tok = st.model.tokenizer();
-    let (text_hits, retokenize_mismatches) = st
-        .texts
-        .lock()
-        .map_or((0, 0), |t| (t.hits, t.retokenize_mismatches));
+    let (text_hits, retokenize_mismatches, text_remote_hits) =
+        st.texts.lock().map_or((0, 0, 0), |t| {
+            (t.hits, t.retokenize_mismatches, t.remote_hits)
+        });
     let args = &st.config.args;
     let (params, output) = request::defaults(&st.limits())?;
     let mut settings = super::shape::generation_settings(&params, &output, &st);
@@ -95,6 +95,7 @@ pub async fn props(State(st): State<Arc<AppState>>) -> Result<Json<Value>> {
         "cache_dir": st.cache_dir.as_ref().map(|d| d.display().to_string()),
         "chat_prefix_hits": text_hits,
         "chat_retokenize_mismatches": retokenize_mismatches,
+        "chat_prefix_remote_hits": text_remote_hits,
         "cache_errors": st.metrics.cache_errors.load(std::sync::atomic::Ordering::Relaxed),
         "last_cache_error": st.metrics.last_cache_error.lock().ok().and_then(|e| e.clone()),
     })))

@@ -139,9 +139,7 @@ impl Turn {
         ) {
             let mut tokens = self.prompt.clone();
             tokens.extend_from_slice(&f.tokens);
-            if let Ok(mut texts) = st.texts.lock() {
-                texts.insert(format!("{}{reply}", self.text), tokens);
-            }
+            super::generate::remember_text(st, format!("{}{reply}", self.text), tokens);
         }
     }
 

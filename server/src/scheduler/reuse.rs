@@ -221,12 +221,14 @@ impl Scheduler {
         }
         let expires = a.params.cache_ttl.map(|t| crate::routes::unix_now() + t);
         let (seq, from, prompt_len) = (a.seq, a.cache_n / engine::PAGE_TOKENS, a.prompt.len());
+        let cache_n = a.cache_n;
         let work = (|| -> engine::Result<Work> {
             let blocks = store.new_blocks(&self.ctx, seq, from)?;
             let mut tails: Vec<_> = store
                 .tail_of(&self.ctx, seq, prompt_len)?
                 .into_iter()
                 .collect();
+            tails.extend(branch_tail(store, &self.ctx, seq, cache_n, prompt_len)?);
             for t in &mut tails {
                 t.expires_unix = expires;
             }
@@ -267,6 +269,7 @@ impl Scheduler {
             if prompt_len > cache_n + 1 || !store.holds_tail(&self.ctx, seq, prompt_len) {
                 tails.extend(store.tail_of(&self.ctx, seq, prompt_len)?);
             }
+            tails.extend(branch_tail(store, &self.ctx, seq, cache_n, prompt_len)?);
             tails.extend(store.tail_of(&self.ctx, seq, len)?);
             for t in &mut tails {
                 t.expires_unix = expires;
@@ -286,6 +289,27 @@ impl Scheduler {
                 .cache_error(format!("reading pages failed: {e}")),
         }
     }
+}
+
+/// The partly filled page where a prompt left the cached prefix it started from, when the
+/// store has no tail there yet: the tokens the prompt shares with the prompt that stored that
+/// prefix beyond its last full block (the end of a shared system prompt, say) are then found
+/// by the next prompt that branches there, in another process or on another replica (which
+/// share whole blocks only), not computed again.
+fn branch_tail(
+    store: &engine::store::SessionStore,
+    ctx: &engine::Context,
+    seq: SeqId,
+    cache_n: usize,
+    prompt_len: usize,
+) -> engine::Result<Option<engine::store::TailBlock>> {
+    let page = engine::PAGE_TOKENS;
+    let blocks = cache_n / page;
+    let len = blocks * page + page - 1;
+    if blocks == 0 || prompt_len <= len || store.holds_tail(ctx, seq, len) {
+        return Ok(None);
+    }
+    store.tail_of(ctx, seq, len)
 }
 
 /// How long a finished sequence's pages may wait for the scheduler to be idle before they are
