@@ -36,17 +36,23 @@ fn kv(seed: u8, i: usize) -> Vec<u8> {
         .collect()
 }
 
+/// The blocks of `tokens` (ids `ids`, KV `kvs`) as the tier takes them.
+fn inputs<'a>(ids: &'a [BlockId], tokens: &'a [u32], kvs: &'a [Vec<u8>]) -> Vec<BlockInput<'a>> {
+    let tpb = TPB as usize;
+    (0..ids.len())
+        .map(|i| BlockInput {
+            prev: i.checked_sub(1).map(|p| &ids[p]),
+            tokens: &tokens[i * tpb..(i + 1) * tpb],
+            kv: &kvs[i],
+        })
+        .collect()
+}
+
 /// Puts the blocks of `tokens` locally and pushes them to the tier; their ids.
 fn compute(model: &ModelStore, tokens: &[u32], seed: u8) -> Vec<BlockId> {
     let ids = BlockId::chain_all(&model.fingerprint(), tokens, TPB);
     let kvs: Vec<Vec<u8>> = (0..ids.len()).map(|i| kv(seed, i)).collect();
-    let inputs: Vec<BlockInput<'_>> = (0..ids.len())
-        .map(|i| BlockInput {
-            prev: i.checked_sub(1).map(|p| &ids[p]),
-            tokens: &tokens[i * TPB as usize..(i + 1) * TPB as usize],
-            kv: &kvs[i],
-        })
-        .collect();
+    let inputs = inputs(&ids, tokens, &kvs);
     model.put_sequence(tokens, |i| kvs[i].clone()).unwrap();
     assert_eq!(model.push_remote(&inputs).unwrap(), ids.len());
     // A second push finds them all held and writes nothing.
@@ -174,6 +180,18 @@ fn named_checkpoints_travel_with_their_blocks() {
     assert_eq!(&back.blocks[1][..], &kv(3, 1)[..]);
 }
 
+/// The lines `model`'s tier logs from now on.
+fn log_of(model: &ModelStore) -> Arc<std::sync::Mutex<Vec<String>>> {
+    let lines = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = Arc::clone(&lines);
+    model
+        .remote()
+        .unwrap()
+        .metrics()
+        .set_log(move |l| sink.lock().unwrap().push(l));
+    lines
+}
+
 /// Every call returns within a bound (the timeout, plus the time to put what was read).
 fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
     let t = Instant::now();
@@ -194,12 +212,7 @@ fn an_absent_killed_slow_or_full_redis_is_a_miss_and_comes_back() {
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (_sa, ma) = host(a.path(), &url, &fp);
     let (_sb, mb) = host(b.path(), &url, &fp);
-    let lines = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-    let sink = Arc::clone(&lines);
-    mb.remote()
-        .unwrap()
-        .metrics()
-        .set_log(move |l| sink.lock().unwrap().push(l));
+    let lines = log_of(&mb);
     let tokens: Vec<u32> = (0..16).collect();
     let ids = BlockId::chain_all(&fp, &tokens, TPB);
 
@@ -271,13 +284,7 @@ fn an_absent_killed_slow_or_full_redis_is_a_miss_and_comes_back() {
     let fourth: Vec<u32> = (300..308).collect();
     let fourth_ids = BlockId::chain_all(&fp, &fourth, TPB);
     let kvs: Vec<Vec<u8>> = (0..2).map(|i| kv(9, i)).collect();
-    let inputs: Vec<BlockInput<'_>> = (0..2usize)
-        .map(|i| BlockInput {
-            prev: i.checked_sub(1).map(|p| &fourth_ids[p]),
-            tokens: &fourth[i * 4..i * 4 + 4],
-            kv: &kvs[i],
-        })
-        .collect();
+    let inputs = inputs(&fourth_ids, &fourth, &kvs);
     let errors = mb.remote().unwrap().metrics().figures().errors;
     assert!(mb.push_remote(&inputs).is_err());
     assert!(mb.remote().unwrap().metrics().figures().errors > errors);
@@ -302,13 +309,7 @@ fn compute_when_up(model: &ModelStore, tokens: &[u32]) {
     loop {
         let ids = BlockId::chain_all(&model.fingerprint(), tokens, TPB);
         let kvs: Vec<Vec<u8>> = (0..ids.len()).map(|i| kv(5, i)).collect();
-        let inputs: Vec<BlockInput<'_>> = (0..ids.len())
-            .map(|i| BlockInput {
-                prev: i.checked_sub(1).map(|p| &ids[p]),
-                tokens: &tokens[i * 4..i * 4 + 4],
-                kv: &kvs[i],
-            })
-            .collect();
+        let inputs = inputs(&ids, tokens, &kvs);
         if model.push_remote(&inputs).is_ok() {
             return;
         }
@@ -347,12 +348,7 @@ fn a_password_and_a_database_from_the_url_are_used() {
     // A wrong password is a miss, never an error of the lookup.
     let wrong = format!("redis://:nope@127.0.0.1:{}/2", redis.port());
     let (_sb, mb) = host(b.path(), &wrong, &fp);
-    let lines = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-    let sink = Arc::clone(&lines);
-    mb.remote()
-        .unwrap()
-        .metrics()
-        .set_log(move |l| sink.lock().unwrap().push(l));
+    let lines = log_of(&mb);
     let got = mb.fetch_remote(&ids);
     assert_eq!((got.blocks, got.answered), (0, false));
     assert!(mb.remote().unwrap().metrics().figures().errors >= 1);

@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Env, Killed};
+use common::{metric, Env, Killed};
 use serde_json::{json, Value};
 
 /// Starts the binary on port 0 and reads the address it listens on.
@@ -48,20 +48,6 @@ async fn post(url: &str, body: &Value) -> Value {
         .json()
         .await
         .unwrap()
-}
-
-/// A counter of `/metrics`.
-async fn metric(url: &str, name: &str) -> u64 {
-    let text = reqwest::get(format!("{url}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("llamahdd:{name} ")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

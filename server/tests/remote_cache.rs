@@ -106,16 +106,7 @@ impl Replica {
 
     /// A remote-tier counter of `/metrics` (`llamahdd:cache_remote_NAME`).
     async fn remote(&self, name: &str) -> u64 {
-        let text = reqwest::get(format!("{}/metrics", self.url))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("llamahdd:cache_remote_{name} ")))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+        common::metric(&self.url, &format!("cache_remote_{name}")).await
     }
 
     /// Waits until the writer has put at least `blocks` blocks and one tail in the tier.

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::bench_server::{self, chat, percentile, Kind, Options, Server, Words};
-use crate::{cargo, run, workspace_root};
+use crate::workspace_root;
 
 /// A `redis-server` of the benchmark's own, without persistence.
 struct Redis {
@@ -562,18 +562,7 @@ pub(crate) fn bench_remote(args: &[String]) -> Result<(), String> {
         .find(|(k, _)| *k == Kind::Ours)
         .map(|(_, b)| b)
         .ok_or("bench-remote measures our server")?;
-    run(
-        &cargo(),
-        &[
-            "build",
-            "--release",
-            "--quiet",
-            "-p",
-            "kvstore",
-            "--bin",
-            "ckpt",
-        ],
-    )?;
+    crate::build_ckpt()?;
     std::fs::create_dir_all(&o.dir).map_err(|e| e.to_string())?;
     // With --netns, Redis listens on the host's ends of the veth pairs too (created first).
     let hosts = if with_netns {

@@ -93,18 +93,7 @@ pub fn crash_test(args: &[String]) -> Result<(), String> {
         &cargo(),
         &["build", "--release", "--quiet", "--example", "crashtest"],
     )?;
-    run(
-        &cargo(),
-        &[
-            "build",
-            "--release",
-            "--quiet",
-            "-p",
-            "kvstore",
-            "--bin",
-            "ckpt",
-        ],
-    )?;
+    crate::build_ckpt()?;
     let bin = workspace_root().join("target/release");
     let child = bin.join("examples/crashtest");
     let ckpt = bin.join("ckpt");

@@ -85,6 +85,23 @@ fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }
 
+/// Builds the `ckpt` tool (release); its path.
+fn build_ckpt() -> Result<PathBuf, String> {
+    run(
+        &cargo(),
+        &[
+            "build",
+            "--release",
+            "--quiet",
+            "-p",
+            "kvstore",
+            "--bin",
+            "ckpt",
+        ],
+    )?;
+    Ok(workspace_root().join("target/release/ckpt"))
+}
+
 /// Runs a command in the workspace root; a non-zero exit is an error naming the command.
 fn run(program: &str, args: &[&str]) -> Result<(), String> {
     eprintln!("$ {program} {}", args.join(" "));

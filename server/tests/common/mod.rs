@@ -212,6 +212,20 @@ impl Drop for Killed {
     }
 }
 
+/// A counter of `/metrics` at `url` (`llamahdd:NAME`; 0 when absent).
+pub async fn metric(url: &str, name: &str) -> u64 {
+    let text = reqwest::get(format!("{url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("llamahdd:{name} ")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Reads a server binary's standard error up to the line saying where it listens; its URL.
 pub fn listening_url(lines: &mut impl Iterator<Item = std::io::Result<String>>) -> String {
     loop {
