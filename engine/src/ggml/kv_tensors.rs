@@ -302,18 +302,22 @@ impl KvTensors {
     /// # Panics
     /// If a range is not inside its tensor.
     pub(crate) fn read_many(&self, parts: &mut [(usize, bool, usize, &mut [u8])]) {
-        let mut queued = false;
-        for (layer, value, offset, out) in parts.iter_mut() {
-            let (layer, value, offset) = (*layer, *value, *offset);
-            let n = self.n_bytes(layer, value);
+        // Every range is checked before any copy is queued: a failed check must not unwind
+        // while the device still writes into the buffers of `parts`.
+        for (layer, value, offset, out) in parts.iter() {
+            let n = self.n_bytes(*layer, *value);
             assert!(
                 offset.checked_add(out.len()).is_some_and(|end| end <= n),
                 "KV read out of range"
             );
+        }
+        let mut queued = false;
+        for (layer, value, offset, out) in parts.iter_mut() {
+            let (layer, value, offset) = (*layer, *value, *offset);
             let t = self.tensor(layer, value);
             match &self.transfer {
                 Some(backend) if !self.host[layer] => {
-                    // SAFETY: live device tensor, range inside it (asserted above); `out`
+                    // SAFETY: live device tensor, range inside it (checked above); `out`
                     // stays borrowed until the synchronization below, after which the copy
                     // has landed.
                     unsafe {
@@ -350,17 +354,21 @@ impl KvTensors {
     /// # Panics
     /// If a range is not inside its tensor.
     pub(crate) fn write_many(&mut self, parts: &[(usize, bool, usize, &[u8])]) {
-        let mut queued = false;
+        // Every range is checked before any copy is queued (and before anything is written):
+        // a failed check must not unwind while the device still reads the buffers of `parts`.
         for &(layer, value, offset, data) in parts {
             let n = self.n_bytes(layer, value);
             assert!(
                 offset.checked_add(data.len()).is_some_and(|end| end <= n),
                 "KV write out of range"
             );
+        }
+        let mut queued = false;
+        for &(layer, value, offset, data) in parts {
             let t = self.tensor(layer, value);
             match &self.transfer {
                 Some(backend) if !self.host[layer] => {
-                    // SAFETY: live device tensor, range inside it (asserted above); `data`
+                    // SAFETY: live device tensor, range inside it (checked above); `data`
                     // stays borrowed until the synchronization below; `&mut self` excludes
                     // every other reader and writer.
                     unsafe {

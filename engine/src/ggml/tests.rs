@@ -159,6 +159,30 @@ fn kv_bytes_are_written_copied_and_read_back_in_range_only() {
 }
 
 #[test]
+fn a_batch_of_kv_copies_with_one_bad_range_copies_nothing() {
+    let mut kv = KvTensors::new(&[4], &[4], KvType::F16, KvType::F16, 8).expect("pool");
+    let ones = [1u8; 8];
+    // Layer 0's K and V are 64 bytes each: the second range ends past V.
+    let write = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        kv.write_many(&[(0, false, 0, &ones), (0, true, 60, &ones)])
+    }));
+    assert!(write.is_err());
+    let mut all = vec![0xff; 64];
+    kv.read(0, false, 0, &mut all);
+    assert!(
+        all.iter().all(|&b| b == 0),
+        "the good range was written first"
+    );
+    kv.write(0, false, 0, &ones);
+    let (mut a, mut b) = (vec![0u8; 8], vec![0u8; 8]);
+    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        kv.read_many(&mut [(0, false, 0, &mut a[..]), (1, false, 0, &mut b[..])])
+    }));
+    assert!(read.is_err(), "a layer the pool lacks");
+    assert_eq!(a, vec![0u8; 8], "the good range was read first");
+}
+
+#[test]
 fn a_graph_writes_kv_cells_through_the_exclusive_handles() {
     let dir = tempfile::tempdir().expect("temp dir");
     let values = [1.0, -2.0, 3.5, 0.25, 8.0, -0.5, 6.0, 7.0];
