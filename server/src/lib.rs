@@ -101,7 +101,7 @@ impl Server {
             stored_type_k: args.cache_type_stored,
             stored_type_v: args.cache_type_stored,
             read_delay: std::time::Duration::from_millis(args.fault_read_delay_ms),
-            remote: crate::args::remote_config(&args.remote)?,
+            remote: crate::args::remote_config(&args.remote, args.no_cache)?,
         };
         let store = if args.no_cache {
             None

@@ -21,7 +21,8 @@ pub struct RemoteArgs {
     #[arg(
         long = "cache-remote-namespace",
         value_name = "NAME",
-        default_value = "llama-hdd"
+        default_value = "llama-hdd",
+        requires = "cache_remote"
     )]
     pub cache_remote_namespace: String,
     /// The longest a call to the remote tier may wait, in milliseconds (connecting, and each
@@ -29,7 +30,8 @@ pub struct RemoteArgs {
     #[arg(
         long = "cache-remote-timeout",
         value_name = "MS",
-        default_value_t = 100
+        default_value_t = 100,
+        requires = "cache_remote"
     )]
     pub cache_remote_timeout: u64,
 }

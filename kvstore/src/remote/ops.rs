@@ -111,35 +111,53 @@ impl<V: BlockIo> ModelStore<V> {
     /// trip asks which the tier lacks, one more writes those. Returns how many were written.
     /// A failure is the tier's (already counted); nothing local changes either way.
     pub fn push_remote(&self, blocks: &[BlockInput<'_>]) -> Result<usize> {
+        let fp = &self.info.fp;
+        let ids: Vec<BlockId> = blocks
+            .iter()
+            .map(|b| BlockId::chain(fp, b.prev, b.tokens))
+            .collect();
+        self.push_missing(&ids, |i| self.record(&blocks[i]))
+    }
+
+    /// Block `b`'s record in the store's encoding.
+    fn record(&self, b: &BlockInput<'_>) -> Result<Vec<u8>> {
+        let (fp, geometry) = (&self.info.fp, &self.info.geometry);
+        encode_block(
+            fp,
+            geometry,
+            b.prev,
+            b.tokens,
+            b.kv,
+            self.shared.cfg.encoding,
+        )
+        .map(|r| r.to_vec())
+        .map_err(|e| crate::StoreError::format(&self.info.blocks_dir, e))
+    }
+
+    /// Writes the blocks `ids` that the tier lacks (one round trip asks, one writes), the
+    /// record of block `i` from `record(i)`, asked for only for those: what another process
+    /// already put there is neither read nor sent again.
+    fn push_missing(
+        &self,
+        ids: &[BlockId],
+        record: impl Fn(usize) -> Result<Vec<u8>>,
+    ) -> Result<usize> {
         let Some(remote) = self.remote() else {
             return Ok(0);
         };
         let (fp, geometry) = (&self.info.fp, &self.info.geometry);
         let mut seen = HashSet::new();
-        let mut keyed = Vec::new();
-        for b in blocks {
-            let id = BlockId::chain(fp, b.prev, b.tokens);
-            if seen.insert(id) {
-                keyed.push((remote.block_key(fp, geometry, &id), b));
-            }
-        }
-        let keys: Vec<String> = keyed.iter().map(|(k, _)| k.clone()).collect();
+        let wanted: Vec<usize> = (0..ids.len()).filter(|&i| seen.insert(ids[i])).collect();
+        let keys: Vec<String> = wanted
+            .iter()
+            .map(|&i| remote.block_key(fp, geometry, &ids[i]))
+            .collect();
         let held = remote.tier().exists_many(&keys)?;
         let mut records = Vec::new();
-        for ((key, b), held) in keyed.into_iter().zip(held) {
-            if held {
-                continue;
+        for ((&i, key), held) in wanted.iter().zip(keys).zip(held) {
+            if !held {
+                records.push((key, record(i)?));
             }
-            let record = encode_block(
-                fp,
-                geometry,
-                b.prev,
-                b.tokens,
-                b.kv,
-                self.shared.cfg.encoding,
-            )
-            .map_err(|e| crate::StoreError::format(&self.info.blocks_dir, e))?;
-            records.push((key, record.to_vec()));
         }
         let items: Vec<(String, &[u8])> = records
             .iter()
@@ -170,32 +188,27 @@ impl<V: BlockIo> ModelStore<V> {
         Ok(())
     }
 
-    /// Writes a saved checkpoint to the remote tier: the blocks the tier lacks (read from the
-    /// local tiers), then its manifest. Returns how many blocks were written.
+    /// Writes a saved checkpoint to the remote tier: the blocks the tier lacks (only those
+    /// are read from the local tiers), then its manifest. Returns how many blocks were written.
     pub fn push_remote_checkpoint(&self, manifest: &Manifest) -> Result<usize> {
         if self.remote().is_none() {
             return Ok(0);
         }
         let tpb = self.info.geometry.tokens_per_block() as usize;
         let ids = &manifest.block_ids;
-        let mut kvs = Vec::with_capacity(ids.len());
-        for id in ids {
-            match self.get_uncached(id)? {
-                Some(kv) => kvs.push(kv),
-                None => {
-                    return Err(crate::StoreError::BlockNotFound { id: id.to_hex() });
-                }
-            }
-        }
-        let inputs: Vec<BlockInput<'_>> = (0..ids.len())
-            .map(|i| BlockInput {
+        let written = self.push_missing(ids, |i| {
+            let kv =
+                self.get_uncached(&ids[i])?
+                    .ok_or_else(|| crate::StoreError::BlockNotFound {
+                        id: ids[i].to_hex(),
+                    })?;
+            self.record(&BlockInput {
                 prev: ckptfmt::ChainRoot::find(&manifest.chain_roots, i)
                     .or_else(|| i.checked_sub(1).map(|p| &ids[p])),
                 tokens: &manifest.tokens[i * tpb..(i + 1) * tpb],
-                kv: &kvs[i],
+                kv: &kv,
             })
-            .collect();
-        let written = self.push_remote(&inputs)?;
+        })?;
         self.push_remote_manifest(manifest)?;
         Ok(written)
     }

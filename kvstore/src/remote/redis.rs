@@ -263,7 +263,7 @@ fn hide_password(url: &str) -> String {
         return url.to_owned();
     };
     match rest.split_once('@') {
-        Some((auth, host)) if auth.contains(':') || !auth.is_empty() => {
+        Some((auth, host)) if !auth.is_empty() => {
             let user = auth.split_once(':').map_or("", |(u, _)| u);
             format!("{scheme}://{user}:***@{host}")
         }

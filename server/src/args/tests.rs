@@ -181,3 +181,39 @@ fn the_disk_budget_has_a_default_and_minus_one_lifts_it() {
     assert_eq!(disk(&["--cache-disk", "-1"]), None);
     assert_eq!(disk(&["--cache-disk", "64KiB"]), Some(64 << 10));
 }
+
+#[test]
+fn remote_tier_options_are_refused_where_they_would_be_ignored() {
+    // Without --cache-remote, its namespace and timeout would do nothing.
+    assert!(parse(&["--cache-remote-namespace", "x"]).is_err());
+    assert!(parse(&["--cache-remote-timeout", "50"]).is_err());
+    // With --no-cache there is no prompt cache to put the tier under.
+    let args = parse(&["--no-cache", "--cache-remote", "redis://127.0.0.1:1"]).unwrap();
+    let e = super::remote_config(&args.remote, args.no_cache).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ServerError::BadOption {
+                option: "--cache-remote",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let args = parse(&["--cache-remote", "http://x"]).unwrap();
+    assert!(super::remote_config(&args.remote, false).is_err());
+    let args = parse(&[
+        "--cache-remote",
+        "redis://h:1",
+        "--cache-remote-timeout",
+        "0",
+    ])
+    .unwrap();
+    assert!(super::remote_config(&args.remote, false).is_err());
+    let args = parse(&["--cache-remote", "redis://h:1/2"]).unwrap();
+    let c = super::remote_config(&args.remote, false).unwrap().unwrap();
+    assert_eq!(
+        (c.namespace.as_str(), c.timeout.as_millis()),
+        ("llama-hdd", 100)
+    );
+}
