@@ -164,6 +164,9 @@ pub(crate) struct SeqAttention {
     /// f16 `[n_kv, rows.len()]` (one more row, the same, with `dup`): 0 where a token may
     /// attend to a cell, -inf elsewhere.
     pub mask: Vec<u8>,
+    /// The same for sliding-window layers (when the model has them): 0 only where the cell's
+    /// position is within the window of the token's (`p - window < cell position <= p`).
+    pub swa_mask: Option<Vec<u8>>,
     /// The single query is given twice (its first output kept): ggml's CPU flash attention
     /// splits one query's window of [`KV_SPLIT`] cells or more among threads, summing in an
     /// order that depends on the window; two queries take the per-query path.
@@ -198,12 +201,14 @@ impl Plan {
     /// more (see [`ContextParams::batch_invariant`](crate::ContextParams::batch_invariant)),
     /// and, with `gather` too (a cache of a float type, which a gather copies exactly), a
     /// sequence whose pages do not ascend in the pool attends through a gathered window
-    /// ([`SeqAttention::gather`]).
+    /// ([`SeqAttention::gather`]). With `window`, each attention also gets the mask of
+    /// sliding-window layers ([`SeqAttention::swa_mask`]).
     pub(crate) fn new(
         items: &[PlanItem<'_>],
         n_cells: usize,
         invariant: bool,
         gather: bool,
+        window: Option<usize>,
     ) -> Plan {
         let n: usize = items.iter().map(|i| i.tokens.len()).sum();
         let mut plan = Plan {
@@ -248,6 +253,7 @@ impl Plan {
             };
             let m = item.tokens.len();
             let mut mask = neg_inf.repeat(n_kv * m);
+            let mut swa_mask = window.map(|_| neg_inf.repeat(n_kv * m));
             let first_out = plan.out_rows.len();
             for (i, &token) in item.tokens.iter().enumerate() {
                 let pos = item.start + i;
@@ -269,6 +275,14 @@ impl Plan {
                         None => page as usize * PAGE_TOKENS - first_cell,
                     };
                     mask_row[c * 2..(c + visible) * 2].fill(0);
+                    if let (Some(w), Some(swa)) = (window, swa_mask.as_mut()) {
+                        // Positions pos + 1 - w ..= pos of this page.
+                        let lo = first.max((pos + 1).saturating_sub(w));
+                        if lo < first + visible {
+                            let row = &mut swa[i * n_kv * 2..(i + 1) * n_kv * 2];
+                            row[(c + lo - first) * 2..(c + visible) * 2].fill(0);
+                        }
+                    }
                 }
                 let wanted = match item.logits {
                     Logits::None => false,
@@ -284,6 +298,7 @@ impl Plan {
                 first_cell,
                 n_kv,
                 mask,
+                swa_mask,
                 dup: false,
                 gather: gathered,
             });
@@ -300,6 +315,7 @@ impl Plan {
                 if a.rows.len() == 1 && a.n_kv >= KV_SPLIT {
                     a.dup = true;
                     a.mask = a.mask.repeat(2);
+                    a.swa_mask = a.swa_mask.as_ref().map(|m| m.repeat(2));
                 }
             }
         }
@@ -329,14 +345,19 @@ fn split_large(parts: Vec<SeqAttention>) -> Vec<SeqAttention> {
             continue;
         }
         let row_bytes = a.n_kv * 2;
+        let chunk_bytes = (QUERY_TILE - 1) * row_bytes;
         let mut start = a.rows.start;
-        for chunk in a.mask.chunks((QUERY_TILE - 1) * row_bytes) {
+        for (k, chunk) in a.mask.chunks(chunk_bytes).enumerate() {
             let m = chunk.len() / row_bytes;
             out.push(SeqAttention {
                 rows: start..start + m,
                 first_cell: a.first_cell,
                 n_kv: a.n_kv,
                 mask: chunk.to_vec(),
+                swa_mask: a
+                    .swa_mask
+                    .as_ref()
+                    .map(|s| s[k * chunk_bytes..][..chunk.len()].to_vec()),
                 dup: false,
                 gather: a.gather.clone(),
             });
@@ -381,20 +402,33 @@ fn group_small(parts: Vec<SeqAttention>, n_cells: usize) -> Vec<SeqAttention> {
                 .min(n_cells);
             let first_cell = lo.min(n_cells - n_kv);
             let rows = g[0].rows.start..g[g.len() - 1].rows.end;
-            let mut mask = f16::NEG_INFINITY.to_le_bytes().repeat(n_kv * rows.len());
-            for a in &g {
-                let shift = (a.first_cell - first_cell) * 2;
-                for (i, src) in a.mask.chunks(a.n_kv * 2).enumerate() {
-                    let r = a.rows.start - rows.start + i;
-                    let dst = &mut mask[r * n_kv * 2 + shift..][..a.n_kv * 2];
-                    dst.copy_from_slice(src);
+            // Each part's rows, moved into the group's window.
+            let merge = |mask_of: &dyn Fn(&SeqAttention) -> &[u8]| {
+                let mut mask = f16::NEG_INFINITY.to_le_bytes().repeat(n_kv * rows.len());
+                for a in &g {
+                    let shift = (a.first_cell - first_cell) * 2;
+                    for (i, src) in mask_of(a).chunks(a.n_kv * 2).enumerate() {
+                        let r = a.rows.start - rows.start + i;
+                        let dst = &mut mask[r * n_kv * 2 + shift..][..a.n_kv * 2];
+                        dst.copy_from_slice(src);
+                    }
                 }
-            }
+                mask
+            };
+            let mask = merge(&|a| &a.mask);
+            let swa_mask = g[0].swa_mask.is_some().then(|| {
+                merge(&|a| {
+                    a.swa_mask
+                        .as_deref()
+                        .unwrap_or_else(|| unreachable!("all or none"))
+                })
+            });
             SeqAttention {
-                rows,
+                rows: rows.clone(),
                 first_cell,
                 n_kv,
                 mask,
+                swa_mask,
                 dup: false,
                 gather: None,
             }
@@ -428,9 +462,9 @@ mod tests {
             tokens: &[5],
             logits: Logits::Last,
         }];
-        let plain = Plan::new(&items, 1024, true, false);
+        let plain = Plan::new(&items, 1024, true, false, None);
         assert!(plain.attention[0].gather.is_none());
-        let plan = Plan::new(&items, 1024, true, true);
+        let plan = Plan::new(&items, 1024, true, true, None);
         let a = &plan.attention[0];
         let cells: Vec<i32> = a
             .gather
@@ -454,7 +488,7 @@ mod tests {
             tokens: &[5],
             logits: Logits::Last,
         }];
-        assert!(Plan::new(&items, 1024, true, true).attention[0]
+        assert!(Plan::new(&items, 1024, true, true, None).attention[0]
             .gather
             .is_none());
     }
@@ -477,7 +511,7 @@ mod tests {
                 logits: Logits::Last,
             },
         ];
-        let plan = Plan::new(&items, 1024, false, false);
+        let plan = Plan::new(&items, 1024, false, false, None);
         let rows: Vec<_> = plan.attention.iter().map(|a| a.rows.clone()).collect();
         assert_eq!(
             rows,
@@ -506,7 +540,7 @@ mod tests {
                 logits: Logits::None,
             },
         ];
-        let plan = Plan::new(&items, 1024, false, false);
+        let plan = Plan::new(&items, 1024, false, false, None);
         // Three queries: one attention over the union of both windows.
         assert_eq!(plan.attention.len(), 1);
         let a = &plan.attention[0];

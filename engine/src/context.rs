@@ -11,11 +11,11 @@ use std::sync::Arc;
 
 use ckptfmt::{BlockId, ChainRoot, Fingerprint};
 
+use crate::arch;
 use crate::batch::{Batch, BatchOutput, Logits, Plan, PlanItem};
 use crate::error::{Error, Result};
 use crate::ggml::{Compute, KvTensors};
 use crate::kv::{KvLayout, KvStats, KvType, PagePool, PAGE_TOKENS};
-use crate::llama;
 use crate::model::Model;
 use crate::namespace::Namespace;
 
@@ -518,6 +518,7 @@ impl Context {
             self.pool.n_pages() * PAGE_TOKENS,
             self.params.batch_invariant,
             self.layout.type_k == KvType::F16 && self.layout.type_v == KvType::F16,
+            self.model.hparams().sliding_window.as_ref().map(|w| w.size),
         );
         let discard_output = plan.out_rows.is_empty();
         if discard_output {
@@ -530,7 +531,7 @@ impl Context {
         let embeddings = batch.embeddings;
         let result = self
             .compute
-            .run(|g| llama::build(g, model, kv, &plan, flash_attn, embeddings));
+            .run(|g| arch::build(g, model, kv, &plan, flash_attn, embeddings));
         let logits = match result {
             Ok(logits) => logits,
             Err(e) => {

@@ -40,6 +40,7 @@
 
 #![deny(unsafe_code)]
 
+mod arch;
 mod batch;
 pub mod chat;
 pub mod constraint;
@@ -49,7 +50,6 @@ mod ggml;
 pub mod gguf;
 pub mod ingest;
 pub mod kv;
-mod llama;
 mod model;
 mod namespace;
 mod pages;
@@ -68,7 +68,7 @@ pub use ingest::{IngestParams, IngestReport, Progress};
 pub use kv::{KvLayout, KvStats, KvType, PAGE_TOKENS};
 pub use model::{
     Arch, FingerprintOrigin, HParams, Model, ModelParams, OffloadDevice, RopeScaling,
-    FINGERPRINT_VERSION,
+    SlidingWindow, FINGERPRINT_VERSION,
 };
 pub use namespace::Namespace;
 pub use pages::ImportSummary;

@@ -34,6 +34,10 @@ pub enum Arch {
     /// `qwen3`: qwen2 without the biases, with an RMSNorm over each head of Q and K before
     /// RoPE.
     Qwen3,
+    /// `gemma3`: embeddings scaled by `sqrt(n_embd)`, per-head Q/K norms, RMSNorms after
+    /// attention and after the feed-forward network (GELU-gated), NeoX RoPE, and
+    /// sliding-window layers interleaved with global ones.
+    Gemma3,
 }
 
 impl Arch {
@@ -42,6 +46,7 @@ impl Arch {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
+            "gemma3" => Ok(Arch::Gemma3),
             other => Err(Error::UnsupportedArchitecture {
                 arch: other.to_owned(),
             }),
@@ -54,6 +59,7 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Gemma3 => "gemma3",
         }
     }
 }
@@ -106,6 +112,36 @@ pub struct HParams {
     pub rope_dims: usize,
     /// RoPE scaling.
     pub rope_scaling: RopeScaling,
+    /// Factor attention scores are multiplied by (`1/sqrt(head_dim)` unless the family says
+    /// otherwise).
+    pub attn_scale: f32,
+    /// Factor the token embeddings are multiplied by (gemma: `sqrt(n_embd)`).
+    pub embd_scale: Option<f32>,
+    /// Sliding-window attention: which layers attend only to recent positions.
+    pub sliding_window: Option<SlidingWindow>,
+    /// Final logits soft-capped to `cap * tanh(x / cap)`.
+    pub final_softcap: Option<f32>,
+}
+
+/// Layers that attend only to the last `size` positions (a token at `p` sees `p - size + 1
+/// ..= p`), as llama.cpp's standard sliding window.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlidingWindow {
+    /// Positions a windowed layer sees, its own included.
+    pub size: usize,
+    /// Per layer: whether it is windowed (the others attend to every position).
+    pub layers: Vec<bool>,
+    /// RoPE base frequency of the windowed layers (unscaled).
+    pub rope_freq_base: f32,
+}
+
+impl HParams {
+    /// Whether layer `il` attends through the sliding window.
+    pub fn is_swa(&self, il: usize) -> bool {
+        self.sliding_window
+            .as_ref()
+            .is_some_and(|w| w.layers.get(il).copied().unwrap_or(false))
+    }
 }
 
 /// One block's tensors: indices into the model's weights, or handles borrowed from them.
@@ -121,6 +157,9 @@ pub(crate) struct LayerWeights<T = usize> {
     /// Per-head RMSNorm weights of Q and K (qwen3).
     pub q_norm: Option<T>,
     pub k_norm: Option<T>,
+    /// RMSNorm weights after attention and after the feed-forward network (gemma3).
+    pub post_attn_norm: Option<T>,
+    pub post_ffn_norm: Option<T>,
     pub ffn_norm: T,
     pub ffn_gate: T,
     pub ffn_up: T,
@@ -142,9 +181,17 @@ impl LayerWeights<usize> {
             self.ffn_down,
         ];
         all.extend(
-            [self.bq, self.bk, self.bv, self.q_norm, self.k_norm]
-                .into_iter()
-                .flatten(),
+            [
+                self.bq,
+                self.bk,
+                self.bv,
+                self.q_norm,
+                self.k_norm,
+                self.post_attn_norm,
+                self.post_ffn_norm,
+            ]
+            .into_iter()
+            .flatten(),
         );
         all
     }
@@ -163,6 +210,8 @@ impl<T: Copy> LayerWeights<T> {
             bv: self.bv.map(&f),
             q_norm: self.q_norm.map(&f),
             k_norm: self.k_norm.map(&f),
+            post_attn_norm: self.post_attn_norm.map(&f),
+            post_ffn_norm: self.post_ffn_norm.map(&f),
             ffn_norm: f(self.ffn_norm),
             ffn_gate: f(self.ffn_gate),
             ffn_up: f(self.ffn_up),
@@ -242,6 +291,7 @@ impl<'a> Specs<'a> {
             offset: info.offset as usize,
             n_bytes: info.n_bytes as usize,
             on_device: false,
+            matmul_only: role == Role::Matrix,
         });
         Ok(Some(self.list.len() - 1))
     }
@@ -273,7 +323,7 @@ impl Default for OffloadDevice {
 }
 
 /// How a model is loaded.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ModelParams {
     /// Layers whose weights and KV live on the device, counted from the last (llama.cpp's
     /// `--n-gpu-layers`); more than the model has also puts the output head there. 0 keeps
@@ -281,6 +331,22 @@ pub struct ModelParams {
     pub n_gpu_layers: usize,
     /// The device that takes them.
     pub device: OffloadDevice,
+    /// On the CPU alone, matrix weights of types ggml has an interleaved layout for (q4_0, q4_K,
+    /// iq4_nl on x86) are copied into it at load, as llama.cpp does by default (`--no-repack`
+    /// turns it off there): faster batched products and llama.cpp's own sums, at the cost of
+    /// RAM for the copies. Products over a repacked weight depend on how many rows a batch
+    /// has, so batch-invariant evaluation wants it off.
+    pub repack: bool,
+}
+
+impl Default for ModelParams {
+    fn default() -> Self {
+        ModelParams {
+            n_gpu_layers: 0,
+            device: OffloadDevice::default(),
+            repack: true,
+        }
+    }
 }
 
 impl ModelParams {
@@ -397,14 +463,21 @@ impl Model {
             // carry them).
             let bias = |specs: &mut Specs<'_>, name: &str, dim: usize| match hp.arch {
                 Arch::Qwen2 => specs.require(&n(name), &[dim], Role::Vector).map(Some),
-                Arch::Llama | Arch::Qwen3 => specs.find(&n(name), &[dim], Role::Vector),
+                Arch::Llama | Arch::Qwen3 | Arch::Gemma3 => {
+                    specs.find(&n(name), &[dim], Role::Vector)
+                }
             };
-            // qwen3 normalises each head of Q and K.
+            // qwen3 and gemma3 normalise each head of Q and K.
             let head_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
-                Arch::Qwen3 => specs
+                Arch::Qwen3 | Arch::Gemma3 => specs
                     .require(&n(name), &[hp.head_dim], Role::Vector)
                     .map(Some),
                 Arch::Llama | Arch::Qwen2 => Ok(None),
+            };
+            // gemma3 normalises the outputs of attention and of the feed-forward network.
+            let post_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
+                Arch::Gemma3 => specs.require(&n(name), &[e], Role::Vector).map(Some),
+                Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => Ok(None),
             };
             let (m, v) = (Role::Matrix, Role::Vector);
             layer_idx.push(LayerWeights {
@@ -418,6 +491,8 @@ impl Model {
                 bv: bias(&mut specs, "attn_v.bias", kv)?,
                 q_norm: head_norm(&mut specs, "attn_q_norm.weight")?,
                 k_norm: head_norm(&mut specs, "attn_k_norm.weight")?,
+                post_attn_norm: post_norm(&mut specs, "post_attention_norm.weight")?,
+                post_ffn_norm: post_norm(&mut specs, "post_ffw_norm.weight")?,
                 ffn_norm: specs.require(&n("ffn_norm.weight"), &[e], v)?,
                 ffn_gate: specs.require(&n("ffn_gate.weight"), &[e, hp.n_ff], m)?,
                 ffn_up: specs.require(&n("ffn_up.weight"), &[e, hp.n_ff], m)?,
@@ -453,7 +528,12 @@ impl Model {
                 specs.list[output_norm].on_device = true;
             }
         }
-        let weights = Weights::map(Arc::clone(&gguf), &specs.list, placement.map(|p| p.device))?;
+        let weights = Weights::map(
+            Arc::clone(&gguf),
+            &specs.list,
+            placement.map(|p| p.device),
+            params.repack,
+        )?;
         Ok(Model {
             placement,
             tok_embd,

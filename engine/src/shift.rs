@@ -196,12 +196,6 @@ pub(crate) fn build<'g, 'w>(
     let src = g.input(DType::I32, &[m], plan.src_cells.clone());
     let dst = g.input(DType::I64, &[m], plan.dst_cells.clone());
     let delta = g.input(DType::I32, &[m], plan.deltas.clone());
-    let mut rope = crate::llama::rope_params(model);
-    if let RopeScaling::Yarn { .. } = hp.rope_scaling {
-        // YaRN scales magnitudes by its mscale on every rotation; a shift rotates rows that were
-        // scaled once already, so it undoes the factor (as llama.cpp's K-shift does).
-        rope.attn_factor = 1.0 / (1.0 + 0.1 * (1.0 / rope.freq_scale).ln());
-    }
     let freq_factors = model.rope_freqs().map(|t| g.lift(t));
     let kv = kv.tensors_mut();
     let mut out = None;
@@ -210,6 +204,12 @@ pub(crate) fn build<'g, 'w>(
         let v_cache = g.lift_mut(kv.v(il));
         let k = g.get_rows(k_cache.as_tensor(), src);
         let k = g.reshape_3d(k, hp.head_dim, hp.n_head_kv, m);
+        let mut rope = crate::arch::rope_params(model, il);
+        if let (RopeScaling::Yarn { .. }, false) = (hp.rope_scaling, hp.is_swa(il)) {
+            // YaRN scales magnitudes by its mscale on every rotation; a shift rotates rows that
+            // were scaled once already, so it undoes the factor (as llama.cpp's K-shift does).
+            rope.attn_factor = 1.0 / (1.0 + 0.1 * (1.0 / rope.freq_scale).ln());
+        }
         let k = g.rope(k, delta, freq_factors, &rope);
         let k = g.reshape_2d(k, n_embd_kv, m);
         let k_store = g.set_rows(k_cache, k, dst);

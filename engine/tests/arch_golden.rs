@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! LLAMA_HDD_TINY_OUT=DIR cargo test -p engine --test arch_golden -- --ignored
-//! for a in llama qwen2 qwen3; do
+//! for a in llama qwen2 qwen3 gemma3; do
 //!   refh golden DIR/$a.gguf DIR/prompts.txt 32 | sed "s/^{/{\"arch\":\"$a\",/"
 //! done > engine/tests/fixtures/tiny_arch_golden.jsonl
 //! ```
@@ -31,6 +31,7 @@ fn shape(arch: &str) -> Shape {
         "llama" => Shape::Llama,
         "qwen2" => Shape::Qwen2,
         "qwen3" => Shape::Qwen3,
+        "gemma3" => Shape::Gemma3,
         other => panic!("no tiny model of architecture {other}"),
     }
 }
@@ -88,7 +89,7 @@ fn every_architecture_matches_llama_cpp_on_the_same_file() {
     }
     assert_eq!(
         seen.into_iter().collect::<Vec<_>>(),
-        ["llama", "qwen2", "qwen3"],
+        ["gemma3", "llama", "qwen2", "qwen3"],
         "a fixture for every architecture"
     );
 }
@@ -100,7 +101,7 @@ fn write_the_tiny_models_for_llama_cpp() {
     let out = std::env::var("LLAMA_HDD_TINY_OUT").expect("LLAMA_HDD_TINY_OUT");
     let out = Path::new(&out);
     std::fs::create_dir_all(out).unwrap();
-    for arch in ["llama", "qwen2", "qwen3"] {
+    for arch in ["llama", "qwen2", "qwen3", "gemma3"] {
         let c = cfg(shape(arch), false);
         let mut w = make_weights(&c, SEED);
         write_model(&c, &mut w, &out.join(format!("{arch}.gguf")));

@@ -30,6 +30,7 @@ fn load(path: &Path, n_gpu_layers: usize) -> Arc<Model> {
     let params = ModelParams {
         n_gpu_layers,
         device: device().0,
+        ..ModelParams::default()
     };
     Model::load_with(path, &params).unwrap()
 }
@@ -176,6 +177,7 @@ fn a_gpu_that_is_not_there_is_a_typed_error() {
     let params = ModelParams {
         n_gpu_layers: 1,
         device: OffloadDevice::Gpu(64),
+        ..ModelParams::default()
     };
     match Model::load_with(&path, &params) {
         Err(Error::NoGpu { index: 64, found }) => assert!(found < 64),

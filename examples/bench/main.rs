@@ -252,7 +252,10 @@ fn main() -> Result<()> {
     };
     let model = Model::load_with(
         &args.model,
-        &engine::ModelParams::gpu_layers(args.n_gpu_layers),
+        &engine::ModelParams {
+            repack: !args.deterministic,
+            ..engine::ModelParams::gpu_layers(args.n_gpu_layers)
+        },
     )?;
     if let Some(dir) = &args.fill_store {
         println!("{}", fill_store(&model, dir, args.conversations)?);

@@ -61,9 +61,14 @@ impl Server {
     /// Loads the model, opens the cache, starts the scheduler and binds the addresses.
     pub async fn bind(config: Config) -> Result<Server> {
         let args = &config.args;
+        // Repacked weights give sums that depend on a batch's row count: off when replies must
+        // not depend on batching.
         let model = Model::load_with(
             &args.model,
-            &engine::ModelParams::gpu_layers(config.n_gpu_layers),
+            &engine::ModelParams {
+                repack: !args.deterministic,
+                ..engine::ModelParams::gpu_layers(config.n_gpu_layers)
+            },
         )?;
         let n_train = model.hparams().n_ctx_train.max(2);
         // llama-server's context: the whole of it (`-c`, 0 for the model's) split among the

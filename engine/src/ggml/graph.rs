@@ -476,6 +476,17 @@ impl<'g, 'w> Graph<'g, 'w> {
     pub(crate) fn swiglu(&mut self, gate: Tensor<'g>, up: Tensor<'g>) -> Tensor<'g> {
         op!(self, sys::ggml_swiglu_split(self.ctx(), gate.raw, up.raw))
     }
+    /// `gelu(gate) * up` (GELU's tanh approximation, as ggml computes it).
+    pub(crate) fn geglu(&mut self, gate: Tensor<'g>, up: Tensor<'g>) -> Tensor<'g> {
+        op!(self, sys::ggml_geglu_split(self.ctx(), gate.raw, up.raw))
+    }
+    /// `x * s`.
+    pub(crate) fn scale(&mut self, x: Tensor<'g>, s: f32) -> Tensor<'g> {
+        op!(self, sys::ggml_scale(self.ctx(), x.raw, s))
+    }
+    pub(crate) fn tanh(&mut self, x: Tensor<'g>) -> Tensor<'g> {
+        op!(self, sys::ggml_tanh(self.ctx(), x.raw))
+    }
 
     /// Rotary embedding of `x` (`[head_dim, n_head, n_tokens]`) at `positions` (i32 `[n_tokens]`).
     pub(crate) fn rope(

@@ -37,7 +37,7 @@ mod kv_tensors;
 mod weights;
 
 pub(crate) use graph::{Compute, Graph, RopeParams, Tensor, TensorMut};
-pub(crate) use kv_tensors::KvTensors;
+pub(crate) use kv_tensors::{KvTensors, KvTensorsMut};
 pub(crate) use weights::{WeightSpec, Weights};
 
 /// Element types the engine creates tensors of, mapped to ggml's type ids.

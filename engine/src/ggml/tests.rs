@@ -16,6 +16,7 @@ fn spec<'a>(ggml_type: u32, shape: &'a [u64], n_bytes: usize) -> WeightSpec<'a> 
         offset: 0,
         n_bytes,
         on_device: false,
+        matmul_only: false,
     }
 }
 
@@ -42,6 +43,7 @@ fn weight_spec(gguf: &Gguf) -> WeightSpec<'_> {
         offset: info.offset as usize,
         n_bytes: info.n_bytes as usize,
         on_device: false,
+        matmul_only: false,
     }
 }
 
@@ -89,11 +91,11 @@ fn weights_point_into_the_file_and_keep_it_alive() {
         ..weight_spec(&gguf)
     };
     assert!(matches!(
-        Weights::map(Arc::clone(&gguf), &[past_the_end], None),
+        Weights::map(Arc::clone(&gguf), &[past_the_end], None, false),
         Err(Error::BadTensor { .. })
     ));
 
-    let weights = Weights::map(Arc::clone(&gguf), &[spec], None).expect("map");
+    let weights = Weights::map(Arc::clone(&gguf), &[spec], None, false).expect("map");
     let file_start = gguf.bytes().as_ptr() as usize;
     // SAFETY: a live tensor of `weights`; reads its data pointer.
     let data = unsafe { (*weights.get(0).ptr.as_ptr()).data } as usize;
@@ -121,7 +123,7 @@ fn a_lifted_tensor_cannot_be_the_output() {
     let dir = tempfile::tempdir().expect("temp dir");
     let gguf = one_tensor_file(dir.path(), &[0.0; 8]);
     let spec = weight_spec(&gguf);
-    let weights = Weights::map(Arc::clone(&gguf), &[spec], None).expect("map");
+    let weights = Weights::map(Arc::clone(&gguf), &[spec], None, false).expect("map");
     let mut compute = Compute::cpu(1).expect("compute");
     let result = compute.run(|g| Ok(g.lift(weights.get(0))));
     assert!(matches!(result, Err(Error::Ggml { .. })), "{result:?}");
@@ -187,7 +189,7 @@ fn a_graph_writes_kv_cells_through_the_exclusive_handles() {
     let dir = tempfile::tempdir().expect("temp dir");
     let values = [1.0, -2.0, 3.5, 0.25, 8.0, -0.5, 6.0, 7.0];
     let gguf = one_tensor_file(dir.path(), &values);
-    let weights = Weights::map(Arc::clone(&gguf), &[weight_spec(&gguf)], None).expect("map");
+    let weights = Weights::map(Arc::clone(&gguf), &[weight_spec(&gguf)], None, false).expect("map");
     let mut kv = KvTensors::new(&[4], &[4], KvType::F16, KvType::F16, 4).expect("pool");
     let mut compute = Compute::cpu(1).expect("compute");
     let kv_mut = kv.tensors_mut();

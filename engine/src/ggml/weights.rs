@@ -20,6 +20,8 @@ pub(crate) struct Weights {
     _ctx: Context<'static>,
     /// The device memory and metadata of the tensors placed on a device, if any.
     _device: Option<(Buffer, Context<'static>)>,
+    /// Repacked copies of matrix weights (see [`repack`]), if any.
+    _repacked: Option<(Buffer, Context<'static>)>,
     /// Owner of the bytes the tensors point into. Behind an `Arc` the `Gguf` never moves, and
     /// it has no `&mut` method, so its bytes neither move nor change while it is held here.
     /// (No drop order matters: freeing the buffer or the context never touches these bytes.)
@@ -46,6 +48,9 @@ pub(crate) struct WeightSpec<'a> {
     pub n_bytes: usize,
     /// Copied into the device's memory at load instead of read where it lies.
     pub on_device: bool,
+    /// Used only as a matrix-multiplication weight: when the model runs on the CPU alone and
+    /// ggml has a repacked layout for its type and shape, a repacked copy is used instead.
+    pub matmul_only: bool,
 }
 
 impl WeightSpec<'_> {
@@ -88,11 +93,13 @@ impl WeightSpec<'_> {
 impl Weights {
     /// Wraps the bytes of `gguf` (the whole model file) as a ggml CPU buffer and points one
     /// tensor per spec at its bytes, without copying; specs marked `on_device` are copied once
-    /// into `device`'s memory instead. The weights keep `gguf` alive.
+    /// into `device`'s memory instead, and with `repack_weights` (and no device) matrix weights
+    /// ggml can repack get a repacked copy ([`repack`]). The weights keep `gguf` alive.
     pub(crate) fn map(
         gguf: Arc<Gguf>,
         specs: &[WeightSpec<'_>],
         device: Option<Device>,
+        repack_weights: bool,
     ) -> Result<Weights> {
         let mapped = gguf.bytes();
         let ctx = Context::new(specs.len() + 1, 0)?;
@@ -230,11 +237,16 @@ impl Weights {
             }
             _ => None,
         };
+        let repacked = match (device, repack_weights) {
+            (None, true) => repack(specs, &mut tensors, mapped)?,
+            _ => None,
+        };
         Ok(Weights {
             tensors,
             _buffer: buffer,
             _ctx: ctx,
             _device: device_part,
+            _repacked: repacked,
             _gguf: gguf,
         })
     }
@@ -246,4 +258,127 @@ impl Weights {
             _owner: PhantomData,
         }
     }
+}
+
+/// ggml's CPU buffer type whose tensors hold weights in an interleaved ("repacked") layout that
+/// its faster matrix kernels read (`CPU_REPACK`), if this build has it.
+fn repack_buffer_type() -> Option<sys::ggml_backend_buffer_type_t> {
+    // SAFETY: the CPU registry and its device are static objects. The procedure named
+    // `ggml_backend_dev_get_extra_bufts` has the signature `ggml_backend_dev_get_extra_bufts_t`
+    // (device -> NULL-terminated array of buffer types); the array is static.
+    unsafe {
+        let reg = sys::ggml_backend_cpu_reg();
+        if reg.is_null() || sys::ggml_backend_reg_dev_count(reg) == 0 {
+            return None;
+        }
+        let dev = sys::ggml_backend_reg_dev_get(reg, 0);
+        let f = sys::ggml_backend_reg_get_proc_address(
+            reg,
+            c"ggml_backend_dev_get_extra_bufts".as_ptr(),
+        );
+        if dev.is_null() || f.is_null() {
+            return None;
+        }
+        type ExtraBufts =
+            unsafe extern "C" fn(sys::ggml_backend_dev_t) -> *mut sys::ggml_backend_buffer_type_t;
+        let extra_bufts: ExtraBufts = std::mem::transmute(f);
+        let mut p = extra_bufts(dev);
+        while !p.is_null() && !(*p).is_null() {
+            let name = sys::ggml_backend_buft_name(*p);
+            if !name.is_null() && std::ffi::CStr::from_ptr(name).to_bytes() == b"CPU_REPACK" {
+                return Some(*p);
+            }
+            p = p.add(1);
+        }
+        None
+    }
+}
+
+/// Gives the matrix-only weights that ggml can repack for this CPU (by type and shape, e.g.
+/// q4_0 and q4_K on AVX2) a repacked copy, replacing their entries in `tensors`; llama.cpp runs
+/// its CPU matrix products on the same layout by default, so both compute the same sums, and
+/// its kernels are faster for batches. The copies cost RAM (the mapped originals stay mapped
+/// but unused). Which tensors qualify is asked of ggml itself: tensors placed in a repack
+/// buffer get their layout's traits (`extra`) at placement, before any data is written, so a
+/// first placement without data sorts them and a second holds only those.
+fn repack(
+    specs: &[WeightSpec<'_>],
+    tensors: &mut [NonNull<sys::ggml_tensor>],
+    mapped: &[u8],
+) -> Result<Option<(Buffer, Context<'static>)>> {
+    let Some(buft) = repack_buffer_type() else {
+        return Ok(None);
+    };
+    let candidates: Vec<usize> = (0..specs.len()).filter(|&i| specs[i].matmul_only).collect();
+    if candidates.is_empty() {
+        return Ok(None);
+    }
+    // A copy of each candidate's metadata in `ctx`.
+    let copy = |ctx: &Context<'static>, i: usize| -> Result<NonNull<sys::ggml_tensor>> {
+        // SAFETY: live context with room (sized by the caller); the source tensor is live.
+        let t = unsafe { sys::ggml_dup_tensor(ctx.as_ptr(), tensors[i].as_ptr()) };
+        NonNull::new(t).ok_or(Error::Ggml {
+            what: "repack context is full",
+        })
+    };
+    let supported: Vec<usize> = {
+        let probe = Context::new(candidates.len() + 1, 0)?;
+        let probes = candidates
+            .iter()
+            .map(|&i| copy(&probe, i))
+            .collect::<Result<Vec<_>>>()?;
+        // SAFETY: a live context whose tensors have no buffer yet; ggml sizes and places them
+        // (the memory is reserved, never written, and freed when `_placed` drops).
+        let raw = unsafe { sys::ggml_backend_alloc_ctx_tensors_from_buft(probe.as_ptr(), buft) };
+        let Some(raw) = NonNull::new(raw) else {
+            return Ok(None);
+        };
+        let _placed = Buffer(raw);
+        candidates
+            .iter()
+            .zip(&probes)
+            // SAFETY: live tensors; `extra` was set by the repack buffer at placement.
+            .filter(|(_, t)| unsafe { !(*t.as_ptr()).extra.is_null() })
+            .map(|(&i, _)| i)
+            .collect()
+    };
+    if supported.is_empty() {
+        return Ok(None);
+    }
+    let ctx = Context::new(supported.len() + 1, 0)?;
+    let copies = supported
+        .iter()
+        .map(|&i| copy(&ctx, i))
+        .collect::<Result<Vec<_>>>()?;
+    // SAFETY: as above.
+    let raw = unsafe { sys::ggml_backend_alloc_ctx_tensors_from_buft(ctx.as_ptr(), buft) };
+    let buffer = Buffer(NonNull::new(raw).ok_or(Error::OutOfMemory {
+        what: "the repacked weights",
+    })?);
+    // SAFETY: live buffer; usage is a hint for schedulers.
+    unsafe {
+        sys::ggml_backend_buffer_set_usage(
+            buffer.0.as_ptr(),
+            sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS,
+        )
+    };
+    for (&i, &t) in supported.iter().zip(&copies) {
+        let spec = &specs[i];
+        // SAFETY: `t` was placed in the repack buffer with a layout (`extra`, checked by the
+        // probe for the same type and shape) and is `n_bytes` long (its metadata was copied
+        // from a tensor checked against `n_bytes`); the source range lies in the file's bytes
+        // (checked in `map`). The repack completes before the call returns.
+        unsafe {
+            debug_assert!(!(*t.as_ptr()).extra.is_null());
+            sys::ggml_set_name(t.as_ptr(), sys::ggml_get_name(tensors[i].as_ptr()));
+            sys::ggml_backend_tensor_set(
+                t.as_ptr(),
+                mapped.as_ptr().add(spec.offset).cast(),
+                0,
+                spec.n_bytes,
+            );
+        }
+        tensors[i] = t;
+    }
+    Ok(Some((buffer, ctx)))
 }

@@ -38,6 +38,14 @@ mod tag {
     pub const ROPE_SCALING_KIND: u8 = 13;
     pub const ROPE_SCALING_FACTOR: u8 = 14;
     pub const ROPE_SCALING_CTX_ORIG: u8 = 15;
+    // Written only when they differ from what the first three architectures have, so that
+    // their fingerprints stay as they were.
+    pub const ATTN_SCALE: u8 = 16;
+    pub const EMBD_SCALE: u8 = 17;
+    pub const SWA_SIZE: u8 = 18;
+    pub const SWA_LAYERS: u8 = 19;
+    pub const SWA_ROPE_FREQ_BASE: u8 = 20;
+    pub const FINAL_SOFTCAP: u8 = 21;
     pub const TENSORS: u8 = 0x20;
     pub const VOCAB: u8 = 0x30;
 }
@@ -150,6 +158,10 @@ fn encode(
         rope_freq_base,
         rope_dims,
         rope_scaling,
+        attn_scale,
+        embd_scale,
+        ref sliding_window,
+        final_softcap,
     } = *hp;
     let mut field = |tag: u8, value: u64| {
         h.update(&[tag]);
@@ -159,6 +171,7 @@ fn encode(
         Arch::Llama => 0,
         Arch::Qwen2 => 1,
         Arch::Qwen3 => 2,
+        Arch::Gemma3 => 3,
     };
     let (kind, factor, n_ctx_orig) = match rope_scaling {
         RopeScaling::None => (0, 0.0f32, 0),
@@ -180,6 +193,28 @@ fn encode(
     field(tag::ROPE_SCALING_KIND, kind);
     field(tag::ROPE_SCALING_FACTOR, factor.to_bits().into());
     field(tag::ROPE_SCALING_CTX_ORIG, n_ctx_orig as u64);
+    if attn_scale.to_bits() != (1.0 / (head_dim as f32).sqrt()).to_bits() {
+        field(tag::ATTN_SCALE, attn_scale.to_bits().into());
+    }
+    if let Some(s) = embd_scale {
+        field(tag::EMBD_SCALE, s.to_bits().into());
+    }
+    if let Some(w) = sliding_window {
+        field(tag::SWA_SIZE, w.size as u64);
+        field(tag::SWA_LAYERS, w.layers.len() as u64);
+        for (il, _) in w
+            .layers
+            .iter()
+            .enumerate()
+            .filter(|(_, &windowed)| windowed)
+        {
+            field(tag::SWA_LAYERS, il as u64);
+        }
+        field(tag::SWA_ROPE_FREQ_BASE, w.rope_freq_base.to_bits().into());
+    }
+    if let Some(c) = final_softcap {
+        field(tag::FINAL_SOFTCAP, c.to_bits().into());
+    }
 
     h.update(&[tag::TENSORS]);
     h.update(&(gguf.tensors().len() as u64).to_le_bytes());

@@ -18,11 +18,14 @@
 //! | `rope.freq_base`, `attention.layer_norm_rms_epsilon` | finite, > 0 (ε < 1) | NaN logits otherwise |
 //! | `rope.scaling.type` / `.factor` / `.original_context_length` | none, linear or yarn; factor finite > 0; length ≥ 1 | |
 //! | `context_length`, vocabulary size | 1..=i32::MAX | positions and token ids are `i32` in the graph |
+//! | `attention.sliding_window` (gemma3) | 1..=i32::MAX, or 0 for none | the mask of windowed layers |
+//! | `attention.sliding_window_pattern` | 0..=4096 (0: every layer windowed) | which layers are windowed |
+//! | `rope.freq_base_swa`, `final_logit_softcapping` | finite, > 0 | NaN logits otherwise |
 
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 
-use super::{Arch, HParams, RopeScaling};
+use super::{Arch, HParams, RopeScaling, SlidingWindow};
 
 /// Largest width (embedding, feed-forward, heads × head dimension) accepted.
 pub(crate) const MAX_WIDTH: usize = 1 << 20;
@@ -183,6 +186,17 @@ impl HParams {
             .opt_positive("rope.freq_base", f32::INFINITY)?
             .unwrap_or(10_000.0);
         let rope_scaling = rope_scaling(&k, n_ctx_train)?;
+        let mut attn_scale = 1.0 / (head_dim as f32).sqrt();
+        let (mut embd_scale, mut sliding_window, mut final_softcap) = (None, None, None);
+        if arch == Arch::Gemma3 {
+            embd_scale = Some((n_embd as f32).sqrt());
+            // Gemma 3 27B scales by the model width per head rather than the head size.
+            if n_layer == 62 {
+                attn_scale = 1.0 / ((n_embd / n_head) as f32).sqrt();
+            }
+            final_softcap = k.opt_positive("final_logit_softcapping", f32::INFINITY)?;
+            sliding_window = sliding(&k, n_layer, 6)?;
+        }
         Ok(HParams {
             arch,
             n_vocab,
@@ -197,6 +211,10 @@ impl HParams {
             rope_freq_base,
             rope_dims,
             rope_scaling,
+            attn_scale,
+            embd_scale,
+            sliding_window,
+            final_softcap,
         })
     }
 
@@ -204,6 +222,53 @@ impl HParams {
     pub fn n_embd_kv(&self) -> usize {
         self.head_dim * self.n_head_kv
     }
+}
+
+/// The sliding window, if `attention.sliding_window` is present and not 0: every layer but the
+/// last of each `pattern` consecutive ones is windowed (`attention.sliding_window_pattern`, else
+/// `default_pattern`; 0 windows every layer), as llama.cpp lays them out.
+fn sliding(k: &Keys<'_>, n_layer: usize, default_pattern: usize) -> Result<Option<SlidingWindow>> {
+    let size = match k.opt_int("attention.sliding_window", 0, MAX_POSITIONS)? {
+        None | Some(0) => return Ok(None),
+        Some(size) => size,
+    };
+    let pattern_key = k.key("attention.sliding_window_pattern");
+    // The pattern is either a flag per layer or a period.
+    let layers = match k.gguf.get(&pattern_key).and_then(|v| v.as_array()) {
+        Some(flags) => {
+            if flags.len() != n_layer {
+                return Err(invalid(
+                    &pattern_key,
+                    format!("{} flags", flags.len()),
+                    format!("must hold one flag per layer ({n_layer})"),
+                ));
+            }
+            (0..n_layer)
+                .map(|il| match flags.get(il) {
+                    Some(v) => v.as_bool().or(v.as_i64().map(|x| x != 0)).ok_or_else(|| {
+                        invalid(&pattern_key, v.type_name(), "must be bools or integers")
+                    }),
+                    None => Ok(false),
+                })
+                .collect::<Result<Vec<bool>>>()?
+        }
+        None => {
+            let pattern = k
+                .opt_int("attention.sliding_window_pattern", 0, MAX_LAYERS)?
+                .unwrap_or(default_pattern);
+            (0..n_layer)
+                .map(|il| pattern == 0 || il % pattern < pattern - 1)
+                .collect()
+        }
+    };
+    let rope_freq_base = k
+        .opt_positive("rope.freq_base_swa", f32::INFINITY)?
+        .unwrap_or(10_000.0);
+    Ok(Some(SlidingWindow {
+        size,
+        layers,
+        rope_freq_base,
+    }))
 }
 
 fn rope_scaling(k: &Keys<'_>, n_ctx_train: usize) -> Result<RopeScaling> {

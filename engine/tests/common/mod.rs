@@ -17,6 +17,9 @@ pub enum Shape {
     Qwen2,
     /// qwen2 without biases, with per-head RMSNorm of Q and K before RoPE.
     Qwen3,
+    /// qwen3's head norms, norms after attention and the FFN, a GELU FFN, scaled embeddings,
+    /// and a sliding window (4 positions) on every other layer.
+    Gemma3,
 }
 
 impl Shape {
@@ -26,6 +29,7 @@ impl Shape {
             Shape::Llama => "llama",
             Shape::Qwen2 => "qwen2",
             Shape::Qwen3 => "qwen3",
+            Shape::Gemma3 => "gemma3",
         }
     }
 }
@@ -67,6 +71,9 @@ pub struct Layer {
     /// Per-head norms of Q and K (`head_dim` values each; written for qwen3 only).
     pub q_norm: Vec<f32>,
     pub k_norm: Vec<f32>,
+    /// Norms after attention and after the FFN (written for gemma3 only).
+    pub post_attn_norm: Vec<f32>,
+    pub post_ffn_norm: Vec<f32>,
     pub ffn_norm: Vec<f32>,
     pub gate: Vec<f32>,
     pub up: Vec<f32>,
@@ -101,6 +108,8 @@ pub fn make_weights(c: &Cfg, seed: u64) -> Weights {
             bv: r.f32_vec(kv, 0.2),
             q_norm: Vec::new(),
             k_norm: Vec::new(),
+            post_attn_norm: Vec::new(),
+            post_ffn_norm: Vec::new(),
             ffn_norm: norm(&mut r),
             gate: r.f32_vec(e * ff, 0.3),
             up: r.f32_vec(e * ff, 0.3),
@@ -125,6 +134,10 @@ pub fn make_weights(c: &Cfg, seed: u64) -> Weights {
         };
         l.q_norm = head(&mut r);
         l.k_norm = head(&mut r);
+    }
+    for l in &mut layers {
+        l.post_attn_norm = norm(&mut r);
+        l.post_ffn_norm = norm(&mut r);
     }
     Weights {
         embd,
@@ -163,6 +176,11 @@ pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
     g.add_u32(&k("attention.head_count_kv"), c.n_head_kv as u32);
     g.add_f32(&k("attention.layer_norm_rms_epsilon"), c.eps);
     g.add_f32(&k("rope.freq_base"), c.base);
+    if c.shape == Shape::Gemma3 {
+        g.add_u32(&k("attention.sliding_window"), 4);
+        g.add_u32(&k("attention.sliding_window_pattern"), 2);
+        g.add_f32(&k("rope.freq_base_swa"), 100.0);
+    }
     // A byte-level vocabulary of single characters, no merges.
     let tokens: Vec<String> = (0..c.n_vocab)
         .map(|i| {
@@ -244,7 +262,7 @@ pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
             GgmlType::F32,
             f32_bytes(&lw.wo),
         );
-        if c.shape == Shape::Qwen3 {
+        if matches!(c.shape, Shape::Qwen3 | Shape::Gemma3) {
             let hd = c.head_dim() as u64;
             g.add_tensor(
                 &n("attn_q_norm.weight"),
@@ -257,6 +275,20 @@ pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
                 &[hd],
                 GgmlType::F32,
                 f32_bytes(&lw.k_norm),
+            );
+        }
+        if c.shape == Shape::Gemma3 {
+            g.add_tensor(
+                &n("post_attention_norm.weight"),
+                &[e],
+                GgmlType::F32,
+                f32_bytes(&lw.post_attn_norm),
+            );
+            g.add_tensor(
+                &n("post_ffw_norm.weight"),
+                &[e],
+                GgmlType::F32,
+                f32_bytes(&lw.post_ffn_norm),
             );
         }
         if c.shape == Shape::Qwen2 {
@@ -497,6 +529,30 @@ pub fn real_model_path() -> Option<PathBuf> {
     );
     eprintln!(
         "skipped: {} not present (run `cargo xtask fetch-model`)",
+        path.display()
+    );
+    None
+}
+
+/// Gemma 3 270M (Q4_K_M): `$LLAMA_HDD_GEMMA3`, else `<workspace>/models/gemma-3-270m-q4_k_m.gguf`
+/// (`cargo xtask fetch-model gemma3`). Absent: `None` with a note, except under CI, where the
+/// test fails.
+pub fn gemma3_model_path() -> Option<PathBuf> {
+    let path = std::env::var_os("LLAMA_HDD_GEMMA3")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/gemma-3-270m-q4_k_m.gguf")
+        });
+    if path.is_file() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI must run the Gemma 3 tests, but {} is missing",
+        path.display()
+    );
+    eprintln!(
+        "skipped: {} not present (run `cargo xtask fetch-model gemma3`)",
         path.display()
     );
     None

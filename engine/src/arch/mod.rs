@@ -1,0 +1,377 @@
+//! The forward pass as a ggml graph: one module per family of architectures (`llama.rs`:
+//! llama, qwen2, qwen3; `gemma3.rs`) over the building blocks here, which every family shares:
+//! the batch's inputs, RMSNorm, projections, attention over the page pool, the gated
+//! feed-forward network and the output head.
+//!
+//! Attention uses ggml's fused flash-attention kernel over the KV cache (f16 or q8_0) with a
+//! causal mask, or with the sliding window's mask in the layers that have one; each sequence
+//! attends on its own window of the pool (see [`Plan`]).
+
+mod gemma3;
+mod llama;
+
+use crate::batch::Plan;
+use crate::error::Result;
+use crate::ggml::{
+    DType, Graph, KvTensors, KvTensorsMut, RawTensor, RopeParams, Tensor, TensorMut,
+};
+use crate::model::{Arch, HParams, Model, RopeScaling};
+
+/// Builds the graph evaluating the batch `plan` describes: each token's K and V are written
+/// into its cell of the page pool, each token attends to the cells its mask allows; returns the
+/// logits tensor (`[n_vocab, plan.out_rows.len()]`), or with `embeddings` the final norm's
+/// output (`[n_embd, plan.out_rows.len()]`, what llama.cpp calls the embeddings of a causal
+/// model). The KV pool is borrowed mutably for the graph's life: the graph writes its cells.
+pub(crate) fn build<'g, 'w>(
+    g: &mut Graph<'g, 'w>,
+    model: &'w Model,
+    kv: &'w mut KvTensors,
+    plan: &Plan,
+    flash_attn: bool,
+    embeddings: bool,
+) -> Result<Tensor<'g>> {
+    let mut f = Forward::new(g, model, kv, plan, flash_attn);
+    let x = match model.hparams().arch {
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => llama::blocks(g, &mut f),
+        Arch::Gemma3 => gemma3::blocks(g, &mut f),
+    };
+    Ok(f.head(g, x, embeddings))
+}
+
+/// What the layers of one forward pass share: the model, the KV pool and the batch's inputs.
+pub(super) struct Forward<'p, 'g, 'w> {
+    pub model: &'w Model,
+    pub hp: &'w HParams,
+    kv: KvTensorsMut<'w>,
+    plan: &'p Plan,
+    flash_attn: bool,
+    /// Tokens in the batch.
+    pub n: usize,
+    /// Token ids (i32 `[n]`).
+    pub ids: Tensor<'g>,
+    /// Positions (i32 `[n]`).
+    pub pos: Tensor<'g>,
+    cells: Tensor<'g>,
+    masks: Vec<Option<Tensor<'g>>>,
+    swa_masks: Vec<Option<Tensor<'g>>>,
+    gathers: Vec<Option<Tensor<'g>>>,
+    out_ids: Option<Tensor<'g>>,
+    /// Llama-3-style RoPE frequency factors, if the model has them.
+    pub freq_factors: Option<Tensor<'g>>,
+}
+
+impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
+    fn new(
+        g: &mut Graph<'g, 'w>,
+        model: &'w Model,
+        kv: &'w mut KvTensors,
+        plan: &'p Plan,
+        flash_attn: bool,
+    ) -> Self {
+        let n = plan.tokens.len();
+        let ids = g.input(
+            DType::I32,
+            &[n],
+            plan.tokens
+                .iter()
+                .flat_map(|&t| (t as i32).to_le_bytes())
+                .collect(),
+        );
+        let pos = g.input(DType::I32, &[n], plan.positions.clone());
+        let cells = g.input(DType::I64, &[n], plan.cells.clone());
+        let mut mask_input = |mask: &[u8], a: &crate::batch::SeqAttention| {
+            let rows = a.rows.len() + usize::from(a.dup);
+            g.input(DType::F16, &[a.n_kv, rows], mask.to_vec())
+        };
+        // Only the masks some layer reads: an input outside the graph gets no buffer.
+        let hp = model.hparams();
+        let windowed = (0..hp.n_layer).filter(|&il| hp.is_swa(il)).count();
+        let masks = plan
+            .attention
+            .iter()
+            .map(|a| (windowed < hp.n_layer).then(|| mask_input(&a.mask, a)))
+            .collect();
+        let swa_masks = plan
+            .attention
+            .iter()
+            .map(|a| match (windowed > 0, &a.swa_mask) {
+                (true, Some(m)) => Some(mask_input(m, a)),
+                _ => None,
+            })
+            .collect();
+        // Cells of the gathered windows (see `SeqAttention::gather`).
+        let gathers = plan
+            .attention
+            .iter()
+            .map(|a| {
+                a.gather
+                    .as_ref()
+                    .map(|cells| g.input(DType::I32, &[a.n_kv], cells.clone()))
+            })
+            .collect();
+        let n_out = plan.out_rows.len();
+        let out_ids = (n_out < n).then(|| {
+            g.input(
+                DType::I32,
+                &[n_out],
+                plan.out_rows.iter().flat_map(|r| r.to_le_bytes()).collect(),
+            )
+        });
+        let freq_factors = model.rope_freqs().map(|t| g.lift(t));
+        Forward {
+            model,
+            hp: model.hparams(),
+            kv: kv.tensors_mut(),
+            plan,
+            flash_attn,
+            n,
+            ids,
+            pos,
+            cells,
+            masks,
+            swa_masks,
+            gathers,
+            out_ids,
+            freq_factors,
+        }
+    }
+
+    /// The token embeddings (scaled by the family's factor, if any).
+    pub fn embed(&self, g: &mut Graph<'g, 'w>) -> Tensor<'g> {
+        let table = g.lift(self.model.tok_embd());
+        let x = g.get_rows(table, self.ids);
+        match self.hp.embd_scale {
+            Some(s) => g.scale(x, s),
+            None => x,
+        }
+    }
+
+    /// RMSNorm of `x` times the weights `w`.
+    pub fn norm(&self, g: &mut Graph<'g, 'w>, x: Tensor<'g>, w: RawTensor<'w>) -> Tensor<'g> {
+        let norm = g.rms_norm(x, self.hp.rms_eps);
+        let w = g.lift(w);
+        g.mul(norm, w)
+    }
+
+    /// RMSNorm with weights `w` if there are any, `x` unchanged otherwise.
+    pub fn opt_norm(
+        &self,
+        g: &mut Graph<'g, 'w>,
+        x: Tensor<'g>,
+        w: Option<RawTensor<'w>>,
+    ) -> Tensor<'g> {
+        match w {
+            Some(w) => self.norm(g, x, w),
+            None => x,
+        }
+    }
+
+    /// `w · x (+ b)`.
+    pub fn project(
+        &self,
+        g: &mut Graph<'g, 'w>,
+        x: Tensor<'g>,
+        w: RawTensor<'w>,
+        b: Option<RawTensor<'w>>,
+    ) -> Tensor<'g> {
+        let w = g.lift(w);
+        let y = g.mul_mat(w, x);
+        match b {
+            Some(b) => {
+                let b = g.lift(b);
+                g.add(y, b)
+            }
+            None => y,
+        }
+    }
+
+    /// The RoPE parameters of layer `il`.
+    pub fn rope(&self, g: &mut Graph<'g, 'w>, x: Tensor<'g>, il: usize) -> Tensor<'g> {
+        let p = rope_params(self.model, il);
+        g.rope(x, self.pos, self.freq_factors, &p)
+    }
+
+    /// In the last layer only the rows that produce logits matter: `x` keeps those rows there.
+    pub fn last_rows(&self, g: &mut Graph<'g, 'w>, il: usize, x: Tensor<'g>) -> Tensor<'g> {
+        match self.out_ids {
+            Some(ids) if il + 1 == self.hp.n_layer => g.get_rows(x, ids),
+            _ => x,
+        }
+    }
+
+    /// Attention of layer `il`: stores this batch's `k` and `v` (`[head_dim, n_head_kv, n]`,
+    /// already rotated) in their cells, then each sequence's queries `q` (`[head_dim, n_head,
+    /// n]`) attend to its window of the cache, scores scaled by `scale`, through the sliding
+    /// window's mask in windowed layers. Returns `[head_dim * n_head, n]`.
+    pub fn attention(
+        &self,
+        g: &mut Graph<'g, 'w>,
+        il: usize,
+        q: Tensor<'g>,
+        k: Tensor<'g>,
+        v: Tensor<'g>,
+        scale: f32,
+    ) -> Tensor<'g> {
+        let hp = self.hp;
+        let (head_dim, n_head, n_head_kv, n) = (hp.head_dim, hp.n_head, hp.n_head_kv, self.n);
+        // Store this batch's K and V in their cells (converted to the cache's type). The stores
+        // join the graph before the attention that reads the cache, so they run first.
+        let k_cache = g.lift_mut(self.kv.k(il));
+        let v_cache = g.lift_mut(self.kv.v(il));
+        let k_rows = g.reshape_2d(k, hp.n_embd_kv(), n);
+        let v_rows = g.reshape_2d(v, hp.n_embd_kv(), n);
+        let k_store = g.set_rows(k_cache, k_rows, self.cells);
+        let v_store = g.set_rows(v_cache, v_rows, self.cells);
+        g.expand(k_store);
+        g.expand(v_store);
+
+        let windowed = hp.is_swa(il);
+        // Each sequence attends on its own, over the window of cells holding its pages.
+        // Per sequence, q: [head_dim, m, n_head]; cached k, v: [head_dim, n_kv, n_head_kv].
+        let mut parts = Vec::with_capacity(self.plan.attention.len());
+        for (i, a) in self.plan.attention.iter().enumerate() {
+            let mask = match (windowed, self.swa_masks[i], self.masks[i]) {
+                (true, Some(m), _) | (false, _, Some(m)) => m,
+                _ => unreachable!("the mask of every kind of layer the model has is an input"),
+            };
+            let gather = self.gathers[i];
+            let m = a.rows.len();
+            let q_bytes = head_dim * n_head * 4;
+            let q = g.view_3d(
+                q,
+                [head_dim, n_head, m],
+                [head_dim * 4, q_bytes],
+                a.rows.start * q_bytes,
+            );
+            // A lone query given twice, in batch-invariant plans (see `SeqAttention::dup`).
+            let q = if a.dup { g.concat(q, q, 2) } else { q };
+            let q = g.permute(q, [0, 2, 1, 3]);
+            let window = |g: &mut Graph<'g, 'w>, cache: TensorMut<'g>| {
+                // One cell's row and one head of it, in the cache's type (heads are whole
+                // blocks of a quantized type).
+                let cache = cache.as_tensor();
+                let (cache, first_cell) = match gather {
+                    Some(cells) => (g.gather_f16(cache, cells), 0),
+                    None => (cache, a.first_cell),
+                };
+                let row_bytes = cache.nb(1);
+                g.view_3d(
+                    cache,
+                    [head_dim, a.n_kv, n_head_kv],
+                    [row_bytes, row_bytes / n_head_kv],
+                    first_cell * row_bytes,
+                )
+            };
+            let k = window(g, k_cache);
+            let v = window(g, v_cache);
+            let out = if self.flash_attn {
+                // Result: [head_dim, n_head, m].
+                g.flash_attn(q, k, v, mask, scale)
+            } else {
+                // Unfused: scores [n_kv, m, n_head], softmax, then V transposed to
+                // [n_kv, head_dim, n_head_kv] (a copy, since the cache stores V token-major).
+                let kq = g.mul_mat(k, q);
+                let kq = g.soft_max(kq, mask, scale);
+                let v_t = g.permute(v, [1, 0, 2, 3]);
+                let v_t = g.cont(v_t);
+                let kqv = g.mul_mat(v_t, kq);
+                let kqv = g.permute(kqv, [0, 2, 1, 3]);
+                g.cont(kqv)
+            };
+            // Result: [head_dim, n_head, m]; the duplicated query's output is dropped.
+            parts.push(if a.dup {
+                g.view_3d(out, [head_dim, n_head, 1], [head_dim * 4, q_bytes], 0)
+            } else {
+                out
+            });
+        }
+        let attn = concat_tokens(g, parts);
+        g.reshape_2d(attn, head_dim * n_head, n)
+    }
+
+    /// The gated feed-forward network of layer `il` on `x`: `down · (act(gate · x) * up · x)`.
+    pub fn ffn(&self, g: &mut Graph<'g, 'w>, il: usize, x: Tensor<'g>, act: Gate) -> Tensor<'g> {
+        let lw = self.model.layer(il);
+        let gate = self.project(g, x, lw.ffn_gate, None);
+        let up = self.project(g, x, lw.ffn_up, None);
+        let h = match act {
+            Gate::Silu => g.swiglu(gate, up),
+            Gate::Gelu => g.geglu(gate, up),
+        };
+        self.project(g, h, lw.ffn_down, None)
+    }
+
+    /// The final norm and the output head (soft-capped if the family says so), or with
+    /// `embeddings` the final norm's output.
+    fn head(&self, g: &mut Graph<'g, 'w>, x: Tensor<'g>, embeddings: bool) -> Tensor<'g> {
+        let x = self.norm(g, x, self.model.output_norm());
+        debug_assert_eq!(x.ne(0), self.hp.n_embd);
+        if embeddings {
+            return x;
+        }
+        let logits = self.project(g, x, self.model.output(), None);
+        match self.hp.final_softcap {
+            Some(cap) => {
+                let y = g.scale(logits, 1.0 / cap);
+                let y = g.tanh(y);
+                g.scale(y, cap)
+            }
+            None => logits,
+        }
+    }
+}
+
+/// The activation of a gated feed-forward network.
+#[derive(Clone, Copy)]
+pub(super) enum Gate {
+    /// SiLU (SwiGLU): llama, qwen.
+    Silu,
+    /// GELU, tanh approximation (GeGLU): gemma.
+    Gelu,
+}
+
+/// Joins `[head_dim, n_head, m_i]` tensors along the token dimension, pairwise so that each
+/// row is copied about log2(parts) times.
+fn concat_tokens<'g>(g: &mut Graph<'g, '_>, mut parts: Vec<Tensor<'g>>) -> Tensor<'g> {
+    while parts.len() > 1 {
+        parts = parts
+            .chunks(2)
+            .map(|pair| match *pair {
+                [a, b] => g.concat(a, b, 2),
+                [a] => a,
+                _ => unreachable!("chunks of two"),
+            })
+            .collect();
+    }
+    parts[0]
+}
+
+/// RoPE of layer `il`: the model's, except in sliding-window layers, which rotate with their
+/// own base frequency and no scaling (as llama.cpp does).
+pub(crate) fn rope_params(model: &Model, il: usize) -> RopeParams {
+    let hp = model.hparams();
+    let (freq_scale, ext_factor, n_ctx_orig) = match hp.rope_scaling {
+        RopeScaling::None => (1.0, 0.0, hp.n_ctx_train),
+        RopeScaling::Linear { factor } => (1.0 / factor, 0.0, hp.n_ctx_train),
+        RopeScaling::Yarn { factor, n_ctx_orig } => (1.0 / factor, 1.0, n_ctx_orig),
+    };
+    let mut p = RopeParams {
+        n_dims: hp.rope_dims,
+        mode: match hp.arch {
+            Arch::Llama => 0,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => 2,
+        },
+        n_ctx_orig,
+        freq_base: hp.rope_freq_base,
+        freq_scale,
+        ext_factor,
+        attn_factor: 1.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+    };
+    if let (true, Some(w)) = (hp.is_swa(il), &hp.sliding_window) {
+        p.freq_base = w.rope_freq_base;
+        p.freq_scale = 1.0;
+    }
+    p
+}
