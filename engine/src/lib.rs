@@ -74,6 +74,27 @@ pub use namespace::Namespace;
 pub use pages::ImportSummary;
 pub use session::{GenerateParams, Generation, Session, SessionParams, StopReason};
 
+// Types of the checkpoint format (`ckptfmt`) and the block store (`kvstore`) that this API hands
+// out, re-exported on purpose so a user can name them without depending on those crates
+// (`cargo xtask api` fails on any other type of theirs in the API; `store` re-exports the remote
+// tier's settings).
+/// A KV block's content id: [`Context::block_ids`], [`Context::import`]'s reader, stored blocks.
+pub use ckptfmt::BlockId;
+/// Where a sequence's block chain starts (or restarts after a shift): [`Context::chain_roots`].
+pub use ckptfmt::ChainRoot;
+/// A KV element type as checkpoints record it: [`KvType::elem`].
+pub use ckptfmt::ElemType;
+/// A model's identity as checkpoints record it: [`Context::fingerprint`].
+pub use ckptfmt::Fingerprint;
+/// A checkpoint that is malformed, corrupt or of another format: [`Error::Checkpoint`].
+pub use ckptfmt::FormatError;
+/// The KV geometry of a checkpoint store: [`store::geometry`].
+pub use ckptfmt::Geometry;
+/// The block store's counters: [`store::SessionStore::metrics`].
+pub use kvstore::Metrics;
+/// A failure of the block store: [`Error::Store`].
+pub use kvstore::StoreError;
+
 /// Rewrites llama.cpp's single-dash `-ctk`, `-ctv` and `-ngl` into `--cache-type-k`,
 /// `--cache-type-v` and `--n-gpu-layers` (also in their `-ctk=TYPE` form), leaving every other
 /// argument as it is: for command lines parsed with long options only.

@@ -18,7 +18,10 @@
 //!   pinned wheels, a stub driver library), and the GPU check's binaries gathered in one folder;
 //!   `cuda-toolkit` fetches and unpacks only the toolkit.
 //! - `tidy`: the promises of `ARCHITECTURE.md` checked on the sources (the unsafe fence, downward
-//!   dependencies, file length, docs, no printing or `.unwrap()` in library code).
+//!   dependencies, file length, docs, no printing or `.unwrap()` in library code), and `api`.
+//! - `api [--bless]`: `engine`'s public API listed from rustdoc's JSON output: no item names a
+//!   type of ckptfmt, kvstore or ggml-sys that engine does not re-export, and the listing equals
+//!   the committed `engine/api.txt` (`--bless` rewrites it).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -27,6 +30,7 @@ use std::process::{Command, ExitCode};
 mod source {
     include!("../../ggml-sys/src/source.rs");
 }
+mod api;
 mod bench_agent;
 mod bench_growth;
 mod bench_multiround;
@@ -59,8 +63,9 @@ fn main() -> ExitCode {
         Some("bench-server") => bench_server::bench_server(&args[1..]),
         Some("bench-remote") => bench_remote::bench_remote(&args[1..]),
         Some("tidy") => tidy::tidy(&workspace_root()),
+        Some("api") => api::api(&workspace_root(), &args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
-            println!("usage: cargo xtask <fetch-model [smollm2|gemma3] | bindgen | ci | clients [--server BIN] [--model PATH] | tidy | compare-llama-cpp --refh PATH [--reps N] [--sequences N] [--cache-type f16|q8_0] [--deterministic] | crash-test [--kills N] | cuda-build [--arch 90] [--out DIR] | cuda-toolkit [DIR] | bench-server [--llama-server PATH] (--help lists its options) | bench-remote [--replicas 1,2,4,8] [--users N] [--fleet-turns N] [--reps N]>");
+            println!("usage: cargo xtask <fetch-model [smollm2|gemma3] | bindgen | ci | clients [--server BIN] [--model PATH] | tidy | api [--bless] | compare-llama-cpp --refh PATH [--reps N] [--sequences N] [--cache-type f16|q8_0] [--deterministic] | crash-test [--kills N] | cuda-build [--arch 90] [--out DIR] | cuda-toolkit [DIR] | bench-server [--llama-server PATH] (--help lists its options) | bench-remote [--replicas 1,2,4,8] [--users N] [--fleet-turns N] [--reps N]>");
             Ok(())
         }
         Some(other) => Err(format!(

@@ -9,7 +9,9 @@
 //!   (save the waivers of [`MISSING_DOCS_ALLOWED`]);
 //! - every file starts with a `//!` module doc, files pulled in by `include!` aside;
 //! - library code (`src/` of a library crate, outside `src/bin/` and test-only items) neither
-//!   prints (`println!`, `print!`, `eprintln!`, `eprint!`, `dbg!`) nor calls `.unwrap()`.
+//!   prints (`println!`, `print!`, `eprintln!`, `eprint!`, `dbg!`) nor calls `.unwrap()`;
+//! - `engine`'s public API names no type of our internal crates it does not re-export, and
+//!   equals the committed listing (`crate::api`, also `cargo xtask api`).
 //!
 //! Files are lexed and parsed with `syn`, so comments, strings and character literals never count;
 //! token patterns are matched inside macro arguments too. Each problem is printed as
@@ -141,7 +143,7 @@ pub struct Violation {
 }
 
 impl Violation {
-    fn new(path: &str, line: usize, what: impl Into<String>) -> Self {
+    pub(crate) fn new(path: &str, line: usize, what: impl Into<String>) -> Self {
         Violation {
             path: path.to_string(),
             line,
@@ -158,7 +160,8 @@ impl fmt::Display for Violation {
 
 /// `cargo xtask tidy`: prints every violation and fails when there is any.
 pub fn tidy(root: &Path) -> Result<(), String> {
-    let violations = check_workspace(root)?;
+    let mut violations = check_workspace(root)?;
+    violations.extend(crate::api::check(root)?);
     for v in &violations {
         println!("{v}");
     }
