@@ -9,6 +9,7 @@
 //! - `GGML_SYS_PORTABLE=1`: do not tune for the build host; compile for the target features rustc
 //!   was given (`-C target-feature` / `-C target-cpu`), i.e. the portable baseline by default.
 //! - `GGML_SYS_CUDA_ARCH`: CUDA architectures for nvcc (default `native`), e.g. `89;90`.
+//! - `GGML_SYS_DOC_ONLY=1`: skip compiling ggml (for documentation builds, which link nothing).
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -35,6 +36,13 @@ fn main() {
     let ggml = locate_sources(&out);
     let version = ggml_version(&ggml);
     check_bindings_version(&version);
+    // Documentation only (the API listing's rustdoc run, `cargo xtask api`): nothing is linked,
+    // so the C build is skipped.
+    println!("cargo:rerun-if-env-changed=GGML_SYS_DOC_ONLY");
+    if env::var_os("GGML_SYS_DOC_ONLY").is_some() {
+        println!("cargo:rustc-env=GGML_SYS_BUILT_VERSION={version}");
+        return;
+    }
 
     let target = Target::from_env();
     let include_dir = out.join("include");

@@ -121,6 +121,8 @@ fn rustdoc_json(root: &Path) -> Result<Value, String> {
         .args(["--", "-Z", "unstable-options", "--output-format", "json"])
         // Stable rustdoc's JSON output is unstable; this lets stable toolchains write it.
         .env("RUSTC_BOOTSTRAP", "1")
+        // Nothing links: ggml-sys skips compiling ggml's C sources.
+        .env("GGML_SYS_DOC_ONLY", "1")
         .current_dir(root)
         .output()
         .map_err(|e| format!("could not run cargo rustdoc: {e}"))?;
