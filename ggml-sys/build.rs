@@ -140,7 +140,13 @@ fn main() {
     }
 
     let arch_flags = target.simd_flags();
-    let configure = |build: &mut cc::Build, cpp: bool| {
+    // As ggml's own build: only the CPU backend (and our kernels) is tuned for the SIMD level;
+    // the core (`ggml-base`: ggml.c, ggml-quants.c, ...) is compiled without it. It matters for
+    // results, not only portability: the core's scalar quantizers (`quantize_row_q8_K_ref`, which
+    // every k-quant product runs on its activations) compiled with FMA contract `x * scale +
+    // magic` into one rounding, so a value on a rounding boundary lands in another bucket than
+    // llama.cpp's, and one row of a product comes out different.
+    let configure = |build: &mut cc::Build, cpp: bool, simd: bool| {
         build
             .include(&include_dir)
             .include(ggml.join("include"))
@@ -153,8 +159,10 @@ fn main() {
         for (name, value) in &defines {
             build.define(name, *value);
         }
-        for flag in &arch_flags {
-            build.flag_if_supported(flag);
+        if simd {
+            for flag in &arch_flags {
+                build.flag_if_supported(flag);
+            }
         }
         // Position-independent code (needed for Rust's PIE executables and for cdylibs) makes GCC
         // assume that global functions may be interposed, which blocks inlining between ggml's
@@ -170,21 +178,31 @@ fn main() {
         }
     };
 
-    let mut c_build = cc::Build::new();
-    configure(&mut c_build, false);
-    c_build.files(&c_files);
-    let mut cpp_build = cc::Build::new();
-    configure(&mut cpp_build, true);
-    cpp_build.files(&cpp_files);
+    // The CPU backend's sources and ours take the SIMD flags, the core's do not.
+    let tuned = |f: &PathBuf| f.starts_with(&cpu) || !f.starts_with(&src);
+    let builds: Vec<cc::Build> = [(false, true), (false, false), (true, true), (true, false)]
+        .into_iter()
+        .map(|(cpp, simd)| {
+            let files = if cpp { &cpp_files } else { &c_files };
+            let mut build = cc::Build::new();
+            configure(&mut build, cpp, simd);
+            build.files(files.iter().filter(|f| tuned(f) == simd));
+            build
+        })
+        .collect();
 
     let mut objects = Vec::new();
     let mut compiler_is_clang = false;
     std::thread::scope(|scope| {
-        let c = scope.spawn(|| c_build.compile_intermediates());
-        let cpp = scope.spawn(|| cpp_build.compile_intermediates());
-        objects.extend(c.join().expect("C compilation thread"));
-        objects.extend(cpp.join().expect("C++ compilation thread"));
+        let jobs: Vec<_> = builds
+            .iter()
+            .map(|b| scope.spawn(|| b.compile_intermediates()))
+            .collect();
+        for job in jobs {
+            objects.extend(job.join().expect("compilation thread"));
+        }
     });
+    let cpp_build = &builds[2];
     if let Ok(compiler) = cpp_build.try_get_compiler() {
         compiler_is_clang = compiler.is_like_clang();
     }

@@ -6,11 +6,6 @@
 //! drop its beginning. Then a checkpoint's pages restored into a fresh session continue
 //! bit-identically.
 //!
-//! Tokenization is identical. Logits agree to 1e-5 on four of the seven prompts; on the other
-//! three they differ by up to 0.4 (traced to single rows of quantized matrix products that give
-//! other sums for bit-identical inputs and weights: see `docs/BENCHMARKS.md`), and the greedy
-//! continuations part after 11 tokens or more, so the test holds the first eight.
-//!
 //! Needs the model (`cargo xtask fetch-model gemma3`, or `LLAMA_HDD_GEMMA3`); without it the
 //! tests say so and pass, except under CI, where its absence fails them.
 
@@ -57,7 +52,8 @@ fn argmax(v: &[f32]) -> u32 {
 }
 
 /// ggml's CPU kernels differ by SIMD level (see `fixtures/README.md`); the reference was made
-/// with AVX-512: there the first eight greedy tokens must agree, elsewhere the first four.
+/// with AVX-512: there logits must agree within 1e-3 and every greedy token, elsewhere the logits
+/// within 1.0 and the first four tokens.
 fn same_kernels_as_reference() -> bool {
     #[cfg(target_arch = "x86_64")]
     return std::arch::is_x86_feature_detected!("avx512f");
@@ -84,7 +80,6 @@ fn gemma3_logits_and_greedy_tokens_match_llama_cpp() {
     assert!(cases
         .iter()
         .any(|c| c["prompt_ids"].as_array().unwrap().len() > 512));
-    let mut exact_prompts = 0;
     for case in &cases {
         let prompt = case["prompt"].as_str().unwrap();
         let want_ids = ids(&case["prompt_ids"]);
@@ -93,7 +88,7 @@ fn gemma3_logits_and_greedy_tokens_match_llama_cpp() {
 
         let mut s = Session::new(model.clone(), params()).unwrap();
         let logits = s.feed(&got_ids).unwrap().to_vec();
-        let tol = if exact { 0.5 } else { 1.0 };
+        let tol = if exact { 1e-3 } else { 1.0 };
         for pair in case["top10"].as_array().unwrap() {
             let (id, want) = (
                 pair[0].as_u64().unwrap() as usize,
@@ -121,14 +116,13 @@ fn gemma3_logits_and_greedy_tokens_match_llama_cpp() {
             }
             s.feed(&[next]).unwrap();
         }
-        let n = if exact { 8 } else { 4 };
-        assert_eq!(greedy[..n], want_greedy[..n], "greedy start of {prompt:?}");
-        exact_prompts += usize::from(greedy == want_greedy);
+        if exact {
+            assert_eq!(greedy, want_greedy, "greedy continuation of {prompt:?}");
+        } else {
+            // Other kernels sum in another order: continuations may part late.
+            assert_eq!(greedy[..4], want_greedy[..4], "greedy start of {prompt:?}");
+        }
     }
-    eprintln!(
-        "{exact_prompts} of {} prompts: all greedy tokens identical to llama.cpp's",
-        cases.len()
-    );
 }
 
 #[test]
