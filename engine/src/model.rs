@@ -38,6 +38,12 @@ pub enum Arch {
     /// attention and after the feed-forward network (GELU-gated), NeoX RoPE, and
     /// sliding-window layers interleaved with global ones.
     Gemma3,
+    /// `gemma2`: gemma3 without the Q/K norms, with soft-capped attention scores and logits, and
+    /// every other layer windowed.
+    Gemma2,
+    /// `phi3`: Phi-3 and Phi-4: llama-shaped with Q, K and V fused in one matrix
+    /// (`attn_qkv`), gate and up in another (`ffn_up`, gate first), NeoX RoPE.
+    Phi3,
 }
 
 impl Arch {
@@ -47,6 +53,8 @@ impl Arch {
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
             "gemma3" => Ok(Arch::Gemma3),
+            "gemma2" => Ok(Arch::Gemma2),
+            "phi3" => Ok(Arch::Phi3),
             other => Err(Error::UnsupportedArchitecture {
                 arch: other.to_owned(),
             }),
@@ -60,6 +68,8 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
+            Arch::Gemma2 => "gemma2",
+            Arch::Phi3 => "phi3",
         }
     }
 }
@@ -121,6 +131,8 @@ pub struct HParams {
     pub sliding_window: Option<SlidingWindow>,
     /// Final logits soft-capped to `cap * tanh(x / cap)`.
     pub final_softcap: Option<f32>,
+    /// Attention scores soft-capped the same way, before the softmax (gemma2).
+    pub attn_softcap: Option<f32>,
 }
 
 /// Layers that attend only to the last `size` positions (a token at `p` sees `p - size + 1
@@ -147,10 +159,11 @@ impl HParams {
 /// One block's tensors: indices into the model's weights, or handles borrowed from them.
 pub(crate) struct LayerWeights<T = usize> {
     pub attn_norm: T,
-    pub wq: T,
-    pub wk: T,
-    pub wv: T,
+    /// Q, K and V: three matrices, or one fused (`wqkv`, rows Q then K then V; phi3).
+    pub qkv: Qkv<T>,
     pub wo: T,
+    /// Bias of the output projection (phi3 files may have one).
+    pub bo: Option<T>,
     pub bq: Option<T>,
     pub bk: Option<T>,
     pub bv: Option<T>,
@@ -161,9 +174,36 @@ pub(crate) struct LayerWeights<T = usize> {
     pub post_attn_norm: Option<T>,
     pub post_ffn_norm: Option<T>,
     pub ffn_norm: T,
-    pub ffn_gate: T,
+    /// `None`: `ffn_up` holds the gate's rows, then the up projection's (phi3).
+    pub ffn_gate: Option<T>,
     pub ffn_up: T,
     pub ffn_down: T,
+}
+
+/// The attention's input projections.
+#[derive(Clone, Copy)]
+pub(crate) enum Qkv<T> {
+    Split { wq: T, wk: T, wv: T },
+    Fused(T),
+}
+
+impl<T: Copy> Qkv<T> {
+    fn all(self) -> Vec<T> {
+        match self {
+            Qkv::Split { wq, wk, wv } => vec![wq, wk, wv],
+            Qkv::Fused(w) => vec![w],
+        }
+    }
+    fn map<U>(self, f: impl Fn(T) -> U) -> Qkv<U> {
+        match self {
+            Qkv::Split { wq, wk, wv } => Qkv::Split {
+                wq: f(wq),
+                wk: f(wk),
+                wv: f(wv),
+            },
+            Qkv::Fused(w) => Qkv::Fused(f(w)),
+        }
+    }
 }
 
 impl LayerWeights<usize> {
@@ -171,17 +211,16 @@ impl LayerWeights<usize> {
     fn indices(&self) -> Vec<usize> {
         let mut all = vec![
             self.attn_norm,
-            self.wq,
-            self.wk,
-            self.wv,
             self.wo,
             self.ffn_norm,
-            self.ffn_gate,
             self.ffn_up,
             self.ffn_down,
         ];
+        all.extend(self.qkv.all());
         all.extend(
             [
+                self.ffn_gate,
+                self.bo,
                 self.bq,
                 self.bk,
                 self.bv,
@@ -201,10 +240,9 @@ impl<T: Copy> LayerWeights<T> {
     fn map<U>(&self, f: impl Fn(T) -> U) -> LayerWeights<U> {
         LayerWeights {
             attn_norm: f(self.attn_norm),
-            wq: f(self.wq),
-            wk: f(self.wk),
-            wv: f(self.wv),
+            qkv: self.qkv.map(&f),
             wo: f(self.wo),
+            bo: self.bo.map(&f),
             bq: self.bq.map(&f),
             bk: self.bk.map(&f),
             bv: self.bv.map(&f),
@@ -213,7 +251,7 @@ impl<T: Copy> LayerWeights<T> {
             post_attn_norm: self.post_attn_norm.map(&f),
             post_ffn_norm: self.post_ffn_norm.map(&f),
             ffn_norm: f(self.ffn_norm),
-            ffn_gate: f(self.ffn_gate),
+            ffn_gate: self.ffn_gate.map(&f),
             ffn_up: f(self.ffn_up),
             ffn_down: f(self.ffn_down),
         }
@@ -463,7 +501,7 @@ impl Model {
             // carry them).
             let bias = |specs: &mut Specs<'_>, name: &str, dim: usize| match hp.arch {
                 Arch::Qwen2 => specs.require(&n(name), &[dim], Role::Vector).map(Some),
-                Arch::Llama | Arch::Qwen3 | Arch::Gemma3 => {
+                Arch::Llama | Arch::Qwen3 | Arch::Gemma3 | Arch::Gemma2 | Arch::Phi3 => {
                     specs.find(&n(name), &[dim], Role::Vector)
                 }
             };
@@ -472,20 +510,43 @@ impl Model {
                 Arch::Qwen3 | Arch::Gemma3 => specs
                     .require(&n(name), &[hp.head_dim], Role::Vector)
                     .map(Some),
-                Arch::Llama | Arch::Qwen2 => Ok(None),
+                Arch::Llama | Arch::Qwen2 | Arch::Gemma2 | Arch::Phi3 => Ok(None),
             };
-            // gemma3 normalises the outputs of attention and of the feed-forward network.
+            // gemma2 and gemma3 normalise the outputs of attention and of the feed-forward network.
             let post_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
-                Arch::Gemma3 => specs.require(&n(name), &[e], Role::Vector).map(Some),
-                Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => Ok(None),
+                Arch::Gemma3 | Arch::Gemma2 => {
+                    specs.require(&n(name), &[e], Role::Vector).map(Some)
+                }
+                Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => Ok(None),
             };
             let (m, v) = (Role::Matrix, Role::Vector);
+            // phi3 may fuse Q, K and V into one matrix, and always fuses gate and up.
+            let qkv = match specs.find(&n("attn_qkv.weight"), &[e, q + 2 * kv], m)? {
+                Some(w) => Qkv::Fused(w),
+                None => Qkv::Split {
+                    wq: specs.require(&n("attn_q.weight"), &[e, q], m)?,
+                    wk: specs.require(&n("attn_k.weight"), &[e, kv], m)?,
+                    wv: specs.require(&n("attn_v.weight"), &[e, kv], m)?,
+                },
+            };
+            let (ffn_gate, up_rows) = match hp.arch {
+                Arch::Phi3 => (None, 2 * hp.n_ff),
+                _ => (
+                    Some(specs.require(&n("ffn_gate.weight"), &[e, hp.n_ff], m)?),
+                    hp.n_ff,
+                ),
+            };
+            if hp.arch == Arch::Phi3 && gguf.tensor("rope_factors_long.weight").is_some() {
+                return Err(Error::BadTensor {
+                    name: "rope_factors_long.weight".into(),
+                    reason: "LongRoPE (Phi-3 128k, Phi-3.5) is not supported yet".into(),
+                });
+            }
             layer_idx.push(LayerWeights {
                 attn_norm: specs.require(&n("attn_norm.weight"), &[e], v)?,
-                wq: specs.require(&n("attn_q.weight"), &[e, q], m)?,
-                wk: specs.require(&n("attn_k.weight"), &[e, kv], m)?,
-                wv: specs.require(&n("attn_v.weight"), &[e, kv], m)?,
+                qkv,
                 wo: specs.require(&n("attn_output.weight"), &[q, e], m)?,
+                bo: specs.find(&n("attn_output.bias"), &[e], v)?,
                 bq: bias(&mut specs, "attn_q.bias", q)?,
                 bk: bias(&mut specs, "attn_k.bias", kv)?,
                 bv: bias(&mut specs, "attn_v.bias", kv)?,
@@ -494,8 +555,8 @@ impl Model {
                 post_attn_norm: post_norm(&mut specs, "post_attention_norm.weight")?,
                 post_ffn_norm: post_norm(&mut specs, "post_ffw_norm.weight")?,
                 ffn_norm: specs.require(&n("ffn_norm.weight"), &[e], v)?,
-                ffn_gate: specs.require(&n("ffn_gate.weight"), &[e, hp.n_ff], m)?,
-                ffn_up: specs.require(&n("ffn_up.weight"), &[e, hp.n_ff], m)?,
+                ffn_gate,
+                ffn_up: specs.require(&n("ffn_up.weight"), &[e, up_rows], m)?,
                 ffn_down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e], m)?,
             });
         }

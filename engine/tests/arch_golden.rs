@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! LLAMA_HDD_TINY_OUT=DIR cargo test -p engine --test arch_golden -- --ignored
-//! for a in llama qwen2 qwen3 gemma3; do
+//! for a in llama qwen2 qwen3 gemma3 gemma2 phi3; do
 //!   refh golden DIR/$a.gguf DIR/prompts.txt 32 | sed "s/^{/{\"arch\":\"$a\",/"
 //! done > engine/tests/fixtures/tiny_arch_golden.jsonl
 //! ```
@@ -32,8 +32,15 @@ fn shape(arch: &str) -> Shape {
         "qwen2" => Shape::Qwen2,
         "qwen3" => Shape::Qwen3,
         "gemma3" => Shape::Gemma3,
+        "gemma2" => Shape::Gemma2,
+        "phi3" => Shape::Phi3,
         other => panic!("no tiny model of architecture {other}"),
     }
+}
+
+/// The tiny model of `arch`: untied, except gemma2, whose output is always the embeddings.
+fn arch_cfg(arch: &str) -> Cfg {
+    cfg(shape(arch), arch == "gemma2")
 }
 
 fn argmax(v: &[f32]) -> u32 {
@@ -51,7 +58,7 @@ fn every_architecture_matches_llama_cpp_on_the_same_file() {
         let want: Value = serde_json::from_str(line).unwrap();
         let arch = want["arch"].as_str().unwrap();
         seen.insert(arch.to_owned());
-        let (_dir, model, _) = build(&cfg(shape(arch), false), SEED);
+        let (_dir, model, _) = build(&arch_cfg(arch), SEED);
         let prompt = want["prompt"].as_str().unwrap();
         let ids: Vec<u32> = model.tokenizer().encode(prompt, true, false).unwrap();
         let want_ids: Vec<u32> = serde_json::from_value(want["prompt_ids"].clone()).unwrap();
@@ -89,7 +96,7 @@ fn every_architecture_matches_llama_cpp_on_the_same_file() {
     }
     assert_eq!(
         seen.into_iter().collect::<Vec<_>>(),
-        ["gemma3", "llama", "qwen2", "qwen3"],
+        ["gemma2", "gemma3", "llama", "phi3", "qwen2", "qwen3"],
         "a fixture for every architecture"
     );
 }
@@ -101,8 +108,8 @@ fn write_the_tiny_models_for_llama_cpp() {
     let out = std::env::var("LLAMA_HDD_TINY_OUT").expect("LLAMA_HDD_TINY_OUT");
     let out = Path::new(&out);
     std::fs::create_dir_all(out).unwrap();
-    for arch in ["llama", "qwen2", "qwen3", "gemma3"] {
-        let c = cfg(shape(arch), false);
+    for arch in ["llama", "qwen2", "qwen3", "gemma3", "gemma2", "phi3"] {
+        let c = arch_cfg(arch);
         let mut w = make_weights(&c, SEED);
         write_model(&c, &mut w, &out.join(format!("{arch}.gguf")));
     }

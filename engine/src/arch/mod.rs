@@ -1,5 +1,5 @@
 //! The forward pass as a ggml graph: one module per family of architectures (`llama.rs`:
-//! llama, qwen2, qwen3; `gemma3.rs`) over the building blocks here, which every family shares:
+//! llama, qwen2, qwen3; `gemma.rs`: gemma2, gemma3) over the building blocks here, which every family shares:
 //! the batch's inputs, RMSNorm, projections, attention over the page pool, the gated
 //! feed-forward network and the output head.
 //!
@@ -7,7 +7,7 @@
 //! causal mask, or with the sliding window's mask in the layers that have one; each sequence
 //! attends on its own window of the pool (see [`Plan`]).
 
-mod gemma3;
+mod gemma;
 mod llama;
 
 use crate::batch::Plan;
@@ -15,7 +15,7 @@ use crate::error::Result;
 use crate::ggml::{
     DType, Graph, KvTensors, KvTensorsMut, RawTensor, RopeParams, Tensor, TensorMut,
 };
-use crate::model::{Arch, HParams, Model, RopeScaling};
+use crate::model::{Arch, HParams, Model, Qkv, RopeScaling};
 
 /// Builds the graph evaluating the batch `plan` describes: each token's K and V are written
 /// into its cell of the page pool, each token attends to the cells its mask allows; returns the
@@ -32,8 +32,8 @@ pub(crate) fn build<'g, 'w>(
 ) -> Result<Tensor<'g>> {
     let mut f = Forward::new(g, model, kv, plan, flash_attn);
     let x = match model.hparams().arch {
-        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => llama::blocks(g, &mut f),
-        Arch::Gemma3 => gemma3::blocks(g, &mut f),
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => llama::blocks(g, &mut f),
+        Arch::Gemma3 | Arch::Gemma2 => gemma::blocks(g, &mut f),
     };
     Ok(f.head(g, x, embeddings))
 }
@@ -185,6 +185,52 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         }
     }
 
+    /// Layer `il`'s Q (`[head_dim, n_head, n]`), K and V (`[head_dim, n_head_kv, n]`) of the
+    /// normed input `x`: three products, or one fused product whose rows are viewed apart
+    /// (V copied out contiguous, since it goes to the cache as rows), biases added.
+    pub fn qkv(
+        &self,
+        g: &mut Graph<'g, 'w>,
+        il: usize,
+        x: Tensor<'g>,
+    ) -> (Tensor<'g>, Tensor<'g>, Tensor<'g>) {
+        let lw = self.model.layer(il);
+        let hp = self.hp;
+        let (hd, n) = (hp.head_dim, self.n);
+        match lw.qkv {
+            Qkv::Split { wq, wk, wv } => {
+                let q = self.project(g, x, wq, lw.bq);
+                let k = self.project(g, x, wk, lw.bk);
+                let v = self.project(g, x, wv, lw.bv);
+                let q = g.reshape_3d(q, hd, hp.n_head, n);
+                let k = g.reshape_3d(k, hd, hp.n_head_kv, n);
+                let v = g.reshape_3d(v, hd, hp.n_head_kv, n);
+                (q, k, v)
+            }
+            Qkv::Fused(w) => {
+                let qkv = self.project(g, x, w, None);
+                let row = qkv.nb(1);
+                let n_q = hd * hp.n_head;
+                let mut part = |heads: usize, first: usize, b: Option<RawTensor<'w>>| {
+                    let t = g.view_3d(qkv, [hd, heads, n], [hd * 4, row], first * 4);
+                    match b {
+                        Some(b) => {
+                            let b = g.lift(b);
+                            let b = g.reshape_3d(b, hd, heads, 1);
+                            g.add(t, b)
+                        }
+                        None => t,
+                    }
+                };
+                let q = part(hp.n_head, 0, lw.bq);
+                let k = part(hp.n_head_kv, n_q, lw.bk);
+                let v = part(hp.n_head_kv, n_q + hp.n_embd_kv(), lw.bv);
+                let v = g.cont(v);
+                (q, k, v)
+            }
+        }
+    }
+
     /// The RoPE parameters of layer `il`.
     pub fn rope(&self, g: &mut Graph<'g, 'w>, x: Tensor<'g>, il: usize) -> Tensor<'g> {
         let p = rope_params(self.model, il);
@@ -264,13 +310,23 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
             };
             let k = window(g, k_cache);
             let v = window(g, v_cache);
+            let softcap = hp.attn_softcap.unwrap_or(0.0);
             let out = if self.flash_attn {
                 // Result: [head_dim, n_head, m].
-                g.flash_attn(q, k, v, mask, scale)
+                g.flash_attn(q, k, v, mask, scale, softcap)
             } else {
                 // Unfused: scores [n_kv, m, n_head], softmax, then V transposed to
                 // [n_kv, head_dim, n_head_kv] (a copy, since the cache stores V token-major).
                 let kq = g.mul_mat(k, q);
+                let kq = match hp.attn_softcap {
+                    // As llama.cpp: capped before the softmax's own scale.
+                    Some(cap) => {
+                        let s = g.scale(kq, 1.0 / cap);
+                        let s = g.tanh(s);
+                        g.scale(s, cap)
+                    }
+                    None => kq,
+                };
                 let kq = g.soft_max(kq, mask, scale);
                 let v_t = g.permute(v, [1, 0, 2, 3]);
                 let v_t = g.cont(v_t);
@@ -292,11 +348,18 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
     /// The gated feed-forward network of layer `il` on `x`: `down · (act(gate · x) * up · x)`.
     pub fn ffn(&self, g: &mut Graph<'g, 'w>, il: usize, x: Tensor<'g>, act: Gate) -> Tensor<'g> {
         let lw = self.model.layer(il);
-        let gate = self.project(g, x, lw.ffn_gate, None);
         let up = self.project(g, x, lw.ffn_up, None);
-        let h = match act {
-            Gate::Silu => g.swiglu(gate, up),
-            Gate::Gelu => g.geglu(gate, up),
+        let h = match (lw.ffn_gate, act) {
+            (Some(gate), Gate::Silu) => {
+                let gate = self.project(g, x, gate, None);
+                g.swiglu(gate, up)
+            }
+            (Some(gate), Gate::Gelu) => {
+                let gate = self.project(g, x, gate, None);
+                g.geglu(gate, up)
+            }
+            // Gate and up in one product, the gate's rows first.
+            (None, _) => g.swiglu_fused(up),
         };
         self.project(g, h, lw.ffn_down, None)
     }
@@ -359,7 +422,7 @@ pub(crate) fn rope_params(model: &Model, il: usize) -> RopeParams {
         n_dims: hp.rope_dims,
         mode: match hp.arch {
             Arch::Llama => 0,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => 2,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::Gemma2 | Arch::Phi3 => 2,
         },
         n_ctx_orig,
         freq_base: hp.rope_freq_base,

@@ -476,6 +476,10 @@ impl<'g, 'w> Graph<'g, 'w> {
     pub(crate) fn swiglu(&mut self, gate: Tensor<'g>, up: Tensor<'g>) -> Tensor<'g> {
         op!(self, sys::ggml_swiglu_split(self.ctx(), gate.raw, up.raw))
     }
+    /// `silu(a[..n/2]) * a[n/2..]` along the rows of `a`: gate and up fused in one tensor.
+    pub(crate) fn swiglu_fused(&mut self, a: Tensor<'g>) -> Tensor<'g> {
+        op!(self, sys::ggml_swiglu(self.ctx(), a.raw))
+    }
     /// `gelu(gate) * up` (GELU's tanh approximation, as ggml computes it).
     pub(crate) fn geglu(&mut self, gate: Tensor<'g>, up: Tensor<'g>) -> Tensor<'g> {
         op!(self, sys::ggml_geglu_split(self.ctx(), gate.raw, up.raw))
@@ -518,7 +522,8 @@ impl<'g, 'w> Graph<'g, 'w> {
     }
 
     /// Attention with ggml's fused kernel. `q`: `[head_dim, n_tokens, n_head]`, `k`/`v`:
-    /// `[head_dim, n_kv, n_head_kv]` (f16), `mask`: f16 `[n_kv, n_tokens]`. The result is
+    /// `[head_dim, n_kv, n_head_kv]` (f16), `mask`: f16 `[n_kv, n_tokens]`; scores are scaled,
+    /// then soft-capped to `softcap * tanh(s / softcap)` unless `softcap` is 0. The result is
     /// `[head_dim, n_head, n_tokens]`.
     pub(crate) fn flash_attn(
         &mut self,
@@ -527,10 +532,20 @@ impl<'g, 'w> Graph<'g, 'w> {
         v: Tensor<'g>,
         mask: Tensor<'g>,
         scale: f32,
+        softcap: f32,
     ) -> Tensor<'g> {
         let t = op!(
             self,
-            sys::ggml_flash_attn_ext(self.ctx(), q.raw, k.raw, v.raw, mask.raw, scale, 0.0, 0.0)
+            sys::ggml_flash_attn_ext(
+                self.ctx(),
+                q.raw,
+                k.raw,
+                v.raw,
+                mask.raw,
+                scale,
+                0.0,
+                softcap
+            )
         );
         // SAFETY: live flash-attention node.
         unsafe { sys::ggml_flash_attn_ext_set_prec(t.raw, sys::GGML_PREC_F32) };

@@ -46,6 +46,7 @@ mod tag {
     pub const SWA_LAYERS: u8 = 19;
     pub const SWA_ROPE_FREQ_BASE: u8 = 20;
     pub const FINAL_SOFTCAP: u8 = 21;
+    pub const ATTN_SOFTCAP: u8 = 22;
     pub const TENSORS: u8 = 0x20;
     pub const VOCAB: u8 = 0x30;
 }
@@ -162,6 +163,7 @@ fn encode(
         embd_scale,
         ref sliding_window,
         final_softcap,
+        attn_softcap,
     } = *hp;
     let mut field = |tag: u8, value: u64| {
         h.update(&[tag]);
@@ -172,6 +174,8 @@ fn encode(
         Arch::Qwen2 => 1,
         Arch::Qwen3 => 2,
         Arch::Gemma3 => 3,
+        Arch::Gemma2 => 4,
+        Arch::Phi3 => 5,
     };
     let (kind, factor, n_ctx_orig) = match rope_scaling {
         RopeScaling::None => (0, 0.0f32, 0),
@@ -214,6 +218,9 @@ fn encode(
     }
     if let Some(c) = final_softcap {
         field(tag::FINAL_SOFTCAP, c.to_bits().into());
+    }
+    if let Some(c) = attn_softcap {
+        field(tag::ATTN_SOFTCAP, c.to_bits().into());
     }
 
     h.update(&[tag::TENSORS]);

@@ -20,7 +20,7 @@
 //! | `context_length`, vocabulary size | 1..=i32::MAX | positions and token ids are `i32` in the graph |
 //! | `attention.sliding_window` (gemma3) | 1..=i32::MAX, or 0 for none | the mask of windowed layers |
 //! | `attention.sliding_window_pattern` | 0..=4096 (0: every layer windowed) | which layers are windowed |
-//! | `rope.freq_base_swa`, `final_logit_softcapping` | finite, > 0 | NaN logits otherwise |
+//! | `rope.freq_base_swa`, `final_logit_softcapping`, `attn_logit_softcapping` | finite, > 0 | NaN logits otherwise |
 
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
@@ -188,14 +188,35 @@ impl HParams {
         let rope_scaling = rope_scaling(&k, n_ctx_train)?;
         let mut attn_scale = 1.0 / (head_dim as f32).sqrt();
         let (mut embd_scale, mut sliding_window, mut final_softcap) = (None, None, None);
-        if arch == Arch::Gemma3 {
-            embd_scale = Some((n_embd as f32).sqrt());
-            // Gemma 3 27B scales by the model width per head rather than the head size.
-            if n_layer == 62 {
-                attn_scale = 1.0 / ((n_embd / n_head) as f32).sqrt();
+        let mut attn_softcap = None;
+        match arch {
+            Arch::Gemma3 => {
+                embd_scale = Some((n_embd as f32).sqrt());
+                // Gemma 3 27B scales by the model width per head rather than the head size.
+                if n_layer == 62 {
+                    attn_scale = 1.0 / ((n_embd / n_head) as f32).sqrt();
+                }
+                final_softcap = k.opt_positive("final_logit_softcapping", f32::INFINITY)?;
+                sliding_window = sliding(&k, n_layer, None, 6, 10_000.0)?;
             }
-            final_softcap = k.opt_positive("final_logit_softcapping", f32::INFINITY)?;
-            sliding_window = sliding(&k, n_layer, 6)?;
+            Arch::Gemma2 => {
+                embd_scale = Some((n_embd as f32).sqrt());
+                // Gemma 2 27B likewise.
+                if n_layer == 46 {
+                    attn_scale = 1.0 / ((n_embd / n_head) as f32).sqrt();
+                }
+                // Soft-capping is always on, with Gemma 2's values unless the file says.
+                final_softcap = Some(
+                    k.opt_positive("final_logit_softcapping", f32::INFINITY)?
+                        .unwrap_or(30.0),
+                );
+                attn_softcap = Some(
+                    k.opt_positive("attn_logit_softcapping", f32::INFINITY)?
+                        .unwrap_or(50.0),
+                );
+                sliding_window = sliding(&k, n_layer, Some(4096), 2, rope_freq_base)?;
+            }
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => {}
         }
         Ok(HParams {
             arch,
@@ -215,6 +236,7 @@ impl HParams {
             embd_scale,
             sliding_window,
             final_softcap,
+            attn_softcap,
         })
     }
 
@@ -224,11 +246,22 @@ impl HParams {
     }
 }
 
-/// The sliding window, if `attention.sliding_window` is present and not 0: every layer but the
-/// last of each `pattern` consecutive ones is windowed (`attention.sliding_window_pattern`, else
-/// `default_pattern`; 0 windows every layer), as llama.cpp lays them out.
-fn sliding(k: &Keys<'_>, n_layer: usize, default_pattern: usize) -> Result<Option<SlidingWindow>> {
-    let size = match k.opt_int("attention.sliding_window", 0, MAX_POSITIONS)? {
+/// The sliding window, if `attention.sliding_window` (else `default_size`) is present and not
+/// 0: every layer but the last of each `pattern` consecutive ones is windowed
+/// (`attention.sliding_window_pattern`, a period or a flag per layer, else `default_pattern`; 0
+/// windows every layer), as llama.cpp lays them out. Windowed layers rotate with
+/// `rope.freq_base_swa`, else `default_base`.
+fn sliding(
+    k: &Keys<'_>,
+    n_layer: usize,
+    default_size: Option<usize>,
+    default_pattern: usize,
+    default_base: f32,
+) -> Result<Option<SlidingWindow>> {
+    let size = match k
+        .opt_int("attention.sliding_window", 0, MAX_POSITIONS)?
+        .or(default_size)
+    {
         None | Some(0) => return Ok(None),
         Some(size) => size,
     };
@@ -263,7 +296,7 @@ fn sliding(k: &Keys<'_>, n_layer: usize, default_pattern: usize) -> Result<Optio
     };
     let rope_freq_base = k
         .opt_positive("rope.freq_base_swa", f32::INFINITY)?
-        .unwrap_or(10_000.0);
+        .unwrap_or(default_base);
     Ok(Some(SlidingWindow {
         size,
         layers,

@@ -20,6 +20,10 @@ pub enum Shape {
     /// qwen3's head norms, norms after attention and the FFN, a GELU FFN, scaled embeddings,
     /// and a sliding window (4 positions) on every other layer.
     Gemma3,
+    /// gemma3 without head norms, with soft-capped scores and logits (5 each); tied output.
+    Gemma2,
+    /// llama with Q/K/V fused in one matrix, gate and up in another, NeoX RoPE.
+    Phi3,
 }
 
 impl Shape {
@@ -30,6 +34,8 @@ impl Shape {
             Shape::Qwen2 => "qwen2",
             Shape::Qwen3 => "qwen3",
             Shape::Gemma3 => "gemma3",
+            Shape::Gemma2 => "gemma2",
+            Shape::Phi3 => "phi3",
         }
     }
 }
@@ -176,6 +182,13 @@ pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
     g.add_u32(&k("attention.head_count_kv"), c.n_head_kv as u32);
     g.add_f32(&k("attention.layer_norm_rms_epsilon"), c.eps);
     g.add_f32(&k("rope.freq_base"), c.base);
+    if c.shape == Shape::Gemma2 {
+        // The window pattern is gemma2's default (every other layer); the caps small enough to
+        // bite on these weights.
+        g.add_u32(&k("attention.sliding_window"), 4);
+        g.add_f32(&k("attn_logit_softcapping"), 5.0);
+        g.add_f32(&k("final_logit_softcapping"), 5.0);
+    }
     if c.shape == Shape::Gemma3 {
         g.add_u32(&k("attention.sliding_window"), 4);
         g.add_u32(&k("attention.sliding_window_pattern"), 2);
@@ -238,24 +251,39 @@ pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
             GgmlType::F32,
             f32_bytes(&lw.attn_norm),
         );
-        g.add_tensor(
-            &n("attn_q.weight"),
-            &[e, e],
-            GgmlType::F32,
-            f32_bytes(&lw.wq),
-        );
-        g.add_tensor(
-            &n("attn_k.weight"),
-            &[e, kv],
-            GgmlType::F32,
-            f32_bytes(&lw.wk),
-        );
-        g.add_tensor(
-            &n("attn_v.weight"),
-            &[e, kv],
-            GgmlType::F32,
-            f32_bytes(&lw.wv),
-        );
+        if c.shape == Shape::Phi3 {
+            // One matrix: Q's rows, then K's, then V's.
+            let fused: Vec<f32> = [&lw.wq, &lw.wk, &lw.wv]
+                .into_iter()
+                .flatten()
+                .copied()
+                .collect();
+            g.add_tensor(
+                &n("attn_qkv.weight"),
+                &[e, e + 2 * kv],
+                GgmlType::F32,
+                f32_bytes(&fused),
+            );
+        } else {
+            g.add_tensor(
+                &n("attn_q.weight"),
+                &[e, e],
+                GgmlType::F32,
+                f32_bytes(&lw.wq),
+            );
+            g.add_tensor(
+                &n("attn_k.weight"),
+                &[e, kv],
+                GgmlType::F32,
+                f32_bytes(&lw.wk),
+            );
+            g.add_tensor(
+                &n("attn_v.weight"),
+                &[e, kv],
+                GgmlType::F32,
+                f32_bytes(&lw.wv),
+            );
+        }
         g.add_tensor(
             &n("attn_output.weight"),
             &[e, e],
@@ -277,7 +305,7 @@ pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
                 f32_bytes(&lw.k_norm),
             );
         }
-        if c.shape == Shape::Gemma3 {
+        if matches!(c.shape, Shape::Gemma3 | Shape::Gemma2) {
             g.add_tensor(
                 &n("post_attention_norm.weight"),
                 &[e],
@@ -308,18 +336,29 @@ pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
             GgmlType::F32,
             f32_bytes(&lw.ffn_norm),
         );
-        g.add_tensor(
-            &n("ffn_gate.weight"),
-            &[e, ff],
-            GgmlType::F16,
-            f16_bytes(&lw.gate),
-        );
-        g.add_tensor(
-            &n("ffn_up.weight"),
-            &[e, ff],
-            GgmlType::F16,
-            f16_bytes(&lw.up),
-        );
+        if c.shape == Shape::Phi3 {
+            // One matrix: the gate's rows, then up's.
+            let fused: Vec<f32> = lw.gate.iter().chain(&lw.up).copied().collect();
+            g.add_tensor(
+                &n("ffn_up.weight"),
+                &[e, 2 * ff],
+                GgmlType::F16,
+                f16_bytes(&fused),
+            );
+        } else {
+            g.add_tensor(
+                &n("ffn_gate.weight"),
+                &[e, ff],
+                GgmlType::F16,
+                f16_bytes(&lw.gate),
+            );
+            g.add_tensor(
+                &n("ffn_up.weight"),
+                &[e, ff],
+                GgmlType::F16,
+                f16_bytes(&lw.up),
+            );
+        }
         g.add_tensor(
             &n("ffn_down.weight"),
             &[ff, e],
@@ -403,7 +442,7 @@ pub fn reference_hidden(c: &Cfg, w: &Weights, tokens: &[u32]) -> Vec<Vec<f32>> {
                     }
                 }
             }
-            let neox = matches!(c.shape, Shape::Qwen2 | Shape::Qwen3);
+            let neox = matches!(c.shape, Shape::Qwen2 | Shape::Qwen3 | Shape::Phi3);
             rope(&mut q, hd, pos, c.base, neox, c.rope_freqs.as_deref());
             rope(&mut k, hd, pos, c.base, neox, c.rope_freqs.as_deref());
             // The cache and the attention kernel hold Q, K and V as f16.
