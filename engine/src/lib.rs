@@ -67,7 +67,7 @@ pub use error::{Error, GgufProblem, Result, TokenizerError};
 pub use ingest::{IngestParams, IngestReport, Progress};
 pub use kv::{KvLayout, KvStats, KvType, PAGE_TOKENS};
 pub use model::{
-    Arch, FingerprintOrigin, HParams, Model, ModelParams, OffloadDevice, RopeScaling,
+    Arch, Experts, FingerprintOrigin, HParams, Model, ModelParams, OffloadDevice, RopeScaling,
     SlidingWindow, FINGERPRINT_VERSION,
 };
 pub use namespace::Namespace;

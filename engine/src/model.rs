@@ -19,9 +19,11 @@ use crate::tokenizer::Tokenizer;
 
 mod fingerprint;
 mod hparams;
+mod layer;
 
 pub(crate) use fingerprint::records_bytes;
 pub use fingerprint::FINGERPRINT_VERSION;
+pub(crate) use layer::{Ffn, LayerWeights, Qkv};
 
 /// The model families this engine runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +46,9 @@ pub enum Arch {
     /// `phi3`: Phi-3 and Phi-4: llama-shaped with Q, K and V fused in one matrix
     /// (`attn_qkv`), gate and up in another (`ffn_up`, gate first), NeoX RoPE.
     Phi3,
+    /// `qwen3moe`: qwen3 whose feed-forward networks are mixtures of experts (softmax routing,
+    /// the chosen experts' weights normalised).
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -55,6 +60,7 @@ impl Arch {
             "gemma3" => Ok(Arch::Gemma3),
             "gemma2" => Ok(Arch::Gemma2),
             "phi3" => Ok(Arch::Phi3),
+            "qwen3moe" => Ok(Arch::Qwen3Moe),
             other => Err(Error::UnsupportedArchitecture {
                 arch: other.to_owned(),
             }),
@@ -70,6 +76,7 @@ impl Arch {
             Arch::Gemma3 => "gemma3",
             Arch::Gemma2 => "gemma2",
             Arch::Phi3 => "phi3",
+            Arch::Qwen3Moe => "qwen3moe",
         }
     }
 }
@@ -133,6 +140,24 @@ pub struct HParams {
     pub final_softcap: Option<f32>,
     /// Attention scores soft-capped the same way, before the softmax (gemma2).
     pub attn_softcap: Option<f32>,
+    /// Mixture-of-experts feed-forward networks (qwen3moe; llama files with experts, such as
+    /// Mixtral).
+    pub experts: Option<Experts>,
+}
+
+/// A mixture of experts in place of each block's feed-forward network.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Experts {
+    /// Experts per block.
+    pub n_expert: usize,
+    /// Experts each token runs.
+    pub n_used: usize,
+    /// Hidden width of one expert.
+    pub n_ff_exp: usize,
+    /// The chosen experts' weights are divided by their sum.
+    pub norm_weights: bool,
+    /// Factor on the chosen experts' weights (1: none).
+    pub weights_scale: f32,
 }
 
 /// Layers that attend only to the last `size` positions (a token at `p` sees `p - size + 1
@@ -153,108 +178,6 @@ impl HParams {
         self.sliding_window
             .as_ref()
             .is_some_and(|w| w.layers.get(il).copied().unwrap_or(false))
-    }
-}
-
-/// One block's tensors: indices into the model's weights, or handles borrowed from them.
-pub(crate) struct LayerWeights<T = usize> {
-    pub attn_norm: T,
-    /// Q, K and V: three matrices, or one fused (`wqkv`, rows Q then K then V; phi3).
-    pub qkv: Qkv<T>,
-    pub wo: T,
-    /// Bias of the output projection (phi3 files may have one).
-    pub bo: Option<T>,
-    pub bq: Option<T>,
-    pub bk: Option<T>,
-    pub bv: Option<T>,
-    /// Per-head RMSNorm weights of Q and K (qwen3).
-    pub q_norm: Option<T>,
-    pub k_norm: Option<T>,
-    /// RMSNorm weights after attention and after the feed-forward network (gemma3).
-    pub post_attn_norm: Option<T>,
-    pub post_ffn_norm: Option<T>,
-    pub ffn_norm: T,
-    /// `None`: `ffn_up` holds the gate's rows, then the up projection's (phi3).
-    pub ffn_gate: Option<T>,
-    pub ffn_up: T,
-    pub ffn_down: T,
-}
-
-/// The attention's input projections.
-#[derive(Clone, Copy)]
-pub(crate) enum Qkv<T> {
-    Split { wq: T, wk: T, wv: T },
-    Fused(T),
-}
-
-impl<T: Copy> Qkv<T> {
-    fn all(self) -> Vec<T> {
-        match self {
-            Qkv::Split { wq, wk, wv } => vec![wq, wk, wv],
-            Qkv::Fused(w) => vec![w],
-        }
-    }
-    fn map<U>(self, f: impl Fn(T) -> U) -> Qkv<U> {
-        match self {
-            Qkv::Split { wq, wk, wv } => Qkv::Split {
-                wq: f(wq),
-                wk: f(wk),
-                wv: f(wv),
-            },
-            Qkv::Fused(w) => Qkv::Fused(f(w)),
-        }
-    }
-}
-
-impl LayerWeights<usize> {
-    /// Every tensor index of the block.
-    fn indices(&self) -> Vec<usize> {
-        let mut all = vec![
-            self.attn_norm,
-            self.wo,
-            self.ffn_norm,
-            self.ffn_up,
-            self.ffn_down,
-        ];
-        all.extend(self.qkv.all());
-        all.extend(
-            [
-                self.ffn_gate,
-                self.bo,
-                self.bq,
-                self.bk,
-                self.bv,
-                self.q_norm,
-                self.k_norm,
-                self.post_attn_norm,
-                self.post_ffn_norm,
-            ]
-            .into_iter()
-            .flatten(),
-        );
-        all
-    }
-}
-
-impl<T: Copy> LayerWeights<T> {
-    fn map<U>(&self, f: impl Fn(T) -> U) -> LayerWeights<U> {
-        LayerWeights {
-            attn_norm: f(self.attn_norm),
-            qkv: self.qkv.map(&f),
-            wo: f(self.wo),
-            bo: self.bo.map(&f),
-            bq: self.bq.map(&f),
-            bk: self.bk.map(&f),
-            bv: self.bv.map(&f),
-            q_norm: self.q_norm.map(&f),
-            k_norm: self.k_norm.map(&f),
-            post_attn_norm: self.post_attn_norm.map(&f),
-            post_ffn_norm: self.post_ffn_norm.map(&f),
-            ffn_norm: f(self.ffn_norm),
-            ffn_gate: self.ffn_gate.map(&f),
-            ffn_up: f(self.ffn_up),
-            ffn_down: f(self.ffn_down),
-        }
     }
 }
 
@@ -501,13 +424,16 @@ impl Model {
             // carry them).
             let bias = |specs: &mut Specs<'_>, name: &str, dim: usize| match hp.arch {
                 Arch::Qwen2 => specs.require(&n(name), &[dim], Role::Vector).map(Some),
-                Arch::Llama | Arch::Qwen3 | Arch::Gemma3 | Arch::Gemma2 | Arch::Phi3 => {
-                    specs.find(&n(name), &[dim], Role::Vector)
-                }
+                Arch::Llama
+                | Arch::Qwen3
+                | Arch::Gemma3
+                | Arch::Gemma2
+                | Arch::Phi3
+                | Arch::Qwen3Moe => specs.find(&n(name), &[dim], Role::Vector),
             };
             // qwen3 and gemma3 normalise each head of Q and K.
             let head_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
-                Arch::Qwen3 | Arch::Gemma3 => specs
+                Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe => specs
                     .require(&n(name), &[hp.head_dim], Role::Vector)
                     .map(Some),
                 Arch::Llama | Arch::Qwen2 | Arch::Gemma2 | Arch::Phi3 => Ok(None),
@@ -517,7 +443,7 @@ impl Model {
                 Arch::Gemma3 | Arch::Gemma2 => {
                     specs.require(&n(name), &[e], Role::Vector).map(Some)
                 }
-                Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => Ok(None),
+                Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe => Ok(None),
             };
             let (m, v) = (Role::Matrix, Role::Vector);
             // phi3 may fuse Q, K and V into one matrix, and always fuses gate and up.
@@ -529,12 +455,31 @@ impl Model {
                     wv: specs.require(&n("attn_v.weight"), &[e, kv], m)?,
                 },
             };
-            let (ffn_gate, up_rows) = match hp.arch {
-                Arch::Phi3 => (None, 2 * hp.n_ff),
-                _ => (
-                    Some(specs.require(&n("ffn_gate.weight"), &[e, hp.n_ff], m)?),
-                    hp.n_ff,
-                ),
+            let ffn = match (&hp.experts, hp.arch) {
+                (Some(x), _) => Ffn::Experts {
+                    gate_inp: specs.require(&n("ffn_gate_inp.weight"), &[e, x.n_expert], m)?,
+                    gate: specs.require(
+                        &n("ffn_gate_exps.weight"),
+                        &[e, x.n_ff_exp, x.n_expert],
+                        m,
+                    )?,
+                    up: specs.require(&n("ffn_up_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
+                    down: specs.require(
+                        &n("ffn_down_exps.weight"),
+                        &[x.n_ff_exp, e, x.n_expert],
+                        m,
+                    )?,
+                },
+                (None, Arch::Phi3) => Ffn::Dense {
+                    gate: None,
+                    up: specs.require(&n("ffn_up.weight"), &[e, 2 * hp.n_ff], m)?,
+                    down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e], m)?,
+                },
+                (None, _) => Ffn::Dense {
+                    gate: Some(specs.require(&n("ffn_gate.weight"), &[e, hp.n_ff], m)?),
+                    up: specs.require(&n("ffn_up.weight"), &[e, hp.n_ff], m)?,
+                    down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e], m)?,
+                },
             };
             if hp.arch == Arch::Phi3 && gguf.tensor("rope_factors_long.weight").is_some() {
                 return Err(Error::BadTensor {
@@ -555,9 +500,7 @@ impl Model {
                 post_attn_norm: post_norm(&mut specs, "post_attention_norm.weight")?,
                 post_ffn_norm: post_norm(&mut specs, "post_ffw_norm.weight")?,
                 ffn_norm: specs.require(&n("ffn_norm.weight"), &[e], v)?,
-                ffn_gate,
-                ffn_up: specs.require(&n("ffn_up.weight"), &[e, up_rows], m)?,
-                ffn_down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e], m)?,
+                ffn,
             });
         }
         let placement = match params.n_gpu_layers {

@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! LLAMA_HDD_TINY_OUT=DIR cargo test -p engine --test arch_golden -- --ignored
-//! for a in llama qwen2 qwen3 gemma3 gemma2 phi3; do
+//! for a in llama qwen2 qwen3 gemma3 gemma2 phi3 qwen3moe llama-moe; do
 //!   refh golden DIR/$a.gguf DIR/prompts.txt 32 | sed "s/^{/{\"arch\":\"$a\",/"
 //! done > engine/tests/fixtures/tiny_arch_golden.jsonl
 //! ```
@@ -34,6 +34,8 @@ fn shape(arch: &str) -> Shape {
         "gemma3" => Shape::Gemma3,
         "gemma2" => Shape::Gemma2,
         "phi3" => Shape::Phi3,
+        "qwen3moe" => Shape::Qwen3Moe,
+        "llama-moe" => Shape::LlamaMoe,
         other => panic!("no tiny model of architecture {other}"),
     }
 }
@@ -96,7 +98,16 @@ fn every_architecture_matches_llama_cpp_on_the_same_file() {
     }
     assert_eq!(
         seen.into_iter().collect::<Vec<_>>(),
-        ["gemma2", "gemma3", "llama", "phi3", "qwen2", "qwen3"],
+        [
+            "gemma2",
+            "gemma3",
+            "llama",
+            "llama-moe",
+            "phi3",
+            "qwen2",
+            "qwen3",
+            "qwen3moe"
+        ],
         "a fixture for every architecture"
     );
 }
@@ -108,7 +119,16 @@ fn write_the_tiny_models_for_llama_cpp() {
     let out = std::env::var("LLAMA_HDD_TINY_OUT").expect("LLAMA_HDD_TINY_OUT");
     let out = Path::new(&out);
     std::fs::create_dir_all(out).unwrap();
-    for arch in ["llama", "qwen2", "qwen3", "gemma3", "gemma2", "phi3"] {
+    for arch in [
+        "llama",
+        "qwen2",
+        "qwen3",
+        "gemma3",
+        "gemma2",
+        "phi3",
+        "qwen3moe",
+        "llama-moe",
+    ] {
         let c = arch_cfg(arch);
         let mut w = make_weights(&c, SEED);
         write_model(&c, &mut w, &out.join(format!("{arch}.gguf")));

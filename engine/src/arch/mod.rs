@@ -15,7 +15,7 @@ use crate::error::Result;
 use crate::ggml::{
     DType, Graph, KvTensors, KvTensorsMut, RawTensor, RopeParams, Tensor, TensorMut,
 };
-use crate::model::{Arch, HParams, Model, Qkv, RopeScaling};
+use crate::model::{Arch, Ffn, HParams, Model, Qkv, RopeScaling};
 
 /// Builds the graph evaluating the batch `plan` describes: each token's K and V are written
 /// into its cell of the page pool, each token attends to the cells its mask allows; returns the
@@ -32,7 +32,9 @@ pub(crate) fn build<'g, 'w>(
 ) -> Result<Tensor<'g>> {
     let mut f = Forward::new(g, model, kv, plan, flash_attn);
     let x = match model.hparams().arch {
-        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => llama::blocks(g, &mut f),
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe => {
+            llama::blocks(g, &mut f)
+        }
         Arch::Gemma3 | Arch::Gemma2 => gemma::blocks(g, &mut f),
     };
     Ok(f.head(g, x, embeddings))
@@ -347,9 +349,17 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
 
     /// The gated feed-forward network of layer `il` on `x`: `down · (act(gate · x) * up · x)`.
     pub fn ffn(&self, g: &mut Graph<'g, 'w>, il: usize, x: Tensor<'g>, act: Gate) -> Tensor<'g> {
-        let lw = self.model.layer(il);
-        let up = self.project(g, x, lw.ffn_up, None);
-        let h = match (lw.ffn_gate, act) {
+        let (gate, up, down) = match self.model.layer(il).ffn {
+            Ffn::Dense { gate, up, down } => (gate, up, down),
+            Ffn::Experts {
+                gate_inp,
+                gate,
+                up,
+                down,
+            } => return self.experts(g, x, gate_inp, [gate, up, down]),
+        };
+        let up = self.project(g, x, up, None);
+        let h = match (gate, act) {
             (Some(gate), Gate::Silu) => {
                 let gate = self.project(g, x, gate, None);
                 g.swiglu(gate, up)
@@ -361,7 +371,61 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
             // Gate and up in one product, the gate's rows first.
             (None, _) => g.swiglu_fused(up),
         };
-        self.project(g, h, lw.ffn_down, None)
+        self.project(g, h, down, None)
+    }
+
+    /// A mixture of experts on `x` (`[n_embd, n]`), as llama.cpp's `build_moe_ffn` with softmax
+    /// routing: the router's probabilities, the `n_used` largest per token (normalised to sum 1
+    /// and scaled, as the file says), each chosen expert's SwiGLU network through `mul_mat_id`,
+    /// its output weighted, and the weighted outputs added in the order chosen.
+    fn experts(
+        &self,
+        g: &mut Graph<'g, 'w>,
+        x: Tensor<'g>,
+        gate_inp: RawTensor<'w>,
+        [gate, up, down]: [RawTensor<'w>; 3],
+    ) -> Tensor<'g> {
+        let spec = self
+            .hp
+            .experts
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("expert tensors are loaded only with experts"));
+        let (n_embd, n, k) = (self.hp.n_embd, x.ne(1), spec.n_used);
+        let logits = self.project(g, x, gate_inp, None);
+        let probs = g.soft_max_plain(logits);
+        let chosen = g.argsort_top_k(probs, k);
+        let probs = g.reshape_3d(probs, 1, spec.n_expert, n);
+        let mut weights = g.get_rows(probs, chosen);
+        if spec.norm_weights {
+            let w = g.reshape_2d(weights, k, n);
+            let sum = g.sum_rows(w);
+            // As llama.cpp: no division by less than f16's smallest normal number.
+            let sum = g.clamp(sum, 6.103_515_6e-5, f32::INFINITY);
+            let w = g.div(w, sum);
+            weights = g.reshape_3d(w, 1, k, n);
+        }
+        if spec.weights_scale != 1.0 {
+            weights = g.scale(weights, spec.weights_scale);
+        }
+        let x = g.reshape_3d(x, n_embd, 1, n);
+        let (gate, up, down) = (g.lift(gate), g.lift(up), g.lift(down));
+        let up = g.mul_mat_id(up, x, chosen);
+        let gate = g.mul_mat_id(gate, x, chosen);
+        let h = g.swiglu(gate, up);
+        let out = g.mul_mat_id(down, h, chosen);
+        let out = g.mul(out, weights);
+        // Sum over the chosen experts: [n_embd, n] views, added in order.
+        let row = out.nb(1);
+        let plane = out.nb(2);
+        let mut sum = g.view_2d(out, n_embd, n, plane, 0);
+        for i in 1..k {
+            let part = g.view_2d(out, n_embd, n, plane, i * row);
+            sum = g.add(sum, part);
+        }
+        if k == 1 {
+            sum = g.cont(sum);
+        }
+        sum
     }
 
     /// The final norm and the output head (soft-capped if the family says so), or with
@@ -422,7 +486,12 @@ pub(crate) fn rope_params(model: &Model, il: usize) -> RopeParams {
         n_dims: hp.rope_dims,
         mode: match hp.arch {
             Arch::Llama => 0,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::Gemma2 | Arch::Phi3 => 2,
+            Arch::Qwen2
+            | Arch::Qwen3
+            | Arch::Gemma3
+            | Arch::Gemma2
+            | Arch::Phi3
+            | Arch::Qwen3Moe => 2,
         },
         n_ctx_orig,
         freq_base: hp.rope_freq_base,

@@ -476,6 +476,54 @@ impl<'g, 'w> Graph<'g, 'w> {
     pub(crate) fn swiglu(&mut self, gate: Tensor<'g>, up: Tensor<'g>) -> Tensor<'g> {
         op!(self, sys::ggml_swiglu_split(self.ctx(), gate.raw, up.raw))
     }
+    /// Softmax over `ne[0]`, no mask, no scale.
+    pub(crate) fn soft_max_plain(&mut self, x: Tensor<'g>) -> Tensor<'g> {
+        op!(self, sys::ggml_soft_max(self.ctx(), x.raw))
+    }
+    /// The indices (i32) of the `k` largest values of each row, largest first.
+    pub(crate) fn argsort_top_k(&mut self, x: Tensor<'g>, k: usize) -> Tensor<'g> {
+        op!(self, sys::ggml_argsort_top_k(self.ctx(), x.raw, k as c_int))
+    }
+    /// `as` is `[k, m, n_as]` (a stack of matrices), `b` `[k, n_used, n]`, `ids` i32
+    /// `[n_used, n]`: row `j` of column `t` is multiplied by matrix `ids[j, t]`. The result is
+    /// `[m, n_used, n]`.
+    pub(crate) fn mul_mat_id(
+        &mut self,
+        stack: Tensor<'g>,
+        b: Tensor<'g>,
+        ids: Tensor<'g>,
+    ) -> Tensor<'g> {
+        op!(
+            self,
+            sys::ggml_mul_mat_id(self.ctx(), stack.raw, b.raw, ids.raw)
+        )
+    }
+    /// The sum of each row (`[1, ne1, ..]`).
+    pub(crate) fn sum_rows(&mut self, x: Tensor<'g>) -> Tensor<'g> {
+        op!(self, sys::ggml_sum_rows(self.ctx(), x.raw))
+    }
+    pub(crate) fn clamp(&mut self, x: Tensor<'g>, lo: f32, hi: f32) -> Tensor<'g> {
+        op!(self, sys::ggml_clamp(self.ctx(), x.raw, lo, hi))
+    }
+    /// `a / b`, `b` broadcast.
+    pub(crate) fn div(&mut self, a: Tensor<'g>, b: Tensor<'g>) -> Tensor<'g> {
+        op!(self, sys::ggml_div(self.ctx(), a.raw, b.raw))
+    }
+    /// A two-dimensional view of `x`: `ne1` rows of `ne0` elements, `nb1` bytes apart, from
+    /// byte `offset`.
+    pub(crate) fn view_2d(
+        &mut self,
+        x: Tensor<'g>,
+        ne0: usize,
+        ne1: usize,
+        nb1: usize,
+        offset: usize,
+    ) -> Tensor<'g> {
+        op!(
+            self,
+            sys::ggml_view_2d(self.ctx(), x.raw, ne0 as i64, ne1 as i64, nb1, offset)
+        )
+    }
     /// `silu(a[..n/2]) * a[n/2..]` along the rows of `a`: gate and up fused in one tensor.
     pub(crate) fn swiglu_fused(&mut self, a: Tensor<'g>) -> Tensor<'g> {
         op!(self, sys::ggml_swiglu(self.ctx(), a.raw))

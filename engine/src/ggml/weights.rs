@@ -309,7 +309,10 @@ fn repack(
     let Some(buft) = repack_buffer_type() else {
         return Ok(None);
     };
-    let candidates: Vec<usize> = (0..specs.len()).filter(|&i| specs[i].matmul_only).collect();
+    // Matrices only: stacks of experts (3-D) stay as they are.
+    let candidates: Vec<usize> = (0..specs.len())
+        .filter(|&i| specs[i].matmul_only && specs[i].shape.len() == 2)
+        .collect();
     if candidates.is_empty() {
         return Ok(None);
     }

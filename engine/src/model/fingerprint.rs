@@ -47,6 +47,7 @@ mod tag {
     pub const SWA_ROPE_FREQ_BASE: u8 = 20;
     pub const FINAL_SOFTCAP: u8 = 21;
     pub const ATTN_SOFTCAP: u8 = 22;
+    pub const EXPERTS: u8 = 23;
     pub const TENSORS: u8 = 0x20;
     pub const VOCAB: u8 = 0x30;
 }
@@ -164,6 +165,7 @@ fn encode(
         ref sliding_window,
         final_softcap,
         attn_softcap,
+        ref experts,
     } = *hp;
     let mut field = |tag: u8, value: u64| {
         h.update(&[tag]);
@@ -176,6 +178,7 @@ fn encode(
         Arch::Gemma3 => 3,
         Arch::Gemma2 => 4,
         Arch::Phi3 => 5,
+        Arch::Qwen3Moe => 6,
     };
     let (kind, factor, n_ctx_orig) = match rope_scaling {
         RopeScaling::None => (0, 0.0f32, 0),
@@ -221,6 +224,17 @@ fn encode(
     }
     if let Some(c) = attn_softcap {
         field(tag::ATTN_SOFTCAP, c.to_bits().into());
+    }
+    if let Some(x) = experts {
+        for v in [
+            x.n_expert as u64,
+            x.n_used as u64,
+            x.n_ff_exp as u64,
+            u64::from(x.norm_weights),
+            x.weights_scale.to_bits().into(),
+        ] {
+            field(tag::EXPERTS, v);
+        }
     }
 
     h.update(&[tag::TENSORS]);

@@ -21,11 +21,12 @@
 //! | `attention.sliding_window` (gemma3) | 1..=i32::MAX, or 0 for none | the mask of windowed layers |
 //! | `attention.sliding_window_pattern` | 0..=4096 (0: every layer windowed) | which layers are windowed |
 //! | `rope.freq_base_swa`, `final_logit_softcapping`, `attn_logit_softcapping` | finite, > 0 | NaN logits otherwise |
+//! | `expert_count`, `expert_used_count` | 1..=512, 1..=count | the router's top-k |
 
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 
-use super::{Arch, HParams, RopeScaling, SlidingWindow};
+use super::{Arch, Experts, HParams, RopeScaling, SlidingWindow};
 
 /// Largest width (embedding, feed-forward, heads × head dimension) accepted.
 pub(crate) const MAX_WIDTH: usize = 1 << 20;
@@ -216,8 +217,9 @@ impl HParams {
                 );
                 sliding_window = sliding(&k, n_layer, Some(4096), 2, rope_freq_base)?;
             }
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => {}
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe => {}
         }
+        let experts = experts(&k, arch, n_ff)?;
         Ok(HParams {
             arch,
             n_vocab,
@@ -237,6 +239,7 @@ impl HParams {
             sliding_window,
             final_softcap,
             attn_softcap,
+            experts,
         })
     }
 
@@ -301,6 +304,52 @@ fn sliding(
         size,
         layers,
         rope_freq_base,
+    }))
+}
+
+/// Most experts a block may have (llama.cpp's limit).
+const MAX_EXPERTS: usize = 512;
+
+/// The mixture of experts, when `expert_count` is present and not 0 (required for qwen3moe):
+/// `expert_used_count` of them run per token, each `feed_forward_length` wide (llama), or
+/// `expert_feed_forward_length` (else the feed-forward length divided among the used experts;
+/// qwen3moe), as llama.cpp reads them.
+fn experts(k: &Keys<'_>, arch: Arch, n_ff: usize) -> Result<Option<Experts>> {
+    let n_expert = match k.opt_int("expert_count", 0, MAX_EXPERTS)? {
+        None | Some(0) if arch == Arch::Qwen3Moe => {
+            return Err(invalid(
+                &k.key("expert_count"),
+                "absent or 0",
+                "must be at least 1 for qwen3moe",
+            ))
+        }
+        None | Some(0) => return Ok(None),
+        Some(n) => n,
+    };
+    if !matches!(arch, Arch::Llama | Arch::Qwen3Moe) {
+        return Err(invalid(
+            &k.key("expert_count"),
+            n_expert,
+            format!("experts are not supported for {}", arch.name()),
+        ));
+    }
+    let n_used = k.int("expert_used_count", 1, n_expert)?;
+    // llama (Mixtral) experts are `feed_forward_length` wide, as llama.cpp reads them.
+    let n_ff_exp = match arch {
+        Arch::Qwen3Moe => k
+            .opt_int("expert_feed_forward_length", 1, MAX_WIDTH)?
+            .unwrap_or((n_ff / n_used).max(1)),
+        _ => n_ff,
+    };
+    let weights_scale = k
+        .opt_positive("expert_weights_scale", f32::INFINITY)?
+        .unwrap_or(1.0);
+    Ok(Some(Experts {
+        n_expert,
+        n_used,
+        n_ff_exp,
+        norm_weights: true,
+        weights_scale,
     }))
 }
 

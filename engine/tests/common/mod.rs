@@ -24,7 +24,14 @@ pub enum Shape {
     Gemma2,
     /// llama with Q/K/V fused in one matrix, gate and up in another, NeoX RoPE.
     Phi3,
+    /// qwen3 whose FFNs are 4 experts of width 16, 2 used per token.
+    Qwen3Moe,
+    /// llama with the same experts (Mixtral's layout).
+    LlamaMoe,
 }
+
+/// Experts of the `Qwen3Moe` shape: count, used per token, width.
+pub const MOE: (usize, usize, usize) = (4, 2, 16);
 
 impl Shape {
     /// The GGUF architecture name.
@@ -36,7 +43,14 @@ impl Shape {
             Shape::Gemma3 => "gemma3",
             Shape::Gemma2 => "gemma2",
             Shape::Phi3 => "phi3",
+            Shape::Qwen3Moe => "qwen3moe",
+            Shape::LlamaMoe => "llama",
         }
+    }
+
+    /// Whether the FFNs are experts.
+    pub fn moe(self) -> bool {
+        matches!(self, Shape::Qwen3Moe | Shape::LlamaMoe)
     }
 }
 
@@ -80,6 +94,12 @@ pub struct Layer {
     /// Norms after attention and after the FFN (written for gemma3 only).
     pub post_attn_norm: Vec<f32>,
     pub post_ffn_norm: Vec<f32>,
+    /// Router `[n_embd, n_expert]` and expert stacks (gate, up `[n_embd, ff, n]`, down
+    /// `[ff, n_embd, n]`), written for qwen3moe only.
+    pub gate_inp: Vec<f32>,
+    pub gate_exps: Vec<f32>,
+    pub up_exps: Vec<f32>,
+    pub down_exps: Vec<f32>,
     pub ffn_norm: Vec<f32>,
     pub gate: Vec<f32>,
     pub up: Vec<f32>,
@@ -116,6 +136,10 @@ pub fn make_weights(c: &Cfg, seed: u64) -> Weights {
             k_norm: Vec::new(),
             post_attn_norm: Vec::new(),
             post_ffn_norm: Vec::new(),
+            gate_inp: Vec::new(),
+            gate_exps: Vec::new(),
+            up_exps: Vec::new(),
+            down_exps: Vec::new(),
             ffn_norm: norm(&mut r),
             gate: r.f32_vec(e * ff, 0.3),
             up: r.f32_vec(e * ff, 0.3),
@@ -144,6 +168,13 @@ pub fn make_weights(c: &Cfg, seed: u64) -> Weights {
     for l in &mut layers {
         l.post_attn_norm = norm(&mut r);
         l.post_ffn_norm = norm(&mut r);
+    }
+    let (n_x, _, ff_x) = MOE;
+    for l in &mut layers {
+        l.gate_inp = r.f32_vec(e * n_x, 0.5);
+        l.gate_exps = r.f32_vec(e * ff_x * n_x, 0.3);
+        l.up_exps = r.f32_vec(e * ff_x * n_x, 0.3);
+        l.down_exps = r.f32_vec(ff_x * e * n_x, 0.3);
     }
     Weights {
         embd,
@@ -177,11 +208,24 @@ pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
     g.add_u32(&k("context_length"), 256);
     g.add_u32(&k("embedding_length"), c.n_embd as u32);
     g.add_u32(&k("block_count"), c.n_layer as u32);
-    g.add_u32(&k("feed_forward_length"), c.n_ff as u32);
+    // Mixtral-style experts are `feed_forward_length` wide.
+    let n_ff = if c.shape == Shape::LlamaMoe {
+        MOE.2
+    } else {
+        c.n_ff
+    };
+    g.add_u32(&k("feed_forward_length"), n_ff as u32);
     g.add_u32(&k("attention.head_count"), c.n_head as u32);
     g.add_u32(&k("attention.head_count_kv"), c.n_head_kv as u32);
     g.add_f32(&k("attention.layer_norm_rms_epsilon"), c.eps);
     g.add_f32(&k("rope.freq_base"), c.base);
+    if c.shape.moe() {
+        g.add_u32(&k("expert_count"), MOE.0 as u32);
+        g.add_u32(&k("expert_used_count"), MOE.1 as u32);
+        if c.shape == Shape::Qwen3Moe {
+            g.add_u32(&k("expert_feed_forward_length"), MOE.2 as u32);
+        }
+    }
     if c.shape == Shape::Gemma2 {
         // The window pattern is gemma2's default (every other layer); the caps small enough to
         // bite on these weights.
@@ -290,7 +334,7 @@ pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
             GgmlType::F32,
             f32_bytes(&lw.wo),
         );
-        if matches!(c.shape, Shape::Qwen3 | Shape::Gemma3) {
+        if matches!(c.shape, Shape::Qwen3 | Shape::Gemma3 | Shape::Qwen3Moe) {
             let hd = c.head_dim() as u64;
             g.add_tensor(
                 &n("attn_q_norm.weight"),
@@ -336,7 +380,22 @@ pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
             GgmlType::F32,
             f32_bytes(&lw.ffn_norm),
         );
-        if c.shape == Shape::Phi3 {
+        if c.shape.moe() {
+            let (n_x, ff_x) = (MOE.0 as u64, MOE.2 as u64);
+            g.add_tensor(
+                &n("ffn_gate_inp.weight"),
+                &[e, n_x],
+                GgmlType::F32,
+                f32_bytes(&lw.gate_inp),
+            );
+            for (name, shape, w) in [
+                ("ffn_gate_exps.weight", [e, ff_x, n_x], &lw.gate_exps),
+                ("ffn_up_exps.weight", [e, ff_x, n_x], &lw.up_exps),
+                ("ffn_down_exps.weight", [ff_x, e, n_x], &lw.down_exps),
+            ] {
+                g.add_tensor(&n(name), &shape, GgmlType::F16, f16_bytes(w));
+            }
+        } else if c.shape == Shape::Phi3 {
             // One matrix: the gate's rows, then up's.
             let fused: Vec<f32> = lw.gate.iter().chain(&lw.up).copied().collect();
             g.add_tensor(
@@ -359,12 +418,14 @@ pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
                 f16_bytes(&lw.up),
             );
         }
-        g.add_tensor(
-            &n("ffn_down.weight"),
-            &[ff, e],
-            GgmlType::F16,
-            f16_bytes(&lw.down),
-        );
+        if !c.shape.moe() {
+            g.add_tensor(
+                &n("ffn_down.weight"),
+                &[ff, e],
+                GgmlType::F16,
+                f16_bytes(&lw.down),
+            );
+        }
         lw.gate = via_f16(&lw.gate);
         lw.up = via_f16(&lw.up);
         lw.down = via_f16(&lw.down);
