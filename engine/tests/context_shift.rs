@@ -114,6 +114,18 @@ fn qwen2_shift_matches_direct_computation() {
     shifted_matches_direct(Shape::Qwen2);
 }
 
+/// The one layer is windowed (4 positions) and rotates with its own RoPE base, which the shift
+/// must use too.
+#[test]
+fn gemma3_windowed_layer_shift_matches_direct_computation() {
+    shifted_matches_direct(Shape::Gemma3);
+}
+
+#[test]
+fn phi3_shift_matches_direct_computation() {
+    shifted_matches_direct(Shape::Phi3);
+}
+
 #[test]
 fn shared_pages_stay_and_ids_do_not_collide() {
     let c = cfg(Shape::Llama, false);
