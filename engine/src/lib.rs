@@ -56,6 +56,7 @@ mod pages;
 pub mod sampling;
 mod session;
 mod shift;
+mod stop;
 pub mod store;
 #[cfg(feature = "test-util")]
 pub mod testing;
@@ -73,6 +74,7 @@ pub use model::{
 pub use namespace::Namespace;
 pub use pages::ImportSummary;
 pub use session::{GenerateParams, Generation, Session, SessionParams, StopReason};
+pub use stop::StopStrings;
 
 // Types of the checkpoint format (`ckptfmt`) and the block store (`kvstore`) that this API hands
 // out, re-exported on purpose so a user can name them without depending on those crates

@@ -9,6 +9,7 @@ use crate::error::Result;
 use crate::kv::{KvLayout, KvType};
 use crate::model::Model;
 use crate::sampling::Sampler;
+use crate::stop::StopStrings;
 use crate::tokenizer::StreamDecoder;
 
 /// How a session runs.
@@ -215,6 +216,7 @@ impl Session {
         let mut generated = Vec::new();
         let mut text = String::new();
         let mut emitted = 0; // bytes of `text` already given to `on_text`
+        let mut stops = StopStrings::new(&params.stop_strings);
         let stop = loop {
             if generated.len() >= params.max_tokens {
                 break StopReason::MaxTokens;
@@ -230,7 +232,7 @@ impl Session {
             self.feed(&[token])?;
             generated.push(token);
             text.push_str(&decoder.push(self.model().tokenizer(), token));
-            if let Some(cut) = find_stop(&text, &params.stop_strings) {
+            if let Some((cut, _)) = stops.find(&text) {
                 text.truncate(cut);
                 if cut > emitted && on_text(&text[emitted..]).is_break() {
                     break StopReason::Cancelled;
@@ -239,7 +241,7 @@ impl Session {
                 break StopReason::StopString;
             }
             // Hold back a tail that could still become a stop string.
-            let safe = safe_prefix_len(&text, &params.stop_strings).max(emitted);
+            let safe = stops.safe_prefix_len(&text).max(emitted);
             if safe > emitted {
                 let flow = on_text(&text[emitted..safe]);
                 emitted = safe;
@@ -310,43 +312,5 @@ impl Session {
             all.extend(v);
         }
         Ok(all)
-    }
-}
-
-/// Byte offset where the earliest stop string starts, if any occurs.
-fn find_stop(text: &str, stops: &[String]) -> Option<usize> {
-    stops
-        .iter()
-        .filter(|s| !s.is_empty())
-        .filter_map(|s| text.find(s.as_str()))
-        .min()
-}
-
-/// Length of the longest prefix of `text` that no continuation can turn into a stop string.
-fn safe_prefix_len(text: &str, stops: &[String]) -> usize {
-    let mut safe = text.len();
-    for stop in stops.iter().filter(|s| !s.is_empty()) {
-        // The longest suffix of text that is a proper prefix of `stop`.
-        for (start, _) in text.char_indices().rev().take(stop.len()) {
-            if stop.starts_with(&text[start..]) {
-                safe = safe.min(start);
-            }
-        }
-    }
-    safe
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stop_string_prefixes_are_held_back() {
-        let stops = vec!["</end>".to_owned()];
-        assert_eq!(safe_prefix_len("hello </e", &stops), 6);
-        assert_eq!(safe_prefix_len("hello", &stops), 5);
-        assert_eq!(safe_prefix_len("a<", &stops), 1);
-        assert_eq!(find_stop("ab</end>cd", &stops), Some(2));
-        assert_eq!(find_stop("ab</en", &stops), None);
     }
 }

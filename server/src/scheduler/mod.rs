@@ -29,7 +29,6 @@ mod sample;
 mod shift;
 mod sleep;
 mod slots;
-mod stop;
 mod types;
 
 pub use types::{
@@ -42,7 +41,6 @@ use crate::metrics::Metrics;
 use loader::{Load, Loader, Queued};
 use reuse::{common_prefix, recv_timeout, recv_within, EXPORT_IDLE};
 use sample::{flush_text, pick};
-use stop::{find_stop, safe_prefix_len};
 
 /// Finished sequences kept resident at most (each holds at least its partial last page).
 const MAX_CACHED: usize = 256;
@@ -59,7 +57,8 @@ struct Active {
     sampler: Sampler,
     decoder: StreamDecoder,
     generated: Vec<u32>,
-    /// The stop string found, if any.
+    /// The request's stop strings, and the one found, if any.
+    stops: engine::StopStrings,
     stopping_word: String,
     /// Generated text so far, and how much of it was sent.
     text: String,
@@ -483,6 +482,7 @@ impl Scheduler {
         Metrics::add(&m.prompt_tokens_from_store, from_store as u64);
         Metrics::add(&m.prompt_tokens_computed, (prompt.len() - cache_n) as u64);
         self.tickets += 1;
+        let stops = engine::StopStrings::new(&job.params.stop);
         Ok(Active {
             events: job.events,
             sampler: Sampler::new(job.params.sampler.clone()),
@@ -493,6 +493,7 @@ impl Scheduler {
             prompt,
             decoder: StreamDecoder::new(),
             generated: Vec::new(),
+            stops,
             stopping_word: String::new(),
             text: String::new(),
             sent: 0,
@@ -666,7 +667,7 @@ impl Scheduler {
         }
         Metrics::add(&self.metrics.tokens_predicted, 1);
         a.text.push_str(&a.decoder.push(tok, token));
-        if let Some((cut, word)) = find_stop(&a.text, &a.params.stop) {
+        if let Some((cut, word)) = a.stops.find(&a.text) {
             a.stopping_word = word.to_owned();
             a.text.truncate(cut);
             flush_text(a, cut);
@@ -684,7 +685,7 @@ impl Scheduler {
                 }
             }
         }
-        let safe = safe_prefix_len(&a.text, &a.params.stop).max(a.sent);
+        let safe = a.stops.safe_prefix_len(&a.text).max(a.sent);
         flush_text(a, safe);
         // A grammar that is complete admits nothing more.
         if a.constraint.as_ref().is_some_and(|c| c.is_done()) {
