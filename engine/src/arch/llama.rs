@@ -15,12 +15,7 @@ pub(super) fn blocks<'g, 'w>(g: &mut Graph<'g, 'w>, f: &mut Forward<'_, 'g, 'w>)
     let mut x = f.embed(g);
     for il in 0..hp.n_layer {
         let lw = f.model.layer(il);
-        let cur = f.norm(g, x, lw.attn_norm);
-        let (q, k, v) = f.qkv(g, il, cur);
-        let q = f.opt_norm(g, q, lw.q_norm);
-        let k = f.opt_norm(g, k, lw.k_norm);
-        let q = f.rope(g, q, il);
-        let k = f.rope(g, k, il);
+        let (q, k, v) = f.attention_inputs(g, il, x);
         let attn = if hp.arch == Arch::Phi3 {
             // phi3 scales Q before attention, the scores then unscaled (as llama.cpp).
             let q = g.scale(q, hp.attn_scale);

@@ -187,6 +187,25 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         }
     }
 
+    /// Layer `il`'s attention inputs from the residual stream `x`: the attention norm, Q, K and
+    /// V ([`Forward::qkv`]), each head of Q and K normalised where the layer has the weights,
+    /// and Q and K rotated.
+    pub fn attention_inputs(
+        &self,
+        g: &mut Graph<'g, 'w>,
+        il: usize,
+        x: Tensor<'g>,
+    ) -> (Tensor<'g>, Tensor<'g>, Tensor<'g>) {
+        let lw = self.model.layer(il);
+        let cur = self.norm(g, x, lw.attn_norm);
+        let (q, k, v) = self.qkv(g, il, cur);
+        let q = self.opt_norm(g, q, lw.q_norm);
+        let k = self.opt_norm(g, k, lw.k_norm);
+        let q = self.rope(g, q, il);
+        let k = self.rope(g, k, il);
+        (q, k, v)
+    }
+
     /// Layer `il`'s Q (`[head_dim, n_head, n]`), K and V (`[head_dim, n_head_kv, n]`) of the
     /// normed input `x`: three products, or one fused product whose rows are viewed apart
     /// (V copied out contiguous, since it goes to the cache as rows), biases added.
