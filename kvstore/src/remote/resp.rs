@@ -202,6 +202,28 @@ impl Conn {
         Ok(conn)
     }
 
+    /// Reads `want` bytes (a value and its CRLF) into a buffer of their own: what the reader
+    /// holds first, then the rest from the socket itself. std reads a `TcpStream` or
+    /// `UnixStream` into uninitialised capacity, but through a wrapper without that ability
+    /// (`Stream`, or the `BufReader` over it) it zeroes every buffer before reading into it, a
+    /// second pass over each megabyte.
+    fn read_bulk(&mut self, want: usize) -> io::Result<Vec<u8>> {
+        let mut value = Vec::with_capacity(want);
+        let buffered = self.reader.buffer();
+        let k = buffered.len().min(want);
+        value.extend_from_slice(&buffered[..k]);
+        self.reader.consume(k);
+        let rest = (want - k) as u64;
+        if rest > 0 {
+            match self.reader.get_mut() {
+                Stream::Tcp(s) => (&mut *s).take(rest).read_to_end(&mut value)?,
+                #[cfg(unix)]
+                Stream::Unix(s) => (&mut *s).take(rest).read_to_end(&mut value)?,
+            };
+        }
+        Ok(value)
+    }
+
     /// Writes one command.
     fn send(&mut self, args: &[&[u8]]) -> io::Result<()> {
         write!(self.writer, "*{}\r\n", args.len())?;
@@ -287,11 +309,7 @@ impl Conn {
                 if n > MAX_BULK {
                     return Err(bad(format!("a value of {n} bytes")));
                 }
-                // Read straight into the value's own buffer: no zeroing, no second copy.
-                let mut value = Vec::with_capacity(n + 2);
-                (&mut self.reader)
-                    .take(n as u64 + 2)
-                    .read_to_end(&mut value)?;
+                let mut value = self.read_bulk(n + 2)?;
                 if value.len() != n + 2 || !value.ends_with(b"\r\n") {
                     return Err(bad("a value cut short"));
                 }
@@ -323,11 +341,12 @@ mod tests {
     use super::*;
 
     /// A connection whose server is `script`: the bytes it answers with, whatever is asked.
-    fn scripted(script: &'static [u8]) -> Conn {
+    fn scripted(script: impl Into<Vec<u8>>) -> Conn {
+        let script: Vec<u8> = script.into();
         let (ours, theirs) = UnixStream::pair().unwrap();
         std::thread::spawn(move || {
             let mut theirs = theirs;
-            let _ = theirs.write_all(script);
+            let _ = theirs.write_all(&script);
             // Keep the socket open a moment so a short script reads as cut, not closed early.
             std::thread::sleep(Duration::from_millis(200));
         });
@@ -352,6 +371,36 @@ mod tests {
         }
         assert!(matches!(c.call(&[b"EXISTS", b"a"]).unwrap(), Reply::Int(7)));
         assert!(matches!(c.call(&[b"PING"]).unwrap(), Reply::Status));
+    }
+
+    #[test]
+    fn large_values_back_to_back_are_read_whole_and_in_step() {
+        // Values far larger than the reader's buffer: each is read partly from what the
+        // reader holds and partly from the socket directly.
+        let values: Vec<Vec<u8>> = (0..3u8)
+            .map(|i| {
+                (0..300_000u32)
+                    .map(|j| (j as u8).wrapping_mul(i + 1))
+                    .collect()
+            })
+            .collect();
+        let mut script = b"*3\r\n".to_vec();
+        for v in &values {
+            script.extend_from_slice(format!("${}\r\n", v.len()).as_bytes());
+            script.extend_from_slice(v);
+            script.extend_from_slice(b"\r\n");
+        }
+        script.extend_from_slice(b":5\r\n");
+        let mut c = scripted(script);
+        match c.call(&[b"MGET", b"a", b"b", b"c"]).unwrap() {
+            Reply::Array(Some(items)) => {
+                for (item, want) in items.iter().zip(&values) {
+                    assert!(matches!(item, Reply::Bulk(Some(v)) if v == want));
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(c.call(&[b"EXISTS", b"a"]).unwrap(), Reply::Int(5)));
     }
 
     #[test]
