@@ -66,7 +66,7 @@ impl Server {
         let model = Model::load_with(
             &args.model,
             &engine::ModelParams {
-                repack: !args.deterministic,
+                repack: !args.deterministic && !args.no_repack,
                 ..engine::ModelParams::gpu_layers(config.n_gpu_layers)
             },
         )?;

@@ -21,6 +21,7 @@ use Arity::{Flag, One, Optional, Two};
 /// llama-server's other spellings of options [`super::Args`] parses, and the name clap knows.
 const SPELLINGS: &[(&str, &str)] = &[
     ("-np", "--parallel"),
+    ("-nr", "--no-repack"),
     ("-ngl", "--n-gpu-layers"),
     ("-ctk", "--cache-type-k"),
     ("-ctv", "--cache-type-v"),
@@ -85,9 +86,9 @@ const NO_EFFECT: &[(&[&str], Arity, &str)] = &[
         "KV offload (offloaded layers keep their KV on the device)",
     ),
     (
-        &["--repack", "-nr", "--no-repack"],
+        &["--repack"],
         Flag,
-        "weight repacking",
+        "weight repacking (already on by default)",
     ),
     (&["--no-host"], Flag, "host buffers"),
     (

@@ -470,6 +470,10 @@ pub struct Args {
     /// slower prefill on the CPU).
     #[arg(long = "deterministic")]
     pub deterministic: bool,
+    /// Keep matrix weights as the file lays them out rather than in llama.cpp's repacked CPU
+    /// layout (`-nr`; also off with `--deterministic`). `--repack`, the default, is accepted.
+    #[arg(long = "no-repack")]
+    pub no_repack: bool,
     /// Fault injection for tests: each block read from the cache waits this many milliseconds
     /// first, as on a slow disk.
     #[arg(long = "fault-read-delay-ms", hide = true, default_value_t = 0)]

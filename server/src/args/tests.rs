@@ -217,3 +217,11 @@ fn remote_tier_options_are_refused_where_they_would_be_ignored() {
         ("llama-hdd", 100)
     );
 }
+
+#[test]
+fn no_repack_in_either_spelling_turns_repacking_off_and_repack_is_accepted() {
+    assert!(!parse(&[]).unwrap().no_repack);
+    assert!(parse(&["--no-repack"]).unwrap().no_repack);
+    assert!(parse(&["-nr"]).unwrap().no_repack);
+    assert!(!parse(&["--repack"]).unwrap().no_repack);
+}
