@@ -221,3 +221,17 @@ fn tensor_types_must_suit_their_kernels() {
         "{e:?}"
     );
 }
+
+#[test]
+fn a_tensor_the_forward_pass_does_not_read_is_refused() {
+    // A bias on the output head: llama has none, so its weights would be ignored.
+    let e = load_err(|w| {
+        w.add_tensor("output.bias", &[97], GgmlType::F32, vec![0; 97 * 4]);
+    });
+    match &e {
+        Error::BadTensor { name, reason } if name == "output.bias" => {
+            assert!(reason.contains("not read"), "{reason}")
+        }
+        other => panic!("expected BadTensor for output.bias, got {other:?}"),
+    }
+}
