@@ -87,6 +87,15 @@ pub enum Error {
     /// past the renderer's memory or time limit, or the renderer could not run.
     #[error("chat template renderer: {0}")]
     TemplateRenderer(String),
+    /// A template that is not reviewed was to be rendered in a program that chose neither the
+    /// sandbox ([`crate::chat::sandbox::init`]) nor rendering in process
+    /// ([`crate::chat::sandbox::render_in_process`]).
+    #[error(
+        "chat template: this program has not chosen where unreviewed templates render; call \
+         engine::chat::sandbox::init() first thing in main (a child process with memory and time \
+         limits), or engine::chat::sandbox::render_in_process() to trust every model file"
+    )]
+    NoSandboxChoice,
     /// A pin that cannot be made (see [`crate::store::SessionStore::pin`]).
     #[error("pin: {0}")]
     InvalidPin(String),

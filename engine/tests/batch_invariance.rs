@@ -86,8 +86,8 @@ fn cold_resident_stored_and_batched_logits_are_the_same_bits() {
     for p in &prompts {
         let seq = ctx.new_sequence();
         let first = ctx.feed(seq, p, Logits::Last).unwrap();
-        let blocks = store.new_blocks(&ctx, seq, 0).unwrap();
-        store.put_blocks(blocks).unwrap();
+        let blocks = store.prompt_cache().new_blocks(&ctx, seq, 0).unwrap();
+        store.prompt_cache().put_blocks(blocks).unwrap();
         cold.push(generate(&mut ctx, seq, first));
         seqs.push(seq);
     }

@@ -8,7 +8,7 @@ use common::real_model_path;
 
 use std::path::PathBuf;
 
-use engine::chat::{ChatTemplate, Message, CHATML_TEMPLATE};
+use engine::chat::{sandbox, ChatTemplate, Message, CHATML_TEMPLATE};
 use engine::gguf::{Gguf, GgufWriter};
 
 fn golden_chat_prompt() -> String {
@@ -78,6 +78,8 @@ fn chatml_fallback() {
 
 #[test]
 fn template_features() {
+    // These test templates are trusted: rendered here, not in the sandbox.
+    sandbox::render_in_process();
     // raise_exception aborts rendering with the message.
     let t = ChatTemplate::new(
         "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}{% endif %}ok",
@@ -120,6 +122,7 @@ fn template_features() {
     ignore = "needs overflow checks: without them the product wraps and never panics"
 )]
 fn a_panic_inside_the_template_engine_is_a_template_error() {
+    sandbox::render_in_process();
     let folded = "{{ ['a'] * 4294967296 * 4294967296 + ['b'] }}";
     let at_render = "{% set n = messages|length * 4294967296 %}{{ ['a'] * n * n + ['b'] }}";
     let messages = [Message::new("user", "hi")];

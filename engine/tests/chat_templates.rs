@@ -52,7 +52,25 @@ fn request(messages: Vec<Json>, tools: Option<Vec<Json>>, reasoning: Reasoning) 
     }
 }
 
+/// Turns the sandbox on, with this executable as the renderer: every test of this file renders
+/// there (a process chooses once), and compares with renders in process (`render_here`).
+fn turn_on() {
+    let exe = std::env::current_exe().unwrap();
+    let args = [
+        "renderer_entry",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+    ];
+    let limits = Limits {
+        memory_bytes: 512 << 20,
+        time: Duration::from_secs(5),
+    };
+    sandbox::enable(exe, args.iter().map(Into::into).collect(), limits);
+}
+
 fn template(source: &str) -> ChatTemplate {
+    turn_on();
     ChatTemplate::new(source, "<s>", "</s>").unwrap()
 }
 
@@ -192,6 +210,7 @@ fn reasoning_on_off_auto_as_llama_server() {
         }
     }
     // The whole DeepSeek prompt, reasoning off.
+    turn_on();
     let t = ChatTemplate::new(&r1_unedited, "<｜begin▁of▁sentence｜>", "").unwrap();
     let req = request(
         vec![json!({"role": "system", "content": "Sys."}), user("Hi")],
@@ -487,18 +506,7 @@ fn template_errors_are_errors() {
 /// The same renders in the renderer process, and a hostile template still bounded there.
 #[test]
 fn render_requests_in_the_renderer() {
-    let exe = std::env::current_exe().unwrap();
-    let args = [
-        "renderer_entry",
-        "--exact",
-        "--nocapture",
-        "--test-threads=1",
-    ];
-    let limits = Limits {
-        memory_bytes: 512 << 20,
-        time: Duration::from_secs(5),
-    };
-    sandbox::enable(exe, args.iter().map(Into::into).collect(), limits);
+    turn_on();
     assert!(sandbox::active().is_some());
     let mut req = request(tool_conversation(), Some(vec![test_tool()]), Reasoning::Off);
     req.kwargs.insert("custom".into(), json!({"k": [1, 2]}));

@@ -68,22 +68,40 @@ fn namespaces_share_no_block_and_each_keeps_its_own() {
     let store =
         SessionStore::open(&dir.path().join("cache"), &model, StoreConfig::default()).unwrap();
     store
-        .put_blocks(store.new_blocks(&ctx, a, 0).unwrap())
+        .prompt_cache()
+        .put_blocks(store.prompt_cache().new_blocks(&ctx, a, 0).unwrap())
         .unwrap();
     store
-        .put_tail(store.tail_of(&ctx, a, toks.len()).unwrap().unwrap())
+        .prompt_cache()
+        .put_tail(
+            store
+                .prompt_cache()
+                .tail_of(&ctx, a, toks.len())
+                .unwrap()
+                .unwrap(),
+        )
         .unwrap();
-    assert_eq!(store.find_prefix(&toks, Some(ns_a)).tokens, toks.len());
-    assert_eq!(store.find_prefix(&toks, None).tokens, 0);
-    assert_eq!(store.find_prefix(&toks, Some(ns_b)).tokens, 0);
+    assert_eq!(
+        store.prompt_cache().find_prefix(&toks, Some(ns_a)).tokens,
+        toks.len()
+    );
+    assert_eq!(store.prompt_cache().find_prefix(&toks, None).tokens, 0);
+    assert_eq!(
+        store.prompt_cache().find_prefix(&toks, Some(ns_b)).tokens,
+        0
+    );
 
     // Restored into a new context, it is a sequence of that namespace again.
     let mut ctx2 = context(&model);
     let back = ctx2.new_sequence();
     let layout = ctx2.kv_layout().clone();
-    let loaded = store.load_prefix(&layout, &toks, 0, Some(ns_a)).unwrap();
+    let loaded = store
+        .prompt_cache()
+        .load_prefix(&layout, &toks, 0, Some(ns_a))
+        .unwrap();
     assert_eq!(
         store
+            .prompt_cache()
             .import_loaded(&mut ctx2, back, &toks, &loaded)
             .unwrap(),
         toks.len()

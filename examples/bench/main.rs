@@ -198,7 +198,7 @@ fn fill_store(
     dir: &std::path::Path,
     n: usize,
 ) -> Result<serde_json::Value> {
-    use engine::store::{NewBlock, TailBlock};
+    use engine::store::prompt_cache::{NewBlock, TailBlock};
     let started = Instant::now();
     let store = SessionStore::open(dir, model, StoreConfig::default())?;
     let layout =
@@ -213,13 +213,13 @@ fn fill_store(
         let block = &tokens[..PAGE_TOKENS];
         let id = kvstore::BlockId::chain(&fingerprint, None, block);
         let fill = (c % 251) as u8;
-        store.put_blocks(vec![NewBlock {
+        store.prompt_cache().put_blocks(vec![NewBlock {
             prev: None,
             id,
             tokens: block.to_vec(),
             kv: vec![fill; PAGE_TOKENS * per_token],
         }])?;
-        store.put_tail(TailBlock {
+        store.prompt_cache().put_tail(TailBlock {
             tokens,
             kv: vec![fill; 2 * per_token],
             last_block: id,

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use engine::chat::Message;
@@ -400,9 +400,7 @@ impl Chat {
         if all.is_empty() {
             println!("(no saved conversations)");
         }
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let now = kvstore::unix_now();
         for c in all {
             let mark = if c.name == self.name() { '*' } else { ' ' };
             println!(

@@ -88,9 +88,7 @@ impl<V: BlockIo> Shared<V> {
         // One lock order for every process: by fingerprint.
         models.sort_by_key(|(_, m)| m.fp.to_hex());
         let mut report = GcReport::default();
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let now = crate::unix_now();
         // Within the budget by the indexes, followed without the store lock, nothing expired
         // and no new manifest: nothing to do.
         let mut known = Some(0i128);

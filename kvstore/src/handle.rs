@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
 
-use ckptfmt::{BlockId, CheckpointHealth, Fingerprint, FormatError, Geometry, Manifest};
+use ckptfmt::{BlockId, ChainRoot, CheckpointHealth, Fingerprint, FormatError, Geometry, Manifest};
 
 use crate::bytes::KvBytes;
 use crate::config::GcReport;
@@ -412,16 +412,27 @@ impl<V: BlockIo> ModelStore<V> {
         self.shared.delete(&self.info, name)
     }
 
-    /// The longest chain of stored blocks (in either tier, saved in a
-    /// checkpoint or not, written by any process) that is a prefix of `tokens`.
-    pub fn longest_prefix(&self, tokens: &[u32]) -> PrefixMatch {
+    /// The longest chain of stored blocks that is a prefix of `tokens` chained from `roots`
+    /// (a namespace's or a shifted sequence's chain roots, [`ChainRoot`]; none for plain
+    /// tokens): the local tiers first (RAM and disk, saved in a checkpoint or not, written by
+    /// any process), then the remote tier, if there is one, for the rest in one round trip
+    /// (what it brings is kept locally). The one prefix walk of the workspace.
+    pub fn longest_prefix(&self, tokens: &[u32], roots: &[ChainRoot]) -> PrefixMatch {
         let tpb = self.info.geometry.tokens_per_block();
-        let ids = BlockId::chain_all(&self.info.fp, tokens, tpb);
-        let block_ids: Vec<BlockId> = ids.into_iter().take_while(|id| self.contains(id)).collect();
+        let mut block_ids = BlockId::chain_all_rooted(&self.info.fp, tokens, tpb, roots);
+        let held = self.held_prefix(&block_ids);
+        block_ids.truncate(held);
         PrefixMatch {
-            n_tokens: block_ids.len() * tpb as usize,
+            n_tokens: held * tpb as usize,
             block_ids,
         }
+    }
+
+    /// How many of `ids` (a chain) are held from the first on: those the local tiers hold,
+    /// then those the remote tier brings for the rest.
+    pub(crate) fn held_prefix(&self, ids: &[BlockId]) -> usize {
+        let local = ids.iter().take_while(|id| self.contains(id)).count();
+        local + self.fetch_remote(&ids[local..]).blocks
     }
 
     /// Brings checkpoint `name`'s blocks into RAM on the background thread

@@ -69,7 +69,7 @@
 //! model.save(&m).unwrap();
 //!
 //! // A new conversation with the same first eight tokens skips their prefill.
-//! let hit = model.longest_prefix(&[0, 1, 2, 3, 4, 5, 6, 7, 99]);
+//! let hit = model.longest_prefix(&[0, 1, 2, 3, 4, 5, 6, 7, 99], &[]);
 //! assert_eq!(hit.n_tokens, 8);
 //! let back = model.load("chat-1").unwrap();
 //! assert_eq!(&back.blocks[1][..], &vec![1u8; block_bytes][..]);
@@ -119,3 +119,11 @@ pub use store::KvStore;
 /// Metadata key of a checkpoint's expiry (seconds since the epoch, in decimal): once it has
 /// passed, [`ModelStore::delete_expired`] (and `ckpt gc`) delete the checkpoint.
 pub const EXPIRES_KEY: &str = "expires_unix";
+
+/// The current time in whole seconds since the Unix epoch (0 on a clock set before it): the
+/// unit of checkpoints' creation times and of [`EXPIRES_KEY`].
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

@@ -38,7 +38,7 @@ fn threads_share_prefixes_and_sessions() {
                 let model = store.model(fp(), geometry()).unwrap();
                 for s in 0..n_sessions {
                     let tokens = session_tokens(t, s);
-                    let hit = model.longest_prefix(&tokens);
+                    let hit = model.longest_prefix(&tokens, &[]);
                     assert_eq!(hit.n_tokens % TPB as usize, 0);
                     // A live session pins its blocks while it runs and saves.
                     let ids = kvstore::BlockId::chain_all(&fp(), &tokens, TPB);

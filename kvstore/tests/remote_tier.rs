@@ -70,12 +70,12 @@ fn a_prefix_computed_on_one_host_is_read_on_another_and_verified() {
     let tokens: Vec<u32> = (0..40).collect();
     let ids = compute(&ma, &tokens, 7);
 
-    assert_eq!(mb.longest_prefix(&tokens).block_ids.len(), 0);
+    assert!(ids.iter().all(|id| !mb.contains(id)), "nothing local yet");
     let got = mb.fetch_remote(&ids);
     assert!(got.answered);
     assert_eq!(got.blocks, ids.len());
     // Held locally now, with the bytes the first host computed.
-    assert_eq!(mb.longest_prefix(&tokens).block_ids, ids);
+    assert_eq!(mb.longest_prefix(&tokens, &[]).block_ids, ids);
     for (i, id) in ids.iter().enumerate() {
         assert_eq!(&mb.get(id).unwrap().unwrap()[..], &kv(7, i)[..]);
     }
@@ -88,6 +88,10 @@ fn a_prefix_computed_on_one_host_is_read_on_another_and_verified() {
     let longer: Vec<u32> = (0..40).chain(1000..1008).collect();
     let longer_ids = BlockId::chain_all(&fp, &longer, TPB);
     assert_eq!(mc.fetch_remote(&longer_ids).blocks, ids.len());
+    // The prefix walk goes on into the remote tier where the local tiers end.
+    let (_sd, md) = host(tempfile::tempdir().unwrap().path(), &redis.url(), &fp);
+    let hit = md.longest_prefix(&longer, &[]);
+    assert_eq!((hit.block_ids, hit.n_tokens), (ids.clone(), tokens.len()));
 }
 
 #[test]

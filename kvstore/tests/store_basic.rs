@@ -128,13 +128,13 @@ fn longest_prefix_spans_sessions() {
     assert_eq!(m.dedup_blocks, 2, "the system prompt is stored once");
     let mut q = s2.clone();
     q.truncate(14);
-    let hit = model.longest_prefix(&q);
+    let hit = model.longest_prefix(&q, &[]);
     assert_eq!(hit.n_tokens, 12);
-    assert_eq!(hit.block_ids, model.longest_prefix(&s2).block_ids[..3]);
+    assert_eq!(hit.block_ids, model.longest_prefix(&s2, &[]).block_ids[..3]);
     let mut q = system.clone();
     q.extend([100, 101, 102, 999]);
-    assert_eq!(model.longest_prefix(&q).n_tokens, 8);
-    assert_eq!(model.longest_prefix(&[5, 5, 5, 5]).n_tokens, 0);
+    assert_eq!(model.longest_prefix(&q, &[]).n_tokens, 8);
+    assert_eq!(model.longest_prefix(&[5, 5, 5, 5], &[]).n_tokens, 0);
 }
 
 #[test]
@@ -178,12 +178,12 @@ fn gc_removes_the_last_blocks_of_a_prefix_before_its_first() {
     // Room for five of the eight blocks: the older prompt loses its last three, and keeps its
     // first one, which is still worth something.
     store.gc_to(5 * per_block).unwrap();
-    assert_eq!(model.longest_prefix(&new).n_tokens, 16);
-    assert_eq!(model.longest_prefix(&old).n_tokens, 4);
+    assert_eq!(model.longest_prefix(&new, &[]).n_tokens, 16);
+    assert_eq!(model.longest_prefix(&old, &[]).n_tokens, 4);
     // Room for two: the newer prompt keeps its first two blocks.
     store.gc_to(2 * per_block).unwrap();
-    assert_eq!(model.longest_prefix(&new).n_tokens, 8);
-    assert_eq!(model.longest_prefix(&old).n_tokens, 0);
+    assert_eq!(model.longest_prefix(&new, &[]).n_tokens, 8);
+    assert_eq!(model.longest_prefix(&old, &[]).n_tokens, 0);
 }
 
 #[test]

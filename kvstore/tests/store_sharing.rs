@@ -101,7 +101,7 @@ fn a_block_written_by_another_store_is_found_and_shared() {
     let ids = put_tokens(&ma, &tokens).unwrap();
     ma.save(&manifest("x", &tokens)).unwrap();
     assert!(mb.contains(&ids[1]));
-    assert_eq!(mb.longest_prefix(&tokens).n_tokens, 8);
+    assert_eq!(mb.longest_prefix(&tokens, &[]).n_tokens, 8);
     assert_eq!(mb.list().unwrap(), vec!["x".to_string()]);
     assert_eq!(mb.load("x").unwrap().blocks.len(), ids.len());
     // b's collection spares a's checkpoint; deleting it frees its blocks.

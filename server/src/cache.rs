@@ -6,12 +6,13 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use engine::store::{NewBlock, SessionStore, TailBlock};
+use engine::store::prompt_cache::{NewBlock, TailBlock};
+use engine::store::SessionStore;
 
 use crate::metrics::Metrics;
 
 /// What a finished request leaves for the store: its new full blocks and the partly filled
-/// pages after them (see [`SessionStore::tail_of`]).
+/// pages after them (see [`PromptCache::tail_of`](engine::store::prompt_cache::PromptCache::tail_of)).
 #[derive(Debug, Default)]
 pub struct Work {
     /// Full pages the store lacked.
@@ -211,9 +212,9 @@ fn write_behind(
         // go on, not only after.
         let incoming: u64 = batches
             .iter()
-            .map(|w| store.incoming_bytes(&w.blocks, &w.tails))
+            .map(|w| store.prompt_cache().incoming_bytes(&w.blocks, &w.tails))
             .sum();
-        if let Err(e) = store.make_room(incoming) {
+        if let Err(e) = store.prompt_cache().make_room(incoming) {
             metrics.cache_error(format!("keeping the disk budget failed: {e}"));
         }
         let mut blocks = Vec::new();
@@ -242,16 +243,16 @@ fn write_behind(
         // The remote tier first, if any (other replicas wait for it; this one has the pages in
         // memory): the blocks it lacks and the tails. A failure there is counted and logged by
         // the tier; the local store gets them either way.
-        let _ = store.push_remote(&blocks, &tails);
+        let _ = store.prompt_cache().push_remote(&blocks, &tails);
         match write_round(store, metrics, &blocks, &tails) {
             Ok(()) => full.recovered(metrics),
             Err(e) => {
                 // A full filesystem: what the cache takes now is all it can take. That becomes
                 // a budget, the oldest prompts make room for this round, and it is written
                 // again; later rounds make room before they write.
-                let cap = store.learn_capacity().unwrap_or(0);
+                let cap = store.prompt_cache().learn_capacity().unwrap_or(0);
                 full.report(metrics, &e, cap);
-                if let Err(e) = store.make_room(incoming) {
+                if let Err(e) = store.prompt_cache().make_room(incoming) {
                     metrics.cache_error(format!("making room on a full disk failed: {e}"));
                 }
                 if let Err(e) = write_round(store, metrics, &blocks, &tails) {
@@ -278,7 +279,7 @@ fn write_behind(
             let _ = clear.reply.send(result);
         }
         // Unnamed prompt blocks and tails go first and only: saved conversations stay.
-        if let Err(e) = store.collect_unreferenced() {
+        if let Err(e) = store.prompt_cache().collect_unreferenced() {
             metrics.cache_error(format!("keeping the disk budget failed: {e}"));
         }
         queued.fetch_sub(taken, Ordering::AcqRel);
@@ -298,13 +299,13 @@ fn write_round(
     blocks: &[NewBlock],
     tails: &[TailBlock],
 ) -> Result<(), engine::Error> {
-    match store.put_blocks(blocks.to_vec()) {
+    match store.prompt_cache().put_blocks(blocks.to_vec()) {
         Ok(n) => Metrics::add(&metrics.blocks_written, n as u64),
         Err(e) if is_no_space(&e) => return Err(e),
         Err(e) => metrics.cache_error(format!("storing blocks failed: {e}")),
     }
     for tail in tails {
-        match store.put_tail(tail.clone()) {
+        match store.prompt_cache().put_tail(tail.clone()) {
             Ok(()) => Metrics::add(&metrics.tails_written, 1),
             Err(e) if is_no_space(&e) => return Err(e),
             Err(e) => metrics.cache_error(format!("storing a tail failed: {e}")),

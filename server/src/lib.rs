@@ -32,7 +32,6 @@ pub mod texts;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use engine::store::{SessionStore, StoreConfig};
 use engine::{Context, ContextParams, Model, PAGE_TOKENS};
@@ -203,9 +202,7 @@ impl Server {
             cache_dir: store.as_ref().map(|_| config.cache_dir.clone()),
             store,
             texts: Mutex::new(texts),
-            started_unix: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            started_unix: kvstore::unix_now(),
             template,
             vocab: std::sync::OnceLock::new(),
             config,

@@ -182,28 +182,12 @@ fn the_command_line_refuses_unknown_flags_and_lists_all_in_help() {
     assert!(bad.is_err());
 }
 
-/// The template renderer when this executable is started as one (see the next test).
-#[test]
-fn renderer_entry() {
-    engine::chat::sandbox::serve_if_renderer();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_chat_template_fails_its_request_in_the_renderer_and_the_server_goes_on() {
     // As the binary does at start: unreviewed templates render in a child process (this test
-    // executable, running only `renderer_entry`).
-    let exe = std::env::current_exe().unwrap();
-    let args = [
-        "renderer_entry",
-        "--exact",
-        "--nocapture",
-        "--test-threads=1",
-    ];
-    let limits = engine::chat::sandbox::Limits {
-        memory_bytes: 512 << 20,
-        time: std::time::Duration::from_secs(3),
-    };
-    engine::chat::sandbox::enable(exe, args.iter().map(Into::into).collect(), limits);
+    // executable, running only `common::renderer_entry`).
+    common::sandbox_on();
+    assert!(engine::chat::sandbox::active().is_some());
     // ChatML, except that a message saying "boom" doubles a string sixty times.
     let hostile = "{% for m in messages %}{% if m['content'] == 'boom' %}\
                    {% set ns = namespace(x='ab') %}{% for i in range(60) %}\

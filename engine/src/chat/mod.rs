@@ -21,7 +21,9 @@
 //! Fuel does not bound what one instruction costs (a concatenation doubles a string; a few dozen
 //! of them ask for terabytes), so a process that calls [`sandbox::init`] renders every template
 //! it has not reviewed ([`ChatTemplate::is_reviewed`]) in a child process with a memory and a time
-//! limit.
+//! limit. A process must choose: one that called neither `init` nor
+//! [`sandbox::render_in_process`] cannot render an unreviewed template
+//! ([`Error::NoSandboxChoice`]).
 
 #![forbid(unsafe_code)]
 
@@ -244,6 +246,9 @@ impl ChatTemplate {
         };
         match sandbox::active() {
             Some(renderer) if !t.reviewed => renderer.check(&t)?,
+            // Without a choice an unreviewed template is compiled nowhere: rendering it fails
+            // with `Error::NoSandboxChoice`.
+            _ if !t.reviewed && !sandbox::chosen() => {}
             _ => {
                 let _ = t.env.set(compile(source)?);
             }
@@ -301,11 +306,12 @@ impl ChatTemplate {
     /// output budget of [`render_limits`]; with [`Error::TemplateRenderer`] when the template
     /// rendered in the [`sandbox`] and failed there or ran past its limits.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
-        match sandbox::active() {
-            Some(renderer) if !self.reviewed => {
-                renderer.render(self, messages, add_generation_prompt)
-            }
-            _ => self.render_here(messages, add_generation_prompt),
+        if self.reviewed {
+            return self.render_here(messages, add_generation_prompt);
+        }
+        match sandbox::placement()? {
+            Some(renderer) => renderer.render(self, messages, add_generation_prompt),
+            None => self.render_here(messages, add_generation_prompt),
         }
     }
 
@@ -321,9 +327,12 @@ impl ChatTemplate {
     /// closed. Unreviewed templates render in the [`sandbox`] when it is on; errors as for
     /// [`render`](Self::render).
     pub fn render_request(&self, req: &RenderRequest) -> Result<String> {
-        match sandbox::active() {
-            Some(renderer) if !self.reviewed => renderer.render_request(self, req),
-            _ => self.render_request_here(req),
+        if self.reviewed {
+            return self.render_request_here(req);
+        }
+        match sandbox::placement()? {
+            Some(renderer) => renderer.render_request(self, req),
+            None => self.render_request_here(req),
         }
     }
 

@@ -9,7 +9,10 @@
 //!
 //! A binary calls [`init`] first thing in `main`. Started normally, that turns the sandbox on
 //! for the process; started as a renderer (the environment variable [`RENDERER_ENV`] is set), it
-//! serves renders on standard input and output and exits. With the sandbox on,
+//! serves renders on standard input and output and exits. The choice cannot be forgotten: a
+//! program that made none (neither [`init`] nor [`enable`] nor [`render_in_process`]) gets
+//! [`Error::NoSandboxChoice`] from any render of an unreviewed template, never an unbounded
+//! render in its own process. With the sandbox on,
 //! [`ChatTemplate::render`] sends every template that is not
 //! [reviewed](ChatTemplate::is_reviewed) to one long-lived renderer: the same executable, which
 //! caps its own address space (on Unix; `RLIMIT_AS`) and is killed when a render takes longer
@@ -66,8 +69,16 @@ impl Default for Limits {
     }
 }
 
-/// The process's renderer, once the sandbox is on.
-static SANDBOX: OnceLock<Sandbox> = OnceLock::new();
+/// Where this process renders templates that are not reviewed, once it chose.
+enum Choice {
+    /// In the sandbox's renderer process.
+    Sandboxed(Sandbox),
+    /// Here, bounded only by fuel ([`render_in_process`]).
+    InProcess,
+}
+
+/// The process's choice; the first one made stands.
+static CHOICE: OnceLock<Choice> = OnceLock::new();
 
 /// Call first thing in `main`: serves renders and exits when this process was started as a
 /// renderer; otherwise turns the sandbox on, with this executable as the renderer and
@@ -82,19 +93,44 @@ pub fn init() {
 /// Turns the sandbox on with `program args...` as the renderer (a program whose start calls
 /// [`serve_if_renderer`]). The first call in a process wins; returns whether this one did.
 pub fn enable(program: PathBuf, args: Vec<OsString>, limits: Limits) -> bool {
-    SANDBOX
-        .set(Sandbox {
+    CHOICE
+        .set(Choice::Sandboxed(Sandbox {
             program,
             args,
             limits,
             renderer: Mutex::new(None),
-        })
+        }))
         .is_ok()
+}
+
+/// Renders every template in this process, bounded by fuel alone (see the
+/// [module](self) for what fuel does not bound): for programs that load only model files they
+/// trust, such as tests. The first choice in a process wins; returns whether this one did.
+pub fn render_in_process() -> bool {
+    CHOICE.set(Choice::InProcess).is_ok()
 }
 
 /// The sandbox, when [`init`] or [`enable`] turned it on.
 pub fn active() -> Option<&'static Sandbox> {
-    SANDBOX.get()
+    match CHOICE.get() {
+        Some(Choice::Sandboxed(s)) => Some(s),
+        _ => None,
+    }
+}
+
+/// Where an unreviewed template renders: in the sandbox (`Some`), here (`None`), or nowhere
+/// when the program has not chosen ([`Error::NoSandboxChoice`]).
+pub(super) fn placement() -> Result<Option<&'static Sandbox>> {
+    match CHOICE.get() {
+        Some(Choice::Sandboxed(s)) => Ok(Some(s)),
+        Some(Choice::InProcess) => Ok(None),
+        None => Err(Error::NoSandboxChoice),
+    }
+}
+
+/// Whether the program has chosen where unreviewed templates render.
+pub(super) fn chosen() -> bool {
+    CHOICE.get().is_some()
 }
 
 /// When this process was started as a renderer, serves renders until its input ends, then exits
@@ -111,6 +147,8 @@ pub fn serve_if_renderer() {
 
 /// The renderer's side: limit memory, greet, answer each request line.
 fn serve(limit: &OsStr) -> std::io::Result<()> {
+    // The renderer is the sandbox: it compiles and renders here.
+    render_in_process();
     if let Some(bytes) = limit.to_str().and_then(|s| s.parse::<u64>().ok()) {
         limit_address_space(bytes);
     }
@@ -159,7 +197,7 @@ fn answer(line: &str, template: &mut Option<ChatTemplate>) -> Result<String> {
         .as_ref()
         .is_some_and(|t| t.source == source && t.bos_token == bos && t.eos_token == eos);
     if !same {
-        // The renderer's sandbox is off: this compiles here.
+        // The renderer renders in process (`serve`): this compiles here.
         *template = Some(ChatTemplate::new(source, bos, eos)?);
     }
     let Some(t) = template else {

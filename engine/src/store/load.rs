@@ -5,7 +5,8 @@
 use ckptfmt::BlockId;
 use kvstore::KvBytes;
 
-use super::{SessionStore, StoredPrefix};
+use super::prompt_cache::{PromptCache, StoredPrefix};
+use super::SessionStore;
 use crate::context::{Context, SeqId};
 use crate::error::{Error, Result};
 use crate::kv::{KvLayout, PAGE_TOKENS};
@@ -29,7 +30,7 @@ impl std::ops::Deref for Span {
 }
 
 /// The longest stored prefix of a prompt, read and verified into memory by
-/// [`SessionStore::load_prefix`], ready for [`SessionStore::import_loaded`].
+/// [`PromptCache::load_prefix`], ready for [`PromptCache::import_loaded`].
 pub struct LoadedPrefix {
     /// The prefix found (its blocks and the tail that continues them).
     found: StoredPrefix,
@@ -65,9 +66,11 @@ impl LoadedPrefix {
     }
 }
 
-impl SessionStore {
+impl SessionStore {}
+
+impl PromptCache<'_> {
     /// Finds the longest stored prefix of `tokens` in namespace `ns`
-    /// ([`SessionStore::find_prefix`]) and reads its
+    /// ([`PromptCache::find_prefix`]) and reads its
     /// blocks and tail, verified and converted to `layout`'s types, into memory: the I/O half
     /// of a restore, for a thread that does not own the context. The first `skip` blocks are
     /// not read (the context holds them; [`Context::resident_prefix`]). A block that cannot be
@@ -80,22 +83,26 @@ impl SessionStore {
         skip: usize,
         ns: Option<crate::Namespace>,
     ) -> Result<LoadedPrefix> {
-        let conversion = self.conversion(layout)?;
+        let conversion = self.store.conversion(layout)?;
         let mut found = self.find_prefix(tokens, ns);
         let skipped = skip.min(found.blocks);
-        let ids = self.prefix_ids(&tokens[..found.blocks * PAGE_TOKENS], ns);
+        let ids = found.block_ids.clone();
         let mut spans = Vec::with_capacity(found.blocks - skipped);
         for (i, id) in ids.iter().enumerate().skip(skipped) {
-            let span = self.read_delayed(id).and_then(|bytes| match &conversion {
-                Some(to) => Ok(Span::Owned(self.stored.convert_span(&bytes, to)?)),
-                None => Ok(Span::Shared(bytes)),
-            });
+            let span = self
+                .store
+                .read_delayed(id)
+                .and_then(|bytes| match &conversion {
+                    Some(to) => Ok(Span::Owned(self.store.stored.convert_span(&bytes, to)?)),
+                    None => Ok(Span::Shared(bytes)),
+                });
             match span {
                 Ok(s) => spans.push(s),
                 // A missing or damaged block ends the usable prefix where it is.
                 Err(_) => {
                     found = StoredPrefix {
                         blocks: i,
+                        block_ids: ids[..i].to_vec(),
                         tail: None,
                         tokens: i * PAGE_TOKENS,
                         namespace: ns,
@@ -105,7 +112,7 @@ impl SessionStore {
             }
         }
         let tail = match found.tail.as_ref().map(|m| &m.tail_kv) {
-            Some(kv) => match self.stored_to_session(&conversion, kv) {
+            Some(kv) => match self.store.stored_to_session(&conversion, kv) {
                 Ok(span) => Some(span.into_owned()),
                 Err(_) => {
                     found.tail = None;
@@ -125,7 +132,7 @@ impl SessionStore {
     }
 
     /// Replaces sequence `seq` of `ctx` with `loaded`, the prefix of `tokens` that
-    /// [`SessionStore::load_prefix`] read; returns its length. Only memory is copied. Fails,
+    /// [`PromptCache::load_prefix`] read; returns its length. Only memory is copied. Fails,
     /// leaving the sequence as it was, when the context's layout is not the one loaded for, or
     /// when a skipped block is no longer resident.
     pub fn import_loaded(
@@ -150,7 +157,7 @@ impl SessionStore {
             Some(span) => sink(span),
             None => Err(kvstore::StoreError::BlockNotFound { id: id.to_hex() }.into()),
         };
-        self.import_found(
+        self.store.import_found(
             ctx,
             seq,
             tokens,

@@ -10,9 +10,8 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use ckptfmt::{BlockId, ChainRoot, Fingerprint, Geometry, LayerGeometry, Manifest, Metadata};
+use ckptfmt::{BlockId, Fingerprint, Geometry, LayerGeometry, Manifest, Metadata};
 use kvstore::{KvStore, ModelStore};
 
 use crate::context::{Context, SeqId};
@@ -24,7 +23,7 @@ use crate::session::Session;
 mod legacy;
 mod load;
 mod pins;
-mod prompt_cache;
+pub mod prompt_cache;
 mod remote;
 
 // The remote tier's settings and figures are kvstore's, re-exported on purpose: they are
@@ -32,9 +31,8 @@ mod remote;
 pub use kvstore::remote::LATENCY_BOUNDS_US as REMOTE_LATENCY_BOUNDS_US;
 pub use kvstore::{RemoteConfig, RemoteFigures};
 pub use legacy::LegacyStore;
-pub use load::LoadedPrefix;
 pub use pins::{Cleared, Pin, PIN_PREFIX};
-pub use prompt_cache::{NewBlock, StoredPrefix, TailBlock, TAIL_PREFIX};
+use prompt_cache::{StoredPrefix, TAIL_PREFIX};
 
 /// Tokens per checkpoint block: one KV page.
 const TOKENS_PER_BLOCK: u32 = PAGE_TOKENS as u32;
@@ -226,7 +224,7 @@ pub struct SessionStore {
     /// share a modification time, and the newest must not be taken for the oldest.
     tails_stored: std::sync::Mutex<(u64, std::collections::HashMap<String, u64>)>,
     /// The bytes the cache's files took when the filesystem was found full
-    /// ([`SessionStore::learn_capacity`]): from then on a budget too (`u64::MAX`: none).
+    /// ([`PromptCache::learn_capacity`](prompt_cache::PromptCache::learn_capacity)): from then on a budget too (`u64::MAX`: none).
     learned_cap: std::sync::atomic::AtomicU64,
     origin: crate::FingerprintOrigin,
     legacy: Option<LegacyStore>,
@@ -396,9 +394,9 @@ impl SessionStore {
             blocks_reused: ids.len(),
             ..SaveSummary::default()
         };
-        let new = self.new_blocks(ctx, seq, 0)?;
+        let new = self.prompt_cache().new_blocks(ctx, seq, 0)?;
         summary.blocks_reused -= new.len();
-        summary.blocks_written = self.put_blocks(new)?;
+        summary.blocks_written = self.prompt_cache().put_blocks(new)?;
         summary.bytes_written =
             summary.blocks_written as u64 * self.handle.geometry().block_bytes();
         let mut tail = Vec::new();
@@ -406,7 +404,7 @@ impl SessionStore {
             ctx.read_page(seq, ids.len(), &mut tail)?;
         }
         let tail = self.session_to_stored(&conversion, tail)?;
-        let saved_unix = unix_now();
+        let saved_unix = kvstore::unix_now();
         // Position `i` holds `tokens[i]`, shifted or not (a shift moves the kept tokens down).
         let positions = (0..tokens.len() as i32).collect();
         let manifest = Manifest::new(
@@ -439,59 +437,10 @@ impl SessionStore {
         Ok(summary)
     }
 
-    /// Copies the full pages of `seq`, from page `from` on, that the store does not hold yet:
-    /// the bytes to hand to [`SessionStore::put_blocks`], possibly on another thread (a page
-    /// read is a memory copy; storing it is not).
-    pub fn new_blocks(&self, ctx: &Context, seq: SeqId, from: usize) -> Result<Vec<NewBlock>> {
-        let tpb = TOKENS_PER_BLOCK as usize;
-        let conversion = self.conversion(ctx.kv_layout())?;
-        let tokens = ctx.tokens(seq)?;
-        let ids = ctx.block_ids(seq)?;
-        let roots = ctx.chain_roots(seq)?;
-        // Every missing page in one batch of transfers (one wait, when the KV is on a GPU).
-        let missing: Vec<usize> = (from..ids.len())
-            .filter(|&i| !self.handle.contains(&ids[i]))
-            .collect();
-        let mut spans = vec![Vec::new(); missing.len()];
-        ctx.read_full_pages(seq, &missing, &mut spans)?;
-        let mut out = Vec::new();
-        for (i, kv) in missing.into_iter().zip(spans) {
-            let id = &ids[i];
-            let kv = self.session_to_stored(&conversion, kv)?;
-            out.push(NewBlock {
-                prev: ChainRoot::find(&roots, i)
-                    .or_else(|| i.checked_sub(1).map(|p| &ids[p]))
-                    .copied(),
-                id: *id,
-                tokens: tokens[i * tpb..(i + 1) * tpb].to_vec(),
-                kv,
-            });
-        }
-        Ok(out)
-    }
-
-    /// Puts blocks (as [`SessionStore::new_blocks`] returns them) into the store's RAM tier;
-    /// they become durable at the next spill or [`SessionStore::flush`]. Returns how many the
-    /// store did not hold yet.
-    pub fn put_blocks(&self, blocks: Vec<NewBlock>) -> Result<usize> {
-        let mut put = 0;
-        for b in blocks {
-            if self.handle.contains(&b.id) {
-                continue;
-            }
-            self.handle.put(b.prev.as_ref(), &b.tokens, b.kv)?;
-            put += 1;
-        }
-        Ok(put)
-    }
-
     /// How many of `tokens`' leading full blocks the store holds (in either tier, from any
     /// process).
     pub fn prefix_blocks(&self, tokens: &[u32]) -> usize {
-        BlockId::chain_all(&self.fingerprint, tokens, TOKENS_PER_BLOCK)
-            .iter()
-            .take_while(|id| self.handle.contains(id))
-            .count()
+        self.handle.longest_prefix(tokens, &[]).block_ids.len()
     }
 
     /// The tokens and metadata of checkpoint `name`, without its KV (its manifest is read and
@@ -571,61 +520,16 @@ impl SessionStore {
         tokens: &[u32],
     ) -> Result<usize> {
         let usable = tokens.len().saturating_sub(1).min(ctx.params().n_ctx);
-        let blocks = self.prefix_blocks(&tokens[..usable]);
+        let held = self.handle.longest_prefix(&tokens[..usable], &[]);
+        let blocks = held.block_ids.len();
         let found = StoredPrefix {
             blocks,
+            block_ids: held.block_ids,
             tail: None,
             tokens: blocks * PAGE_TOKENS,
             namespace: None,
         };
-        self.restore_found(ctx, seq, tokens, &found)
-    }
-
-    /// Replaces sequence `seq` of `ctx` with the prefix of `tokens` that
-    /// [`SessionStore::find_prefix`] found (blocks resident in the pool are shared, not read);
-    /// returns its length. On failure the sequence is left as it was.
-    pub fn restore_found(
-        &self,
-        ctx: &mut Context,
-        seq: SeqId,
-        tokens: &[u32],
-        found: &StoredPrefix,
-    ) -> Result<usize> {
-        let conversion = self.conversion(ctx.kv_layout())?;
-        // The first block that could not be read (missing, damaged): the blocks before it
-        // still make a usable prefix.
-        let failed = std::cell::Cell::new(None::<usize>);
-        let read = |i: usize, id: &BlockId, sink: &mut dyn FnMut(&[u8]) -> Result<()>| {
-            let r = self.read_block(&conversion, id, sink);
-            if r.is_err() && failed.get().is_none_or(|f| i < f) {
-                failed.set(Some(i));
-            }
-            r
-        };
-        let tail = match &found.tail {
-            Some(t) => Some(self.stored_to_session(&conversion, &t.tail_kv)?),
-            None => None,
-        };
-        match self.import_found(ctx, seq, tokens, found, tail.as_deref(), read) {
-            Err(e) => match failed.get() {
-                Some(good) if good > 0 => {
-                    let shorter = StoredPrefix {
-                        blocks: good,
-                        tail: None,
-                        tokens: good * PAGE_TOKENS,
-                        namespace: found.namespace,
-                    };
-                    let read =
-                        |_: usize, id: &BlockId, sink: &mut dyn FnMut(&[u8]) -> Result<()>| {
-                            self.read_block(&conversion, id, sink)
-                        };
-                    self.import_found(ctx, seq, tokens, &shorter, None, read)
-                        .map_err(|_| e)
-                }
-                _ => Err(e),
-            },
-            ok => ok,
-        }
+        self.prompt_cache().restore_found(ctx, seq, tokens, &found)
     }
 
     /// Imports `found` into `seq` with `read` for the blocks and `tail_kv` (in the session's
@@ -724,13 +628,6 @@ impl SessionStore {
     pub fn flush(&self) -> Result<()> {
         Ok(self.store.flush()?)
     }
-}
-
-/// Seconds since the Unix epoch (0 when the clock is before it).
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 impl SessionStore {

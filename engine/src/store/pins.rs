@@ -4,10 +4,11 @@
 
 use ckptfmt::{Manifest, Metadata};
 
-use super::{unix_now, SessionStore, TAIL_PREFIX};
+use super::{SessionStore, TAIL_PREFIX};
 use crate::error::{Error, Result};
 use crate::kv::PAGE_TOKENS;
 use crate::Namespace;
+use kvstore::unix_now;
 
 /// Name prefix of a pin's checkpoint.
 pub const PIN_PREFIX: &str = "_pin-";

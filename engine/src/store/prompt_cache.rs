@@ -1,17 +1,24 @@
-//! The prompt cache's side of a store: the partly filled page after a prompt's full blocks kept
-//! as a small tail checkpoint, the longest stored prefix of a prompt, and a disk budget that drops
-//! unreferenced blocks and old tails first.
+//! The prompt cache's side of a store, the one seam between a server's prompt cache and the
+//! store: a [`PromptCache`] (from [`SessionStore::prompt_cache`]) copies a sequence's new full
+//! pages out as [`NewBlock`]s and its partly filled last page as a [`TailBlock`] (a small tail
+//! checkpoint), finds the longest stored prefix of a prompt ([`StoredPrefix`]), reads it in
+//! the background ([`LoadedPrefix`]) or restores it at once, and keeps a disk budget that
+//! drops unreferenced blocks and old tails first.
+//!
+//! Saving and restoring named conversations is [`SessionStore`]'s own API; nothing here is
+//! needed for that.
 
-use ckptfmt::{BlockId, Manifest, Metadata};
+use ckptfmt::{BlockId, ChainRoot, Manifest, Metadata};
 
-use super::{unix_now, SessionStore, TOKENS_PER_BLOCK};
+use super::{SessionStore, TOKENS_PER_BLOCK};
 use crate::context::{Context, SeqId};
 use crate::error::Result;
 use crate::kv::PAGE_TOKENS;
 use crate::Namespace;
+use kvstore::unix_now;
 
 /// A full page's block, copied out of a context and not yet in the store (see
-/// [`SessionStore::new_blocks`]).
+/// [`PromptCache::new_blocks`]).
 #[derive(Clone, Debug)]
 pub struct NewBlock {
     /// The id it chains from: the block before it, its chain root after a context shift,
@@ -26,14 +33,16 @@ pub struct NewBlock {
 }
 
 /// Name prefix of the prompt cache's tail checkpoints: `_tail-` and the hex id of the last full
-/// block the tail follows (see [`SessionStore::tail_of`]). Nobody else names a checkpoint so.
+/// block the tail follows (see [`PromptCache::tail_of`]). Nobody else names a checkpoint so.
 pub const TAIL_PREFIX: &str = "_tail-";
 
-/// The longest prefix of a prompt that a store holds (see [`SessionStore::find_prefix`]).
+/// The longest prefix of a prompt that a store holds (see [`PromptCache::find_prefix`]).
 #[derive(Debug, Default)]
 pub struct StoredPrefix {
     /// Leading full blocks held.
     pub blocks: usize,
+    /// Their ids.
+    pub(super) block_ids: Vec<BlockId>,
     /// The tail checkpoint that continues them, when one matches at least one more token.
     pub(super) tail: Option<Manifest>,
     /// Tokens the store holds: `blocks` pages plus the matching tokens of the tail.
@@ -59,74 +68,18 @@ pub struct TailBlock {
     pub expires_unix: Option<u64>,
 }
 
+pub use super::load::LoadedPrefix;
+
+/// The prompt cache's operations on a [`SessionStore`] (see the [module](self)).
+#[derive(Clone, Copy, Debug)]
+pub struct PromptCache<'s> {
+    pub(super) store: &'s SessionStore,
+}
+
 impl SessionStore {
-    /// Copies the partial page of the first `len` tokens of `seq` (`None` when `len` is a whole
-    /// number of pages or less than one), to hand to [`SessionStore::put_tail`].
-    pub fn tail_of(&self, ctx: &Context, seq: SeqId, len: usize) -> Result<Option<TailBlock>> {
-        let tokens = ctx.tokens(seq)?;
-        let len = len.min(tokens.len());
-        let full = len / PAGE_TOKENS;
-        // A shifted sequence's blocks are not found by prompt tokens alone: no tail for it.
-        if full == 0 || len % PAGE_TOKENS == 0 || ctx.is_shifted(seq)? {
-            return Ok(None);
-        }
-        let conversion = self.conversion(ctx.kv_layout())?;
-        let last_block = ctx.block_ids(seq)?[full - 1];
-        let mut kv = Vec::new();
-        ctx.read_page_upto(seq, full, len, &mut kv)?;
-        let kv = self.session_to_stored(&conversion, kv)?;
-        Ok(Some(TailBlock {
-            tokens: tokens[..len].to_vec(),
-            kv,
-            last_block,
-            namespace: ctx.namespace(seq)?,
-            expires_unix: None,
-        }))
-    }
-
-    /// Bytes that storing `blocks` and `tails` can add to the directory at most: a block file
-    /// each, and a tail checkpoint at most a block's file plus its token list each.
-    pub fn incoming_bytes(&self, blocks: &[NewBlock], tails: &[TailBlock]) -> u64 {
-        let per_block = self.handle.block_file_bytes();
-        let tail_bytes: u64 = tails
-            .iter()
-            .map(|t| per_block + 8 * t.tokens.len() as u64 + 4096)
-            .sum();
-        blocks.len() as u64 * per_block + tail_bytes
-    }
-
-    /// Whether the store holds a tail checkpoint for the partial page of the first `len` tokens
-    /// of `seq` (one file looked for); true when there is no partial page to hold.
-    pub fn holds_tail(&self, ctx: &Context, seq: SeqId, len: usize) -> bool {
-        let full = len / PAGE_TOKENS;
-        if full == 0 || len.is_multiple_of(PAGE_TOKENS) {
-            return true;
-        }
-        let Some(last) = ctx.block_ids(seq).ok().and_then(|ids| ids.get(full - 1)) else {
-            return false;
-        };
-        self.exists(&format!("{TAIL_PREFIX}{}", last.to_hex()))
-            .unwrap_or(false)
-    }
-
-    /// Stores `tail` durably as the tail checkpoint of its last full block (replacing an
-    /// earlier one), after its full blocks (which must be in the store). Tails are a cache:
-    /// under the disk budget they go before any block ([`SessionStore::collect_unreferenced`]).
-    pub fn put_tail(&self, tail: TailBlock) -> Result<()> {
-        let manifest = self.tail_manifest(tail)?;
-        self.handle.save(&manifest)?;
-        if self.disk_bytes.is_none() {
-            // The order matters only to the disk budget; without one it is not kept.
-            return Ok(());
-        }
-        let mut order = self
-            .tails_stored
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        order.0 += 1;
-        let n = order.0;
-        order.1.insert(manifest.meta.name, n);
-        Ok(())
+    /// This store as a prompt cache.
+    pub fn prompt_cache(&self) -> PromptCache<'_> {
+        PromptCache { store: self }
     }
 
     /// The checkpoint that stores `tail` ([`TAIL_PREFIX`] and its last block's id).
@@ -151,108 +104,6 @@ impl SessionStore {
         )?
         .with_chain_roots(Namespace::roots(tail.namespace))?;
         Ok(manifest)
-    }
-
-    /// The longest prefix of `tokens` the store holds in namespace `ns`: leading full blocks
-    /// (from any conversation or process of that namespace; then from the remote tier, if
-    /// any, which keeps what it brings), then the tokens of the tail checkpoint that continues
-    /// them (local, else remote). A tail that cannot be read or belongs to another model
-    /// is ignored: it is only a cache.
-    pub fn find_prefix(&self, tokens: &[u32], ns: Option<Namespace>) -> StoredPrefix {
-        let ids = self.prefix_ids(tokens, ns);
-        let local = ids.iter().take_while(|id| self.handle.contains(id)).count();
-        // Then the remote tier, for the rest, in one round trip (blocks it brings are kept).
-        let blocks = local + self.handle.fetch_remote(&ids[local..]).blocks;
-        let start = blocks * PAGE_TOKENS;
-        let mut found = StoredPrefix {
-            blocks,
-            tail: None,
-            tokens: start,
-            namespace: ns,
-        };
-        if blocks == 0 || tokens.len() == start {
-            return found;
-        }
-        let name = format!("{TAIL_PREFIX}{}", ids[blocks - 1].to_hex());
-        let Some(manifest) = self
-            .handle
-            .read_manifest(&name)
-            .ok()
-            .or_else(|| self.handle.fetch_remote_manifest(&name))
-        else {
-            return found;
-        };
-        let fits = manifest
-            .check_owner(&self.fingerprint, self.handle.geometry())
-            .is_ok()
-            && manifest.block_ids.len() == blocks
-            && manifest.block_ids.last() == Some(&ids[blocks - 1])
-            && manifest.tokens.get(..start) == Some(&tokens[..start]);
-        if !fits {
-            return found;
-        }
-        let matching = manifest.tokens[start..]
-            .iter()
-            .zip(&tokens[start..])
-            .take_while(|(a, b)| a == b)
-            .count();
-        if matching > 0 {
-            found.tokens = start + matching;
-            found.tail = Some(manifest);
-            // Used now: the disk budget drops the tails used longest ago first, and a tail's
-            // age is its file's modification time (the same in every process). Best effort.
-            if let Ok(path) = self.handle.manifest_path(&name) {
-                let _ = std::fs::File::options()
-                    .write(true)
-                    .open(path)
-                    .and_then(|f| f.set_modified(std::time::SystemTime::now()));
-            }
-        }
-        found
-    }
-
-    /// The ids of `tokens`' full blocks in namespace `ns`.
-    pub(super) fn prefix_ids(&self, tokens: &[u32], ns: Option<Namespace>) -> Vec<BlockId> {
-        BlockId::chain_all_rooted(
-            &self.fingerprint,
-            tokens,
-            TOKENS_PER_BLOCK,
-            &Namespace::roots(ns),
-        )
-    }
-
-    /// Keeps the disk budget, if there is one, for a prompt cache: removes blocks that no
-    /// checkpoint references (least recently used first), then, while the files still exceed
-    /// the budget, tail checkpoints ([`TAIL_PREFIX`], oldest first), which frees their blocks
-    /// in turn. Named checkpoints are never removed; their manifests count in the budget.
-    pub fn collect_unreferenced(&self) -> Result<()> {
-        self.make_room(0)
-    }
-
-    /// Like [`SessionStore::collect_unreferenced`], leaving room for `incoming` more bytes
-    /// under the budget: run before writing, so the directory stays within its budget while
-    /// the blocks are written rather than only after.
-    pub fn make_room(&self, incoming: u64) -> Result<()> {
-        let learned = self.learned_cap.load(std::sync::atomic::Ordering::Relaxed);
-        let budget = match (self.disk_bytes, learned) {
-            (Some(b), l) => Some(b.min(l)),
-            (None, u64::MAX) => None,
-            (None, l) => Some(l),
-        };
-        // Without a budget a collection still runs, for the checkpoints that expired (it
-        // returns at once when none did).
-        self.collect_to(budget.unwrap_or(u64::MAX), incoming)
-    }
-
-    /// After a write failed for want of space (a full filesystem, whatever the budget): what
-    /// the cache's files take now becomes a budget as well, so that later rounds make room
-    /// before they write ([`SessionStore::make_room`]) instead of failing. Returns it.
-    pub fn learn_capacity(&self) -> Result<u64> {
-        let manifests: u64 = self.manifest_files()?.iter().map(|(_, m)| m.len()).sum();
-        let used = self.store.metrics().disk_bytes + manifests;
-        self.learned_cap
-            .fetch_min(used, std::sync::atomic::Ordering::Relaxed);
-        Ok(used)
     }
 
     /// This model's manifests (tails and named checkpoints) with their files' metadata; one
@@ -307,5 +158,281 @@ impl SessionStore {
             order.1.remove(name);
         }
         Ok(())
+    }
+}
+
+impl PromptCache<'_> {
+    /// Copies the partial page of the first `len` tokens of `seq` (`None` when `len` is a whole
+    /// number of pages or less than one), to hand to [`PromptCache::put_tail`].
+    pub fn tail_of(&self, ctx: &Context, seq: SeqId, len: usize) -> Result<Option<TailBlock>> {
+        let tokens = ctx.tokens(seq)?;
+        let len = len.min(tokens.len());
+        let full = len / PAGE_TOKENS;
+        // A shifted sequence's blocks are not found by prompt tokens alone: no tail for it.
+        if full == 0 || len % PAGE_TOKENS == 0 || ctx.is_shifted(seq)? {
+            return Ok(None);
+        }
+        let conversion = self.store.conversion(ctx.kv_layout())?;
+        let last_block = ctx.block_ids(seq)?[full - 1];
+        let mut kv = Vec::new();
+        ctx.read_page_upto(seq, full, len, &mut kv)?;
+        let kv = self.store.session_to_stored(&conversion, kv)?;
+        Ok(Some(TailBlock {
+            tokens: tokens[..len].to_vec(),
+            kv,
+            last_block,
+            namespace: ctx.namespace(seq)?,
+            expires_unix: None,
+        }))
+    }
+
+    /// Bytes that storing `blocks` and `tails` can add to the directory at most: a block file
+    /// each, and a tail checkpoint at most a block's file plus its token list each.
+    pub fn incoming_bytes(&self, blocks: &[NewBlock], tails: &[TailBlock]) -> u64 {
+        let per_block = self.store.handle.block_file_bytes();
+        let tail_bytes: u64 = tails
+            .iter()
+            .map(|t| per_block + 8 * t.tokens.len() as u64 + 4096)
+            .sum();
+        blocks.len() as u64 * per_block + tail_bytes
+    }
+
+    /// Whether the store holds a tail checkpoint for the partial page of the first `len` tokens
+    /// of `seq` (one file looked for); true when there is no partial page to hold.
+    pub fn holds_tail(&self, ctx: &Context, seq: SeqId, len: usize) -> bool {
+        let full = len / PAGE_TOKENS;
+        if full == 0 || len.is_multiple_of(PAGE_TOKENS) {
+            return true;
+        }
+        let Some(last) = ctx.block_ids(seq).ok().and_then(|ids| ids.get(full - 1)) else {
+            return false;
+        };
+        self.store
+            .exists(&format!("{TAIL_PREFIX}{}", last.to_hex()))
+            .unwrap_or(false)
+    }
+
+    /// Stores `tail` durably as the tail checkpoint of its last full block (replacing an
+    /// earlier one), after its full blocks (which must be in the store). Tails are a cache:
+    /// under the disk budget they go before any block ([`PromptCache::collect_unreferenced`]).
+    pub fn put_tail(&self, tail: TailBlock) -> Result<()> {
+        let manifest = self.store.tail_manifest(tail)?;
+        self.store.handle.save(&manifest)?;
+        if self.store.disk_bytes.is_none() {
+            // The order matters only to the disk budget; without one it is not kept.
+            return Ok(());
+        }
+        let mut order = self
+            .store
+            .tails_stored
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        order.0 += 1;
+        let n = order.0;
+        order.1.insert(manifest.meta.name, n);
+        Ok(())
+    }
+
+    /// The longest prefix of `tokens` the store holds in namespace `ns`: leading full blocks
+    /// (from any conversation or process of that namespace; then from the remote tier, if
+    /// any, which keeps what it brings), then the tokens of the tail checkpoint that continues
+    /// them (local, else remote). A tail that cannot be read or belongs to another model
+    /// is ignored: it is only a cache.
+    pub fn find_prefix(&self, tokens: &[u32], ns: Option<Namespace>) -> StoredPrefix {
+        let held = self
+            .store
+            .handle
+            .longest_prefix(tokens, &Namespace::roots(ns));
+        let blocks = held.block_ids.len();
+        let start = blocks * PAGE_TOKENS;
+        let mut found = StoredPrefix {
+            blocks,
+            block_ids: held.block_ids,
+            tail: None,
+            tokens: start,
+            namespace: ns,
+        };
+        if blocks == 0 || tokens.len() == start {
+            return found;
+        }
+        let ids = &found.block_ids;
+        let name = format!("{TAIL_PREFIX}{}", ids[blocks - 1].to_hex());
+        let Some(manifest) = self
+            .store
+            .handle
+            .read_manifest(&name)
+            .ok()
+            .or_else(|| self.store.handle.fetch_remote_manifest(&name))
+        else {
+            return found;
+        };
+        let fits = manifest
+            .check_owner(&self.store.fingerprint, self.store.handle.geometry())
+            .is_ok()
+            && manifest.block_ids.len() == blocks
+            && manifest.block_ids.last() == Some(&ids[blocks - 1])
+            && manifest.tokens.get(..start) == Some(&tokens[..start]);
+        if !fits {
+            return found;
+        }
+        let matching = manifest.tokens[start..]
+            .iter()
+            .zip(&tokens[start..])
+            .take_while(|(a, b)| a == b)
+            .count();
+        if matching > 0 {
+            found.tokens = start + matching;
+            found.tail = Some(manifest);
+            // Used now: the disk budget drops the tails used longest ago first, and a tail's
+            // age is its file's modification time (the same in every process). Best effort.
+            if let Ok(path) = self.store.handle.manifest_path(&name) {
+                let _ = std::fs::File::options()
+                    .write(true)
+                    .open(path)
+                    .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+            }
+        }
+        found
+    }
+
+    /// Keeps the disk budget, if there is one, for a prompt cache: removes blocks that no
+    /// checkpoint references (least recently used first), then, while the files still exceed
+    /// the budget, tail checkpoints ([`TAIL_PREFIX`], oldest first), which frees their blocks
+    /// in turn. Named checkpoints are never removed; their manifests count in the budget.
+    pub fn collect_unreferenced(&self) -> Result<()> {
+        self.make_room(0)
+    }
+
+    /// Like [`PromptCache::collect_unreferenced`], leaving room for `incoming` more bytes
+    /// under the budget: run before writing, so the directory stays within its budget while
+    /// the blocks are written rather than only after.
+    pub fn make_room(&self, incoming: u64) -> Result<()> {
+        let learned = self
+            .store
+            .learned_cap
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let budget = match (self.store.disk_bytes, learned) {
+            (Some(b), l) => Some(b.min(l)),
+            (None, u64::MAX) => None,
+            (None, l) => Some(l),
+        };
+        // Without a budget a collection still runs, for the checkpoints that expired (it
+        // returns at once when none did).
+        self.store.collect_to(budget.unwrap_or(u64::MAX), incoming)
+    }
+
+    /// After a write failed for want of space (a full filesystem, whatever the budget): what
+    /// the cache's files take now becomes a budget as well, so that later rounds make room
+    /// before they write ([`PromptCache::make_room`]) instead of failing. Returns it.
+    pub fn learn_capacity(&self) -> Result<u64> {
+        let manifests: u64 = self
+            .store
+            .manifest_files()?
+            .iter()
+            .map(|(_, m)| m.len())
+            .sum();
+        let used = self.store.metrics().disk_bytes + manifests;
+        self.store
+            .learned_cap
+            .fetch_min(used, std::sync::atomic::Ordering::Relaxed);
+        Ok(used)
+    }
+
+    /// Copies the full pages of `seq`, from page `from` on, that the store does not hold yet:
+    /// the bytes to hand to [`PromptCache::put_blocks`], possibly on another thread (a page
+    /// read is a memory copy; storing it is not).
+    pub fn new_blocks(&self, ctx: &Context, seq: SeqId, from: usize) -> Result<Vec<NewBlock>> {
+        let tpb = TOKENS_PER_BLOCK as usize;
+        let conversion = self.store.conversion(ctx.kv_layout())?;
+        let tokens = ctx.tokens(seq)?;
+        let ids = ctx.block_ids(seq)?;
+        let roots = ctx.chain_roots(seq)?;
+        // Every missing page in one batch of transfers (one wait, when the KV is on a GPU).
+        let missing: Vec<usize> = (from..ids.len())
+            .filter(|&i| !self.store.handle.contains(&ids[i]))
+            .collect();
+        let mut spans = vec![Vec::new(); missing.len()];
+        ctx.read_full_pages(seq, &missing, &mut spans)?;
+        let mut out = Vec::new();
+        for (i, kv) in missing.into_iter().zip(spans) {
+            let id = &ids[i];
+            let kv = self.store.session_to_stored(&conversion, kv)?;
+            out.push(NewBlock {
+                prev: ChainRoot::find(&roots, i)
+                    .or_else(|| i.checked_sub(1).map(|p| &ids[p]))
+                    .copied(),
+                id: *id,
+                tokens: tokens[i * tpb..(i + 1) * tpb].to_vec(),
+                kv,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Puts blocks (as [`PromptCache::new_blocks`] returns them) into the store's RAM tier;
+    /// they become durable at the next spill or [`SessionStore::flush`]. Returns how many the
+    /// store did not hold yet.
+    pub fn put_blocks(&self, blocks: Vec<NewBlock>) -> Result<usize> {
+        let mut put = 0;
+        for b in blocks {
+            if self.store.handle.contains(&b.id) {
+                continue;
+            }
+            self.store.handle.put(b.prev.as_ref(), &b.tokens, b.kv)?;
+            put += 1;
+        }
+        Ok(put)
+    }
+
+    /// Replaces sequence `seq` of `ctx` with the prefix of `tokens` that
+    /// [`PromptCache::find_prefix`] found (blocks resident in the pool are shared, not read);
+    /// returns its length. On failure the sequence is left as it was.
+    pub fn restore_found(
+        &self,
+        ctx: &mut Context,
+        seq: SeqId,
+        tokens: &[u32],
+        found: &StoredPrefix,
+    ) -> Result<usize> {
+        let conversion = self.store.conversion(ctx.kv_layout())?;
+        // The first block that could not be read (missing, damaged): the blocks before it
+        // still make a usable prefix.
+        let failed = std::cell::Cell::new(None::<usize>);
+        let read = |i: usize, id: &BlockId, sink: &mut dyn FnMut(&[u8]) -> Result<()>| {
+            let r = self.store.read_block(&conversion, id, sink);
+            if r.is_err() && failed.get().is_none_or(|f| i < f) {
+                failed.set(Some(i));
+            }
+            r
+        };
+        let tail = match &found.tail {
+            Some(t) => Some(self.store.stored_to_session(&conversion, &t.tail_kv)?),
+            None => None,
+        };
+        match self
+            .store
+            .import_found(ctx, seq, tokens, found, tail.as_deref(), read)
+        {
+            Err(e) => match failed.get() {
+                Some(good) if good > 0 => {
+                    let shorter = StoredPrefix {
+                        blocks: good,
+                        block_ids: found.block_ids[..good].to_vec(),
+                        tail: None,
+                        tokens: good * PAGE_TOKENS,
+                        namespace: found.namespace,
+                    };
+                    let read =
+                        |_: usize, id: &BlockId, sink: &mut dyn FnMut(&[u8]) -> Result<()>| {
+                            self.store.read_block(&conversion, id, sink)
+                        };
+                    self.store
+                        .import_found(ctx, seq, tokens, &shorter, None, read)
+                        .map_err(|_| e)
+                }
+                _ => Err(e),
+            },
+            ok => ok,
+        }
     }
 }

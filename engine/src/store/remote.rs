@@ -7,7 +7,8 @@
 use ckptfmt::store::BlockInput;
 use ckptfmt::Manifest;
 
-use super::{NewBlock, RemoteFigures, SessionStore, TailBlock};
+use super::prompt_cache::{NewBlock, PromptCache, TailBlock};
+use super::{RemoteFigures, SessionStore};
 use crate::error::Result;
 
 impl SessionStore {
@@ -26,30 +27,6 @@ impl SessionStore {
         if let Some(r) = self.handle.remote() {
             r.metrics().set_log(log);
         }
-    }
-
-    /// Writes prompt-cache `blocks` and `tails` to the remote tier (the blocks it lacks, then
-    /// the tails' checkpoints): the write-behind half, for the thread that stores them
-    /// locally. Returns the blocks written; an error is the tier's (counted), nothing local
-    /// changes.
-    pub fn push_remote(&self, blocks: &[NewBlock], tails: &[TailBlock]) -> Result<usize> {
-        if !self.has_remote() {
-            return Ok(0);
-        }
-        let inputs: Vec<BlockInput<'_>> = blocks
-            .iter()
-            .map(|b| BlockInput {
-                prev: b.prev.as_ref(),
-                tokens: &b.tokens,
-                kv: &b.kv,
-            })
-            .collect();
-        let written = self.handle.push_remote(&inputs)?;
-        for tail in tails {
-            let manifest = self.tail_manifest(tail.clone())?;
-            self.handle.push_remote_manifest(&manifest)?;
-        }
-        Ok(written)
     }
 
     /// Writes small values of the application's own to the remote tier, beside this model's
@@ -78,5 +55,31 @@ impl SessionStore {
     /// [`SessionStore::exists`] whether to resume asks first.
     pub fn fetch_remote_checkpoint(&self, name: &str) -> bool {
         self.has_remote() && self.handle.fetch_remote_checkpoint(name).unwrap_or(false)
+    }
+}
+
+impl PromptCache<'_> {
+    /// Writes prompt-cache `blocks` and `tails` to the remote tier (the blocks it lacks, then
+    /// the tails' checkpoints): the write-behind half, for the thread that stores them
+    /// locally. Returns the blocks written; an error is the tier's (counted), nothing local
+    /// changes.
+    pub fn push_remote(&self, blocks: &[NewBlock], tails: &[TailBlock]) -> Result<usize> {
+        if !self.store.has_remote() {
+            return Ok(0);
+        }
+        let inputs: Vec<BlockInput<'_>> = blocks
+            .iter()
+            .map(|b| BlockInput {
+                prev: b.prev.as_ref(),
+                tokens: &b.tokens,
+                kv: &b.kv,
+            })
+            .collect();
+        let written = self.store.handle.push_remote(&inputs)?;
+        for tail in tails {
+            let manifest = self.store.tail_manifest(tail.clone())?;
+            self.store.handle.push_remote_manifest(&manifest)?;
+        }
+        Ok(written)
     }
 }

@@ -292,10 +292,7 @@ impl<V: BlockIo> ModelStore<V> {
         let Some(manifest) = self.fetch_remote_manifest(name) else {
             return Ok(false);
         };
-        let ids = &manifest.block_ids;
-        let local = ids.iter().take_while(|id| self.contains(id)).count();
-        let fetched = self.fetch_remote(&ids[local..]).blocks;
-        if local + fetched < ids.len() {
+        if self.held_prefix(&manifest.block_ids) < manifest.block_ids.len() {
             return Ok(false);
         }
         self.save(&manifest)?;

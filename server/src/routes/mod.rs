@@ -10,7 +10,7 @@ mod info;
 mod responses;
 mod shape;
 
-pub(crate) use shape::unix_now;
+pub(crate) use kvstore::unix_now;
 mod slots;
 mod turn;
 mod ui;

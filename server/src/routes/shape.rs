@@ -4,7 +4,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use engine::sampling::TokenProb;
 use engine::tokenizer::Tokenizer;
@@ -42,7 +41,7 @@ impl Meta {
     pub fn new(st: &Arc<AppState>, prefix: &str) -> Meta {
         Meta {
             id: new_id(prefix),
-            created: unix_now(),
+            created: kvstore::unix_now(),
             model: st.config.alias.clone(),
         }
     }
@@ -609,16 +608,9 @@ pub fn openai_completion_event(
     }
 }
 
-/// Current Unix time in seconds.
-pub(crate) fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 /// A response id unique within this process (and, by the time in it, across restarts).
 pub fn new_id(prefix: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix}-{:x}{n:04x}", unix_now())
+    format!("{prefix}-{:x}{n:04x}", kvstore::unix_now())
 }

@@ -8,7 +8,8 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use engine::store::{LoadedPrefix, SessionStore};
+use engine::store::prompt_cache::LoadedPrefix;
+use engine::store::SessionStore;
 use engine::KvLayout;
 use tokio::sync::mpsc;
 
@@ -54,8 +55,12 @@ impl Loader {
             .name("loader".into())
             .spawn(move || {
                 for r in rx {
-                    let prefix = match store.load_prefix(&r.layout, &r.tokens, r.skip, r.namespace)
-                    {
+                    let prefix = match store.prompt_cache().load_prefix(
+                        &r.layout,
+                        &r.tokens,
+                        r.skip,
+                        r.namespace,
+                    ) {
                         Ok(p) if p.tokens() > 0 => Some(Box::new(p)),
                         Ok(_) => None,
                         Err(e) => {

@@ -16,7 +16,8 @@ use std::time::Instant;
 
 use engine::chat::{THINK_END, THINK_START};
 use engine::sampling::Sampler;
-use engine::store::{LoadedPrefix, SessionStore};
+use engine::store::prompt_cache::LoadedPrefix;
+use engine::store::SessionStore;
 use engine::tokenizer::StreamDecoder;
 use engine::{Batch, Context, Logits, Model, SeqId, PAGE_TOKENS};
 use tokio::sync::mpsc;
@@ -446,10 +447,16 @@ impl Scheduler {
             if let (Some(store), Some(loaded)) =
                 (self.store.clone(), loaded.filter(|_| stored > from_ram))
             {
-                let mut result = store.import_loaded(&mut self.ctx, seq, usable, &loaded);
+                let mut result =
+                    store
+                        .prompt_cache()
+                        .import_loaded(&mut self.ctx, seq, usable, &loaded);
                 if let Err(engine::Error::OutOfPages { needed, .. }) = result {
                     self.make_room(needed);
-                    result = store.import_loaded(&mut self.ctx, seq, usable, &loaded);
+                    result =
+                        store
+                            .prompt_cache()
+                            .import_loaded(&mut self.ctx, seq, usable, &loaded);
                 }
                 match result {
                     Ok(n) => from_store = n.saturating_sub(from_ram),

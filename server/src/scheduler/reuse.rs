@@ -126,7 +126,7 @@ impl Scheduler {
             ));
             return;
         };
-        match store.new_blocks(&self.ctx, seq, 0) {
+        match store.prompt_cache().new_blocks(&self.ctx, seq, 0) {
             Ok(blocks) => writer.send(Work {
                 urgent: false,
                 blocks,
@@ -223,8 +223,9 @@ impl Scheduler {
         let (seq, from, prompt_len) = (a.seq, a.cache_n / engine::PAGE_TOKENS, a.prompt.len());
         let cache_n = a.cache_n;
         let work = (|| -> engine::Result<Work> {
-            let blocks = store.new_blocks(&self.ctx, seq, from)?;
+            let blocks = store.prompt_cache().new_blocks(&self.ctx, seq, from)?;
             let mut tails: Vec<_> = store
+                .prompt_cache()
                 .tail_of(&self.ctx, seq, prompt_len)?
                 .into_iter()
                 .collect();
@@ -261,16 +262,18 @@ impl Scheduler {
         let work = (|| -> engine::Result<Work> {
             // Every page the store lacks, the ones that came from a cache too: another process
             // may have collected their blocks since (the store looks for each file again).
-            let blocks = store.new_blocks(&self.ctx, seq, 0)?;
+            let blocks = store.prompt_cache().new_blocks(&self.ctx, seq, 0)?;
             let mut tails = Vec::new();
             // The prompt's own tail (a repeated prompt ends there), unless it came from a
             // cache and the store still holds it, and the whole sequence's (the next turn of a
             // chat continues it).
-            if prompt_len > cache_n + 1 || !store.holds_tail(&self.ctx, seq, prompt_len) {
-                tails.extend(store.tail_of(&self.ctx, seq, prompt_len)?);
+            if prompt_len > cache_n + 1
+                || !store.prompt_cache().holds_tail(&self.ctx, seq, prompt_len)
+            {
+                tails.extend(store.prompt_cache().tail_of(&self.ctx, seq, prompt_len)?);
             }
             tails.extend(branch_tail(store, &self.ctx, seq, cache_n, prompt_len)?);
-            tails.extend(store.tail_of(&self.ctx, seq, len)?);
+            tails.extend(store.prompt_cache().tail_of(&self.ctx, seq, len)?);
             for t in &mut tails {
                 t.expires_unix = expires;
             }
@@ -302,14 +305,14 @@ fn branch_tail(
     seq: SeqId,
     cache_n: usize,
     prompt_len: usize,
-) -> engine::Result<Option<engine::store::TailBlock>> {
+) -> engine::Result<Option<engine::store::prompt_cache::TailBlock>> {
     let page = engine::PAGE_TOKENS;
     let blocks = cache_n / page;
     let len = blocks * page + page - 1;
-    if blocks == 0 || prompt_len <= len || store.holds_tail(ctx, seq, len) {
+    if blocks == 0 || prompt_len <= len || store.prompt_cache().holds_tail(ctx, seq, len) {
         return Ok(None);
     }
-    store.tail_of(ctx, seq, len)
+    store.prompt_cache().tail_of(ctx, seq, len)
 }
 
 /// How long a finished sequence's pages may wait for the scheduler to be idle before they are

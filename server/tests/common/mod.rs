@@ -28,6 +28,31 @@ pub fn write_tiny_model_with_template(path: &Path, template: Option<&str>) {
     .unwrap();
 }
 
+/// The template renderer's `main` when [`sandbox_on`] starts this test executable as one
+/// (`common::renderer_entry` in every test binary that shares this module).
+#[test]
+fn renderer_entry() {
+    engine::chat::sandbox::serve_if_renderer();
+}
+
+/// Where the binary renders templates it has not reviewed, the tests do too: in the sandbox,
+/// with this test executable (running only [`renderer_entry`]) as the renderer, limited to
+/// 512 MiB and 3 s. The first call in a process decides; later ones do nothing.
+pub fn sandbox_on() {
+    let exe = std::env::current_exe().unwrap();
+    let args = [
+        "common::renderer_entry",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+    ];
+    let limits = engine::chat::sandbox::Limits {
+        memory_bytes: 512 << 20,
+        time: std::time::Duration::from_secs(3),
+    };
+    engine::chat::sandbox::enable(exe, args.iter().map(Into::into).collect(), limits);
+}
+
 /// A directory holding a tiny model and a cache directory.
 pub struct Env {
     pub dir: tempfile::TempDir,
@@ -86,6 +111,7 @@ pub struct TestServer {
 impl TestServer {
     /// Starts a server with the command line `argv` (program name first).
     pub async fn start(argv: &[&str]) -> TestServer {
+        sandbox_on();
         let config = Args::parse_from_argv(argv.iter().copied())
             .unwrap()
             .check()

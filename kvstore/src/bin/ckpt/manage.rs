@@ -231,9 +231,7 @@ fn block_file_bytes(store: &KvStore) -> u64 {
 pub fn gc(dir: &Path, max_bytes: Option<u64>, out: &mut dyn Write) -> Result<ExitCode, CliError> {
     require_store(dir)?;
     let store = KvStore::open(dir, config())?;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let now = kvstore::unix_now();
     for m in models(&store) {
         for name in m.delete_expired(now)? {
             writeln!(out, "deleted the expired checkpoint {name}")?;

@@ -184,7 +184,7 @@ async fn respond(
     let run = turn.start(&st, &client)?;
     let head = Head {
         id: turn::random_id("resp"),
-        created_at: crate::routes::shape::unix_now(),
+        created_at: kvstore::unix_now(),
         model: st.config.alias.clone(),
         asked,
     };

@@ -104,7 +104,7 @@ impl Head {
             } else {
                 "completed"
             });
-            v["completed_at"] = json!(crate::routes::shape::unix_now());
+            v["completed_at"] = json!(kvstore::unix_now());
             if incomplete {
                 v["incomplete_details"] = json!({ "reason": "max_output_tokens" });
             }
