@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use clap::Args;
 use serde_json::Value;
 
 mod render;
@@ -45,14 +46,18 @@ const HEADER: &str = "\
 # engine does not re-export.
 ";
 
+/// The command line of `cargo xtask api`.
+#[derive(Args, Clone, Debug)]
+pub struct ApiArgs {
+    /// Rewrite the committed listing first.
+    #[arg(long)]
+    pub bless: bool,
+}
+
 /// `cargo xtask api [--bless]`: the checks of `tidy` on the API alone; `--bless` first rewrites
 /// the committed listing.
-pub fn api(root: &Path, args: &[String]) -> Result<(), String> {
-    let bless = match args {
-        [] => false,
-        [flag] if flag == "--bless" => true,
-        _ => return Err("usage: cargo xtask api [--bless]".to_string()),
-    };
+pub fn api(root: &Path, args: &ApiArgs) -> Result<(), String> {
+    let bless = args.bless;
     let entries = entries(&rustdoc_json(root)?)?;
     if bless {
         std::fs::write(root.join(LISTING), listing(&entries))

@@ -25,12 +25,13 @@
 //! kept in `--dir`, as `<server>-agent/requests.jsonl` (one line per turn), beside its logs.
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::bench_server::{self, count_tokens, percentile, Kind, Options, Server, Words};
+use crate::bench_args::{Agent, Options};
+use crate::bench_server::{self, count_tokens, percentile, Kind, Server, Words};
 
 /// The chat template both servers use unless `--chat-template-file` names another: ChatML, a
 /// tool list in the system turn, calls as `<tool_call>` JSON, results as `<tool_response>`.
@@ -68,20 +69,9 @@ const TEMPLATE: &str = r#"{%- if tools %}
 /// server that cannot render a chat without answering it (no `/apply-template`).
 const TEMPLATE_OVERHEAD: usize = 60;
 
-/// What only this workload reads.
-struct Agent {
-    /// The last turn before the restart.
-    restart_after: usize,
-    /// `-c` of both servers (one slot).
-    ctx: usize,
-    /// `--chat-template-file` of both servers; `None`: [`TEMPLATE`].
-    template: Option<PathBuf>,
-}
-
 /// Entry point of `cargo xtask bench-server --workload agent`.
-pub(crate) fn bench_agent(args: &[String]) -> Result<(), String> {
-    let (o, a) = parse(args)?;
-    let servers = bench_server::servers(&o)?;
+pub(crate) fn bench_agent(o: &Options, a: &Agent) -> Result<(), String> {
+    let servers = bench_server::servers(o)?;
     std::fs::create_dir_all(&o.dir).map_err(|e| format!("{}: {e}", o.dir.display()))?;
     let template = match &a.template {
         Some(p) => p.clone(),
@@ -94,7 +84,7 @@ pub(crate) fn bench_agent(args: &[String]) -> Result<(), String> {
     let mut script = None;
     let mut runs = Vec::new();
     for (kind, bin) in &servers {
-        let turns = play(*kind, bin, &o, &a, &template, &mut script)?;
+        let turns = play(*kind, bin, o, a, &template, &mut script)?;
         runs.push((*kind, turns));
     }
     print_table(&runs, a.restart_after);
@@ -116,54 +106,6 @@ pub(crate) fn bench_agent(args: &[String]) -> Result<(), String> {
     let out = serde_json::to_string_pretty(&Value::Object(report)).unwrap_or_default();
     let _ = writeln!(std::io::stdout(), "{out}");
     Ok(())
-}
-
-/// The shared options (with this workload's defaults) and this workload's own.
-fn parse(args: &[String]) -> Result<(Options, Agent), String> {
-    let mut shared: Vec<String> = [
-        "--turns",
-        "20",
-        "--system-tokens",
-        "3000",
-        "--gen-tokens",
-        "64",
-    ]
-    .map(String::from)
-    .to_vec();
-    let mut a = Agent {
-        restart_after: 10,
-        ctx: 8192,
-        template: None,
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("bench-server: {flag} needs a value"))
-        };
-        let number = |v: String| {
-            v.parse::<usize>()
-                .ok()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| format!("bench-server: {flag} wants a positive number, got {v:?}"))
-        };
-        match flag.as_str() {
-            "--workload" => drop(value()?),
-            "--restart-after" => a.restart_after = number(value()?)?,
-            "--ctx" => a.ctx = number(value()?)?,
-            "--chat-template-file" => a.template = Some(PathBuf::from(value()?)),
-            _ => shared.push(flag.clone()),
-        }
-    }
-    let o = bench_server::parse(&shared)?;
-    if a.restart_after >= o.turns {
-        return Err(format!(
-            "bench-server: --restart-after {} leaves no turn after the restart (--turns {})",
-            a.restart_after, o.turns
-        ));
-    }
-    Ok((o, a))
 }
 
 /// The texts of the conversation, generated once (with the first server's tokenizer) and sent

@@ -17,38 +17,16 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::bench_server::{self, percentile, Kind, Options, Server};
+use crate::bench_args::Options;
+use crate::bench_server::{self, percentile, Kind, Server};
 use crate::{cargo, run, workspace_root};
 
 /// Tokens of the measured prompt.
 const PROMPT_TOKENS: usize = 2000;
 
 /// Entry point of `cargo xtask bench-server --workload growth`.
-pub(crate) fn bench_growth(args: &[String]) -> Result<(), String> {
-    let mut shared = Vec::new();
-    let mut sizes = vec![10usize, 1000, 10000];
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        match flag.as_str() {
-            "--workload" => {
-                it.next();
-            }
-            "--sizes" => {
-                let v = it.next().ok_or("--sizes wants a list")?;
-                sizes = v
-                    .split(',')
-                    .map(|n| {
-                        n.trim()
-                            .parse::<usize>()
-                            .map_err(|e| format!("--sizes {v}: {e}"))
-                    })
-                    .collect::<Result<_, _>>()?;
-            }
-            _ => shared.push(flag.clone()),
-        }
-    }
-    let o = bench_server::parse(&shared)?;
-    let servers = bench_server::servers(&o)?;
+pub(crate) fn bench_growth(o: &Options, sizes: &[usize]) -> Result<(), String> {
+    let servers = bench_server::servers(o)?;
     let Some((_, ours)) = servers.iter().find(|(k, _)| *k == Kind::Ours) else {
         return Err("growth measures our server only".into());
     };
@@ -57,8 +35,8 @@ pub(crate) fn bench_growth(args: &[String]) -> Result<(), String> {
         &["build", "--release", "--quiet", "--example", "bench"],
     )?;
     let mut rows = Vec::new();
-    for &n in &sizes {
-        let row = one_size(ours, &o, n)?;
+    for &n in sizes {
+        let row = one_size(ours, o, n)?;
         eprintln!("{n} conversations: {row}");
         rows.push((n, row));
     }
@@ -198,7 +176,7 @@ fn one_size(ours: &Path, o: &Options, n: usize) -> Result<Value, String> {
     writer_settled(&server.base)?;
     server.stop()?;
     let (mut ttfts, mut rounds) = (Vec::new(), Vec::new());
-    for rep in 0..o.reps() {
+    for rep in 0..o.reps {
         let server = start(&format!("rep{rep}.log"))?;
         let (ttft, cache_n) = complete(&server.base, &measured)?;
         if cache_n + 1 < PROMPT_TOKENS as u64 {

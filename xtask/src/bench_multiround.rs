@@ -20,17 +20,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::bench_server::{self, chat, percentile, Kind, Options, Server, Words};
-
-/// What only this workload reads.
-struct MultiRound {
-    users: usize,
-    rounds: usize,
-    clients: usize,
-    doc_tokens: usize,
-    ctx: usize,
-    cache_ram_mib: usize,
-}
+use crate::bench_args::{MultiRound, Options};
+use crate::bench_server::{self, chat, percentile, Kind, Server, Words};
 
 /// The texts, generated once so both servers get the same requests.
 struct Script {
@@ -49,23 +40,22 @@ struct Figures {
 }
 
 /// Entry point of `cargo xtask bench-server --workload multi-round`.
-pub(crate) fn bench_multiround(args: &[String]) -> Result<(), String> {
-    let (o, m) = parse(args)?;
-    let servers = bench_server::servers(&o)?;
+pub(crate) fn bench_multiround(o: &Options, m: &MultiRound) -> Result<(), String> {
+    let servers = bench_server::servers(o)?;
     std::fs::create_dir_all(&o.dir).map_err(|e| format!("{}: {e}", o.dir.display()))?;
     let mut script = None;
     let mut report = serde_json::Map::new();
     report.insert(
         "settings".into(),
         json!({
-            "users": m.users, "rounds": m.rounds, "clients": m.clients,
+            "users": m.users, "rounds": m.rounds, "clients": o.clients,
             "system_tokens": o.system_tokens, "doc_tokens": m.doc_tokens,
             "max_tokens": o.gen_tokens, "ctx": m.ctx, "cache_ram_mib": m.cache_ram_mib,
         }),
     );
     let mut summaries = Vec::new();
     for (kind, bin) in &servers {
-        let (figures, wall) = play(*kind, bin, &o, &m, &mut script)?;
+        let (figures, wall) = play(*kind, bin, o, m, &mut script)?;
         let s = summary(&figures, wall);
         eprintln!("{}: {s}", kind.name());
         summaries.push((*kind, s.clone()));
@@ -86,43 +76,6 @@ pub(crate) fn bench_multiround(args: &[String]) -> Result<(), String> {
     let out = serde_json::to_string_pretty(&Value::Object(report)).unwrap_or_default();
     println!("{out}");
     Ok(())
-}
-
-/// The shared options and this workload's own.
-fn parse(args: &[String]) -> Result<(Options, MultiRound), String> {
-    let mut shared: Vec<String> = ["--system-tokens", "1000", "--gen-tokens", "32"]
-        .map(String::from)
-        .to_vec();
-    let mut m = MultiRound {
-        users: 8,
-        rounds: 4,
-        clients: 4,
-        doc_tokens: 1500,
-        ctx: 4096,
-        cache_ram_mib: 32,
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut number = || {
-            it.next()
-                .and_then(|v| v.parse::<usize>().ok())
-                .filter(|&n| n > 0)
-                .ok_or_else(|| format!("bench-server: {flag} wants a positive number"))
-        };
-        match flag.as_str() {
-            "--workload" => {
-                it.next();
-            }
-            "--users" => m.users = number()?,
-            "--rounds" => m.rounds = number()?,
-            "--clients" => m.clients = number()?,
-            "--doc-tokens" => m.doc_tokens = number()?,
-            "--ctx" => m.ctx = number()?,
-            "--cache-ram-mib" => m.cache_ram_mib = number()?,
-            _ => shared.push(flag.clone()),
-        }
-    }
-    Ok((bench_server::parse(&shared)?, m))
 }
 
 impl Script {
@@ -176,7 +129,7 @@ fn play(
         kind,
         bin,
         o,
-        m.clients,
+        o.clients,
         m.ctx,
         &dir.join("cache"),
         &dir.join("server.log"),
@@ -203,7 +156,7 @@ fn play(
     let failure = Mutex::new(None::<String>);
     let start = Instant::now();
     std::thread::scope(|scope| {
-        for _ in 0..m.clients {
+        for _ in 0..o.clients {
             scope.spawn(|| loop {
                 let i = {
                     let mut n = next.lock().unwrap_or_else(|e| e.into_inner());

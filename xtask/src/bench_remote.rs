@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::bench_server::{self, chat, percentile, Kind, Options, Server, Words};
+use crate::bench_args::{BenchRemoteArgs, Options};
+use crate::bench_server::{self, chat, percentile, Kind, Server, Words};
 use crate::workspace_root;
 
 /// A `redis-server` of the benchmark's own, without persistence.
@@ -130,7 +131,7 @@ fn ttft(bin: &Path, o: &Options, redis: &Redis) -> Result<Value, String> {
     let url = redis.url();
     let remote = ["--cache-remote", url.as_str()];
     let (mut computed, mut from_remote, mut from_disk, mut runs) = (vec![], vec![], vec![], vec![]);
-    for rep in 0..o.reps() {
+    for rep in 0..o.reps {
         let dir = o.dir.join(format!("remote-ttft-{rep}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
@@ -138,7 +139,7 @@ fn ttft(bin: &Path, o: &Options, redis: &Redis) -> Result<Value, String> {
         let (cache_a, cache_b) = (dir.join("a"), dir.join("b"));
         let a = replica(bin, o, &cache_a, &dir.join("a.log"), &remote)?;
         let mut words = Words(0x5EED_0000 ^ (rep as u64 + 1));
-        let system = words.text_of_tokens(&a.base, o.prompt_tokens() - 40)?;
+        let system = words.text_of_tokens(&a.base, o.prompt_tokens - 40)?;
         let messages = json!([
             {"role": "system", "content": system},
             {"role": "user", "content": "Summarize the text above in one sentence."},
@@ -237,7 +238,7 @@ fn throughput(o: &Options, redis: &Redis) -> Result<Value, String> {
             "--url",
             &redis.url(),
             "--reps",
-            &o.reps().max(5).to_string(),
+            &o.reps.max(5).to_string(),
         ])
         .output()
         .map_err(|e| format!("{}: {e}", ckpt.display()))?;
@@ -435,7 +436,7 @@ fn replica_in(
             "--port",
             &port.to_string(),
             "-t",
-            &o.threads().to_string(),
+            &o.threads.to_string(),
         ])
         .args([
             "-np",
@@ -492,7 +493,7 @@ fn netns(bin: &Path, o: &Options, redis: &Redis, hosts: Hosts) -> Result<Value, 
         )?);
     }
     let mut words = Words(0xAE75);
-    let system = words.text_of_tokens(&replicas[0].1, o.prompt_tokens() - 40)?;
+    let system = words.text_of_tokens(&replicas[0].1, o.prompt_tokens - 40)?;
     let messages = json!([
         {"role": "system", "content": system},
         {"role": "user", "content": "Summarize the text above in one sentence."},
@@ -521,41 +522,8 @@ fn netns(bin: &Path, o: &Options, redis: &Redis, hosts: Hosts) -> Result<Value, 
 }
 
 /// Entry point of `cargo xtask bench-remote`.
-pub(crate) fn bench_remote(args: &[String]) -> Result<(), String> {
-    let mut shared = vec!["--only".to_owned(), "ours".to_owned()];
-    let mut sizes = vec![1usize, 2, 4, 8];
-    let (mut users, mut turns) = (8usize, 4usize);
-    let (mut skip_ttft, mut skip_throughput, mut skip_fleet) = (false, false, false);
-    let mut with_netns = false;
-    let mut it = args.iter();
-    let number = |flag: &str, v: Option<&String>| -> Result<usize, String> {
-        v.and_then(|v| v.parse().ok())
-            .filter(|&n| n > 0)
-            .ok_or_else(|| format!("bench-remote: {flag} wants a positive number"))
-    };
-    while let Some(flag) = it.next() {
-        match flag.as_str() {
-            "--replicas" => {
-                let v = it.next().ok_or("--replicas wants a list")?;
-                sizes = v
-                    .split(',')
-                    .map(|n| {
-                        n.trim()
-                            .parse::<usize>()
-                            .map_err(|e| format!("--replicas {v}: {e}"))
-                    })
-                    .collect::<Result<_, _>>()?;
-            }
-            "--users" => users = number(flag, it.next())?,
-            "--fleet-turns" => turns = number(flag, it.next())?,
-            "--skip-ttft" => skip_ttft = true,
-            "--skip-throughput" => skip_throughput = true,
-            "--skip-fleet" => skip_fleet = true,
-            "--netns" => with_netns = true,
-            _ => shared.push(flag.clone()),
-        }
-    }
-    let o = bench_server::parse(&shared)?;
+pub(crate) fn bench_remote(args: &BenchRemoteArgs) -> Result<(), String> {
+    let o = args.options();
     let servers = bench_server::servers(&o)?;
     let bin: PathBuf = servers
         .into_iter()
@@ -565,7 +533,7 @@ pub(crate) fn bench_remote(args: &[String]) -> Result<(), String> {
     crate::build_ckpt()?;
     std::fs::create_dir_all(&o.dir).map_err(|e| e.to_string())?;
     // With --netns, Redis listens on the host's ends of the veth pairs too (created first).
-    let hosts = if with_netns {
+    let hosts = if args.netns {
         Some(Hosts::create(2)?)
     } else {
         None
@@ -576,16 +544,23 @@ pub(crate) fn bench_remote(args: &[String]) -> Result<(), String> {
     }
     let redis = Redis::start(&o.dir, &bind)?;
     let mut report = serde_json::Map::new();
-    if !skip_ttft {
+    if !o.skip_ttft {
         report.insert("ttft".into(), ttft(&bin, &o, &redis)?);
     }
-    if !skip_throughput {
+    if !args.skip_throughput {
         report.insert("throughput".into(), throughput(&o, &redis)?);
     }
-    if !skip_fleet {
+    if !args.skip_fleet {
         report.insert(
             "fleet".into(),
-            fleet(&bin, &o, &redis, &sizes, users, turns)?,
+            fleet(
+                &bin,
+                &o,
+                &redis,
+                &args.replicas,
+                args.users,
+                args.fleet_turns,
+            )?,
         );
     }
     if let Some(hosts) = hosts {

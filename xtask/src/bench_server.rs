@@ -27,127 +27,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::bench_args::{BenchServerArgs, Only, Options, Plan};
 use crate::{cargo, run, workspace_root};
-
-/// The command line of `cargo xtask bench-server`.
-pub(crate) struct Options {
-    /// `--ours`: our server's binary (built when not given).
-    ours: Option<PathBuf>,
-    /// `--llama-server` or `LLAMA_SERVER`: llama.cpp's server, if any.
-    llama: Option<PathBuf>,
-    /// `--model`: the GGUF both servers load.
-    pub(crate) model: PathBuf,
-    /// `--threads`: `-t` of both servers.
-    threads: usize,
-    /// `--prompt-tokens`: the time-to-first-token prompt's size.
-    prompt_tokens: usize,
-    /// `--reps`: repetitions of the time-to-first-token measurement.
-    reps: usize,
-    /// `--repeats`: repeated requests per repetition.
-    repeats: usize,
-    /// `--system-tokens`: the shared system prompt's size.
-    pub(crate) system_tokens: usize,
-    /// `--conversations`: conversations of the trace.
-    conversations: usize,
-    /// `--turns`: turns per conversation.
-    pub(crate) turns: usize,
-    /// `--clients`: concurrent clients of the trace (and server slots).
-    clients: usize,
-    /// `--gen-tokens`: `max_tokens` of each reply.
-    pub(crate) gen_tokens: usize,
-    /// `--dir`: where the servers' caches and logs go.
-    pub(crate) dir: PathBuf,
-    /// `--only ours|llama`: measure one server.
-    only: Option<String>,
-    /// `--skip-trace`: no trace.
-    skip_trace: bool,
-    /// `--skip-ttft`: no time-to-first-token measurement.
-    skip_ttft: bool,
-}
-
-impl Options {
-    /// `--reps`.
-    pub(crate) fn reps(&self) -> usize {
-        self.reps
-    }
-
-    /// `--threads`.
-    pub(crate) fn threads(&self) -> usize {
-        self.threads
-    }
-
-    /// `--prompt-tokens`.
-    pub(crate) fn prompt_tokens(&self) -> usize {
-        self.prompt_tokens
-    }
-}
-
-/// Reads the options; later flags override earlier ones.
-pub(crate) fn parse(args: &[String]) -> Result<Options, String> {
-    let root = workspace_root();
-    let mut o = Options {
-        ours: None,
-        llama: std::env::var_os("LLAMA_SERVER").map(PathBuf::from),
-        model: root.join("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-        threads: 2,
-        prompt_tokens: 2000,
-        reps: 3,
-        repeats: 1,
-        system_tokens: 1000,
-        conversations: 8,
-        turns: 6,
-        clients: 4,
-        gen_tokens: 32,
-        dir: std::env::temp_dir().join("llama-hdd-bench-server"),
-        only: None,
-        skip_trace: false,
-        skip_ttft: false,
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("bench-server: {flag} needs a value"))
-        };
-        let number = |v: String| {
-            v.parse::<usize>()
-                .ok()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| format!("bench-server: {flag} wants a positive number, got {v:?}"))
-        };
-        match flag.as_str() {
-            "--ours" => o.ours = Some(PathBuf::from(value()?)),
-            "--llama-server" => o.llama = Some(PathBuf::from(value()?)),
-            "--model" => o.model = PathBuf::from(value()?),
-            "--threads" => o.threads = number(value()?)?,
-            "--prompt-tokens" => o.prompt_tokens = number(value()?)?,
-            "--reps" => o.reps = number(value()?)?,
-            "--repeats" => o.repeats = number(value()?)?,
-            "--system-tokens" => o.system_tokens = number(value()?)?,
-            "--conversations" => o.conversations = number(value()?)?,
-            "--turns" => o.turns = number(value()?)?,
-            "--clients" => o.clients = number(value()?)?,
-            "--gen-tokens" => o.gen_tokens = number(value()?)?,
-            "--dir" => o.dir = PathBuf::from(value()?),
-            "--only" => o.only = Some(value()?),
-            "--skip-trace" => o.skip_trace = true,
-            "--skip-ttft" => o.skip_ttft = true,
-            other => {
-                return Err(format!(
-                    "bench-server: unknown option `{other}` (options: --ours BIN, \
-                     --llama-server BIN, --model PATH, --threads N, --prompt-tokens N, --reps N, --repeats N, \
-                     --system-tokens N, --conversations N, --turns N, --clients N, \
-                     --gen-tokens N, --dir DIR, --only ours|llama, --skip-trace, --skip-ttft, \
-                     --workload agent [--restart-after N] [--ctx N] [--chat-template-file PATH], \
-                     --workload multi-round [--users N] [--rounds N] [--doc-tokens N] [--ctx N] \
-                     [--cache-ram-mib N])"
-                ))
-            }
-        }
-    }
-    Ok(o)
-}
 
 /// Which server, and how to start it.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -687,21 +568,14 @@ fn trace(kind: Kind, bin: &Path, o: &Options) -> Result<Value, String> {
     Ok(out)
 }
 
-/// Entry point of `cargo xtask bench-server`; `--workload agent` goes to `bench_agent`.
-pub fn bench_server(args: &[String]) -> Result<(), String> {
-    if let Some(i) = args.iter().position(|a| a == "--workload") {
-        return match args.get(i + 1).map(String::as_str) {
-            Some("agent") => crate::bench_agent::bench_agent(args),
-            Some("multi-round") => crate::bench_multiround::bench_multiround(args),
-            Some("growth") => crate::bench_growth::bench_growth(args),
-            other => Err(format!(
-                "bench-server: --workload wants `agent` or `multi-round`, got `{}` (without it: the time to first \
-                 token and the concurrent trace)",
-                other.unwrap_or("")
-            )),
-        };
-    }
-    let o = parse(args)?;
+/// Entry point of `cargo xtask bench-server`; each `--workload` goes to its own module.
+pub(crate) fn bench_server(args: &BenchServerArgs) -> Result<(), String> {
+    let o = match args.plan()? {
+        Plan::Default(o) => o,
+        Plan::Agent(o, a) => return crate::bench_agent::bench_agent(&o, &a),
+        Plan::MultiRound(o, m) => return crate::bench_multiround::bench_multiround(&o, &m),
+        Plan::Growth(o, sizes) => return crate::bench_growth::bench_growth(&o, &sizes),
+    };
     let servers = servers(&o)?;
     let mut report = serde_json::Map::new();
     for (kind, bin) in &servers {
@@ -748,8 +622,8 @@ pub(crate) fn servers(o: &Options) -> Result<Vec<(Kind, PathBuf)>, String> {
              measuring ours alone"
         ),
     }
-    if let Some(only) = &o.only {
-        servers.retain(|(k, _)| (only == "ours") == (*k == Kind::Ours));
+    if let Some(only) = o.only {
+        servers.retain(|(k, _)| (only == Only::Ours) == (*k == Kind::Ours));
     }
     Ok(servers)
 }

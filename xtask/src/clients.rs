@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Instant, SystemTime};
 
+use clap::Args;
+
 use crate::{cargo, model, run, workspace_root};
 
 /// The scripts' directory, relative to the workspace root.
@@ -32,47 +34,30 @@ const SERVER_SOURCES: &[&str] = &[
     "ggml-sys/src",
 ];
 
-/// What the command line asks.
-struct Options {
-    server: Option<PathBuf>,
-    model: PathBuf,
+/// The command line of `cargo xtask clients`.
+#[derive(Args, Clone, Debug)]
+pub(crate) struct ClientsArgs {
+    /// The server binary the scripts start [default: target/debug/llama-hdd-server, built when
+    /// missing].
+    #[arg(long, value_name = "BIN")]
+    pub(crate) server: Option<PathBuf>,
+    /// The model the servers load.
+    #[arg(long, value_name = "PATH", default_value_os_t = model::default_path())]
+    pub(crate) model: PathBuf,
 }
 
-fn parse(args: &[String]) -> Result<Option<Options>, String> {
-    let mut o = Options {
-        server: None,
-        model: workspace_root().join("models").join(model::FILE_NAME),
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .map(PathBuf::from)
-                .ok_or_else(|| format!("clients: {name} needs a value"))
-        };
-        match arg.as_str() {
-            "--server" => o.server = Some(value("--server")?),
-            "--model" => o.model = value("--model")?,
-            "-h" | "--help" => {
-                println!(
-                    "usage: cargo xtask clients [--server BIN] [--model PATH]\n\
-                     Runs {DIR}/{{{}}} against the server \
-                     (default {DEFAULT_SERVER}, built when missing).",
-                    SCRIPTS.join(",")
-                );
-                return Ok(None);
-            }
-            other => return Err(format!("clients: unknown argument `{other}`")),
+impl Default for ClientsArgs {
+    /// What `cargo xtask clients` without options runs (as `ci` does).
+    fn default() -> Self {
+        ClientsArgs {
+            server: None,
+            model: model::default_path(),
         }
     }
-    Ok(Some(o))
 }
 
 /// Runs both client scripts; an error names the scripts that failed.
-pub fn clients(args: &[String]) -> Result<(), String> {
-    let Some(o) = parse(args)? else {
-        return Ok(());
-    };
+pub(crate) fn clients(o: &ClientsArgs) -> Result<(), String> {
     let root = workspace_root();
     if !o.model.is_file() {
         let e = format!(
@@ -93,7 +78,7 @@ pub fn clients(args: &[String]) -> Result<(), String> {
         // project's own (under `target/`), made once.
         Err(e) => venv(&root, "python3").map_err(|v| format!("{e}\n({v})"))?,
     };
-    let server = server_binary(&root, o.server)?;
+    let server = server_binary(&root, o.server.clone())?;
     let scratch = std::env::temp_dir().join(format!("llama-hdd-clients-{}", std::process::id()));
     // A leftover of an earlier run with this pid holds nothing we need.
     let _ = std::fs::remove_dir_all(&scratch);

@@ -8,61 +8,53 @@
 
 use std::process::Command;
 
+use clap::builder::NonEmptyStringValueParser;
+use clap::Args;
+
 use crate::{cargo, run, workspace_root};
 
-struct Options {
-    refh: String,
-    model: String,
-    prompt: usize,
-    gen: usize,
-    threads: usize,
-    reps: usize,
-    sequences: usize,
-    cache_type: String,
+/// The command line of `cargo xtask compare-llama-cpp`.
+#[derive(Args, Clone, Debug)]
+pub(crate) struct CompareArgs {
+    /// llama.cpp's reference harness (`refh`).
+    #[arg(long, value_name = "PATH", value_parser = NonEmptyStringValueParser::new())]
+    pub(crate) refh: String,
+    /// The GGUF both load (relative to the workspace root).
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    )]
+    pub(crate) model: String,
+    /// Tokens of the prompt (prefill).
+    #[arg(long = "prompt-tokens", value_name = "N", default_value_t = 512)]
+    pub(crate) prompt: usize,
+    /// Tokens generated (decode).
+    #[arg(long = "gen-tokens", value_name = "N", default_value_t = 128)]
+    pub(crate) gen: usize,
+    /// Threads of both.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub(crate) threads: usize,
+    /// Pairs of runs, each program first in turn (at least 1).
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = at_least_one)]
+    pub(crate) reps: usize,
+    /// Sequences decoded together (llama.cpp's `refh batched`, our `bench --sequences`; at
+    /// least 1).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = at_least_one)]
+    pub(crate) sequences: usize,
+    /// Both KV caches' type: `f16` or `q8_0`.
+    #[arg(long, value_name = "TYPE", default_value = "f16")]
+    pub(crate) cache_type: String,
     /// Ours with batch-invariant evaluation (`bench --deterministic`).
-    deterministic: bool,
+    #[arg(long)]
+    pub(crate) deterministic: bool,
 }
 
-fn parse(args: &[String]) -> Result<Options, String> {
-    let mut o = Options {
-        refh: String::new(),
-        model: "models/SmolLM2-135M-Instruct.Q4_1.gguf".into(),
-        prompt: 512,
-        gen: 128,
-        threads: 2,
-        reps: 5,
-        sequences: 1,
-        cache_type: "f16".into(),
-        deterministic: false,
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        if flag == "--deterministic" {
-            o.deterministic = true;
-            continue;
-        }
-        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let num = || {
-            value
-                .parse::<usize>()
-                .map_err(|e| format!("{flag} {value}: {e}"))
-        };
-        match flag.as_str() {
-            "--refh" => o.refh = value.clone(),
-            "--model" => o.model = value.clone(),
-            "--prompt-tokens" => o.prompt = num()?,
-            "--gen-tokens" => o.gen = num()?,
-            "--threads" => o.threads = num()?,
-            "--reps" => o.reps = num()?.max(1),
-            "--sequences" => o.sequences = num()?.max(1),
-            "--cache-type" => o.cache_type = value.clone(),
-            other => return Err(format!("unknown option {other}")),
-        }
-    }
-    if o.refh.is_empty() {
-        return Err("--refh PATH (llama.cpp's reference harness) is required".into());
-    }
-    Ok(o)
+/// Parses a whole number; 0 counts as 1.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    s.parse::<usize>()
+        .map(|n| n.max(1))
+        .map_err(|e| e.to_string())
 }
 
 fn json_of(
@@ -97,8 +89,7 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// Runs the comparison and prints one JSON object.
-pub fn compare(args: &[String]) -> Result<(), String> {
-    let o = parse(args)?;
+pub(crate) fn compare(o: &CompareArgs) -> Result<(), String> {
     run(
         &cargo(),
         &["build", "--release", "--quiet", "--example", "bench"],

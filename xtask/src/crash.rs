@@ -4,72 +4,57 @@
 //! that `ckpt verify` finds every file of the store sound.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::{cargo, run, workspace_root};
+use crate::{cargo, model, run, workspace_root};
 
-struct Options {
-    kills: usize,
-    model: String,
-    dir: PathBuf,
-    min_ms: u64,
-    max_ms: u64,
-    verify_every: usize,
+/// The command line of `cargo xtask crash-test`.
+#[derive(Args, Clone, Debug)]
+pub(crate) struct CrashTestArgs {
+    /// How many times the saving process is killed.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub(crate) kills: usize,
+    /// The GGUF the saving process runs.
+    #[arg(long, value_name = "PATH", default_value_os_t = model::default_path())]
+    pub(crate) model: PathBuf,
+    /// Where the store and the journal go (emptied first).
+    #[arg(long, value_name = "DIR", default_value_os_t = workspace_root().join("target/crash-test"))]
+    pub(crate) dir: PathBuf,
+    /// The shortest time a process runs before its kill.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub(crate) min_ms: u64,
+    /// The longest time a process runs before its kill (above `--min-ms`).
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    pub(crate) max_ms: u64,
+    /// Run `ckpt verify` on the store every N kills, and after the last (0 counts as 1).
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = at_least_one)]
+    pub(crate) verify_every: usize,
 }
 
-fn parse(args: &[String]) -> Result<Options, String> {
-    let root = workspace_root();
-    let mut o = Options {
-        kills: 100,
-        model: root
-            .join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
-            .to_string_lossy()
-            .into_owned(),
-        dir: root.join("target/crash-test"),
-        min_ms: 0,
-        max_ms: 1000,
-        verify_every: 10,
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        let number = |v: String| {
-            v.parse::<u64>()
-                .map_err(|_| format!("{flag}: `{v}` is not a whole number"))
-        };
-        match flag.as_str() {
-            "--kills" => o.kills = number(value()?)? as usize,
-            "--model" => o.model = value()?,
-            "--dir" => o.dir = PathBuf::from(value()?),
-            "--min-ms" => o.min_ms = number(value()?)?,
-            "--max-ms" => o.max_ms = number(value()?)?,
-            "--verify-every" => o.verify_every = number(value()?)?.max(1) as usize,
-            other => {
-                return Err(format!(
-                    "crash-test: unknown option `{other}` (options: --kills N, --model PATH, \
-                     --dir DIR, --min-ms MS, --max-ms MS, --verify-every N)"
-                ))
-            }
-        }
-    }
+/// Parses a whole number; 0 counts as 1.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    s.parse::<u64>()
+        .map(|n| n.max(1) as usize)
+        .map_err(|_| format!("`{s}` is not a whole number"))
+}
+
+/// What the run needs that the parser cannot check: a window to kill in, and the model.
+fn check(o: &CrashTestArgs) -> Result<(), String> {
     if o.min_ms >= o.max_ms {
         return Err("crash-test: --min-ms must be below --max-ms".into());
     }
-    if !Path::new(&o.model).is_file() {
+    if !o.model.is_file() {
         return Err(format!(
             "crash-test: no model at {} (run `cargo xtask fetch-model` or pass --model)",
-            o.model
+            o.model.display()
         ));
     }
-    Ok(o)
+    Ok(())
 }
 
 /// Totals over the run.
@@ -87,8 +72,9 @@ struct Tally {
     verify_failures: u64,
 }
 
-pub fn crash_test(args: &[String]) -> Result<(), String> {
-    let o = parse(args)?;
+/// Entry point of `cargo xtask crash-test`: the kills, the checks after each, a JSON summary.
+pub(crate) fn crash_test(o: &CrashTestArgs) -> Result<(), String> {
+    check(o)?;
     run(
         &cargo(),
         &["build", "--release", "--quiet", "--example", "crashtest"],

@@ -12,6 +12,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use clap::Args;
+
 use crate::{cargo, workspace_root};
 
 /// The toolkit's wheels: `name==version --hash=sha256:…`, as pip's requirements format takes
@@ -64,44 +66,33 @@ const TESTS: &[(&str, &str, &str)] = &[
 ];
 const EXAMPLES: &[&str] = &["generate", "bench"];
 
-struct Options {
-    arch: String,
-    out: PathBuf,
+/// The command line of `cargo xtask cuda-build`.
+#[derive(Args, Clone, Debug)]
+pub(crate) struct CudaBuildArgs {
+    /// The GPU architecture the kernels are compiled for (90 = Hopper).
+    #[arg(
+        long,
+        value_name = "SM",
+        env = "GGML_SYS_CUDA_ARCH",
+        default_value = "90"
+    )]
+    pub(crate) arch: String,
+    /// Where the GPU check's binaries and script are gathered (a new or empty directory, or a
+    /// previous bundle).
+    #[arg(long, value_name = "DIR", default_value_os_t = workspace_root().join("target/gpu-check"))]
+    pub(crate) out: PathBuf,
 }
 
-fn parse(args: &[String]) -> Result<Options, String> {
-    let root = workspace_root();
-    let mut o = Options {
-        arch: std::env::var("GGML_SYS_CUDA_ARCH").unwrap_or_else(|_| "90".into()),
-        out: root.join("target/gpu-check"),
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
-        match a.as_str() {
-            "--arch" => o.arch = value("--arch")?,
-            "--out" => o.out = PathBuf::from(value("--out")?),
-            "--help" | "-h" => {
-                println!(
-                    "usage: cargo xtask cuda-build [--arch 90] [--out target/gpu-check]\n\
-                     Builds the `cuda` feature for one GPU architecture (GGML_SYS_CUDA_ARCH, default \
-                     90 = Hopper) without a GPU, and gathers the GPU check's binaries and script."
-                );
-                std::process::exit(0);
-            }
-            other => return Err(format!("unknown option {other}")),
-        }
-    }
-    Ok(o)
+/// The command line of `cargo xtask cuda-toolkit`.
+#[derive(Args, Clone, Debug)]
+pub(crate) struct CudaToolkitArgs {
+    /// Where the toolkit is unpacked.
+    #[arg(value_name = "DIR", default_value_os_t = workspace_root().join("target/cuda-toolkit"))]
+    pub(crate) dir: PathBuf,
 }
 
 /// Builds everything and gathers the bundle.
-pub fn cuda_build(args: &[String]) -> Result<(), String> {
-    let o = parse(args)?;
+pub(crate) fn cuda_build(o: &CudaBuildArgs) -> Result<(), String> {
     // Only a previous bundle is replaced: never a directory of something else. Checked before
     // anything is built.
     let used = std::fs::read_dir(&o.out).is_ok_and(|mut d| d.next().is_some());
@@ -287,12 +278,8 @@ fn fetch_toolkit(dir: &Path) -> Result<PathBuf, String> {
 
 /// `cargo xtask cuda-toolkit [DIR]`: only the toolkit (default `target/cuda-toolkit`), for
 /// builds of one's own with `CUDA_PATH` pointing at the printed directory.
-pub fn cuda_toolkit(args: &[String]) -> Result<(), String> {
-    let dir = args
-        .first()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target/cuda-toolkit"));
-    let root = fetch_toolkit(&dir)?;
+pub(crate) fn cuda_toolkit(args: &CudaToolkitArgs) -> Result<(), String> {
+    let root = fetch_toolkit(&args.dir)?;
     let nvcc = Command::new(root.join("bin/nvcc"))
         .arg("--version")
         .output()

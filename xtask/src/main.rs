@@ -26,12 +26,15 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+use clap::{CommandFactory, Parser, Subcommand};
+
 #[allow(dead_code)]
 mod source {
     include!("../../ggml-sys/src/source.rs");
 }
 mod api;
 mod bench_agent;
+mod bench_args;
 mod bench_growth;
 mod bench_multiround;
 mod bench_remote;
@@ -45,39 +48,120 @@ mod cuda;
 mod model;
 mod tidy;
 
+#[cfg(test)]
+mod tests;
+
+/// `cargo xtask`: the project's automation.
+#[derive(Parser, Debug)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "Project automation: bindings, model fetch, CI, benchmarks"
+)]
+struct Cli {
+    /// What to do; without it, this help.
+    #[command(subcommand)]
+    command: Option<Cmd>,
+}
+
+/// The commands. Each that takes options lets a later occurrence of an option override an
+/// earlier one (`args_override_self`), as the hand-written parsers did.
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Download the default model (or Gemma 3 270M) into `models/` and verify its checksum.
+    #[command(args_override_self = true)]
+    FetchModel(model::FetchModelArgs),
+    /// Regenerate `ggml-sys/src/bindings*.rs` from the pinned ggml headers (needs libclang).
+    Bindgen,
+    /// What CI runs: the models, fmt, clippy, `tidy`, the tests, then `clients`.
+    ///
+    /// Formatting check, clippy with warnings denied, `tidy`, the whole test suite, then
+    /// `clients`; the models are fetched first (a failure to fetch them fails only in CI).
+    Ci,
+    /// The server driven by the official `openai` and `anthropic` Python packages.
+    ///
+    /// Runs `server/tests/clients/{openai_client,anthropic_client}.py` against the server; the
+    /// pinned packages come from the directory's `requirements.txt`.
+    #[command(args_override_self = true)]
+    Clients(clients::ClientsArgs),
+    /// Engine speed against llama.cpp's reference harness, side by side.
+    #[command(args_override_self = true)]
+    CompareLlamaCpp(compare::CompareArgs),
+    /// SIGKILL a process saving conversations, again and again, and check the store.
+    ///
+    /// Every committed checkpoint must restore to the bytes it was saved with, and `ckpt
+    /// verify` must pass.
+    #[command(args_override_self = true)]
+    CrashTest(crash::CrashTestArgs),
+    /// The `cuda` feature compiled and linked without a GPU; the GPU check's binaries.
+    ///
+    /// The toolkit comes from its pinned wheels (or `CUDA_PATH`), the driver library is a
+    /// stub, and the binaries `scripts/gpu-check.sh` runs are gathered in one folder.
+    #[command(args_override_self = true)]
+    CudaBuild(cuda::CudaBuildArgs),
+    /// Fetch and unpack only the CUDA toolkit; prints the directory for `CUDA_PATH`.
+    #[command(args_override_self = true)]
+    CudaToolkit(cuda::CudaToolkitArgs),
+    /// Our HTTP server against llama.cpp's `llama-server`, side by side.
+    ///
+    /// Time to first token (first, repeated, after a restart) and an agent-like trace of
+    /// concurrent chats, or another `--workload`.
+    #[command(args_override_self = true)]
+    BenchServer(bench_args::BenchServerArgs),
+    /// The prompt cache's Redis tier: remote hits, read throughput, a fleet of replicas.
+    ///
+    /// A remote hit against a local disk hit and against computing, the tier's read throughput
+    /// against `redis-benchmark`, and a fleet of replicas on one Redis. Our server alone
+    /// (`--only` defaults to `ours`); `--skip-ttft` skips the time to first token, and the
+    /// trace's options are accepted and unused.
+    #[command(args_override_self = true)]
+    BenchRemote(bench_args::BenchRemoteArgs),
+    /// The promises of `ARCHITECTURE.md` checked on the sources, and `api`.
+    ///
+    /// The unsafe fence, downward dependencies, file length, docs, no printing or `.unwrap()`
+    /// in library code.
+    Tidy,
+    /// `engine`'s public API, checked against the committed `engine/api.txt`.
+    ///
+    /// Listed from rustdoc's JSON output: no item names a type of ckptfmt, kvstore or ggml-sys
+    /// that engine does not re-export, and the listing equals the committed one.
+    #[command(args_override_self = true)]
+    Api(api::ApiArgs),
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str) {
-        Some("fetch-model") => model::by_name(args.get(1).map(String::as_str))
-            .and_then(|source| model::fetch(&workspace_root(), source))
-            .map(|path| {
-                println!("{}", path.display());
-            }),
-        Some("bindgen") => bindgen(),
-        Some("ci") => ci(),
-        Some("clients") => clients::clients(&args[1..]),
-        Some("compare-llama-cpp") => compare::compare(&args[1..]),
-        Some("crash-test") => crash::crash_test(&args[1..]),
-        Some("cuda-build") => cuda::cuda_build(&args[1..]),
-        Some("cuda-toolkit") => cuda::cuda_toolkit(&args[1..]),
-        Some("bench-server") => bench_server::bench_server(&args[1..]),
-        Some("bench-remote") => bench_remote::bench_remote(&args[1..]),
-        Some("tidy") => tidy::tidy(&workspace_root()),
-        Some("api") => api::api(&workspace_root(), &args[1..]),
-        Some("help") | Some("--help") | Some("-h") | None => {
-            println!("usage: cargo xtask <fetch-model [smollm2|gemma3] | bindgen | ci | clients [--server BIN] [--model PATH] | tidy | api [--bless] | compare-llama-cpp --refh PATH [--reps N] [--sequences N] [--cache-type f16|q8_0] [--deterministic] | crash-test [--kills N] | cuda-build [--arch 90] [--out DIR] | cuda-toolkit [DIR] | bench-server [--llama-server PATH] (--help lists its options) | bench-remote [--replicas 1,2,4,8] [--users N] [--fleet-turns N] [--reps N]>");
-            Ok(())
-        }
-        Some(other) => Err(format!(
-            "unknown command `{other}` (try `cargo xtask help`)"
-        )),
+    let cli = Cli::parse();
+    let Some(command) = cli.command else {
+        // As before: `cargo xtask` alone prints the usage and succeeds.
+        let _ = Cli::command().print_help();
+        return ExitCode::SUCCESS;
     };
-    match result {
+    match execute(command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("error: {message}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Runs one command.
+fn execute(command: Cmd) -> Result<(), String> {
+    match command {
+        Cmd::FetchModel(args) => model::fetch(&workspace_root(), args.model.source()).map(|path| {
+            println!("{}", path.display());
+        }),
+        Cmd::Bindgen => bindgen(),
+        Cmd::Ci => ci(),
+        Cmd::Clients(args) => clients::clients(&args),
+        Cmd::CompareLlamaCpp(args) => compare::compare(&args),
+        Cmd::CrashTest(args) => crash::crash_test(&args),
+        Cmd::CudaBuild(args) => cuda::cuda_build(&args),
+        Cmd::CudaToolkit(args) => cuda::cuda_toolkit(&args),
+        Cmd::BenchServer(args) => bench_server::bench_server(&args),
+        Cmd::BenchRemote(args) => bench_remote::bench_remote(&args),
+        Cmd::Tidy => tidy::tidy(&workspace_root()),
+        Cmd::Api(args) => api::api(&workspace_root(), &args),
     }
 }
 
@@ -178,6 +262,6 @@ fn ci() -> Result<(), String> {
     tidy::tidy(&root)?;
     run(&cargo, &["test", "--workspace"])?;
     eprintln!("$ cargo xtask clients");
-    clients::clients(&[])?;
+    clients::clients(&clients::ClientsArgs::default())?;
     Ok(())
 }

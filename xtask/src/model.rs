@@ -6,6 +6,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
 
@@ -61,13 +62,38 @@ pub const GEMMA3: Source = Source {
 /// File name of the default model under `models/`.
 pub const FILE_NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
-/// The model named on the command line (`smollm2`, the default, or `gemma3`).
-pub fn by_name(name: Option<&str>) -> Result<&'static Source, String> {
-    match name {
-        None | Some("smollm2") => Ok(&DEFAULT),
-        Some("gemma3") => Ok(&GEMMA3),
-        Some(other) => Err(format!("no model named {other}: smollm2 or gemma3")),
+/// Where the default model lives: `models/` of the workspace (the default `--model` of the
+/// commands that run it).
+pub fn default_path() -> PathBuf {
+    crate::workspace_root().join("models").join(FILE_NAME)
+}
+
+/// A model `fetch-model` knows by name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum ModelName {
+    /// SmolLM2-135M-Instruct (Q4_1), the default model.
+    #[default]
+    Smollm2,
+    /// Gemma 3 270M (Q4_K_M), for the second family's tests.
+    Gemma3,
+}
+
+impl ModelName {
+    /// The model's file and where it comes from.
+    pub fn source(self) -> &'static Source {
+        match self {
+            ModelName::Smollm2 => &DEFAULT,
+            ModelName::Gemma3 => &GEMMA3,
+        }
     }
+}
+
+/// The command line of `cargo xtask fetch-model`.
+#[derive(Args, Clone, Debug)]
+pub struct FetchModelArgs {
+    /// Which model.
+    #[arg(value_enum, default_value_t)]
+    pub model: ModelName,
 }
 
 /// Makes sure the default model is in `models/` with the right checksum; returns its path.
