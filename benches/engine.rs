@@ -11,7 +11,7 @@
 use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use engine::{Model, Session, SessionParams};
+use engine::{ContextParams, Model, Session};
 
 const MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -31,12 +31,12 @@ fn bench(c: &mut Criterion) {
     });
     g.finish();
 
-    let params = SessionParams {
+    let params = ContextParams {
         n_ctx: 1024,
         n_threads: 2,
-        n_ubatch: 512,
+        n_batch: 512,
         flash_attn: true,
-        ..SessionParams::default()
+        ..ContextParams::default()
     };
     let prompt: Vec<u32> = (0..128).map(|i| 100 + (i * 7919) % 48_952).collect();
     let mut g = c.benchmark_group("forward");

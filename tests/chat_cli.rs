@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use engine::store::{SessionStore, StoreConfig};
-use engine::{KvType, Model, Session, SessionParams};
+use engine::{ContextParams, KvType, Model, Session};
 
 /// The chat example next to this test's executable (`target/<profile>/examples/chat`).
 #[path = "support/chat_model.rs"]
@@ -116,12 +116,12 @@ impl Env {
             ..StoreConfig::default()
         };
         let store = SessionStore::open(&self.store(), &model, config)?;
-        let params = SessionParams {
+        let params = ContextParams {
             n_ctx: 8192,
             n_threads: 1,
             type_k: kv_type,
             type_v: kv_type,
-            ..SessionParams::default()
+            ..ContextParams::default()
         };
         let mut session = Session::new(model.clone(), params)?;
         let meta = store.restore(&mut session, name)?;

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use engine::store::{SessionStore, StoreConfig};
 use engine::testing::{SplitMix64, TinyChatModel};
-use engine::{Model, Session, SessionParams};
+use engine::{ContextParams, Model, Session};
 
 const INTERVAL: usize = 64;
 const CTX: usize = 4096;
@@ -152,10 +152,10 @@ impl Env {
         if !store.exists("doc").unwrap() {
             return None;
         }
-        let params = SessionParams {
+        let params = ContextParams {
             n_ctx: CTX,
             n_threads: 1,
-            ..SessionParams::default()
+            ..ContextParams::default()
         };
         let mut s = Session::new(model, params).unwrap();
         store.restore(&mut s, "doc").unwrap();

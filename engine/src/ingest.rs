@@ -6,7 +6,7 @@
 //! the longest prefix of the document's tokens whose blocks the store holds (chained block ids
 //! name a prefix exactly, so a document that changed matches up to where it changed) and
 //! evaluates the rest. Micro-batch boundaries are fixed by absolute position (multiples of the
-//! session's `n_ubatch` and of the interval), so an interrupted and resumed ingestion computes
+//! session's `n_batch` and of the interval), so an interrupted and resumed ingestion computes
 //! every token in the same graphs, and ends with the same KV bytes and logits, as an
 //! uninterrupted one.
 //!
@@ -189,7 +189,7 @@ pub fn ingest(
         });
     }
     let interval = params.effective_interval();
-    let n_ubatch = session.params().n_ubatch.max(1);
+    let n_ubatch = session.params().n_batch.max(1);
     let (restored, prior_shifts) = if held > 0 {
         (held, 0)
     } else if let Some((done, shifts)) = shifted_checkpoint(store, params, tokens, n_ctx)? {

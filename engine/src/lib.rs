@@ -1,10 +1,10 @@
 //! `engine`: llama-family GGUF inference on ggml kernels.
 //!
 //! ```no_run
-//! use engine::{Model, Session, SessionParams, sampling::{Sampler, SamplerParams}, GenerateParams};
+//! use engine::{Model, Session, ContextParams, sampling::{Sampler, SamplerParams}, GenerateParams};
 //! # fn main() -> engine::Result<()> {
 //! let model = Model::load("models/SmolLM2-135M-Instruct.Q4_1.gguf")?;
-//! let mut session = Session::new(model, SessionParams::default())?;
+//! let mut session = Session::new(model, ContextParams::default())?;
 //! session.feed_text("The capital of France is")?;
 //! let mut sampler = Sampler::new(SamplerParams::greedy());
 //! let out = session.generate(&mut sampler, &GenerateParams::default(), |piece| {
@@ -73,7 +73,7 @@ pub use model::{
 };
 pub use namespace::Namespace;
 pub use pages::ImportSummary;
-pub use session::{GenerateParams, Generation, Session, SessionParams, StopReason};
+pub use session::{GenerateParams, Generation, Session, StopReason};
 pub use stop::StopStrings;
 
 // Types of the checkpoint format (`ckptfmt`) and the block store (`kvstore`) that this API hands

@@ -6,46 +6,11 @@ use std::sync::Arc;
 use crate::batch::Logits;
 use crate::context::{Context, ContextParams, SeqId};
 use crate::error::Result;
-use crate::kv::{KvLayout, KvType};
+use crate::kv::KvLayout;
 use crate::model::Model;
 use crate::sampling::Sampler;
 use crate::stop::StopStrings;
 use crate::tokenizer::StreamDecoder;
-
-/// How a session runs.
-#[derive(Clone, Debug)]
-pub struct SessionParams {
-    /// Context window in tokens (the KV cache's capacity). Clamped to the model's training
-    /// context length.
-    pub n_ctx: usize,
-    /// Threads for ggml's kernels.
-    pub n_threads: usize,
-    /// Largest number of tokens evaluated in one graph during prefill.
-    pub n_ubatch: usize,
-    /// Attention through ggml's fused flash-attention kernel (the default, and faster here:
-    /// see docs/BENCHMARKS.md) or as separate matrix products and a softmax.
-    pub flash_attn: bool,
-    /// Element type of cached K.
-    pub type_k: KvType,
-    /// Element type of cached V (a quantized V needs `flash_attn`).
-    pub type_v: KvType,
-    /// Batch-invariant evaluation ([`ContextParams::batch_invariant`]).
-    pub batch_invariant: bool,
-}
-
-impl Default for SessionParams {
-    fn default() -> Self {
-        SessionParams {
-            n_ctx: 4096,
-            n_threads: std::thread::available_parallelism().map_or(4, |n| n.get()),
-            n_ubatch: 512,
-            flash_attn: true,
-            type_k: KvType::F16,
-            type_v: KvType::F16,
-            batch_invariant: false,
-        }
-    }
-}
 
 /// Limits and stop conditions of [`Session::generate`].
 #[derive(Clone, Debug)]
@@ -109,20 +74,21 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    /// Opens a session on `model` with an empty context.
-    pub fn new(model: Arc<Model>, params: SessionParams) -> Result<Session> {
+    /// Opens a session on `model` with an empty context. A session's pool holds twice its
+    /// window when `params.kv_tokens` is 0 (room to restore or branch beside the live pages).
+    pub fn new(model: Arc<Model>, params: ContextParams) -> Result<Session> {
         let n_ctx = params.n_ctx.clamp(1, model.hparams().n_ctx_train.max(1));
+        let kv_tokens = match params.kv_tokens {
+            0 => 2 * n_ctx,
+            n => n,
+        };
         let mut ctx = Context::new(
             model,
             ContextParams {
                 n_ctx,
-                kv_tokens: 2 * n_ctx,
-                n_threads: params.n_threads,
-                n_batch: params.n_ubatch.max(1),
-                flash_attn: params.flash_attn,
-                type_k: params.type_k,
-                type_v: params.type_v,
-                batch_invariant: params.batch_invariant,
+                kv_tokens,
+                n_batch: params.n_batch.max(1),
+                ..params
             },
         )?;
         // The first half of the pool (the context window) will be used: touch it now, as a
@@ -138,17 +104,8 @@ impl Session {
     }
 
     /// The parameters in effect (after clamping).
-    pub fn params(&self) -> SessionParams {
-        let p = self.ctx.params();
-        SessionParams {
-            n_ctx: p.n_ctx,
-            n_threads: p.n_threads,
-            n_ubatch: p.n_batch,
-            flash_attn: p.flash_attn,
-            type_k: p.type_k,
-            type_v: p.type_v,
-            batch_invariant: p.batch_invariant,
-        }
+    pub fn params(&self) -> ContextParams {
+        self.ctx.params().clone()
     }
 
     /// The context the session's sequence lives in.

@@ -18,7 +18,7 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use engine::{Session, SessionParams};
+use engine::{ContextParams, Session};
 use serde_json::Value;
 
 /// The seed of every tiny model here.
@@ -68,10 +68,10 @@ fn every_architecture_matches_llama_cpp_on_the_same_file() {
 
         let mut s = Session::new(
             model.clone(),
-            SessionParams {
+            ContextParams {
                 n_ctx: 128,
                 n_threads: 2,
-                ..SessionParams::default()
+                ..ContextParams::default()
             },
         )
         .unwrap();

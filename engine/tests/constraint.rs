@@ -11,7 +11,7 @@ use engine::constraint::{Constraint, Grammar, Vocab};
 use engine::sampling::{Sampler, SamplerParams};
 use engine::testing::{SplitMix64, TinyChatModel};
 use engine::tokenizer::Tokenizer;
-use engine::{Error, Model, Session, SessionParams};
+use engine::{ContextParams, Error, Model, Session};
 
 /// The tiny chat model's tokenizer: the 256 byte tokens, the 64 pairs of `a`-`h`, then
 /// `<|im_start|>` and `<|im_end|>` (EOS).
@@ -399,7 +399,7 @@ fn real() -> Option<Real> {
     let vocab = Vocab::new(model.tokenizer()).unwrap();
     let session = Session::new(
         model,
-        SessionParams {
+        ContextParams {
             n_ctx: 1024,
             ..Default::default()
         },

@@ -14,7 +14,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{export_pages, import_pages};
-use engine::{Model, Session, SessionParams};
+use engine::{ContextParams, Model, Session};
 use serde_json::Value;
 
 fn model() -> Option<Arc<Model>> {
@@ -37,13 +37,13 @@ fn golden() -> Vec<Value> {
         .collect()
 }
 
-fn params() -> SessionParams {
-    SessionParams {
+fn params() -> ContextParams {
+    ContextParams {
         n_ctx: 2048,
         n_threads: 2,
-        n_ubatch: 512,
+        n_batch: 512,
         flash_attn: true,
-        ..SessionParams::default()
+        ..ContextParams::default()
     }
 }
 

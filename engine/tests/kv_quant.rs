@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::*;
 use engine::store::{CheckpointMeta, SessionStore, StoreConfig};
-use engine::{Error, KvType, Model, Session, SessionParams};
+use engine::{ContextParams, Error, KvType, Model, Session};
 
 /// A tiny llama whose head size (32) holds whole q8_0 blocks.
 fn q8_cfg() -> Cfg {
@@ -22,8 +22,8 @@ fn q8_cfg() -> Cfg {
     }
 }
 
-fn typed(n_ubatch: usize, k: KvType, v: KvType) -> SessionParams {
-    SessionParams {
+fn typed(n_ubatch: usize, k: KvType, v: KvType) -> ContextParams {
+    ContextParams {
         type_k: k,
         type_v: v,
         ..params(n_ubatch)
@@ -141,7 +141,7 @@ fn unsupported_configurations_are_refused() {
         })
     ));
     let (_dir, model, _) = build(&q8_cfg(), 3);
-    let no_fa = SessionParams {
+    let no_fa = ContextParams {
         flash_attn: false,
         ..typed(8, KvType::F16, KvType::Q8_0)
     };
@@ -158,7 +158,7 @@ fn q8_0_key_cache_works_without_flash_attention() {
     let c = q8_cfg();
     let (_dir, model, _) = build(&c, 13);
     let toks = tokens(80);
-    let unfused = |k| SessionParams {
+    let unfused = |k| ContextParams {
         flash_attn: false,
         ..typed(32, k, KvType::F16)
     };
@@ -431,12 +431,12 @@ fn real_model_q8_0_agrees_with_f16_on_the_golden_prompts() {
         return;
     };
     let model: Arc<Model> = Model::load(&path).unwrap();
-    let params = |k, v| SessionParams {
+    let params = |k, v| ContextParams {
         n_ctx: 512,
         n_threads: 2,
         type_k: k,
         type_v: v,
-        ..SessionParams::default()
+        ..ContextParams::default()
     };
     let n_vocab = model.hparams().n_vocab;
     let (mut agree, mut total) = (0usize, 0usize);

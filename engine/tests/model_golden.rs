@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{export_pages, import_pages};
-use engine::{Model, Session, SessionParams};
+use engine::{ContextParams, Model, Session};
 
 fn model() -> Option<Arc<Model>> {
     let path = common::real_model_path()?;
@@ -62,13 +62,13 @@ fn golden() -> Vec<Golden> {
         .collect()
 }
 
-fn params() -> SessionParams {
-    SessionParams {
+fn params() -> ContextParams {
+    ContextParams {
         n_ctx: 512,
         n_threads: 2,
-        n_ubatch: 512,
+        n_batch: 512,
         flash_attn: true,
-        ..SessionParams::default()
+        ..ContextParams::default()
     }
 }
 

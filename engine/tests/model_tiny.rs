@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use engine::gguf::GgufWriter;
-use engine::{Error, Model, Session, SessionParams};
+use engine::{ContextParams, Error, Model, Session};
 
 fn check_against_reference(shape: Shape, tied: bool) {
     let c = cfg(shape, tied);
@@ -154,12 +154,12 @@ fn bad_inputs_give_typed_errors() {
     let (dir, model, _) = build(&c, 13);
     let mut s = Session::new(
         model.clone(),
-        SessionParams {
+        ContextParams {
             n_ctx: 16,
             n_threads: 1,
-            n_ubatch: 8,
+            n_batch: 8,
             flash_attn: true,
-            ..SessionParams::default()
+            ..ContextParams::default()
         },
     )
     .unwrap();

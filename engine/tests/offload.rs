@@ -211,10 +211,10 @@ fn real_model_saved_offloaded_resumes_on_the_cpu() {
     let text = "The history of the printing press begins in the fifteenth century, when ".repeat(6);
     let prompt = plain.tokenizer().encode(&text, true, false).unwrap();
     assert!(prompt.len() > PAGE_TOKENS, "{} tokens", prompt.len());
-    let sp = || engine::SessionParams {
+    let sp = || engine::ContextParams {
         n_ctx: 512,
         n_threads: 2,
-        ..engine::SessionParams::default()
+        ..engine::ContextParams::default()
     };
     let greedy = |s: &mut Session, n: usize| -> Vec<u32> {
         (0..n)

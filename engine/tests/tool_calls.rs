@@ -12,7 +12,7 @@ use engine::chat::tools::{
 use engine::constraint::{Constraint, Vocab};
 use engine::sampling::{Sampler, SamplerParams};
 use engine::testing::{SplitMix64, TinyChatModel};
-use engine::{Model, Session, SessionParams};
+use engine::{ContextParams, Model, Session};
 use serde_json::{json, Value};
 
 const FORMATS: [ToolFormat; 6] = [
@@ -417,7 +417,7 @@ fn real_model_required_tool_call_greedy() {
     let vocab = Vocab::new(model.tokenizer()).unwrap();
     let mut session = Session::new(
         model.clone(),
-        SessionParams {
+        ContextParams {
             n_ctx: 1024,
             ..Default::default()
         },

@@ -23,7 +23,7 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::Parser;
 use engine::store::{CheckpointMeta, SessionStore, StoreConfig};
-use engine::{Batch, Context, ContextParams, Logits, Model, Session, SessionParams, PAGE_TOKENS};
+use engine::{Batch, Context, ContextParams, Logits, Model, Session, PAGE_TOKENS};
 
 #[derive(Parser)]
 #[command(about = "Measure prefill and decode tokens per second")]
@@ -269,14 +269,14 @@ fn main() -> Result<()> {
     let prompt: Vec<u32> = (0..args.prompt_tokens)
         .map(|i| (100 + (i * 7919) % (n_vocab - 200)) as u32)
         .collect();
-    let params = SessionParams {
+    let params = ContextParams {
         n_ctx: args.prompt_tokens + args.gen_tokens.max(64) + 16,
         n_threads: args.threads,
         flash_attn: !args.no_flash_attn,
         type_k: args.cache_type_k,
         type_v: args.cache_type_v,
         batch_invariant: args.deterministic,
-        ..SessionParams::default()
+        ..ContextParams::default()
     };
     let mut prefill = Vec::new();
     let mut decode = Vec::new();

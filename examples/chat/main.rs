@@ -30,7 +30,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use engine::sampling::{Sampler, SamplerParams};
 use engine::store::{SessionStore, StoreConfig};
-use engine::{GenerateParams, Model, Session, SessionParams};
+use engine::{ContextParams, GenerateParams, Model, Session};
 use kvstore::legacy::{self, Layout};
 
 use crate::args::{Args, DEFAULT_MODEL, DEFAULT_STORE};
@@ -62,12 +62,12 @@ fn main() -> Result<()> {
     // Before the session, which needs it: unchanged since the last start, the file is not
     // hashed again.
     model.remember_fingerprint(&store_dir);
-    let params = SessionParams {
+    let params = ContextParams {
         n_ctx: args.ctx,
         n_threads: args.threads,
         type_k: args.cache_type_k,
         type_v: args.cache_type_v,
-        ..SessionParams::default()
+        ..ContextParams::default()
     };
     let session = Session::new(model.clone(), params)?;
     let sampler = Sampler::new(SamplerParams {

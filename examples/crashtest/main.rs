@@ -28,7 +28,7 @@ use std::sync::Arc;
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 use engine::store::{CheckpointMeta, SessionStore, StoreConfig};
-use engine::{Model, Session, SessionParams};
+use engine::{ContextParams, Model, Session};
 
 #[derive(Parser)]
 #[command(about = "Save conversations until killed, or check a store after a kill")]
@@ -91,11 +91,11 @@ impl State {
     }
 }
 
-fn params() -> SessionParams {
-    SessionParams {
+fn params() -> ContextParams {
+    ContextParams {
         n_ctx: N_CTX,
         n_threads: 1,
-        ..SessionParams::default()
+        ..ContextParams::default()
     }
 }
 

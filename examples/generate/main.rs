@@ -15,7 +15,6 @@ use clap::Parser;
 use engine::sampling::{Sampler, SamplerParams};
 use engine::{
     Batch, Context as EngineContext, ContextParams, GenerateParams, Logits, Model, Session,
-    SessionParams,
 };
 
 #[derive(Parser)]
@@ -117,12 +116,12 @@ fn main() -> Result<()> {
         &engine::ModelParams::gpu_layers(args.n_gpu_layers),
     )
     .with_context(|| format!("loading {}", args.model.display()))?;
-    let params = SessionParams {
+    let params = ContextParams {
         n_ctx: args.ctx,
         n_threads: args.threads,
         type_k: args.cache_type_k,
         type_v: args.cache_type_v,
-        ..SessionParams::default()
+        ..ContextParams::default()
     };
     if let Some(golden) = &args.golden {
         let file = std::fs::File::open(golden).with_context(|| golden.display().to_string())?;

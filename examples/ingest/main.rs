@@ -28,7 +28,7 @@ use engine::chat::Message;
 use engine::ingest::{checkpoint_name, ingest, IngestParams, IngestReport, ShiftPolicy};
 use engine::sampling::{Sampler, SamplerParams};
 use engine::store::{SessionStore, StoreConfig};
-use engine::{GenerateParams, Model, Session, SessionParams};
+use engine::{ContextParams, GenerateParams, Model, Session};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Exit status after Ctrl-C stopped the ingestion (everything read so far is saved).
@@ -133,11 +133,11 @@ fn main() -> Result<()> {
             checkpoint_name(&path.to_string_lossy())
         }
     };
-    let params = SessionParams {
+    let params = ContextParams {
         n_ctx: args.ctx,
         n_threads: args.threads,
-        n_ubatch: args.ubatch,
-        ..SessionParams::default()
+        n_batch: args.ubatch,
+        ..ContextParams::default()
     };
     let mut session = Session::new(model.clone(), params)?;
     if args.no_shift && tokens.len() > session.params().n_ctx {

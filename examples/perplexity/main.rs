@@ -18,7 +18,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use engine::{KvType, Model, Session, SessionParams};
+use engine::{ContextParams, KvType, Model, Session};
 
 #[derive(Parser)]
 #[command(about = "Perplexity of a text and the KL divergence of one KV cache type from another")]
@@ -116,12 +116,12 @@ fn main() -> Result<()> {
     let session = |k, v| {
         Session::new(
             model.clone(),
-            SessionParams {
+            ContextParams {
                 n_ctx: args.ctx + args.greedy,
                 n_threads: args.threads,
                 type_k: k,
                 type_v: v,
-                ..SessionParams::default()
+                ..ContextParams::default()
             },
         )
     };

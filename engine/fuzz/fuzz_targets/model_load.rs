@@ -4,7 +4,7 @@
 #![no_main]
 
 use engine::gguf::Gguf;
-use engine::{Model, Session, SessionParams};
+use engine::{Model, Session, ContextParams};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -20,12 +20,12 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let n_vocab = hp.n_vocab as u32;
-    let params = SessionParams {
+    let params = ContextParams {
         n_ctx: 8,
         n_threads: 1,
-        n_ubatch: 4,
+        n_batch: 4,
         flash_attn: data.len() % 2 == 0,
-        ..SessionParams::default()
+        ..ContextParams::default()
     };
     let Ok(mut s) = Session::new(std::sync::Arc::new(model), params) else {
         return;

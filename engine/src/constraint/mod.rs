@@ -13,12 +13,12 @@
 //! ```no_run
 //! use engine::constraint::{Constraint, Grammar, Vocab};
 //! use engine::sampling::{Sampler, SamplerParams};
-//! use engine::{Model, Session, SessionParams};
+//! use engine::{Model, Session, ContextParams};
 //! # fn main() -> engine::Result<()> {
 //! let model = Model::load("models/SmolLM2-135M-Instruct.Q4_1.gguf")?;
 //! let vocab = Vocab::new(model.tokenizer())?;
 //! let mut constraint = Constraint::new(&vocab, &Grammar::Gbnf(r#"root ::= "yes" | "no""#.into()))?;
-//! let mut session = Session::new(model.clone(), SessionParams::default())?;
+//! let mut session = Session::new(model.clone(), ContextParams::default())?;
 //! let mut sampler = Sampler::new(SamplerParams::greedy());
 //! let mut logits = session.feed_text("Is the sky blue? Answer: ")?.to_vec();
 //! while !constraint.is_done() {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use engine::gguf::{GgmlType, GgufWriter};
 use engine::testing::SplitMix64;
-use engine::{Model, SessionParams};
+use engine::{ContextParams, Model};
 use half::f16;
 
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -578,13 +578,13 @@ pub fn build(c: &Cfg, seed: u64) -> (tempfile::TempDir, Arc<Model>, Weights) {
     (dir, model, w)
 }
 
-pub fn params(n_ubatch: usize) -> SessionParams {
-    SessionParams {
+pub fn params(n_ubatch: usize) -> ContextParams {
+    ContextParams {
         n_ctx: 128,
         n_threads: 2,
-        n_ubatch,
+        n_batch: n_ubatch,
         flash_attn: true,
-        ..SessionParams::default()
+        ..ContextParams::default()
     }
 }
 
