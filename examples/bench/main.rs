@@ -21,29 +21,26 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Result;
+
+#[path = "../common/args.rs"]
+mod common_args;
 use clap::Parser;
+use common_args::{KvArgs, ModelArgs};
 use engine::store::{CheckpointMeta, SessionStore, StoreConfig};
 use engine::{Batch, Context, ContextParams, Logits, Model, Session, PAGE_TOKENS};
 
 #[derive(Parser)]
 #[command(about = "Measure prefill and decode tokens per second")]
 struct Args {
-    /// GGUF model file.
-    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
-    model: PathBuf,
-    /// Layers to run on the GPU, counted from the last; more than the model has puts the output
-    /// head there too (`-ngl` works too; needs a `cuda` or `metal` build).
-    #[arg(long = "n-gpu-layers", value_name = "N", default_value_t = 0)]
-    n_gpu_layers: usize,
+    /// The model, GPU layers, threads.
+    #[command(flatten)]
+    model: ModelArgs,
     /// Prompt length in tokens.
     #[arg(long, default_value_t = 512)]
     prompt_tokens: usize,
     /// Tokens to decode after the prompt.
     #[arg(long, default_value_t = 128)]
     gen_tokens: usize,
-    /// Threads.
-    #[arg(long, default_value_t = std::thread::available_parallelism().map_or(4, |n| n.get()))]
-    threads: usize,
     /// Compute attention without ggml's fused flash-attention kernel.
     #[arg(long)]
     no_flash_attn: bool,
@@ -51,13 +48,9 @@ struct Args {
     /// `--deterministic`).
     #[arg(long)]
     deterministic: bool,
-    /// Element type of the K cache: f16 or q8_0 (llama.cpp's `-ctk`).
-    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16")]
-    cache_type_k: engine::KvType,
-    /// Element type of the V cache: f16 or q8_0 (llama.cpp's `-ctv`; q8_0 needs flash
-    /// attention).
-    #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16")]
-    cache_type_v: engine::KvType,
+    /// The KV cache's element types.
+    #[command(flatten)]
+    kv: KvArgs,
     /// Element type of K and V in the checkpoint store (`--checkpoint`), converted on save
     /// and restore when it differs from the cache types.
     #[arg(long = "cache-type-stored", value_name = "TYPE")]
@@ -132,11 +125,11 @@ fn batched(args: &Args, model: &std::sync::Arc<Model>) -> Result<serde_json::Val
                 n_ctx: per_seq,
                 // Every sequence rounds up to whole pages.
                 kv_tokens: ns * per_seq.div_ceil(PAGE_TOKENS) * PAGE_TOKENS,
-                n_threads: args.threads,
+                n_threads: args.model.threads,
                 n_batch: 512.max(ns),
                 flash_attn: !args.no_flash_attn,
-                type_k: args.cache_type_k,
-                type_v: args.cache_type_v,
+                type_k: args.kv.cache_type_k,
+                type_v: args.kv.cache_type_v,
                 batch_invariant: args.deterministic,
             },
         )?;
@@ -177,7 +170,7 @@ fn batched(args: &Args, model: &std::sync::Arc<Model>) -> Result<serde_json::Val
         "shared_prefix": pre,
         "n_prompt": np,
         "n_gen": ng,
-        "threads": args.threads,
+        "threads": args.model.threads,
         "reps": args.reps,
         "prefill_tps": median(&mut prefill),
         "decode_tps": if decode.is_empty() { 0.0 } else { median(&mut decode) },
@@ -240,23 +233,16 @@ mod fingerprint;
 fn main() -> Result<()> {
     let args = Args::parse_from(engine::expand_llama_cpp_flags(std::env::args_os()));
     if let Some(reps) = args.fingerprint {
-        println!("{}", fingerprint::fingerprint_cost(&args.model, reps)?);
+        println!("{}", fingerprint::fingerprint_cost(&args.model.path, reps)?);
         return Ok(());
     }
-    let store_config = StoreConfig {
-        type_k: args.cache_type_k,
-        type_v: args.cache_type_v,
-        stored_type_k: args.cache_type_stored,
-        stored_type_v: args.cache_type_stored,
-        ..StoreConfig::default()
-    };
-    let model = Model::load_with(
-        &args.model,
-        &engine::ModelParams {
-            repack: !args.deterministic,
-            ..engine::ModelParams::gpu_layers(args.n_gpu_layers)
-        },
-    )?;
+    let store_config = args
+        .kv
+        .store(args.cache_type_stored, StoreConfig::default());
+    let model = args.model.load_with(&engine::ModelParams {
+        repack: !args.deterministic,
+        ..args.model.params()
+    })?;
     if let Some(dir) = &args.fill_store {
         println!("{}", fill_store(&model, dir, args.conversations)?);
         return Ok(());
@@ -271,10 +257,10 @@ fn main() -> Result<()> {
         .collect();
     let params = ContextParams {
         n_ctx: args.prompt_tokens + args.gen_tokens.max(64) + 16,
-        n_threads: args.threads,
+        n_threads: args.model.threads,
         flash_attn: !args.no_flash_attn,
-        type_k: args.cache_type_k,
-        type_v: args.cache_type_v,
+        type_k: args.kv.cache_type_k,
+        type_v: args.kv.cache_type_v,
         batch_invariant: args.deterministic,
         ..ContextParams::default()
     };
@@ -336,7 +322,7 @@ fn main() -> Result<()> {
         "decode_tps": median(&mut decode),
         "n_prompt": args.prompt_tokens,
         "n_gen": args.gen_tokens,
-        "threads": args.threads,
+        "threads": args.model.threads,
         "reps": args.reps,
     });
     if !save_ms.is_empty() {

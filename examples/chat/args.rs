@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-/// The model the chat uses when `--model` is not given (fetched on first use).
-pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+use crate::common_args::positive;
+pub use crate::common_args::{KvArgs, ModelArgs, DEFAULT_MODEL};
 
 /// The default store directory.
 pub const DEFAULT_STORE: &str = "store";
@@ -21,16 +21,9 @@ pub const MAX_NAME_LEN: usize = 100;
     args_override_self = true
 )]
 pub struct Args {
-    /// GGUF model file (the default one is fetched when missing).
-    #[arg(long, default_value = DEFAULT_MODEL)]
-    pub model: PathBuf,
-    /// Layers to run on the GPU, counted from the last; more than the model has puts the output
-    /// head there too (`-ngl` works too; needs a `cuda` or `metal` build).
-    #[arg(long = "n-gpu-layers", value_name = "N", default_value_t = 0)]
-    pub n_gpu_layers: usize,
-    /// Threads for the kernels.
-    #[arg(long, value_parser = positive, default_value_t = std::thread::available_parallelism().map_or(4, |n| n.get()))]
-    pub threads: usize,
+    /// The model (the default one is fetched when missing), GPU layers, threads.
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Context window in tokens.
     #[arg(long, value_parser = positive, default_value_t = 4096)]
     pub ctx: usize,
@@ -75,13 +68,9 @@ pub struct Args {
     /// RAM kept for recently used KV blocks (e.g. 256MiB).
     #[arg(long, value_parser = size, value_name = "SIZE", default_value = "256MiB")]
     pub cache_ram: u64,
-    /// Element type of the K cache: f16 or q8_0 (llama.cpp's `-ctk`).
-    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16")]
-    pub cache_type_k: engine::KvType,
-    /// Element type of the V cache: f16 or q8_0 (llama.cpp's `-ctv`; q8_0 needs flash
-    /// attention).
-    #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16")]
-    pub cache_type_v: engine::KvType,
+    /// The KV cache's element types.
+    #[command(flatten)]
+    pub kv: KvArgs,
     /// Element type of K and V in the conversation store, when it differs from the cache
     /// types: f16 pages kept as q8_0 take 53% of the disk and RAM of the store, converted on
     /// save and restore (a restored conversation computes with what was stored). Also opens
@@ -91,14 +80,6 @@ pub struct Args {
     /// A remote tier (Redis) shared with other machines.
     #[command(flatten)]
     pub remote: kvstore::remote::RemoteArgs,
-}
-
-fn positive(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
-    }
 }
 
 fn float(s: &str) -> Result<f32, String> {

@@ -20,6 +20,8 @@
 
 mod args;
 mod chat;
+#[path = "../common/args.rs"]
+mod common_args;
 mod input;
 
 use std::path::{Path, PathBuf};
@@ -30,7 +32,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use engine::sampling::{Sampler, SamplerParams};
 use engine::store::{SessionStore, StoreConfig};
-use engine::{ContextParams, GenerateParams, Model, Session};
+use engine::{GenerateParams, Session};
 use kvstore::legacy::{self, Layout};
 
 use crate::args::{Args, DEFAULT_MODEL, DEFAULT_STORE};
@@ -47,29 +49,18 @@ fn main() -> Result<()> {
     // Model files are untrusted: their chat templates render in a child process with limits.
     engine::chat::sandbox::init();
     let args = Args::parse_from(engine::expand_llama_cpp_flags(std::env::args_os()));
-    ensure_model(&args.model)?;
+    ensure_model(&args.model.path)?;
     let store_dir = args
         .store
         .clone()
         .unwrap_or_else(|| PathBuf::from(DEFAULT_STORE));
     migrate_legacy(&store_dir, args.store.is_none());
 
-    let model = Model::load_with(
-        &args.model,
-        &engine::ModelParams::gpu_layers(args.n_gpu_layers),
-    )
-    .with_context(|| format!("loading {}", args.model.display()))?;
+    let model = args.model.load()?;
     // Before the session, which needs it: unchanged since the last start, the file is not
     // hashed again.
     model.remember_fingerprint(&store_dir);
-    let params = ContextParams {
-        n_ctx: args.ctx,
-        n_threads: args.threads,
-        type_k: args.cache_type_k,
-        type_v: args.cache_type_v,
-        ..ContextParams::default()
-    };
-    let session = Session::new(model.clone(), params)?;
+    let session = Session::new(model.clone(), args.kv.context(&args.model, args.ctx))?;
     let sampler = Sampler::new(SamplerParams {
         temperature: args.temp,
         top_k: args.top_k,
@@ -90,25 +81,22 @@ fn main() -> Result<()> {
     let hp = model.hparams();
     eprintln!(
         "llama-hdd chat: {} ({} layers, {} vocab), {} threads, context {}. /help lists the commands; Ctrl-C stops a reply.",
-        args.model.display(),
+        args.model.path.display(),
         hp.n_layer,
         hp.n_vocab,
-        args.threads,
+        args.model.threads,
         session.params().n_ctx
     );
-    let config = StoreConfig {
+    let base = StoreConfig {
         ram_bytes: args.cache_ram,
         disk_bytes: args.cache_disk,
-        type_k: args.cache_type_k,
-        type_v: args.cache_type_v,
-        stored_type_k: args.cache_type_stored,
-        stored_type_v: args.cache_type_stored,
         remote: args
             .remote
             .config()
             .map_err(|(option, reason)| anyhow::anyhow!("{option}: {reason}"))?,
         ..StoreConfig::default()
     };
+    let config = args.kv.store(args.cache_type_stored, base);
     let store = SessionStore::open(&store_dir, &model, config).map_err(|e| {
         let hint = match &e {
             // `--cache-type-stored` sets K and V alike.

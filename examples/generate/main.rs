@@ -11,22 +11,20 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+
+#[path = "../common/args.rs"]
+mod common_args;
 use clap::Parser;
+use common_args::{KvArgs, ModelArgs};
 use engine::sampling::{Sampler, SamplerParams};
-use engine::{
-    Batch, Context as EngineContext, ContextParams, GenerateParams, Logits, Model, Session,
-};
+use engine::{Batch, Context as EngineContext, ContextParams, GenerateParams, Logits, Session};
 
 #[derive(Parser)]
 #[command(about = "Generate text or reproduce golden outputs")]
 struct Args {
-    /// GGUF model file.
-    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
-    model: PathBuf,
-    /// Layers to run on the GPU, counted from the last; more than the model has puts the output
-    /// head there too (`-ngl` works too; needs a `cuda` or `metal` build).
-    #[arg(long = "n-gpu-layers", value_name = "N", default_value_t = 0)]
-    n_gpu_layers: usize,
+    /// The model, GPU layers, threads.
+    #[command(flatten)]
+    model: ModelArgs,
     /// JSON lines with a `prompt` field (special tokens are parsed; BOS as the model says).
     #[arg(long, conflicts_with = "prompt")]
     golden: Option<PathBuf>,
@@ -36,9 +34,6 @@ struct Args {
     /// Tokens to generate (greedy in golden mode).
     #[arg(short = 'n', long, default_value_t = 32)]
     n_gen: usize,
-    /// Threads.
-    #[arg(long, default_value_t = std::thread::available_parallelism().map_or(4, |n| n.get()))]
-    threads: usize,
     /// Context size.
     #[arg(long, default_value_t = 2048)]
     ctx: usize,
@@ -46,12 +41,9 @@ struct Args {
     /// instead of one after the other. The output is the same.
     #[arg(long, requires = "golden")]
     together: bool,
-    /// Element type of the K cache: f16 or q8_0 (llama.cpp's `-ctk`).
-    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16")]
-    cache_type_k: engine::KvType,
-    /// Element type of the V cache: f16 or q8_0 (llama.cpp's `-ctv`).
-    #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16")]
-    cache_type_v: engine::KvType,
+    /// The KV cache's element types.
+    #[command(flatten)]
+    kv: KvArgs,
 }
 
 /// The ten largest logits after a prompt (id, logit) and its greedy continuation.
@@ -111,18 +103,8 @@ fn golden_batch(
 
 fn main() -> Result<()> {
     let args = Args::parse_from(engine::expand_llama_cpp_flags(std::env::args_os()));
-    let model = Model::load_with(
-        &args.model,
-        &engine::ModelParams::gpu_layers(args.n_gpu_layers),
-    )
-    .with_context(|| format!("loading {}", args.model.display()))?;
-    let params = ContextParams {
-        n_ctx: args.ctx,
-        n_threads: args.threads,
-        type_k: args.cache_type_k,
-        type_v: args.cache_type_v,
-        ..ContextParams::default()
-    };
+    let model = args.model.load()?;
+    let params = args.kv.context(&args.model, args.ctx);
     if let Some(golden) = &args.golden {
         let file = std::fs::File::open(golden).with_context(|| golden.display().to_string())?;
         let mut prompts = Vec::new();
@@ -144,13 +126,9 @@ fn main() -> Result<()> {
         let mut ctx = EngineContext::new(
             model.clone(),
             ContextParams {
-                n_ctx: args.ctx,
                 kv_tokens: n_seq * (n_prompt + args.n_gen),
-                n_threads: args.threads,
                 n_batch: n_prompt.max(prompts.len()),
-                type_k: args.cache_type_k,
-                type_v: args.cache_type_v,
-                ..ContextParams::default()
+                ..params.clone()
             },
         )?;
         let ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.1.clone()).collect();

@@ -23,12 +23,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+
+#[path = "../common/args.rs"]
+mod common_args;
 use clap::Parser;
+use common_args::{positive, ModelArgs};
 use engine::chat::Message;
 use engine::ingest::{checkpoint_name, ingest, IngestParams, IngestReport, ShiftPolicy};
 use engine::sampling::{Sampler, SamplerParams};
 use engine::store::{SessionStore, StoreConfig};
-use engine::{ContextParams, GenerateParams, Model, Session};
+use engine::{ContextParams, GenerateParams, Session};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Exit status after Ctrl-C stopped the ingestion (everything read so far is saved).
@@ -52,22 +56,15 @@ const EXIT_INTERRUPTED: i32 = 130;
 struct Args {
     /// The document: a UTF-8 text file.
     file: PathBuf,
-    /// GGUF model file.
-    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
-    model: PathBuf,
-    /// Layers to run on the GPU, counted from the last; more than the model has puts the output
-    /// head there too (`-ngl` works too; needs a `cuda` or `metal` build).
-    #[arg(long = "n-gpu-layers", value_name = "N", default_value_t = 0)]
-    n_gpu_layers: usize,
+    /// The model, GPU layers, threads.
+    #[command(flatten)]
+    model: ModelArgs,
     /// Directory of checkpoints (shared with the chat).
     #[arg(long, default_value = "store")]
     store: PathBuf,
     /// Context window in tokens.
     #[arg(long, value_parser = positive, default_value_t = 4096)]
     ctx: usize,
-    /// Threads for the kernels.
-    #[arg(long, value_parser = positive, default_value_t = std::thread::available_parallelism().map_or(4, |n| n.get()))]
-    threads: usize,
     /// Tokens between durable checkpoints (rounded up to whole pages of 64).
     #[arg(long, value_parser = positive, default_value_t = 512)]
     interval: usize,
@@ -104,24 +101,12 @@ struct Args {
     temp: f32,
 }
 
-fn positive(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
 fn main() -> Result<()> {
     // Model files are untrusted: their chat templates render in a child process with limits.
     engine::chat::sandbox::init();
     let args = Args::parse_from(engine::expand_llama_cpp_flags(std::env::args_os()));
     let text = read_document(&args.file)?;
-    let model = Model::load_with(
-        &args.model,
-        &engine::ModelParams::gpu_layers(args.n_gpu_layers),
-    )
-    .with_context(|| format!("loading {}", args.model.display()))?;
+    let model = args.model.load()?;
     let tokens = model
         .tokenizer()
         .encode(&text, true, false)
@@ -135,7 +120,7 @@ fn main() -> Result<()> {
     };
     let params = ContextParams {
         n_ctx: args.ctx,
-        n_threads: args.threads,
+        n_threads: args.model.threads,
         n_batch: args.ubatch,
         ..ContextParams::default()
     };

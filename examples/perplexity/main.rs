@@ -17,19 +17,19 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+
+#[path = "../common/args.rs"]
+mod common_args;
 use clap::Parser;
-use engine::{ContextParams, KvType, Model, Session};
+use common_args::ModelArgs;
+use engine::{ContextParams, KvType, Session};
 
 #[derive(Parser)]
 #[command(about = "Perplexity of a text and the KL divergence of one KV cache type from another")]
 struct Args {
-    /// GGUF model file.
-    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
-    model: PathBuf,
-    /// Layers to run on the GPU, counted from the last; more than the model has puts the output
-    /// head there too (`-ngl` works too; needs a `cuda` or `metal` build).
-    #[arg(long = "n-gpu-layers", value_name = "N", default_value_t = 0)]
-    n_gpu_layers: usize,
+    /// The model, GPU layers, threads.
+    #[command(flatten)]
+    model: ModelArgs,
     /// The text (UTF-8).
     #[arg(long, short = 'f')]
     file: PathBuf,
@@ -39,9 +39,6 @@ struct Args {
     /// Chunks to evaluate at most (llama.cpp's `--chunks`; default: all).
     #[arg(long)]
     chunks: Option<usize>,
-    /// Threads.
-    #[arg(long, default_value_t = std::thread::available_parallelism().map_or(4, |n| n.get()))]
-    threads: usize,
     /// K cache type of the tested session (llama.cpp's `-ctk`).
     #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "q8_0")]
     cache_type_k: KvType,
@@ -96,10 +93,7 @@ fn main() -> Result<()> {
     if args.ctx < 4 {
         bail!("--ctx must be at least 4");
     }
-    let model = Model::load_with(
-        &args.model,
-        &engine::ModelParams::gpu_layers(args.n_gpu_layers),
-    )?;
+    let model = args.model.load()?;
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
     let tok = model.tokenizer();
@@ -118,7 +112,7 @@ fn main() -> Result<()> {
             model.clone(),
             ContextParams {
                 n_ctx: args.ctx + args.greedy,
-                n_threads: args.threads,
+                n_threads: args.model.threads,
                 type_k: k,
                 type_v: v,
                 ..ContextParams::default()

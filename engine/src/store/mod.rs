@@ -8,10 +8,9 @@
 //! use one directory at once; kvstore keeps their blocks and manifests consistent, and only its
 //! gc, under the disk budget, removes blocks no checkpoint needs.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
-use ckptfmt::{BlockId, Fingerprint, Geometry, LayerGeometry, Manifest, Metadata};
+use ckptfmt::{BlockId, Fingerprint, Manifest, Metadata};
 use kvstore::{KvStore, ModelStore};
 
 use crate::context::{Context, SeqId};
@@ -20,58 +19,27 @@ use crate::kv::{KvLayout, KvType, PAGE_TOKENS};
 use crate::model::Model;
 use crate::session::Session;
 
+mod convert;
 mod legacy;
 mod load;
+mod meta;
 mod pins;
 pub mod prompt_cache;
 mod remote;
 
 // The remote tier's settings and figures are kvstore's, re-exported on purpose: they are
 // plain data a user of the store fills in and reads.
+use convert::check_kv_types;
+pub use convert::geometry;
 pub use kvstore::remote::LATENCY_BOUNDS_US as REMOTE_LATENCY_BOUNDS_US;
 pub use kvstore::{RemoteConfig, RemoteFigures};
 pub use legacy::LegacyStore;
+pub use meta::{CheckpointInfo, CheckpointMeta, OWNER_CHAT, OWNER_SLOT};
 pub use pins::{Cleared, Pin, PIN_PREFIX};
 use prompt_cache::{StoredPrefix, TAIL_PREFIX};
 
 /// Tokens per checkpoint block: one KV page.
 const TOKENS_PER_BLOCK: u32 = PAGE_TOKENS as u32;
-
-/// The checkpoint geometry of a KV layout: its element types ([`KvType::pair_elem`]), one page
-/// per block.
-pub fn geometry(layout: &KvLayout) -> Result<Geometry> {
-    let layers = (0..layout.n_layers)
-        .map(|l| LayerGeometry {
-            k_bytes_per_token: layout.k_bytes_per_token[l] as u32,
-            v_bytes_per_token: layout.v_bytes_per_token[l] as u32,
-        })
-        .collect();
-    let elem = KvType::pair_elem(layout.type_k, layout.type_v);
-    Ok(Geometry::new(layers, elem, TOKENS_PER_BLOCK)?)
-}
-
-/// Refuses a session layout whose KV element types differ from the stored geometry's, naming
-/// both ([`Error::KvTypeMismatch`]).
-fn check_kv_types(stored: &Geometry, layout: &KvLayout) -> Result<()> {
-    let session = (layout.type_k, layout.type_v);
-    let stored_types = KvType::from_pair_elem(stored.elem());
-    if stored_types == Some(session) {
-        return Ok(());
-    }
-    let (stored_k, stored_v) = match stored_types {
-        Some((k, v)) => (k.to_string(), v.to_string()),
-        None => (
-            stored.elem().name().to_string(),
-            stored.elem().name().to_string(),
-        ),
-    };
-    Err(Error::KvTypeMismatch {
-        stored_k,
-        stored_v,
-        session_k: layout.type_k,
-        session_v: layout.type_v,
-    })
-}
 
 /// What a save did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -126,85 +94,6 @@ impl Default for StoreConfig {
             read_delay: std::time::Duration::ZERO,
             remote: None,
         }
-    }
-}
-
-/// What a checkpoint carries besides its tokens and KV.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CheckpointMeta {
-    /// The sampler's RNG state, to continue the same random stream.
-    pub sampler_state: Option<Vec<u8>>,
-    /// Token counts at the end of each turn, oldest first (what `undo` goes back to).
-    pub turns: Vec<usize>,
-    /// Application data (the chat keeps its messages here), by key.
-    pub app: BTreeMap<String, String>,
-    /// The checkpoint this one was branched from, if any.
-    pub parent: Option<String>,
-    /// When it was saved (Unix seconds).
-    pub saved_unix: u64,
-    /// Which program wrote it ([`OWNER_CHAT`], [`OWNER_SLOT`], or another tool's own name);
-    /// `None` for checkpoints written before owners were recorded. A program replaces a
-    /// checkpoint that another owner wrote only when its user asks.
-    pub owner: Option<String>,
-}
-
-/// [`CheckpointMeta::owner`] of the chat's conversations.
-pub const OWNER_CHAT: &str = "chat";
-/// [`CheckpointMeta::owner`] of the server's `/slots` saves.
-pub const OWNER_SLOT: &str = "slot";
-
-/// One stored checkpoint, as [`SessionStore::checkpoints`] lists them.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CheckpointInfo {
-    /// Its name.
-    pub name: String,
-    /// Tokens it holds.
-    pub tokens: usize,
-    /// Bytes no other checkpoint shares: what deleting it frees.
-    pub own_bytes: u64,
-    /// When it was last saved (Unix seconds).
-    pub last_used_unix: u64,
-}
-
-const TURNS_KEY: &str = "turns";
-const OWNER_KEY: &str = "owner";
-const APP_PREFIX: &str = "app.";
-
-impl CheckpointMeta {
-    fn to_pairs(&self) -> Vec<(String, String)> {
-        let turns = self.turns.iter().map(usize::to_string).collect::<Vec<_>>();
-        let mut kv = vec![(TURNS_KEY.to_owned(), turns.join(","))];
-        if let Some(owner) = &self.owner {
-            kv.push((OWNER_KEY.to_owned(), owner.clone()));
-        }
-        kv.extend(
-            self.app
-                .iter()
-                .map(|(k, v)| (format!("{APP_PREFIX}{k}"), v.clone())),
-        );
-        kv
-    }
-
-    fn from_manifest(m: &Manifest) -> CheckpointMeta {
-        let mut meta = CheckpointMeta {
-            sampler_state: m.sampler_state.clone(),
-            parent: m.meta.parent.clone(),
-            saved_unix: m.meta.created_unix,
-            ..CheckpointMeta::default()
-        };
-        for (k, v) in &m.meta.kv {
-            if k == TURNS_KEY {
-                meta.turns = v.split(',').filter_map(|t| t.parse().ok()).collect();
-            } else if k == OWNER_KEY {
-                meta.owner = Some(v.clone());
-            } else if let Some(key) = k.strip_prefix(APP_PREFIX) {
-                meta.app.insert(key.to_owned(), v.clone());
-            } else {
-                // Checkpoints written before typed metadata kept application data unprefixed.
-                meta.app.insert(k.clone(), v.clone());
-            }
-        }
-        meta
     }
 }
 
@@ -319,30 +208,6 @@ impl SessionStore {
     /// The store's directory.
     pub fn root(&self) -> &Path {
         self.store.root()
-    }
-
-    /// How spans move between the store and a context of `layout`: `None` byte for byte (the
-    /// same types), `Some` converted (the session types of the configuration, stored as other
-    /// types), and any other types refused ([`Error::KvTypeMismatch`]).
-    fn conversion(&self, layout: &KvLayout) -> Result<Option<KvLayout>> {
-        let types = (layout.type_k, layout.type_v);
-        if types == (self.stored.type_k, self.stored.type_v) {
-            // `open` built the store's geometry from these types.
-            return Ok(None);
-        }
-        if types == self.session_types {
-            return Ok(Some(layout.clone()));
-        }
-        // Neither: refused, naming the stored types.
-        check_kv_types(self.handle.geometry(), layout).map(|()| None)
-    }
-
-    /// A span of a context of `layout` in the store's types.
-    fn session_to_stored(&self, conversion: &Option<KvLayout>, span: Vec<u8>) -> Result<Vec<u8>> {
-        match conversion {
-            Some(layout) if !span.is_empty() => layout.convert_span(&span, &self.stored),
-            _ => Ok(span),
-        }
     }
 
     /// Whether a checkpoint `name` exists.
@@ -631,18 +496,6 @@ impl SessionStore {
 }
 
 impl SessionStore {
-    /// A stored span in the types of a context (see [`SessionStore::conversion`]).
-    fn stored_to_session<'a>(
-        &self,
-        conversion: &Option<KvLayout>,
-        span: &'a [u8],
-    ) -> Result<std::borrow::Cow<'a, [u8]>> {
-        Ok(match conversion {
-            Some(layout) if !span.is_empty() => self.stored.convert_span(span, layout)?.into(),
-            _ => span.into(),
-        })
-    }
-
     /// Reads and verifies block `id` and hands its KV span, in the context's types, to `sink`.
     fn read_block(
         &self,
