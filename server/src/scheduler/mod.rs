@@ -1,35 +1,42 @@
 //! The scheduler: one thread owns the engine's [`Context`] and runs continuous batching over
-//! every active request. Each step builds one [`Batch`]: one decode token of each generating
-//! request, then prefill chunks of new ones up to `n_batch` tokens; the sampled tokens go back
-//! to each request's channel. HTTP handlers talk to it only through channels, so nothing they
-//! do blocks a step, and a request whose receiver is gone (the client left) is cancelled at
+//! every active request. Each step builds one [`Batch`](engine::Batch): one decode token of each
+//! generating request, then prefill chunks of new ones up to `n_batch` tokens; the sampled tokens
+//! go back to each request's channel. HTTP handlers talk to it only through channels, so nothing
+//! they do blocks a step, and a request whose receiver is gone (the client left) is cancelled at
 //! the next step.
 //!
 //! The prompt cache lives here too: finished sequences stay resident as an LRU list while the
 //! pool has room, and a new request starts from the longest prefix found in the pool (pages
 //! shared by block id) or in the store (blocks read into free pages), computing only the rest.
 //! Its new full blocks are copied out after it finishes and handed to the write-behind thread.
+//!
+//! This file holds the state (`Scheduler`, `Slot`, `Active`), [`spawn`] and the command
+//! loop; `admit.rs` takes waiting requests into slots, `step.rs` builds and runs each batch,
+//! `stream.rs` handles each sampled token and ends requests, `gauges.rs` publishes the gauges,
+//! `reuse.rs` keeps the prompt cache, `loader.rs` reads stored prefixes off the thread.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use engine::chat::{THINK_END, THINK_START};
 use engine::sampling::Sampler;
-use engine::store::prompt_cache::LoadedPrefix;
 use engine::store::SessionStore;
 use engine::tokenizer::StreamDecoder;
-use engine::{Batch, Context, Logits, Model, SeqId, PAGE_TOKENS};
+use engine::{Context, Model, SeqId};
 use tokio::sync::mpsc;
 
 use crate::cache::Writer;
 
+mod admit;
+mod gauges;
 mod loader;
 mod reuse;
 mod sample;
 mod shift;
 mod sleep;
 mod slots;
+mod step;
+mod stream;
 mod types;
 
 pub use types::{
@@ -40,8 +47,7 @@ pub use types::{
 use crate::error::{Result, ServerError};
 use crate::metrics::Metrics;
 use loader::{Load, Loader, Queued};
-use reuse::{common_prefix, recv_timeout, recv_within, EXPORT_IDLE};
-use sample::{flush_text, pick};
+use reuse::{recv_timeout, recv_within, EXPORT_IDLE};
 
 /// Finished sequences kept resident at most (each holds at least its partial last page).
 const MAX_CACHED: usize = 256;
@@ -316,15 +322,6 @@ impl Scheduler {
         Ok(out)
     }
 
-    fn publish_gauges(&self) {
-        let stats = self.ctx.stats();
-        let processing = self.slots.iter().filter(|s| s.active.is_some()).count();
-        Metrics::set(&self.metrics.requests_processing, processing as u64);
-        Metrics::set(&self.metrics.requests_waiting, self.queue.len() as u64);
-        Metrics::set(&self.metrics.kv_pages_used, stats.pages_used as u64);
-        Metrics::set(&self.metrics.kv_pages_total, stats.pages_total as u64);
-    }
-
     /// Ends the requests whose client is gone, and drops waiting ones likewise.
     fn cancel_abandoned(&mut self) {
         for i in 0..self.slots.len() {
@@ -337,453 +334,5 @@ impl Scheduler {
             }
         }
         self.queue.retain(|q| !q.job.events.is_closed());
-    }
-
-    /// Moves waiting requests into free slots, first come first served (a request for a
-    /// particular slot waits for that one without holding up the others).
-    fn admit(&mut self) {
-        self.ask_loads();
-        let mut i = 0;
-        while i < self.queue.len() {
-            // A request whose blocks are being read lets the others go first.
-            if matches!(self.queue[i].load, Load::Asked(_)) {
-                i += 1;
-                continue;
-            }
-            let want = self.queue[i].job.params.id_slot;
-            let free = match want {
-                Some(id) => {
-                    (id < self.slots.len() && self.slots[id].active.is_none()).then_some(id)
-                }
-                None => self.slots.iter().position(|s| s.active.is_none()),
-            };
-            let Some(slot) = free else {
-                if want.is_none() {
-                    break;
-                }
-                i += 1;
-                continue;
-            };
-            let Some(Queued { job, load }) = self.queue.remove(i) else {
-                break;
-            };
-            let loaded = match load {
-                Load::Done(prefix) => prefix,
-                _ => None,
-            };
-            match self.start(job, loaded) {
-                Ok(active) => {
-                    // The first progress report, before any prompt token is evaluated.
-                    if active.params.return_progress {
-                        let _ = active.events.send(Event::Progress(Progress {
-                            total: active.prompt.len(),
-                            cache: active.cache_n,
-                            processed: active.fed,
-                            time_ms: 0.0,
-                        }));
-                    }
-                    // The slot's previous conversation stays in the cache list.
-                    self.slots[slot].active = Some(active);
-                }
-                Err((events, e)) => {
-                    let _ = events.send(Event::Failed(e));
-                }
-            }
-        }
-    }
-
-    /// A new sequence for `job`, starting from the longest cached prefix of its prompt: in
-    /// memory, or `loaded` from the store by the loader.
-    fn start(
-        &mut self,
-        job: Job,
-        loaded: Option<Box<LoadedPrefix>>,
-    ) -> std::result::Result<Active, (mpsc::UnboundedSender<Event>, ServerError)> {
-        let mut seq = self.ctx.new_sequence();
-        let namespace = job.params.namespace;
-        // A new sequence is empty: this cannot fail.
-        let _ = self.ctx.set_namespace(seq, namespace);
-        let prompt = job.prompt;
-        // One token is always evaluated, for its logits.
-        let usable = &prompt[..prompt.len().saturating_sub(1)];
-        let mut from_ram = 0;
-        let mut from_store = 0;
-        // KV moved into place by `--cache-reuse`: the sequence is not the plain evaluation of
-        // its tokens, so it is not cached afterwards.
-        let mut shifted = false;
-        if job.params.cache_prompt {
-            // A resident sequence that shares more than the stored blocks is forked, partly
-            // filled last page included (a repeated or extended prompt costs nothing).
-            let resident = self.longest_resident(usable, namespace);
-            let stored = loaded.as_ref().map_or(0, |l| l.tokens());
-            if let Some((n, src)) = resident.filter(|&(n, _)| n > 0 && n >= stored) {
-                // The finished sequence is taken over, cut to the shared prefix, rather than
-                // forked: no page is copied, the pool does not grow with every repeat, and its
-                // pages stay where they were (attention adds cells up in pool order, so the
-                // same prompt gets the same reply). Its new blocks go to the store first.
-                self.export(src);
-                self.cached.retain(|&s| s != src);
-                for s in &mut self.slots {
-                    if s.last == Some(src) {
-                        s.last = None;
-                    }
-                }
-                let kept = match job.params.cache_reuse {
-                    0 => self.ctx.truncate(src, n).map(|()| (n, false)),
-                    chunk => self.reuse_chunks(src, usable, n, chunk),
-                };
-                if let Ok((n, moved)) = kept {
-                    let _ = self.ctx.remove_sequence(seq);
-                    seq = src;
-                    from_ram = n;
-                    shifted = moved;
-                } else {
-                    let _ = self.ctx.remove_sequence(src);
-                }
-            }
-            if from_ram == 0 {
-                from_ram = self.ctx.attach_prefix(seq, usable).unwrap_or(0);
-            }
-            if let (Some(store), Some(loaded)) =
-                (self.store.clone(), loaded.filter(|_| stored > from_ram))
-            {
-                let mut result =
-                    store
-                        .prompt_cache()
-                        .import_loaded(&mut self.ctx, seq, usable, &loaded);
-                if let Err(engine::Error::OutOfPages { needed, .. }) = result {
-                    self.make_room(needed);
-                    result =
-                        store
-                            .prompt_cache()
-                            .import_loaded(&mut self.ctx, seq, usable, &loaded);
-                }
-                match result {
-                    Ok(n) => from_store = n.saturating_sub(from_ram),
-                    Err(e) => self
-                        .metrics
-                        .cache_error(format!("restore failed, computed instead: {e}")),
-                }
-            }
-        }
-        let cache_n = from_ram + from_store;
-        // Concurrent requests with one long system prompt: the first computes it, the others
-        // wait for those pages rather than computing the same tokens beside it.
-        let follow = if job.params.cache_prompt {
-            let usable = &prompt[..prompt.len().saturating_sub(1)];
-            self.slots
-                .iter()
-                .filter_map(|s| s.active.as_ref())
-                .filter(|a| a.follow.is_none() && a.fed < a.prompt.len())
-                .filter(|a| a.params.namespace == namespace)
-                .map(|a| (common_prefix(&a.prompt, usable), a.seq))
-                .filter(|&(n, _)| n >= cache_n + PAGE_TOKENS)
-                .max()
-                .map(|(n, seq)| (seq, n))
-        } else {
-            None
-        };
-        let m = &self.metrics;
-        Metrics::add(&m.prompt_tokens, prompt.len() as u64);
-        Metrics::add(&m.prompt_tokens_from_ram, from_ram as u64);
-        Metrics::add(&m.prompt_tokens_from_store, from_store as u64);
-        Metrics::add(&m.prompt_tokens_computed, (prompt.len() - cache_n) as u64);
-        self.tickets += 1;
-        let stops = engine::StopStrings::new(&job.params.stop);
-        Ok(Active {
-            events: job.events,
-            sampler: Sampler::new(job.params.sampler.clone()),
-            params: job.params,
-            seq,
-            fed: cache_n,
-            cache_n,
-            prompt,
-            decoder: StreamDecoder::new(),
-            generated: Vec::new(),
-            stops,
-            stopping_word: String::new(),
-            text: String::new(),
-            sent: 0,
-            unsent: Vec::new(),
-            unsent_probs: Vec::new(),
-            probs: Vec::new(),
-            pending: None,
-            constraint: job.constraint,
-            admitted: Instant::now(),
-            first_token: None,
-            ticket: self.tickets,
-            follow,
-            shifted: 0,
-            truncated: false,
-            moved: shifted,
-            thinking: 0,
-            forced: VecDeque::new(),
-        })
-    }
-
-    /// One batch: a decode token of each generating request, prefill chunks of the others.
-    fn step(&mut self) {
-        self.resolve_followers();
-        let n_batch = self.ctx.params().n_batch;
-        loop {
-            let mut batch = Batch::new();
-            // (slot, prompt tokens fed by the item, whether logits were asked for)
-            let mut items: Vec<(usize, usize, bool)> = Vec::new();
-            let mut budget = n_batch;
-            for (i, slot) in self.slots.iter().enumerate() {
-                if let Some(a) = &slot.active {
-                    if let Some(t) = a.pending {
-                        batch.add(a.seq, &[t], Logits::Last);
-                        items.push((i, 0, true));
-                        budget -= 1;
-                    }
-                }
-            }
-            // Prefill chunks, the request with the fewest prompt tokens left first: a request
-            // that found most of its prompt cached is answered at the next step instead of
-            // waiting behind a cold document (which takes what budget is left).
-            let mut prefilling: Vec<(usize, u64, usize)> = self
-                .slots
-                .iter()
-                .enumerate()
-                .filter_map(|(i, s)| {
-                    s.active
-                        .as_ref()
-                        .map(|a| (a.prompt.len() - a.fed, a.ticket, i))
-                })
-                .filter(|&(left, _, _)| left > 0)
-                .collect();
-            prefilling.sort_unstable();
-            for (_, _, i) in prefilling {
-                let Some(a) = &self.slots[i].active else {
-                    continue;
-                };
-                if budget == 0 || a.follow.is_some() {
-                    continue;
-                }
-                let n = (a.prompt.len() - a.fed).min(budget);
-                let last = a.fed + n == a.prompt.len();
-                let logits = if last { Logits::Last } else { Logits::None };
-                batch.add(a.seq, &a.prompt[a.fed..a.fed + n], logits);
-                items.push((i, n, last));
-                budget -= n;
-            }
-            if batch.is_empty() {
-                return;
-            }
-            match self.ctx.decode(&batch) {
-                Ok(out) => {
-                    Metrics::add(&self.metrics.n_decode, 1);
-                    Metrics::add(&self.metrics.n_busy_slots, items.len() as u64);
-                    for (item, &(slot, n_prompt, wants_logits)) in items.iter().enumerate() {
-                        let Some(a) = self.slots[slot].active.as_mut() else {
-                            continue;
-                        };
-                        if n_prompt == 0 {
-                            a.pending = None;
-                        }
-                        a.fed += n_prompt;
-                        if n_prompt > 0 && a.params.return_progress {
-                            let _ = a.events.send(Event::Progress(Progress {
-                                total: a.prompt.len(),
-                                cache: a.cache_n,
-                                processed: a.fed,
-                                time_ms: a.admitted.elapsed().as_secs_f64() * 1e3,
-                            }));
-                        }
-                        if wants_logits {
-                            let history = self.ctx.tokens(a.seq).unwrap_or(&[]);
-                            // `ignore_eos` reaches the sampler as a ban of those tokens.
-                            let logits = out.logits(item);
-                            // A reasoning budget's end tag goes in as it is, not sampled.
-                            if let Some(token) = a.forced.pop_front() {
-                                self.on_token(slot, token, None);
-                                continue;
-                            }
-                            match pick(a, logits, history) {
-                                Ok((token, probs)) => self.on_token(slot, token, probs),
-                                Err(e) => self.fail(slot, e),
-                            }
-                        }
-                    }
-                    return;
-                }
-                Err(engine::Error::OutOfPages { needed, .. }) => {
-                    if !self.make_room(needed) {
-                        // Even an empty cache is not enough: the newest request gives way.
-                        let newest = self
-                            .slots
-                            .iter()
-                            .enumerate()
-                            .filter_map(|(i, s)| s.active.as_ref().map(|a| (a.ticket, i)))
-                            .max();
-                        if let Some((_, slot)) = newest {
-                            self.fail(
-                                slot,
-                                ServerError::Busy(format!(
-                                    "{needed} more pages were needed than the pool of {} has",
-                                    self.ctx.stats().pages_total
-                                )),
-                            );
-                        }
-                    }
-                }
-                Err(e) => {
-                    let msg = e.to_string();
-                    for &(slot, _, _) in &items {
-                        self.fail(slot, ServerError::Busy(msg.clone()));
-                    }
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Handles a token sampled for the request in `slot`.
-    fn on_token(&mut self, slot: usize, token: u32, probs: Option<TokenProbs>) {
-        if self.slots[slot]
-            .active
-            .as_ref()
-            .is_some_and(|a| a.first_token.is_none())
-        {
-            self.export_prompt(slot);
-        }
-        let model = Arc::clone(&self.model);
-        let tok = model.tokenizer();
-        let n_ctx = self.ctx.params().n_ctx;
-        let Some(a) = self.slots[slot].active.as_mut() else {
-            return;
-        };
-        if a.first_token.is_none() {
-            a.first_token = Some(Instant::now());
-        }
-        // `n_predict: 0` evaluates the prompt and generates nothing.
-        if a.params.max_tokens == 0 {
-            self.finish(slot, FinishReason::Length);
-            return;
-        }
-        if tok.is_eog(token) {
-            self.finish(slot, FinishReason::EndOfGeneration);
-            return;
-        }
-        a.generated.push(token);
-        a.unsent.push(token);
-        if let Some(p) = probs {
-            a.unsent_probs.push(p.clone());
-            a.probs.push(p);
-        }
-        Metrics::add(&self.metrics.tokens_predicted, 1);
-        a.text.push_str(&a.decoder.push(tok, token));
-        if let Some((cut, word)) = a.stops.find(&a.text) {
-            a.stopping_word = word.to_owned();
-            a.text.truncate(cut);
-            flush_text(a, cut);
-            self.finish(slot, FinishReason::StopString);
-            return;
-        }
-        if let Some(b) = &a.params.reasoning_budget {
-            // Inside the thinking block (opened by the prompt or by the reply, not closed):
-            // count, and close it once the budget is spent.
-            let inside = (b.opened || a.text.contains(THINK_START)) && !a.text.contains(THINK_END);
-            if inside && a.forced.is_empty() {
-                a.thinking += 1;
-                if a.thinking >= b.tokens {
-                    a.forced.extend(b.close.iter().copied());
-                }
-            }
-        }
-        let safe = a.stops.safe_prefix_len(&a.text).max(a.sent);
-        flush_text(a, safe);
-        // A grammar that is complete admits nothing more.
-        if a.constraint.as_ref().is_some_and(|c| c.is_done()) {
-            let rest = a.decoder.flush();
-            a.text.push_str(&rest);
-            let end = a.text.len();
-            flush_text(a, end);
-            self.finish(slot, FinishReason::EndOfGeneration);
-            return;
-        }
-        let held = a.prompt.len() + a.generated.len() - a.shifted;
-        // llama-server's `t_max_predict_ms`: out of time once a line has ended.
-        let out_of_time = a.params.t_max_predict_ms.is_some_and(|ms| {
-            a.first_token
-                .is_some_and(|t| t.elapsed().as_millis() >= u128::from(ms))
-                && a.text.contains('\n')
-        });
-        let full = held >= n_ctx;
-        if full && a.params.context_shift && a.generated.len() < a.params.max_tokens && !out_of_time
-        {
-            if self.shift_context(slot) {
-                if let Some(a) = self.slots[slot].active.as_mut() {
-                    a.pending = Some(token);
-                }
-                return;
-            }
-            self.finish_at_length(slot);
-            return;
-        }
-        if a.generated.len() >= a.params.max_tokens || full || out_of_time {
-            self.finish_at_length(slot);
-            return;
-        }
-        a.pending = Some(token);
-    }
-
-    /// Ends the request in `slot`: sends its figures, keeps its sequence cached and queues its
-    /// new blocks for the store.
-    fn finish(&mut self, slot: usize, reason: FinishReason) {
-        let Some(mut a) = self.slots[slot].active.take() else {
-            return;
-        };
-        if reason == FinishReason::EndOfGeneration {
-            let rest = a.decoder.flush();
-            a.text.push_str(&rest);
-            let end = a.text.len();
-            flush_text(&mut a, end);
-        }
-        let now = Instant::now();
-        let first = a.first_token.unwrap_or(now);
-        let finish = Finish {
-            reason,
-            slot,
-            n_prompt: a.prompt.len(),
-            cache_n: a.cache_n,
-            prompt_n: a.prompt.len() - a.cache_n,
-            prompt_ms: (first - a.admitted).as_secs_f64() * 1e3,
-            predicted_n: a.generated.len(),
-            predicted_ms: (now - first).as_secs_f64() * 1e3,
-            tokens: std::mem::take(&mut a.generated),
-            stopping_word: std::mem::take(&mut a.stopping_word),
-            probs: std::mem::take(&mut a.probs),
-            truncated: a.truncated,
-        };
-        // The gauges first: a client that reads them once it has its answer sees this request
-        // done.
-        self.publish_gauges();
-        let m = &self.metrics;
-        Metrics::add(&m.prompt_us, (finish.prompt_ms * 1e3) as u64);
-        Metrics::add(&m.predicted_us, (finish.predicted_ms * 1e3) as u64);
-        Metrics::raise(
-            &m.n_tokens_max,
-            (finish.n_prompt + finish.predicted_n) as u64,
-        );
-        let _ = a.events.send(Event::Done(Box::new(finish)));
-        Metrics::add(&self.metrics.requests_finished, 1);
-        if a.truncated || a.moved {
-            let _ = self.ctx.remove_sequence(a.seq);
-        } else {
-            let expires = a.params.cache_ttl.map(|t| crate::routes::unix_now() + t);
-            self.keep(slot, a.seq, a.cache_n, a.prompt.len(), expires);
-        }
-    }
-
-    /// Fails the request in `slot` and drops its sequence.
-    fn fail(&mut self, slot: usize, e: ServerError) {
-        if let Some(a) = self.slots[slot].active.take() {
-            self.publish_gauges();
-            let _ = a.events.send(Event::Failed(e));
-            let _ = self.ctx.remove_sequence(a.seq);
-            Metrics::add(&self.metrics.requests_finished, 1);
-        }
     }
 }

@@ -4,7 +4,8 @@
 
 use engine::SeqId;
 
-use super::{flush_text, FinishReason, Scheduler};
+use super::sample::flush_text;
+use super::{FinishReason, Scheduler};
 
 impl Scheduler {
     /// Shifts the context of the request in `slot`; false when nothing can be dropped or the

@@ -1,0 +1,19 @@
+//! The scheduler's gauges for `/metrics`: requests processing and waiting, KV pages used and
+//! in all.
+//!
+//! Invariant: they are published after every step and before a request's answer goes out, so
+//! a client that reads them once it has its answer sees its request done.
+
+use super::Scheduler;
+use crate::metrics::Metrics;
+
+impl Scheduler {
+    pub(super) fn publish_gauges(&self) {
+        let stats = self.ctx.stats();
+        let processing = self.slots.iter().filter(|s| s.active.is_some()).count();
+        Metrics::set(&self.metrics.requests_processing, processing as u64);
+        Metrics::set(&self.metrics.requests_waiting, self.queue.len() as u64);
+        Metrics::set(&self.metrics.kv_pages_used, stats.pages_used as u64);
+        Metrics::set(&self.metrics.kv_pages_total, stats.pages_total as u64);
+    }
+}
