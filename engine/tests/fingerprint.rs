@@ -164,3 +164,30 @@ fn a_store_under_the_old_fingerprint_is_reported_and_not_used() {
     // Not used: the checkpoint is not there for this model.
     assert!(!store.exists("chat").unwrap());
 }
+
+/// The weights are hashed from reads of the file, not through the map ggml computes with: a
+/// file cut short after loading (which made the old, map-reading hash fault) gets a fingerprint
+/// that matches nothing, not a crash and not the original's.
+#[test]
+fn a_model_file_cut_short_after_loading_matches_nothing() {
+    let (dir, original, _) = build(&cfg(Shape::Llama, false), 43);
+    let path_b = dir.path().join("b.gguf");
+    std::fs::copy(model_path(dir.path()), &path_b).unwrap();
+    let model_b = Model::load(&path_b).unwrap();
+    let cut = middle_of_largest_tensor(&path_b) as u64;
+    std::fs::File::options()
+        .write(true)
+        .open(&path_b)
+        .unwrap()
+        .set_len(cut)
+        .unwrap();
+    let fp = model_b.fingerprint();
+    assert_ne!(fp, original.fingerprint());
+    assert_ne!(model_b.legacy_fingerprint(), original.legacy_fingerprint());
+    assert_ne!(
+        model_b.legacy_fingerprint(),
+        model_b.legacy_fingerprint(),
+        "each unreadable hash is a fingerprint of its own"
+    );
+    assert_eq!(model_b.fingerprint(), fp, "computed once per model");
+}

@@ -75,11 +75,11 @@ fn round_trip_metadata_and_tensors() {
     assert_eq!(a.dtype, GgmlType::F32);
     assert_eq!(a.n_bytes, 24);
     assert_eq!(a.offset % 32, 0);
-    let data = g.tensor_bytes(a);
+    let data = g.read_tensor(a).unwrap();
     assert_eq!(&data[4..8], &1.0f32.to_le_bytes());
     let b = g.tensor("b.weight").unwrap();
     assert_eq!(b.offset % 32, 0);
-    assert_eq!(g.tensor_bytes(b), (0..34u8).collect::<Vec<_>>().as_slice());
+    assert_eq!(g.read_tensor(b).unwrap(), (0..34u8).collect::<Vec<_>>());
     assert!(g.tensor("missing").is_none());
 }
 
@@ -95,11 +95,11 @@ fn write_and_open_a_file_with_custom_alignment() {
     for t in g.tensors() {
         assert_eq!(t.offset % 64, 0, "{}", t.name);
     }
-    assert_eq!(g.tensor_bytes(g.tensor("b.weight").unwrap())[33], 33);
     assert_eq!(
-        g.bytes().len() as u64,
-        std::fs::metadata(&path).unwrap().len()
+        g.read_tensor(g.tensor("b.weight").unwrap()).unwrap()[33],
+        33
     );
+    assert_eq!(g.len(), std::fs::metadata(&path).unwrap().len());
 }
 
 #[test]
@@ -352,12 +352,76 @@ fn real_model_header() {
     assert_eq!(g.tensors().len(), 272);
     let emb = g.tensor("token_embd.weight").unwrap();
     assert_eq!(emb.shape, vec![576, 49152]);
-    assert_eq!(g.tensor_bytes(emb).len() as u64, emb.n_bytes);
+    assert_eq!(g.read_tensor(emb).unwrap().len() as u64, emb.n_bytes);
     let last = g
         .tensors()
         .iter()
         .map(|t| t.offset + t.n_bytes)
         .max()
         .unwrap();
-    assert!(last <= g.bytes().len() as u64);
+    assert!(last <= g.len());
+}
+
+/// A file is read as far as its header reaches, in pieces that grow: a header of about 1 MiB
+/// (several reads) read from disk gives exactly what the same bytes in memory give, and every
+/// cut of the file on disk is a typed error.
+#[test]
+fn a_large_header_read_from_disk_equals_the_same_bytes_in_memory() {
+    let mut w = small_file();
+    let many: Vec<String> = (0..60_000).map(|i| format!("piece-{i}")).collect();
+    w.add_str_array("tokenizer.ggml.merges", &many)
+        .add_f32("misc.after", 1.5);
+    let bytes = w.to_bytes().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+    let disk = Gguf::open(&path).unwrap();
+    let mem = Gguf::from_bytes(bytes.clone()).unwrap();
+    assert!(disk.data_offset() > 512 << 10, "{}", disk.data_offset());
+    let meta = |g: &Gguf| -> Vec<String> { g.metadata().map(|kv| format!("{kv:?}")).collect() };
+    assert_eq!(meta(&disk), meta(&mem));
+    assert_eq!(disk.get_f32("misc.after").unwrap(), 1.5);
+    assert_eq!(disk.tensors(), mem.tensors());
+    assert_eq!(disk.len(), bytes.len() as u64);
+    for t in disk.tensors() {
+        assert_eq!(disk.read_tensor(t).unwrap(), mem.read_tensor(t).unwrap());
+    }
+    let end = disk.data_offset() as usize;
+    for len in [0, 3, 24, 300 << 10, end - 1, bytes.len() - 1] {
+        std::fs::write(&path, &bytes[..len]).unwrap();
+        match Gguf::open(&path) {
+            Err(Error::GgufTruncated { .. } | Error::GgufCorrupt { .. }) => {}
+            Err(e) => panic!("length {len}: unexpected error {e}"),
+            Ok(_) => panic!("length {len}: truncated file accepted"),
+        }
+    }
+}
+
+/// Tensor data is read with a copy that checks its range: past the end is a typed error, and
+/// a file cut short after it was opened gives an I/O error, not a fault.
+#[test]
+fn reads_past_the_end_or_of_a_file_cut_short_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.gguf");
+    small_file().write(&path).unwrap();
+    let g = Gguf::open(&path).unwrap();
+    let b = g.tensor("b.weight").unwrap().clone();
+    assert_eq!(g.read_tensor(&b).unwrap(), (0..34u8).collect::<Vec<_>>());
+    let mut four = [0u8; 4];
+    assert!(matches!(
+        g.read_at(g.len() - 2, &mut four),
+        Err(Error::GgufTruncated { .. })
+    ));
+    assert!(matches!(
+        g.read_at(u64::MAX - 1, &mut four),
+        Err(Error::GgufTruncated { .. })
+    ));
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(g.data_offset())
+        .unwrap();
+    let e = g.read_tensor(&b).unwrap_err();
+    assert!(matches!(&e, Error::Io { path: p, .. } if *p == path), "{e}");
 }

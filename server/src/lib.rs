@@ -97,15 +97,24 @@ impl Server {
         let kv_tokens = 2 * config.n_slots * (n_ctx.div_ceil(PAGE_TOKENS) + 1) * PAGE_TOKENS;
         // The store first: it knows the model's fingerprint when the file is unchanged, and the
         // context needs it.
+        let ctx_params = ContextParams {
+            n_ctx,
+            kv_tokens,
+            n_threads: config.n_threads,
+            n_batch: args.batch_size.min(args.ubatch_size),
+            flash_attn: config.flash_attn,
+            type_k: args.cache_type_k,
+            type_v: args.cache_type_v,
+            batch_invariant: args.deterministic,
+        };
         let store_config = StoreConfig {
             ram_bytes: config.cache_ram,
             disk_bytes: config.cache_disk,
-            type_k: args.cache_type_k,
-            type_v: args.cache_type_v,
             stored_type_k: args.cache_type_stored,
             stored_type_v: args.cache_type_stored,
             read_delay: std::time::Duration::from_millis(args.fault_read_delay_ms),
             remote: crate::args::remote_config(&args.remote, args.no_cache)?,
+            ..StoreConfig::for_context(&ctx_params)
         };
         let store = if args.no_cache {
             None
@@ -120,19 +129,7 @@ impl Server {
             Some(dir) => Some(Arc::new(SessionStore::open(dir, &model, store_config)?)),
             None => store.clone(),
         };
-        let ctx = Context::new(
-            Arc::clone(&model),
-            ContextParams {
-                n_ctx,
-                kv_tokens,
-                n_threads: config.n_threads,
-                n_batch: args.batch_size.min(args.ubatch_size),
-                flash_attn: config.flash_attn,
-                type_k: args.cache_type_k,
-                type_v: args.cache_type_v,
-                batch_invariant: args.deterministic,
-            },
-        )?;
+        let ctx = Context::new(Arc::clone(&model), ctx_params)?;
         let n_ctx = ctx.params().n_ctx;
         let template = chat_template(&config, &model)?;
         let metrics = Arc::new(Metrics::default());

@@ -53,9 +53,6 @@ const UNSAFE_FENCE: &[(&str, Fence)] = &[
     ("ggml-sys/", Fence::Anywhere),
     ("engine/src/ggml.rs", Fence::Anywhere),
     ("engine/src/ggml/", Fence::Anywhere),
-    // The GGUF reader, whichever of its files holds the map: one `unsafe { Mmap::map(..) }`.
-    ("engine/src/gguf.rs", Fence::MmapMapOnly),
-    ("engine/src/gguf/", Fence::MmapMapOnly),
     ("ckptfmt/src/mmap.rs", Fence::Anywhere),
     // The `ckpt` tool's bench calls ckptfmt's `unsafe fn` maps (listed in `UNSAFE.md`).
     ("kvstore/src/bin/ckpt/bench.rs", Fence::Anywhere),
@@ -123,8 +120,6 @@ impl CrateRule {
 enum Fence {
     /// Any `unsafe` (the module exists to hold it).
     Anywhere,
-    /// Only `unsafe { Mmap::map(..) }`, and one such site in the whole workspace.
-    MmapMapOnly,
     /// Only blocks that are one call of a listed `unsafe fn` (`unsafe { x.f(..) }`,
     /// `unsafe { T::f(..) }`): callers of a fenced API, never `unsafe` of their own.
     CallsOnly(&'static [&'static str]),
@@ -231,28 +226,15 @@ fn check_workspace(root: &Path) -> Result<Vec<Violation>, String> {
 fn check_sources(sources: &[Source], library_crate_dirs: &[&str]) -> Vec<Violation> {
     let included: BTreeSet<String> = sources.iter().flat_map(Source::included_files).collect();
     let mut violations = Vec::new();
-    let mut mmap_sites = Vec::new();
     for source in sources {
         violations.extend(check_length(source));
         if !included.contains(&source.path) {
             violations.extend(check_module_doc(source));
         }
-        violations.extend(check_unsafe(source, &mut mmap_sites));
+        violations.extend(check_unsafe(source));
         if is_library_code(&source.path, library_crate_dirs) {
             violations.extend(check_library_code(source));
             violations.extend(check_missing_docs_allowed(source));
-        }
-    }
-    if let Some((first, rest)) = mmap_sites.split_first() {
-        for (path, line) in rest {
-            violations.push(Violation::new(
-                path,
-                *line,
-                format!(
-                    "a second `Mmap::map` site; the GGUF reader has exactly one (at {}:{})",
-                    first.0, first.1
-                ),
-            ));
         }
     }
     violations
@@ -369,8 +351,8 @@ fn check_module_doc(source: &Source) -> Option<Violation> {
     }
 }
 
-/// `unsafe` only inside [`UNSAFE_FENCE`]; `MmapMapOnly` sites are appended to `mmap_sites`.
-fn check_unsafe(source: &Source, mmap_sites: &mut Vec<(String, usize)>) -> Vec<Violation> {
+/// `unsafe` only inside [`UNSAFE_FENCE`].
+fn check_unsafe(source: &Source) -> Vec<Violation> {
     let fence = UNSAFE_FENCE
         .iter()
         .find(|(prefix, _)| {
@@ -390,14 +372,6 @@ fn check_unsafe(source: &Source, mmap_sites: &mut Vec<(String, usize)>) -> Vec<V
             let line = line_of(tree);
             match fence {
                 Some(Fence::Anywhere) => {}
-                Some(Fence::MmapMapOnly) if is_mmap_map_block(trees.get(i + 1)) => {
-                    mmap_sites.push((source.path.clone(), line));
-                }
-                Some(Fence::MmapMapOnly) => violations.push(Violation::new(
-                    &source.path,
-                    line,
-                    "`unsafe` other than the one `unsafe { Mmap::map(..) }` of the GGUF reader",
-                )),
                 Some(Fence::CallsOnly(fns)) if is_one_call_block(trees.get(i + 1), fns) => {}
                 Some(Fence::CallsOnly(fns)) => violations.push(Violation::new(
                     &source.path,
@@ -415,31 +389,6 @@ fn check_unsafe(source: &Source, mmap_sites: &mut Vec<(String, usize)>) -> Vec<V
         }
     });
     violations
-}
-
-/// `{ Mmap::map(..) }` (optionally `memmap2::Mmap::map`), and nothing else in the block.
-fn is_mmap_map_block(tree: Option<&TokenTree>) -> bool {
-    let Some(TokenTree::Group(block)) = tree else {
-        return false;
-    };
-    if block.delimiter() != Delimiter::Brace {
-        return false;
-    }
-    let trees: Vec<TokenTree> = block.stream().into_iter().collect();
-    let trees = match trees.as_slice() {
-        [krate, c1, c2, rest @ ..]
-            if is_ident(krate, "memmap2") && is_punct(Some(c1), ':') && is_punct(Some(c2), ':') =>
-        {
-            rest
-        }
-        all => all,
-    };
-    matches!(trees, [ty, c1, c2, map, TokenTree::Group(args)]
-        if is_ident(ty, "Mmap")
-            && is_punct(Some(c1), ':')
-            && is_punct(Some(c2), ':')
-            && is_ident(map, "map")
-            && args.delimiter() == Delimiter::Parenthesis)
 }
 
 /// `{ path::to::f(..) }` or `{ receiver.f(..) }` with `f` in `fns`: a block that is exactly one

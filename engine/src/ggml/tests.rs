@@ -87,7 +87,7 @@ fn weights_point_into_the_file_and_keep_it_alive() {
     let (offset, n_bytes) = (spec.offset, spec.n_bytes);
 
     let past_the_end = WeightSpec {
-        offset: gguf.bytes().len() - n_bytes + 1,
+        offset: gguf.len() as usize - n_bytes + 1,
         ..weight_spec(&gguf)
     };
     assert!(matches!(
@@ -96,7 +96,7 @@ fn weights_point_into_the_file_and_keep_it_alive() {
     ));
 
     let weights = Weights::map(Arc::clone(&gguf), &[spec], None, false).expect("map");
-    let file_start = gguf.bytes().as_ptr() as usize;
+    let file_start = gguf.raw_memory().0 as usize;
     // SAFETY: a live tensor of `weights`; reads its data pointer.
     let data = unsafe { (*weights.get(0).ptr.as_ptr()).data } as usize;
     assert_eq!(

@@ -43,7 +43,7 @@ pub(crate) struct WeightSpec<'a> {
     pub name: &'a str,
     pub ggml_type: u32,
     pub shape: &'a [u64],
-    /// Byte offset of the tensor's data within the file's bytes ([`Gguf::bytes`]).
+    /// Byte offset of the tensor's data within the file.
     pub offset: usize,
     pub n_bytes: usize,
     /// Copied into the device's memory at load instead of read where it lies.
@@ -101,7 +101,7 @@ impl Weights {
         device: Option<Device>,
         repack_weights: bool,
     ) -> Result<Weights> {
-        let mapped = gguf.bytes();
+        let (base, len) = gguf.raw_memory();
         let ctx = Context::new(specs.len() + 1, 0)?;
         let n_device = specs.iter().filter(|s| s.on_device).count();
         let device = device.filter(|_| n_device > 0);
@@ -109,14 +109,14 @@ impl Weights {
             Some(_) => Some(Context::new(n_device + 1, 0)?),
             None => None,
         };
-        // SAFETY: `mapped` is owned by `gguf`, which the returned value holds (in an `Arc`, with
-        // no way to mutate it) for as long as the tensors placed in the buffer exist. The pointer
-        // is cast to `*mut` only because the constructor is shared with writable buffers: ggml
-        // never writes weight tensors (see the `Sync` impl above).
-        let buffer = unsafe { Buffer::from_memory(mapped.as_ptr().cast_mut(), mapped.len()) }
-            .ok_or(Error::Ggml {
-                what: "could not wrap the model's memory (its start is not 32-byte aligned)",
-            })?;
+        // SAFETY: the memory (the file's read-only map, or its bytes) is owned by `gguf`, which
+        // the returned value holds (in an `Arc`, with no way to mutate it) for as long as the
+        // tensors placed in the buffer exist. The pointer is cast to `*mut` only because the
+        // constructor is shared with writable buffers: ggml never writes weight tensors (see
+        // the `Sync` impl above). Only ggml reads it; no Rust reference is made into it.
+        let buffer = unsafe { Buffer::from_memory(base.cast_mut(), len) }.ok_or(Error::Ggml {
+            what: "could not wrap the model's memory (its start is not 32-byte aligned)",
+        })?;
         // SAFETY: live buffer; usage is a hint for schedulers.
         unsafe {
             sys::ggml_backend_buffer_set_usage(
@@ -130,15 +130,13 @@ impl Weights {
             if spec
                 .offset
                 .checked_add(spec.n_bytes)
-                .is_none_or(|end| end > mapped.len())
+                .is_none_or(|end| end > len)
             {
                 return Err(Error::BadTensor {
                     name: spec.name.to_owned(),
                     reason: format!(
                         "{} bytes at offset {} run past the file's {} bytes",
-                        spec.n_bytes,
-                        spec.offset,
-                        mapped.len()
+                        spec.n_bytes, spec.offset, len
                     ),
                 });
             }
@@ -186,13 +184,13 @@ impl Weights {
                 tensors.push(t);
                 continue;
             }
-            // SAFETY: `offset + need <= mapped.len()` (checked above), so the address lies in
+            // SAFETY: `offset + need <= len` (checked above), so the address lies in
             // the buffer with the tensor's bytes after it.
             let status = unsafe {
                 sys::ggml_backend_tensor_alloc(
                     buffer.0.as_ptr(),
                     t.as_ptr(),
-                    mapped.as_ptr().add(spec.offset).cast_mut().cast(),
+                    base.add(spec.offset).cast_mut().cast(),
                 )
             };
             if status != sys::GGML_STATUS_SUCCESS {
@@ -226,7 +224,7 @@ impl Weights {
                         unsafe {
                             sys::ggml_backend_tensor_set(
                                 t.as_ptr(),
-                                mapped.as_ptr().add(spec.offset).cast(),
+                                base.add(spec.offset).cast(),
                                 0,
                                 spec.n_bytes,
                             )
@@ -238,7 +236,7 @@ impl Weights {
             _ => None,
         };
         let repacked = match (device, repack_weights) {
-            (None, true) => repack(specs, &mut tensors, mapped)?,
+            (None, true) => repack(specs, &mut tensors, base)?,
             _ => None,
         };
         Ok(Weights {
@@ -304,7 +302,7 @@ fn repack_buffer_type() -> Option<sys::ggml_backend_buffer_type_t> {
 fn repack(
     specs: &[WeightSpec<'_>],
     tensors: &mut [NonNull<sys::ggml_tensor>],
-    mapped: &[u8],
+    base: *const u8,
 ) -> Result<Option<(Buffer, Context<'static>)>> {
     let Some(buft) = repack_buffer_type() else {
         return Ok(None);
@@ -374,12 +372,7 @@ fn repack(
         unsafe {
             debug_assert!(!(*t.as_ptr()).extra.is_null());
             sys::ggml_set_name(t.as_ptr(), sys::ggml_get_name(tensors[i].as_ptr()));
-            sys::ggml_backend_tensor_set(
-                t.as_ptr(),
-                mapped.as_ptr().add(spec.offset).cast(),
-                0,
-                spec.n_bytes,
-            );
+            sys::ggml_backend_tensor_set(t.as_ptr(), base.add(spec.offset).cast(), 0, spec.n_bytes);
         }
         tensors[i] = t;
     }

@@ -1,5 +1,11 @@
-//! GGUF files: a bounds-checked reader over a memory map (and, with the `test-util` feature, a
-//! small writer that tests use to make tiny models).
+//! GGUF files: a bounds-checked reader (and, with the `test-util` feature, a small writer that
+//! tests use to make tiny models).
+//!
+//! A file's header is read into memory (`pread`); its tensor data is mapped read-only for ggml,
+//! which reads the weights in place. No Rust reference is ever made into that map (it is a
+//! [`memmap2::MmapRaw`], handed to ggml as a raw pointer): another process changing the file
+//! changes what ggml computes with, never what safe Rust code holds, and Rust code reads tensor
+//! data through [`Gguf::read_at`], a copy.
 //!
 //! Parts: [`value`] (the metadata value model), [`types`] (the ggml type table), the parser, and
 //! the writer.
@@ -22,7 +28,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
+use memmap2::{MmapOptions, MmapRaw};
 
 use crate::{Error, Result};
 
@@ -68,23 +74,43 @@ impl TensorInfo {
     }
 }
 
+/// Where the tensor data lives.
 enum Backing {
-    Mapped(Mmap),
+    /// A file, read with `pread`, and mapped (when not empty) for ggml.
+    File { file: File, map: Option<MmapRaw> },
+    /// Bytes in memory.
     Owned(Vec<u8>),
 }
 
-impl Backing {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Backing::Mapped(map) => map,
-            Backing::Owned(bytes) => bytes,
+/// Reads `buf.len()` bytes of `file` at `offset`.
+#[cfg(unix)]
+fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+}
+
+/// Reads `buf.len()` bytes of `file` at `offset`.
+#[cfg(windows)]
+fn read_exact_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> std::io::Result<()> {
+    use std::os::windows::fs::FileExt;
+    while !buf.is_empty() {
+        match file.seek_read(buf, offset)? {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n => {
+                buf = &mut buf[n..];
+                offset += n as u64;
+            }
         }
     }
+    Ok(())
 }
 
 /// An open, validated GGUF file.
 pub struct Gguf {
     backing: Backing,
+    /// The file's length in bytes.
+    len: u64,
+    /// Where it was opened from (`<memory>` for bytes).
+    path: PathBuf,
     version: u32,
     alignment: u32,
     data_offset: u64,
@@ -144,16 +170,19 @@ impl std::fmt::Debug for Gguf {
             .field("version", &self.version)
             .field("n_kv", &self.kvs.len())
             .field("n_tensors", &self.tensors.len())
-            .field("len", &self.bytes().len())
+            .field("len", &self.len)
             .finish()
     }
 }
 
 impl Gguf {
-    /// Maps and validates the file at `path`.
+    /// Opens and validates the file at `path`: reads its header and maps its tensor data
+    /// read-only for ggml.
     ///
-    /// The file is memory-mapped read-only. It must not be modified while the [`Gguf`] lives
-    /// (as with every mmap-based model loader); the engine never writes to model files.
+    /// The engine never writes to model files. Another process that changes the file while it
+    /// is open changes the weights ggml computes with (and one that truncates it can make that
+    /// read fault), as with every mmap-based model loader; no Rust reference points into the
+    /// map, so safe code never observes the change.
     pub fn open(path: &Path) -> Result<Gguf> {
         let io_err = |source| Error::Io {
             path: path.to_path_buf(),
@@ -162,31 +191,42 @@ impl Gguf {
         let file = File::open(path).map_err(io_err)?;
         let meta = file.metadata().map_err(io_err)?;
         let len = meta.len();
-        let backing = if len == 0 {
-            // Mapping an empty file fails on some platforms; it is truncated either way.
-            Backing::Owned(Vec::new())
-        } else {
-            // SAFETY: the map is read-only and private to this value. The documented contract of
-            // `open` is that the model file is not modified while it is open; every byte read from
-            // the map is bounds-checked against its length, which is fixed at map time.
-            #[allow(unsafe_code)]
-            let map = unsafe { Mmap::map(&file) }.map_err(io_err)?;
-            Backing::Mapped(map)
+        let too_long = || {
+            io_err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "larger than this platform's address space",
+            ))
         };
-        let mut gguf = Gguf::parse(backing, path)?;
+        let len_usize = usize::try_from(len).map_err(|_| too_long())?;
+        let header =
+            parse::Parser::new(parse::Source::file(&file, len_usize), path).parse_header()?;
+        // Mapping an empty file fails on some platforms; an empty file has no header anyway.
+        let map = match len {
+            0 => None,
+            _ => Some(
+                MmapOptions::new()
+                    .map_raw_read_only(&file)
+                    .map_err(io_err)?,
+            ),
+        };
+        let mut gguf = Gguf::new(Backing::File { file, map }, len, path, header);
         gguf.identity = FileIdentity::of(path, &meta);
         Ok(gguf)
     }
 
     /// Validates a GGUF file held in memory (used by tests and tools).
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Gguf> {
-        Gguf::parse(Backing::Owned(bytes), Path::new("<memory>"))
+        let path = Path::new("<memory>");
+        let header = parse::Parser::new(parse::Source::memory(&bytes), path).parse_header()?;
+        let len = bytes.len() as u64;
+        Ok(Gguf::new(Backing::Owned(bytes), len, path, header))
     }
 
-    fn parse(backing: Backing, path: &Path) -> Result<Gguf> {
-        let header = parse::Parser::new(backing.bytes(), path).parse_header()?;
-        Ok(Gguf {
+    fn new(backing: Backing, len: u64, path: &Path, header: parse::Header) -> Gguf {
+        Gguf {
             backing,
+            len,
+            path: path.to_path_buf(),
             version: header.version,
             alignment: header.alignment,
             data_offset: header.data_offset,
@@ -195,7 +235,7 @@ impl Gguf {
             tensors: header.tensors,
             tensor_order: header.tensor_order,
             identity: None,
-        })
+        }
     }
 
     /// The file it was opened from, as the file system saw it then (`None` for a file held in
@@ -304,18 +344,62 @@ impl Gguf {
         Some(&self.tensors[self.tensor_order[i] as usize])
     }
 
-    /// The data of a tensor of this file (its range was validated at open).
-    ///
-    /// # Panics
-    /// If `t` describes a range outside this file (a [`TensorInfo`] from another file).
-    pub fn tensor_bytes(&self, t: &TensorInfo) -> &[u8] {
-        let start = usize::try_from(t.offset).expect("tensor offset fits usize");
-        let len = usize::try_from(t.n_bytes).expect("tensor size fits usize");
-        &self.bytes()[start..start + len]
+    /// The file's length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
     }
 
-    /// The whole file.
-    pub fn bytes(&self) -> &[u8] {
-        self.backing.bytes()
+    /// Whether the file is empty (it never is once opened: a GGUF has a header).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies `buf.len()` bytes of the file at `offset` into `buf`.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let end = offset.checked_add(buf.len() as u64);
+        if end.is_none_or(|end| end > self.len) {
+            return Err(Error::GgufTruncated {
+                path: self.path.clone(),
+                offset: offset.min(self.len),
+                needed: buf.len() as u64,
+                what: "bytes asked for",
+            });
+        }
+        match &self.backing {
+            // In bounds: checked above against the length of these very bytes.
+            Backing::Owned(bytes) => {
+                buf.copy_from_slice(&bytes[offset as usize..offset as usize + buf.len()]);
+                Ok(())
+            }
+            Backing::File { file, .. } => {
+                read_exact_at(file, buf, offset).map_err(|source| Error::Io {
+                    path: self.path.clone(),
+                    source,
+                })
+            }
+        }
+    }
+
+    /// A copy of the data of tensor `t` of this file.
+    pub fn read_tensor(&self, t: &TensorInfo) -> Result<Vec<u8>> {
+        let len = usize::try_from(t.n_bytes).map_err(|_| Error::GgufTruncated {
+            path: self.path.clone(),
+            offset: t.offset,
+            needed: t.n_bytes,
+            what: "tensor data",
+        })?;
+        let mut out = vec![0; len];
+        self.read_at(t.offset, &mut out)?;
+        Ok(out)
+    }
+
+    /// The whole file as memory only ggml reads: its start and length. Nothing in Rust may
+    /// make a reference from it (the file behind it can change).
+    pub(crate) fn raw_memory(&self) -> (*const u8, usize) {
+        match &self.backing {
+            Backing::Owned(bytes) => (bytes.as_ptr(), bytes.len()),
+            Backing::File { map: Some(map), .. } => (map.as_ptr(), map.len()),
+            Backing::File { map: None, .. } => (std::ptr::NonNull::<u8>::dangling().as_ptr(), 0),
+        }
     }
 }

@@ -1,10 +1,14 @@
 //! The GGUF parser: a cursor over the file bytes that turns every short read into a typed error.
+//! A file is read into memory as far as the header reaches (a prefix that grows on demand,
+//! [`Source`]); the tensor data after it is never read here.
 //!
 //! Memory stays bounded by the file: every count is checked against the bytes left before
 //! anything is allocated, arrays are parsed into typed vectors (one `u8` element costs one byte),
 //! and no key or name is copied twice (lookups use sorted index vectors, not hash maps of cloned
 //! strings). See `docs/RELIABILITY.md` for the measured worst case.
 
+use std::borrow::Cow;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use super::types::GgmlType;
@@ -29,20 +33,76 @@ pub(super) struct Header {
     pub tensor_order: Vec<u32>,
 }
 
+/// Smallest read from a file when the prefix in memory grows.
+const FIRST_READ: usize = 256 << 10;
+
+/// The bytes the parser reads: all of them in memory, or a file of `len` bytes of which the
+/// first `buf.len()` have been read (`pread`, so the parser never holds a reference into a map
+/// of a file another process could change).
+pub(super) struct Source<'a> {
+    buf: Cow<'a, [u8]>,
+    file: Option<&'a File>,
+    len: usize,
+}
+
+impl<'a> Source<'a> {
+    /// Bytes already in memory.
+    pub(super) fn memory(bytes: &'a [u8]) -> Source<'a> {
+        Source {
+            buf: Cow::Borrowed(bytes),
+            file: None,
+            len: bytes.len(),
+        }
+    }
+
+    /// A file of `len` bytes, read as the parser asks for them.
+    pub(super) fn file(file: &'a File, len: usize) -> Source<'a> {
+        Source {
+            buf: Cow::Owned(Vec::new()),
+            file: Some(file),
+            len,
+        }
+    }
+
+    /// Makes the first `end` bytes (at most `len`) available, reading at least twice what is
+    /// in memory so a header costs a few reads.
+    fn ensure(&mut self, end: usize, path: &Path) -> Result<()> {
+        let (Some(file), Cow::Owned(buf)) = (self.file, &mut self.buf) else {
+            return Ok(());
+        };
+        if end <= buf.len() {
+            return Ok(());
+        }
+        let have = buf.len();
+        let want = end
+            .max(have.saturating_mul(2))
+            .max(FIRST_READ)
+            .min(self.len);
+        buf.resize(want, 0);
+        super::read_exact_at(file, &mut buf[have..], have as u64).map_err(|source| {
+            buf.truncate(have);
+            Error::Io {
+                path: path.to_path_buf(),
+                source,
+            }
+        })
+    }
+}
+
 /// A cursor over the file bytes.
 pub(super) struct Parser<'a> {
-    buf: &'a [u8],
+    src: Source<'a>,
     pos: usize,
     path: &'a Path,
 }
 
 impl<'a> Parser<'a> {
-    pub(super) fn new(buf: &'a [u8], path: &'a Path) -> Parser<'a> {
-        Parser { buf, pos: 0, path }
+    pub(super) fn new(src: Source<'a>, path: &'a Path) -> Parser<'a> {
+        Parser { src, pos: 0, path }
     }
 
     fn remaining(&self) -> usize {
-        self.buf.len() - self.pos
+        self.src.len - self.pos
     }
 
     fn truncated(&self, at: usize, needed: u64, what: &'static str) -> Error {
@@ -66,12 +126,13 @@ impl<'a> Parser<'a> {
         self.path.to_path_buf()
     }
 
-    fn take(&mut self, n: u64, what: &'static str) -> Result<&'a [u8]> {
+    fn take(&mut self, n: u64, what: &'static str) -> Result<&[u8]> {
         match usize::try_from(n) {
             Ok(n) if n <= self.remaining() => {
-                let s = &self.buf[self.pos..self.pos + n];
+                let start = self.pos;
+                self.src.ensure(start + n, self.path)?;
                 self.pos += n;
-                Ok(s)
+                Ok(&self.src.buf[start..start + n])
             }
             _ => Err(self.truncated(self.pos, n, what)),
         }
@@ -92,19 +153,19 @@ impl<'a> Parser<'a> {
         Ok(u64::from_le_bytes(self.array(what)?))
     }
 
-    fn string_bytes(&mut self, what: &'static str) -> Result<&'a [u8]> {
+    fn string_bytes(&mut self, what: &'static str) -> Result<&[u8]> {
         let len = self.u64(what)?;
         self.take(len, what)
     }
 
     fn key(&mut self) -> Result<String> {
         let at = self.pos;
-        let bytes = self.string_bytes("metadata key")?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| self.corrupt(at, GgufProblem::KeyNotUtf8))
+        let bytes = self.string_bytes("metadata key")?.to_vec();
+        String::from_utf8(bytes).map_err(|_| self.corrupt(at, GgufProblem::KeyNotUtf8))
     }
 
     /// A string value: invalid UTF-8 is replaced with U+FFFD.
-    fn lossy_str(&mut self) -> Result<std::borrow::Cow<'a, str>> {
+    fn lossy_str(&mut self) -> Result<Cow<'_, str>> {
         let bytes = self.string_bytes("string value")?;
         Ok(String::from_utf8_lossy(bytes))
     }
@@ -302,8 +363,8 @@ impl<'a> Parser<'a> {
         let mut starts = Vec::with_capacity(n_tensors as usize);
         for _ in 0..n_tensors {
             let at = self.pos;
-            let name_bytes = self.string_bytes("tensor name")?;
-            let name = String::from_utf8(name_bytes.to_vec())
+            let name_bytes = self.string_bytes("tensor name")?.to_vec();
+            let name = String::from_utf8(name_bytes)
                 .map_err(|_| self.corrupt(at, GgufProblem::TensorNameNotUtf8))?;
             let n_dims = self.u32("tensor dimension count")?;
             if n_dims as usize > GGML_MAX_DIMS {
@@ -352,7 +413,7 @@ impl<'a> Parser<'a> {
 
         let align = u64::from(alignment);
         let data_offset = (self.pos as u64).div_ceil(align) * align;
-        let file_len = self.buf.len() as u64;
+        let file_len = self.src.len as u64;
         for (t, &at) in tensors.iter_mut().zip(&starts) {
             let rel_offset = t.offset;
             let offset = data_offset.checked_add(rel_offset);

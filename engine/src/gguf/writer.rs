@@ -38,16 +38,17 @@ impl GgufWriter {
         self
     }
 
-    /// A writer holding all metadata and tensors of `gguf`, to modify and write again.
-    pub fn from_gguf(gguf: &super::Gguf) -> GgufWriter {
+    /// A writer holding all metadata and tensors of `gguf`, to modify and write again; fails
+    /// if the tensors' data can no longer be read.
+    pub fn from_gguf(gguf: &super::Gguf) -> crate::Result<GgufWriter> {
         let mut w = GgufWriter::new();
         for (key, value) in gguf.metadata() {
             w.add(key, value.clone());
         }
         for t in gguf.tensors() {
-            w.add_tensor(&t.name, &t.shape, t.dtype, gguf.tensor_bytes(t).to_vec());
+            w.add_tensor(&t.name, &t.shape, t.dtype, gguf.read_tensor(t)?);
         }
-        w
+        Ok(w)
     }
 
     /// Replaces the shape, type and bytes of the tensor `name` (nothing happens if it is absent).

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::gguf::{FileIdentity, Gguf};
+use crate::gguf::{FileIdentity, Gguf, TensorInfo};
 use crate::tokenizer::Tokenizer;
 
 use super::{Arch, HParams, RopeScaling};
@@ -73,34 +73,70 @@ const LEGACY_SAMPLE: usize = 4096;
 ///    length (`u64`), and the BLAKE3 hash of each 1 MiB piece of its data in order (the last
 ///    piece shorter): every byte of every tensor counts;
 /// 4. tag `0x30`, the vocabulary size (`u64`), then per token its piece length (`u32`) and bytes.
+///
+/// The data is read from the file (a copy, not the map ggml computes with). A file that can no
+/// longer be read where its header said (truncated or replaced since it was opened) gets a
+/// fingerprint of its own that no other model, and no later load, has: nothing cached matches
+/// it, and nothing cached for it is found again.
 pub(super) fn fingerprint(gguf: &Gguf, hp: &HParams, tokenizer: &Tokenizer) -> [u8; 32] {
-    let pieces = piece_hashes(gguf);
+    let Some(pieces) = piece_hashes(gguf) else {
+        return unmatched();
+    };
     let mut next = pieces.iter();
-    encode(gguf, hp, tokenizer, FINGERPRINT_VERSION, |h, data| {
-        h.update(&(data.len() as u64).to_le_bytes());
-        for _ in 0..data.len().div_ceil(PIECE) {
+    encode(gguf, hp, tokenizer, FINGERPRINT_VERSION, |h, t| {
+        h.update(&t.n_bytes.to_le_bytes());
+        for _ in 0..t.n_bytes.div_ceil(PIECE as u64) {
             h.update(next.next().map_or(&[0; 32], |d| d));
         }
+        Some(())
     })
+    .unwrap_or_else(unmatched)
 }
 
-/// The fingerprint version 2 gave the model (tensors sampled at both ends), to recognise the
-/// stores written under it.
+/// The version 2 fingerprint (tensors sampled at both ends), to recognise the stores written
+/// under it; an unreadable file gets one of its own, as in [`fingerprint`].
 pub(super) fn legacy_sampled(gguf: &Gguf, hp: &HParams, tokenizer: &Tokenizer) -> [u8; 32] {
-    encode(gguf, hp, tokenizer, 2, |h, data| {
-        let sample = LEGACY_SAMPLE.min(data.len());
-        h.update(&data[..sample]);
-        h.update(&data[data.len() - sample..]);
+    let mut buf = vec![0; LEGACY_SAMPLE];
+    encode(gguf, hp, tokenizer, 2, |h, t| {
+        let sample = (LEGACY_SAMPLE as u64).min(t.n_bytes);
+        let buf = &mut buf[..sample as usize];
+        for at in [t.offset, t.offset + t.n_bytes - sample] {
+            gguf.read_at(at, buf).ok()?;
+            h.update(buf);
+        }
+        Some(())
     })
+    .unwrap_or_else(unmatched)
 }
 
-/// The BLAKE3 hash of every [`PIECE`] of every tensor's data, in file order, computed on all
-/// cores.
-fn piece_hashes(gguf: &Gguf) -> Vec<[u8; 32]> {
-    let pieces: Vec<&[u8]> = gguf
+/// A fingerprint no model has: BLAKE3 of a marker, the process, the time and a counter.
+fn unmatched() -> [u8; 32] {
+    static COUNT: AtomicUsize = AtomicUsize::new(0);
+    let mut h = blake3::Hasher::new();
+    h.update(DOMAIN);
+    h.update(b"unreadable model file\0");
+    h.update(&std::process::id().to_le_bytes());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    h.update(&now.as_nanos().to_le_bytes());
+    h.update(&COUNT.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    *h.finalize().as_bytes()
+}
+
+/// The BLAKE3 hash of every [`PIECE`] of every tensor's data, in file order, each piece read
+/// from the file and hashed on all cores; `None` if a piece cannot be read.
+fn piece_hashes(gguf: &Gguf) -> Option<Vec<[u8; 32]>> {
+    let pieces: Vec<(u64, usize)> = gguf
         .tensors()
         .iter()
-        .flat_map(|t| gguf.tensor_bytes(t).chunks(PIECE))
+        .flat_map(|t| {
+            let n = t.n_bytes.div_ceil(PIECE as u64);
+            (0..n).map(move |k| {
+                let at = k * PIECE as u64;
+                (t.offset + at, (t.n_bytes - at).min(PIECE as u64) as usize)
+            })
+        })
         .collect();
     let threads = std::thread::available_parallelism()
         .map_or(1, std::num::NonZeroUsize::get)
@@ -108,39 +144,55 @@ fn piece_hashes(gguf: &Gguf) -> Vec<[u8; 32]> {
     let next = AtomicUsize::new(0);
     let work = || {
         let mut mine = Vec::new();
+        let mut buf = vec![0; PIECE];
         loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
-            let Some(piece) = pieces.get(i) else {
-                return mine;
+            let Some(&(at, len)) = pieces.get(i) else {
+                return Some(mine);
             };
+            let piece = &mut buf[..len];
+            if gguf.read_at(at, piece).is_err() {
+                // The others stop at their next piece.
+                next.store(pieces.len(), Ordering::Relaxed);
+                return None;
+            }
             mine.push((i, *blake3::hash(piece).as_bytes()));
         }
     };
     let mut out = vec![[0u8; 32]; pieces.len()];
+    let mut ok = true;
     std::thread::scope(|s| {
         let helpers: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
         let mut all = work();
         for h in helpers {
             match h.join() {
-                Ok(found) => all.extend(found),
+                Ok(found) => match (&mut all, found) {
+                    (Some(all), Some(found)) => all.extend(found),
+                    _ => all = None,
+                },
                 Err(panic) => std::panic::resume_unwind(panic),
             }
         }
-        for (i, d) in all {
-            out[i] = d;
+        match all {
+            Some(all) => {
+                for (i, d) in all {
+                    out[i] = d;
+                }
+            }
+            None => ok = false,
         }
     });
-    out
+    ok.then_some(out)
 }
 
-/// The encoding above, each tensor's data hashed by `data`.
+/// The encoding above, each tensor's data hashed by `data` (`None`: it could not be read).
 fn encode(
     gguf: &Gguf,
     hp: &HParams,
     tokenizer: &Tokenizer,
     version: u32,
-    mut data: impl FnMut(&mut blake3::Hasher, &[u8]),
-) -> [u8; 32] {
+    mut data: impl FnMut(&mut blake3::Hasher, &TensorInfo) -> Option<()>,
+) -> Option<[u8; 32]> {
     let mut h = blake3::Hasher::new();
     h.update(DOMAIN);
     h.update(&version.to_le_bytes());
@@ -247,7 +299,7 @@ fn encode(
         for d in &t.shape {
             h.update(&d.to_le_bytes());
         }
-        data(&mut h, gguf.tensor_bytes(t));
+        data(&mut h, t)?;
     }
 
     h.update(&[tag::VOCAB]);
@@ -257,7 +309,7 @@ fn encode(
         h.update(&(piece.len() as u32).to_le_bytes());
         h.update(piece);
     }
-    *h.finalize().as_bytes()
+    Some(*h.finalize().as_bytes())
 }
 
 /// Directory, inside a cache directory, of the fingerprints remembered per model file.

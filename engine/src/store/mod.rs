@@ -97,6 +97,19 @@ impl Default for StoreConfig {
     }
 }
 
+impl StoreConfig {
+    /// The default configuration for sessions and contexts made with `params`: their KV
+    /// types, said once (a session of other types is converted only where `stored_type_*`
+    /// asks for it, and otherwise refused).
+    pub fn for_context(params: &crate::ContextParams) -> StoreConfig {
+        StoreConfig {
+            type_k: params.type_k,
+            type_v: params.type_v,
+            ..StoreConfig::default()
+        }
+    }
+}
+
 /// One model's conversations in a store directory.
 pub struct SessionStore {
     store: KvStore,

@@ -722,7 +722,7 @@ pub fn write_edited(
     let base = dir.join("base.gguf");
     write_model(c, &mut make_weights(c, 7), &base);
     let gguf = engine::gguf::Gguf::open(&base).unwrap();
-    let mut w = GgufWriter::from_gguf(&gguf);
+    let mut w = GgufWriter::from_gguf(&gguf).unwrap();
     edit(&mut w);
     let path = dir.join(name);
     w.write(&path).unwrap();
