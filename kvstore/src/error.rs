@@ -159,6 +159,16 @@ pub enum StoreError {
         /// What went wrong, with the tier's address (never its password).
         detail: String,
     },
+    /// The remote tier's TLS handshake failed: the server's certificate did not verify (signed
+    /// by an unknown CA, for another name, expired) or the server refused the session or does
+    /// not speak TLS. Like [`StoreError::Remote`], a miss: the tier counts as down.
+    #[error("remote cache {op} failed: {detail}")]
+    RemoteTls {
+        /// The call (`"get"`, `"exists"`, `"put"`).
+        op: &'static str,
+        /// What went wrong, with the tier's address (never its password).
+        detail: String,
+    },
     /// The background worker stopped (the store is being dropped).
     #[error("the store's background worker has stopped")]
     ShutDown,

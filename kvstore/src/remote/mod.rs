@@ -13,6 +13,7 @@
 //! from the local tiers or by computing. [`RemoteTier`] is the seam a backend implements;
 //! [`RedisTier`] (feature `redis`) is the one shipped.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,6 +31,8 @@ mod redis;
 mod resp;
 #[cfg(all(feature = "redis", feature = "test-util"))]
 pub mod testing;
+#[cfg(feature = "tls")]
+mod tls;
 
 #[cfg(feature = "redis")]
 pub use self::redis::RedisTier;
@@ -56,12 +59,17 @@ pub trait RemoteTier: Send + Sync + 'static {
 #[derive(Debug, Clone)]
 pub struct RemoteConfig {
     /// Where the tier is: `redis://[:PASSWORD@]HOST:PORT[/DB]` (a Unix socket as
-    /// `redis+unix:///PATH`).
+    /// `redis+unix:///PATH`); `rediss://` for TLS (feature `tls`), the server's certificate
+    /// verified against [`RemoteConfig::ca`] or the system's CA certificates, and its name
+    /// against HOST (`rediss://…#insecure` verifies neither).
     pub url: String,
     /// Prefix of every key, so several deployments can share one Redis.
     pub namespace: String,
     /// The longest any call to the tier may wait (connecting, each read, each write).
     pub timeout: Duration,
+    /// For `rediss://`: a PEM file of the CA certificates to trust instead of the system's
+    /// (a private CA).
+    pub ca: Option<PathBuf>,
 }
 
 impl RemoteConfig {
@@ -71,6 +79,7 @@ impl RemoteConfig {
             url: url.into(),
             namespace: "llama-hdd".to_owned(),
             timeout: Duration::from_millis(100),
+            ca: None,
         }
     }
 }
@@ -95,11 +104,12 @@ impl std::fmt::Debug for Remote {
 
 impl Remote {
     /// The tier `config` names. Nothing is connected yet: a Redis that is absent now is only
-    /// a miss at each call until it appears. Fails only on a URL that cannot name a tier.
+    /// a miss at each call until it appears. Fails only on a URL that cannot name a tier (or
+    /// a CA file that cannot be read).
     #[cfg(feature = "redis")]
     pub fn open(config: &RemoteConfig) -> Result<Remote> {
         let metrics = Arc::new(RemoteMetrics::default());
-        let tier = RedisTier::open(&config.url, config.timeout, Arc::clone(&metrics))?;
+        let tier = RedisTier::open(config, Arc::clone(&metrics))?;
         Ok(Remote::with_tier(
             Arc::new(tier),
             &config.namespace,

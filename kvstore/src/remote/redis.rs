@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::resp::{Conn, Failure, Reply, Target};
-use super::{RemoteMetrics, RemoteTier};
+use super::{RemoteConfig, RemoteMetrics, RemoteTier};
 use crate::error::{Result, StoreError};
 
 /// The first wait before connecting again after a failure; it doubles up to [`MAX_BACKOFF`].
@@ -45,16 +45,18 @@ enum State {
 }
 
 impl RedisTier {
-    /// The Redis at `url`; nothing is connected until the first call. `timeout` bounds the
-    /// connection and each read and write of every call.
-    pub fn open(url: &str, timeout: Duration, metrics: Arc<RemoteMetrics>) -> Result<RedisTier> {
-        let target = Target::parse(url).map_err(|e| StoreError::Invalid {
+    /// The Redis at `config.url` (its namespace is the caller's); nothing is connected until
+    /// the first call. `config.timeout` bounds the connection (the TLS handshake included) and
+    /// each read and write of every call.
+    pub fn open(config: &RemoteConfig, metrics: Arc<RemoteMetrics>) -> Result<RedisTier> {
+        let url = config.url.as_str();
+        let target = Target::parse(url, config.ca.as_deref()).map_err(|e| StoreError::Invalid {
             what: "remote cache URL",
             detail: format!("{}: {e}", hide_password(url)),
         })?;
         Ok(RedisTier {
             target,
-            timeout,
+            timeout: config.timeout,
             shown: hide_password(url),
             metrics,
             link: Mutex::new(Link {
@@ -104,9 +106,10 @@ impl RedisTier {
         })
     }
 
-    /// Counts and reports a failed call; a lost connection marks the server down.
+    /// Counts and reports a failed call; a lost connection or a failed TLS handshake marks the
+    /// server down.
     fn failed(&self, op: &'static str, e: &Failure) -> StoreError {
-        let lost = matches!(e, Failure::Lost(_));
+        let lost = matches!(e, Failure::Lost(_) | Failure::Tls(_));
         self.metrics.error();
         let mut link = self.lock();
         let state = match (lost, op) {
@@ -133,9 +136,10 @@ impl RedisTier {
                 _ => format!("remote cache: {} refuses writes ({e})", self.shown),
             });
         }
-        StoreError::Remote {
-            op,
-            detail: format!("{}: {e}", self.shown),
+        let detail = format!("{}: {e}", self.shown);
+        match e {
+            Failure::Tls(_) => StoreError::RemoteTls { op, detail },
+            _ => StoreError::Remote { op, detail },
         }
     }
 

@@ -1,13 +1,17 @@
 //! A Redis connection that reads replies straight into their final buffers: the remote tier's
 //! hot path (`MGET` of megabyte values) costs one copy from the socket, where a general client
 //! parses through a growing buffer and copies each value again. The `redis` crate parses the
-//! URL; commands and replies are RESP2, only the few this tier sends.
+//! URL; commands and replies are RESP2, only the few this tier sends. `rediss://` runs them over
+//! TLS ([`super::tls`], feature `tls`).
 
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 #[cfg(unix)]
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
+
+#[cfg(feature = "tls")]
+use super::tls::{Session, Tls};
 
 /// The largest value a reply may carry (a block record is far smaller); a longer length is a
 /// protocol error, not an allocation.
@@ -22,6 +26,10 @@ pub(super) enum Failure {
     Lost(io::Error),
     /// The server answered with an error (`-OOM …`, `-READONLY …`): the connection is fine.
     Refused(String),
+    /// The TLS handshake failed: the server's certificate did not verify (an unknown CA,
+    /// another name, expired), or the server refused the session or does not speak TLS.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    Tls(String),
 }
 
 impl std::fmt::Display for Failure {
@@ -29,6 +37,7 @@ impl std::fmt::Display for Failure {
         match self {
             Failure::Lost(e) => write!(f, "{e}"),
             Failure::Refused(m) => write!(f, "{m}"),
+            Failure::Tls(m) => write!(f, "TLS: {m}"),
         }
     }
 }
@@ -43,11 +52,13 @@ fn bad(what: impl Into<String>) -> Failure {
     Failure::Lost(io::Error::new(io::ErrorKind::InvalidData, what.into()))
 }
 
-/// A TCP or Unix socket.
+/// A TCP or Unix socket, or a TLS session over TCP.
 enum Stream {
     Tcp(TcpStream),
     #[cfg(unix)]
     Unix(UnixStream),
+    #[cfg(feature = "tls")]
+    Tls(Session),
 }
 
 impl Stream {
@@ -56,6 +67,8 @@ impl Stream {
             Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
             #[cfg(unix)]
             Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => Stream::Tls(s.share()),
         })
     }
 
@@ -71,6 +84,9 @@ impl Stream {
                 s.set_read_timeout(Some(t))?;
                 s.set_write_timeout(Some(t))
             }
+            // Set on its socket before the handshake.
+            #[cfg(feature = "tls")]
+            Stream::Tls(_) => Ok(()),
         }
     }
 }
@@ -81,6 +97,8 @@ impl Read for Stream {
             Stream::Tcp(s) => s.read(buf),
             #[cfg(unix)]
             Stream::Unix(s) => s.read(buf),
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => s.read(buf),
         }
     }
 }
@@ -91,6 +109,8 @@ impl Write for Stream {
             Stream::Tcp(s) => s.write(buf),
             #[cfg(unix)]
             Stream::Unix(s) => s.write(buf),
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => s.write(buf),
         }
     }
 
@@ -99,6 +119,8 @@ impl Write for Stream {
             Stream::Tcp(s) => s.flush(),
             #[cfg(unix)]
             Stream::Unix(s) => s.flush(),
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => s.flush(),
         }
     }
 }
@@ -110,6 +132,9 @@ pub(super) struct Target {
     username: Option<String>,
     password: Option<String>,
     db: i64,
+    /// For `rediss://`.
+    #[cfg(feature = "tls")]
+    tls: Option<Tls>,
 }
 
 #[derive(Clone, Debug)]
@@ -120,22 +145,57 @@ enum Addr {
 }
 
 impl Target {
-    /// Parses `url` (`redis://`, `redis+unix://`); TLS is refused, being not compiled in.
-    pub(super) fn parse(url: &str) -> Result<Target, String> {
+    /// Parses `url`: `redis://`, `redis+unix://`, or `rediss://` (TLS, feature `tls`), whose
+    /// server certificate must chain to `ca` (a PEM file) when given, else to a system CA, and
+    /// name the URL's host; its fragment `#insecure` (as the `redis` crate's URLs have it)
+    /// skips both checks. `ca` with another scheme is refused: the connection would not be
+    /// encrypted.
+    pub(super) fn parse(url: &str, ca: Option<&std::path::Path>) -> Result<Target, String> {
         use redis::IntoConnectionInfo;
+        // The `redis` crate parses `rediss://` only with its own TLS compiled in: the URL is
+        // parsed as `redis://`, its fragment (meaningful only with TLS) taken first.
+        let (tls, url) = match url
+            .strip_prefix("rediss://")
+            .or_else(|| url.strip_prefix("valkeys://"))
+        {
+            Some(rest) => {
+                let (rest, fragment) = rest.split_once('#').unwrap_or((rest, ""));
+                let insecure = match fragment {
+                    "" => false,
+                    "insecure" => true,
+                    other => return Err(format!("#{other}: only #insecure may follow the URL")),
+                };
+                (Some(insecure), format!("redis://{rest}"))
+            }
+            None => (None, url.to_owned()),
+        };
+        if tls.is_none() && ca.is_some() {
+            return Err("a CA file is only used with a rediss:// (TLS) URL".into());
+        }
         let info = url.into_connection_info().map_err(|e| e.to_string())?;
         let addr = match info.addr() {
             redis::ConnectionAddr::Tcp(host, port) => Addr::Tcp(host.clone(), *port),
             #[cfg(unix)]
             redis::ConnectionAddr::Unix(path) => Addr::Unix(path.clone()),
-            other => return Err(format!("{other:?} is not supported (no TLS)")),
+            other => return Err(format!("{other:?} is not supported")),
         };
+        #[cfg(feature = "tls")]
+        let tls = match (tls, &addr) {
+            (Some(insecure), Addr::Tcp(host, _)) => Some(Tls::new(host, insecure, ca)?),
+            _ => None,
+        };
+        #[cfg(not(feature = "tls"))]
+        if tls.is_some() {
+            return Err("TLS is not compiled in (kvstore's feature `tls`)".into());
+        }
         let r = info.redis_settings();
         Ok(Target {
             addr,
             username: r.username().map(str::to_owned),
             password: r.password().map(str::to_owned),
             db: r.db(),
+            #[cfg(feature = "tls")]
+            tls,
         })
     }
 }
@@ -161,8 +221,8 @@ pub(super) struct Conn {
 }
 
 impl Conn {
-    /// Connects within `timeout`, sets it on every read and write, logs in and selects the
-    /// database.
+    /// Connects within `timeout`, sets it on every read and write (the TLS handshake's too),
+    /// logs in and selects the database.
     pub(super) fn open(target: &Target, timeout: Duration) -> Result<Conn, Failure> {
         let stream = match &target.addr {
             Addr::Tcp(host, port) => {
@@ -183,6 +243,11 @@ impl Conn {
             Addr::Unix(path) => Stream::Unix(UnixStream::connect(path)?),
         };
         stream.set_timeouts(timeout)?;
+        #[cfg(feature = "tls")]
+        let stream = match (&target.tls, stream) {
+            (Some(tls), Stream::Tcp(tcp)) => Stream::Tls(tls.connect(tcp)?),
+            (_, stream) => stream,
+        };
         let mut conn = Conn {
             reader: BufReader::with_capacity(64 << 10, stream.try_clone()?),
             writer: BufWriter::with_capacity(64 << 10, stream),
@@ -206,7 +271,8 @@ impl Conn {
     /// holds first, then the rest from the socket itself. std reads a `TcpStream` or
     /// `UnixStream` into uninitialised capacity, but through a wrapper without that ability
     /// (`Stream`, or the `BufReader` over it) it zeroes every buffer before reading into it, a
-    /// second pass over each megabyte.
+    /// second pass over each megabyte. A TLS session (rustls, on stable Rust) has no such
+    /// ability: its values are read from it directly all the same, under one lock.
     fn read_bulk(&mut self, want: usize) -> io::Result<Vec<u8>> {
         let mut value = Vec::with_capacity(want);
         let buffered = self.reader.buffer();
@@ -219,6 +285,8 @@ impl Conn {
                 Stream::Tcp(s) => (&mut *s).take(rest).read_to_end(&mut value)?,
                 #[cfg(unix)]
                 Stream::Unix(s) => (&mut *s).take(rest).read_to_end(&mut value)?,
+                #[cfg(feature = "tls")]
+                Stream::Tls(s) => (&mut *s.lock()?).take(rest).read_to_end(&mut value)?,
             };
         }
         Ok(value)
@@ -438,11 +506,41 @@ mod tests {
 
     #[test]
     fn urls_name_the_server_and_its_login() {
-        let t = Target::parse("redis://app:s3cret@db.example:6380/3").unwrap();
+        let t = Target::parse("redis://app:s3cret@db.example:6380/3", None).unwrap();
         assert!(matches!(&t.addr, Addr::Tcp(h, 6380) if h == "db.example"));
         assert_eq!(t.username.as_deref(), Some("app"));
         assert_eq!(t.password.as_deref(), Some("s3cret"));
         assert_eq!(t.db, 3);
-        assert!(Target::parse("not a url").is_err());
+        assert!(Target::parse("not a url", None).is_err());
+    }
+
+    #[test]
+    fn rediss_urls_take_tls_their_login_and_only_the_insecure_fragment() {
+        let ca = std::env::temp_dir().join(format!("llama-hdd-no-ca-{}", std::process::id()));
+        std::fs::write(&ca, "not PEM").unwrap();
+        // A CA file makes no sense without TLS.
+        let no_tls = Target::parse("redis://db.example:6380", Some(&ca)).unwrap_err();
+        assert!(no_tls.contains("rediss://"), "{no_tls}");
+        let fragment = Target::parse("rediss://db.example:6380#verify", None).unwrap_err();
+        assert!(fragment.contains("#insecure"), "{fragment}");
+        #[cfg(feature = "tls")]
+        {
+            // A CA file without a certificate is refused, as is a missing one.
+            let not_pem = Target::parse("rediss://db.example:6380", Some(&ca)).unwrap_err();
+            assert!(not_pem.contains("no PEM certificate"), "{not_pem}");
+            let missing = Target::parse("rediss://db.example", Some(&ca.with_extension("x")));
+            assert!(missing.unwrap_err().contains("CA file"));
+            let t = Target::parse("rediss://:pw@db.example:6380/2#insecure", None).unwrap();
+            assert!(matches!(&t.addr, Addr::Tcp(h, 6380) if h == "db.example"));
+            assert_eq!((t.password.as_deref(), t.db), (Some("pw"), 2));
+            assert!(t.tls.is_some());
+            assert!(Target::parse("redis://db.example:6380", None)
+                .unwrap()
+                .tls
+                .is_none());
+        }
+        #[cfg(not(feature = "tls"))]
+        assert!(Target::parse("rediss://db.example:6380", None).is_err());
+        let _ = std::fs::remove_file(&ca);
     }
 }

@@ -1,5 +1,6 @@
 //! A real `redis-server` for tests (feature `test-util`): started on a free loopback port
-//! with no persistence, stopped when dropped.
+//! with no persistence, stopped when dropped; with [`RedisServer::start_tls`], also on a TLS
+//! port.
 
 pub use redis;
 
@@ -8,11 +9,20 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A `redis-server` child process on a loopback port.
+/// A `redis-server` child process on a loopback port (and a TLS one).
 pub struct RedisServer {
     child: Option<Child>,
     port: u16,
+    tls_port: Option<u16>,
     dir: PathBuf,
+}
+
+/// A free loopback port.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
 }
 
 impl RedisServer {
@@ -20,25 +30,57 @@ impl RedisServer {
     /// with what to install when the program is missing: a test that needs Redis fails
     /// rather than passing without it.
     pub fn start() -> RedisServer {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free loopback port");
-        Self::start_on(port)
+        Self::start_on(free_port())
     }
 
     /// Starts `redis-server` on `port` (again, after [`RedisServer::stop`]).
     pub fn start_on(port: u16) -> RedisServer {
+        Self::spawn(port, None)
+    }
+
+    /// Starts `redis-server` on a free port, as [`RedisServer::start`], and on a second one
+    /// with TLS only ([`RedisServer::tls_port`]), whose certificate chain (the server's first,
+    /// then any intermediates) and key are `cert_pem` and `key_pem`; clients show none. The
+    /// plain port stays for [`RedisServer::cli`] and [`RedisServer::connection`].
+    pub fn start_tls(cert_pem: &str, key_pem: &str) -> RedisServer {
+        // Both reserved before either is released, so they differ.
+        let (a, b) = (
+            TcpListener::bind("127.0.0.1:0").expect("a free loopback port"),
+            TcpListener::bind("127.0.0.1:0").expect("a free loopback port"),
+        );
+        let port = |l: &TcpListener| l.local_addr().expect("a bound port").port();
+        let (port, tls_port) = (port(&a), port(&b));
+        drop((a, b));
+        Self::spawn(port, Some((tls_port, cert_pem, key_pem)))
+    }
+
+    fn spawn(port: u16, tls: Option<(u16, &str, &str)>) -> RedisServer {
         let dir =
             std::env::temp_dir().join(format!("llama-hdd-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a directory for redis-server");
-        let child = Command::new("redis-server")
+        let mut command = Command::new("redis-server");
+        command
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             // `DEBUG SLEEP` plays a stuck server.
             .args(["--enable-debug-command", "local"])
             .arg("--dir")
             .arg(&dir)
+            .arg("--logfile")
+            .arg(dir.join("redis.log"));
+        if let Some((tls_port, cert_pem, key_pem)) = tls {
+            let (cert, key) = (dir.join("server.pem"), dir.join("server.key"));
+            std::fs::write(&cert, cert_pem).expect("the server's certificate written");
+            std::fs::write(&key, key_pem).expect("the server's key written");
+            command
+                .args(["--tls-port", &tls_port.to_string()])
+                .arg("--tls-cert-file")
+                .arg(&cert)
+                .arg("--tls-key-file")
+                .arg(&key)
+                .args(["--tls-auth-clients", "no"]);
+        }
+        let child = command
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -48,13 +90,29 @@ impl RedisServer {
                      `redis-server` package (`.ci/run` does)"
                 )
             });
-        let server = RedisServer {
+        let mut server = RedisServer {
             child: Some(child),
             port,
+            tls_port: tls.map(|(p, _, _)| p),
             dir,
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         while server.cli(&["PING"]).as_deref() != Some("PONG") {
+            let exited = server
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                let log = std::fs::read_to_string(server.dir.join("redis.log")).unwrap_or_default();
+                panic!(
+                    "redis-server exited ({status}){}:\n{log}",
+                    if server.tls_port.is_some() {
+                        "; TLS needs a redis-server built with it (Debian's is)"
+                    } else {
+                        ""
+                    }
+                );
+            }
             assert!(Instant::now() < deadline, "redis-server did not start");
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -66,7 +124,12 @@ impl RedisServer {
         self.port
     }
 
-    /// Its URL.
+    /// Its TLS port, when started by [`RedisServer::start_tls`].
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
+    }
+
+    /// Its URL (the plain port).
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }

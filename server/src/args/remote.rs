@@ -1,5 +1,6 @@
 //! The prompt cache's remote tier options (`--cache-remote`, `--cache-remote-namespace`,
-//! `--cache-remote-timeout`): kvstore's [`RemoteArgs`], checked into a server error.
+//! `--cache-remote-timeout`, `--cache-remote-ca`): kvstore's [`RemoteArgs`], checked into a
+//! server error.
 
 use engine::store::RemoteConfig;
 pub use kvstore::remote::RemoteArgs;

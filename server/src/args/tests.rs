@@ -213,9 +213,38 @@ fn remote_tier_options_are_refused_where_they_would_be_ignored() {
     let args = parse(&["--cache-remote", "redis://h:1/2"]).unwrap();
     let c = super::remote_config(&args.remote, false).unwrap().unwrap();
     assert_eq!(
-        (c.namespace.as_str(), c.timeout.as_millis()),
-        ("llama-hdd", 100)
+        (c.namespace.as_str(), c.timeout.as_millis(), c.ca),
+        ("llama-hdd", 100, None)
     );
+    // A CA is for a TLS URL: without a tier, or with one not encrypted, it would be ignored.
+    assert!(parse(&["--cache-remote-ca", "ca.pem"]).is_err());
+    let args = parse(&[
+        "--cache-remote",
+        "redis://h:1",
+        "--cache-remote-ca",
+        "ca.pem",
+    ])
+    .unwrap();
+    let e = super::remote_config(&args.remote, false).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ServerError::BadOption {
+                option: "--cache-remote-ca",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let args = parse(&[
+        "--cache-remote",
+        "rediss://h:1",
+        "--cache-remote-ca",
+        "ca.pem",
+    ])
+    .unwrap();
+    let c = super::remote_config(&args.remote, false).unwrap().unwrap();
+    assert_eq!(c.ca.as_deref(), Some(std::path::Path::new("ca.pem")));
 }
 
 #[test]

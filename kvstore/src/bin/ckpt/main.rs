@@ -155,7 +155,8 @@ enum Cmd {
     /// verified into RAM); prints JSON.
     #[cfg(feature = "redis")]
     BenchRemote {
-        /// The Redis (`redis://HOST:PORT`).
+        /// The Redis (`redis://HOST:PORT`; `rediss://HOST:PORT#insecure` for TLS to a test
+        /// server whose certificate is not verified).
         #[arg(long)]
         url: String,
         /// Blocks of the prompt (31: 2,000 tokens).
