@@ -23,7 +23,7 @@ mod layer;
 
 pub(crate) use fingerprint::records_bytes;
 pub use fingerprint::FINGERPRINT_VERSION;
-pub(crate) use layer::{Ffn, LayerWeights, Qkv};
+pub(crate) use layer::{Ffn, LayerWeights, Qkv, SharedExpert};
 
 /// The model families this engine runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +49,10 @@ pub enum Arch {
     /// `qwen3moe`: qwen3 whose feed-forward networks are mixtures of experts (softmax routing,
     /// the chosen experts' weights normalised).
     Qwen3Moe,
+    /// `qwen2moe`: Qwen1.5-MoE and Qwen2-MoE: qwen2's attention; each feed-forward network a
+    /// mixture of experts (softmax routing, the chosen experts' weights not normalised) plus a
+    /// shared expert, a SwiGLU network whose output is gated by a sigmoid of the input.
+    Qwen2Moe,
 }
 
 impl Arch {
@@ -61,6 +65,7 @@ impl Arch {
             "gemma2" => Ok(Arch::Gemma2),
             "phi3" => Ok(Arch::Phi3),
             "qwen3moe" => Ok(Arch::Qwen3Moe),
+            "qwen2moe" => Ok(Arch::Qwen2Moe),
             other => Err(Error::UnsupportedArchitecture {
                 arch: other.to_owned(),
             }),
@@ -77,6 +82,7 @@ impl Arch {
             Arch::Gemma2 => "gemma2",
             Arch::Phi3 => "phi3",
             Arch::Qwen3Moe => "qwen3moe",
+            Arch::Qwen2Moe => "qwen2moe",
         }
     }
 }
@@ -140,8 +146,8 @@ pub struct HParams {
     pub final_softcap: Option<f32>,
     /// Attention scores soft-capped the same way, before the softmax (gemma2).
     pub attn_softcap: Option<f32>,
-    /// Mixture-of-experts feed-forward networks (qwen3moe; llama files with experts, such as
-    /// Mixtral).
+    /// Mixture-of-experts feed-forward networks (qwen3moe, qwen2moe; llama files with experts,
+    /// such as Mixtral).
     pub experts: Option<Experts>,
 }
 
@@ -158,6 +164,9 @@ pub struct Experts {
     pub norm_weights: bool,
     /// Factor on the chosen experts' weights (1: none).
     pub weights_scale: f32,
+    /// Hidden width of the shared expert every token also runs, its output gated by a sigmoid
+    /// of the input (qwen2moe); `None` without one.
+    pub n_ff_shared: Option<usize>,
 }
 
 /// Layers that attend only to the last `size` positions (a token at `p` sees `p - size + 1
@@ -412,18 +421,24 @@ impl Model {
             Role::Embedding { tied },
         )?;
         let output_norm = specs.require("output_norm.weight", &[e], Role::Vector)?;
-        // Models with tied embeddings have no output matrix and reuse the embedding table.
-        let output = specs
-            .find("output.weight", &[e, hp.n_vocab], Role::Matrix)?
-            .unwrap_or(tok_embd);
+        // Models with tied embeddings have no output matrix and reuse the embedding table
+        // (qwen2moe always has one, as llama.cpp requires).
+        let output = match hp.arch {
+            Arch::Qwen2Moe => specs.require("output.weight", &[e, hp.n_vocab], Role::Matrix)?,
+            _ => specs
+                .find("output.weight", &[e, hp.n_vocab], Role::Matrix)?
+                .unwrap_or(tok_embd),
+        };
         let rope_freqs = specs.find("rope_freqs.weight", &[hp.rope_dims / 2], Role::Vector)?;
         let mut layer_idx = Vec::with_capacity(hp.n_layer);
         for l in 0..hp.n_layer {
             let n = |s: &str| format!("blk.{l}.{s}");
-            // qwen2 has Q/K/V biases; for llama and qwen3 they are optional (some finetunes
-            // carry them).
+            // qwen2 and qwen2moe have Q/K/V biases; for llama and qwen3 they are optional (some
+            // finetunes carry them).
             let bias = |specs: &mut Specs<'_>, name: &str, dim: usize| match hp.arch {
-                Arch::Qwen2 => specs.require(&n(name), &[dim], Role::Vector).map(Some),
+                Arch::Qwen2 | Arch::Qwen2Moe => {
+                    specs.require(&n(name), &[dim], Role::Vector).map(Some)
+                }
                 Arch::Llama
                 | Arch::Qwen3
                 | Arch::Gemma3
@@ -436,14 +451,19 @@ impl Model {
                 Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe => specs
                     .require(&n(name), &[hp.head_dim], Role::Vector)
                     .map(Some),
-                Arch::Llama | Arch::Qwen2 | Arch::Gemma2 | Arch::Phi3 => Ok(None),
+                Arch::Llama | Arch::Qwen2 | Arch::Gemma2 | Arch::Phi3 | Arch::Qwen2Moe => Ok(None),
             };
             // gemma2 and gemma3 normalise the outputs of attention and of the feed-forward network.
             let post_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
                 Arch::Gemma3 | Arch::Gemma2 => {
                     specs.require(&n(name), &[e], Role::Vector).map(Some)
                 }
-                Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe => Ok(None),
+                Arch::Llama
+                | Arch::Qwen2
+                | Arch::Qwen3
+                | Arch::Phi3
+                | Arch::Qwen3Moe
+                | Arch::Qwen2Moe => Ok(None),
             };
             let (m, v) = (Role::Matrix, Role::Vector);
             // phi3 may fuse Q, K and V into one matrix, and always fuses gate and up.
@@ -469,6 +489,25 @@ impl Model {
                         &[x.n_ff_exp, e, x.n_expert],
                         m,
                     )?,
+                    shared: match x.n_ff_shared {
+                        Some(ff) => Some(SharedExpert {
+                            gate_inp: {
+                                // `[n_embd]`, or `[n_embd, 1]` as some converters write it
+                                // (llama.cpp accepts both: trailing dimensions of 1).
+                                let name = n("ffn_gate_inp_shexp.weight");
+                                let column = specs
+                                    .gguf
+                                    .tensor(&name)
+                                    .is_some_and(|t| t.shape == [e as u64, 1]);
+                                let shape: &[usize] = if column { &[e, 1] } else { &[e] };
+                                specs.require(&name, shape, m)?
+                            },
+                            gate: specs.require(&n("ffn_gate_shexp.weight"), &[e, ff], m)?,
+                            up: specs.require(&n("ffn_up_shexp.weight"), &[e, ff], m)?,
+                            down: specs.require(&n("ffn_down_shexp.weight"), &[ff, e], m)?,
+                        }),
+                        None => None,
+                    },
                 },
                 (None, Arch::Phi3) => Ffn::Dense {
                     gate: None,

@@ -8,17 +8,23 @@
 //!
 //! ```text
 //! LLAMA_HDD_TINY_OUT=DIR cargo test -p engine --test arch_golden -- --ignored
-//! for a in llama qwen2 qwen3 gemma3 gemma2 phi3 qwen3moe llama-moe; do
+//! for a in llama qwen2 qwen3 gemma3 gemma2 phi3 qwen3moe llama-moe qwen2moe; do
 //!   refh golden DIR/$a.gguf DIR/prompts.txt 32 | sed "s/^{/{\"arch\":\"$a\",/"
 //! done > engine/tests/fixtures/tiny_arch_golden.jsonl
 //! ```
+//!
+//! Record on a CPU without AMX, or with llama.cpp's extra buffer types off (`use_extra_bufts =
+//! false`): on an AMX CPU llama.cpp moves f16 matrices of 32-multiple rows (the dense `ffn_down`
+//! here) into its AMX buffer, whose kernels round differently from the plain ones the engine runs
+//! (it uses only `CPU_REPACK`); the dense lines then move by up to ~1e-3 and a greedy run can part.
 
 mod common;
 
 use std::path::Path;
 
 use common::*;
-use engine::{ContextParams, Session};
+use engine::gguf::GgmlType;
+use engine::{ContextParams, Model, Session};
 use serde_json::Value;
 
 /// The seed of every tiny model here.
@@ -36,6 +42,7 @@ fn shape(arch: &str) -> Shape {
         "phi3" => Shape::Phi3,
         "qwen3moe" => Shape::Qwen3Moe,
         "llama-moe" => Shape::LlamaMoe,
+        "qwen2moe" => Shape::Qwen2Moe,
         other => panic!("no tiny model of architecture {other}"),
     }
 }
@@ -105,6 +112,7 @@ fn every_architecture_matches_llama_cpp_on_the_same_file() {
             "llama-moe",
             "phi3",
             "qwen2",
+            "qwen2moe",
             "qwen3",
             "qwen3moe"
         ],
@@ -128,10 +136,36 @@ fn write_the_tiny_models_for_llama_cpp() {
         "phi3",
         "qwen3moe",
         "llama-moe",
+        "qwen2moe",
     ] {
         let c = arch_cfg(arch);
         let mut w = make_weights(&c, SEED);
         write_model(&c, &mut w, &out.join(format!("{arch}.gguf")));
     }
     std::fs::write(out.join("prompts.txt"), PROMPTS.join("\n") + "\n").unwrap();
+}
+
+/// qwen2moe's shared-expert gate is `[n_embd]` as llama.cpp declares it, or `[n_embd, 1]` as
+/// some converters write it (llama.cpp accepts both): the same logits either way.
+#[test]
+fn the_shared_expert_gate_may_be_a_column() {
+    let c = arch_cfg("qwen2moe");
+    let dir = tempfile::tempdir().unwrap();
+    let w = make_weights(&c, 7);
+    let path = write_edited(&c, dir.path(), "column.gguf", |g| {
+        for (l, lw) in w.layers.iter().enumerate() {
+            let (name, e) = (
+                format!("blk.{l}.ffn_gate_inp_shexp.weight"),
+                c.n_embd as u64,
+            );
+            g.replace_tensor(&name, &[e, 1], GgmlType::F32, f32_bytes(&lw.shexp[0]));
+        }
+    });
+    let column = Model::load(&path).unwrap();
+    let (_dir, vector, _) = build(&c, 7);
+    let logits = |model: std::sync::Arc<Model>| {
+        let mut s = Session::new(model, params(8)).unwrap();
+        s.feed(&tokens(12)).unwrap().to_vec()
+    };
+    assert_eq!(logits(column), logits(vector));
 }

@@ -1,9 +1,10 @@
-//! llama, qwen2, qwen3 and phi3 (llama.cpp's graphs of the same names): pre-norm blocks of
-//! RMSNorm, grouped-query attention with RoPE (adjacent pairs for llama, halves (NeoX) for the
-//! others), Q/K/V biases where the file has them (qwen2), each head of Q and K RMS-normalised
-//! before RoPE (qwen3), Q/K/V and gate/up fused in single matrices (phi3), and a SwiGLU
-//! feed-forward network. The output head is tied to the embedding table when the file has no
-//! `output.weight`.
+//! llama, qwen2, qwen3, phi3, qwen3moe and qwen2moe (llama.cpp's graphs of the same names):
+//! pre-norm blocks of RMSNorm, grouped-query attention with RoPE (adjacent pairs for llama,
+//! halves (NeoX) for the others), Q/K/V biases where the file has them (qwen2, qwen2moe), each
+//! head of Q and K RMS-normalised before RoPE (qwen3, qwen3moe), Q/K/V and gate/up fused in
+//! single matrices (phi3), and a SwiGLU feed-forward network, or a mixture of experts (qwen3moe,
+//! llama with experts; qwen2moe with its sigmoid-gated shared expert). The output head is tied
+//! to the embedding table when the file has no `output.weight`.
 
 use super::{Forward, Gate};
 use crate::ggml::{Graph, Tensor};

@@ -1,7 +1,8 @@
 //! The forward pass as a ggml graph: one module per family of architectures (`llama.rs`:
-//! llama, qwen2, qwen3; `gemma.rs`: gemma2, gemma3) over the building blocks here, which every family shares:
-//! the batch's inputs, RMSNorm, projections, attention over the page pool, the gated
-//! feed-forward network and the output head.
+//! llama, qwen2, qwen3, phi3, qwen3moe, qwen2moe; `gemma.rs`: gemma2, gemma3) over the building
+//! blocks here, which every family shares: the batch's inputs, RMSNorm, projections, attention
+//! over the page pool, the gated feed-forward network (or a mixture of experts) and the output
+//! head.
 //!
 //! Attention uses ggml's fused flash-attention kernel over the KV cache (f16 or q8_0) with a
 //! causal mask, or with the sliding window's mask in the layers that have one; each sequence
@@ -15,7 +16,7 @@ use crate::error::Result;
 use crate::ggml::{
     DType, Graph, KvTensors, KvTensorsMut, RawTensor, RopeParams, Tensor, TensorMut,
 };
-use crate::model::{Arch, Ffn, HParams, Model, Qkv, RopeScaling};
+use crate::model::{Arch, Ffn, HParams, Model, Qkv, RopeScaling, SharedExpert};
 
 /// Builds the graph evaluating the batch `plan` describes: each token's K and V are written
 /// into its cell of the page pool, each token attends to the cells its mask allows; returns the
@@ -32,7 +33,7 @@ pub(crate) fn build<'g, 'w>(
 ) -> Result<Tensor<'g>> {
     let mut f = Forward::new(g, model, kv, plan, flash_attn);
     let x = match model.hparams().arch {
-        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe => {
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe | Arch::Qwen2Moe => {
             llama::blocks(g, &mut f)
         }
         Arch::Gemma3 | Arch::Gemma2 => gemma::blocks(g, &mut f),
@@ -366,17 +367,41 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         g.reshape_2d(attn, head_dim * n_head, n)
     }
 
-    /// The gated feed-forward network of layer `il` on `x`: `down · (act(gate · x) * up · x)`.
+    /// The feed-forward network of layer `il` on `x`: the gated network
+    /// `down · (act(gate · x) * up · x)`, or a mixture of experts ([`Forward::experts`]) plus,
+    /// where the layer has one, its shared expert ([`Forward::shared_expert`]).
     pub fn ffn(&self, g: &mut Graph<'g, 'w>, il: usize, x: Tensor<'g>, act: Gate) -> Tensor<'g> {
-        let (gate, up, down) = match self.model.layer(il).ffn {
-            Ffn::Dense { gate, up, down } => (gate, up, down),
+        match self.model.layer(il).ffn {
+            Ffn::Dense { gate, up, down } => self.dense(g, x, gate, [up, down], act),
             Ffn::Experts {
                 gate_inp,
                 gate,
                 up,
                 down,
-            } => return self.experts(g, x, gate_inp, [gate, up, down]),
-        };
+                shared,
+            } => {
+                let routed = self.experts(g, x, gate_inp, [gate, up, down]);
+                match shared {
+                    Some(s) => {
+                        let shared = self.shared_expert(g, x, s);
+                        g.add(routed, shared)
+                    }
+                    None => routed,
+                }
+            }
+        }
+    }
+
+    /// A dense gated network on `x`: `down · (act(gate · x) * up · x)`; with no `gate`, `up`
+    /// holds the gate's rows, then the up projection's (SwiGLU).
+    fn dense(
+        &self,
+        g: &mut Graph<'g, 'w>,
+        x: Tensor<'g>,
+        gate: Option<RawTensor<'w>>,
+        [up, down]: [RawTensor<'w>; 2],
+        act: Gate,
+    ) -> Tensor<'g> {
         let up = self.project(g, x, up, None);
         let h = match (gate, act) {
             (Some(gate), Gate::Silu) => {
@@ -395,8 +420,9 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
 
     /// A mixture of experts on `x` (`[n_embd, n]`), as llama.cpp's `build_moe_ffn` with softmax
     /// routing: the router's probabilities, the `n_used` largest per token (normalised to sum 1
-    /// and scaled, as the file says), each chosen expert's SwiGLU network through `mul_mat_id`,
-    /// its output weighted, and the weighted outputs added in the order chosen.
+    /// except in qwen2moe, and scaled, as the file says), each chosen expert's SwiGLU network
+    /// through `mul_mat_id`, its output weighted, and the weighted outputs added in the order
+    /// chosen.
     fn experts(
         &self,
         g: &mut Graph<'g, 'w>,
@@ -445,6 +471,23 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
             sum = g.cont(sum);
         }
         sum
+    }
+
+    /// The shared expert of a mixture (qwen2moe) on `x` (`[n_embd, n]`): a SwiGLU network whose
+    /// output is multiplied by each token's `sigmoid(gate_inp · x)`. As llama.cpp's graph, the
+    /// sigmoid is computed as `silu(z) / z`, and the gate's product before the network's.
+    fn shared_expert(
+        &self,
+        g: &mut Graph<'g, 'w>,
+        x: Tensor<'g>,
+        s: SharedExpert<RawTensor<'w>>,
+    ) -> Tensor<'g> {
+        // One logit per token: `[1, n]`, broadcast over the rows of the network's output.
+        let z = self.project(g, x, s.gate_inp, None);
+        let silu = g.silu(z);
+        let gate = g.div(silu, z);
+        let out = self.dense(g, x, Some(s.gate), [s.up, s.down], Gate::Silu);
+        g.mul(out, gate)
     }
 
     /// The final norm and the output head (soft-capped if the family says so), or with
@@ -510,7 +553,8 @@ pub(crate) fn rope_params(model: &Model, il: usize) -> RopeParams {
             | Arch::Gemma3
             | Arch::Gemma2
             | Arch::Phi3
-            | Arch::Qwen3Moe => 2,
+            | Arch::Qwen3Moe
+            | Arch::Qwen2Moe => 2,
         },
         n_ctx_orig,
         freq_base: hp.rope_freq_base,

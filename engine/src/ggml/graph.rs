@@ -536,6 +536,10 @@ impl<'g, 'w> Graph<'g, 'w> {
     pub(crate) fn scale(&mut self, x: Tensor<'g>, s: f32) -> Tensor<'g> {
         op!(self, sys::ggml_scale(self.ctx(), x.raw, s))
     }
+    /// `x * sigmoid(x)`, element-wise.
+    pub(crate) fn silu(&mut self, x: Tensor<'g>) -> Tensor<'g> {
+        op!(self, sys::ggml_silu(self.ctx(), x.raw))
+    }
     pub(crate) fn tanh(&mut self, x: Tensor<'g>) -> Tensor<'g> {
         op!(self, sys::ggml_tanh(self.ctx(), x.raw))
     }

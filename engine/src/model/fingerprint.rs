@@ -48,6 +48,7 @@ mod tag {
     pub const FINAL_SOFTCAP: u8 = 21;
     pub const ATTN_SOFTCAP: u8 = 22;
     pub const EXPERTS: u8 = 23;
+    pub const SHARED_EXPERT: u8 = 24;
     pub const TENSORS: u8 = 0x20;
     pub const VOCAB: u8 = 0x30;
 }
@@ -64,10 +65,13 @@ const LEGACY_SAMPLE: usize = 4096;
 ///
 /// 1. `DOMAIN` and [`FINGERPRINT_VERSION`] (`u32` LE);
 /// 2. each hyperparameter as `tag: u8, value: u64 LE`, tags 1..=15 in order: architecture
-///    (0 llama, 1 qwen2, 2 qwen3), vocabulary size, training context, embedding width, blocks, heads, KV
-///    heads, head dimension, feed-forward width, RMS epsilon (f32 bits), RoPE base (f32 bits),
-///    RoPE dimensions, RoPE scaling kind (0 none, 1 linear, 2 yarn), its factor (f32 bits, 0 when
-///    none) and its original context (0 unless yarn);
+///    (0 llama, 1 qwen2, 2 qwen3, 3 gemma3, 4 gemma2, 5 phi3, 6 qwen3moe, 7 qwen2moe),
+///    vocabulary size, training context, embedding width, blocks, heads, KV heads, head
+///    dimension, feed-forward width, RMS epsilon (f32 bits), RoPE base (f32 bits), RoPE
+///    dimensions, RoPE scaling kind (0 none, 1 linear, 2 yarn), its factor (f32 bits, 0 when
+///    none) and its original context (0 unless yarn); then tags 16..=24, each only where the
+///    model has it (see `tag`): attention and embedding scales, the sliding window, soft-caps,
+///    experts and the shared expert's width;
 /// 3. tag `0x20`, the tensor count (`u64`), then per tensor in file order: name length (`u64`)
 ///    and bytes, type code (`u32`), dimension count (`u32`), each dimension (`u64`), its data's
 ///    length (`u64`), and the BLAKE3 hash of each 1 MiB piece of its data in order (the last
@@ -231,6 +235,7 @@ fn encode(
         Arch::Gemma2 => 4,
         Arch::Phi3 => 5,
         Arch::Qwen3Moe => 6,
+        Arch::Qwen2Moe => 7,
     };
     let (kind, factor, n_ctx_orig) = match rope_scaling {
         RopeScaling::None => (0, 0.0f32, 0),
@@ -286,6 +291,9 @@ fn encode(
             x.weights_scale.to_bits().into(),
         ] {
             field(tag::EXPERTS, v);
+        }
+        if let Some(ff) = x.n_ff_shared {
+            field(tag::SHARED_EXPERT, ff as u64);
         }
     }
 

@@ -22,6 +22,7 @@
 //! | `attention.sliding_window_pattern` | 0..=4096 (0: every layer windowed) | which layers are windowed |
 //! | `rope.freq_base_swa`, `final_logit_softcapping`, `attn_logit_softcapping` | finite, > 0 | NaN logits otherwise |
 //! | `expert_count`, `expert_used_count` | 1..=512, 1..=count | the router's top-k |
+//! | `expert_feed_forward_length`, `expert_shared_feed_forward_length` | 0..=2^20 (0: the default) | expert widths |
 
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
@@ -217,7 +218,12 @@ impl HParams {
                 );
                 sliding_window = sliding(&k, n_layer, Some(4096), 2, rope_freq_base)?;
             }
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe => {}
+            Arch::Llama
+            | Arch::Qwen2
+            | Arch::Qwen3
+            | Arch::Phi3
+            | Arch::Qwen3Moe
+            | Arch::Qwen2Moe => {}
         }
         let experts = experts(&k, arch, n_ff)?;
         Ok(HParams {
@@ -310,23 +316,27 @@ fn sliding(
 /// Most experts a block may have (llama.cpp's limit).
 const MAX_EXPERTS: usize = 512;
 
-/// The mixture of experts, when `expert_count` is present and not 0 (required for qwen3moe):
-/// `expert_used_count` of them run per token, each `feed_forward_length` wide (llama), or
-/// `expert_feed_forward_length` (else the feed-forward length divided among the used experts;
-/// qwen3moe), as llama.cpp reads them.
+/// The mixture of experts, when `expert_count` is present and not 0 (required for qwen3moe and
+/// qwen2moe): `expert_used_count` of them run per token, each `feed_forward_length` wide
+/// (llama), or `expert_feed_forward_length` (absent or 0: the feed-forward length divided among
+/// the used experts; qwen3moe, qwen2moe), as llama.cpp reads them. qwen2moe adds a shared expert
+/// `expert_shared_feed_forward_length` wide (absent or 0: the feed-forward length) and, as
+/// llama.cpp's graph, neither normalises the chosen experts' weights nor reads
+/// `expert_weights_scale`.
 fn experts(k: &Keys<'_>, arch: Arch, n_ff: usize) -> Result<Option<Experts>> {
+    let required = matches!(arch, Arch::Qwen3Moe | Arch::Qwen2Moe);
     let n_expert = match k.opt_int("expert_count", 0, MAX_EXPERTS)? {
-        None | Some(0) if arch == Arch::Qwen3Moe => {
+        None | Some(0) if required => {
             return Err(invalid(
                 &k.key("expert_count"),
                 "absent or 0",
-                "must be at least 1 for qwen3moe",
+                format!("must be at least 1 for {}", arch.name()),
             ))
         }
         None | Some(0) => return Ok(None),
         Some(n) => n,
     };
-    if !matches!(arch, Arch::Llama | Arch::Qwen3Moe) {
+    if !matches!(arch, Arch::Llama | Arch::Qwen3Moe | Arch::Qwen2Moe) {
         return Err(invalid(
             &k.key("expert_count"),
             n_expert,
@@ -336,20 +346,34 @@ fn experts(k: &Keys<'_>, arch: Arch, n_ff: usize) -> Result<Option<Experts>> {
     let n_used = k.int("expert_used_count", 1, n_expert)?;
     // llama (Mixtral) experts are `feed_forward_length` wide, as llama.cpp reads them.
     let n_ff_exp = match arch {
-        Arch::Qwen3Moe => k
-            .opt_int("expert_feed_forward_length", 1, MAX_WIDTH)?
+        Arch::Qwen3Moe | Arch::Qwen2Moe => k
+            .opt_int("expert_feed_forward_length", 0, MAX_WIDTH)?
+            .filter(|&w| w > 0)
             .unwrap_or((n_ff / n_used).max(1)),
         _ => n_ff,
     };
-    let weights_scale = k
-        .opt_positive("expert_weights_scale", f32::INFINITY)?
-        .unwrap_or(1.0);
+    let qwen2moe = arch == Arch::Qwen2Moe;
+    let n_ff_shared = match qwen2moe {
+        true => Some(
+            k.opt_int("expert_shared_feed_forward_length", 0, MAX_WIDTH)?
+                .filter(|&w| w > 0)
+                .unwrap_or(n_ff),
+        ),
+        false => None,
+    };
+    let weights_scale = match qwen2moe {
+        true => 1.0,
+        false => k
+            .opt_positive("expert_weights_scale", f32::INFINITY)?
+            .unwrap_or(1.0),
+    };
     Ok(Some(Experts {
         n_expert,
         n_used,
         n_ff_exp,
-        norm_weights: true,
+        norm_weights: !qwen2moe,
         weights_scale,
+        n_ff_shared,
     }))
 }
 

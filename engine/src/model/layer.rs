@@ -30,13 +30,40 @@ pub(crate) enum Ffn<T> {
     /// up projection's (phi3).
     Dense { gate: Option<T>, up: T, down: T },
     /// Mixture of experts: `gate_inp` scores the experts (`[n_embd, n_expert]`), the best few
-    /// run, each a dense SwiGLU network, stacked in `[.., .., n_expert]` tensors.
+    /// run, each a dense SwiGLU network, stacked in `[.., .., n_expert]` tensors; with a shared
+    /// expert every token also runs (qwen2moe).
     Experts {
         gate_inp: T,
         gate: T,
         up: T,
         down: T,
+        shared: Option<SharedExpert<T>>,
     },
+}
+
+/// The shared expert of a mixture (qwen2moe): a dense SwiGLU network (`gate`, `up`: `[n_embd,
+/// ff]`, `down`: `[ff, n_embd]`) whose output is multiplied by `sigmoid(gate_inp · x)`
+/// (`gate_inp`: `[n_embd]`, one scalar per token).
+#[derive(Clone, Copy)]
+pub(crate) struct SharedExpert<T> {
+    pub gate_inp: T,
+    pub gate: T,
+    pub up: T,
+    pub down: T,
+}
+
+impl<T: Copy> SharedExpert<T> {
+    fn all(self) -> [T; 4] {
+        [self.gate_inp, self.gate, self.up, self.down]
+    }
+    fn map<U>(self, f: impl Fn(T) -> U) -> SharedExpert<U> {
+        SharedExpert {
+            gate_inp: f(self.gate_inp),
+            gate: f(self.gate),
+            up: f(self.up),
+            down: f(self.down),
+        }
+    }
 }
 
 impl<T: Copy> Ffn<T> {
@@ -52,7 +79,12 @@ impl<T: Copy> Ffn<T> {
                 gate,
                 up,
                 down,
-            } => vec![gate_inp, gate, up, down],
+                shared,
+            } => {
+                let mut v = vec![gate_inp, gate, up, down];
+                v.extend(shared.into_iter().flat_map(SharedExpert::all));
+                v
+            }
         }
     }
     fn map<U>(self, f: impl Fn(T) -> U) -> Ffn<U> {
@@ -67,11 +99,13 @@ impl<T: Copy> Ffn<T> {
                 gate,
                 up,
                 down,
+                shared,
             } => Ffn::Experts {
                 gate_inp: f(gate_inp),
                 gate: f(gate),
                 up: f(up),
                 down: f(down),
+                shared: shared.map(|s| s.map(&f)),
             },
         }
     }

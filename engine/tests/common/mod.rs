@@ -28,10 +28,16 @@ pub enum Shape {
     Qwen3Moe,
     /// llama with the same experts (Mixtral's layout).
     LlamaMoe,
+    /// qwen2 (biases, NeoX RoPE) whose FFNs are the same experts, weights not normalised, plus
+    /// a shared expert of width `SHARED_FF` gated by a sigmoid.
+    Qwen2Moe,
 }
 
 /// Experts of the `Qwen3Moe` shape: count, used per token, width.
 pub const MOE: (usize, usize, usize) = (4, 2, 16);
+
+/// Width of the `Qwen2Moe` shape's shared expert.
+pub const SHARED_FF: usize = 24;
 
 impl Shape {
     /// The GGUF architecture name.
@@ -45,12 +51,13 @@ impl Shape {
             Shape::Phi3 => "phi3",
             Shape::Qwen3Moe => "qwen3moe",
             Shape::LlamaMoe => "llama",
+            Shape::Qwen2Moe => "qwen2moe",
         }
     }
 
     /// Whether the FFNs are experts.
     pub fn moe(self) -> bool {
-        matches!(self, Shape::Qwen3Moe | Shape::LlamaMoe)
+        matches!(self, Shape::Qwen3Moe | Shape::LlamaMoe | Shape::Qwen2Moe)
     }
 }
 
@@ -95,11 +102,14 @@ pub struct Layer {
     pub post_attn_norm: Vec<f32>,
     pub post_ffn_norm: Vec<f32>,
     /// Router `[n_embd, n_expert]` and expert stacks (gate, up `[n_embd, ff, n]`, down
-    /// `[ff, n_embd, n]`), written for qwen3moe only.
+    /// `[ff, n_embd, n]`), written for the shapes with experts only.
     pub gate_inp: Vec<f32>,
     pub gate_exps: Vec<f32>,
     pub up_exps: Vec<f32>,
     pub down_exps: Vec<f32>,
+    /// The shared expert: its gate `[n_embd]` and its network (gate, up `[n_embd, SHARED_FF]`,
+    /// down `[SHARED_FF, n_embd]`), written for qwen2moe only.
+    pub shexp: [Vec<f32>; 4],
     pub ffn_norm: Vec<f32>,
     pub gate: Vec<f32>,
     pub up: Vec<f32>,
@@ -140,6 +150,7 @@ pub fn make_weights(c: &Cfg, seed: u64) -> Weights {
             gate_exps: Vec::new(),
             up_exps: Vec::new(),
             down_exps: Vec::new(),
+            shexp: Default::default(),
             ffn_norm: norm(&mut r),
             gate: r.f32_vec(e * ff, 0.3),
             up: r.f32_vec(e * ff, 0.3),
@@ -175,6 +186,16 @@ pub fn make_weights(c: &Cfg, seed: u64) -> Weights {
         l.gate_exps = r.f32_vec(e * ff_x * n_x, 0.3);
         l.up_exps = r.f32_vec(e * ff_x * n_x, 0.3);
         l.down_exps = r.f32_vec(ff_x * e * n_x, 0.3);
+    }
+    for l in &mut layers {
+        let ffs = e * SHARED_FF;
+        let gate_inp = r.f32_vec(e, 0.5);
+        l.shexp = [
+            gate_inp,
+            r.f32_vec(ffs, 0.3),
+            r.f32_vec(ffs, 0.3),
+            r.f32_vec(ffs, 0.3),
+        ];
     }
     Weights {
         embd,
@@ -222,8 +243,11 @@ pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
     if c.shape.moe() {
         g.add_u32(&k("expert_count"), MOE.0 as u32);
         g.add_u32(&k("expert_used_count"), MOE.1 as u32);
-        if c.shape == Shape::Qwen3Moe {
+        if matches!(c.shape, Shape::Qwen3Moe | Shape::Qwen2Moe) {
             g.add_u32(&k("expert_feed_forward_length"), MOE.2 as u32);
+        }
+        if c.shape == Shape::Qwen2Moe {
+            g.add_u32(&k("expert_shared_feed_forward_length"), SHARED_FF as u32);
         }
     }
     if c.shape == Shape::Gemma2 {
@@ -363,7 +387,7 @@ pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
                 f32_bytes(&lw.post_ffn_norm),
             );
         }
-        if c.shape == Shape::Qwen2 {
+        if matches!(c.shape, Shape::Qwen2 | Shape::Qwen2Moe) {
             g.add_tensor(&n("attn_q.bias"), &[e], GgmlType::F32, f32_bytes(&lw.bq));
             g.add_tensor(&n("attn_k.bias"), &[kv], GgmlType::F32, f32_bytes(&lw.bk));
             g.add_tensor(&n("attn_v.bias"), &[kv], GgmlType::F32, f32_bytes(&lw.bv));
@@ -394,6 +418,18 @@ pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
                 ("ffn_down_exps.weight", [ff_x, e, n_x], &lw.down_exps),
             ] {
                 g.add_tensor(&n(name), &shape, GgmlType::F16, f16_bytes(w));
+            }
+            if c.shape == Shape::Qwen2Moe {
+                let (sh, ffs) = (&lw.shexp, SHARED_FF as u64);
+                let gate = f32_bytes(&sh[0]);
+                g.add_tensor(&n("ffn_gate_inp_shexp.weight"), &[e], GgmlType::F32, gate);
+                for (name, shape, w) in [
+                    ("ffn_gate_shexp.weight", [e, ffs], &sh[1]),
+                    ("ffn_up_shexp.weight", [e, ffs], &sh[2]),
+                    ("ffn_down_shexp.weight", [ffs, e], &sh[3]),
+                ] {
+                    g.add_tensor(&n(name), &shape, GgmlType::F16, f16_bytes(w));
+                }
             }
         } else if c.shape == Shape::Phi3 {
             // One matrix: the gate's rows, then up's.
