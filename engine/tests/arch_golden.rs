@@ -169,3 +169,25 @@ fn the_shared_expert_gate_may_be_a_column() {
     };
     assert_eq!(logits(column), logits(vector));
 }
+
+/// llama.cpp reads `expert_weights_scale` for none of the mixtures we run (its graphs for
+/// llama, qwen3moe and qwen2moe scale by nothing): a file that sets it computes what one
+/// without it does, as there.
+#[test]
+fn expert_weights_scale_is_not_read_as_llama_cpp_does_not() {
+    for arch in ["qwen3moe", "llama-moe", "qwen2moe"] {
+        let c = arch_cfg(arch);
+        let dir = tempfile::tempdir().unwrap();
+        let key = format!("{}.expert_weights_scale", c.shape.arch());
+        let path = write_edited(&c, dir.path(), "scaled.gguf", |g| {
+            g.add_f32(&key, 2.5);
+        });
+        let scaled = Model::load(&path).unwrap();
+        let (_dir, plain, _) = build(&c, 7);
+        let logits = |model: std::sync::Arc<Model>| {
+            let mut s = Session::new(model, params(8)).unwrap();
+            s.feed(&tokens(12)).unwrap().to_vec()
+        };
+        assert_eq!(logits(scaled), logits(plain), "{arch}");
+    }
+}

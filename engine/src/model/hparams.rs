@@ -321,8 +321,8 @@ const MAX_EXPERTS: usize = 512;
 /// (llama), or `expert_feed_forward_length` (absent or 0: the feed-forward length divided among
 /// the used experts; qwen3moe, qwen2moe), as llama.cpp reads them. qwen2moe adds a shared expert
 /// `expert_shared_feed_forward_length` wide (absent or 0: the feed-forward length) and, as
-/// llama.cpp's graph, neither normalises the chosen experts' weights nor reads
-/// `expert_weights_scale`.
+/// llama.cpp's graph, does not normalise the chosen experts' weights. As llama.cpp, none of
+/// these architectures reads `expert_weights_scale`.
 fn experts(k: &Keys<'_>, arch: Arch, n_ff: usize) -> Result<Option<Experts>> {
     let required = matches!(arch, Arch::Qwen3Moe | Arch::Qwen2Moe);
     let n_expert = match k.opt_int("expert_count", 0, MAX_EXPERTS)? {
@@ -361,18 +361,14 @@ fn experts(k: &Keys<'_>, arch: Arch, n_ff: usize) -> Result<Option<Experts>> {
         ),
         false => None,
     };
-    let weights_scale = match qwen2moe {
-        true => 1.0,
-        false => k
-            .opt_positive("expert_weights_scale", f32::INFINITY)?
-            .unwrap_or(1.0),
-    };
     Ok(Some(Experts {
         n_expert,
         n_used,
         n_ff_exp,
         norm_weights: !qwen2moe,
-        weights_scale,
+        // llama.cpp reads `expert_weights_scale` for none of these architectures (it stays
+        // 0, no scaling, whatever the file says): neither does this.
+        weights_scale: 1.0,
         n_ff_shared,
     }))
 }
