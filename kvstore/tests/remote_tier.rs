@@ -2,13 +2,15 @@
 //! share blocks and checkpoints through it, damaged and foreign values are refused, and a Redis
 //! that is absent, killed, slow or out of memory costs misses, never a failed call.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ckptfmt::store::BlockInput;
 use ckptfmt::{ElemType, Fingerprint, Geometry, Manifest, Metadata};
 use kvstore::remote::testing::{redis, RedisServer};
-use kvstore::{BlockId, Config, KvStore, ModelStore, Remote, RemoteConfig};
+use kvstore::{BlockId, Config, KvStore, ModelStore, RemoteConfig};
 
 const TPB: u32 = 4;
 
@@ -17,23 +19,13 @@ fn geometry() -> Geometry {
 }
 
 fn host(dir: &std::path::Path, url: &str, fp: &Fingerprint) -> (KvStore, ModelStore) {
-    let mut config = RemoteConfig::new(url);
-    config.namespace = "test".into();
-    let cfg = Config {
-        remote: Some(Remote::open(&config).unwrap()),
-        ..Config::default()
-    };
-    let store = KvStore::open(dir, cfg).unwrap();
-    let model = store.model(*fp, geometry()).unwrap();
-    (store, model)
+    let ram = Config::default().ram_budget;
+    common::remote_host(dir, RemoteConfig::new(url), ram, fp, geometry())
 }
 
 /// Block `i`'s bytes, different for every block and seed.
 fn kv(seed: u8, i: usize) -> Vec<u8> {
-    let n = geometry().block_bytes() as usize;
-    (0..n)
-        .map(|j| (j as u8) ^ (i as u8).wrapping_mul(31) ^ seed)
-        .collect()
+    common::seeded_kv(&geometry(), seed, i)
 }
 
 /// The blocks of `tokens` (ids `ids`, KV `kvs`) as the tier takes them.

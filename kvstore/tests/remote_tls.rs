@@ -4,6 +4,8 @@
 //! does not finish its handshake, is a typed error and a tier that is down, never a failed
 //! lookup; the URL's password and database are used.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -69,24 +71,13 @@ impl Ca {
 /// A store in `dir` whose remote tier is `url`, trusting `ca`.
 fn host(dir: &Path, url: &str, ca: Option<&Path>, fp: &Fingerprint) -> (KvStore, ModelStore) {
     let mut config = RemoteConfig::new(url);
-    config.namespace = "test".into();
     config.ca = ca.map(Path::to_path_buf);
-    let cfg = Config {
-        remote: Some(Remote::open(&config).unwrap()),
-        ram_budget: 64 << 20,
-        ..Config::default()
-    };
-    let store = KvStore::open(dir, cfg).unwrap();
-    let model = store.model(*fp, geometry()).unwrap();
-    (store, model)
+    common::remote_host(dir, config, 64 << 20, fp, geometry())
 }
 
 /// Block `i`'s bytes, different for every block and seed.
 fn kv(seed: u8, i: usize) -> Vec<u8> {
-    let n = geometry().block_bytes() as usize;
-    (0..n)
-        .map(|j| (j as u8) ^ ((j >> 8) as u8) ^ (i as u8).wrapping_mul(31) ^ seed)
-        .collect()
+    common::seeded_kv(&geometry(), seed, i)
 }
 
 /// Puts the blocks of `tokens` locally and pushes them to the tier; their ids.

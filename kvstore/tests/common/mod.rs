@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use ckptfmt::{ElemType, Fingerprint, Geometry, Manifest, Metadata};
-use kvstore::{BlockId, Config, ModelStore};
+use kvstore::{BlockId, Config, KvStore, ModelStore, Remote, RemoteConfig};
 
 /// Tokens per block of the test geometry.
 pub const TPB: u32 = 4;
@@ -58,4 +58,31 @@ pub fn manifest(name: &str, tokens: &[u32]) -> Manifest {
         ..Metadata::default()
     };
     Manifest::new(fp(), g, tokens.to_vec(), positions, tail, meta).unwrap()
+}
+
+/// A store in `dir` (one host) whose remote tier is `remote` (namespace `test`), holding up to
+/// `ram_budget` bytes of blocks in RAM, and its model `fp` of `geometry`.
+pub fn remote_host(
+    dir: &std::path::Path,
+    mut remote: RemoteConfig,
+    ram_budget: u64,
+    fp: &Fingerprint,
+    geometry: Geometry,
+) -> (KvStore, ModelStore) {
+    remote.namespace = "test".into();
+    let cfg = Config {
+        remote: Some(Remote::open(&remote).unwrap()),
+        ram_budget,
+        ..Config::default()
+    };
+    let store = KvStore::open(dir, cfg).unwrap();
+    let model = store.model(*fp, geometry).unwrap();
+    (store, model)
+}
+
+/// The bytes of block `i` of `geometry`, different for every block and seed.
+pub fn seeded_kv(geometry: &Geometry, seed: u8, i: usize) -> Vec<u8> {
+    (0..geometry.block_bytes() as usize)
+        .map(|j| (j as u8) ^ ((j >> 8) as u8) ^ (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
 }
