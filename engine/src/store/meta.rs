@@ -29,7 +29,7 @@ pub const OWNER_CHAT: &str = "chat";
 /// [`CheckpointMeta::owner`] of the server's `/slots` saves.
 pub const OWNER_SLOT: &str = "slot";
 
-/// One stored checkpoint, as [`SessionStore::checkpoints`] lists them.
+/// One stored checkpoint, as [`SessionStore::checkpoints`](super::SessionStore::checkpoints) lists them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckpointInfo {
     /// Its name.
