@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ckptfmt::store::BlockInput;
@@ -176,18 +175,6 @@ fn named_checkpoints_travel_with_their_blocks() {
     assert_eq!(&back.blocks[1][..], &kv(3, 1)[..]);
 }
 
-/// The lines `model`'s tier logs from now on.
-fn log_of(model: &ModelStore) -> Arc<std::sync::Mutex<Vec<String>>> {
-    let lines = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-    let sink = Arc::clone(&lines);
-    model
-        .remote()
-        .unwrap()
-        .metrics()
-        .set_log(move |l| sink.lock().unwrap().push(l));
-    lines
-}
-
 /// Every call returns within a bound (the timeout, plus the time to put what was read).
 fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
     let t = Instant::now();
@@ -208,7 +195,7 @@ fn an_absent_killed_slow_or_full_redis_is_a_miss_and_comes_back() {
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (_sa, ma) = host(a.path(), &url, &fp);
     let (_sb, mb) = host(b.path(), &url, &fp);
-    let lines = log_of(&mb);
+    let lines = common::log_of(&mb);
     let tokens: Vec<u32> = (0..16).collect();
     let ids = BlockId::chain_all(&fp, &tokens, TPB);
 
@@ -344,7 +331,7 @@ fn a_password_and_a_database_from_the_url_are_used() {
     // A wrong password is a miss, never an error of the lookup.
     let wrong = format!("redis://:nope@127.0.0.1:{}/2", redis.port());
     let (_sb, mb) = host(b.path(), &wrong, &fp);
-    let lines = log_of(&mb);
+    let lines = common::log_of(&mb);
     let got = mb.fetch_remote(&ids);
     assert_eq!((got.blocks, got.answered), (0, false));
     assert!(mb.remote().unwrap().metrics().figures().errors >= 1);

@@ -7,7 +7,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ckptfmt::store::BlockInput;
@@ -95,18 +94,6 @@ fn compute(model: &ModelStore, tokens: &[u32], seed: u8) -> Vec<BlockId> {
     model.put_sequence(tokens, |i| kvs[i].clone()).unwrap();
     assert_eq!(model.push_remote(&inputs).unwrap(), ids.len());
     ids
-}
-
-/// The lines `model`'s tier logs from now on.
-fn log_of(model: &ModelStore) -> Arc<std::sync::Mutex<Vec<String>>> {
-    let lines = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-    let sink = Arc::clone(&lines);
-    model
-        .remote()
-        .unwrap()
-        .metrics()
-        .set_log(move |l| sink.lock().unwrap().push(l));
-    lines
 }
 
 /// What one `get` of the tier says when it cannot be used: the error, checked to be a TLS
@@ -201,7 +188,7 @@ fn a_certificate_from_an_unknown_ca_is_refused_unless_the_url_says_insecure() {
     // Another CA given: refused, said once, a miss.
     let other_file = other.file(tmp.path(), "other.pem");
     let (_sa, ma) = host(&tmp.path().join("a"), &url, Some(&other_file), &fp);
-    let lines = log_of(&ma);
+    let lines = common::log_of(&ma);
     let detail = refused_tls(&ma);
     assert!(detail.contains("UnknownIssuer"), "{detail}");
     assert!(detail.contains("--cache-remote-ca"), "{detail}");
@@ -291,7 +278,7 @@ fn a_password_and_a_database_in_a_rediss_url_are_used() {
     // A wrong password: TLS is fine, the login is refused; a miss, not a TLS error.
     let wrong = format!("rediss://:nope@localhost:{port}/2");
     let (_sb, mb) = host(&tmp.path().join("b"), &wrong, Some(&ca_file), &fp);
-    let lines = log_of(&mb);
+    let lines = common::log_of(&mb);
     match mb.remote().unwrap().tier().get_many(&["test:k".to_owned()]) {
         Err(StoreError::Remote { detail, .. }) => assert!(detail.contains("WRONGPASS"), "{detail}"),
         other => panic!("a refused login expected: {other:?}"),

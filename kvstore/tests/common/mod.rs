@@ -86,3 +86,15 @@ pub fn seeded_kv(geometry: &Geometry, seed: u8, i: usize) -> Vec<u8> {
         .map(|j| (j as u8) ^ ((j >> 8) as u8) ^ (i as u8).wrapping_mul(31) ^ seed)
         .collect()
 }
+
+/// The lines `model`'s remote tier logs from now on.
+pub fn log_of(model: &ModelStore) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = std::sync::Arc::clone(&lines);
+    model
+        .remote()
+        .unwrap()
+        .metrics()
+        .set_log(move |l| sink.lock().unwrap().push(l));
+    lines
+}
