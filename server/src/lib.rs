@@ -95,8 +95,6 @@ impl Server {
         // Each slot may need its context plus one copied page; as much again keeps finished
         // prompts resident for the next requests.
         let kv_tokens = 2 * config.n_slots * (n_ctx.div_ceil(PAGE_TOKENS) + 1) * PAGE_TOKENS;
-        // The store first: it knows the model's fingerprint when the file is unchanged, and the
-        // context needs it.
         let ctx_params = ContextParams {
             n_ctx,
             kv_tokens,
@@ -107,6 +105,8 @@ impl Server {
             type_v: args.cache_type_v,
             batch_invariant: args.deterministic,
         };
+        // The store first: it knows the model's fingerprint when the file is unchanged, and the
+        // context needs it.
         let store_config = StoreConfig {
             ram_bytes: config.cache_ram,
             disk_bytes: config.cache_disk,
