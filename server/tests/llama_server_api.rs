@@ -224,6 +224,53 @@ async fn the_stream_ends_with_a_usage_chunk_and_can_report_progress() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_token_cut_inside_a_character_goes_out_with_its_text() {
+    let env = Env::new();
+    let srv = env.start(&[]).await;
+    // Byte tokens 0xE2 and 0x82 (the tiny vocabulary's ids are the bytes) begin a three-byte
+    // character that never completes: every token leaves bytes held, and some push out a
+    // replacement character while holding the next one.
+    for (first, then) in [(0xE2, 0xE2), (0xE2, 0x82), (0x82, 0xE2)] {
+        let (status, _, raw) = srv
+            .post_stream(
+                "/v1/chat/completions",
+                &json!({"messages": [{"role": "user", "content": "hi"}],
+                        "max_tokens": 4, "stream": true, "logprobs": true,
+                        "temperature": 0, "ignore_eos": true,
+                        "logit_bias": [[first, 60], [then, 50]]}),
+            )
+            .await;
+        assert_eq!(status, 200);
+        let (mut text, mut tokens) = (String::new(), String::new());
+        for e in events(&raw) {
+            let Some(c) = e["choices"].get(0) else {
+                continue;
+            };
+            let delta = c["delta"]["content"].as_str().unwrap_or("");
+            let probs = c["logprobs"]["content"].as_array();
+            assert!(
+                delta.is_empty() || probs.is_some_and(|p| !p.is_empty()),
+                "text without its tokens: {e}"
+            );
+            text.push_str(delta);
+            for p in probs.into_iter().flatten() {
+                tokens.extend(
+                    p["bytes"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|b| b.as_u64().unwrap() as u8 as char),
+                );
+            }
+        }
+        let bytes: Vec<u8> = tokens.chars().map(|c| c as u8).collect();
+        assert_eq!(bytes.len(), 4, "{raw:?}");
+        assert_eq!(text, String::from_utf8_lossy(&bytes), "{raw:?}");
+    }
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_have_llama_servers_types() {
     let env = Env::new();
     let srv = env.start(&[]).await;

@@ -52,6 +52,12 @@ impl StreamDecoder {
         out
     }
 
+    /// Whether bytes of an incomplete character are held (the last token pushed is not yet
+    /// all in the text returned).
+    pub fn is_holding(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
     /// Returns whatever is still held, with incomplete characters as U+FFFD.
     pub fn flush(&mut self) -> String {
         let s = String::from_utf8_lossy(&self.pending).into_owned();

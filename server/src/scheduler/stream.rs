@@ -72,8 +72,12 @@ impl Scheduler {
                 }
             }
         }
-        let safe = a.stops.safe_prefix_len(&a.text).max(a.sent);
-        flush_text(a, safe);
+        // As llama-server does, nothing is sent while a character is incomplete: the text of a
+        // token and its probabilities go out together, in the chunk that completes it.
+        if !a.decoder.is_holding() {
+            let safe = a.stops.safe_prefix_len(&a.text).max(a.sent);
+            flush_text(a, safe);
+        }
         // A grammar that is complete admits nothing more.
         if a.constraint.as_ref().is_some_and(|c| c.is_done()) {
             let rest = a.decoder.flush();
