@@ -13,6 +13,12 @@ use crate::error::{Result, StoreError};
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 /// The longest wait between two connection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Bytes of values a `get_many` keeps outstanding. Redis holds a pipeline's replies (or one
+/// `MGET`'s) all at once before writing them, in fresh memory each time: one `MGET` of 31
+/// block records of 1.5 MB faulted in every page on the server's side and read at 0.6x of one
+/// `GET` at a time. Two or three blocks in flight keep both sides busy in reused buffers
+/// (`ckpt bench-remote`, docs/BENCHMARKS.md: 4 MiB read fastest of 2, 4, 8, 16 and 64).
+const GET_BUDGET: usize = 4 << 20;
 
 /// A Redis server as the remote tier. Values are plain strings (`GET`/`SET`); the server's own
 /// eviction (`maxmemory` with an LRU policy) bounds what it holds.
@@ -208,19 +214,17 @@ impl RemoteTier for RedisTier {
             return Ok(Vec::new());
         }
         self.call("get", false, |c| {
-            let mut args: Vec<&[u8]> = Vec::with_capacity(keys.len() + 1);
-            args.push(b"MGET");
-            args.extend(keys.iter().map(|k| k.as_bytes()));
-            match c.call(&args)? {
-                Reply::Array(Some(items)) if items.len() == keys.len() => items
-                    .into_iter()
-                    .map(|r| match r {
-                        Reply::Bulk(v) => Ok(v),
-                        _ => Err(unexpected("MGET")),
-                    })
-                    .collect(),
-                _ => Err(unexpected("MGET")),
-            }
+            let commands: Vec<Vec<&[u8]>> = keys
+                .iter()
+                .map(|k| vec![&b"GET"[..], k.as_bytes()])
+                .collect();
+            c.pipeline_within(&commands, GET_BUDGET)?
+                .into_iter()
+                .map(|r| match r {
+                    Reply::Bulk(v) => Ok(v),
+                    _ => Err(unexpected("GET")),
+                })
+                .collect()
         })
     }
 

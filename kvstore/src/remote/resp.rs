@@ -1,5 +1,5 @@
 //! A Redis connection that reads replies straight into their final buffers: the remote tier's
-//! hot path (`MGET` of megabyte values) costs one copy from the socket, where a general client
+//! hot path (pipelined `GET`s of megabyte values) costs one copy from the socket, where a general client
 //! parses through a growing buffer and copies each value again. The `redis` crate parses the
 //! URL; commands and replies are RESP2, only the few this tier sends. `rediss://` runs them over
 //! TLS ([`super::tls`], feature `tls`).
@@ -18,6 +18,10 @@ use super::tls::{Session, Tls};
 const MAX_BULK: usize = 1 << 30;
 /// The longest status or error line.
 const MAX_LINE: usize = 64 << 10;
+/// Commands of [`Conn::pipeline_within`] sent before the first reply tells their size.
+const FIRST_IN_FLIGHT: usize = 2;
+/// The most commands [`Conn::pipeline_within`] keeps awaiting replies, however small.
+const MAX_IN_FLIGHT: usize = 64;
 
 /// Why a call failed.
 #[derive(Debug)]
@@ -209,7 +213,9 @@ pub(super) enum Reply {
     Int(i64),
     /// `$N` (`None`: nil).
     Bulk(Option<Vec<u8>>),
-    /// `*N` (`None`: nil).
+    /// `*N` (`None`: nil). Read whole, so that the connection stays in step, though no
+    /// command the tier sends now expects one.
+    #[cfg_attr(not(test), allow(dead_code))]
     Array(Option<Vec<Reply>>),
 }
 
@@ -322,6 +328,49 @@ impl Conn {
         for _ in commands {
             match self.read_reply(0) {
                 Ok(r) => replies.push(r),
+                Err(Failure::Refused(m)) => {
+                    refused.get_or_insert(m);
+                    replies.push(Reply::Status);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        match refused {
+            Some(m) => Err(Failure::Refused(m)),
+            None => Ok(replies),
+        }
+    }
+
+    /// Like [`Conn::pipeline`], but with only about `budget` bytes of replies outstanding: the
+    /// next commands are sent as replies arrive, as many as the last reply's size says fit
+    /// in the budget (at least one, at most [`MAX_IN_FLIGHT`]). A server that has to hold
+    /// every reply of a long pipeline at once (Redis buffers them all before writing) builds
+    /// them in fresh memory each time; a few at a time, it reuses the same buffers.
+    pub(super) fn pipeline_within(
+        &mut self,
+        commands: &[Vec<&[u8]>],
+        budget: usize,
+    ) -> Result<Vec<Reply>, Failure> {
+        let mut sent = 0;
+        let mut window = FIRST_IN_FLIGHT;
+        let mut replies = Vec::with_capacity(commands.len());
+        let mut refused = None;
+        for i in 0..commands.len() {
+            let upto = (i + window).min(commands.len());
+            if sent < upto {
+                for c in &commands[sent..upto] {
+                    self.send(c)?;
+                }
+                sent = upto;
+                self.writer.flush()?;
+            }
+            match self.read_reply(0) {
+                Ok(r) => {
+                    if let Reply::Bulk(Some(v)) = &r {
+                        window = (budget / v.len().max(1)).clamp(1, MAX_IN_FLIGHT);
+                    }
+                    replies.push(r);
+                }
                 Err(Failure::Refused(m)) => {
                     refused.get_or_insert(m);
                     replies.push(Reply::Status);
@@ -469,6 +518,75 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(matches!(c.call(&[b"EXISTS", b"a"]).unwrap(), Reply::Int(5)));
+    }
+
+    #[test]
+    fn a_budgeted_pipeline_keeps_few_large_values_in_flight_and_stays_in_step() {
+        const VALUE: usize = 1 << 20;
+        const N: usize = 12;
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        // The server: before each reply, waits for that command, then notes how many more
+        // had arrived (commands the client sent ahead of the replies it had read).
+        let server = std::thread::spawn(move || {
+            let mut theirs = BufReader::new(theirs);
+            let mut received = 0;
+            let mut most_ahead = 0;
+            let mut line = String::new();
+            let mut command = |r: &mut BufReader<UnixStream>| {
+                // `*2`, `$3`, `GET`, `$2`, the key: five lines.
+                for _ in 0..5 {
+                    line.clear();
+                    r.read_line(&mut line).unwrap();
+                }
+            };
+            for i in 0..N {
+                while received <= i {
+                    command(&mut theirs);
+                    received += 1;
+                }
+                theirs.get_ref().set_nonblocking(true).unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+                while received < N && !theirs.fill_buf().map_or(true, <[u8]>::is_empty) {
+                    theirs.get_ref().set_nonblocking(false).unwrap();
+                    command(&mut theirs);
+                    received += 1;
+                    theirs.get_ref().set_nonblocking(true).unwrap();
+                }
+                theirs.get_ref().set_nonblocking(false).unwrap();
+                most_ahead = most_ahead.max(received - i - 1);
+                let mut reply = format!("${VALUE}\r\n").into_bytes();
+                reply.extend(std::iter::repeat_n(i as u8, VALUE));
+                reply.extend_from_slice(b"\r\n");
+                theirs.get_mut().write_all(&reply).unwrap();
+            }
+            // `EXISTS a`: five lines too.
+            command(&mut theirs);
+            theirs.get_mut().write_all(b":1\r\n").unwrap();
+            most_ahead
+        });
+        let stream = Stream::Unix(ours);
+        stream.set_timeouts(Duration::from_secs(5)).unwrap();
+        let mut c = Conn {
+            reader: BufReader::new(stream.try_clone().unwrap()),
+            writer: BufWriter::new(stream),
+        };
+        let keys: Vec<String> = (0..N).map(|i| format!("k{i}")).collect();
+        let commands: Vec<Vec<&[u8]>> = keys
+            .iter()
+            .map(|k| vec![&b"GET"[..], k.as_bytes()])
+            .collect();
+        let replies = c.pipeline_within(&commands, 3 * VALUE).unwrap();
+        assert_eq!(replies.len(), N);
+        for (i, r) in replies.iter().enumerate() {
+            assert!(
+                matches!(r, Reply::Bulk(Some(v)) if v.len() == VALUE && v.iter().all(|&b| b == i as u8)),
+                "{i}"
+            );
+        }
+        assert!(matches!(c.call(&[b"EXISTS", b"a"]).unwrap(), Reply::Int(1)));
+        let ahead = server.join().unwrap();
+        // Three values' worth in flight: the one being answered and two more at most.
+        assert!((1..=2).contains(&ahead), "{ahead} commands were sent ahead");
     }
 
     #[test]
