@@ -319,26 +319,7 @@ impl Conn {
     /// Several commands in one write, then their replies in order; the first refusal among
     /// them is returned after every reply was read (the connection stays in step).
     pub(super) fn pipeline(&mut self, commands: &[Vec<&[u8]>]) -> Result<Vec<Reply>, Failure> {
-        for c in commands {
-            self.send(c)?;
-        }
-        self.writer.flush()?;
-        let mut replies = Vec::with_capacity(commands.len());
-        let mut refused = None;
-        for _ in commands {
-            match self.read_reply(0) {
-                Ok(r) => replies.push(r),
-                Err(Failure::Refused(m)) => {
-                    refused.get_or_insert(m);
-                    replies.push(Reply::Status);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        match refused {
-            Some(m) => Err(Failure::Refused(m)),
-            None => Ok(replies),
-        }
+        self.pipeline_from(commands, commands.len(), usize::MAX)
     }
 
     /// Like [`Conn::pipeline`], but with only about `budget` bytes of replies outstanding: the
@@ -351,8 +332,18 @@ impl Conn {
         commands: &[Vec<&[u8]>],
         budget: usize,
     ) -> Result<Vec<Reply>, Failure> {
+        self.pipeline_from(commands, FIRST_IN_FLIGHT, budget)
+    }
+
+    /// The pipelines: `first` commands sent at once, then as `budget` allows.
+    fn pipeline_from(
+        &mut self,
+        commands: &[Vec<&[u8]>],
+        first: usize,
+        budget: usize,
+    ) -> Result<Vec<Reply>, Failure> {
         let mut sent = 0;
-        let mut window = FIRST_IN_FLIGHT;
+        let mut window = first.max(1);
         let mut replies = Vec::with_capacity(commands.len());
         let mut refused = None;
         for i in 0..commands.len() {
