@@ -46,6 +46,22 @@ pub use ops::RemoteFetch;
 pub trait RemoteTier: Send + Sync + 'static {
     /// The values of `keys`, in order: `None` for a key the tier does not hold.
     fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>>;
+    /// The values of `keys` handed to `each` in order, as they arrive, until it returns false
+    /// (the rest are then not fetched, or not all). The default fetches them all with
+    /// [`RemoteTier::get_many`] first; a backend that streams overlaps the caller's work on
+    /// one value with the transfer of the next.
+    fn get_each(
+        &self,
+        keys: &[String],
+        each: &mut dyn FnMut(Option<Vec<u8>>) -> bool,
+    ) -> Result<()> {
+        for v in self.get_many(keys)? {
+            if !each(v) {
+                break;
+            }
+        }
+        Ok(())
+    }
     /// Which of `keys` the tier holds, in order.
     fn exists_many(&self, keys: &[String]) -> Result<Vec<bool>>;
     /// Stores each value under its key. A key always names the same bytes, so storing one

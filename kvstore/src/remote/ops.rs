@@ -20,7 +20,8 @@ use crate::tier::Hold;
 pub struct RemoteFetch {
     /// Leading blocks of the ids asked for that the store now holds.
     pub blocks: usize,
-    /// Whether the tier answered (false: no tier, or it failed; the blocks are then 0).
+    /// Whether the tier answered (false: no tier, or it failed; the blocks are then those
+    /// that arrived and verified before the failure).
     pub answered: bool,
 }
 
@@ -30,12 +31,13 @@ impl<V: BlockIo> ModelStore<V> {
         self.shared.cfg.remote.as_ref()
     }
 
-    /// Extends a prefix from the remote tier, in one round trip: `ids` continue what the local
-    /// tiers hold (the first chains from the last block held). Stops at the first block the
-    /// tier lacks or whose value does not verify (checksums, owner, geometry, chained id:
-    /// a bad value is counted as rejected and never used); each verified block is put into
-    /// the RAM tier (durable once spilled or flushed). Never fails: a tier that is absent,
-    /// slow or broken brings nothing.
+    /// Extends a prefix from the remote tier, in one pipelined exchange: `ids` continue what
+    /// the local tiers hold (the first chains from the last block held). Stops at the first
+    /// block the tier lacks or whose value does not verify (checksums, owner, geometry,
+    /// chained id: a bad value is counted as rejected and never used), and asks for nothing
+    /// after it; each verified block is put into the RAM tier as it arrives (durable once
+    /// spilled or flushed). Never fails: a tier that is absent, slow or broken brings nothing
+    /// more than the blocks that arrived whole before it failed.
     pub fn fetch_remote(&self, ids: &[BlockId]) -> RemoteFetch {
         let Some(remote) = self.remote() else {
             return RemoteFetch::default();
@@ -47,38 +49,45 @@ impl<V: BlockIo> ModelStore<V> {
             .iter()
             .map(|id| remote.block_key(&self.info.fp, &self.info.geometry, id))
             .collect();
-        let Ok(values) = remote.tier().get_many(&keys) else {
-            return RemoteFetch::default();
-        };
+        // Each value is verified and kept as it arrives, while the tier sends the next; the
+        // first missing or bad one ends the prefix, and nothing after it is fetched.
         let m = remote.metrics();
         let mut held = 0;
-        for (id, value) in ids.iter().zip(values) {
-            let Some(bytes) = value else {
-                RemoteMetrics::add(&m.misses, 1);
-                break;
-            };
-            RemoteMetrics::add(&m.bytes_read, bytes.len() as u64);
-            let Some((prev, tokens, kv)) = self.verify_record(bytes, id) else {
-                RemoteMetrics::add(&m.rejected, 1);
-                break;
-            };
-            let put = self.shared.put(
-                self.idx,
-                &self.info,
-                prev.as_ref(),
-                &tokens,
-                kv,
-                Hold::Cache,
-            );
-            if put.is_err() {
-                break;
-            }
-            RemoteMetrics::add(&m.hits, 1);
-            held += 1;
-        }
+        let mut ids_left = ids.iter();
+        let answered = remote
+            .tier()
+            .get_each(&keys, &mut |value| {
+                let Some(id) = ids_left.next() else {
+                    return false;
+                };
+                let Some(bytes) = value else {
+                    RemoteMetrics::add(&m.misses, 1);
+                    return false;
+                };
+                RemoteMetrics::add(&m.bytes_read, bytes.len() as u64);
+                let Some((prev, tokens, kv)) = self.verify_record(bytes, id) else {
+                    RemoteMetrics::add(&m.rejected, 1);
+                    return false;
+                };
+                let put = self.shared.put(
+                    self.idx,
+                    &self.info,
+                    prev.as_ref(),
+                    &tokens,
+                    kv,
+                    Hold::Cache,
+                );
+                if put.is_err() {
+                    return false;
+                }
+                RemoteMetrics::add(&m.hits, 1);
+                held += 1;
+                true
+            })
+            .is_ok();
         RemoteFetch {
             blocks: held,
-            answered: true,
+            answered,
         }
     }
 

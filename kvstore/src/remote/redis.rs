@@ -210,21 +210,39 @@ fn unexpected(what: &str) -> Failure {
 
 impl RemoteTier for RedisTier {
     fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut values = Vec::with_capacity(keys.len());
+        self.get_each(keys, &mut |v| {
+            values.push(v);
+            true
+        })?;
+        Ok(values)
+    }
+
+    fn get_each(
+        &self,
+        keys: &[String],
+        each: &mut dyn FnMut(Option<Vec<u8>>) -> bool,
+    ) -> Result<()> {
         if keys.is_empty() {
-            return Ok(Vec::new());
+            return Ok(());
         }
         self.call("get", false, |c| {
             let commands: Vec<Vec<&[u8]>> = keys
                 .iter()
                 .map(|k| vec![&b"GET"[..], k.as_bytes()])
                 .collect();
-            c.pipeline_within(&commands, GET_BUDGET)?
-                .into_iter()
-                .map(|r| match r {
-                    Reply::Bulk(v) => Ok(v),
-                    _ => Err(unexpected("GET")),
-                })
-                .collect()
+            let mut odd = false;
+            c.pipeline_within(&commands, GET_BUDGET, &mut |r| match r {
+                Reply::Bulk(v) => each(v),
+                _ => {
+                    odd = true;
+                    false
+                }
+            })?;
+            if odd {
+                return Err(unexpected("GET"));
+            }
+            Ok(())
         })
     }
 

@@ -319,20 +319,30 @@ impl Conn {
     /// Several commands in one write, then their replies in order; the first refusal among
     /// them is returned after every reply was read (the connection stays in step).
     pub(super) fn pipeline(&mut self, commands: &[Vec<&[u8]>]) -> Result<Vec<Reply>, Failure> {
-        self.pipeline_from(commands, commands.len(), usize::MAX)
+        let mut replies = Vec::with_capacity(commands.len());
+        self.pipeline_from(commands, commands.len(), usize::MAX, &mut |r| {
+            replies.push(r);
+            true
+        })?;
+        Ok(replies)
     }
 
-    /// Like [`Conn::pipeline`], but with only about `budget` bytes of replies outstanding: the
-    /// next commands are sent as replies arrive, as many as the last reply's size says fit
-    /// in the budget (at least one, at most [`MAX_IN_FLIGHT`]). A server that has to hold
-    /// every reply of a long pipeline at once (Redis buffers them all before writing) builds
-    /// them in fresh memory each time; a few at a time, it reuses the same buffers.
+    /// Like [`Conn::pipeline`], but with only about `budget` bytes of replies outstanding, and
+    /// each reply handed to `each` as it arrives: the next commands are sent as replies come
+    /// in, as many as the last reply's size says fit in the budget (at least one, at most
+    /// [`MAX_IN_FLIGHT`]). A server that has to hold every reply of a long pipeline at once
+    /// (Redis buffers them all before writing) builds them in fresh memory each time; a few at
+    /// a time, it reuses the same buffers, and the caller works on one reply while the next is
+    /// made. When `each` returns false, no further command is sent; the replies of those
+    /// already sent are read and dropped (the connection stays in step). Returns how many
+    /// commands were sent.
     pub(super) fn pipeline_within(
         &mut self,
         commands: &[Vec<&[u8]>],
         budget: usize,
-    ) -> Result<Vec<Reply>, Failure> {
-        self.pipeline_from(commands, FIRST_IN_FLIGHT, budget)
+        each: &mut dyn FnMut(Reply) -> bool,
+    ) -> Result<usize, Failure> {
+        self.pipeline_from(commands, FIRST_IN_FLIGHT, budget, each)
     }
 
     /// The pipelines: `first` commands sent at once, then as `budget` allows.
@@ -341,13 +351,19 @@ impl Conn {
         commands: &[Vec<&[u8]>],
         first: usize,
         budget: usize,
-    ) -> Result<Vec<Reply>, Failure> {
+        each: &mut dyn FnMut(Reply) -> bool,
+    ) -> Result<usize, Failure> {
         let mut sent = 0;
         let mut window = first.max(1);
-        let mut replies = Vec::with_capacity(commands.len());
+        let mut wanted = true;
         let mut refused = None;
-        for i in 0..commands.len() {
-            let upto = (i + window).min(commands.len());
+        let mut read = 0;
+        while read < commands.len() {
+            let upto = if wanted {
+                (read + window).min(commands.len())
+            } else {
+                sent
+            };
             if sent < upto {
                 for c in &commands[sent..upto] {
                     self.send(c)?;
@@ -355,23 +371,28 @@ impl Conn {
                 sent = upto;
                 self.writer.flush()?;
             }
-            match self.read_reply(0) {
-                Ok(r) => {
-                    if let Reply::Bulk(Some(v)) = &r {
-                        window = (budget / v.len().max(1)).clamp(1, MAX_IN_FLIGHT);
-                    }
-                    replies.push(r);
-                }
+            if read == sent {
+                break;
+            }
+            read += 1;
+            let reply = match self.read_reply(0) {
+                Ok(r) => r,
                 Err(Failure::Refused(m)) => {
                     refused.get_or_insert(m);
-                    replies.push(Reply::Status);
+                    Reply::Status
                 }
                 Err(e) => return Err(e),
+            };
+            if let Reply::Bulk(Some(v)) = &reply {
+                window = (budget / v.len().max(1)).clamp(1, MAX_IN_FLIGHT);
+            }
+            if wanted {
+                wanted = each(reply);
             }
         }
         match refused {
             Some(m) => Err(Failure::Refused(m)),
-            None => Ok(replies),
+            None => Ok(sent),
         }
     }
 
@@ -566,7 +587,14 @@ mod tests {
             .iter()
             .map(|k| vec![&b"GET"[..], k.as_bytes()])
             .collect();
-        let replies = c.pipeline_within(&commands, 3 * VALUE).unwrap();
+        let mut replies = Vec::new();
+        let sent = c
+            .pipeline_within(&commands, 3 * VALUE, &mut |r| {
+                replies.push(r);
+                true
+            })
+            .unwrap();
+        assert_eq!(sent, N);
         assert_eq!(replies.len(), N);
         for (i, r) in replies.iter().enumerate() {
             assert!(
@@ -578,6 +606,28 @@ mod tests {
         let ahead = server.join().unwrap();
         // Three values' worth in flight: the one being answered and two more at most.
         assert!((1..=2).contains(&ahead), "{ahead} commands were sent ahead");
+    }
+
+    #[test]
+    fn a_pipeline_told_to_stop_sends_nothing_more_and_stays_in_step() {
+        // Two commands go out before the first reply; told to stop at it, the pipeline reads
+        // the second's reply and sends none of the other eight.
+        let mut c = scripted(b"$1\r\na\r\n$1\r\nb\r\n:1\r\n");
+        let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+        let commands: Vec<Vec<&[u8]>> = keys
+            .iter()
+            .map(|k| vec![&b"GET"[..], k.as_bytes()])
+            .collect();
+        let mut seen = Vec::new();
+        let sent = c
+            .pipeline_within(&commands, 1 << 20, &mut |r| {
+                seen.push(r);
+                false
+            })
+            .unwrap();
+        assert_eq!(sent, FIRST_IN_FLIGHT);
+        assert!(matches!(&seen[..], [Reply::Bulk(Some(v))] if v == b"a"));
+        assert!(matches!(c.call(&[b"EXISTS", b"a"]).unwrap(), Reply::Int(1)));
     }
 
     #[test]
