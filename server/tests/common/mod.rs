@@ -213,19 +213,32 @@ pub fn assert_error(body: &Value, code: u16) {
     assert_eq!(e["code"], code, "{body}");
 }
 
-/// Bytes of every regular file under `dir`, recursively.
+/// Bytes of every regular file under `dir`, recursively, each file once: a file renamed while
+/// the directory is read (the store writes a temporary file and renames it into place) may be
+/// listed under both names, and is counted by its inode.
 pub fn dir_bytes(dir: &Path) -> u64 {
+    let mut seen = std::collections::HashMap::new();
+    file_sizes(dir, &mut seen);
+    seen.values().sum()
+}
+
+/// The size of every regular file under `dir` by (device, inode).
+fn file_sizes(dir: &Path, seen: &mut std::collections::HashMap<(u64, u64), u64>) {
+    use std::os::unix::fs::MetadataExt;
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
+        return;
     };
-    entries
-        .flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
-            _ => 0,
-        })
-        .sum()
+    for e in entries.flatten() {
+        match e.file_type() {
+            Ok(t) if t.is_dir() => file_sizes(&e.path(), seen),
+            Ok(t) if t.is_file() => {
+                if let Ok(m) = e.metadata() {
+                    seen.insert((m.dev(), m.ino()), m.len());
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 /// A server process, killed when dropped (a failing test leaves none behind).
