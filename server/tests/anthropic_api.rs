@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Env, TestServer};
+use common::Env;
 use serde_json::{json, Value};
 
 /// A ChatML template that renders tools, tool calls, tool results and reasoning, with
@@ -22,36 +22,6 @@ Call one as <tool_call>{"name": .., "arguments": ..}</tool_call><|im_end|>
 {% endfor %}
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"#;
-
-/// Server-sent events as (event name, data).
-async fn stream(srv: &TestServer, path: &str, body: &Value) -> (u16, Vec<(String, Value)>) {
-    let resp = srv
-        .client
-        .post(format!("{}{path}", srv.url))
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
-    let events = text
-        .split("\n\n")
-        .filter(|e| !e.trim().is_empty())
-        .map(|e| {
-            let mut name = String::new();
-            let mut data = Value::Null;
-            for line in e.lines() {
-                if let Some(n) = line.strip_prefix("event: ") {
-                    name = n.to_owned();
-                } else if let Some(d) = line.strip_prefix("data: ") {
-                    data = serde_json::from_str(d).unwrap();
-                }
-            }
-            (name, data)
-        })
-        .collect();
-    (status, events)
-}
 
 fn weather_tool() -> Value {
     json!({
@@ -205,7 +175,7 @@ async fn a_streamed_message_sends_anthropics_events_in_order() {
         })
     };
     let (_, whole) = srv.post("/v1/messages", &body(false)).await;
-    let (status, events) = stream(&srv, "/v1/messages", &body(true)).await;
+    let (status, events) = common::named_events(&srv, "/v1/messages", &body(true)).await;
     assert_eq!(status, 200);
     let names = names(&events);
     let n = names.len();
@@ -278,7 +248,7 @@ async fn a_forced_tool_gives_a_tool_use_block_whole_and_streamed() {
     assert!(!call["id"].as_str().unwrap().is_empty());
     assert_eq!(msg["stop_reason"], "tool_use", "{msg}");
 
-    let (status, events) = stream(&srv, "/v1/messages", &body(true)).await;
+    let (status, events) = common::named_events(&srv, "/v1/messages", &body(true)).await;
     assert_eq!(status, 200);
     let names = names(&events);
     assert_eq!(names.last(), Some(&"message_stop"));

@@ -22,36 +22,6 @@ Call one as <tool_call>{"name": .., "arguments": ..}</tool_call><|im_end|>
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"#;
 
-/// Server-sent events as (event name, data).
-async fn stream(srv: &TestServer, path: &str, body: &Value) -> (u16, Vec<(String, Value)>) {
-    let resp = srv
-        .client
-        .post(format!("{}{path}", srv.url))
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
-    let events = text
-        .split("\n\n")
-        .filter(|e| !e.trim().is_empty())
-        .map(|e| {
-            let mut name = String::new();
-            let mut data = Value::Null;
-            for line in e.lines() {
-                if let Some(n) = line.strip_prefix("event: ") {
-                    name = n.to_owned();
-                } else if let Some(d) = line.strip_prefix("data: ") {
-                    data = serde_json::from_str(d).unwrap();
-                }
-            }
-            (name, data)
-        })
-        .collect();
-    (status, events)
-}
-
 async fn delete(srv: &TestServer, path: &str) -> (u16, Value) {
     let resp = srv
         .client
@@ -157,7 +127,7 @@ async fn a_streamed_response_sends_the_events_in_order() {
         })
     };
     let (_, whole) = srv.post("/v1/responses", &body(false)).await;
-    let (status, events) = stream(&srv, "/v1/responses", &body(true)).await;
+    let (status, events) = common::named_events(&srv, "/v1/responses", &body(true)).await;
     assert_eq!(status, 200);
     for (i, (name, data)) in events.iter().enumerate() {
         assert_eq!(data["type"], name.as_str(), "{data}");

@@ -142,6 +142,15 @@ impl TestServer {
 
     /// POSTs `body` as JSON; returns the status and the parsed body.
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let (status, text) = self.post_text(path, body).await;
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// POSTs `body` as JSON; returns the status and the body's text.
+    pub async fn post_text(&self, path: &str, body: &Value) -> (u16, String) {
         let resp = self
             .client
             .post(format!("{}{path}", self.url))
@@ -150,11 +159,7 @@ impl TestServer {
             .await
             .unwrap();
         let status = resp.status().as_u16();
-        let text = resp.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        (status, resp.text().await.unwrap())
     }
 
     /// GETs `path`; returns the status and the parsed body (or the text).
@@ -211,6 +216,33 @@ pub fn assert_error(body: &Value, code: u16) {
     );
     assert!(e["type"].as_str().is_some(), "no type in {body}");
     assert_eq!(e["code"], code, "{body}");
+}
+
+/// Posts `body` to `path` and reads the server-sent events of the answer as (event name,
+/// data): the Anthropic and Responses APIs name each event.
+pub async fn named_events(
+    srv: &TestServer,
+    path: &str,
+    body: &Value,
+) -> (u16, Vec<(String, Value)>) {
+    let (status, text) = srv.post_text(path, body).await;
+    let events = text
+        .split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            let mut name = String::new();
+            let mut data = Value::Null;
+            for line in e.lines() {
+                if let Some(n) = line.strip_prefix("event: ") {
+                    name = n.to_owned();
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data = serde_json::from_str(d).unwrap();
+                }
+            }
+            (name, data)
+        })
+        .collect();
+    (status, events)
 }
 
 /// Bytes of every regular file under `dir`, recursively, each file once: a file renamed while
