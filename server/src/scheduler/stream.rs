@@ -2,7 +2,8 @@
 //! request's limits (end of generation, stop strings, reasoning budget, grammar, length, time,
 //! context) and its text streamed as it is made; `finish` and `fail` end the request.
 //!
-//! Invariants: text is sent only up to where no stop string can still begin, and a stop string
+//! Invariants: text is sent only up to where no stop string can still begin, never while a
+//! character is incomplete (a token's text goes out with its probabilities), and a stop string
 //! found is cut from it; a request ends once, through `finish` or `fail`, which take it out of
 //! its slot, publish the gauges before the answer goes out and count it finished. A finished
 //! sequence stays cached unless a context shift truncated it or `--cache-reuse` moved its KV;
