@@ -373,20 +373,7 @@ pub fn chat_whole(
             c
         })
         .collect();
-    let finishes: Vec<&Finish> = replies.iter().map(|r| &r.finish).collect();
-    let mut v = json!({
-        "id": meta.id,
-        "object": "chat.completion",
-        "created": meta.created,
-        "model": meta.model,
-        "system_fingerprint": FINGERPRINT,
-        "choices": choices,
-        "usage": usage_all(&finishes),
-    });
-    if let Some(r) = replies.first() {
-        v["timings"] = timings(&r.finish);
-    }
-    v
+    whole(meta, "chat.completion", choices, replies)
 }
 
 /// The state of a streamed chat answer over its choices.
@@ -554,20 +541,7 @@ pub fn openai_completion_whole(
             })
         })
         .collect();
-    let finishes: Vec<&Finish> = replies.iter().map(|r| &r.finish).collect();
-    let mut v = json!({
-        "id": meta.id,
-        "object": "text_completion",
-        "created": meta.created,
-        "model": meta.model,
-        "system_fingerprint": FINGERPRINT,
-        "choices": choices,
-        "usage": usage_all(&finishes),
-    });
-    if let Some(r) = replies.first() {
-        v["timings"] = timings(&r.finish);
-    }
-    v
+    whole(meta, "text_completion", choices, replies)
 }
 
 /// The payloads of one event of a streamed `/v1/completions` answer.
@@ -613,4 +587,23 @@ pub fn new_id(prefix: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     format!("{prefix}-{:x}{n:04x}", kvstore::unix_now())
+}
+
+/// An OpenAI answer that is not streamed: its `object`, its choices, the usage of every reply
+/// and the first reply's timings (llama-server's extension).
+fn whole(meta: &Meta, object: &str, choices: Vec<Value>, replies: &[Reply]) -> Value {
+    let finishes: Vec<&Finish> = replies.iter().map(|r| &r.finish).collect();
+    let mut v = json!({
+        "id": meta.id,
+        "object": object,
+        "created": meta.created,
+        "model": meta.model,
+        "system_fingerprint": FINGERPRINT,
+        "choices": choices,
+        "usage": usage_all(&finishes),
+    });
+    if let Some(r) = replies.first() {
+        v["timings"] = timings(&r.finish);
+    }
+    v
 }
