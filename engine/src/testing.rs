@@ -1,8 +1,9 @@
 //! Tiny chat models for tests and benchmarks (feature `test-util`): a llama network with random
 //! f32 weights and a GPT-2 byte-level vocabulary, so that any text encodes, plus ChatML's control
-//! tokens. The chat's, the ingest's and the server's tests all write their models here.
+//! tokens. The chat's, the ingest's and the server's tests all write their models here, and find
+//! the real Gemma 3 model through [`gemma3_model_path`].
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::gguf::{GgmlType, GgufWriter};
 use crate::Result;
@@ -173,4 +174,36 @@ impl TinyChatModel {
         }
         g.write(path)
     }
+}
+
+/// Gemma 3 270M (Q4_K_M): `$LLAMA_HDD_GEMMA3`, else `<workspace>/models/gemma-3-270m-q4_k_m.gguf`
+/// (`cargo xtask fetch-model gemma3`), for the tests of every crate that run it; see
+/// [`workspace_model`].
+pub fn gemma3_model_path() -> Option<PathBuf> {
+    workspace_model(
+        "LLAMA_HDD_GEMMA3",
+        "gemma-3-270m-q4_k_m.gguf",
+        "cargo xtask fetch-model gemma3",
+    )
+}
+
+/// A real model for tests: the file `$env` names, else `<workspace>/models/<file>` (which
+/// `fetch` downloads). Absent: `None` with a note on stderr; under CI (`CI` set) a panic, so
+/// that no test passes by skipping it.
+pub fn workspace_model(env: &str, file: &str, fetch: &str) -> Option<PathBuf> {
+    let path = std::env::var_os(env).map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../models")
+            .join(file)
+    });
+    if path.is_file() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI must run the tests of {file}, but {} is missing",
+        path.display()
+    );
+    eprintln!("skipped: {} not present (run `{fetch}`)", path.display());
+    None
 }

@@ -9,31 +9,10 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use common::TestServer;
 use serde_json::{json, Value};
-
-fn gemma3() -> Option<PathBuf> {
-    let path = std::env::var_os("LLAMA_HDD_GEMMA3")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/gemma-3-270m-q4_k_m.gguf")
-        });
-    if path.is_file() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "CI must run the Gemma 3 tests, but {} is missing",
-        path.display()
-    );
-    eprintln!(
-        "skipped: {} not present (run `cargo xtask fetch-model gemma3`)",
-        path.display()
-    );
-    None
-}
 
 /// llama.cpp's prompts, ids and greedy tokens for the file.
 fn golden() -> Vec<Value> {
@@ -49,23 +28,8 @@ fn golden() -> Vec<Value> {
 /// is taken in another order, so here the first tokens show that the model runs right.
 const AGREE: usize = 4;
 
-async fn server(model: &str, cache: &str) -> TestServer {
-    TestServer::start(&[
-        "llama-hdd-server",
-        "-m",
-        model,
-        "--port",
-        "0",
-        "--cache-dir",
-        cache,
-        "-c",
-        "2048",
-        "-np",
-        "2",
-        "-t",
-        "2",
-    ])
-    .await
+async fn server(model: &Path, cache: &Path) -> TestServer {
+    common::start_on(model, cache, &["-c", "2048", "-np", "2", "-t", "2"]).await
 }
 
 fn ids(v: &Value) -> Vec<u64> {
@@ -91,10 +55,11 @@ async fn greedy(srv: &TestServer, prompt: &str, n: usize) -> (Vec<u64>, u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gemma3_through_the_server_matches_llama_cpp_and_comes_back_from_disk() {
-    let Some(model) = gemma3() else { return };
+    let Some(model) = engine::testing::gemma3_model_path() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
-    let model = model.display().to_string();
-    let cache = dir.path().join("cache").display().to_string();
+    let cache = dir.path().join("cache");
     let cases = golden();
     let len = |g: &Value| g["prompt_ids"].as_array().unwrap().len();
     let short: Vec<&Value> = cases.iter().filter(|g| len(g) < 64).take(3).collect();

@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use common::TestServer;
 use serde_json::{json, Value};
@@ -22,22 +22,11 @@ async fn a_streamed_chat_on_the_real_model_answers_in_words() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let model = model.display().to_string();
-    let cache = dir.path().join("cache").display().to_string();
-    let srv = TestServer::start(&[
-        "llama-hdd-server",
-        "-m",
+    let srv = common::start_on(
         &model,
-        "--port",
-        "0",
-        "--cache-dir",
-        &cache,
-        "-c",
-        "1024",
-        "-np",
-        "2",
-        "--kv-unified",
-    ])
+        &dir.path().join("cache"),
+        &["-c", "1024", "-np", "2", "--kv-unified"],
+    )
     .await;
     let body = json!({
         "messages": [{"role": "user", "content": "What is the tallest mountain in the world?"}],
@@ -62,24 +51,21 @@ async fn a_streamed_chat_on_the_real_model_answers_in_words() {
 }
 
 /// Starts a server on the real model with `cache` as its cache directory and 8 slots.
-async fn real_server(model: &str, cache: &str) -> TestServer {
-    TestServer::start(&[
-        "llama-hdd-server",
-        "-m",
+async fn real_server(model: &Path, cache: &Path) -> TestServer {
+    common::start_on(
         model,
-        "--port",
-        "0",
-        "--cache-dir",
         cache,
-        "-c",
-        "1024",
-        "-np",
-        "8",
-        "--kv-unified",
-        "-t",
-        "2",
-        "--deterministic",
-    ])
+        &[
+            "-c",
+            "1024",
+            "-np",
+            "8",
+            "--kv-unified",
+            "-t",
+            "2",
+            "--deterministic",
+        ],
+    )
     .await
 }
 
@@ -93,7 +79,6 @@ async fn greedy_replies_are_the_same_cold_from_memory_and_from_disk() {
         eprintln!("skipped: the real model is absent (cargo xtask fetch-model)");
         return;
     };
-    let model = model.display().to_string();
     let words = [
         "river", "stone", "lamp", "orbit", "maple", "quiet", "harbor", "copper",
     ];
@@ -109,7 +94,7 @@ async fn greedy_replies_are_the_same_cold_from_memory_and_from_disk() {
     let replies = |rs: &[Value]| -> Vec<Value> { rs.iter().map(|r| r["tokens"].clone()).collect() };
 
     let dir = tempfile::tempdir().unwrap();
-    let cache = dir.path().join("cache").display().to_string();
+    let cache = dir.path().join("cache");
     let srv = real_server(&model, &cache).await;
     let mut cold = Vec::new();
     for b in &bodies {
@@ -139,7 +124,7 @@ async fn greedy_replies_are_the_same_cold_from_memory_and_from_disk() {
     );
 
     // Eight at a time on a fresh cache: prompts and replies share every batch.
-    let other = dir.path().join("other").display().to_string();
+    let other = dir.path().join("other");
     let srv = real_server(&model, &other).await;
     let mut batched = Vec::new();
     for group in bodies.chunks(8) {

@@ -649,49 +649,11 @@ pub fn tokens(n: usize) -> Vec<u32> {
 /// `None`, with a note on stderr, when it is absent; under CI (`CI` set) absence fails the test,
 /// so the tests that need it cannot pass by skipping.
 pub fn real_model_path() -> Option<PathBuf> {
-    let path = std::env::var_os("LLAMA_HDD_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    if path.is_file() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "CI must run the real-model tests, but {} is missing",
-        path.display()
-    );
-    eprintln!(
-        "skipped: {} not present (run `cargo xtask fetch-model`)",
-        path.display()
-    );
-    None
-}
-
-/// Gemma 3 270M (Q4_K_M): `$LLAMA_HDD_GEMMA3`, else `<workspace>/models/gemma-3-270m-q4_k_m.gguf`
-/// (`cargo xtask fetch-model gemma3`). Absent: `None` with a note, except under CI, where the
-/// test fails.
-pub fn gemma3_model_path() -> Option<PathBuf> {
-    let path = std::env::var_os("LLAMA_HDD_GEMMA3")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/gemma-3-270m-q4_k_m.gguf")
-        });
-    if path.is_file() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "CI must run the Gemma 3 tests, but {} is missing",
-        path.display()
-    );
-    eprintln!(
-        "skipped: {} not present (run `cargo xtask fetch-model gemma3`)",
-        path.display()
-    );
-    None
+    engine::testing::workspace_model(
+        "LLAMA_HDD_MODEL",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "cargo xtask fetch-model",
+    )
 }
 
 /// A test vocabulary: the tokenizer built from it and its token texts, to name ids by text.

@@ -14,7 +14,7 @@ use crate::error::{Result, StoreError};
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 /// The longest wait between two connection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
-/// Bytes of values a `get_many` keeps outstanding. Redis holds a pipeline's replies (or one
+/// Bytes of values a `get_each` (and so a `get_many`) keeps outstanding. Redis holds a pipeline's replies (or one
 /// `MGET`'s) all at once before writing them, in fresh memory each time: one `MGET` of 31
 /// block records of 1.5 MB faulted in every page on the server's side and read at 0.6x of one
 /// `GET` at a time. Two or three blocks in flight keep both sides busy in reused buffers

@@ -1,6 +1,6 @@
 //! A Redis connection that reads replies straight into their final buffers: the remote tier's
-//! hot path (pipelined `GET`s of megabyte values) costs one copy from the socket, where a general client
-//! parses through a growing buffer and copies each value again. The `redis` crate parses the
+//! hot path (pipelined `GET`s of megabyte values) costs one copy from the socket, where a
+//! general client parses through a growing buffer and copies each value again. The `redis` crate parses the
 //! URL; commands and replies are RESP2, only the few this tier sends. `rediss://` runs them over
 //! TLS ([`super::tls`], feature `tls`).
 

@@ -78,26 +78,29 @@ impl Env {
 
     /// Starts a server on the tiny model and this directory's cache, with `extra` options.
     pub async fn start(&self, extra: &[&str]) -> TestServer {
-        let model = self.model.display().to_string();
-        let cache = self.cache().display().to_string();
-        let mut argv = vec![
-            "llama-hdd-server",
-            "-m",
-            &model,
-            "--port",
-            "0",
-            "--cache-dir",
-            &cache,
-            "-t",
-            "1",
-            "-c",
-            "512",
-            // `-c` is what each request may use, whatever the slots.
-            "--kv-unified",
-        ];
+        // `-c` is what each request may use, whatever the slots.
+        let mut argv = vec!["-t", "1", "-c", "512", "--kv-unified"];
         argv.extend_from_slice(extra);
-        TestServer::start(&argv).await
+        start_on(&self.model, &self.cache(), &argv).await
     }
+}
+
+/// Starts a server in this process on `model` with `cache` as its cache directory, on a free
+/// port, with `extra` options.
+pub async fn start_on(model: &Path, cache: &Path, extra: &[&str]) -> TestServer {
+    let model = model.display().to_string();
+    let cache = cache.display().to_string();
+    let mut argv = vec![
+        "llama-hdd-server",
+        "-m",
+        &model,
+        "--port",
+        "0",
+        "--cache-dir",
+        &cache,
+    ];
+    argv.extend_from_slice(extra);
+    TestServer::start(&argv).await
 }
 
 /// A server running in this process.

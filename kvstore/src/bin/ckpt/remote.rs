@@ -2,8 +2,9 @@
 //!
 //! One store writes `--blocks` blocks of a prompt to the tier; then, `--reps` times, a store on
 //! a fresh directory (another host, holding nothing) brings them back: once with the tier's raw
-//! call (every key's `GET` pipelined, a few values in flight), once with `fetch_remote` (the same call, then each record
-//! verified and put into the RAM tier), which is what a prompt lookup pays. Medians, as JSON.
+//! call (every key's `GET` pipelined, a few values in flight), once with `fetch_remote` (the
+//! same requests, each record verified and put into the RAM tier as it arrives), which is what
+//! a prompt lookup pays. Medians, as JSON.
 
 use std::io::Write;
 use std::time::Instant;
