@@ -179,7 +179,7 @@ impl TinyChatModel {
 /// Gemma 3 270M (Q4_K_M): `$LLAMA_HDD_GEMMA3`, else `<workspace>/models/gemma-3-270m-q4_k_m.gguf`
 /// (`cargo xtask fetch-model gemma3`), for the tests of every crate that run it; see
 /// [`workspace_model`].
-pub fn gemma3_model_path() -> Option<PathBuf> {
+pub fn gemma3_model_path() -> std::result::Result<PathBuf, String> {
     workspace_model(
         "LLAMA_HDD_GEMMA3",
         "gemma-3-270m-q4_k_m.gguf",
@@ -188,22 +188,24 @@ pub fn gemma3_model_path() -> Option<PathBuf> {
 }
 
 /// A real model for tests: the file `$env` names, else `<workspace>/models/<file>` (which
-/// `fetch` downloads). Absent: `None` with a note on stderr; under CI (`CI` set) a panic, so
-/// that no test passes by skipping it.
-pub fn workspace_model(env: &str, file: &str, fetch: &str) -> Option<PathBuf> {
+/// `fetch` downloads). Absent: the note a test prints as it skips; under CI (`CI` set) a
+/// panic, so that no test passes by skipping it.
+pub fn workspace_model(env: &str, file: &str, fetch: &str) -> std::result::Result<PathBuf, String> {
     let path = std::env::var_os(env).map(PathBuf::from).unwrap_or_else(|| {
         PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../models")
             .join(file)
     });
     if path.is_file() {
-        return Some(path);
+        return Ok(path);
     }
     assert!(
         std::env::var_os("CI").is_none(),
         "CI must run the tests of {file}, but {} is missing",
         path.display()
     );
-    eprintln!("skipped: {} not present (run `{fetch}`)", path.display());
-    None
+    Err(format!(
+        "skipped: {} not present (run `{fetch}`)",
+        path.display()
+    ))
 }

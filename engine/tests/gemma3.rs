@@ -18,7 +18,7 @@ use engine::{ContextParams, Model, Session};
 use serde_json::Value;
 
 fn model() -> Option<Arc<Model>> {
-    let path = engine::testing::gemma3_model_path()?;
+    let path = common::gemma3_model_path()?;
     Some(Model::load(&path).expect("Gemma 3 loads"))
 }
 

@@ -654,6 +654,15 @@ pub fn real_model_path() -> Option<PathBuf> {
         "SmolLM2-135M-Instruct.Q4_1.gguf",
         "cargo xtask fetch-model",
     )
+    .map_err(|note| eprintln!("{note}"))
+    .ok()
+}
+
+/// Gemma 3 270M ([`engine::testing::gemma3_model_path`]); `None`, with a note, when absent.
+pub fn gemma3_model_path() -> Option<PathBuf> {
+    engine::testing::gemma3_model_path()
+        .map_err(|note| eprintln!("{note}"))
+        .ok()
 }
 
 /// A test vocabulary: the tokenizer built from it and its token texts, to name ids by text.
