@@ -189,14 +189,129 @@ impl Context {
 
     /// Occupancy of the page pool.
     pub fn stats(&self) -> KvStats {
-        let (pages_used, pages_shared) = self.pool.counts();
+        let (pages_used, pages_shared, pages_window_released) = self.pool.counts();
         KvStats {
             pages_total: self.pool.n_pages(),
             pages_used,
             pages_shared,
             pages_referenced: self.seqs.values().map(|s| s.pages.len()).sum(),
             sequences: self.seqs.len(),
+            pages_window_released,
         }
+    }
+
+    /// Bytes of the KV pool's host memory resident in RAM, as the system counts them (`None`
+    /// where it cannot tell): the pool is reserved address space that costs RAM only where
+    /// written, and less after [`Context::release_windows`].
+    pub fn kv_resident_bytes(&self) -> Option<usize> {
+        self.kv.resident_bytes()
+    }
+
+    /// The sliding window of the model's windowed layers, if it has any.
+    fn window(&self) -> Option<usize> {
+        let hp = self.model.hparams();
+        let w = hp.sliding_window.as_ref()?;
+        (0..hp.n_layer).any(|il| hp.is_swa(il)).then_some(w.size)
+    }
+
+    /// The first page whose windowed rows a token at position `len` attends to (positions
+    /// after `len - window`); `len.div_ceil(PAGE_TOKENS)` (none) without windowed layers.
+    pub(crate) fn window_first_page(&self, len: usize) -> usize {
+        match self.window() {
+            Some(w) => (len + 1).saturating_sub(w) / PAGE_TOKENS,
+            None => len.div_ceil(PAGE_TOKENS),
+        }
+    }
+
+    /// The first position at or after which a sequence with page table `pages` could not go
+    /// on from position `len` (as [`Context::resumable_len`] counts), if any.
+    fn window_gap(&self, pages: &[u32], len: usize) -> Option<usize> {
+        let end = len.div_ceil(PAGE_TOKENS).min(pages.len());
+        let first = self.window_first_page(len);
+        (first..end)
+            .find(|&i| self.pool.is_released(pages[i]))
+            .map(|i| i * PAGE_TOKENS)
+    }
+
+    /// Refuses to go on from `len` with `pages` when the window there reaches released rows.
+    fn check_window(&self, seq: SeqId, pages: &[u32], len: usize) -> Result<()> {
+        match self.window_gap(pages, len) {
+            Some(position) => Err(Error::WindowReleased { seq, position }),
+            None => Ok(()),
+        }
+    }
+
+    /// The longest length, at most `len`, from which `seq` can go on (be forked, truncated to,
+    /// evaluated after): `len` itself unless the window of a token at `len` reaches rows of
+    /// sliding-window layers that were released ([`Context::release_windows`]); 0 at worst.
+    pub fn resumable_len(&self, seq: SeqId, len: usize) -> Result<usize> {
+        let s = self.seq(seq)?;
+        let mut len = len.min(s.tokens.len());
+        while let Some(position) = self.window_gap(&s.pages, len) {
+            // Only lengths that end at or before the released page can avoid it.
+            len = position;
+            if len == 0 {
+                break;
+            }
+        }
+        Ok(len)
+    }
+
+    /// Whether the rows of sliding-window layers of `seq`'s page `index` were released.
+    pub fn page_released(&self, seq: SeqId, index: usize) -> Result<bool> {
+        let s = self.seq(seq)?;
+        Ok(s.pages
+            .get(index)
+            .is_some_and(|&p| self.pool.is_released(p)))
+    }
+
+    /// Gives the memory of `seq`'s rows in sliding-window layers that no live sequence will
+    /// attend again back to the system: of each full page outside the window of every sequence
+    /// holding it (a layer with window `W` reads only a token's last `W` positions), the rows
+    /// of the windowed layers in host memory. Returns the pages released (0 for a model
+    /// without windowed layers).
+    ///
+    /// Those rows read as zeros afterwards, so call this only once the pages are saved (they
+    /// are not exported again: [`Context::read_page`] and the like refuse them with
+    /// [`Error::WindowReleased`]), or when they will never be. A sequence cannot then go on
+    /// from a shorter length whose window reaches them ([`Context::resumable_len`]); an
+    /// import of the same blocks reads them again rather than sharing them.
+    pub fn release_windows(&mut self, seq: SeqId) -> Result<usize> {
+        let s = self.seq(seq)?;
+        if self.window().is_none() {
+            return Ok(0);
+        }
+        // Pages some sequence may attend to in windowed layers.
+        let needed: std::collections::HashSet<u32> = self
+            .seqs
+            .values()
+            .flat_map(|h| {
+                h.pages[self.window_first_page(h.tokens.len()).min(h.pages.len())..]
+                    .iter()
+                    .copied()
+            })
+            .collect();
+        let candidates: Vec<u32> = s.pages[..s.ids.len()]
+            .iter()
+            .copied()
+            .filter(|p| !needed.contains(p) && !self.pool.is_released(*p))
+            .collect();
+        let hp = self.model.hparams();
+        let windowed: Vec<usize> = (0..hp.n_layer).filter(|&il| hp.is_swa(il)).collect();
+        for &page in &candidates {
+            for &l in &windowed {
+                for (value, bytes) in [
+                    (false, self.layout.k_bytes_per_token[l]),
+                    (true, self.layout.v_bytes_per_token[l]),
+                ] {
+                    let page_bytes = PAGE_TOKENS * bytes;
+                    self.kv
+                        .release(l, value, page as usize * page_bytes, page_bytes);
+                }
+            }
+            self.pool.mark_released(page);
+        }
+        Ok(candidates.len())
     }
 
     /// A new, empty sequence. It holds no page until tokens are added.
@@ -209,6 +324,8 @@ impl Context {
 
     /// A new sequence holding the first `len` positions of `src`, sharing its pages (no KV is
     /// copied; a shared, partly filled page is copied when either sequence writes into it).
+    /// [`Error::WindowReleased`] when the window of a token at `len` reaches released rows of
+    /// sliding-window layers.
     pub fn fork(&mut self, src: SeqId, len: usize) -> Result<SeqId> {
         let s = self.seq(src)?;
         if len > s.tokens.len() {
@@ -220,6 +337,7 @@ impl Context {
             });
         }
         let pages = s.pages[..len.div_ceil(PAGE_TOKENS)].to_vec();
+        self.check_window(src, &pages, len)?;
         let fork = Sequence {
             tokens: s.tokens[..len].to_vec(),
             ids: s.ids[..len / PAGE_TOKENS].to_vec(),
@@ -288,6 +406,13 @@ impl Context {
                 None => break,
             }
         }
+        // A run whose end's window reaches released rows of sliding-window layers is cut
+        // back to where a sequence can go on.
+        while let Some(position) = self.window_gap(&pages, pages.len() * PAGE_TOKENS) {
+            let keep = position / PAGE_TOKENS;
+            pages.truncate(keep);
+            ids.truncate(keep);
+        }
         (ids, pages)
     }
 
@@ -341,6 +466,9 @@ impl Context {
     }
 
     /// Forgets every position of `seq` at or after `len` (no-op when already shorter).
+    /// [`Error::WindowReleased`], changing nothing, when the window of a token at `len` reaches
+    /// released rows of sliding-window layers ([`Context::resumable_len`] says how far back
+    /// `seq` can be cut).
     pub fn truncate(&mut self, seq: SeqId, len: usize) -> Result<()> {
         let s = self
             .seqs
@@ -349,6 +477,10 @@ impl Context {
         if len >= s.tokens.len() {
             return Ok(());
         }
+        if let Some(position) = self.window_gap(&self.seqs[&seq].pages, len) {
+            return Err(Error::WindowReleased { seq, position });
+        }
+        let s = self.seqs.get_mut(&seq).expect("checked above");
         s.tokens.truncate(len);
         s.ids.truncate(len / PAGE_TOKENS);
         s.logits = None;
@@ -483,6 +615,7 @@ impl Context {
                 return Err(Error::EmptyBatch);
             }
             self.check_tokens(&item.tokens)?;
+            self.check_window(item.seq, &s.pages, len)?;
             if len + item.tokens.len() > self.params.n_ctx {
                 return Err(Error::ContextFull {
                     needed: len + item.tokens.len(),

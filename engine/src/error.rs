@@ -287,6 +287,20 @@ pub enum Error {
         /// Tokens held.
         len: usize,
     },
+    /// The rows of sliding-window layers that an operation needs were released
+    /// ([`Context::release_windows`](crate::Context::release_windows)): a sequence cannot go
+    /// on from a position whose window reaches them, nor can they be read. Its blocks are in
+    /// the store, which the caller can import again.
+    #[error(
+        "the sliding-window KV of sequence {seq} at position {position} was released; \
+         import its blocks again"
+    )]
+    WindowReleased {
+        /// The sequence.
+        seq: crate::SeqId,
+        /// The first position whose rows are missing.
+        position: usize,
+    },
     /// Chain roots handed to an import are out of order or past the block after the last
     /// full one.
     #[error("chain roots at blocks {roots:?} do not fit a sequence of {n_blocks} full blocks")]

@@ -257,6 +257,9 @@ pub struct KvStats {
     pub pages_referenced: usize,
     /// Live sequences.
     pub sequences: usize,
+    /// Used pages whose sliding-window layers' rows were released
+    /// ([`Context::release_windows`](crate::Context::release_windows)).
+    pub pages_window_released: usize,
 }
 
 /// The bookkeeping of the page pool: reference counts, the free list and the index of full
@@ -265,6 +268,8 @@ pub struct KvStats {
 pub(crate) struct PagePool {
     refs: Vec<u32>,
     ids: Vec<Option<BlockId>>,
+    /// Pages whose rows in sliding-window layers were released (they read as zeros).
+    released: Vec<bool>,
     /// Free pages, lowest index first: keeping the used cells low keeps attention short.
     free: BinaryHeap<Reverse<u32>>,
     index: HashMap<BlockId, u32>,
@@ -275,6 +280,7 @@ impl PagePool {
         PagePool {
             refs: vec![0; n_pages],
             ids: vec![None; n_pages],
+            released: vec![false; n_pages],
             free: (0..n_pages as u32).map(Reverse).collect(),
             index: HashMap::new(),
         }
@@ -293,6 +299,7 @@ impl PagePool {
         let Reverse(page) = self.free.pop()?;
         debug_assert_eq!(self.refs[page as usize], 0);
         self.refs[page as usize] = 1;
+        self.released[page as usize] = false;
         Some(page)
     }
 
@@ -320,11 +327,26 @@ impl PagePool {
     /// Records that `page` holds the full block `id` (it must not be written again).
     pub(crate) fn index(&mut self, page: u32, id: BlockId) {
         self.unindex(page);
-        // A second page with the same contents stays unindexed: one copy is enough to share.
-        if let std::collections::hash_map::Entry::Vacant(e) = self.index.entry(id) {
-            e.insert(page);
-            self.ids[page as usize] = Some(id);
+        // A second page with the same contents stays unindexed: one copy is enough to share,
+        // unless the first one's sliding-window rows were released and this one's were not.
+        if let Some(&other) = self.index.get(&id) {
+            if !self.released[other as usize] || self.released[page as usize] {
+                return;
+            }
+            self.ids[other as usize] = None;
         }
+        self.index.insert(id, page);
+        self.ids[page as usize] = Some(id);
+    }
+
+    /// Records that `page`'s rows in sliding-window layers were released.
+    pub(crate) fn mark_released(&mut self, page: u32) {
+        self.released[page as usize] = true;
+    }
+
+    /// Whether `page`'s rows in sliding-window layers were released.
+    pub(crate) fn is_released(&self, page: u32) -> bool {
+        self.released[page as usize]
     }
 
     /// Forgets `page`'s block id, before it is written.
@@ -344,11 +366,15 @@ impl PagePool {
         self.index.get(id).copied()
     }
 
-    /// Used pages and pages held more than once.
-    pub(crate) fn counts(&self) -> (usize, usize) {
+    /// Used pages, pages held more than once, and used pages whose sliding-window rows were
+    /// released.
+    pub(crate) fn counts(&self) -> (usize, usize, usize) {
         let used = self.refs.iter().filter(|&&r| r > 0).count();
         let shared = self.refs.iter().filter(|&&r| r > 1).count();
-        (used, shared)
+        let released = (self.refs.iter().zip(&self.released))
+            .filter(|&(&r, &x)| r > 0 && x)
+            .count();
+        (used, shared, released)
     }
 }
 

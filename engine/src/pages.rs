@@ -63,6 +63,12 @@ impl Context {
                 len,
             });
         };
+        if self.pool.is_released(page) {
+            return Err(Error::WindowReleased {
+                seq,
+                position: index * PAGE_TOKENS,
+            });
+        }
         let n = (len - index * PAGE_TOKENS).min(PAGE_TOKENS);
         out.clear();
         out.resize(self.span_bytes(n), 0);
@@ -85,6 +91,12 @@ impl Context {
         let mut pages = Vec::with_capacity(indices.len());
         for &index in indices {
             match s.pages.get(index) {
+                Some(&page) if self.pool.is_released(page) => {
+                    return Err(Error::WindowReleased {
+                        seq,
+                        position: index * PAGE_TOKENS,
+                    })
+                }
                 Some(&page) if s.tokens.len() >= (index + 1) * PAGE_TOKENS => pages.push(page),
                 _ => {
                     return Err(Error::KvRange {
@@ -134,6 +146,15 @@ impl Context {
                 end: positions.end,
                 len: s.tokens.len(),
             });
+        }
+        if self.model().hparams().is_swa(layer) {
+            let pages = positions.start / PAGE_TOKENS..positions.end.div_ceil(PAGE_TOKENS);
+            if let Some(i) = pages.clone().find(|&i| self.pool.is_released(s.pages[i])) {
+                return Err(Error::WindowReleased {
+                    seq,
+                    position: (i * PAGE_TOKENS).max(positions.start),
+                });
+            }
         }
         let n = positions.len();
         for (value, out) in [(false, k), (true, v)] {
@@ -243,7 +264,18 @@ impl Context {
             });
         }
         let ids = BlockId::chain_all_rooted(&self.fingerprint(), tokens, PAGE_TOKENS as u32, roots);
-        let resident: Vec<Option<u32>> = ids.iter().map(|id| self.pool.find(id)).collect();
+        // A resident page is shared unless the window of the sequence's end reaches it and its
+        // rows in sliding-window layers were released: then the block is read again.
+        let window_from = self.window_first_page(tokens.len());
+        let resident: Vec<Option<u32>> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                self.pool
+                    .find(id)
+                    .filter(|&p| i < window_from || !self.pool.is_released(p))
+            })
+            .collect();
         let needed = resident.iter().filter(|p| p.is_none()).count() + usize::from(n_tail > 0);
         if needed > self.pool.n_free() {
             return Err(Error::OutOfPages {

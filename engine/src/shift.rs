@@ -55,7 +55,9 @@ impl Context {
     /// Errors, before anything changes: [`Error::BadShift`] when `n_keep + n_discard` exceeds
     /// the tokens held; [`Error::OutOfPages`] when the pool lacks the fresh pages the moved
     /// tokens need (only when another sequence shares a page past the kept ones; otherwise
-    /// the pages are rewritten in place). A shift discarding nothing changes nothing. Should
+    /// the pages are rewritten in place); [`Error::WindowReleased`] when it would move rows of
+    /// sliding-window layers that were released, or keep such rows inside the window of the
+    /// shifted end ([`Context::release_windows`]). A shift discarding nothing changes nothing. Should
     /// ggml's computation itself fail during an in-place shift, the sequence is cut back to its
     /// first `n_keep` tokens (the only ones known intact) before the error is returned.
     pub fn shift(&mut self, seq: SeqId, n_keep: usize, n_discard: usize) -> Result<()> {
@@ -81,11 +83,17 @@ impl Context {
         // sums over a sequence's cells in pool order: a restored sequence, whose pages are in
         // order, then computes the same bits). Otherwise into fresh pages.
         let in_place = old_pages[first..].iter().all(|&p| self.pool.refs(p) == 1);
-        if !in_place && n_new > self.pool.n_free() {
-            return Err(Error::OutOfPages {
-                needed: n_new,
-                free: self.pool.n_free(),
-                total: self.pool.n_pages(),
+        // Rows of sliding-window layers that were released (they read as zeros) must neither
+        // be moved (a moved row lands at another position, in a page that is then exported
+        // as a whole) nor be kept inside the window of the shifted sequence's end.
+        let window = self.window_first_page(new_len)..new_len.div_ceil(PAGE_TOKENS);
+        let released = (first..old_pages.len())
+            .chain(window.filter(|&i| i < first))
+            .find(|&i| self.pool.is_released(old_pages[i]));
+        if let Some(i) = released {
+            return Err(Error::WindowReleased {
+                seq,
+                position: i * PAGE_TOKENS,
             });
         }
         let (table, fresh) = if in_place {

@@ -154,3 +154,42 @@ fn gemma3_pages_restored_continue_bit_identically() {
 fn ids_first(v: &Value) -> u32 {
     ids(v)[0]
 }
+
+/// Of a conversation longer than the window, the windowed layers' rows outside it leave memory
+/// (`Context::release_windows`), and the conversation goes on computing the same bits.
+#[test]
+fn gemma3_rows_outside_the_window_leave_memory() {
+    let Some(model) = model() else { return };
+    let cases = golden();
+    let long = cases
+        .iter()
+        .find(|c| c["prompt_ids"].as_array().unwrap().len() > 512)
+        .unwrap();
+    let ids = ids(&long["prompt_ids"]);
+    let n = ids.len() - 1;
+    let mut a = Session::new(model.clone(), params()).unwrap();
+    let mut b = Session::new(model, params()).unwrap();
+    a.feed(&ids[..n]).unwrap();
+    b.feed(&ids[..n]).unwrap();
+    let before = a.context().kv_resident_bytes().unwrap();
+    let seq = a.seq();
+    let released = a.context_mut().release_windows(seq).unwrap();
+    let after = a.context().kv_resident_bytes().unwrap();
+    // 844 positions, window 512: pages 0..5 (positions up to 383) are outside it.
+    assert_eq!(released, 5);
+    let layout = a.kv_layout();
+    let windowed = (0..layout.n_layers)
+        .filter(|&l| a.model().hparams().is_swa(l))
+        .map(|l| layout.k_bytes_per_token[l] + layout.v_bytes_per_token[l])
+        .sum::<usize>();
+    assert!(
+        before - after >= released * engine::PAGE_TOKENS * windowed,
+        "{before} -> {after}"
+    );
+    println!(
+        "gemma3, {n} positions: KV resident {before} -> {after} bytes ({released} pages' windowed rows released)"
+    );
+    let got = a.feed(&ids[n..]).unwrap().to_vec();
+    let want = b.feed(&ids[n..]).unwrap().to_vec();
+    assert_eq!(got, want);
+}

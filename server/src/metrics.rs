@@ -27,6 +27,8 @@ pub struct Metrics {
     pub kv_pages_used: AtomicU64,
     /// KV pages of the pool.
     pub kv_pages_total: AtomicU64,
+    /// KV pages in use whose sliding-window layers' rows left memory.
+    pub kv_pages_window_released: AtomicU64,
     /// Blocks handed to the store by the write-behind thread.
     pub blocks_written: AtomicU64,
     /// Tails (partly filled last pages) stored by the write-behind thread.
@@ -221,7 +223,7 @@ impl Metrics {
     /// then the prompt cache's own (`llamahdd:`).
     pub fn render(&self, store: StoreBytes) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let rows: [(&str, &str, &str, u64); 20] = [
+        let rows: [(&str, &str, &str, u64); 21] = [
             (
                 "prompt_tokens_total",
                 "counter",
@@ -281,6 +283,12 @@ impl Metrics {
                 "gauge",
                 "KV pages in the pool.",
                 get(&self.kv_pages_total),
+            ),
+            (
+                "kv_pages_window_released",
+                "gauge",
+                "KV pages in use whose sliding-window layers' rows left memory.",
+                get(&self.kv_pages_window_released),
             ),
             (
                 "cache_blocks_written_total",

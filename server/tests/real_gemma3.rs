@@ -117,3 +117,74 @@ async fn gemma3_through_the_server_matches_llama_cpp_and_comes_back_from_disk() 
     assert!(cached + 1 >= prompt_tokens, "{b}");
     srv.stop().await;
 }
+
+/// A conversation longer than the sliding window, once finished and handed to the store,
+/// keeps only the window's rows of the windowed layers in memory; a prompt that shares only
+/// its beginning (whose window rows left) reads those blocks back from the store and answers
+/// as a cold computation does, and the whole prompt again is still a full cache hit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemma3_rows_outside_the_window_leave_memory_and_come_back_from_disk() {
+    let model = match engine::testing::gemma3_model_path() {
+        Ok(path) => path,
+        Err(note) => return eprintln!("{note}"),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cases = golden();
+    let long = cases
+        .iter()
+        .max_by_key(|g| g["prompt_ids"].as_array().unwrap().len())
+        .unwrap();
+    let prompt = long["prompt"].as_str().unwrap();
+    let srv = common::start_on(
+        &model,
+        &dir.path().join("cache"),
+        &["-c", "2048", "-np", "2", "-t", "2", "--metrics"],
+    )
+    .await;
+    let (first, _) = greedy(&srv, prompt, AGREE).await;
+    let released = || common::metric(&srv.url, "kv_pages_window_released");
+    let written = || common::metric(&srv.url, "cache_blocks_written_total");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while released().await == 0 || written().await < 13 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "released {}, written {}",
+            released().await,
+            written().await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+
+    // The first third of the prompt, then another question: its window rows left memory.
+    let cut = prompt
+        .char_indices()
+        .nth(prompt.chars().count() / 3)
+        .unwrap()
+        .0;
+    let branch = format!("{} And what comes after that?", &prompt[..cut]);
+    let (got, cached) = greedy(&srv, &branch, AGREE).await;
+    assert!(
+        cached >= 192,
+        "only {cached} tokens of the shared beginning cached"
+    );
+    let (status, r) = srv
+        .post(
+            "/completion",
+            &json!({"prompt": branch, "n_predict": AGREE, "temperature": 0,
+                    "return_tokens": true, "ignore_eos": true, "cache_prompt": false}),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["timings"]["cache_n"], 0, "{r}");
+    assert_eq!(
+        got,
+        ids(&r["tokens"]),
+        "the branch read back answers as computed cold"
+    );
+
+    // The whole prompt again: the finished conversation goes on from its end.
+    let (again, cached) = greedy(&srv, prompt, AGREE).await;
+    assert!(cached >= 800, "{cached}");
+    assert_eq!(again, first);
+    srv.stop().await;
+}

@@ -51,8 +51,10 @@ pub(crate) struct KvTensors {
 // and every write goes through `&mut self`, so one thread at a time reads or writes it.
 unsafe impl Send for KvTensors {}
 
-/// Alignment of each tensor inside the pool's memory (ggml's CPU buffers need 32).
-const KV_TENSOR_ALIGN: usize = 64;
+/// Alignment of each tensor inside the pool's memory (ggml's CPU buffers need 32): a memory
+/// page, so that a pool page's rows of one layer, when they fill whole memory pages, can be
+/// handed back to the system ([`KvTensors::release`]).
+const KV_TENSOR_ALIGN: usize = 4096;
 
 /// The K and V tensors of a pool, borrowed mutably for one graph that writes into them.
 #[derive(Clone, Copy)]
@@ -415,6 +417,48 @@ impl KvTensors {
         }
     }
 
+    /// Hands the memory of bytes `offset .. offset + len` of layer `layer`'s K (or V) tensor
+    /// back to the system, when the layer lives in host memory: the whole memory pages inside
+    /// the range (the pages it shares with neighbouring rows stay). Those bytes read as zeros
+    /// afterwards, and cost RAM again only once written. Returns the bytes released.
+    ///
+    /// # Panics
+    /// If the range is not inside the tensor.
+    pub(crate) fn release(
+        &mut self,
+        layer: usize,
+        value: bool,
+        offset: usize,
+        len: usize,
+    ) -> usize {
+        let n = self.n_bytes(layer, value);
+        assert!(
+            offset.checked_add(len).is_some_and(|end| end <= n),
+            "KV release out of range"
+        );
+        if !self.host[layer] {
+            return 0;
+        }
+        let t = self.tensor(layer, value);
+        // SAFETY: a live CPU tensor; its data pointer lies inside `_memory` (placed there by
+        // `placed`), so the difference is the tensor's offset in the mapping.
+        let data = unsafe { (*t.as_ptr()).data } as usize;
+        let start = data - self._memory.as_ptr() as usize + offset;
+        let page = memory_page();
+        let (first, end) = (start.next_multiple_of(page), (start + len) / page * page);
+        if end <= first {
+            return 0;
+        }
+        release_range(&self._memory, first, end - first);
+        end - first
+    }
+
+    /// Bytes of the pool's host memory that are resident in RAM now, as the system counts them
+    /// (`None` where it cannot tell).
+    pub(crate) fn resident_bytes(&self) -> Option<usize> {
+        resident(&self._memory)
+    }
+
     /// Copies `len` bytes at `from` to `to` within layer `layer`'s K (or V) tensor.
     ///
     /// # Panics
@@ -450,5 +494,61 @@ impl KvTensors {
             let data = (*t.as_ptr()).data.cast::<u8>();
             std::ptr::copy_nonoverlapping(data.add(from), data.add(to), len);
         }
+    }
+}
+
+/// The size of a memory page.
+fn memory_page() -> usize {
+    #[cfg(unix)]
+    {
+        // SAFETY: `sysconf` reads a constant of the system.
+        let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+    }
+    #[cfg(not(unix))]
+    {
+        4096
+    }
+}
+
+/// Drops the memory pages of `len` bytes at `offset` of the anonymous mapping `memory` (both
+/// page multiples): the system takes them back and they read as zeros next time.
+fn release_range(memory: &memmap2::MmapMut, offset: usize, len: usize) {
+    #[cfg(unix)]
+    {
+        // SAFETY: the range lies inside the private anonymous mapping, which only this pool's
+        // tensors use; `&mut KvTensors` (the caller's) excludes every reader and writer, and
+        // zeros are what these rows are meant to read as once released (nothing attends them).
+        let _ = unsafe {
+            memory.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len)
+        };
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (memory, offset, len);
+    }
+}
+
+/// Bytes of `memory` resident in RAM (`mincore`).
+fn resident(memory: &memmap2::MmapMut) -> Option<usize> {
+    #[cfg(unix)]
+    {
+        let page = memory_page();
+        let mut flags = vec![0u8; memory.len().div_ceil(page)];
+        // SAFETY: the mapping is page-aligned and `memory.len()` long; `flags` has one byte
+        // per page of it, which `mincore` fills.
+        let rc = unsafe {
+            libc::mincore(
+                memory.as_ptr() as *mut libc::c_void,
+                memory.len(),
+                flags.as_mut_ptr().cast(),
+            )
+        };
+        (rc == 0).then(|| flags.iter().filter(|&&f| f & 1 == 1).count() * page)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = memory;
+        None
     }
 }

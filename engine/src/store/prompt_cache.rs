@@ -169,7 +169,12 @@ impl PromptCache<'_> {
         let len = len.min(tokens.len());
         let full = len / PAGE_TOKENS;
         // A shifted sequence's blocks are not found by prompt tokens alone: no tail for it.
-        if full == 0 || len % PAGE_TOKENS == 0 || ctx.is_shifted(seq)? {
+        // Nor is a page whose sliding-window rows were released.
+        if full == 0
+            || len % PAGE_TOKENS == 0
+            || ctx.is_shifted(seq)?
+            || ctx.page_released(seq, full)?
+        {
             return Ok(None);
         }
         let conversion = self.store.conversion(ctx.kv_layout())?;
@@ -348,8 +353,11 @@ impl PromptCache<'_> {
         let ids = ctx.block_ids(seq)?;
         let roots = ctx.chain_roots(seq)?;
         // Every missing page in one batch of transfers (one wait, when the KV is on a GPU).
+        // A page whose sliding-window rows were released was handed over before its release
+        // ([`Context::release_windows`]); it cannot be read again.
         let missing: Vec<usize> = (from..ids.len())
             .filter(|&i| !self.store.handle.contains(&ids[i]))
+            .filter(|&i| !ctx.page_released(seq, i).unwrap_or(true))
             .collect();
         let mut spans = vec![Vec::new(); missing.len()];
         ctx.read_full_pages(seq, &missing, &mut spans)?;

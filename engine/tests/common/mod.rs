@@ -74,6 +74,8 @@ pub struct Cfg {
     pub base: f32,
     /// Llama-3-style RoPE frequency factors (`rope_freqs.weight`, `head_dim / 2` values).
     pub rope_freqs: Option<Vec<f32>>,
+    /// `context_length`: the longest context a context of the model gets.
+    pub n_ctx_train: u32,
 }
 
 impl Cfg {
@@ -226,7 +228,7 @@ pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
     let mut g = GgufWriter::new();
     g.add_str("general.architecture", arch);
     let k = |s: &str| format!("{arch}.{s}");
-    g.add_u32(&k("context_length"), 256);
+    g.add_u32(&k("context_length"), c.n_ctx_train);
     g.add_u32(&k("embedding_length"), c.n_embd as u32);
     g.add_u32(&k("block_count"), c.n_layer as u32);
     // Mixtral-style experts are `feed_forward_length` wide.
@@ -602,6 +604,7 @@ pub fn cfg(shape: Shape, tied: bool) -> Cfg {
         eps: 1e-5,
         base: 10000.0,
         rope_freqs: None,
+        n_ctx_train: 256,
     }
 }
 

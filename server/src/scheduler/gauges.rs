@@ -1,5 +1,5 @@
-//! The scheduler's gauges for `/metrics`: requests processing and waiting, KV pages used and
-//! in all.
+//! The scheduler's gauges for `/metrics`: requests processing and waiting, KV pages used, in
+//! all, and with their sliding-window rows released.
 //!
 //! Invariant: they are published after every step and before a request's answer goes out, so
 //! a client that reads them once it has its answer sees its request done.
@@ -15,5 +15,9 @@ impl Scheduler {
         Metrics::set(&self.metrics.requests_waiting, self.queue.len() as u64);
         Metrics::set(&self.metrics.kv_pages_used, stats.pages_used as u64);
         Metrics::set(&self.metrics.kv_pages_total, stats.pages_total as u64);
+        Metrics::set(
+            &self.metrics.kv_pages_window_released,
+            stats.pages_window_released as u64,
+        );
     }
 }

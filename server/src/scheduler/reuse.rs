@@ -26,7 +26,8 @@ impl Scheduler {
             .filter_map(|&s| {
                 let held = self.ctx.tokens(s).ok()?;
                 let n = held.iter().zip(tokens).take_while(|(a, b)| a == b).count();
-                Some((n, s))
+                // Not past where it can go on (its sliding-window rows released before that).
+                Some((self.ctx.resumable_len(s, n).ok()?, s))
             })
             .max()
     }
@@ -101,8 +102,17 @@ impl Scheduler {
             .filter(|e| all || e.3.elapsed() >= EXPORT_DELAY)
             .map(|e| e.0)
             .collect();
+        let mut released = 0;
         for seq in due {
-            self.export(seq);
+            if self.export(seq) {
+                // Its blocks are on their way to the store: the rows of sliding-window layers
+                // that no sequence attends any more leave memory (a later prompt that needs
+                // them reads those blocks back).
+                released += self.ctx.release_windows(seq).unwrap_or(0);
+            }
+        }
+        if released > 0 {
+            self.publish_gauges();
         }
     }
 
@@ -250,13 +260,14 @@ impl Scheduler {
 
     /// Copies the new full pages and the tails of finished sequence `seq`, if it waits for
     /// that, and hands them to the writer thread (a memory copy; the writing is the writer's).
-    pub(super) fn export(&mut self, seq: SeqId) {
+    /// Returns whether they were handed over.
+    pub(super) fn export(&mut self, seq: SeqId) -> bool {
         let Some(i) = self.exports.iter().position(|e| e.0 == seq) else {
-            return;
+            return false;
         };
         let (_, cache_n, prompt_len, _, expires) = self.exports.swap_remove(i);
         let (Some(store), Some(writer)) = (&self.store, &self.writer) else {
-            return;
+            return false;
         };
         let len = self.ctx.tokens(seq).map_or(0, <[u32]>::len);
         let work = (|| -> engine::Result<Work> {
@@ -286,10 +297,15 @@ impl Scheduler {
             })
         })();
         match work {
-            Ok(work) => writer.send(work),
-            Err(e) => self
-                .metrics
-                .cache_error(format!("reading pages failed: {e}")),
+            Ok(work) => {
+                writer.send(work);
+                true
+            }
+            Err(e) => {
+                self.metrics
+                    .cache_error(format!("reading pages failed: {e}"));
+                false
+            }
         }
     }
 }
