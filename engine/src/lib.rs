@@ -61,6 +61,7 @@ pub mod store;
 #[cfg(feature = "test-util")]
 pub mod testing;
 pub mod tokenizer;
+mod window;
 
 pub use batch::{Batch, BatchOutput, Logits};
 pub use context::{Context, ContextParams, SeqId};
