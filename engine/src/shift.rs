@@ -96,6 +96,13 @@ impl Context {
                 position: i * PAGE_TOKENS,
             });
         }
+        if !in_place && n_new > self.pool.n_free() {
+            return Err(Error::OutOfPages {
+                needed: n_new,
+                free: self.pool.n_free(),
+                total: self.pool.n_pages(),
+            });
+        }
         let (table, fresh) = if in_place {
             for &p in &old_pages[first..first + n_new] {
                 self.pool.unindex(p);
