@@ -129,7 +129,10 @@ impl Server {
             Some(dir) => Some(Arc::new(SessionStore::open(dir, &model, store_config)?)),
             None => store.clone(),
         };
-        let ctx = Context::new(Arc::clone(&model), ctx_params)?;
+        let mut ctx = Context::new(Arc::clone(&model), ctx_params)?;
+        if !args.no_warmup {
+            scheduler::warm_up(&mut ctx);
+        }
         let n_ctx = ctx.params().n_ctx;
         let template = chat_template(&config, &model)?;
         let metrics = Arc::new(Metrics::default());
@@ -204,18 +207,21 @@ impl Server {
             vocab: std::sync::OnceLock::new(),
             config,
         });
-        // The grammars' token trie is built now, off the request path: a first request with a
-        // grammar or forced tool call does not wait for it on an HTTP worker. The template
-        // renderer starts too, rather than at the first chat request.
-        let early = Arc::clone(&state);
-        let _ = std::thread::Builder::new()
+        // The grammars' token trie is built and the template renderer started before the
+        // server answers anything (as llama-server answers only once warmed up): a first
+        // request with a grammar or a forced tool call does not wait for them.
+        let renderer = std::thread::Builder::new()
             .name("warm-up".into())
-            .spawn(move || {
+            .spawn(|| {
                 if let Some(sandbox) = engine::chat::sandbox::active() {
                     sandbox.prestart();
                 }
-                drop(early.vocab());
             });
+        let early = Arc::clone(&state);
+        let _ = tokio::task::spawn_blocking(move || drop(early.vocab())).await;
+        if let Ok(renderer) = renderer {
+            let _ = renderer.join();
+        }
         Ok(Server {
             listeners,
             state,

@@ -88,14 +88,16 @@ impl PromptCache<'_> {
         let skipped = skip.min(found.blocks);
         let ids = found.block_ids.clone();
         let mut spans = Vec::with_capacity(found.blocks - skipped);
-        for (i, id) in ids.iter().enumerate().skip(skipped) {
-            let span = self
-                .store
+        let read = |id: &BlockId| {
+            self.store
                 .read_delayed(id)
                 .and_then(|bytes| match &conversion {
                     Some(to) => Ok(Span::Owned(self.store.stored.convert_span(&bytes, to)?)),
                     None => Ok(Span::Shared(bytes)),
-                });
+                })
+        };
+        let read = read_all(&ids[skipped..], read);
+        for (i, span) in (skipped..).zip(read) {
             match span {
                 Ok(s) => spans.push(s),
                 // A missing or damaged block ends the usable prefix where it is.
@@ -166,4 +168,32 @@ impl PromptCache<'_> {
             read,
         )
     }
+}
+
+/// Threads that read and verify a long prefix's blocks at most.
+const READ_THREADS: usize = 4;
+
+/// `read` of every id, in order: for a prefix of 8 blocks or more, on up to [`READ_THREADS`]
+/// threads (each a run of the blocks), since reading and verifying a block is work of its own
+/// and the request waits for all of them.
+fn read_all<T: Send>(
+    ids: &[BlockId],
+    read: impl Fn(&BlockId) -> Result<T> + Sync,
+) -> Vec<Result<T>> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, std::num::NonZero::get)
+        .min(READ_THREADS);
+    if threads < 2 || ids.len() < 8 {
+        return ids.iter().map(read).collect();
+    }
+    let read = &read;
+    std::thread::scope(|s| {
+        let runs: Vec<_> = ids
+            .chunks(ids.len().div_ceil(threads))
+            .map(|run| s.spawn(move || run.iter().map(read).collect::<Vec<_>>()))
+            .collect();
+        runs.into_iter()
+            .flat_map(|run| run.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
 }

@@ -151,7 +151,7 @@ const NO_EFFECT: &[(&[&str], Arity, &str)] = &[
         Flag,
         "continuous batching (always on)",
     ),
-    (&["--warmup", "--no-warmup"], Flag, "a warm-up run"),
+    (&["--warmup"], Flag, "a warm-up run (already on by default)"),
     (
         &["-cms", "--checkpoint-min-step"],
         One,

@@ -248,6 +248,13 @@ fn remote_tier_options_are_refused_where_they_would_be_ignored() {
 }
 
 #[test]
+fn no_warmup_turns_the_warm_up_off_and_warmup_is_accepted() {
+    assert!(!parse(&[]).unwrap().no_warmup);
+    assert!(parse(&["--no-warmup"]).unwrap().no_warmup);
+    assert!(!parse(&["--warmup"]).unwrap().no_warmup);
+}
+
+#[test]
 fn no_repack_in_either_spelling_turns_repacking_off_and_repack_is_accepted() {
     assert!(!parse(&[]).unwrap().no_repack);
     assert!(parse(&["--no-repack"]).unwrap().no_repack);

@@ -169,6 +169,16 @@ pub fn spawn(parts: Parts, rx: mpsc::UnboundedReceiver<Command>) -> std::thread:
         .expect("spawning the scheduler thread")
 }
 
+/// llama-server's warm-up: one token through every layer in a scratch sequence, dropped after,
+/// so that the first request does not pay for the weights' first touch and the compute
+/// buffers' first allocation.
+pub fn warm_up(ctx: &mut Context) {
+    let token = ctx.model().tokenizer().bos().unwrap_or(0);
+    let seq = ctx.new_sequence();
+    let _ = ctx.feed(seq, &[token], engine::Logits::Last);
+    let _ = ctx.remove_sequence(seq);
+}
+
 impl Scheduler {
     fn run(&mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
         let mut open = true;
