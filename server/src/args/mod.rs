@@ -474,9 +474,8 @@ pub struct Args {
     /// layout (`-nr`; also off with `--deterministic`). `--repack`, the default, is accepted.
     #[arg(long = "no-repack")]
     pub no_repack: bool,
-    /// Skip the warm-up evaluation at start (one token through every layer, as llama-server
-    /// does, so that the first request does not pay for touching the weights and sizing the
-    /// buffers). `--warmup`, the default, is accepted.
+    /// Skip the warm-up at start (one token through the model, as llama-server evaluates, so
+    /// that the first request does not pay for it). `--warmup`, the default, is accepted.
     #[arg(long = "no-warmup")]
     pub no_warmup: bool,
     /// Fault injection for tests: each block read from the cache waits this many milliseconds
