@@ -158,7 +158,8 @@ impl<V: BlockIo> Shared<V> {
                 .map(|(id, _)| *id)
                 .collect();
             if dirty.is_empty() {
-                return Ok(());
+                drop(st);
+                return self.sync_found();
             }
             let items: Vec<WriteItem> = dirty.iter().filter_map(|id| st.claim_dirty(id)).collect();
             st.writes_in_progress += 1;
@@ -189,6 +190,29 @@ impl<V: BlockIo> Shared<V> {
             lock_mutex(&self.state).writes_in_progress -= 1;
             self.cond.notify_all();
             result?;
+        }
+        Ok(())
+    }
+
+    /// Makes the blocks found on disk rather than written here durable, as a flush promises:
+    /// a file whose directory entry was never synced (a batch whose directory sync failed
+    /// after its renames, or a writer that died before it) is synced now, once per model.
+    fn sync_found(&self) -> Result<()> {
+        let models: HashSet<usize> = lock_mutex(&self.state)
+            .entries
+            .values()
+            .filter(|e| e.found)
+            .map(|e| e.model)
+            .collect();
+        for model in models {
+            let info = self.model_info(model);
+            self.io
+                .sync_dir(&info.blocks_dir)
+                .map_err(|e| StoreError::io("fsync", &info.blocks_dir, e))?;
+            let mut st = lock_mutex(&self.state);
+            for e in st.entries.values_mut().filter(|e| e.model == model) {
+                e.found = false;
+            }
         }
         Ok(())
     }
