@@ -73,7 +73,7 @@ impl Context {
     /// attend again back to the system: of each full page outside the window of every sequence
     /// holding it (a layer with window `W` reads only a token's last `W` positions), the rows
     /// of the windowed layers in host memory. Returns the pages released (0 for a model
-    /// without windowed layers).
+    /// without windowed layers, or whose windowed layers all live in device memory).
     ///
     /// Those rows read as zeros afterwards, so call this only once the pages are saved (they
     /// are not exported again: [`Context::read_page`] and the like refuse them with
@@ -82,7 +82,9 @@ impl Context {
     /// import of the same blocks reads them again rather than sharing them.
     pub fn release_windows(&mut self, seq: SeqId) -> Result<usize> {
         let s = self.seq(seq)?;
-        if self.window().is_none() {
+        let hp = self.model().hparams();
+        // Windowed layers in device memory keep their rows: nothing to gain there.
+        if self.window().is_none() || !(0..hp.n_layer).any(|l| hp.is_swa(l) && self.kv.is_host(l)) {
             return Ok(0);
         }
         // Pages some sequence may attend to in windowed layers.
@@ -100,7 +102,6 @@ impl Context {
             .copied()
             .filter(|p| !needed.contains(p) && !self.pool.is_released(*p))
             .collect();
-        let hp = self.model().hparams();
         let layout = self.kv_layout();
         // Per windowed layer: its K and V bytes per token.
         let windowed: Vec<(usize, [usize; 2])> = (0..hp.n_layer)

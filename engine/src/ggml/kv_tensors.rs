@@ -453,6 +453,11 @@ impl KvTensors {
         end - first
     }
 
+    /// Whether layer `layer`'s K and V live in host memory.
+    pub(crate) fn is_host(&self, layer: usize) -> bool {
+        self.host[layer]
+    }
+
     /// Bytes of the pool's host memory that are resident in RAM now, as the system counts them
     /// (`None` where it cannot tell).
     pub(crate) fn resident_bytes(&self) -> Option<usize> {
