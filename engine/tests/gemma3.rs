@@ -134,11 +134,7 @@ fn gemma3_logits_and_greedy_tokens_match_llama_cpp() {
 #[test]
 fn gemma3_pages_restored_continue_bit_identically() {
     let Some(model) = model() else { return };
-    let cases = golden();
-    let long = cases
-        .iter()
-        .find(|c| c["prompt_ids"].as_array().unwrap().len() > 512)
-        .unwrap();
+    let long = past_the_window();
     let ids = ids(&long["prompt_ids"]);
     let n = ids.len() - 1;
     let mut a = Session::new(model.clone(), params()).unwrap();
@@ -151,6 +147,14 @@ fn gemma3_pages_restored_continue_bit_identically() {
     assert_eq!(argmax(&got), ids_first(&long["greedy"]));
 }
 
+/// The golden case whose prompt crosses the 512-position window.
+fn past_the_window() -> Value {
+    golden()
+        .into_iter()
+        .find(|c| c["prompt_ids"].as_array().unwrap().len() > 512)
+        .unwrap()
+}
+
 fn ids_first(v: &Value) -> u32 {
     ids(v)[0]
 }
@@ -160,11 +164,7 @@ fn ids_first(v: &Value) -> u32 {
 #[test]
 fn gemma3_rows_outside_the_window_leave_memory() {
     let Some(model) = model() else { return };
-    let cases = golden();
-    let long = cases
-        .iter()
-        .find(|c| c["prompt_ids"].as_array().unwrap().len() > 512)
-        .unwrap();
+    let long = past_the_window();
     let ids = ids(&long["prompt_ids"]);
     let n = ids.len() - 1;
     let mut a = Session::new(model.clone(), params()).unwrap();

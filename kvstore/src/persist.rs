@@ -191,27 +191,32 @@ impl<V: BlockIo> Shared<V> {
             self.cond.notify_all();
             result?;
         }
-        Ok(())
+        self.sync_found()
     }
 
     /// Makes the blocks found on disk rather than written here durable, as a flush promises:
     /// a file whose directory entry was never synced (a batch whose directory sync failed
     /// after its renames, or a writer that died before it) is synced now, once per model.
+    /// Only the entries seen before the sync lose their mark.
     fn sync_found(&self) -> Result<()> {
-        let models: HashSet<usize> = lock_mutex(&self.state)
+        let mut found: HashMap<usize, Vec<BlockId>> = HashMap::new();
+        for (id, e) in lock_mutex(&self.state)
             .entries
-            .values()
-            .filter(|e| e.found)
-            .map(|e| e.model)
-            .collect();
-        for model in models {
+            .iter()
+            .filter(|(_, e)| e.found)
+        {
+            found.entry(e.model).or_default().push(*id);
+        }
+        for (model, ids) in found {
             let info = self.model_info(model);
             self.io
                 .sync_dir(&info.blocks_dir)
                 .map_err(|e| StoreError::io("fsync", &info.blocks_dir, e))?;
             let mut st = lock_mutex(&self.state);
-            for e in st.entries.values_mut().filter(|e| e.model == model) {
-                e.found = false;
+            for id in &ids {
+                if let Some(e) = st.entries.get_mut(id) {
+                    e.found = false;
+                }
             }
         }
         Ok(())

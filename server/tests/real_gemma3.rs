@@ -28,6 +28,14 @@ fn golden() -> Vec<Value> {
 /// is taken in another order, so here the first tokens show that the model runs right.
 const AGREE: usize = 4;
 
+/// The golden case with the longest prompt (past the 512-position window).
+fn longest(cases: &[Value]) -> &Value {
+    cases
+        .iter()
+        .max_by_key(|g| g["prompt_ids"].as_array().unwrap().len())
+        .unwrap()
+}
+
 async fn server(model: &Path, cache: &Path) -> TestServer {
     common::start_on(model, cache, &["-c", "2048", "-np", "2", "-t", "2"]).await
 }
@@ -65,7 +73,7 @@ async fn gemma3_through_the_server_matches_llama_cpp_and_comes_back_from_disk() 
     let len = |g: &Value| g["prompt_ids"].as_array().unwrap().len();
     let short: Vec<&Value> = cases.iter().filter(|g| len(g) < 64).take(3).collect();
     // The longest prompt crosses the sliding window (512 positions) of five layers in six.
-    let long = cases.iter().max_by_key(|g| len(g)).unwrap();
+    let long = longest(&cases);
     assert!(short.len() == 3 && len(long) > 512);
 
     let srv = server(&model, &cache).await;
@@ -130,10 +138,7 @@ async fn gemma3_rows_outside_the_window_leave_memory_and_come_back_from_disk() {
     };
     let dir = tempfile::tempdir().unwrap();
     let cases = golden();
-    let long = cases
-        .iter()
-        .max_by_key(|g| g["prompt_ids"].as_array().unwrap().len())
-        .unwrap();
+    let long = longest(&cases);
     let prompt = long["prompt"].as_str().unwrap();
     let srv = common::start_on(
         &model,
