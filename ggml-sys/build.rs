@@ -66,9 +66,11 @@ fn main() {
         src.join("ggml-quants.c"),
         cpu.join("ggml-cpu.c"),
         cpu.join("quants.c"),
-        // Ours: kernels that run as ggml custom ops (declared in src/kernels.rs).
+        // Ours: kernels that run as ggml custom ops (declared in src/lib.rs, `kernels`).
         PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
             .join("csrc/mul_mat_q4_1.c"),
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+            .join("csrc/flash_attn_f16.c"),
     ];
     let mut cpp_files = vec![
         src.join("ggml.cpp"),

@@ -36,6 +36,23 @@ pub mod kernels {
             nth: ::core::ffi::c_int,
             userdata: *mut ::core::ffi::c_void,
         );
+
+        /// A `ggml_custom_op_t` for `ggml_custom_4d`: `dst` (f32 `[d, n_head, m]`) = attention
+        /// of `dst->src[0]` (q, f32 `[d, m, n_head]`) over `src[1]` and `src[2]` (k and v, f16
+        /// `[d, n_kv, n_head_kv]`, contiguous rows) with `src[3]` (the mask, f16 `[>= n_kv,
+        /// >= m]`, shared by the heads), scores scaled by the f32 whose bits are `userdata`'s
+        /// low 32 bits. `d` a multiple of 16 and at most 256, `n_head` a multiple of
+        /// `n_head_kv`. Every row's result has the same bits whatever the other rows are.
+        pub fn ggml_sys_flash_attn_f16(
+            dst: *mut super::ggml_tensor,
+            ith: ::core::ffi::c_int,
+            nth: ::core::ffi::c_int,
+            userdata: *mut ::core::ffi::c_void,
+        );
+
+        /// 1 when [`ggml_sys_flash_attn_f16`] was built with its vector code (AVX2, FMA and
+        /// F16C), 0 when it runs plain loops.
+        pub fn ggml_sys_flash_attn_f16_simd() -> ::core::ffi::c_int;
     }
 }
 

@@ -19,8 +19,9 @@
 //! as long as their replies agree.
 //!
 //! Per turn and server: prompt tokens (`usage.prompt_tokens`), prompt tokens computed
-//! (`timings.prompt_n`) and taken from the cache (`timings.cache_n`), and the time to first
-//! token (see [`Reply::ttft_ms`]). Printed: a per-turn table on stderr, a JSON report on stdout
+//! (`timings.prompt_n`) and taken from the cache (`timings.cache_n`), the new tokens (the prompt
+//! less the previous turn's prompt and reply: what no cache can spare a server from computing)
+//! and the time to first token (see [`Reply::ttft_ms`]). Printed: a per-turn table on stderr, a JSON report on stdout
 //! with, when both servers ran, the `ratios` the goals are stated in. Each server's requests are
 //! kept in `--dir`, as `<server>-agent/requests.jsonl` (one line per turn), beside its logs.
 
@@ -470,6 +471,25 @@ fn computed_after_first(turns: &[TurnFigures]) -> u64 {
     turns.iter().skip(1).map(|t| t.reply.computed).sum()
 }
 
+/// Turn `i`'s (0-based) tokens that no earlier request sent or generated: its prompt less the
+/// previous turn's prompt and reply (the reply's last token was sampled, never evaluated). No
+/// cache can compute fewer: the longest prefix it could hold is the previous turn's sequence.
+/// Turn 1: its whole prompt.
+fn new_tokens(turns: &[TurnFigures], i: usize) -> u64 {
+    let now = turns[i].reply.prompt_tokens;
+    match i.checked_sub(1).map(|j| &turns[j].reply) {
+        Some(prev) => {
+            now.saturating_sub((prev.prompt_tokens + prev.completion_tokens).saturating_sub(1))
+        }
+        None => now,
+    }
+}
+
+/// Sum of [`new_tokens`] over turns 2 to N: the fewest prompt tokens a perfect cache computes.
+fn floor_after_first(turns: &[TurnFigures]) -> u64 {
+    (1..turns.len()).map(|i| new_tokens(turns, i)).sum()
+}
+
 /// Median time to first token over turns 2 to N, the turn after the restart aside.
 fn steady_ttft(turns: &[TurnFigures], restart_after: usize) -> f64 {
     let v: Vec<f64> = turns
@@ -499,6 +519,8 @@ fn summary(turns: &[TurnFigures], restart_after: usize) -> Value {
         "invalid_arguments": turns.iter().filter(|t| t.invalid_arguments).count(),
         "computed_turn_1": turns.first().map(|t| t.reply.computed),
         "computed_after_turn_1": computed_after_first(turns),
+        "new_tokens": (0..turns.len()).map(|i| new_tokens(turns, i)).collect::<Vec<_>>(),
+        "new_tokens_after_turn_1": floor_after_first(turns),
         "restart_turn": restart_after + 1,
         "restart_ttft_ms": restart.map(|t| round(t.reply.ttft_ms)),
         "restart_computed": restart.map(|t| t.reply.computed),
@@ -512,8 +534,14 @@ fn ratios(ours: &[TurnFigures], llama: &[TurnFigures], restart_after: usize) -> 
     let ttft = |t: &[TurnFigures]| t.get(restart_after).map_or(f64::NAN, |t| t.reply.ttft_ms);
     let restart = ttft(llama) / ttft(ours);
     let steady = steady_ttft(llama, restart_after) / steady_ttft(ours, restart_after);
+    // The best ratio any cache could reach on our turns: only their new tokens computed.
+    let floor = floor_after_first(ours) as f64 / computed_after_first(llama) as f64;
     json!({
         "computed_after_turn_1_ours_over_llama": round3(computed),
+        "new_tokens_after_turn_1_ours_over_llama_computed": round3(floor),
+        "computed_over_new_tokens_ours": round3(
+            computed_after_first(ours) as f64 / floor_after_first(ours) as f64
+        ),
         "computed_goal_at_most": 0.2,
         "computed_goal_met": computed <= 0.2,
         "restart_ttft_llama_over_ours": round3(restart),
@@ -535,14 +563,14 @@ fn round3(x: f64) -> f64 {
 
 /// The per-turn table, the servers side by side, on stderr.
 fn print_table(runs: &[(Kind, Vec<TurnFigures>)], restart_after: usize) {
-    const GROUP: usize = 45;
+    const GROUP: usize = 48;
     let mut names = String::from("    ");
     let mut head = String::from("turn");
     for (kind, _) in runs {
         names.push_str(&format!(" | {:<GROUP$}", kind.name()));
         head.push_str(&format!(
-            " | {:>6} {:>6} {:>6} {:>9} {:<14}",
-            "prompt", "comp", "cached", "ttft_ms", "tool call"
+            " | {:>6} {:>5} {:>5} {:>6} {:>9} {:<12}",
+            "prompt", "new", "comp", "cached", "ttft_ms", "tool call"
         ));
     }
     eprintln!("\n{names}\n{head}");
@@ -553,8 +581,9 @@ fn print_table(runs: &[(Kind, Vec<TurnFigures>)], restart_after: usize) {
         for (_, turns) in runs {
             let Some(t) = turns.get(i) else { continue };
             line.push_str(&format!(
-                " | {:>6} {:>6} {:>6} {:>9.1} {:<14}",
+                " | {:>6} {:>5} {:>5} {:>6} {:>9.1} {:<12}",
                 t.reply.prompt_tokens,
+                new_tokens(turns, i),
                 t.reply.computed,
                 t.reply.cached,
                 t.reply.ttft_ms,
@@ -566,10 +595,14 @@ fn print_table(runs: &[(Kind, Vec<TurnFigures>)], restart_after: usize) {
     let mut foot = String::from("computed over turns 2..N:");
     for (kind, turns) in runs {
         foot.push_str(&format!(
-            " {} {};",
+            " {} {} (new {});",
             kind.name(),
-            computed_after_first(turns)
+            computed_after_first(turns),
+            floor_after_first(turns)
         ));
     }
-    eprintln!("{foot} * the turn after the restart\n");
+    eprintln!(
+        "{foot} * the turn after the restart; new: tokens no earlier request sent or \
+         generated (no cache computes fewer)\n"
+    );
 }

@@ -46,6 +46,8 @@ pub(super) struct Forward<'p, 'g, 'w> {
     pub model: &'w Model,
     pub hp: &'w HParams,
     kv: KvTensorsMut<'w>,
+    /// Per layer: a CPU kernel can read its K and V in place (for ggml-sys's attention).
+    kv_host: Vec<bool>,
     plan: &'p Plan,
     flash_attn: bool,
     /// Tokens in the batch.
@@ -124,6 +126,9 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         Forward {
             model,
             hp: model.hparams(),
+            kv_host: (0..model.hparams().n_layer)
+                .map(|l| kv.cpu_readable(l))
+                .collect(),
             kv: kv.tensors_mut(),
             plan,
             flash_attn,
@@ -335,7 +340,7 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
             let softcap = hp.attn_softcap.unwrap_or(0.0);
             let out = if self.flash_attn {
                 // Result: [head_dim, n_head, m].
-                g.flash_attn(q, k, v, mask, scale, softcap)
+                g.flash_attn(q, k, v, mask, scale, softcap, self.kv_host[il])
             } else {
                 // Unfused: scores [n_kv, m, n_head], softmax, then V transposed to
                 // [n_kv, head_dim, n_head_kv] (a copy, since the cache stores V token-major).

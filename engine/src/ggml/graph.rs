@@ -573,10 +573,14 @@ impl<'g, 'w> Graph<'g, 'w> {
         )
     }
 
-    /// Attention with ggml's fused kernel. `q`: `[head_dim, n_tokens, n_head]`, `k`/`v`:
-    /// `[head_dim, n_kv, n_head_kv]` (f16), `mask`: f16 `[n_kv, n_tokens]`; scores are scaled,
-    /// then soft-capped to `softcap * tanh(s / softcap)` unless `softcap` is 0. The result is
-    /// `[head_dim, n_head, n_tokens]`.
+    /// Fused attention. `q`: `[head_dim, n_tokens, n_head]`, `k`/`v`: `[head_dim, n_kv,
+    /// n_head_kv]` (f16), `mask`: f16 `[n_kv, n_tokens]`; scores are scaled, then soft-capped
+    /// to `softcap * tanh(s / softcap)` unless `softcap` is 0. The result is `[head_dim,
+    /// n_head, n_tokens]`. With [`GGML_QUERY_TILE`] queries or more, `k` and `v` in host
+    /// memory (`host`), f16, no soft cap and a head size the kernel takes, ggml-sys's
+    /// attention kernel runs it (the query heads of a group share each converted K and V
+    /// tile); otherwise ggml's.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn flash_attn(
         &mut self,
         q: Tensor<'g>,
@@ -585,7 +589,50 @@ impl<'g, 'w> Graph<'g, 'w> {
         mask: Tensor<'g>,
         scale: f32,
         softcap: f32,
+        host: bool,
     ) -> Tensor<'g> {
+        let f16 = |t: &Tensor<'g>| {
+            // SAFETY: live tensor of this graph; only its header is read.
+            unsafe { (*t.raw).type_ == sys::GGML_TYPE_F16 }
+        };
+        let head_dim = q.ne(0);
+        if host
+            && q.ne(1) >= GGML_QUERY_TILE
+            && softcap == 0.0
+            && kernel_attention()
+            && f16(&k)
+            && f16(&v)
+            && f16(&mask)
+            && k.nb(0) == 2
+            && v.nb(0) == 2
+            && q.nb(0) == 4
+            && head_dim.is_multiple_of(16)
+            && head_dim <= 256
+            && v.ne(0) == head_dim
+            && k.ne(2) > 0
+            && q.ne(2).is_multiple_of(k.ne(2))
+        {
+            let mut args = [q.raw, k.raw, v.raw, mask.raw];
+            // The kernel reads `dst->src[0..4]` (the `args`, which ggml copies into the node)
+            // within the shapes checked above and writes only `dst`; the scale travels as the
+            // bits of the user-data pointer, which the kernel never dereferences.
+            return op!(
+                self,
+                sys::ggml_custom_4d(
+                    self.ctx(),
+                    sys::GGML_TYPE_F32,
+                    head_dim as i64,
+                    q.ne(2) as i64,
+                    q.ne(1) as i64,
+                    1,
+                    args.as_mut_ptr(),
+                    4,
+                    Some(sys::kernels::ggml_sys_flash_attn_f16),
+                    sys::GGML_N_TASKS_MAX,
+                    scale.to_bits() as usize as *mut std::ffi::c_void,
+                )
+            );
+        }
         let t = op!(
             self,
             sys::ggml_flash_attn_ext(
@@ -618,4 +665,22 @@ pub(crate) struct RopeParams {
     pub attn_factor: f32,
     pub beta_fast: f32,
     pub beta_slow: f32,
+}
+
+/// From this many queries ggml's CPU flash attention works in f32 on tiles of queries, as
+/// ggml-sys's kernel does (same results within float rounding). Below, ggml rounds each query
+/// to f16 and accumulates V in f16: llama.cpp's outputs for short batches and decoding carry
+/// that rounding (the golden tests compare greedy tokens), so those stay on ggml's kernel.
+const GGML_QUERY_TILE: usize = 64;
+
+/// Whether ggml-sys's attention kernel runs: it was built with its vector code (else ggml's
+/// kernel is used: the plain loops are for correctness, not speed), and the environment does
+/// not set `LLAMA_HDD_ATTENTION=ggml` (ggml's kernel everywhere, to compare the two).
+fn kernel_attention() -> bool {
+    static USE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *USE.get_or_init(|| {
+        // SAFETY: a pure function of how the crate was compiled.
+        let simd = unsafe { sys::kernels::ggml_sys_flash_attn_f16_simd() } == 1;
+        simd && std::env::var("LLAMA_HDD_ATTENTION").as_deref() != Ok("ggml")
+    })
 }

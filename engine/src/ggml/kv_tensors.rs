@@ -458,6 +458,20 @@ impl KvTensors {
         self.host[layer]
     }
 
+    /// Whether a CPU kernel can read layer `layer`'s K and V in place: they live in the pool's
+    /// host memory, or in a device buffer that is host memory (the CPU as the offload device).
+    pub(crate) fn cpu_readable(&self, layer: usize) -> bool {
+        if self.host[layer] {
+            return true;
+        }
+        // SAFETY: a live tensor of this pool; its buffer is set when the pool is made and
+        // never changes; only the buffer's kind is asked.
+        unsafe {
+            let buffer = (*self.k[layer].as_ptr()).buffer;
+            !buffer.is_null() && sys::ggml_backend_buffer_is_host(buffer)
+        }
+    }
+
     /// Bytes of the pool's host memory that are resident in RAM now, as the system counts them
     /// (`None` where it cannot tell).
     pub(crate) fn resident_bytes(&self) -> Option<usize> {

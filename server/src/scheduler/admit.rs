@@ -199,6 +199,7 @@ impl Scheduler {
             admitted: Instant::now(),
             first_token: None,
             ticket: self.tickets,
+            arrival_work: self.work,
             follow,
             shifted: 0,
             truncated: false,

@@ -83,6 +83,9 @@ struct Active {
     first_token: Option<Instant>,
     /// Order of admission, to pick the newest when the pool runs out.
     ticket: u64,
+    /// [`Scheduler::work`] at admission: with the prompt tokens left, the point of that clock by
+    /// which the prompt would be read if it ran alone (its prefill chunks' order).
+    arrival_work: u64,
     /// An earlier request still computing a longer common prefix (its sequence, the prefix's
     /// length): this one waits for it and forks those tokens instead of computing them too.
     follow: Option<(SeqId, usize)>,
@@ -128,6 +131,8 @@ struct Scheduler {
     /// starts at once.
     exports: Vec<(SeqId, usize, usize, Instant, Option<u64>)>,
     tickets: u64,
+    /// Prompt tokens fed so far: the clock, counted in work, by which prefill is ordered.
+    work: u64,
     /// Shutdown was asked for.
     closing: bool,
     /// `--sleep-idle-seconds`: the idle time before sleeping, and while asleep the parameters
@@ -160,6 +165,7 @@ pub fn spawn(parts: Parts, rx: mpsc::UnboundedReceiver<Command>) -> std::thread:
         cached: VecDeque::new(),
         exports: Vec::new(),
         tickets: 0,
+        work: 0,
         closing: false,
         sleep: parts.sleep_after.map(|d| (d, None)),
     };

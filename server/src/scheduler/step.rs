@@ -1,8 +1,9 @@
 //! Batching: one decode batch over the active slots, and what comes back of it.
 //!
 //! Invariants: every generating request gets its one decode token first; prefill chunks take
-//! what is left of `n_batch`, the request with the fewest prompt tokens left first, and a
-//! follower feeds nothing until the prefix it waits for is resolved. Logits are asked only for
+//! what is left of `n_batch`: first the requests whose prompt ends within one step (fewest
+//! tokens left first), then the others by when their prompt would be read had it run alone
+//! (see [`prefill_order`]); a follower feeds nothing until the prefix it waits for is resolved. Logits are asked only for
 //! a request's pending token or its prompt's last one. When the pool runs out of pages the
 //! cached sequences give way first, then the newest request; any other decode error fails every
 //! request of the batch.
@@ -33,22 +34,18 @@ impl Scheduler {
                     }
                 }
             }
-            // Prefill chunks, the request with the fewest prompt tokens left first: a request
-            // that found most of its prompt cached is answered at the next step instead of
-            // waiting behind a cold document (which takes what budget is left).
-            let mut prefilling: Vec<(usize, u64, usize)> = self
+            let mut prefilling: Vec<((bool, u64, u64), usize)> = self
                 .slots
                 .iter()
                 .enumerate()
                 .filter_map(|(i, s)| {
-                    s.active
-                        .as_ref()
-                        .map(|a| (a.prompt.len() - a.fed, a.ticket, i))
+                    let a = s.active.as_ref()?;
+                    let left = a.prompt.len() - a.fed;
+                    (left > 0).then(|| (prefill_order(left, a.arrival_work, a.ticket, n_batch), i))
                 })
-                .filter(|&(left, _, _)| left > 0)
                 .collect();
             prefilling.sort_unstable();
-            for (_, _, i) in prefilling {
+            for (_, i) in prefilling {
                 let Some(a) = &self.slots[i].active else {
                     continue;
                 };
@@ -77,6 +74,7 @@ impl Scheduler {
                             a.pending = None;
                         }
                         a.fed += n_prompt;
+                        self.work += n_prompt as u64;
                         if n_prompt > 0 && a.params.return_progress {
                             let _ = a.events.send(Event::Progress(Progress {
                                 total: a.prompt.len(),
@@ -131,5 +129,73 @@ impl Scheduler {
                 }
             }
         }
+    }
+}
+
+/// The order of prefill chunks (smallest first) for a request with `left` prompt tokens to
+/// read, admitted when [`Scheduler::work`] was `arrival_work`, as the `ticket`-th request.
+///
+/// A prompt that ends within one step (a request that found most of its prompt cached) goes
+/// first, the fewest tokens left first: it is answered at the next step instead of waiting
+/// behind a cold document. The others go by `arrival_work + left`, the point of the work clock
+/// by which each would be read had it run alone: a later prompt passes an earlier one only
+/// when it is that much shorter, so no prompt waits behind an endless stream of shorter ones
+/// (with the fewest tokens first, a cold document could be passed by every later one of about
+/// its size, and waited for all of them), and one that has begun keeps its place.
+fn prefill_order(left: usize, arrival_work: u64, ticket: u64, n_batch: usize) -> (bool, u64, u64) {
+    if left <= n_batch {
+        (false, left as u64, ticket)
+    } else {
+        (true, arrival_work + left as u64, ticket)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefill_order;
+
+    /// The slots' order for prompts given as (tokens left, work clock at admission, ticket).
+    fn order(prompts: &[(usize, u64, u64)], n_batch: usize) -> Vec<u64> {
+        let mut v: Vec<_> = prompts
+            .iter()
+            .map(|&(left, at, t)| (prefill_order(left, at, t, n_batch), t))
+            .collect();
+        v.sort_unstable();
+        v.into_iter().map(|(_, t)| t).collect()
+    }
+
+    #[test]
+    fn a_prompt_that_ends_within_a_step_goes_first() {
+        // A cold document admitted first, then a cached request with 40 tokens left.
+        assert_eq!(order(&[(3000, 0, 1), (40, 900, 2)], 512), [2, 1]);
+        // Two such: the fewest tokens left first.
+        assert_eq!(
+            order(&[(300, 0, 1), (40, 900, 2), (3000, 0, 3)], 512),
+            [2, 1, 3]
+        );
+    }
+
+    #[test]
+    fn a_cold_prompt_is_not_passed_by_later_ones_of_its_size() {
+        // Three documents of about 1,530 tokens admitted together; a fourth, a few tokens
+        // shorter, admitted after 2,500 tokens of work: it goes last.
+        let v = order(
+            &[
+                (1545, 1000, 1),
+                (1531, 1000, 2),
+                (1552, 1000, 3),
+                (1520, 2530, 4),
+            ],
+            512,
+        );
+        assert_eq!(v[3], 4, "{v:?}");
+        // One that has begun keeps its place before an untouched one admitted later.
+        assert_eq!(order(&[(1520, 3000, 5), (900, 1000, 3)], 512), [3, 5]);
+    }
+
+    #[test]
+    fn a_much_shorter_later_prompt_passes_a_long_one() {
+        // 8,000 tokens left of a prompt admitted at 0; 1,000 admitted after 2,000 of work.
+        assert_eq!(order(&[(8000, 0, 1), (1000, 2000, 2)], 512), [2, 1]);
     }
 }

@@ -1,0 +1,473 @@
+// Attention over an f16 KV cache for ggml's CPU backend, run as a ggml custom op
+// (`ggml_custom_4d`): for every query row, softmax(q k^T * scale + mask) v.
+//
+// How it differs from ggml's own flash-attention kernel:
+// - The query heads that share a KV head (grouped-query attention) are worked on together, in
+//   blocks of rows (a row is one token of one head): each tile of K and V is converted from f16
+//   once per block, for every head of the group, instead of once per head and query tile.
+// - K tiles are transposed eight keys by eight dimensions at a time in registers.
+// - Rows are independent: every row's result comes from the same operations in the same order
+//   whatever block it falls in, how many rows the block has and what the other rows are. A
+//   token's output therefore has the same bits whether it is evaluated alone or in a batch of
+//   any size, beside any other rows (batch invariance).
+//
+// Per row, over the keys in tiles of BK from the first: scores as a chain of fused multiply-adds
+// over the head dimension (the query scaled first), the mask added, then the online softmax
+// (running maximum and sum; the output rescaled when the maximum grows) and the output's
+// accumulation over the tile's keys in order.
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ggml.h"
+#include "ggml-cpu.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define FA_SIMD 1
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define FA_INLINE static inline __attribute__((always_inline))
+#elif defined(_MSC_VER)
+#define FA_INLINE static __forceinline
+#else
+#define FA_INLINE static inline
+#endif
+
+// Keys per tile.
+#define BK 64
+// Rows per block, at most.
+#define RB 64
+// Rows of one pass of the score and output micro-kernels: 6 rows of 16 lanes keep 12
+// accumulators, two loaded vectors and a broadcast in the 16 vector registers.
+#define FA_R 6
+// Largest head dimension the kernel takes.
+#define DMAX 256
+// The f16 bits of minus infinity, which masks a key.
+#define F16_NEG_INF 0xFC00u
+
+int ggml_sys_flash_attn_f16_simd(void) {
+#ifdef FA_SIMD
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+// Per thread: Q block, transposed K tile, V tile, scores, output, running max and sum.
+static _Thread_local float * fa_buf = NULL;
+static _Thread_local size_t fa_cap = 0;
+
+static float * fa_reserve(size_t floats) {
+    if (floats > fa_cap) {
+        float * p = NULL;
+        // 32-byte alignment for the vector loads and stores.
+        if (posix_memalign((void **) &p, 32, floats * sizeof(float)) != 0) {
+            return NULL;
+        }
+        free(fa_buf);
+        fa_buf = p;
+        fa_cap = floats;
+    }
+    return fa_buf;
+}
+
+static inline float fa_h2f(uint16_t h) {
+    return ggml_fp16_to_fp32(h);
+}
+
+#ifdef FA_SIMD
+static inline float fa_hsum(__m256 x) {
+    __m128 r = _mm256_extractf128_ps(x, 1);
+    r = _mm_add_ps(r, _mm256_castps256_ps128(x));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+static inline float fa_hmax(__m256 x) {
+    __m128 r = _mm_max_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+    r = _mm_max_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_max_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+// e^x for x <= 0 (minus infinity included): 2^n times a degree-6 polynomial on the remainder
+// r = x - n ln 2, |r| <= ln 2 / 2 (about one unit in the last place). Below -86 the result is 0.
+static inline __m256 fa_exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-86.0f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    // ln 2 in two parts, the first exact in few bits, so that n * hi is exact.
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+    const __m256 y = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+    return _mm256_andnot_ps(under, y);
+}
+
+// Eight keys' f16 rows (dims d0..d0+7 of each) into kt[(d0 + i) * BK + k0 + j], transposed in
+// registers.
+static inline void fa_transpose8(const uint16_t * const * rows, int d0, float * kt, int k0) {
+    __m256 r[8];
+    for (int j = 0; j < 8; ++j) {
+        r[j] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (rows[j] + d0)));
+    }
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    const __m256 t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    const __m256 t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    const __m256 t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    const __m256 t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+    // Dimension d0 + i of the eight keys.
+    const __m256 c[8] = {
+        _mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+        _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+        _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+        _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31),
+    };
+    for (int i = 0; i < 8; ++i) {
+        _mm256_store_ps(kt + (size_t) (d0 + i) * BK + k0, c[i]);
+    }
+}
+
+// Scores of R rows (R <= FA_R) against the tile's BK keys: p[r][k] = sum_d q[r][d] kt[d][k], one
+// fused multiply-add chain per score over d in order.
+FA_INLINE void fa_qk(const float * q, int D, const float * kt, float * p, int R) {
+    for (int k0 = 0; k0 < BK; k0 += 16) {
+        __m256 acc[FA_R][2];
+        for (int r = 0; r < R; ++r) {
+            acc[r][0] = _mm256_setzero_ps();
+            acc[r][1] = _mm256_setzero_ps();
+        }
+        for (int d = 0; d < D; ++d) {
+            const __m256 k0v = _mm256_load_ps(kt + (size_t) d * BK + k0);
+            const __m256 k1v = _mm256_load_ps(kt + (size_t) d * BK + k0 + 8);
+            for (int r = 0; r < R; ++r) {
+                const __m256 qb = _mm256_broadcast_ss(q + (size_t) r * D + d);
+                acc[r][0] = _mm256_fmadd_ps(qb, k0v, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(qb, k1v, acc[r][1]);
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            _mm256_store_ps(p + (size_t) r * BK + k0, acc[r][0]);
+            _mm256_store_ps(p + (size_t) r * BK + k0 + 8, acc[r][1]);
+        }
+    }
+}
+
+// o[r][d] += sum_k p[r][k] vt[k][d] for R rows (R <= FA_R), over k in order.
+FA_INLINE void fa_pv(const float * p, const float * vt, int D, float * o, int R) {
+    for (int d0 = 0; d0 < D; d0 += 16) {
+        __m256 acc[FA_R][2];
+        for (int r = 0; r < R; ++r) {
+            acc[r][0] = _mm256_load_ps(o + (size_t) r * D + d0);
+            acc[r][1] = _mm256_load_ps(o + (size_t) r * D + d0 + 8);
+        }
+        for (int k = 0; k < BK; ++k) {
+            const __m256 v0 = _mm256_load_ps(vt + (size_t) k * D + d0);
+            const __m256 v1 = _mm256_load_ps(vt + (size_t) k * D + d0 + 8);
+            for (int r = 0; r < R; ++r) {
+                const __m256 pb = _mm256_broadcast_ss(p + (size_t) r * BK + k);
+                acc[r][0] = _mm256_fmadd_ps(pb, v0, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(pb, v1, acc[r][1]);
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            _mm256_store_ps(o + (size_t) r * D + d0, acc[r][0]);
+            _mm256_store_ps(o + (size_t) r * D + d0 + 8, acc[r][1]);
+        }
+    }
+}
+
+static void fa_qk_rows(const float * q, int D, const float * kt, float * p, int rows) {
+    int r = 0;
+    for (; r + FA_R <= rows; r += FA_R) {
+        fa_qk(q + (size_t) r * D, D, kt, p + (size_t) r * BK, FA_R);
+    }
+    switch (rows - r) {
+        case 5: fa_qk(q + (size_t) r * D, D, kt, p + (size_t) r * BK, 5); break;
+        case 4: fa_qk(q + (size_t) r * D, D, kt, p + (size_t) r * BK, 4); break;
+        case 3: fa_qk(q + (size_t) r * D, D, kt, p + (size_t) r * BK, 3); break;
+        case 2: fa_qk(q + (size_t) r * D, D, kt, p + (size_t) r * BK, 2); break;
+        case 1: fa_qk(q + (size_t) r * D, D, kt, p + (size_t) r * BK, 1); break;
+        default: break;
+    }
+}
+
+static void fa_pv_rows(const float * p, const float * vt, int D, float * o, int rows) {
+    int r = 0;
+    for (; r + FA_R <= rows; r += FA_R) {
+        fa_pv(p + (size_t) r * BK, vt, D, o + (size_t) r * D, FA_R);
+    }
+    switch (rows - r) {
+        case 5: fa_pv(p + (size_t) r * BK, vt, D, o + (size_t) r * D, 5); break;
+        case 4: fa_pv(p + (size_t) r * BK, vt, D, o + (size_t) r * D, 4); break;
+        case 3: fa_pv(p + (size_t) r * BK, vt, D, o + (size_t) r * D, 3); break;
+        case 2: fa_pv(p + (size_t) r * BK, vt, D, o + (size_t) r * D, 2); break;
+        case 1: fa_pv(p + (size_t) r * BK, vt, D, o + (size_t) r * D, 1); break;
+        default: break;
+    }
+}
+#endif
+
+// The tensors of the node and what the kernel reads of them.
+typedef struct {
+    const struct ggml_tensor * q;    // f32 [D, m, n_head]
+    const struct ggml_tensor * k;    // f16 [D, n_kv, n_head_kv]
+    const struct ggml_tensor * v;    // f16 [D, n_kv, n_head_kv]
+    const struct ggml_tensor * mask; // f16 [>= n_kv, >= m]
+    struct ggml_tensor * dst;        // f32 [D, n_head, m]
+    int D, m, n_kv, n_head, gqa;
+    float scale;
+} fa_args;
+
+static inline const uint16_t * fa_row(const struct ggml_tensor * t, int64_t i1, int64_t i2) {
+    return (const uint16_t *) ((const char *) t->data + i1 * t->nb[1] + i2 * t->nb[2]);
+}
+
+// One block: rows j0..j0+rows-1 of KV head g's group (row j is token j / gqa of query head
+// g * gqa + j % gqa).
+static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf) {
+    const int D = a->D;
+    float * q = buf;                      // RB x D
+    float * kt = q + (size_t) RB * D;     // D x BK
+    float * vt = kt + (size_t) D * BK;    // BK x D
+    float * p = vt + (size_t) BK * D;     // RB x BK
+    float * o = p + (size_t) RB * BK;     // RB x D
+    float * mx = o + (size_t) RB * D;     // RB
+    float * sum = mx + RB;                // RB
+
+    for (int r = 0; r < rows; ++r) {
+        const int j = j0 + r, t = j / a->gqa, h = g * a->gqa + j % a->gqa;
+        const float * src = (const float *) ((const char *) a->q->data + t * a->q->nb[1] + h * a->q->nb[2]);
+        for (int d = 0; d < D; ++d) {
+            q[(size_t) r * D + d] = src[d] * a->scale;
+        }
+        mx[r] = -INFINITY;
+        sum[r] = 0.0f;
+    }
+    memset(o, 0, (size_t) rows * D * sizeof(float));
+    const int t_first = j0 / a->gqa, t_last = (j0 + rows - 1) / a->gqa;
+
+    for (int ic = 0; ic < a->n_kv; ic += BK) {
+        const int kv = a->n_kv - ic < BK ? a->n_kv - ic : BK;
+        // A tile that every token of the block masks is skipped.
+        int open = 0;
+        for (int t = t_first; t <= t_last && !open; ++t) {
+            const uint16_t * mrow = fa_row(a->mask, t, 0) + ic;
+            for (int k = 0; k < kv; ++k) {
+                if (mrow[k] != F16_NEG_INF) {
+                    open = 1;
+                    break;
+                }
+            }
+        }
+        if (!open) {
+            continue;
+        }
+
+        // K transposed and V, as f32; keys past the end are zeros (their scores are masked).
+#ifdef FA_SIMD
+        {
+            static const uint16_t zeros[DMAX] = {0};
+            for (int k0 = 0; k0 < BK; k0 += 8) {
+                const uint16_t * rows8[8];
+                for (int j = 0; j < 8; ++j) {
+                    rows8[j] = k0 + j < kv ? fa_row(a->k, ic + k0 + j, g) : zeros;
+                }
+                for (int d0 = 0; d0 < D; d0 += 8) {
+                    fa_transpose8(rows8, d0, kt, k0);
+                }
+            }
+            for (int k = 0; k < BK; ++k) {
+                float * dstv = vt + (size_t) k * D;
+                if (k < kv) {
+                    const uint16_t * src = fa_row(a->v, ic + k, g);
+                    for (int d = 0; d < D; d += 8) {
+                        _mm256_store_ps(dstv + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (src + d))));
+                    }
+                } else {
+                    memset(dstv, 0, (size_t) D * sizeof(float));
+                }
+            }
+            fa_qk_rows(q, D, kt, p, rows);
+        }
+#else
+        for (int k = 0; k < BK; ++k) {
+            const uint16_t * ks = k < kv ? fa_row(a->k, ic + k, g) : NULL;
+            const uint16_t * vs = k < kv ? fa_row(a->v, ic + k, g) : NULL;
+            for (int d = 0; d < D; ++d) {
+                kt[(size_t) d * BK + k] = ks ? fa_h2f(ks[d]) : 0.0f;
+                vt[(size_t) k * D + d] = vs ? fa_h2f(vs[d]) : 0.0f;
+            }
+        }
+        for (int r = 0; r < rows; ++r) {
+            for (int k = 0; k < BK; ++k) {
+                float acc = 0.0f;
+                for (int d = 0; d < D; ++d) {
+                    acc = fmaf(q[(size_t) r * D + d], kt[(size_t) d * BK + k], acc);
+                }
+                p[(size_t) r * BK + k] = acc;
+            }
+        }
+#endif
+
+        // Mask, online softmax.
+        for (int r = 0; r < rows; ++r) {
+            const int t = (j0 + r) / a->gqa;
+            const uint16_t * mrow = fa_row(a->mask, t, 0) + ic;
+            float * pr = p + (size_t) r * BK;
+            float * orow = o + (size_t) r * D;
+#ifdef FA_SIMD
+            __m256 vmax = _mm256_set1_ps(-INFINITY);
+            for (int k = 0; k < BK; k += 8) {
+                __m256 s = _mm256_load_ps(pr + k);
+                __m256 mk;
+                if (k + 8 <= kv) {
+                    mk = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (mrow + k)));
+                } else {
+                    float tmp[8];
+                    for (int i = 0; i < 8; ++i) {
+                        tmp[i] = k + i < kv ? fa_h2f(mrow[k + i]) : -INFINITY;
+                    }
+                    mk = _mm256_loadu_ps(tmp);
+                }
+                s = _mm256_add_ps(s, mk);
+                _mm256_store_ps(pr + k, s);
+                vmax = _mm256_max_ps(vmax, s);
+            }
+            const float tmax = fa_hmax(vmax);
+#else
+            float tmax = -INFINITY;
+            for (int k = 0; k < BK; ++k) {
+                pr[k] += k < kv ? fa_h2f(mrow[k]) : -INFINITY;
+                tmax = pr[k] > tmax ? pr[k] : tmax;
+            }
+#endif
+            if (tmax == -INFINITY) {
+                // Every key of the tile masked for this row: it adds nothing.
+                memset(pr, 0, BK * sizeof(float));
+                continue;
+            }
+            if (tmax > mx[r]) {
+                const float ms = expf(mx[r] - tmax);
+                for (int d = 0; d < D; ++d) {
+                    orow[d] *= ms;
+                }
+                sum[r] *= ms;
+                mx[r] = tmax;
+            }
+#ifdef FA_SIMD
+            const __m256 m = _mm256_set1_ps(mx[r]);
+            __m256 vs = _mm256_setzero_ps();
+            for (int k = 0; k < BK; k += 8) {
+                const __m256 e = fa_exp8(_mm256_sub_ps(_mm256_load_ps(pr + k), m));
+                _mm256_store_ps(pr + k, e);
+                vs = _mm256_add_ps(vs, e);
+            }
+            sum[r] += fa_hsum(vs);
+#else
+            float s = 0.0f;
+            for (int k = 0; k < BK; ++k) {
+                pr[k] = pr[k] == -INFINITY ? 0.0f : expf(pr[k] - mx[r]);
+                s += pr[k];
+            }
+            sum[r] += s;
+#endif
+        }
+
+#ifdef FA_SIMD
+        fa_pv_rows(p, vt, D, o, rows);
+#else
+        for (int r = 0; r < rows; ++r) {
+            for (int k = 0; k < BK; ++k) {
+                const float w = p[(size_t) r * BK + k];
+                for (int d = 0; d < D; ++d) {
+                    o[(size_t) r * D + d] = fmaf(w, vt[(size_t) k * D + d], o[(size_t) r * D + d]);
+                }
+            }
+        }
+#endif
+    }
+
+    for (int r = 0; r < rows; ++r) {
+        const int j = j0 + r, t = j / a->gqa, h = g * a->gqa + j % a->gqa;
+        float * out = (float *) ((char *) a->dst->data + h * a->dst->nb[1] + t * a->dst->nb[2]);
+        const float inv = sum[r] == 0.0f ? 0.0f : 1.0f / sum[r];
+        for (int d = 0; d < D; ++d) {
+            out[d] = o[(size_t) r * D + d] * inv;
+        }
+    }
+}
+
+// dst (f32 [D, n_head, m]) = attention of q (src 0, f32 [D, m, n_head]) over k and v (src 1
+// and 2, f16 [D, n_kv, n_head_kv], rows contiguous) with mask (src 3, f16 [>= n_kv, >= m],
+// shared by the heads). The scores' scale is the f32 whose bits are `userdata`'s low 32 bits.
+// D a multiple of 16 (of 8 without SIMD), at most DMAX; n_head a multiple of n_head_kv.
+void ggml_sys_flash_attn_f16(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+    fa_args a;
+    a.q = dst->src[0];
+    a.k = dst->src[1];
+    a.v = dst->src[2];
+    a.mask = dst->src[3];
+    a.dst = dst;
+    a.D = (int) a.q->ne[0];
+    a.m = (int) a.q->ne[1];
+    a.n_head = (int) a.q->ne[2];
+    a.n_kv = (int) a.k->ne[1];
+    a.gqa = (int) (a.q->ne[2] / a.k->ne[2]);
+    const uint32_t bits = (uint32_t) (uintptr_t) userdata;
+    memcpy(&a.scale, &bits, sizeof(float));
+
+    const int n_head_kv = (int) a.k->ne[2];
+    const int group_rows = a.gqa * a.m;
+    // Blocks small enough that every thread gets two or more where the rows allow it.
+    int rb = RB;
+    while (rb > a.gqa && n_head_kv * ((group_rows + rb - 1) / rb) < 2 * nth) {
+        rb = (rb + 1) / 2;
+    }
+    const int per_group = (group_rows + rb - 1) / rb;
+    const int units = n_head_kv * per_group;
+
+    const size_t floats = (size_t) RB * a.D * 2 + (size_t) a.D * BK * 2 + (size_t) RB * BK + 2 * RB;
+    float * buf = fa_reserve(floats);
+    for (int u = ith; u < units; u += nth) {
+        const int g = u / per_group, j0 = (u % per_group) * rb;
+        const int rows = group_rows - j0 < rb ? group_rows - j0 : rb;
+        if (buf == NULL) {
+            // No scratch memory: NaN, so that the failure is visible, not silent.
+            for (int r = 0; r < rows; ++r) {
+                const int j = j0 + r, t = j / a.gqa, h = g * a.gqa + j % a.gqa;
+                float * out = (float *) ((char *) dst->data + h * dst->nb[1] + t * dst->nb[2]);
+                for (int d = 0; d < a.D; ++d) {
+                    out[d] = NAN;
+                }
+            }
+            continue;
+        }
+        fa_block(&a, g, j0, rows, buf);
+    }
+}
