@@ -176,6 +176,10 @@ pub(crate) struct SeqAttention {
     /// pool is attended in the order of its positions, as if they did, since flash attention
     /// sums cells in window order (masked cells are skipped, so they change nothing).
     pub gather: Option<Vec<u8>>,
+    /// Attention by ggml-sys's kernel rather than ggml's (where the cache is readable by the
+    /// CPU): decided by the sequence's own queries and length alone (see [`ours`]), so a token
+    /// takes the same kernel whatever it is batched with and wherever its pages lie.
+    pub ours: bool,
 }
 
 /// The graph's inputs for a batch.
@@ -294,6 +298,7 @@ impl Plan {
                 }
             }
             plan.attention.push(SeqAttention {
+                ours: !invariant && ours(m, item.start + m),
                 rows: row..row + m,
                 first_cell,
                 n_kv,
@@ -328,6 +333,23 @@ impl Plan {
 /// below it can share one attention op without changing a single result.
 const QUERY_TILE: usize = 64;
 
+/// From this many positions attended, a sequence's batch of 2 to 63 queries goes to
+/// ggml-sys's kernel too (see [`ours`]).
+const LONG_SPAN: usize = 1024;
+
+/// Whether a sequence's `m` queries, the last at position `len - 1`, go to ggml-sys's
+/// attention kernel. With [`QUERY_TILE`] queries or more ggml's own kernel works in f32 on
+/// tiles, as ours does (the same results within float rounding). Below, ggml rounds each query
+/// to f16 and accumulates V in f16; llama.cpp's outputs for decoding and short prompts carry
+/// that rounding (the golden tests compare greedy tokens), so single queries and short
+/// sequences stay on ggml's kernel. From [`LONG_SPAN`] positions, ggml's per-query path reads
+/// the whole window once per query and head (at 5,000 positions and 63 queries it took 2.5x
+/// longer per token than its tiled path), so 2 or more queries go to ours. The choice depends
+/// on the sequence alone, never on the pool's layout or the rest of the batch.
+fn ours(m: usize, len: usize) -> bool {
+    m >= QUERY_TILE || (m >= 2 && len >= LONG_SPAN)
+}
+
 /// From this many cells, ggml's CPU flash attention splits a single query's window among its
 /// threads (a split that depends on the window; see [`SeqAttention::dup`]).
 const KV_SPLIT: usize = 512;
@@ -360,6 +382,7 @@ fn split_large(parts: Vec<SeqAttention>) -> Vec<SeqAttention> {
                     .map(|s| s[k * chunk_bytes..][..chunk.len()].to_vec()),
                 dup: false,
                 gather: a.gather.clone(),
+                ours: a.ours,
             });
             start += m;
         }
@@ -377,7 +400,7 @@ fn group_small(parts: Vec<SeqAttention>, n_cells: usize) -> Vec<SeqAttention> {
         match groups.last_mut() {
             Some(g)
                 if part.gather.is_none()
-                    && g.iter().all(|a| a.gather.is_none())
+                    && g.iter().all(|a| a.gather.is_none() && a.ours == part.ours)
                     && g.iter().map(|a| a.rows.len()).sum::<usize>() + part.rows.len()
                         < QUERY_TILE =>
             {
@@ -431,6 +454,7 @@ fn group_small(parts: Vec<SeqAttention>, n_cells: usize) -> Vec<SeqAttention> {
                 swa_mask,
                 dup: false,
                 gather: None,
+                ours: g[0].ours,
             }
         })
         .collect()
@@ -491,6 +515,64 @@ mod tests {
         assert!(Plan::new(&items, 1024, true, true, None).attention[0]
             .gather
             .is_none());
+    }
+
+    #[test]
+    fn the_attention_kernel_is_chosen_by_each_sequence_alone() {
+        // Sequence A: 20 queries ending at position 1,100; B: 20 ending at 300; C: one query
+        // at 2,000; D: 64 queries ending at 128.
+        let pages: Vec<u32> = (0..40).collect();
+        let short: Vec<u32> = (0..20).collect();
+        let one = [7u32];
+        let tile: Vec<u32> = (0..64).collect();
+        let items = [
+            PlanItem {
+                pages: &pages[..18],
+                start: 1080,
+                tokens: &short,
+                logits: Logits::Last,
+            },
+            PlanItem {
+                pages: &pages[18..23],
+                start: 280,
+                tokens: &short,
+                logits: Logits::Last,
+            },
+            PlanItem {
+                pages: &pages[..32],
+                start: 1999,
+                tokens: &one,
+                logits: Logits::Last,
+            },
+            PlanItem {
+                pages: &pages[32..34],
+                start: 64,
+                tokens: &tile,
+                logits: Logits::Last,
+            },
+        ];
+        let plan = Plan::new(&items, 40 * PAGE_TOKENS, false, false, None);
+        let chosen: Vec<(usize, bool)> = plan
+            .attention
+            .iter()
+            .map(|a| (a.rows.len(), a.ours))
+            .collect();
+        // A alone takes ours; B and C (ggml's) may share an op; D takes ours.
+        assert_eq!(chosen, [(20, true), (21, false), (64, true)]);
+        // The same sequences alone: the same choices.
+        for (item, want) in items.iter().zip([true, false, false, true]) {
+            let alone = Plan::new(
+                std::slice::from_ref(item),
+                40 * PAGE_TOKENS,
+                false,
+                false,
+                None,
+            );
+            assert_eq!(alone.attention[0].ours, want);
+        }
+        // Batch-invariant plans keep ggml's per-query path.
+        let inv = Plan::new(&items, 40 * PAGE_TOKENS, true, false, None);
+        assert!(inv.attention.iter().all(|a| !a.ours));
     }
 
     #[test]

@@ -238,6 +238,16 @@ fn the_kernel_agrees_with_f64_and_with_ggml() {
             kv_heads: 3,
             window: 0,
         },
+        // A short turn over a long window (the engine sends 2 to 63 queries here once the
+        // window has 1,024 cells).
+        Shape {
+            d: 64,
+            m: 20,
+            n_kv: 4100,
+            heads: 9,
+            kv_heads: 3,
+            window: 0,
+        },
         // One token (decoding), a window ending inside a tile.
         Shape {
             d: 64,

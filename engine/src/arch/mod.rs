@@ -340,7 +340,7 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
             let softcap = hp.attn_softcap.unwrap_or(0.0);
             let out = if self.flash_attn {
                 // Result: [head_dim, n_head, m].
-                g.flash_attn(q, k, v, mask, scale, softcap, self.kv_host[il])
+                g.flash_attn(q, k, v, mask, scale, softcap, a.ours && self.kv_host[il])
             } else {
                 // Unfused: scores [n_kv, m, n_head], softmax, then V transposed to
                 // [n_kv, head_dim, n_head_kv] (a copy, since the cache stores V token-major).

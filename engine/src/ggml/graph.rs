@@ -576,10 +576,10 @@ impl<'g, 'w> Graph<'g, 'w> {
     /// Fused attention. `q`: `[head_dim, n_tokens, n_head]`, `k`/`v`: `[head_dim, n_kv,
     /// n_head_kv]` (f16), `mask`: f16 `[n_kv, n_tokens]`; scores are scaled, then soft-capped
     /// to `softcap * tanh(s / softcap)` unless `softcap` is 0. The result is `[head_dim,
-    /// n_head, n_tokens]`. With [`GGML_QUERY_TILE`] queries or more, `k` and `v` in host
-    /// memory (`host`), f16, no soft cap and a head size the kernel takes, ggml-sys's
-    /// attention kernel runs it (the query heads of a group share each converted K and V
-    /// tile); otherwise ggml's.
+    /// n_head, n_tokens]`. With `ours` (the plan's choice, for `k` and `v` the CPU can read
+    /// in place), f16 `k` and `v`, no soft cap and a head size it takes, ggml-sys's attention
+    /// kernel runs it (the query heads of a group share each converted K and V tile);
+    /// otherwise ggml's.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn flash_attn(
         &mut self,
@@ -589,15 +589,14 @@ impl<'g, 'w> Graph<'g, 'w> {
         mask: Tensor<'g>,
         scale: f32,
         softcap: f32,
-        host: bool,
+        ours: bool,
     ) -> Tensor<'g> {
         let f16 = |t: &Tensor<'g>| {
             // SAFETY: live tensor of this graph; only its header is read.
             unsafe { (*t.raw).type_ == sys::GGML_TYPE_F16 }
         };
         let head_dim = q.ne(0);
-        if host
-            && q.ne(1) >= GGML_QUERY_TILE
+        if ours
             && softcap == 0.0
             && kernel_attention()
             && f16(&k)
@@ -666,12 +665,6 @@ pub(crate) struct RopeParams {
     pub beta_fast: f32,
     pub beta_slow: f32,
 }
-
-/// From this many queries ggml's CPU flash attention works in f32 on tiles of queries, as
-/// ggml-sys's kernel does (same results within float rounding). Below, ggml rounds each query
-/// to f16 and accumulates V in f16: llama.cpp's outputs for short batches and decoding carry
-/// that rounding (the golden tests compare greedy tokens), so those stay on ggml's kernel.
-const GGML_QUERY_TILE: usize = 64;
 
 /// Whether ggml-sys's attention kernel runs: it was built with its vector code (else ggml's
 /// kernel is used: the plain loops are for correctness, not speed), and the environment does
