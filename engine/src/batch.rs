@@ -333,21 +333,21 @@ impl Plan {
 /// below it can share one attention op without changing a single result.
 const QUERY_TILE: usize = 64;
 
-/// From this many positions attended, a sequence's batch of 2 to 63 queries goes to
-/// ggml-sys's kernel too (see [`ours`]).
+/// From this many positions attended, a sequence's batch of fewer than [`QUERY_TILE`] queries
+/// (one, when decoding) goes to ggml-sys's kernel too (see [`ours`]).
 const LONG_SPAN: usize = 1024;
 
 /// Whether a sequence's `m` queries, the last at position `len - 1`, go to ggml-sys's
 /// attention kernel. With [`QUERY_TILE`] queries or more ggml's own kernel works in f32 on
 /// tiles, as ours does (the same results within float rounding). Below, ggml rounds each query
 /// to f16 and accumulates V in f16; llama.cpp's outputs for decoding and short prompts carry
-/// that rounding (the golden tests compare greedy tokens), so single queries and short
-/// sequences stay on ggml's kernel. From [`LONG_SPAN`] positions, ggml's per-query path reads
-/// the whole window once per query and head (at 5,000 positions and 63 queries it took 2.5x
-/// longer per token than its tiled path), so 2 or more queries go to ours. The choice depends
-/// on the sequence alone, never on the pool's layout or the rest of the batch.
+/// that rounding (the golden tests compare greedy tokens), so short sequences stay on ggml's
+/// kernel. From [`LONG_SPAN`] positions, ggml's per-query path reads the whole window once per
+/// query and head (at 5,000 positions and 63 queries it took 2.5x longer per token than its
+/// tiled path; decoding at 4,096 is 1.1x faster with ours), so every batch goes to ours. The
+/// choice depends on the sequence alone, never on the pool's layout or the rest of the batch.
 fn ours(m: usize, len: usize) -> bool {
-    m >= QUERY_TILE || (m >= 2 && len >= LONG_SPAN)
+    m >= QUERY_TILE || len >= LONG_SPAN
 }
 
 /// From this many cells, ggml's CPU flash attention splits a single query's window among its
@@ -520,7 +520,7 @@ mod tests {
     #[test]
     fn the_attention_kernel_is_chosen_by_each_sequence_alone() {
         // Sequence A: 20 queries ending at position 1,100; B: 20 ending at 300; C: one query
-        // at 2,000; D: 64 queries ending at 128.
+        // at 2,000; D: 64 queries ending at 128; E: one query at 500.
         let pages: Vec<u32> = (0..40).collect();
         let short: Vec<u32> = (0..20).collect();
         let one = [7u32];
@@ -550,6 +550,12 @@ mod tests {
                 tokens: &tile,
                 logits: Logits::Last,
             },
+            PlanItem {
+                pages: &pages[30..38],
+                start: 499,
+                tokens: &one,
+                logits: Logits::Last,
+            },
         ];
         let plan = Plan::new(&items, 40 * PAGE_TOKENS, false, false, None);
         let chosen: Vec<(usize, bool)> = plan
@@ -557,10 +563,14 @@ mod tests {
             .iter()
             .map(|a| (a.rows.len(), a.ours))
             .collect();
-        // A alone takes ours; B and C (ggml's) may share an op; D takes ours.
-        assert_eq!(chosen, [(20, true), (21, false), (64, true)]);
+        // A and C take ours, B (ggml's) shares an op with neither; D takes ours; E, a short
+        // sequence's single query, takes ggml's.
+        assert_eq!(
+            chosen,
+            [(20, true), (20, false), (1, true), (64, true), (1, false)]
+        );
         // The same sequences alone: the same choices.
-        for (item, want) in items.iter().zip([true, false, false, true]) {
+        for (item, want) in items.iter().zip([true, false, true, true, false]) {
             let alone = Plan::new(
                 std::slice::from_ref(item),
                 40 * PAGE_TOKENS,
