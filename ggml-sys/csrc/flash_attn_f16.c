@@ -57,19 +57,22 @@ int ggml_sys_flash_attn_f16_simd(void) {
 #endif
 }
 
-// Per thread: Q block, transposed K tile, V tile, scores, output, running max and sum.
+// Per thread: Q block, transposed K tile, V tile, scores, output, running max and sum; `fa_raw`
+// is the allocation, `fa_buf` its first 32-byte aligned float (for the vector loads and
+// stores).
+static _Thread_local void * fa_raw = NULL;
 static _Thread_local float * fa_buf = NULL;
 static _Thread_local size_t fa_cap = 0;
 
 static float * fa_reserve(size_t floats) {
     if (floats > fa_cap) {
-        float * p = NULL;
-        // 32-byte alignment for the vector loads and stores.
-        if (posix_memalign((void **) &p, 32, floats * sizeof(float)) != 0) {
+        void * raw = malloc(floats * sizeof(float) + 32);
+        if (raw == NULL) {
             return NULL;
         }
-        free(fa_buf);
-        fa_buf = p;
+        free(fa_raw);
+        fa_raw = raw;
+        fa_buf = (float *) (((uintptr_t) raw + 31) & ~(uintptr_t) 31);
         fa_cap = floats;
     }
     return fa_buf;
