@@ -344,7 +344,7 @@ const LONG_SPAN: usize = 1024;
 /// that rounding (the golden tests compare greedy tokens), so short sequences stay on ggml's
 /// kernel. From [`LONG_SPAN`] positions, ggml's per-query path reads the whole window once per
 /// query and head (at 5,000 positions and 63 queries it took 2.5x longer per token than its
-/// tiled path; decoding at 4,096 is 1.1x faster with ours), so every batch goes to ours. The
+/// tiled path; decoding at 4,096 is 1.26x faster with ours), so every batch goes to ours. The
 /// choice depends on the sequence alone, never on the pool's layout or the rest of the batch.
 fn ours(m: usize, len: usize) -> bool {
     m >= QUERY_TILE || len >= LONG_SPAN

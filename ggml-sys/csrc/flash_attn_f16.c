@@ -447,9 +447,11 @@ void ggml_sys_flash_attn_f16(struct ggml_tensor * dst, int ith, int nth, void * 
 
     const int n_head_kv = (int) a.k->ne[2];
     const int group_rows = a.gqa * a.m;
-    // Blocks small enough that every thread gets two or more where the rows allow it.
+    // Blocks small enough that every thread gets two or more where the rows allow it, but
+    // never smaller than one token's heads: each block converts its group's K and V tiles, so
+    // splitting a token's rows (decoding) would convert the same tiles twice for no gain.
     int rb = RB;
-    while (rb > a.gqa && n_head_kv * ((group_rows + rb - 1) / rb) < 2 * nth) {
+    while ((rb + 1) / 2 >= a.gqa && n_head_kv * ((group_rows + rb - 1) / rb) < 2 * nth) {
         rb = (rb + 1) / 2;
     }
     const int per_group = (group_rows + rb - 1) / rb;
