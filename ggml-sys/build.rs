@@ -59,6 +59,9 @@ fn main() {
     let cuda_root = features.cuda.then(check_cuda_toolkit);
     let src = ggml.join("src");
     let cpu = src.join("ggml-cpu");
+    let csrc =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+            .join("csrc");
 
     let mut c_files = vec![
         src.join("ggml.c"),
@@ -67,10 +70,8 @@ fn main() {
         cpu.join("ggml-cpu.c"),
         cpu.join("quants.c"),
         // Ours: kernels that run as ggml custom ops (declared in src/lib.rs, `kernels`).
-        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
-            .join("csrc/mul_mat_q4_1.c"),
-        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
-            .join("csrc/flash_attn_f16.c"),
+        csrc.join("mul_mat_q4_1.c"),
+        csrc.join("flash_attn_f16.c"),
     ];
     let mut cpp_files = vec![
         src.join("ggml.cpp"),

@@ -26,6 +26,7 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
+#include "simd_x86.h"
 #define FA_SIMD 1
 #endif
 
@@ -83,14 +84,6 @@ static inline float fa_h2f(uint16_t h) {
 }
 
 #ifdef FA_SIMD
-static inline float fa_hsum(__m256 x) {
-    __m128 r = _mm256_extractf128_ps(x, 1);
-    r = _mm_add_ps(r, _mm256_castps256_ps128(x));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
-
 static inline float fa_hmax(__m256 x) {
     __m128 r = _mm_max_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
     r = _mm_max_ps(r, _mm_movehl_ps(r, r));
@@ -243,7 +236,7 @@ typedef struct {
     const struct ggml_tensor * v;    // f16 [D, n_kv, n_head_kv]
     const struct ggml_tensor * mask; // f16 [>= n_kv, >= m]
     struct ggml_tensor * dst;        // f32 [D, n_head, m]
-    int D, m, n_kv, n_head, gqa;
+    int D, m, n_kv, gqa;
     float scale;
 } fa_args;
 
@@ -265,7 +258,8 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf) {
 
     for (int r = 0; r < rows; ++r) {
         const int j = j0 + r, t = j / a->gqa, h = g * a->gqa + j % a->gqa;
-        const float * src = (const float *) ((const char *) a->q->data + t * a->q->nb[1] + h * a->q->nb[2]);
+        const float * src =
+            (const float *) ((const char *) a->q->data + t * a->q->nb[1] + h * a->q->nb[2]);
         for (int d = 0; d < D; ++d) {
             q[(size_t) r * D + d] = src[d] * a->scale;
         }
@@ -310,7 +304,8 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf) {
                 if (k < kv) {
                     const uint16_t * src = fa_row(a->v, ic + k, g);
                     for (int d = 0; d < D; d += 8) {
-                        _mm256_store_ps(dstv + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (src + d))));
+                        const __m128i h = _mm_loadu_si128((const __m128i *) (src + d));
+                        _mm256_store_ps(dstv + d, _mm256_cvtph_ps(h));
                     }
                 } else {
                     memset(dstv, 0, (size_t) D * sizeof(float));
@@ -391,7 +386,7 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf) {
                 _mm256_store_ps(pr + k, e);
                 vs = _mm256_add_ps(vs, e);
             }
-            sum[r] += fa_hsum(vs);
+            sum[r] += ggml_sys_hsum8(vs);
 #else
             float s = 0.0f;
             for (int k = 0; k < BK; ++k) {
@@ -439,7 +434,6 @@ void ggml_sys_flash_attn_f16(struct ggml_tensor * dst, int ith, int nth, void * 
     a.dst = dst;
     a.D = (int) a.q->ne[0];
     a.m = (int) a.q->ne[1];
-    a.n_head = (int) a.q->ne[2];
     a.n_kv = (int) a.k->ne[1];
     a.gqa = (int) (a.q->ne[2] / a.k->ne[2]);
     const uint32_t bits = (uint32_t) (uintptr_t) userdata;

@@ -19,6 +19,7 @@
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+#include "simd_x86.h"
 #define Q41_SIMD 1
 #endif
 
@@ -75,14 +76,6 @@ static inline float f16_to_f32(uint16_t h) {
 #endif
 }
 
-static inline float hsum8(__m256 x) {
-    __m128 r = _mm256_extractf128_ps(x, 1);
-    r = _mm_add_ps(r, _mm256_castps256_ps128(x));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
-
 // Rows `x[r]` (R of them, nb blocks each) against `NC` columns: the columns' q8_1 values
 // `y[c]` with their scales `d[c]` and sums `s[c]` as f32; out[r][c * out_stride].
 Q41_INLINE void rows_cols(
@@ -125,7 +118,7 @@ Q41_INLINE void rows_cols(
     }
     for (int r = 0; r < R; ++r) {
         for (int c = 0; c < NC; ++c) {
-            out[r][c * out_stride] = hsum8(acc[r][c]) + summs[r][c];
+            out[r][c * out_stride] = ggml_sys_hsum8(acc[r][c]) + summs[r][c];
         }
     }
 }

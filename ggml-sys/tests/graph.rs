@@ -3,24 +3,9 @@
 use ggml_sys::*;
 use std::ffi::c_int;
 
-/// A deterministic pseudo-random source (SplitMix64), so failures reproduce.
-struct Rng(u64);
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    fn f32(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f32()).collect()
-    }
-}
+mod common;
+
+use common::Rng;
 
 /// A ggml context that owns its tensors' memory; freed on drop.
 struct Ctx(*mut ggml_context);

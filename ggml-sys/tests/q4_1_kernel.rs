@@ -6,18 +6,9 @@
 use ggml_sys::*;
 use std::ffi::c_int;
 
-/// SplitMix64, so failures reproduce.
-struct Rng(u64);
-impl Rng {
-    fn f32(&mut self) -> f32 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
+mod common;
+
+use common::Rng;
 
 /// The kernel's node for `w` (q4_1 `[k, m]`) times `x` (f32 `[k, n]`).
 ///

@@ -21,9 +21,10 @@
 //! Per turn and server: prompt tokens (`usage.prompt_tokens`), prompt tokens computed
 //! (`timings.prompt_n`) and taken from the cache (`timings.cache_n`), the new tokens (the prompt
 //! less the previous turn's prompt and reply: what no cache can spare a server from computing)
-//! and the time to first token (see [`Reply::ttft_ms`]). Printed: a per-turn table on stderr, a JSON report on stdout
-//! with, when both servers ran, the `ratios` the goals are stated in. Each server's requests are
-//! kept in `--dir`, as `<server>-agent/requests.jsonl` (one line per turn), beside its logs.
+//! and the time to first token (see [`Reply::ttft_ms`]). Printed: a per-turn table on stderr,
+//! a JSON report on stdout with, when both servers ran, the `ratios` the goals are stated in.
+//! Each server's requests are kept in `--dir`, as `<server>-agent/requests.jsonl` (one line per
+//! turn), beside its logs.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -535,13 +536,13 @@ fn ratios(ours: &[TurnFigures], llama: &[TurnFigures], restart_after: usize) -> 
     let restart = ttft(llama) / ttft(ours);
     let steady = steady_ttft(llama, restart_after) / steady_ttft(ours, restart_after);
     // The best ratio any cache could reach on our turns: only their new tokens computed.
-    let floor = floor_after_first(ours) as f64 / computed_after_first(llama) as f64;
+    let new = floor_after_first(ours) as f64;
     json!({
         "computed_after_turn_1_ours_over_llama": round3(computed),
-        "new_tokens_after_turn_1_ours_over_llama_computed": round3(floor),
-        "computed_over_new_tokens_ours": round3(
-            computed_after_first(ours) as f64 / floor_after_first(ours) as f64
+        "new_tokens_after_turn_1_ours_over_llama_computed": round3(
+            new / computed_after_first(llama) as f64
         ),
+        "computed_over_new_tokens_ours": round3(computed_after_first(ours) as f64 / new),
         "computed_goal_at_most": 0.2,
         "computed_goal_met": computed <= 0.2,
         "restart_ttft_llama_over_ours": round3(restart),

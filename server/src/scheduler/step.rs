@@ -3,10 +3,10 @@
 //! Invariants: every generating request gets its one decode token first; prefill chunks take
 //! what is left of `n_batch`: first the requests whose prompt ends within one step (fewest
 //! tokens left first), then the others by when their prompt would be read had it run alone
-//! (see [`prefill_order`]); a follower feeds nothing until the prefix it waits for is resolved. Logits are asked only for
-//! a request's pending token or its prompt's last one. When the pool runs out of pages the
-//! cached sequences give way first, then the newest request; any other decode error fails every
-//! request of the batch.
+//! (see [`prefill_order`]); a follower feeds nothing until the prefix it waits for is
+//! resolved. Logits are asked only for a request's pending token or its prompt's last one.
+//! When the pool runs out of pages the cached sequences give way first, then the newest
+//! request; any other decode error fails every request of the batch.
 
 use engine::{Batch, Logits};
 
