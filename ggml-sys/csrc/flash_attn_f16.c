@@ -40,8 +40,9 @@
 
 // Keys per tile.
 #define BK 64
-// Rows per block, at most.
-#define RB 64
+// Rows per block, at most: each block converts the tiles of its window once, so more rows
+// per block convert less per row (the scratch of 128 rows stays within the second-level cache).
+#define RB 128
 // Rows of one pass of the score and output micro-kernels: 6 rows of 16 lanes keep 12
 // accumulators, two loaded vectors and a broadcast in the 16 vector registers.
 #define FA_R 6
@@ -244,6 +245,29 @@ static inline const uint16_t * fa_row(const struct ggml_tensor * t, int64_t i1, 
     return (const uint16_t *) ((const char *) t->data + i1 * t->nb[1] + i2 * t->nb[2]);
 }
 
+// Whether any token t_first..t_last leaves a key ic..ic+kv-1 unmasked.
+static int fa_tile_open(const struct ggml_tensor * mask, int t_first, int t_last, int ic, int kv) {
+    for (int t = t_first; t <= t_last; ++t) {
+        const uint16_t * mrow = fa_row(mask, t, 0) + ic;
+        int k = 0;
+#ifdef FA_SIMD
+        const __m256i neg_inf = _mm256_set1_epi16((short) F16_NEG_INF);
+        for (; k + 16 <= kv; k += 16) {
+            const __m256i m = _mm256_loadu_si256((const __m256i *) (mrow + k));
+            if (_mm256_movemask_epi8(_mm256_cmpeq_epi16(m, neg_inf)) != -1) {
+                return 1;
+            }
+        }
+#endif
+        for (; k < kv; ++k) {
+            if (mrow[k] != F16_NEG_INF) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
 // One block: rows j0..j0+rows-1 of KV head g's group (row j is token j / gqa of query head
 // g * gqa + j % gqa).
 static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf) {
@@ -271,18 +295,9 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf) {
 
     for (int ic = 0; ic < a->n_kv; ic += BK) {
         const int kv = a->n_kv - ic < BK ? a->n_kv - ic : BK;
-        // A tile that every token of the block masks is skipped.
-        int open = 0;
-        for (int t = t_first; t <= t_last && !open; ++t) {
-            const uint16_t * mrow = fa_row(a->mask, t, 0) + ic;
-            for (int k = 0; k < kv; ++k) {
-                if (mrow[k] != F16_NEG_INF) {
-                    open = 1;
-                    break;
-                }
-            }
-        }
-        if (!open) {
+        // A tile that every token of the block masks is skipped (in a server's window most
+        // tiles can belong to other sequences).
+        if (!fa_tile_open(a->mask, t_first, t_last, ic, kv)) {
             continue;
         }
 

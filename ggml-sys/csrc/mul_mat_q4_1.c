@@ -1,13 +1,22 @@
-// A q4_1 matrix product for ggml's CPU backend that unpacks each weight block once for up to
-// four activation columns, run as a ggml custom op (`ggml_custom_4d`).
+// A q4_1 matrix product for ggml's CPU backend, run as a ggml custom op (`ggml_custom_4d`).
 //
 // ggml multiplies a q4_1 weight row with one q8_1 activation column at a time, so a batch of N
-// columns unpacks every weight block N times. Here the unpacked block serves four columns. Each
-// output element is computed with the same operations in the same order as ggml's own x86
-// q4_1 x q8_1 dot product (integer products summed per 32-bit lane, one fused multiply-add per
-// block into eight float lanes, the same horizontal sum, the scalar `m * s` sum added last), and
-// the columns are quantized by ggml's own q8_1 routine, so the result equals ggml_mul_mat's bit
-// for bit, whatever the number of columns. Without AVX2 the op calls ggml's dot product.
+// columns unpacks every weight block N times. Each output element here is computed with the
+// same operations in the same order as ggml's own x86 q4_1 x q8_1 dot product (integer products
+// summed per 32-bit lane, one fused multiply-add per block into eight float lanes, the same
+// horizontal sum, the scalar `m * s` sum added last), and the columns are quantized by ggml's
+// own q8_1 routine, so the result equals ggml_mul_mat's bit for bit, whatever the number of
+// columns. Without AVX2 the op calls ggml's dot product.
+//
+// Two paths, with the same bits:
+// - few columns (decoding, short batches): two weight rows unpacked once per block for up to
+//   four columns (`rows_cols`);
+// - 16 columns or more (prefill): the columns packed eight to a group, their int8 values
+//   aligned and their scales and sums laid out as vectors, and one unpacked weight row run
+//   against a group at a time (`row_group`). The eight products `d0 * d1` of a block come from
+//   one vector multiply, the eight `m * s` sums ride along as one vector, and the eight
+//   horizontal sums end as one transposition, so the loop is left with the integer products,
+//   their conversion and the fused multiply-adds.
 
 #include <math.h>
 #include <stdint.h>
@@ -124,6 +133,179 @@ Q41_INLINE void rows_cols(
 }
 #endif
 
+#ifdef Q41_SIMD
+// Columns per group of the wide path, the fewest columns it takes, and the groups that one
+// unpacked weight row meets before the next row is unpacked.
+#define GROUP 8
+#define WIDE_MIN_COLS 16
+#define TILE_GROUPS 8
+
+// A group's block `i`: the int8 values of its eight columns at `qs + (i * 8 + c) * 32`, their
+// scales at `d[i * 8 + c]` and their sums at `s[i * 8 + c]`, as f32. Bytes per block: 320.
+#define GROUP_BLOCK_BYTES (GROUP * QK + 2 * GROUP * sizeof(float))
+
+static _Thread_local char * wide_raw = NULL;
+static _Thread_local size_t wide_cap = 0;
+
+// A per-thread buffer of `bytes`, 64-byte aligned.
+static char * wide_reserve(size_t bytes) {
+    if (bytes + 64 > wide_cap) {
+        char * p = realloc(wide_raw, bytes + 64);
+        if (p == NULL) {
+            return NULL;
+        }
+        wide_raw = p;
+        wide_cap = bytes + 64;
+    }
+    return (char *) (((uintptr_t) wide_raw + 63) & ~(uintptr_t) 63);
+}
+
+// Quantizes columns `n0 .. n0 + 8` of `b` (those below N; the rest zero) into the group at `g`,
+// going through `tmp` (nb q8_1 blocks).
+static void pack_group(const struct ggml_tensor * b, int64_t n0, int64_t N, int nb,
+                       const struct ggml_type_traits_cpu * q81, q81_block * tmp, char * g) {
+    int8_t * qs = (int8_t *) g;
+    float * d = (float *) (g + (size_t) nb * GROUP * QK);
+    float * s = d + (size_t) nb * GROUP;
+    for (int c = 0; c < GROUP; ++c) {
+        if (n0 + c >= N) {
+            for (int i = 0; i < nb; ++i) {
+                memset(qs + ((size_t) i * GROUP + c) * QK, 0, QK);
+                d[i * GROUP + c] = 0.0f;
+                s[i * GROUP + c] = 0.0f;
+            }
+            continue;
+        }
+        const int64_t K = (int64_t) nb * QK;
+        q81->from_float((const float *) ((const char *) b->data + (n0 + c) * b->nb[1]), tmp, K);
+        for (int i = 0; i < nb; ++i) {
+            memcpy(qs + ((size_t) i * GROUP + c) * QK, tmp[i].qs, QK);
+            d[i * GROUP + c] = ggml_fp16_to_fp32(tmp[i].d);
+            s[i * GROUP + c] = ggml_fp16_to_fp32(tmp[i].s);
+        }
+    }
+}
+
+// Unpacks weight row `x` into `qx` (32 bytes per block, values 0..15) and its scales and
+// minimums as f32.
+static void unpack_row(const q41_block * x, int nb, uint8_t * qx, float * d0, float * m0) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int i = 0; i < nb; ++i) {
+        const __m128i packed = _mm_loadu_si128((const __m128i *) x[i].qs);
+        const __m256i v = _mm256_and_si256(
+            low, _mm256_insertf128_si256(_mm256_castsi128_si256(packed), _mm_srli_epi16(packed, 4), 1));
+        _mm256_store_si256((__m256i *) (qx + (size_t) i * QK), v);
+        d0[i] = f16_to_f32(x[i].d);
+        m0[i] = f16_to_f32(x[i].m);
+    }
+}
+
+// Eight horizontal sums at once, each with ggml_sys_hsum8's operations in its order (high half
+// onto low, lanes 2 and 3 onto 0 and 1, lane 1 onto lane 0). Lane k of the result is the sum
+// of a[j] with j = 0, 2, 4, 6, 1, 3, 5, 7 for k = 0 .. 7.
+Q41_INLINE __m256 hsum8_x8(const __m256 * a) {
+    __m256 h[4];
+    for (int k = 0; k < 4; ++k) {
+        h[k] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * k], a[2 * k + 1], 0x31),
+                             _mm256_permute2f128_ps(a[2 * k], a[2 * k + 1], 0x20));
+    }
+    __m256 q[2];
+    for (int k = 0; k < 2; ++k) {
+        q[k] = _mm256_add_ps(_mm256_shuffle_ps(h[2 * k], h[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(h[2 * k], h[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    return _mm256_add_ps(_mm256_shuffle_ps(q[0], q[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm256_shuffle_ps(q[0], q[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// One unpacked weight row against one group: out[c * out_stride] for the first `cols` columns.
+static void row_group(const uint8_t * qx, const float * d0, const float * m0, const char * g,
+                      int nb, float * out, size_t out_stride, int cols) {
+    const int8_t * qs = (const int8_t *) g;
+    const float * d1 = (const float *) (g + (size_t) nb * GROUP * QK);
+    const float * s1 = d1 + (size_t) nb * GROUP;
+    __m256 acc[GROUP];
+    for (int c = 0; c < GROUP; ++c) {
+        acc[c] = _mm256_setzero_ps();
+    }
+    __m256 summs = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    float dd[GROUP] __attribute__((aligned(32)));
+    for (int i = 0; i < nb; ++i) {
+        const __m256i x = _mm256_load_si256((const __m256i *) (qx + (size_t) i * QK));
+        summs = _mm256_fmadd_ps(_mm256_broadcast_ss(&m0[i]), _mm256_load_ps(s1 + i * GROUP), summs);
+        _mm256_store_ps(dd, _mm256_mul_ps(_mm256_broadcast_ss(&d0[i]), _mm256_load_ps(d1 + i * GROUP)));
+        for (int c = 0; c < GROUP; ++c) {
+            const __m256i y = _mm256_load_si256((const __m256i *) (qs + ((size_t) i * GROUP + c) * QK));
+            const __m256 xy = _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(x, y)));
+            acc[c] = _mm256_fmadd_ps(_mm256_broadcast_ss(&dd[c]), xy, acc[c]);
+        }
+    }
+    // Fed in this order, hsum8_x8's lane c is column c's sum.
+    const __m256 in[GROUP] = {acc[0], acc[4], acc[1], acc[5], acc[2], acc[6], acc[3], acc[7]};
+    float sums[GROUP] __attribute__((aligned(32)));
+    _mm256_store_ps(sums, _mm256_add_ps(hsum8_x8(in), summs));
+    for (int c = 0; c < cols; ++c) {
+        out[c * out_stride] = sums[c];
+    }
+}
+
+// The wide path (N >= WIDE_MIN_COLS).
+static void mul_mat_wide(struct ggml_tensor * dst, int ith, int nth) {
+    const struct ggml_tensor * a = dst->src[0];
+    const struct ggml_tensor * b = dst->src[1];
+    const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
+    const int nb = (int) (K / QK);
+    const int64_t groups = (N + GROUP - 1) / GROUP;
+    // Enough groups: each thread packs and computes its own groups for every row. Otherwise
+    // each packs every group and computes its share of the rows.
+    const int by_groups = groups >= 2 * nth;
+    const int64_t g_per = (groups + nth - 1) / nth, r_per = (M + nth - 1) / nth;
+    const int64_t g0 = by_groups ? g_per * ith : 0;
+    const int64_t g1 = by_groups ? (g0 + g_per < groups ? g0 + g_per : groups) : groups;
+    const int64_t r0 = by_groups ? 0 : r_per * ith;
+    const int64_t r1 = by_groups ? M : (r0 + r_per < M ? r0 + r_per : M);
+    if (g0 >= g1 || r0 >= r1) {
+        return;
+    }
+    const size_t group_bytes = (size_t) nb * GROUP_BLOCK_BYTES;
+    const size_t row_bytes = (size_t) nb * (QK + 2 * sizeof(float));
+    const size_t tmp_bytes = (size_t) nb * sizeof(q81_block);
+    char * buf = wide_reserve((size_t) (g1 - g0) * group_bytes + ((row_bytes + 63) & ~(size_t) 63) + tmp_bytes);
+    if (buf == NULL) {
+        // As in the narrow path: this thread's share of the output becomes NaN, visibly.
+        for (int64_t n = g0 * GROUP; n < N && n < g1 * GROUP; ++n) {
+            for (int64_t m = r0; m < r1; ++m) {
+                *(float *) ((char *) dst->data + m * dst->nb[0] + n * dst->nb[1]) = NAN;
+            }
+        }
+        return;
+    }
+    uint8_t * qx = (uint8_t *) (buf + (size_t) (g1 - g0) * group_bytes);
+    float * d0 = (float *) (qx + (size_t) nb * QK);
+    float * m0 = d0 + nb;
+    q81_block * tmp = (q81_block *) ((char *) qx + ((row_bytes + 63) & ~(size_t) 63));
+    const struct ggml_type_traits_cpu * q81 = ggml_get_type_traits_cpu(GGML_TYPE_Q8_1);
+    for (int64_t g = g0; g < g1; ++g) {
+        pack_group(b, g * GROUP, N, nb, q81, tmp, buf + (size_t) (g - g0) * group_bytes);
+    }
+    const size_t out_stride = dst->nb[1] / sizeof(float);
+    for (int64_t t0 = g0; t0 < g1; t0 += TILE_GROUPS) {
+        const int64_t t1 = t0 + TILE_GROUPS < g1 ? t0 + TILE_GROUPS : g1;
+        for (int64_t m = r0; m < r1; ++m) {
+            unpack_row((const q41_block *) ((const char *) a->data + m * a->nb[1]), nb, qx, d0, m0);
+            float * row_out = (float *) ((char *) dst->data + m * dst->nb[0]);
+            for (int64_t g = t0; g < t1; ++g) {
+                const int64_t n0 = g * GROUP;
+                const int cols = N - n0 < GROUP ? (int) (N - n0) : GROUP;
+                row_group(qx, d0, m0, buf + (size_t) (g - g0) * group_bytes, nb,
+                          row_out + n0 * out_stride, out_stride, cols);
+            }
+        }
+    }
+}
+#endif
+
 // dst[m, n] = sum_k a[k, m] * b[k, n]; a: q4_1 [K, M] (src 0), b: f32 [K, N] (src 1), dst: f32
 // [M, N], all two-dimensional, K a multiple of 32, rows of b contiguous.
 void ggml_sys_mul_mat_q4_1(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
@@ -132,6 +314,12 @@ void ggml_sys_mul_mat_q4_1(struct ggml_tensor * dst, int ith, int nth, void * us
     const struct ggml_tensor * b = dst->src[1];
     const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
     const int nb = (int) (K / QK);
+#ifdef Q41_SIMD
+    if (N >= WIDE_MIN_COLS) {
+        mul_mat_wide(dst, ith, nth);
+        return;
+    }
+#endif
 
     char * buf = q8_reserve((size_t) N * nb);
     if (buf == NULL) {

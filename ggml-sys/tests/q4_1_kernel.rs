@@ -1,7 +1,8 @@
 //! The crate's q4_1 kernel (`kernels::ggml_sys_mul_mat_q4_1`, run as a ggml custom op) against
-//! `ggml_mul_mat` on the same tensors: equal bit for bit, for every column count (the kernel
-//! takes columns four at a time and in tiles of sixteen), odd row counts, one to three threads,
-//! and strided columns.
+//! `ggml_mul_mat` on the same tensors: equal bit for bit, for every column count (the narrow
+//! path takes columns four at a time and in tiles of sixteen; from 16 columns the wide path
+//! takes them in groups of eight, split between threads by group or, with few groups, by row),
+//! odd row counts, one to four threads, and strided columns.
 
 use ggml_sys::*;
 use std::ffi::c_int;
@@ -136,6 +137,30 @@ fn model_shapes_threads_and_strided_columns() {
     // Columns 160 floats apart, of which the product reads the first 128.
     let (want, got) = both(128, 9, 6, 160, 2, 9);
     assert_same_bits(&want, &got, "strided columns");
+}
+
+#[test]
+fn the_wide_path_gives_ggml_mul_mat_bits_by_group_and_by_row() {
+    // Prefill shapes: more groups than threads (split by group, a last group partly filled)
+    // and few groups (split by row), with K of one and of several tiles of groups.
+    for (k, m, n, threads) in [
+        (576, 192, 64, 2),
+        (576, 1536, 130, 2),
+        (1536, 576, 77, 3),
+        (576, 64, 512, 4),
+        (96, 33, 16, 4),
+        (64, 9, 23, 1),
+        (2048, 5, 200, 2),
+    ] {
+        let (want, got) = both(k, m, n, k, threads, (k * m + n) as u64);
+        assert_same_bits(
+            &want,
+            &got,
+            &format!("k {k}, m {m}, n {n}, {threads} threads"),
+        );
+    }
+    let (want, got) = both(128, 9, 41, 160, 2, 41);
+    assert_same_bits(&want, &got, "strided columns, wide");
 }
 
 #[test]
