@@ -326,6 +326,15 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf) {
                     memset(dstv, 0, (size_t) D * sizeof(float));
                 }
             }
+            // The next tile's rows of K and V are on their way while this one is computed.
+            for (int k = 0; k < BK && ic + BK + k < a->n_kv; ++k) {
+                const char * kr = (const char *) fa_row(a->k, ic + BK + k, g);
+                const char * vr = (const char *) fa_row(a->v, ic + BK + k, g);
+                for (int off = 0; off < D * 2; off += 64) {
+                    _mm_prefetch(kr + off, _MM_HINT_T0);
+                    _mm_prefetch(vr + off, _MM_HINT_T0);
+                }
+            }
             fa_qk_rows(q, D, kt, p, rows);
         }
 #else
