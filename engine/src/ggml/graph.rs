@@ -328,9 +328,10 @@ impl<'g, 'w> Graph<'g, 'w> {
         op!(self, sys::ggml_add(self.ctx(), a.raw, b.raw))
     }
     /// `w` is `[k, m]`, `x` is `[k, n]`: the result is `[m, n]`. A two-dimensional product of
-    /// q4_1 weights in host memory with f32 rows runs ggml-sys's q4_1 kernel (each weight block
-    /// unpacked once for four columns; the same bits as `ggml_mul_mat`), everything else ggml's
-    /// (weights on a GPU too).
+    /// q4_1 weights in host memory with two f32 rows or more runs ggml-sys's q4_1 kernel (each
+    /// weight block unpacked once for several columns; the same bits as `ggml_mul_mat`),
+    /// everything else ggml's: one row (decoding one sequence reads every weight once, and
+    /// ggml's row chunks do that faster), weights on a GPU.
     pub(crate) fn mul_mat(&mut self, w: Tensor<'g>, x: Tensor<'g>) -> Tensor<'g> {
         // SAFETY: both tensors are live for 'g (see `op!`); only their headers are read.
         let (w_type, x_type) = unsafe { ((*w.raw).type_, (*x.raw).type_) };
@@ -348,6 +349,7 @@ impl<'g, 'w> Graph<'g, 'w> {
             && x.nb(0) == 4
             && w.ne(0) == x.ne(0)
             && w.ne(0).is_multiple_of(32)
+            && x.ne(1) > 1
         {
             let mut args = [w.raw, x.raw];
             let (m, n) = (w.ne(1) as i64, x.ne(1) as i64);
