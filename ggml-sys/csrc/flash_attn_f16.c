@@ -46,6 +46,8 @@
 // Rows of one pass of the score and output micro-kernels: 6 rows of 16 lanes keep 12
 // accumulators, two loaded vectors and a broadcast in the 16 vector registers.
 #define FA_R 6
+// Blocks of at most this many rows prefetch the next tile.
+#define FA_PREFETCH_ROWS 16
 // Largest head dimension the kernel takes.
 #define DMAX 256
 // The f16 bits of minus infinity, which masks a key.
@@ -326,13 +328,20 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf) {
                     memset(dstv, 0, (size_t) D * sizeof(float));
                 }
             }
-            // The next tile's rows of K and V are on their way while this one is computed.
-            for (int k = 0; k < BK && ic + BK + k < a->n_kv; ++k) {
-                const char * kr = (const char *) fa_row(a->k, ic + BK + k, g);
-                const char * vr = (const char *) fa_row(a->v, ic + BK + k, g);
-                for (int off = 0; off < D * 2; off += 64) {
-                    _mm_prefetch(kr + off, _MM_HINT_T0);
-                    _mm_prefetch(vr + off, _MM_HINT_T0);
+            // Few rows (decoding): the next tile's rows of K and V are on their way while this
+            // one is computed. Many rows compute long enough per tile for the hardware's own
+            // prefetch, and the instructions would cost more than they save.
+            if (rows <= FA_PREFETCH_ROWS && ic + BK < a->n_kv) {
+                const int next = a->n_kv - ic - BK < BK ? a->n_kv - ic - BK : BK;
+                const char * kr = (const char *) fa_row(a->k, ic + BK, g);
+                const char * vr = (const char *) fa_row(a->v, ic + BK, g);
+                for (int k = 0; k < next; ++k) {
+                    for (int off = 0; off < D * 2; off += 64) {
+                        _mm_prefetch(kr + off, _MM_HINT_T0);
+                        _mm_prefetch(vr + off, _MM_HINT_T0);
+                    }
+                    kr += a->k->nb[1];
+                    vr += a->v->nb[1];
                 }
             }
             fa_qk_rows(q, D, kt, p, rows);
