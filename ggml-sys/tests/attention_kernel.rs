@@ -176,24 +176,13 @@ fn both(
             GGML_N_TASKS_MAX,
             scale.to_bits() as usize as *mut std::ffi::c_void,
         );
-        let mut out = Vec::new();
         for t in [want, got] {
-            let graph = ggml_new_graph(ctx);
-            ggml_build_forward_expand(graph, t);
-            assert_eq!(
-                ggml_graph_compute_with_ctx(ctx, graph, threads),
-                GGML_STATUS_SUCCESS
-            );
-            assert!(ggml_is_contiguous(t));
             assert_eq!([(*t).ne[0], (*t).ne[1], (*t).ne[2]], [s.d, s.heads, n]);
-            out.push(
-                std::slice::from_raw_parts((*t).data as *const f32, (s.d * s.heads * n) as usize)
-                    .to_vec(),
-            );
         }
+        let want = common::compute_f32(ctx, want, threads);
+        let got = common::compute_f32(ctx, got, threads);
         ggml_free(ctx);
-        let got = out.pop().unwrap();
-        (out.pop().unwrap(), got, exact)
+        (want, got, exact)
     }
 }
 

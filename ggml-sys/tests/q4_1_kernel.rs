@@ -11,6 +11,18 @@ mod common;
 
 use common::Rng;
 
+/// Each `(k, m, n, threads)` against `ggml_mul_mat`, columns contiguous.
+fn assert_shapes(shapes: &[(i64, i64, i64, c_int)]) {
+    for &(k, m, n, threads) in shapes {
+        let (want, got) = both(k, m, n, k, threads, (k * m + n) as u64);
+        assert_same_bits(
+            &want,
+            &got,
+            &format!("k {k}, m {m}, n {n}, {threads} threads"),
+        );
+    }
+}
+
 /// The kernel's node for `w` (q4_1 `[k, m]`) times `x` (f32 `[k, n]`).
 ///
 /// # Safety
@@ -72,22 +84,11 @@ fn both(k: i64, m: i64, n: i64, stride: i64, threads: c_int, seed: u64) -> (Vec<
         let x = ggml_view_2d(ctx, backing, k, n, (*backing).nb[1], 0);
         let want = ggml_mul_mat(ctx, w, x);
         let got = kernel_node(ctx, w, x);
-        let mut out = Vec::new();
-        for t in [want, got] {
-            let graph = ggml_new_graph(ctx);
-            ggml_build_forward_expand(graph, t);
-            assert_eq!(
-                ggml_graph_compute_with_ctx(ctx, graph, threads),
-                GGML_STATUS_SUCCESS
-            );
-            assert!(ggml_is_contiguous(t));
-            out.push(
-                std::slice::from_raw_parts((*t).data as *const f32, (m * n) as usize).to_vec(),
-            );
-        }
+        let want = common::compute_f32(ctx, want, threads);
+        let got = common::compute_f32(ctx, got, threads);
+        assert_eq!(want.len(), (m * n) as usize);
         ggml_free(ctx);
-        let got = out.pop().unwrap();
-        (out.pop().unwrap(), got)
+        (want, got)
     }
 }
 
@@ -120,20 +121,13 @@ fn every_column_count_gives_ggml_mul_mat_bits() {
 
 #[test]
 fn model_shapes_threads_and_strided_columns() {
-    for (k, m, n, threads) in [
+    assert_shapes(&[
         (576, 1536, 4, 2),
         (1536, 576, 8, 3),
         (576, 192, 1, 2),
         (576, 577, 33, 2),
         (32, 1, 5, 4),
-    ] {
-        let (want, got) = both(k, m, n, k, threads, (k * m + n) as u64);
-        assert_same_bits(
-            &want,
-            &got,
-            &format!("k {k}, m {m}, n {n}, {threads} threads"),
-        );
-    }
+    ]);
     // Columns 160 floats apart, of which the product reads the first 128.
     let (want, got) = both(128, 9, 6, 160, 2, 9);
     assert_same_bits(&want, &got, "strided columns");
@@ -143,7 +137,7 @@ fn model_shapes_threads_and_strided_columns() {
 fn the_wide_path_gives_ggml_mul_mat_bits_by_group_and_by_row() {
     // Prefill shapes: more groups than threads (split by group, a last group partly filled)
     // and few groups (split by row), with K of one and of several tiles of groups.
-    for (k, m, n, threads) in [
+    assert_shapes(&[
         (576, 192, 64, 2),
         (576, 1536, 130, 2),
         (1536, 576, 77, 3),
@@ -151,14 +145,7 @@ fn the_wide_path_gives_ggml_mul_mat_bits_by_group_and_by_row() {
         (96, 33, 16, 4),
         (64, 9, 23, 1),
         (2048, 5, 200, 2),
-    ] {
-        let (want, got) = both(k, m, n, k, threads, (k * m + n) as u64);
-        assert_same_bits(
-            &want,
-            &got,
-            &format!("k {k}, m {m}, n {n}, {threads} threads"),
-        );
-    }
+    ]);
     let (want, got) = both(128, 9, 41, 160, 2, 41);
     assert_same_bits(&want, &got, "strided columns, wide");
 }
@@ -194,14 +181,8 @@ fn the_kernel_computes_the_product() {
         for (i, v) in xs.iter_mut().enumerate() {
             *v = if (i as i64) < k { 1.0 } else { 2.0 };
         }
-        let got = kernel_node(ctx, w, x);
-        let graph = ggml_new_graph(ctx);
-        ggml_build_forward_expand(graph, got);
-        assert_eq!(
-            ggml_graph_compute_with_ctx(ctx, graph, 2),
-            GGML_STATUS_SUCCESS
-        );
-        let out = std::slice::from_raw_parts((*got).data as *const f32, (m * n) as usize);
+        let out = common::compute_f32(ctx, kernel_node(ctx, w, x), 2);
+        assert_eq!(out.len(), (m * n) as usize);
         for c in 0..n {
             for r in 0..m {
                 let row_sum: f32 = weights[(r * k) as usize..((r + 1) * k) as usize]

@@ -1,6 +1,27 @@
 //! What the crate's test files share.
 #![allow(dead_code)]
 
+use ggml_sys::*;
+use std::ffi::c_int;
+
+/// Computes `t` (an f32 tensor of `ctx`) with `threads` threads and returns its elements.
+///
+/// # Safety
+/// `ctx` is live, `t` is one of its tensors, and ggml can compute it in place.
+pub unsafe fn compute_f32(ctx: *mut ggml_context, t: *mut ggml_tensor, threads: c_int) -> Vec<f32> {
+    // SAFETY: the caller's promise; a contiguous f32 tensor holds `ggml_nelements` floats.
+    unsafe {
+        let graph = ggml_new_graph(ctx);
+        ggml_build_forward_expand(graph, t);
+        assert_eq!(
+            ggml_graph_compute_with_ctx(ctx, graph, threads),
+            GGML_STATUS_SUCCESS
+        );
+        assert!(ggml_is_contiguous(t));
+        std::slice::from_raw_parts((*t).data as *const f32, ggml_nelements(t) as usize).to_vec()
+    }
+}
+
 /// A deterministic pseudo-random source (SplitMix64), so failures reproduce.
 pub struct Rng(pub u64);
 
