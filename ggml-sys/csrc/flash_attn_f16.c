@@ -344,6 +344,16 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf) {
                     vr += a->v->nb[1];
                 }
             }
+            // The next tile's mask rows, one per token of the block: read once per row after
+            // the scores, they would otherwise stall the softmax on a cache miss per token
+            // (rows lie n_kv apart, too far for the hardware's prefetch).
+            if (ic + BK < a->n_kv) {
+                for (int t = t_first; t <= t_last; ++t) {
+                    const char * mr = (const char *) (fa_row(a->mask, t, 0) + ic + BK);
+                    _mm_prefetch(mr, _MM_HINT_T0);
+                    _mm_prefetch(mr + 64, _MM_HINT_T0);
+                }
+            }
             fa_qk_rows(q, D, kt, p, rows);
         }
 #else
