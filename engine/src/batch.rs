@@ -189,7 +189,7 @@ pub(crate) struct Plan {
     pub positions: Vec<u8>,
     /// Pool cell each token's K and V go to (i64 bytes).
     pub cells: Vec<u8>,
-    /// Attention of each sequence, in batch order. Each sequence attends on its own, so a
+    /// Attention of each sequence, in row order. Each sequence attends on its own, so a
     /// sequence evaluates the same kernels with the same shapes whether it runs alone or beside
     /// others (ggml picks its attention kernel by the number of queries).
     pub attention: Vec<SeqAttention>,
@@ -197,6 +197,11 @@ pub(crate) struct Plan {
     pub out_rows: Vec<i32>,
     /// Output rows of each item.
     pub item_rows: Vec<Range<usize>>,
+    /// Leading batch rows whose q4_1 products may sum blocks in integers (see
+    /// [`Graph::allow_integer_sums`](crate::ggml::graph::Graph::allow_integer_sums)): the
+    /// tokens of the items of [`QUERY_TILE`] tokens or more, which come first. 0 when
+    /// invariant.
+    pub integer_sum_rows: usize,
 }
 
 impl Plan {
@@ -221,11 +226,27 @@ impl Plan {
             cells: Vec::with_capacity(n * 8),
             attention: Vec::with_capacity(items.len()),
             out_rows: Vec::new(),
-            item_rows: Vec::with_capacity(items.len()),
+            item_rows: vec![0..0; items.len()],
+            integer_sum_rows: 0,
         };
+        // Items of QUERY_TILE tokens or more first (outside invariant plans), each group in
+        // batch order: their rows may then take the faster q4_1 products, which round
+        // otherwise, while a token of a shorter item keeps ggml's bits beside them (the
+        // choice, like `ours`, depends on the item alone).
+        let long = |i: &PlanItem<'_>| !invariant && i.tokens.len() >= QUERY_TILE;
+        let order: Vec<usize> = (0..items.len())
+            .filter(|&i| long(&items[i]))
+            .chain((0..items.len()).filter(|&i| !long(&items[i])))
+            .collect();
+        plan.integer_sum_rows = items
+            .iter()
+            .filter(|i| long(i))
+            .map(|i| i.tokens.len())
+            .sum();
         let neg_inf = f16::NEG_INFINITY.to_le_bytes();
         let mut row = 0;
-        for item in items {
+        for &index in &order {
+            let item = &items[index];
             let ascending = item.pages.windows(2).all(|w| w[0] < w[1]);
             let gathered = (invariant && gather && !ascending).then(|| {
                 let n_kv = (item.pages.len() * PAGE_TOKENS).div_ceil(KV_PAD) * KV_PAD;
@@ -308,7 +329,7 @@ impl Plan {
                 gather: gathered,
             });
             row += m;
-            plan.item_rows.push(first_out..plan.out_rows.len());
+            plan.item_rows[index] = first_out..plan.out_rows.len();
         }
         let mut parts = std::mem::take(&mut plan.attention);
         if invariant {
@@ -563,12 +584,21 @@ mod tests {
             .iter()
             .map(|a| (a.rows.len(), a.ours))
             .collect();
-        // A and C take ours, B (ggml's) shares an op with neither; D takes ours; E, a short
+        // D, of 64 tokens, comes first (its rows may take the integer-sum products) and takes
+        // ours; then A and C take ours, B (ggml's) shares an op with neither; E, a short
         // sequence's single query, takes ggml's.
         assert_eq!(
             chosen,
-            [(20, true), (20, false), (1, true), (64, true), (1, false)]
+            [(64, true), (20, true), (20, false), (1, true), (1, false)]
         );
+        assert_eq!(plan.integer_sum_rows, 64);
+        // Each item's logits row still answers for that item: D's last token is row 63.
+        let last_rows: Vec<i32> = plan
+            .item_rows
+            .iter()
+            .map(|r| plan.out_rows[r.start])
+            .collect();
+        assert_eq!(last_rows, [83, 103, 104, 63, 105]);
         // The same sequences alone: the same choices.
         for (item, want) in items.iter().zip([true, false, true, true, false]) {
             let alone = Plan::new(
@@ -583,6 +613,7 @@ mod tests {
         // Batch-invariant plans keep ggml's per-query path.
         let inv = Plan::new(&items, 40 * PAGE_TOKENS, true, false, None);
         assert!(inv.attention.iter().all(|a| !a.ours));
+        assert_eq!(inv.integer_sum_rows, 0);
     }
 
     #[test]

@@ -39,9 +39,10 @@ pub struct ContextParams {
     /// Element type of cached V (a quantized V needs `flash_attn`).
     pub type_v: KvType,
     /// Batch-invariant evaluation: attention computes every query on its own (never in
-    /// ggml's tiles of 64 queries), so a token's logits are the same bits whether it was
-    /// evaluated alone, in a micro-batch or beside other sequences. Costs about 30% of prefill
-    /// speed on the CPU (see docs/BENCHMARKS.md); off by default.
+    /// ggml's tiles of 64 queries) and q4_1 products keep ggml's bits at every batch size
+    /// (never the integer-sum path of 64 rows or more), so a token's logits are the same bits
+    /// whether it was evaluated alone, in a micro-batch or beside other sequences. Costs about
+    /// 30% of prefill speed on the CPU (see docs/BENCHMARKS.md); off by default.
     pub batch_invariant: bool,
 }
 
@@ -555,9 +556,11 @@ impl Context {
         let kv = &mut self.kv;
         let flash_attn = self.params.flash_attn;
         let embeddings = batch.embeddings;
-        let result = self
-            .compute
-            .run(|g| arch::build(g, model, kv, &plan, flash_attn, embeddings));
+        let integer_sums = plan.integer_sum_rows;
+        let result = self.compute.run(|g| {
+            g.allow_integer_sums(n_tokens, integer_sums);
+            arch::build(g, model, kv, &plan, flash_attn, embeddings)
+        });
         let logits = match result {
             Ok(logits) => logits,
             Err(e) => {

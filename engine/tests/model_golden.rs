@@ -214,3 +214,59 @@ fn golden_prompts_decoded_together_match_each_alone() {
         assert_eq!(greedy[i], case.greedy, "greedy tokens of {:?}", case.prompt);
     }
 }
+
+/// A prompt of 64 tokens or more takes the q4_1 products that sum blocks in integers (rounding
+/// otherwise than ggml's), the golden prompts beside it in the same batch keep ggml's: each
+/// item gets the same logits, bit for bit, as alone (were the choice made per batch, the short
+/// prompts would round otherwise beside the long one).
+#[test]
+fn a_long_prompt_beside_short_ones_changes_neither() {
+    use engine::{Batch, Context, ContextParams, Logits};
+    let Some(model) = model() else { return };
+    let cases = golden();
+    // About 200 tokens: the golden prompts one after the other.
+    let long: Vec<u32> = cases
+        .iter()
+        .flat_map(|c| c.prompt_ids.iter().copied())
+        .cycle()
+        .take(200)
+        .collect();
+    let prompts: Vec<&[u32]> = std::iter::once(long.as_slice())
+        .chain(cases.iter().map(|c| c.prompt_ids.as_slice()))
+        .collect();
+    let n_tokens: usize = prompts.iter().map(|p| p.len()).sum();
+    let params = ContextParams {
+        n_ctx: 512,
+        kv_tokens: prompts.len() * 512,
+        n_threads: 2,
+        n_batch: n_tokens,
+        flash_attn: true,
+        ..ContextParams::default()
+    };
+    let logits_of = |items: &[&[u32]]| -> Vec<Vec<f32>> {
+        let mut ctx = Context::new(model.clone(), params.clone()).unwrap();
+        let mut batch = Batch::new();
+        for p in items {
+            let seq = ctx.new_sequence();
+            batch.add(seq, p, Logits::Last);
+        }
+        let out = ctx.decode(&batch).unwrap();
+        (0..items.len()).map(|i| out.logits(i).to_vec()).collect()
+    };
+    // The long prompt last in the batch: the plan still puts its rows first.
+    let mut order: Vec<&[u32]> = prompts[1..].to_vec();
+    order.push(prompts[0]);
+    let together = logits_of(&order);
+    for (i, p) in order.iter().enumerate() {
+        let alone = logits_of(std::slice::from_ref(p));
+        let same = together[i]
+            .iter()
+            .zip(&alone[0])
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same,
+            "prompt {i} of {} tokens: other logits in the batch",
+            p.len()
+        );
+    }
+}

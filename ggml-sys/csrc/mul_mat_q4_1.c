@@ -1,23 +1,33 @@
 // A q4_1 matrix product for ggml's CPU backend, run as a ggml custom op (`ggml_custom_4d`).
 //
 // ggml multiplies a q4_1 weight row with one q8_1 activation column at a time, so a batch of N
-// columns unpacks every weight block N times. Each output element here is computed with the
-// same operations in the same order as ggml's own x86 q4_1 x q8_1 dot product (integer products
-// summed per 32-bit lane, one fused multiply-add per block into eight float lanes, the same
-// horizontal sum, the scalar `m * s` sum added last), and the columns are quantized by ggml's
-// own q8_1 routine, so the result equals ggml_mul_mat's bit for bit, whatever the number of
-// columns. The lane sums are one VNNI instruction where the target has it, as in ggml. Without
-// AVX2 the op calls ggml's dot product.
+// columns unpacks every weight block N times. The columns are quantized by ggml's own q8_1
+// routine, and each output comes from one of two definitions:
 //
-// Two paths, with the same bits:
+// ggml's (the columns past the count that `userdata` holds, all of them when it is under
+// Q41_ISUM_MIN_COLS): the same operations in the same order as ggml's x86 q4_1 x q8_1 dot
+// product (integer products summed per 32-bit lane, one fused multiply-add per block into
+// eight float lanes, the same horizontal sum, the scalar `m * s` sum added last), so
+// ggml_mul_mat's bits whatever the number of columns. The lane sums are one VNNI instruction
+// where the target has it, as in ggml. Without AVX2 the op calls ggml's dot product. Two
+// paths, with the same bits:
 // - few columns (decoding, short batches): two weight rows unpacked once per block for up to
 //   four columns (`rows_cols`);
-// - 16 columns or more (prefill): the columns packed eight to a group, their int8 values
-//   aligned and their scales and sums laid out as vectors, and one unpacked weight row run
-//   against a group at a time (`row_group`). The eight products `d0 * d1` of a block come from
-//   one vector multiply, the eight `m * s` sums ride along as one vector, and the eight
-//   horizontal sums end as one transposition, so the loop is left with the integer products,
-//   their conversion and the fused multiply-adds.
+// - 16 columns or more: the columns packed eight to a group, their int8 values aligned and
+//   their scales and sums laid out as vectors, and one unpacked weight row run against a group
+//   at a time (`row_group`); the loop is left with the integer products, their conversion and
+//   the fused multiply-adds, one of each per block and column.
+//
+// Integer sums (the leading columns that `userdata` counts, when Q41_ISUM_MIN_COLS or more;
+// AVX2): each block's 32 products summed exactly in integers first, then, for row r and
+// column c over blocks i,
+//     acc = fma(d0_i * d1_i, (float) dot_i, acc),  sm = fma(m0_i, s1_i, sm),  out = acc + sm
+// (ggml's sum in another order: the results differ from ggml_mul_mat's by rounding). That
+// lets one vector lane hold one column: the columns are packed W to a group (16 with AVX-512
+// VNNI, else 8), the four bytes of a block's element quad for all W columns side by side, so
+// one instruction multiplies-and-adds a broadcast weight quad into W column sums, and the
+// conversion and scale multiply come once per block for W columns (`is_rows_group`): about
+// twice the speed of the path above.
 
 #include <math.h>
 #include <stdint.h>
@@ -31,6 +41,9 @@
 #include <immintrin.h>
 #include "simd_x86.h"
 #define Q41_SIMD 1
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define Q41_W16 1
+#endif
 #endif
 
 #define QK 32
@@ -326,10 +339,274 @@ static void mul_mat_wide(struct ggml_tensor * dst, int ith, int nth) {
 }
 #endif
 
-// dst[m, n] = sum_k a[k, m] * b[k, n]; a: q4_1 [K, M] (src 0), b: f32 [K, N] (src 1), dst: f32
-// [M, N], all two-dimensional, K a multiple of 32, rows of b contiguous.
-void ggml_sys_mul_mat_q4_1(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
-    (void) userdata;
+#ifdef Q41_SIMD
+// Helpers of the integer-sum path.
+static size_t align64(size_t n) {
+    return (n + 63) & ~(size_t) 63;
+}
+
+
+static inline const q41_block * weight_row(const struct ggml_tensor * a, int64_t m) {
+    return (const q41_block *) ((const char *) a->data + m * a->nb[1]);
+}
+
+static inline float * out_at(struct ggml_tensor * dst, int64_t m, int64_t n) {
+    return (float *) ((char *) dst->data + m * dst->nb[0] + n * dst->nb[1]);
+}
+
+// Rows m0..m1-1 of every column set to NaN: a kernel without scratch memory fails visibly.
+static void fill_nan(struct ggml_tensor * dst, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+        for (int64_t m = m0; m < m1; ++m) {
+            *out_at(dst, m, n) = NAN;
+        }
+    }
+}
+
+// Column n of `b` quantized into `q` (nb blocks).
+static void quantize_col(const struct ggml_tensor * b, int64_t n, int nb, q81_block * q) {
+    const struct ggml_type_traits_cpu * q81 = ggml_get_type_traits_cpu(GGML_TYPE_Q8_1);
+    q81->from_float((const float *) ((const char *) b->data + n * b->nb[1]), q, (int64_t) nb * QK);
+}
+
+// Fewest columns the integer-sum path takes (`Q4_1_ISUM_MIN_COLS` in src/lib.rs).
+#define Q41_ISUM_MIN_COLS 64
+
+// The integer-sum path's vectors: W columns per group, MR weight rows per pass.
+#ifdef Q41_W16
+#define W 16
+#define MR 8
+typedef __m512i vint;
+typedef __m512 vflt;
+#define VI_ZERO() _mm512_setzero_si512()
+#define VI_LOAD(p) _mm512_load_si512((const void *) (p))
+#define VF_ZERO() _mm512_setzero_ps()
+#define VF_LOAD(p) _mm512_load_ps(p)
+#define VF_BCST(p) _mm512_set1_ps(*(p))
+#define VF_MUL(x, y) _mm512_mul_ps(x, y)
+#define VF_FMA(x, y, z) _mm512_fmadd_ps(x, y, z)
+#define VF_ADD(x, y) _mm512_add_ps(x, y)
+#define VF_CVT(x) _mm512_cvtepi32_ps(x)
+#define VF_STORE(p, x) _mm512_store_ps(p, x)
+#else
+#define W 8
+#define MR 4
+typedef __m256i vint;
+typedef __m256 vflt;
+#define VI_ZERO() _mm256_setzero_si256()
+#define VI_LOAD(p) _mm256_load_si256((const __m256i *) (p))
+#define VF_ZERO() _mm256_setzero_ps()
+#define VF_LOAD(p) _mm256_load_ps(p)
+#define VF_BCST(p) _mm256_broadcast_ss(p)
+#define VF_MUL(x, y) _mm256_mul_ps(x, y)
+#define VF_FMA(x, y, z) _mm256_fmadd_ps(x, y, z)
+#define VF_ADD(x, y) _mm256_add_ps(x, y)
+#define VF_CVT(x) _mm256_cvtepi32_ps(x)
+#define VF_STORE(p, x) _mm256_store_ps(p, x)
+#endif
+
+// A group's block i: quad k (elements 4k .. 4k+3) of its W columns at `qs + ((i * 8 + k) * W
+// + c) * 4`, then the scales d1[i * W + c] and sums s1[i * W + c] as f32.
+#define IS_GROUP_BYTES (8 * W * 4 + 2 * W * sizeof(float))
+
+// Block sums of R rows against a group's block: dot[r] lane c = the block's products of row r
+// (x + r * rs, 32 bytes) and column c (y, the block's 8 quads of W columns), exactly.
+Q41_INLINE void is_block_dots(vint * dot, int R, const uint8_t * x, size_t rs, const int8_t * y) {
+#if defined(Q41_W16)
+    for (int r = 0; r < R; ++r) {
+        dot[r] = VI_ZERO();
+    }
+    for (int k = 0; k < 8; ++k) {
+        const vint yk = VI_LOAD(y + k * W * 4);
+        for (int r = 0; r < R; ++r) {
+            int32_t quad;
+            memcpy(&quad, x + r * rs + 4 * k, 4);
+            dot[r] = _mm512_dpbusd_epi32(dot[r], _mm512_set1_epi32(quad), yk);
+        }
+    }
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
+    for (int r = 0; r < R; ++r) {
+        dot[r] = VI_ZERO();
+    }
+    for (int k = 0; k < 8; ++k) {
+        const vint yk = VI_LOAD(y + k * W * 4);
+        for (int r = 0; r < R; ++r) {
+            int32_t quad;
+            memcpy(&quad, x + r * rs + 4 * k, 4);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+            dot[r] = _mm256_dpbusd_epi32(dot[r], _mm256_set1_epi32(quad), yk);
+#else
+            dot[r] = _mm256_dpbusd_avx_epi32(dot[r], _mm256_set1_epi32(quad), yk);
+#endif
+        }
+    }
+#else
+    // Pairs of products in 16 bits: |sum| <= 8 * 2 * 15 * 127 < 2^15 over a block, so the
+    // sixteen-bit sums are exact before the widening.
+    __m256i s16[MR];
+    for (int r = 0; r < R; ++r) {
+        s16[r] = VI_ZERO();
+    }
+    for (int k = 0; k < 8; ++k) {
+        const vint yk = VI_LOAD(y + k * W * 4);
+        for (int r = 0; r < R; ++r) {
+            int32_t quad;
+            memcpy(&quad, x + r * rs + 4 * k, 4);
+            s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(_mm256_set1_epi32(quad), yk));
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        dot[r] = _mm256_madd_epi16(s16[r], _mm256_set1_epi16(1));
+    }
+#endif
+}
+
+// R unpacked rows (qx + r * rs; scales and minimums at d0[r * nb + i], m0[...]) against one
+// group: res[r * W + c].
+Q41_INLINE void is_rows_group(const uint8_t * qx, size_t rs, const float * d0, const float * m0,
+                           const char * g, int nb, int R, float * res) {
+    const int8_t * qs = (const int8_t *) g;
+    const float * d1 = (const float *) (g + (size_t) nb * 8 * W * 4);
+    const float * s1 = d1 + (size_t) nb * W;
+    vflt acc[MR], sm[MR];
+    for (int r = 0; r < R; ++r) {
+        acc[r] = VF_ZERO();
+        sm[r] = VF_ZERO();
+    }
+    for (int i = 0; i < nb; ++i) {
+        vint dot[MR];
+        is_block_dots(dot, R, qx + (size_t) i * QK, rs, qs + (size_t) i * 8 * W * 4);
+        const vflt dc = VF_LOAD(d1 + (size_t) i * W);
+        for (int r = 0; r < R; ++r) {
+            acc[r] = VF_FMA(VF_MUL(VF_BCST(d0 + (size_t) r * nb + i), dc), VF_CVT(dot[r]), acc[r]);
+        }
+    }
+    for (int i = 0; i < nb; ++i) {
+        const vflt sc = VF_LOAD(s1 + (size_t) i * W);
+        for (int r = 0; r < R; ++r) {
+            sm[r] = VF_FMA(VF_BCST(m0 + (size_t) r * nb + i), sc, sm[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        VF_STORE(res + r * W, VF_ADD(acc[r], sm[r]));
+    }
+}
+
+// Quantizes columns n0 .. n0 + W - 1 of `b` (those below N; the rest zero) into group `g`,
+// going through `tmp` (nb q8_1 blocks).
+static void is_pack_group(const struct ggml_tensor * b, int64_t n0, int64_t N, int nb, q81_block * tmp,
+                       char * g) {
+    int8_t * qs = (int8_t *) g;
+    float * d1 = (float *) (g + (size_t) nb * 8 * W * 4);
+    float * s1 = d1 + (size_t) nb * W;
+    for (int c = 0; c < W; ++c) {
+        const int real = n0 + c < N;
+        if (real) {
+            quantize_col(b, n0 + c, nb, tmp);
+        }
+        for (int i = 0; i < nb; ++i) {
+            for (int k = 0; k < 8; ++k) {
+                int8_t * quad = qs + (((size_t) i * 8 + k) * W + c) * 4;
+                if (real) {
+                    memcpy(quad, tmp[i].qs + 4 * k, 4);
+                } else {
+                    memset(quad, 0, 4);
+                }
+            }
+            d1[i * W + c] = real ? f16_to_f32(tmp[i].d) : 0.0f;
+            s1[i * W + c] = real ? f16_to_f32(tmp[i].s) : 0.0f;
+        }
+    }
+}
+
+// R rows from m (unpacked in qx, d0, m0) against groups g0 .. g1 - 1 (packed from `packed`).
+Q41_INLINE void is_rows_groups(struct ggml_tensor * dst, int64_t m, int R, const uint8_t * qx,
+                            const float * d0, const float * m0, const char * packed, int64_t g0,
+                            int64_t g1, int nb, int64_t N) {
+    const size_t group_bytes = (size_t) nb * IS_GROUP_BYTES;
+    float res[MR * W] __attribute__((aligned(64))) = {0};
+    for (int64_t g = g0; g < g1; ++g) {
+        is_rows_group(qx, (size_t) nb * QK, d0, m0, packed + (size_t) (g - g0) * group_bytes, nb, R, res);
+        const int64_t n0 = g * W;
+        const int cols = N - n0 < W ? (int) (N - n0) : W;
+        for (int c = 0; c < cols; ++c) {
+            float * out = out_at(dst, m, n0 + c);
+            for (int r = 0; r < R; ++r) {
+                out[r] = res[r * W + c];
+            }
+        }
+    }
+}
+
+// The integer-sum path (see the top).
+static void mul_mat_isum(struct ggml_tensor * dst, int ith, int nth) {
+    const struct ggml_tensor * a = dst->src[0];
+    const struct ggml_tensor * b = dst->src[1];
+    const int64_t M = a->ne[1], N = b->ne[1];
+    const int nb = (int) (a->ne[0] / QK);
+    const int64_t groups = (N + W - 1) / W;
+    // Enough groups: each thread packs and computes its own groups for every row. Otherwise
+    // each packs every group and computes its share of the rows.
+    const int by_groups = groups >= 2 * nth;
+    const int64_t g_per = (groups + nth - 1) / nth, r_per = (M + nth - 1) / nth;
+    const int64_t g0 = by_groups ? g_per * ith : 0;
+    const int64_t g1 = by_groups ? (g0 + g_per < groups ? g0 + g_per : groups) : groups;
+    const int64_t r0 = by_groups ? 0 : r_per * ith;
+    const int64_t r1 = by_groups ? M : (r0 + r_per < M ? r0 + r_per : M);
+    if (g0 >= g1 || r0 >= r1) {
+        return;
+    }
+    const size_t packed_bytes = align64((size_t) (g1 - g0) * nb * IS_GROUP_BYTES);
+    const size_t qx_bytes = align64((size_t) MR * nb * QK);
+    const size_t dm_bytes = align64((size_t) MR * nb * sizeof(float));
+    const size_t tmp_bytes = align64((size_t) nb * sizeof(q81_block));
+    char * buf = wide_reserve(packed_bytes + qx_bytes + 2 * dm_bytes + tmp_bytes);
+    if (buf == NULL) {
+        fill_nan(dst, r0, r1, g0 * W, g1 * W < N ? g1 * W : N);
+        return;
+    }
+    uint8_t * qx = (uint8_t *) (buf + packed_bytes);
+    float * d0 = (float *) (buf + packed_bytes + qx_bytes);
+    float * m0 = (float *) (buf + packed_bytes + qx_bytes + dm_bytes);
+    q81_block * tmp = (q81_block *) (buf + packed_bytes + qx_bytes + 2 * dm_bytes);
+    for (int64_t g = g0; g < g1; ++g) {
+        is_pack_group(b, g * W, N, nb, tmp, buf + (size_t) (g - g0) * nb * IS_GROUP_BYTES);
+    }
+    for (int64_t m = r0; m < r1; m += MR) {
+        const int R = r1 - m < MR ? (int) (r1 - m) : MR;
+        for (int r = 0; r < R; ++r) {
+            unpack_row(weight_row(a, m + r), nb, qx + (size_t) r * nb * QK, d0 + (size_t) r * nb,
+                       m0 + (size_t) r * nb);
+        }
+        switch (R) {
+#define Q41_ROWS(n) \
+    case n: is_rows_groups(dst, m, n, qx, d0, m0, buf, g0, g1, nb, N); break;
+            Q41_ROWS(1)
+            Q41_ROWS(2)
+            Q41_ROWS(3)
+#if MR > 4
+            Q41_ROWS(4)
+            Q41_ROWS(5)
+            Q41_ROWS(6)
+            Q41_ROWS(7)
+#endif
+#undef Q41_ROWS
+            default: is_rows_groups(dst, m, MR, qx, d0, m0, buf, g0, g1, nb, N); break;
+        }
+    }
+}
+#endif
+
+int ggml_sys_mul_mat_q4_1_isum(void) {
+#ifdef Q41_SIMD
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+// ggml's bits, every column of dst.
+static void mul_mat_exact(struct ggml_tensor * dst, int ith, int nth) {
     const struct ggml_tensor * a = dst->src[0];
     const struct ggml_tensor * b = dst->src[1];
     const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
@@ -423,4 +700,39 @@ void ggml_sys_mul_mat_q4_1(struct ggml_tensor * dst, int ith, int nth, void * us
         }
 #endif
     }
+}
+
+// dst[m, n] = sum_k a[k, m] * b[k, n]; a: q4_1 [K, M] (src 0), b: f32 [K, N] (src 1), dst: f32
+// [M, N], all two-dimensional, K a multiple of 32, rows of b contiguous. `userdata`, read as an
+// integer: how many leading columns may take the integer sums (when at least
+// Q41_ISUM_MIN_COLS); the other columns get ggml's bits.
+void ggml_sys_mul_mat_q4_1(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const int64_t N = dst->src[1]->ne[1];
+    const int64_t n_isum = (int64_t) ((uintptr_t) userdata < (uint64_t) N ? (uintptr_t) userdata : (uint64_t) N);
+#ifdef Q41_SIMD
+    if (n_isum >= Q41_ISUM_MIN_COLS) {
+        if (n_isum == N) {
+            mul_mat_isum(dst, ith, nth);
+            return;
+        }
+        // Two products over column views: the node's own tensors stay untouched (other
+        // threads read them).
+        const struct ggml_tensor * b = dst->src[1];
+        struct ggml_tensor b_head = *b, b_tail = *b, d_head = *dst, d_tail = *dst;
+        b_head.ne[1] = n_isum;
+        d_head.ne[1] = n_isum;
+        d_head.src[1] = &b_head;
+        b_tail.data = (char *) b->data + n_isum * b->nb[1];
+        b_tail.ne[1] = N - n_isum;
+        d_tail.data = (char *) dst->data + n_isum * dst->nb[1];
+        d_tail.ne[1] = N - n_isum;
+        d_tail.src[1] = &b_tail;
+        mul_mat_isum(&d_head, ith, nth);
+        mul_mat_exact(&d_tail, ith, nth);
+        return;
+    }
+#else
+    (void) n_isum;
+#endif
+    mul_mat_exact(dst, ith, nth);
 }

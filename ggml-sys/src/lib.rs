@@ -28,8 +28,11 @@ pub mod kernels {
     unsafe extern "C" {
         /// A `ggml_custom_op_t` for `ggml_custom_4d`: `dst` (f32 `[m, n]`) = `a^T b` for
         /// `dst->src[0]` = `a`, q4_1 `[k, m]`, and `dst->src[1]` = `b`, f32 `[k, n]` with
-        /// contiguous rows; two-dimensional, `k` a multiple of 32. Each q4_1 block is unpacked
-        /// once for four columns; the result equals `ggml_mul_mat`'s bit for bit.
+        /// contiguous rows; two-dimensional, `k` a multiple of 32. `userdata` is read as an
+        /// integer, never dereferenced: when it is [`Q4_1_ISUM_MIN_COLS`] or more, that many
+        /// leading columns (at most `n`) sum each block exactly in integers first (about
+        /// twice as fast; ggml's result up to rounding; see `csrc/mul_mat_q4_1.c`). Every
+        /// other column equals `ggml_mul_mat`'s bit for bit, whatever the number of columns.
         pub fn ggml_sys_mul_mat_q4_1(
             dst: *mut super::ggml_tensor,
             ith: ::core::ffi::c_int,
@@ -53,7 +56,14 @@ pub mod kernels {
         /// 1 when [`ggml_sys_flash_attn_f16`] was built with its vector code (AVX2, FMA and
         /// F16C), 0 when it runs plain loops.
         pub fn ggml_sys_flash_attn_f16_simd() -> ::core::ffi::c_int;
+
+        /// 1 when [`ggml_sys_mul_mat_q4_1`] was built with its integer-sum path (AVX2 and
+        /// FMA), 0 when its `userdata` changes nothing.
+        pub fn ggml_sys_mul_mat_q4_1_isum() -> ::core::ffi::c_int;
     }
+
+    /// Fewest columns for which [`ggml_sys_mul_mat_q4_1`] takes its integer-sum path.
+    pub const Q4_1_ISUM_MIN_COLS: i64 = 64;
 }
 
 /// The CUDA backend's entry points (feature `cuda`).

@@ -1,8 +1,12 @@
-//! The crate's q4_1 kernel (`kernels::ggml_sys_mul_mat_q4_1`, run as a ggml custom op) against
-//! `ggml_mul_mat` on the same tensors: equal bit for bit, for every column count (the narrow
-//! path takes columns four at a time and in tiles of sixteen; from 16 columns the wide path
-//! takes them in groups of eight, split between threads by group or, with few groups, by row),
-//! odd row counts, one to four threads, and strided columns.
+//! The crate's q4_1 kernel (`kernels::ggml_sys_mul_mat_q4_1`, run as a ggml custom op), three
+//! ways: with no columns given integer sums, against `ggml_mul_mat` on the same tensors, equal
+//! bit for bit; with all of them, from `Q4_1_ISUM_MIN_COLS` columns on, against its definition
+//! (`reference` below: per block an exact integer sum, then one chain of fused multiply-adds
+//! over the blocks) bit for bit and against `ggml_mul_mat` within rounding; and with only the
+//! leading ones, each column its own way. For every column count (the narrow path takes
+//! columns four at a time; from 16 the wide paths take them in groups, split between threads
+//! by group or, with few groups, by row), odd row counts, one to four threads, and strided
+//! columns.
 
 use ggml_sys::*;
 use std::ffi::c_int;
@@ -11,19 +15,54 @@ mod common;
 
 use common::Rng;
 
-/// Each `(k, m, n, threads)` against `ggml_mul_mat`, columns contiguous.
+/// Each `(k, m, n, threads)` against the definition and `ggml_mul_mat`, columns contiguous.
 fn assert_shapes(shapes: &[(i64, i64, i64, c_int)]) {
     for &(k, m, n, threads) in shapes {
-        let (want, got) = both(k, m, n, k, threads, (k * m + n) as u64);
-        assert_same_bits(
-            &want,
-            &got,
-            &format!("k {k}, m {m}, n {n}, {threads} threads"),
-        );
+        check(k, m, n, k, threads, (k * m + n) as u64);
     }
 }
 
-/// The kernel's node for `w` (q4_1 `[k, m]`) times `x` (f32 `[k, n]`).
+/// The kernel on one product, three ways: ggml's bits with no integer sums; with all columns
+/// allowed, the definition's bits where the path applies (and ggml's result within rounding),
+/// else ggml's bits; with the leading columns allowed, each column as its own way says.
+fn check(k: i64, m: i64, n: i64, stride: i64, threads: c_int, seed: u64) {
+    let r = run(k, m, n, stride, threads, seed);
+    let what = format!("k {k}, m {m}, n {n}, stride {stride}, {threads} threads");
+    assert_same_bits(&r.ggml, &r.exact, &what);
+    // SAFETY: a plain query.
+    let isum = unsafe { kernels::ggml_sys_mul_mat_q4_1_isum() } == 1;
+    let min = kernels::Q4_1_ISUM_MIN_COLS;
+    if isum && n >= min {
+        assert_same_bits(&r.reference, &r.isum, &format!("{what}, integer sums"));
+        assert_close(&r.ggml, &r.isum, &r.magnitude, &what);
+    } else {
+        assert_same_bits(&r.ggml, &r.isum, &format!("{what}, integer sums allowed"));
+    }
+    let split = split_at(n) as usize * m as usize;
+    let want: &[f32] = if isum && split_at(n) >= min {
+        &r.reference[..split]
+    } else {
+        &r.ggml[..split]
+    };
+    assert_same_bits(want, &r.split[..split], &format!("{what}, leading columns"));
+    assert_same_bits(
+        &r.ggml[split..],
+        &r.split[split..],
+        &format!("{what}, other columns"),
+    );
+}
+
+/// How many leading columns of `n` the third way allows integer sums.
+fn split_at(n: i64) -> i64 {
+    if n > kernels::Q4_1_ISUM_MIN_COLS {
+        kernels::Q4_1_ISUM_MIN_COLS + (n - kernels::Q4_1_ISUM_MIN_COLS) / 2
+    } else {
+        n / 2
+    }
+}
+
+/// The kernel's node for `w` (q4_1 `[k, m]`) times `x` (f32 `[k, n]`), integer sums allowed
+/// for the first `isum` columns.
 ///
 /// # Safety
 /// `ctx` is live and `w`, `x` are its tensors of those types and shapes.
@@ -31,6 +70,7 @@ unsafe fn kernel_node(
     ctx: *mut ggml_context,
     w: *mut ggml_tensor,
     x: *mut ggml_tensor,
+    isum: i64,
 ) -> *mut ggml_tensor {
     let mut args = [w, x];
     // SAFETY: the caller's promise; ggml copies `args` into the node.
@@ -46,14 +86,29 @@ unsafe fn kernel_node(
             2,
             Some(kernels::ggml_sys_mul_mat_q4_1),
             GGML_N_TASKS_MAX,
-            std::ptr::null_mut(),
+            // A count, never dereferenced.
+            isum as usize as *mut std::ffi::c_void,
         )
     }
 }
 
-/// `ggml_mul_mat(w, x)` and the kernel on the same `w` (q4_1, `k` × `m`) and `x` (f32, `k` ×
-/// `n`, columns `stride` floats apart), computed with `threads` threads.
-fn both(k: i64, m: i64, n: i64, stride: i64, threads: c_int, seed: u64) -> (Vec<f32>, Vec<f32>) {
+/// One product computed three ways, each `m * n` in ggml's order (row fastest).
+struct Run {
+    ggml: Vec<f32>,
+    /// The kernel with a null `userdata`.
+    exact: Vec<f32>,
+    /// The kernel with integer sums allowed.
+    isum: Vec<f32>,
+    /// The kernel with integer sums allowed for the first `split_at(n)` columns.
+    split: Vec<f32>,
+    reference: Vec<f32>,
+    /// Per output: the sum of the magnitudes of its terms, the scale of its rounding.
+    magnitude: Vec<f32>,
+}
+
+/// `ggml_mul_mat(w, x)`, the kernel three ways and the definition on the same `w` (q4_1, `k` × `m`) and
+/// `x` (f32, `k` × `n`, columns `stride` floats apart), computed with `threads` threads.
+fn run(k: i64, m: i64, n: i64, stride: i64, threads: c_int, seed: u64) -> Run {
     let mut rng = Rng(seed);
     // SAFETY: the context owns every tensor; data copies stay within freshly allocated
     // tensors of the sizes written; results are f32 tensors of m * n contiguous floats.
@@ -83,12 +138,97 @@ fn both(k: i64, m: i64, n: i64, stride: i64, threads: c_int, seed: u64) -> (Vec<
         }
         let x = ggml_view_2d(ctx, backing, k, n, (*backing).nb[1], 0);
         let want = ggml_mul_mat(ctx, w, x);
-        let got = kernel_node(ctx, w, x);
-        let want = common::compute_f32(ctx, want, threads);
-        let got = common::compute_f32(ctx, got, threads);
-        assert_eq!(want.len(), (m * n) as usize);
+        let exact = kernel_node(ctx, w, x, 0);
+        let isum = kernel_node(ctx, w, x, n);
+        let split = kernel_node(ctx, w, x, split_at(n));
+        let ggml = common::compute_f32(ctx, want, threads);
+        let exact = common::compute_f32(ctx, exact, threads);
+        let isum = common::compute_f32(ctx, isum, threads);
+        let split = common::compute_f32(ctx, split, threads);
+        assert_eq!(ggml.len(), (m * n) as usize);
+        let blocks = std::slice::from_raw_parts((*w).data as *const u8, (m * k / 32 * 20) as usize);
+        let columns: Vec<&[f32]> = (0..n)
+            .map(|c| &data[(c * stride) as usize..(c * stride + k) as usize])
+            .collect();
+        let (reference, magnitude) = reference(blocks, k as usize, m as usize, &columns);
         ggml_free(ctx);
-        (want, got)
+        Run {
+            ggml,
+            exact,
+            isum,
+            split,
+            reference,
+            magnitude,
+        }
+    }
+}
+
+/// A q4_1 block: scale, minimum, and its 32 values 0..15 in element order.
+fn q4_1_block(b: &[u8]) -> (f32, f32, [u8; 32]) {
+    let mut q = [0u8; 32];
+    for j in 0..16 {
+        q[j] = b[4 + j] & 0x0F;
+        q[j + 16] = b[4 + j] >> 4;
+    }
+    (f16(&b[0..2]), f16(&b[2..4]), q)
+}
+
+fn f16(b: &[u8]) -> f32 {
+    // SAFETY: a plain conversion of two bytes.
+    unsafe { ggml_fp16_to_fp32(u16::from_le_bytes([b[0], b[1]])) }
+}
+
+/// The kernel's definition, written out one output at a time: each column quantized by
+/// ggml's q8_1 routine (scale d1, sum s1), then for row blocks (d0, m0, q4) and column blocks
+/// (d1, s1, q8): `acc = fma(d0 * d1, dot, acc)` and `sm = fma(m0, s1, sm)` over the blocks in
+/// order, `acc + sm`. Also each output's scale: the sum of its terms' magnitudes.
+fn reference(blocks: &[u8], k: usize, m: usize, columns: &[&[f32]]) -> (Vec<f32>, Vec<f32>) {
+    let nb = k / 32;
+    // SAFETY: the q8_1 traits are static; `from_float` writes nb blocks of 36 bytes.
+    let from_float =
+        unsafe { (*ggml_get_type_traits_cpu(GGML_TYPE_Q8_1)).from_float }.expect("q8_1 quantizes");
+    let quantized: Vec<Vec<u8>> = columns
+        .iter()
+        .map(|col| {
+            let mut q = vec![0u8; nb * 36];
+            // SAFETY: `col` holds k floats, `q` nb q8_1 blocks.
+            unsafe { from_float(col.as_ptr(), q.as_mut_ptr().cast(), k as i64) };
+            q
+        })
+        .collect();
+    let mut out = vec![0f32; m * columns.len()];
+    let mut magnitude = vec![0f32; m * columns.len()];
+    for (c, q) in quantized.iter().enumerate() {
+        for r in 0..m {
+            let (mut acc, mut sm, mut mag) = (0f32, 0f32, 0f32);
+            for i in 0..nb {
+                let (d0, m0, x) = q4_1_block(&blocks[(r * nb + i) * 20..]);
+                let y = &q[i * 36..(i + 1) * 36];
+                let (d1, s1) = (f16(&y[0..2]), f16(&y[2..4]));
+                let dot: i32 = (0..32).map(|e| x[e] as i32 * y[4 + e] as i8 as i32).sum();
+                acc = (d0 * d1).mul_add(dot as f32, acc);
+                sm = m0.mul_add(s1, sm);
+                let abs: i32 = (0..32)
+                    .map(|e| (x[e] as i32 * y[4 + e] as i8 as i32).abs())
+                    .sum();
+                mag += (d0 * d1).abs() * abs as f32 + (m0 * s1).abs();
+            }
+            out[c * m + r] = acc + sm;
+            magnitude[c * m + r] = mag;
+        }
+    }
+    (out, magnitude)
+}
+
+/// `got` within rounding of `want`: a few units of f32 precision of each output's terms.
+fn assert_close(want: &[f32], got: &[f32], magnitude: &[f32], what: &str) {
+    assert_eq!(want.len(), got.len(), "{what}");
+    assert!(magnitude.iter().any(|&m| m > 0.0), "{what}: all zero");
+    for (i, ((a, b), mag)) in want.iter().zip(got).zip(magnitude).enumerate() {
+        assert!(
+            (a - b).abs() <= mag * 1e-6 + 1e-30,
+            "{what}: output {i}: ggml {a}, kernel {b} (terms' magnitude {mag})"
+        );
     }
 }
 
@@ -110,13 +250,11 @@ fn assert_same_bits(want: &[f32], got: &[f32], what: &str) {
 }
 
 #[test]
-fn every_column_count_gives_ggml_mul_mat_bits() {
-    for n in 1..=37 {
-        let (want, got) = both(96, 7, n, 96, 2, n as u64);
-        assert_same_bits(&want, &got, &format!("k 96, m 7, n {n}"));
+fn every_column_count_gives_its_paths_bits() {
+    for n in (1..=37).chain(60..=70).chain([95, 96, 97, 130]) {
+        check(96, 7, n, 96, 2, n as u64);
     }
-    let (want, got) = both(64, 5, 70, 64, 1, 70);
-    assert_same_bits(&want, &got, "n 70, one thread");
+    check(64, 5, 70, 64, 1, 70);
 }
 
 #[test]
@@ -129,12 +267,11 @@ fn model_shapes_threads_and_strided_columns() {
         (32, 1, 5, 4),
     ]);
     // Columns 160 floats apart, of which the product reads the first 128.
-    let (want, got) = both(128, 9, 6, 160, 2, 9);
-    assert_same_bits(&want, &got, "strided columns");
+    check(128, 9, 6, 160, 2, 9);
 }
 
 #[test]
-fn the_wide_path_gives_ggml_mul_mat_bits_by_group_and_by_row() {
+fn the_wide_paths_give_their_bits_by_group_and_by_row() {
     // Prefill shapes: more groups than threads (split by group, a last group partly filled)
     // and few groups (split by row), with K of one and of several tiles of groups.
     assert_shapes(&[
@@ -145,14 +282,21 @@ fn the_wide_path_gives_ggml_mul_mat_bits_by_group_and_by_row() {
         (96, 33, 16, 4),
         (64, 9, 23, 1),
         (2048, 5, 200, 2),
+        (576, 1536, 512, 2),
+        (1536, 576, 512, 2),
+        (576, 64, 64, 4),
     ]);
-    let (want, got) = both(128, 9, 41, 160, 2, 41);
-    assert_same_bits(&want, &got, "strided columns, wide");
+    check(128, 9, 41, 160, 2, 41);
+    check(128, 9, 100, 160, 2, 100);
+    // Every row count of the integer-sum path's row sets (8 or 4 rows), one thread and two.
+    for m in 1..=17 {
+        check(64, m, 64, 64, 1 + (m % 2) as c_int, m as u64);
+    }
 }
 
 #[test]
 fn the_kernel_computes_the_product() {
-    // Not only ggml's bits: the product of known values, each weight exactly representable.
+    // Not only the definition's bits: the product of known values, each weight exactly representable.
     let (k, m, n) = (64i64, 3i64, 2i64);
     // SAFETY: as in `both`.
     unsafe {
@@ -181,7 +325,7 @@ fn the_kernel_computes_the_product() {
         for (i, v) in xs.iter_mut().enumerate() {
             *v = if (i as i64) < k { 1.0 } else { 2.0 };
         }
-        let out = common::compute_f32(ctx, kernel_node(ctx, w, x), 2);
+        let out = common::compute_f32(ctx, kernel_node(ctx, w, x, 0), 2);
         assert_eq!(out.len(), (m * n) as usize);
         for c in 0..n {
             for r in 0..m {
