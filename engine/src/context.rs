@@ -41,8 +41,9 @@ pub struct ContextParams {
     /// Batch-invariant evaluation: attention computes every query on its own (never in
     /// ggml's tiles of 64 queries) and q4_1 products keep ggml's bits at every batch size
     /// (never the integer-sum path of 64 rows or more), so a token's logits are the same bits
-    /// whether it was evaluated alone, in a micro-batch or beside other sequences. Costs about
-    /// 30% of prefill speed on the CPU (see docs/BENCHMARKS.md); off by default.
+    /// whether it was evaluated alone, in a micro-batch or beside other sequences. Costs most
+    /// of the CPU's prefill speed (0.28x the default's at 1,024 tokens; see
+    /// docs/BENCHMARKS.md); off by default.
     pub batch_invariant: bool,
 }
 
