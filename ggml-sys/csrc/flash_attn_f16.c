@@ -272,7 +272,10 @@ static int fa_tile_open(const struct ggml_tensor * mask, int t_first, int t_last
 
 // One block: rows j0..j0+rows-1 of KV head g's group (row j is token j / gqa of query head
 // g * gqa + j % gqa).
-static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf) {
+// Keys ic0 .. ic1 - 1 only (ic0 a multiple of BK, ic1 one too or n_kv). With `part`, each
+// row's unnormalised output, running maximum and sum go to part[r * (D + 2) ..] instead.
+static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, int ic0, int ic1,
+                     float * part) {
     const int D = a->D;
     float * q = buf;                      // RB x D
     float * kt = q + (size_t) RB * D;     // D x BK
@@ -295,7 +298,7 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf) {
     memset(o, 0, (size_t) rows * D * sizeof(float));
     const int t_first = j0 / a->gqa, t_last = (j0 + rows - 1) / a->gqa;
 
-    for (int ic = 0; ic < a->n_kv; ic += BK) {
+    for (int ic = ic0; ic < ic1; ic += BK) {
         const int kv = a->n_kv - ic < BK ? a->n_kv - ic : BK;
         // A tile that every token of the block masks is skipped (in a server's window most
         // tiles can belong to other sequences).
@@ -331,7 +334,7 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf) {
             // Few rows (decoding): the next tile's rows of K and V are on their way while this
             // one is computed. Many rows compute long enough per tile for the hardware's own
             // prefetch, and the instructions would cost more than they save.
-            if (rows <= FA_PREFETCH_ROWS && ic + BK < a->n_kv) {
+            if (rows <= FA_PREFETCH_ROWS && ic + BK < ic1) {
                 const int next = a->n_kv - ic - BK < BK ? a->n_kv - ic - BK : BK;
                 const char * kr = (const char *) fa_row(a->k, ic + BK, g);
                 const char * vr = (const char *) fa_row(a->v, ic + BK, g);
@@ -454,6 +457,15 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf) {
 #endif
     }
 
+    if (part != NULL) {
+        for (int r = 0; r < rows; ++r) {
+            float * pr = part + (size_t) r * (D + 2);
+            memcpy(pr, o + (size_t) r * D, (size_t) D * sizeof(float));
+            pr[D] = mx[r];
+            pr[D + 1] = sum[r];
+        }
+        return;
+    }
     for (int r = 0; r < rows; ++r) {
         const int j = j0 + r, t = j / a->gqa, h = g * a->gqa + j % a->gqa;
         float * out = (float *) ((char *) a->dst->data + h * a->dst->nb[1] + t * a->dst->nb[2]);
@@ -468,7 +480,8 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf) {
 // and 2, f16 [D, n_kv, n_head_kv], rows contiguous) with mask (src 3, f16 [>= n_kv, >= m],
 // shared by the heads). The scores' scale is the f32 whose bits are `userdata`'s low 32 bits.
 // D a multiple of 16 (of 8 without SIMD), at most DMAX; n_head a multiple of n_head_kv.
-void ggml_sys_flash_attn_f16(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+// The node's tensors; the scale is the f32 whose bits are `userdata`'s low 32 bits.
+static fa_args fa_args_of(struct ggml_tensor * dst, void * userdata) {
     fa_args a;
     a.q = dst->src[0];
     a.k = dst->src[1];
@@ -481,6 +494,11 @@ void ggml_sys_flash_attn_f16(struct ggml_tensor * dst, int ith, int nth, void * 
     a.gqa = (int) (a.q->ne[2] / a.k->ne[2]);
     const uint32_t bits = (uint32_t) (uintptr_t) userdata;
     memcpy(&a.scale, &bits, sizeof(float));
+    return a;
+}
+
+void ggml_sys_flash_attn_f16(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const fa_args a = fa_args_of(dst, userdata);
 
     const int n_head_kv = (int) a.k->ne[2];
     const int group_rows = a.gqa * a.m;
@@ -510,6 +528,77 @@ void ggml_sys_flash_attn_f16(struct ggml_tensor * dst, int ith, int nth, void * 
             }
             continue;
         }
-        fa_block(&a, g, j0, rows, buf);
+        fa_block(&a, g, j0, rows, buf, 0, a.n_kv, NULL);
+    }
+}
+
+// Partial attention over a window split into chunks: dst (f32 [D + 2, gqa * m, n_head_kv *
+// n_chunks]) gets, for KV head g, chunk c and row j of g's group (token j / gqa of head g * gqa
+// + j % gqa), the unnormalised output, maximum and sum over chunk c's keys (tiles split evenly,
+// in order). q, k, v, mask and the scale as for ggml_sys_flash_attn_f16; gqa * m <= RB.
+void ggml_sys_flash_attn_f16_part(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const fa_args a = fa_args_of(dst, userdata);
+    const int n_head_kv = (int) a.k->ne[2];
+    const int n_chunks = (int) (dst->ne[2] / n_head_kv);
+    const int rows = a.gqa * a.m;
+    const int tiles = (a.n_kv + BK - 1) / BK;
+    const int per = (tiles + n_chunks - 1) / n_chunks;
+    const size_t floats = (size_t) RB * a.D * 2 + (size_t) a.D * BK * 2 + (size_t) RB * BK + 2 * RB;
+    float * buf = fa_reserve(floats);
+    for (int u = ith; u < n_head_kv * n_chunks; u += nth) {
+        const int g = u / n_chunks, c = u % n_chunks;
+        float * part = (float *) ((char *) dst->data + (size_t) u * dst->nb[2]);
+        const int ic0 = c * per * BK < a.n_kv ? c * per * BK : a.n_kv;
+        const int ic1 = (c + 1) * per * BK < a.n_kv ? (c + 1) * per * BK : a.n_kv;
+        if (buf == NULL) {
+            for (int r = 0; r < rows; ++r) {
+                for (int d = 0; d < a.D + 2; ++d) {
+                    part[(size_t) r * (a.D + 2) + d] = NAN;
+                }
+            }
+            continue;
+        }
+        fa_block(&a, g, 0, rows, buf, ic0, ic1, part);
+    }
+}
+
+// dst (f32 [D, n_head, m]) from src 0, ggml_sys_flash_attn_f16_part's result with `userdata`
+// chunks: per row, the chunks' outputs rescaled to the largest maximum and summed in chunk
+// order, then divided by the sums, summed alike.
+void ggml_sys_flash_attn_f16_merge(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const struct ggml_tensor * part = dst->src[0];
+    const int n_chunks = (int) (uintptr_t) userdata;
+    const int D = (int) dst->ne[0], n_head = (int) dst->ne[1];
+    const int rows = (int) part->ne[1];
+    const int n_head_kv = (int) (part->ne[2] / n_chunks);
+    const int gqa = n_head / n_head_kv;
+    for (int u = ith; u < n_head_kv * rows; u += nth) {
+        const int g = u / rows, j = u % rows, t = j / gqa, h = g * gqa + j % gqa;
+        const float * pc[64];
+        float m = -INFINITY;
+        for (int c = 0; c < n_chunks && c < 64; ++c) {
+            pc[c] = (const float *) ((const char *) part->data + (size_t) (g * n_chunks + c) * part->nb[2] +
+                                     (size_t) j * part->nb[1]);
+            m = pc[c][D] > m ? pc[c][D] : m;
+        }
+        float * out = (float *) ((char *) dst->data + h * dst->nb[1] + t * dst->nb[2]);
+        float sum = 0.0f;
+        for (int d = 0; d < D; ++d) {
+            out[d] = 0.0f;
+        }
+        for (int c = 0; c < n_chunks && c < 64; ++c) {
+            if (pc[c][D] == -INFINITY) {
+                continue;
+            }
+            const float w = expf(pc[c][D] - m);
+            sum += w * pc[c][D + 1];
+            for (int d = 0; d < D; ++d) {
+                out[d] += w * pc[c][d];
+            }
+        }
+        const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+        for (int d = 0; d < D; ++d) {
+            out[d] *= inv;
+        }
     }
 }

@@ -53,6 +53,29 @@ pub mod kernels {
             userdata: *mut ::core::ffi::c_void,
         );
 
+        /// [`ggml_sys_flash_attn_f16`] over a window split into chunks, for few rows: `dst`
+        /// (f32 `[d + 2, gqa * m, n_head_kv * n_chunks]`, `gqa * m` at most 128) gets each
+        /// row's unnormalised output, maximum and sum over each chunk's keys (the window's
+        /// tiles of 64 split evenly, in order), KV head by KV head. Sources and `userdata` as
+        /// for that kernel.
+        pub fn ggml_sys_flash_attn_f16_part(
+            dst: *mut super::ggml_tensor,
+            ith: ::core::ffi::c_int,
+            nth: ::core::ffi::c_int,
+            userdata: *mut ::core::ffi::c_void,
+        );
+
+        /// `dst` (f32 `[d, n_head, m]`) from `dst->src[0]`, the result of
+        /// [`ggml_sys_flash_attn_f16_part`] with `userdata` (read as an integer) chunks: the
+        /// chunks' outputs rescaled to their largest maximum, summed in order and divided by
+        /// the sums.
+        pub fn ggml_sys_flash_attn_f16_merge(
+            dst: *mut super::ggml_tensor,
+            ith: ::core::ffi::c_int,
+            nth: ::core::ffi::c_int,
+            userdata: *mut ::core::ffi::c_void,
+        );
+
         /// 1 when [`ggml_sys_flash_attn_f16`] was built with its vector code (AVX2, FMA and
         /// F16C), 0 when it runs plain loops.
         pub fn ggml_sys_flash_attn_f16_simd() -> ::core::ffi::c_int;

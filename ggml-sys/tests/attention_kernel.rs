@@ -90,6 +90,19 @@ fn both(
     threads: c_int,
     seed: u64,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (ggml, got, exact, _) = all_ways(s, rows, threads, seed);
+    (ggml, got, exact)
+}
+
+/// As [`both`], and the window split into chunks (`ggml_sys_flash_attn_f16_part`, then
+/// `_merge`): seven for windows of under 256 cells (some chunks empty), else three; empty when
+/// the rows are too many for it.
+fn all_ways(
+    s: Shape,
+    rows: std::ops::Range<i64>,
+    threads: c_int,
+    seed: u64,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
     let mut rng = Rng(seed);
     let scale = 1.0 / (s.d as f32).sqrt();
     // SAFETY: the context owns every tensor; data writes stay within freshly allocated tensors
@@ -179,10 +192,44 @@ fn both(
         for t in [want, got] {
             assert_eq!([(*t).ne[0], (*t).ne[1], (*t).ne[2]], [s.d, s.heads, n]);
         }
+        let gqa = s.heads / s.kv_heads;
+        let split = if n * gqa <= 128 {
+            let chunks: i64 = if s.n_kv < 256 { 7 } else { 3 };
+            let part = ggml_custom_4d(
+                ctx,
+                GGML_TYPE_F32,
+                s.d + 2,
+                n * gqa,
+                s.kv_heads * chunks,
+                1,
+                args.as_mut_ptr(),
+                4,
+                Some(kernels::ggml_sys_flash_attn_f16_part),
+                GGML_N_TASKS_MAX,
+                scale.to_bits() as usize as *mut std::ffi::c_void,
+            );
+            let mut parts = [part];
+            let merged = ggml_custom_4d(
+                ctx,
+                GGML_TYPE_F32,
+                s.d,
+                s.heads,
+                n,
+                1,
+                parts.as_mut_ptr(),
+                1,
+                Some(kernels::ggml_sys_flash_attn_f16_merge),
+                GGML_N_TASKS_MAX,
+                chunks as usize as *mut std::ffi::c_void,
+            );
+            common::compute_f32(ctx, merged, threads)
+        } else {
+            Vec::new()
+        };
         let want = common::compute_f32(ctx, want, threads);
         let got = common::compute_f32(ctx, got, threads);
         ggml_free(ctx);
-        (want, got, exact)
+        (want, got, exact, split)
     }
 }
 
@@ -265,12 +312,19 @@ fn the_kernel_agrees_with_f64_and_with_ggml() {
     ];
     for (i, s) in shapes.into_iter().enumerate() {
         for threads in 1..=3 {
-            let (ggml, got, exact) = both(s, 0..s.m, threads, 17 + i as u64);
+            let (ggml, got, exact, split) = all_ways(s, 0..s.m, threads, 17 + i as u64);
             assert_close(
                 &exact,
                 &got,
                 &format!("{s:?}, {threads} threads, against f64"),
             );
+            if !split.is_empty() {
+                assert_close(
+                    &exact,
+                    &split,
+                    &format!("{s:?}, {threads} threads, split window, against f64"),
+                );
+            }
             if s.m >= 64 {
                 assert_close(
                     &ggml,

@@ -632,6 +632,47 @@ impl<'g, 'w> Graph<'g, 'w> {
             && q.ne(2).is_multiple_of(k.ne(2))
         {
             let mut args = [q.raw, k.raw, v.raw, mask.raw];
+            let (m, n_kv) = (q.ne(1), k.ne(1));
+            let gqa = q.ne(2) / k.ne(2);
+            if m * gqa <= SPLIT_ROWS && n_kv >= SPLIT_KV {
+                // Few rows over a long window (decoding): each KV head's window in chunks,
+                // so that every thread gets a share, then the chunks merged. The kernels read
+                // their sources within the shapes checked above and write only their `dst`;
+                // `userdata` is the scale's bits, then the chunk count, never dereferenced.
+                let part = op!(
+                    self,
+                    sys::ggml_custom_4d(
+                        self.ctx(),
+                        sys::GGML_TYPE_F32,
+                        head_dim as i64 + 2,
+                        (m * gqa) as i64,
+                        (k.ne(2) * SPLIT_CHUNKS) as i64,
+                        1,
+                        args.as_mut_ptr(),
+                        4,
+                        Some(sys::kernels::ggml_sys_flash_attn_f16_part),
+                        sys::GGML_N_TASKS_MAX,
+                        scale.to_bits() as usize as *mut std::ffi::c_void,
+                    )
+                );
+                let mut parts = [part.raw];
+                return op!(
+                    self,
+                    sys::ggml_custom_4d(
+                        self.ctx(),
+                        sys::GGML_TYPE_F32,
+                        head_dim as i64,
+                        q.ne(2) as i64,
+                        m as i64,
+                        1,
+                        parts.as_mut_ptr(),
+                        1,
+                        Some(sys::kernels::ggml_sys_flash_attn_f16_merge),
+                        sys::GGML_N_TASKS_MAX,
+                        SPLIT_CHUNKS as *mut std::ffi::c_void,
+                    )
+                );
+            }
             // The kernel reads `dst->src[0..4]` (the `args`, which ggml copies into the node)
             // within the shapes checked above and writes only `dst`; the scale travels as the
             // bits of the user-data pointer, which the kernel never dereferences.
@@ -685,6 +726,16 @@ pub(crate) struct RopeParams {
     pub beta_fast: f32,
     pub beta_slow: f32,
 }
+
+/// At most this many rows (queries times the heads of a KV head) over [`SPLIT_KV`] keys or
+/// more: our attention splits each KV head's window into [`SPLIT_CHUNKS`] chunks among the
+/// threads (a decoding step's three KV heads would otherwise leave a thread idle for a third
+/// of it on two threads), then merges them.
+const SPLIT_ROWS: usize = 16;
+/// See [`SPLIT_ROWS`].
+const SPLIT_KV: usize = 1024;
+/// See [`SPLIT_ROWS`].
+const SPLIT_CHUNKS: usize = 4;
 
 /// Whether ggml-sys's attention kernel runs: it was built with its vector code (else ggml's
 /// kernel is used: the plain loops are for correctness, not speed), and the environment does
