@@ -544,7 +544,8 @@ void ggml_sys_flash_attn_f16_part(struct ggml_tensor * dst, int ith, int nth, vo
     const int tiles = (a.n_kv + BK - 1) / BK;
     const int per = (tiles + n_chunks - 1) / n_chunks;
     const size_t floats = (size_t) RB * a.D * 2 + (size_t) a.D * BK * 2 + (size_t) RB * BK + 2 * RB;
-    float * buf = fa_reserve(floats);
+    // Rows past one block's scratch: NaN, so that the misuse is visible, not an overflow.
+    float * buf = rows <= RB ? fa_reserve(floats) : NULL;
     for (int u = ith; u < n_head_kv * n_chunks; u += nth) {
         const int g = u / n_chunks, c = u % n_chunks;
         float * part = (float *) ((char *) dst->data + (size_t) u * dst->nb[2]);
@@ -562,21 +563,32 @@ void ggml_sys_flash_attn_f16_part(struct ggml_tensor * dst, int ith, int nth, vo
     }
 }
 
+// Most chunks ggml_sys_flash_attn_f16_merge takes.
+#define FA_MAX_CHUNKS 64
+
 // dst (f32 [D, n_head, m]) from src 0, ggml_sys_flash_attn_f16_part's result with `userdata`
-// chunks: per row, the chunks' outputs rescaled to the largest maximum and summed in chunk
-// order, then divided by the sums, summed alike.
+// chunks (1 to FA_MAX_CHUNKS; otherwise dst is NaN): per row, the chunks' outputs rescaled to
+// the largest maximum and summed in chunk order, then divided by the sums, summed alike.
 void ggml_sys_flash_attn_f16_merge(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
     const struct ggml_tensor * part = dst->src[0];
-    const int n_chunks = (int) (uintptr_t) userdata;
+    const uintptr_t chunks = (uintptr_t) userdata;
     const int D = (int) dst->ne[0], n_head = (int) dst->ne[1];
+    if (chunks < 1 || chunks > FA_MAX_CHUNKS) {
+        const int64_t n = dst->ne[0] * dst->ne[1] * dst->ne[2];
+        for (int64_t i = ith; i < n; i += nth) {
+            ((float *) dst->data)[i] = NAN;
+        }
+        return;
+    }
+    const int n_chunks = (int) chunks;
     const int rows = (int) part->ne[1];
     const int n_head_kv = (int) (part->ne[2] / n_chunks);
     const int gqa = n_head / n_head_kv;
     for (int u = ith; u < n_head_kv * rows; u += nth) {
         const int g = u / rows, j = u % rows, t = j / gqa, h = g * gqa + j % gqa;
-        const float * pc[64];
+        const float * pc[FA_MAX_CHUNKS];
         float m = -INFINITY;
-        for (int c = 0; c < n_chunks && c < 64; ++c) {
+        for (int c = 0; c < n_chunks; ++c) {
             pc[c] = (const float *) ((const char *) part->data + (size_t) (g * n_chunks + c) * part->nb[2] +
                                      (size_t) j * part->nb[1]);
             m = pc[c][D] > m ? pc[c][D] : m;
@@ -586,7 +598,7 @@ void ggml_sys_flash_attn_f16_merge(struct ggml_tensor * dst, int ith, int nth, v
         for (int d = 0; d < D; ++d) {
             out[d] = 0.0f;
         }
-        for (int c = 0; c < n_chunks && c < 64; ++c) {
+        for (int c = 0; c < n_chunks; ++c) {
             if (pc[c][D] == -INFINITY) {
                 continue;
             }

@@ -90,6 +90,28 @@ static char * q8_reserve(size_t n_blocks) {
     return q8_buf;
 }
 
+static inline size_t align64(size_t n) {
+    return (n + 63) & ~(size_t) 63;
+}
+
+
+static inline const q41_block * weight_row(const struct ggml_tensor * a, int64_t m) {
+    return (const q41_block *) ((const char *) a->data + m * a->nb[1]);
+}
+
+static inline float * out_at(struct ggml_tensor * dst, int64_t m, int64_t n) {
+    return (float *) ((char *) dst->data + m * dst->nb[0] + n * dst->nb[1]);
+}
+
+// Rows m0..m1-1 of every column set to NaN: a kernel without scratch memory fails visibly.
+static void fill_nan(struct ggml_tensor * dst, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+        for (int64_t m = m0; m < m1; ++m) {
+            *out_at(dst, m, n) = NAN;
+        }
+    }
+}
+
 #ifdef Q41_SIMD
 // The eight 32-bit lane sums of a block's products: lane j sums the products of bytes 4j to
 // 4j + 3 of `x` (values 0..15) and `y` (int8), exactly, as ggml's `mul_sum_us8_pairs` does.
@@ -280,6 +302,20 @@ static void row_group(const uint8_t * qx, const float * d0, const float * m0, co
     }
 }
 
+// The work of thread ith of nth over `groups` column groups and M rows: enough groups, and
+// each thread packs and computes its own groups for every row; otherwise each packs every
+// group and computes its share of the rows. Returns 0 when the thread has nothing to do.
+static int split_work(int64_t groups, int64_t M, int ith, int nth, int64_t * g0, int64_t * g1,
+                      int64_t * r0, int64_t * r1) {
+    const int by_groups = groups >= 2 * nth;
+    const int64_t g_per = (groups + nth - 1) / nth, r_per = (M + nth - 1) / nth;
+    *g0 = by_groups ? g_per * ith : 0;
+    *g1 = by_groups ? (*g0 + g_per < groups ? *g0 + g_per : groups) : groups;
+    *r0 = by_groups ? 0 : r_per * ith;
+    *r1 = by_groups ? M : (*r0 + r_per < M ? *r0 + r_per : M);
+    return *g0 < *g1 && *r0 < *r1;
+}
+
 // The wide path (N >= WIDE_MIN_COLS).
 static void mul_mat_wide(struct ggml_tensor * dst, int ith, int nth) {
     const struct ggml_tensor * a = dst->src[0];
@@ -287,37 +323,26 @@ static void mul_mat_wide(struct ggml_tensor * dst, int ith, int nth) {
     const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
     const int nb = (int) (K / QK);
     const int64_t groups = (N + GROUP - 1) / GROUP;
-    // Enough groups: each thread packs and computes its own groups for every row. Otherwise
-    // each packs every group and computes its share of the rows.
-    const int by_groups = groups >= 2 * nth;
-    const int64_t g_per = (groups + nth - 1) / nth, r_per = (M + nth - 1) / nth;
-    const int64_t g0 = by_groups ? g_per * ith : 0;
-    const int64_t g1 = by_groups ? (g0 + g_per < groups ? g0 + g_per : groups) : groups;
-    const int64_t r0 = by_groups ? 0 : r_per * ith;
-    const int64_t r1 = by_groups ? M : (r0 + r_per < M ? r0 + r_per : M);
-    if (g0 >= g1 || r0 >= r1) {
+    int64_t g0, g1, r0, r1;
+    if (!split_work(groups, M, ith, nth, &g0, &g1, &r0, &r1)) {
         return;
     }
     const size_t group_bytes = (size_t) nb * GROUP_BLOCK_BYTES;
     const size_t row_bytes = (size_t) nb * (QK + 2 * sizeof(float));
     const size_t tmp_bytes = (size_t) nb * sizeof(q81_block);
     const size_t dd_bytes = (size_t) nb * GROUP * sizeof(float);
-    char * buf = wide_reserve((size_t) (g1 - g0) * group_bytes + ((row_bytes + 63) & ~(size_t) 63) +
-                              ((tmp_bytes + 63) & ~(size_t) 63) + dd_bytes);
+    char * buf = wide_reserve((size_t) (g1 - g0) * group_bytes + align64(row_bytes) +
+                              align64(tmp_bytes) + dd_bytes);
     if (buf == NULL) {
         // As in the narrow path: this thread's share of the output becomes NaN, visibly.
-        for (int64_t n = g0 * GROUP; n < N && n < g1 * GROUP; ++n) {
-            for (int64_t m = r0; m < r1; ++m) {
-                *(float *) ((char *) dst->data + m * dst->nb[0] + n * dst->nb[1]) = NAN;
-            }
-        }
+        fill_nan(dst, r0, r1, g0 * GROUP, g1 * GROUP < N ? g1 * GROUP : N);
         return;
     }
     uint8_t * qx = (uint8_t *) (buf + (size_t) (g1 - g0) * group_bytes);
     float * d0 = (float *) (qx + (size_t) nb * QK);
     float * m0 = d0 + nb;
-    q81_block * tmp = (q81_block *) ((char *) qx + ((row_bytes + 63) & ~(size_t) 63));
-    float * dd = (float *) ((char *) tmp + ((tmp_bytes + 63) & ~(size_t) 63));
+    q81_block * tmp = (q81_block *) ((char *) qx + align64(row_bytes));
+    float * dd = (float *) ((char *) tmp + align64(tmp_bytes));
     const struct ggml_type_traits_cpu * q81 = ggml_get_type_traits_cpu(GGML_TYPE_Q8_1);
     for (int64_t g = g0; g < g1; ++g) {
         pack_group(b, g * GROUP, N, nb, q81, tmp, buf + (size_t) (g - g0) * group_bytes);
@@ -326,8 +351,8 @@ static void mul_mat_wide(struct ggml_tensor * dst, int ith, int nth) {
     for (int64_t t0 = g0; t0 < g1; t0 += TILE_GROUPS) {
         const int64_t t1 = t0 + TILE_GROUPS < g1 ? t0 + TILE_GROUPS : g1;
         for (int64_t m = r0; m < r1; ++m) {
-            unpack_row((const q41_block *) ((const char *) a->data + m * a->nb[1]), nb, qx, d0, m0);
-            float * row_out = (float *) ((char *) dst->data + m * dst->nb[0]);
+            unpack_row(weight_row(a, m), nb, qx, d0, m0);
+            float * row_out = out_at(dst, m, 0);
             for (int64_t g = t0; g < t1; ++g) {
                 const int64_t n0 = g * GROUP;
                 const int cols = N - n0 < GROUP ? (int) (N - n0) : GROUP;
@@ -340,29 +365,6 @@ static void mul_mat_wide(struct ggml_tensor * dst, int ith, int nth) {
 #endif
 
 #ifdef Q41_SIMD
-// Helpers of the integer-sum path.
-static size_t align64(size_t n) {
-    return (n + 63) & ~(size_t) 63;
-}
-
-
-static inline const q41_block * weight_row(const struct ggml_tensor * a, int64_t m) {
-    return (const q41_block *) ((const char *) a->data + m * a->nb[1]);
-}
-
-static inline float * out_at(struct ggml_tensor * dst, int64_t m, int64_t n) {
-    return (float *) ((char *) dst->data + m * dst->nb[0] + n * dst->nb[1]);
-}
-
-// Rows m0..m1-1 of every column set to NaN: a kernel without scratch memory fails visibly.
-static void fill_nan(struct ggml_tensor * dst, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-        for (int64_t m = m0; m < m1; ++m) {
-            *out_at(dst, m, n) = NAN;
-        }
-    }
-}
-
 // Column n of `b` quantized into `q` (nb blocks).
 static void quantize_col(const struct ggml_tensor * b, int64_t n, int nb, q81_block * q) {
     const struct ggml_type_traits_cpu * q81 = ggml_get_type_traits_cpu(GGML_TYPE_Q8_1);
@@ -545,15 +547,8 @@ static void mul_mat_isum(struct ggml_tensor * dst, int ith, int nth) {
     const int64_t M = a->ne[1], N = b->ne[1];
     const int nb = (int) (a->ne[0] / QK);
     const int64_t groups = (N + W - 1) / W;
-    // Enough groups: each thread packs and computes its own groups for every row. Otherwise
-    // each packs every group and computes its share of the rows.
-    const int by_groups = groups >= 2 * nth;
-    const int64_t g_per = (groups + nth - 1) / nth, r_per = (M + nth - 1) / nth;
-    const int64_t g0 = by_groups ? g_per * ith : 0;
-    const int64_t g1 = by_groups ? (g0 + g_per < groups ? g0 + g_per : groups) : groups;
-    const int64_t r0 = by_groups ? 0 : r_per * ith;
-    const int64_t r1 = by_groups ? M : (r0 + r_per < M ? r0 + r_per : M);
-    if (g0 >= g1 || r0 >= r1) {
+    int64_t g0, g1, r0, r1;
+    if (!split_work(groups, M, ith, nth, &g0, &g1, &r0, &r1)) {
         return;
     }
     const size_t packed_bytes = align64((size_t) (g1 - g0) * nb * IS_GROUP_BYTES);
@@ -618,15 +613,15 @@ static void mul_mat_exact(struct ggml_tensor * dst, int ith, int nth) {
     }
 #endif
 
+    // Rows split evenly between the threads.
+    const int64_t per = (M + nth - 1) / nth;
+    const int64_t m0 = per * ith;
+    const int64_t m1 = m0 + per < M ? m0 + per : M;
     char * buf = q8_reserve((size_t) N * nb);
     if (buf == NULL) {
         // No memory for the columns: ggml's own dot product on freshly quantized columns
         // cannot run either; fill with NaN so that the failure is visible, not silent.
-        for (int64_t n = 0; n < N; ++n) {
-            for (int64_t m = ith; m < M; m += nth) {
-                *(float *) ((char *) dst->data + m * dst->nb[0] + n * dst->nb[1]) = NAN;
-            }
-        }
+        fill_nan(dst, m0, m1, 0, N);
         return;
     }
     q81_block * q8 = (q81_block *) buf;
@@ -641,10 +636,6 @@ static void mul_mat_exact(struct ggml_tensor * dst, int ith, int nth) {
         }
     }
 
-    // Rows split evenly between the threads.
-    const int64_t per = (M + nth - 1) / nth;
-    const int64_t m0 = per * ith;
-    const int64_t m1 = m0 + per < M ? m0 + per : M;
     const size_t out_stride = dst->nb[1] / sizeof(float);
     // Columns in tiles that stay in the first-level cache with a few weight rows.
     const int64_t TILE = 16;
@@ -655,7 +646,7 @@ static void mul_mat_exact(struct ggml_tensor * dst, int ith, int nth) {
             const int R = m + 1 < m1 ? 2 : 1;
             const q41_block * x[2];
             for (int r = 0; r < 2; ++r) {
-                x[r] = (const q41_block *) ((const char *) a->data + (m + (r < R ? r : 0)) * a->nb[1]);
+                x[r] = weight_row(a, m + (r < R ? r : 0));
             }
             for (int64_t n = n0; n < n1; n += 4) {
                 const q81_block * y[4];
@@ -669,7 +660,7 @@ static void mul_mat_exact(struct ggml_tensor * dst, int ith, int nth) {
                 }
                 float * out[2];
                 for (int r = 0; r < 2; ++r) {
-                    out[r] = (float *) ((char *) dst->data + (m + (r < R ? r : 0)) * dst->nb[0]) + n * out_stride;
+                    out[r] = out_at(dst, m + (r < R ? r : 0), n);
                 }
                 const int NC = n1 - n < 4 ? (int) (n1 - n) : 4;
                 if (R == 2) {
@@ -691,8 +682,8 @@ static void mul_mat_exact(struct ggml_tensor * dst, int ith, int nth) {
         }
 #else
         for (int64_t m = m0; m < m1; ++m) {
-            const q41_block * x = (const q41_block *) ((const char *) a->data + m * a->nb[1]);
-            float * out = (float *) ((char *) dst->data + m * dst->nb[0]);
+            const q41_block * x = weight_row(a, m);
+            float * out = out_at(dst, m, 0);
             const struct ggml_type_traits_cpu * q41 = ggml_get_type_traits_cpu(GGML_TYPE_Q4_1);
             for (int64_t n = n0; n < n1; ++n) {
                 q41->vec_dot((int) K, out + n * out_stride, 0, x, 0, q8 + n * nb, 0, 1);

@@ -54,10 +54,10 @@ pub mod kernels {
         );
 
         /// [`ggml_sys_flash_attn_f16`] over a window split into chunks, for few rows: `dst`
-        /// (f32 `[d + 2, gqa * m, n_head_kv * n_chunks]`, `gqa * m` at most 128) gets each
-        /// row's unnormalised output, maximum and sum over each chunk's keys (the window's
-        /// tiles of 64 split evenly, in order), KV head by KV head. Sources and `userdata` as
-        /// for that kernel.
+        /// (f32 `[d + 2, gqa * m, n_head_kv * n_chunks]`; `gqa * m` at most 128, else NaN)
+        /// gets each row's unnormalised output, maximum and sum over each chunk's keys (the
+        /// window's tiles of 64 split evenly, in order), KV head by KV head. Sources and
+        /// `userdata` as for that kernel.
         pub fn ggml_sys_flash_attn_f16_part(
             dst: *mut super::ggml_tensor,
             ith: ::core::ffi::c_int,
@@ -66,9 +66,9 @@ pub mod kernels {
         );
 
         /// `dst` (f32 `[d, n_head, m]`) from `dst->src[0]`, the result of
-        /// [`ggml_sys_flash_attn_f16_part`] with `userdata` (read as an integer) chunks: the
-        /// chunks' outputs rescaled to their largest maximum, summed in order and divided by
-        /// the sums.
+        /// [`ggml_sys_flash_attn_f16_part`] with `userdata` (read as an integer, 1 to 64)
+        /// chunks: the chunks' outputs rescaled to their largest maximum, summed in order and
+        /// divided by the sums. Another chunk count makes `dst` NaN.
         pub fn ggml_sys_flash_attn_f16_merge(
             dst: *mut super::ggml_tensor,
             ith: ::core::ffi::c_int,

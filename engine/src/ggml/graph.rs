@@ -271,6 +271,35 @@ impl<'g, 'w> Graph<'g, 'w> {
         self.ctx.as_ptr()
     }
 
+    /// One of ggml-sys's kernels as a custom op over `srcs`, run by every thread: an f32
+    /// result of shape `ne`, `userdata` passed as an integer. The caller has checked that the
+    /// kernel reads its sources within their shapes, writes only its result and never
+    /// dereferences `userdata`.
+    fn custom(
+        &mut self,
+        ne: [usize; 3],
+        srcs: &mut [*mut sys::ggml_tensor],
+        kernel: sys::ggml_custom_op_t,
+        userdata: usize,
+    ) -> Tensor<'g> {
+        op!(
+            self,
+            sys::ggml_custom_4d(
+                self.ctx(),
+                sys::GGML_TYPE_F32,
+                ne[0] as i64,
+                ne[1] as i64,
+                ne[2] as i64,
+                1,
+                srcs.as_mut_ptr(),
+                srcs.len() as i32,
+                kernel,
+                sys::GGML_N_TASKS_MAX,
+                userdata as *mut std::ffi::c_void,
+            )
+        )
+    }
+
     /// Brings a long-lived tensor (weight or KV), borrowed for `'w`, into this graph as an
     /// operand.
     pub(crate) fn lift(&self, t: RawTensor<'w>) -> Tensor<'g> {
@@ -363,31 +392,21 @@ impl<'g, 'w> Graph<'g, 'w> {
             && w.ne(0).is_multiple_of(32)
             && x.ne(1) > 1
         {
-            let mut args = [w.raw, x.raw];
-            let (m, n) = (w.ne(1) as i64, x.ne(1) as i64);
-            // The kernel reads `dst->src[0..2]` (the `args`, which ggml copies into the node)
-            // within the shapes checked above, and writes only `dst`.
-            return op!(
-                self,
-                sys::ggml_custom_4d(
-                    self.ctx(),
-                    sys::GGML_TYPE_F32,
-                    m,
-                    n,
-                    1,
-                    1,
-                    args.as_mut_ptr(),
-                    2,
-                    Some(sys::kernels::ggml_sys_mul_mat_q4_1),
-                    sys::GGML_N_TASKS_MAX,
-                    // A count of leading columns, never dereferenced; only a product over
-                    // the batch's rows (not, say, its output rows) has them.
-                    if n as usize == self.integer_sums.0 {
-                        self.integer_sums.1 as *mut std::ffi::c_void
-                    } else {
-                        std::ptr::null_mut()
-                    },
-                )
+            let (m, n) = (w.ne(1), x.ne(1));
+            // The kernel reads `dst->src[0..2]` (the sources, which ggml copies into the node)
+            // within the shapes checked above, and writes only `dst`. `userdata` counts the
+            // leading columns that may take integer sums: only a product over the batch's rows
+            // (not, say, its output rows) has them.
+            let leading = if n == self.integer_sums.0 {
+                self.integer_sums.1
+            } else {
+                0
+            };
+            return self.custom(
+                [m, n, 1],
+                &mut [w.raw, x.raw],
+                Some(sys::kernels::ggml_sys_mul_mat_q4_1),
+                leading,
             );
         }
         op!(self, sys::ggml_mul_mat(self.ctx(), w.raw, x.raw))
@@ -634,63 +653,31 @@ impl<'g, 'w> Graph<'g, 'w> {
             let mut args = [q.raw, k.raw, v.raw, mask.raw];
             let (m, n_kv) = (q.ne(1), k.ne(1));
             let gqa = q.ne(2) / k.ne(2);
+            // The kernels read their sources within the shapes checked above and write only
+            // their result; `userdata` is the scale's bits (then, for the merge, the chunk
+            // count), never dereferenced.
+            let scale_bits = scale.to_bits() as usize;
             if m * gqa <= SPLIT_ROWS && n_kv >= SPLIT_KV {
                 // Few rows over a long window (decoding): each KV head's window in chunks,
-                // so that every thread gets a share, then the chunks merged. The kernels read
-                // their sources within the shapes checked above and write only their `dst`;
-                // `userdata` is the scale's bits, then the chunk count, never dereferenced.
-                let part = op!(
-                    self,
-                    sys::ggml_custom_4d(
-                        self.ctx(),
-                        sys::GGML_TYPE_F32,
-                        head_dim as i64 + 2,
-                        (m * gqa) as i64,
-                        (k.ne(2) * SPLIT_CHUNKS) as i64,
-                        1,
-                        args.as_mut_ptr(),
-                        4,
-                        Some(sys::kernels::ggml_sys_flash_attn_f16_part),
-                        sys::GGML_N_TASKS_MAX,
-                        scale.to_bits() as usize as *mut std::ffi::c_void,
-                    )
+                // so that every thread gets a share, then the chunks merged.
+                let part = self.custom(
+                    [head_dim + 2, m * gqa, k.ne(2) * SPLIT_CHUNKS],
+                    &mut args,
+                    Some(sys::kernels::ggml_sys_flash_attn_f16_part),
+                    scale_bits,
                 );
-                let mut parts = [part.raw];
-                return op!(
-                    self,
-                    sys::ggml_custom_4d(
-                        self.ctx(),
-                        sys::GGML_TYPE_F32,
-                        head_dim as i64,
-                        q.ne(2) as i64,
-                        m as i64,
-                        1,
-                        parts.as_mut_ptr(),
-                        1,
-                        Some(sys::kernels::ggml_sys_flash_attn_f16_merge),
-                        sys::GGML_N_TASKS_MAX,
-                        SPLIT_CHUNKS as *mut std::ffi::c_void,
-                    )
+                return self.custom(
+                    [head_dim, q.ne(2), m],
+                    &mut [part.raw],
+                    Some(sys::kernels::ggml_sys_flash_attn_f16_merge),
+                    SPLIT_CHUNKS,
                 );
             }
-            // The kernel reads `dst->src[0..4]` (the `args`, which ggml copies into the node)
-            // within the shapes checked above and writes only `dst`; the scale travels as the
-            // bits of the user-data pointer, which the kernel never dereferences.
-            return op!(
-                self,
-                sys::ggml_custom_4d(
-                    self.ctx(),
-                    sys::GGML_TYPE_F32,
-                    head_dim as i64,
-                    q.ne(2) as i64,
-                    q.ne(1) as i64,
-                    1,
-                    args.as_mut_ptr(),
-                    4,
-                    Some(sys::kernels::ggml_sys_flash_attn_f16),
-                    sys::GGML_N_TASKS_MAX,
-                    scale.to_bits() as usize as *mut std::ffi::c_void,
-                )
+            return self.custom(
+                [head_dim, q.ne(2), m],
+                &mut args,
+                Some(sys::kernels::ggml_sys_flash_attn_f16),
+                scale_bits,
             );
         }
         let t = op!(
