@@ -21,8 +21,15 @@ pub enum VerifyLevel {
 pub struct Config {
     /// Bytes of KV the RAM tier may hold (pinned blocks included).
     pub ram_budget: u64,
-    /// Bytes of block files the disk tier may hold.
+    /// Bytes of block files the disk tier may hold: a write that would pass it even after
+    /// garbage collection is refused ([`crate::StoreError::QuotaExceeded`]).
     pub disk_quota: u64,
+    /// Bytes the store's files (block files and manifests) are kept within, or `None`. Room is
+    /// made before every write of block files, whatever the blocks' source (put here, spilled
+    /// from RAM, fetched from the remote tier), by deleting unreferenced blocks, least recently
+    /// used first; a write is never refused for it: what referenced or pinned blocks keep is
+    /// the caller's to free ([`crate::ModelStore::collect_dropping`]).
+    pub disk_budget: Option<u64>,
     /// Eviction policy of the RAM tier.
     pub policy: PolicyKind,
     /// Spill and prefetch on background threads. When false, spills run in
@@ -48,6 +55,7 @@ impl Default for Config {
         Config {
             ram_budget: 1 << 30,
             disk_quota: 16 << 30,
+            disk_budget: None,
             policy: PolicyKind::default(),
             background: true,
             max_spill_backlog: 256 << 20,

@@ -12,7 +12,7 @@
 //! - [`KvStore::open`] (shared: any number of processes may open a
 //!   directory at once), [`KvStore::open_read_only`] (writes nothing), or
 //!   `open_with` / `open_read_only_with` over any [`BlockIo`], with a
-//!   [`Config`]: RAM budget, disk quota, eviction [`PolicyKind`], threads.
+//!   [`Config`]: RAM budget, disk quota and budget, eviction [`PolicyKind`], threads.
 //! - [`KvStore::model`]`(fingerprint, geometry)` → [`ModelStore`], an owned
 //!   handle (`Send + Sync + 'static`, `Clone`):
 //!   - blocks: `block_id(prev, tokens)`, `put(prev, tokens, kv)`,

@@ -45,12 +45,14 @@ impl<V: BlockIo> Shared<V> {
     ) -> (MutexGuard<'a, State>, Result<()>) {
         st.writes_in_progress += 1;
         drop(st);
-        let r = match quota {
+        let (r, reserved) = match quota {
             Quota::Reserve => self.write_batch(items),
-            Quota::Reserved => self.write_reserved(items),
+            Quota::Reserved => (self.write_reserved(items), 0),
         };
         let mut st = lock_mutex(&self.state);
         st.writes_in_progress -= 1;
+        // The files are counted as the reservation ends: no one sees the bytes in neither.
+        st.disk_reserved -= reserved;
         self.record_outcome(&mut st, items, &r, kind);
         (st, r)
     }
@@ -77,16 +79,34 @@ impl<V: BlockIo> Shared<V> {
             .collect()
     }
 
-    /// Writes blocks durably (no lock held), within the disk quota.
-    pub(crate) fn write_batch(&self, items: &[WriteItem]) -> Result<()> {
-        if items.is_empty() {
-            return Ok(());
+    /// Writes blocks durably (no lock held), within the disk quota. Returns the outcome and
+    /// the bytes still reserved for them, which the caller gives back as it records the
+    /// outcome ([`Shared::record_outcome`]).
+    ///
+    /// Under a disk budget the items go in pieces of at most a quarter of it (one at least),
+    /// each making room for itself first, so that a batch larger than the budget still fits.
+    pub(crate) fn write_batch(&self, items: &[WriteItem]) -> (Result<()>, u64) {
+        let lens = self.item_lens(items);
+        let piece_bytes = self.cfg.disk_budget.map_or(u64::MAX, |b| (b / 4).max(1));
+        // The pieces written stay reserved until the caller records them all.
+        let mut reserved = 0;
+        let mut start = 0;
+        let mut r = Ok(());
+        while start < items.len() && r.is_ok() {
+            let mut end = start;
+            let mut need = 0;
+            while end < items.len() && (end == start || need + lens[end].1 <= piece_bytes) {
+                need += lens[end].1;
+                end += 1;
+            }
+            r = self.reserve_disk(need);
+            if r.is_ok() {
+                reserved += need;
+                r = self.write_reserved(&items[start..end]);
+            }
+            start = end;
         }
-        let need: u64 = self.item_lens(items).iter().map(|(_, l)| l).sum();
-        self.reserve_disk(need)?;
-        let r = self.write_reserved(items);
-        lock_mutex(&self.state).disk_reserved -= need;
-        r
+        (r, reserved)
     }
 
     fn write_reserved(&self, items: &[WriteItem]) -> Result<()> {
@@ -120,14 +140,35 @@ impl<V: BlockIo> Shared<V> {
         Ok(())
     }
 
-    /// Reserves `need` bytes of the disk quota, collecting garbage if needed.
+    /// Reserves `need` bytes of the disk quota and the disk budget ([`crate::Config`]),
+    /// collecting garbage if needed. Every write of block files reserves here first, whatever
+    /// the blocks' source; only the quota refuses: a budget that collecting cannot meet (every
+    /// block referenced or pinned) lets the write go on.
     pub(crate) fn reserve_disk(&self, need: u64) -> Result<()> {
+        // A collection waits for the store lock, which a save of this process holds while it
+        // waits for blocks being written (perhaps by this very call): for the budget, collect
+        // only while no save can take it (the budget's own owner keeps it afterwards).
+        let no_save = self.save_lock.try_lock().ok();
+        self.reserve_disk_with(need, no_save.is_some())
+    }
+
+    /// [`Shared::reserve_disk`], `collect` saying whether the budget may collect (the caller
+    /// holds the save lock, or no save is in progress).
+    fn reserve_disk_with(&self, need: u64, collect: bool) -> Result<()> {
         let quota = self.cfg.disk_quota;
         for attempt in 0..2 {
-            {
+            // The manifests count in the budget; their indexes are looked at before the state
+            // is locked (a collection takes them in that order).
+            let budget = self
+                .cfg
+                .disk_budget
+                .filter(|_| collect)
+                .map(|b| b.saturating_sub(self.manifest_bytes()));
+            let (reserved, over_quota) = {
                 let mut st = lock_mutex(&self.state);
                 let used = st.disk_bytes + st.disk_reserved;
-                if used + need <= quota {
+                let over_budget = budget.is_some_and(|b| used + need > b);
+                if used + need <= quota && (!over_budget || attempt == 1) {
                     st.disk_reserved += need;
                     return Ok(());
                 }
@@ -138,10 +179,23 @@ impl<V: BlockIo> Shared<V> {
                         quota,
                     });
                 }
+                (st.disk_reserved, used + need > quota)
+            };
+            let for_budget = budget.map_or(u64::MAX, |b| b.saturating_sub(need + reserved));
+            let collected = self.gc_to(quota.saturating_sub(need).min(for_budget));
+            if over_quota {
+                collected?;
             }
-            self.gc_to(quota.saturating_sub(need))?;
         }
         unreachable!("the loop returns on its second pass")
+    }
+
+    /// Bytes of every model's manifests, as their indexes last saw them.
+    fn manifest_bytes(&self) -> u64 {
+        self.models_read()
+            .iter()
+            .map(|m| lock_mutex(&m.index).manifest_bytes())
+            .sum()
     }
 
     pub(crate) fn flush(&self) -> Result<()> {
@@ -174,8 +228,9 @@ impl<V: BlockIo> Shared<V> {
                     end += 1;
                 }
                 let chunk = &items[start..end];
-                let r = self.write_batch(chunk);
+                let (r, reserved) = self.write_batch(chunk);
                 let mut st = lock_mutex(&self.state);
+                st.disk_reserved -= reserved;
                 self.record_outcome(&mut st, chunk, &r, WriteKind::Persist);
                 if r.is_err() {
                     st.m.spill_errors += 1;
@@ -258,7 +313,7 @@ impl<V: BlockIo> Shared<V> {
                 .count() as u64;
             dirty * info.record_len
         };
-        self.reserve_disk(need)?;
+        self.reserve_disk_with(need, true)?;
         let r = self.save_reserved(model, info, manifest, &ids, &path);
         lock_mutex(&self.state).disk_reserved -= need;
         r
