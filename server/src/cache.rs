@@ -34,8 +34,39 @@ pub struct Work {
 pub struct ClearWork {
     /// The namespace.
     pub namespace: engine::Namespace,
+    /// The tenant clearing it ([`pin_key`]): another tenant's pins in the namespace stay.
+    pub tenant: Option<String>,
     /// Where the outcome goes.
     pub reply: tokio::sync::oneshot::Sender<Result<engine::store::Cleared, String>>,
+}
+
+impl ClearWork {
+    /// Whether the pin stored as `stored` goes with the namespace: the tenant's own, and those
+    /// that name no tenant (a server's without keys, or an older version's).
+    pub fn clears_pin(&self, stored: &str) -> bool {
+        !stored.contains(TENANT_MARK) || pin_of(self.tenant.as_deref(), stored).is_some()
+    }
+}
+
+/// What separates a tenant from a pin's id in the id a pin is stored under (a client's pin id
+/// never holds it).
+const TENANT_MARK: char = '.';
+
+/// The id that pin `id` of `tenant` is stored under: `TENANT.ID`, or `ID` alone without a
+/// tenant; so two tenants' pins of one id are two pins.
+pub fn pin_key(tenant: Option<&str>, id: &str) -> String {
+    match tenant {
+        Some(t) => format!("{t}{TENANT_MARK}{id}"),
+        None => id.to_owned(),
+    }
+}
+
+/// The id `tenant` knows the pin stored as `stored` by; `None` when it is another tenant's.
+pub fn pin_of<'a>(tenant: Option<&str>, stored: &'a str) -> Option<&'a str> {
+    match tenant {
+        Some(t) => stored.strip_prefix(t)?.strip_prefix(TENANT_MARK),
+        None => (!stored.contains(TENANT_MARK)).then_some(stored),
+    }
 }
 
 /// A prefix to pin ([`SessionStore::pin`]), answered once the writer has stored it.
@@ -271,7 +302,7 @@ fn write_behind(
         }
         for clear in clears {
             let result = store
-                .clear_namespace(clear.namespace)
+                .clear_namespace(clear.namespace, &|pin| clear.clears_pin(pin))
                 .map_err(|e| e.to_string());
             if let Err(e) = &result {
                 metrics.cache_error(format!("clearing a namespace failed: {e}"));
@@ -400,5 +431,25 @@ mod tests {
         );
         Metrics::set(&metrics.requests_processing, 0);
         writer.finish();
+    }
+
+    #[test]
+    fn a_tenants_pins_are_its_own() {
+        let (a, b) = (Some("aaaa"), Some("bbbb"));
+        assert_eq!(pin_key(a, "x"), "aaaa.x");
+        assert_eq!(pin_key(None, "x"), "x");
+        assert_eq!(pin_of(a, "aaaa.x"), Some("x"));
+        assert_eq!(pin_of(b, "aaaa.x"), None);
+        assert_eq!(pin_of(a, "x"), None, "a pin of no tenant is no tenant's");
+        assert_eq!(pin_of(None, "x"), Some("x"));
+        assert_eq!(pin_of(None, "aaaa.x"), None);
+        let (reply, _) = tokio::sync::oneshot::channel();
+        let clear = ClearWork {
+            namespace: engine::Namespace::new(&[b"n"]),
+            tenant: Some("aaaa".into()),
+            reply,
+        };
+        assert!(clear.clears_pin("aaaa.x") && clear.clears_pin("x"));
+        assert!(!clear.clears_pin("bbbb.x"));
     }
 }

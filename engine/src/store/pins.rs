@@ -120,12 +120,14 @@ impl SessionStore {
         Ok(out)
     }
 
-    /// Deletes the prompt cache of namespace `ns` in the store: its tails and pins, and its
-    /// blocks on disk and in RAM, except those a live sequence holds pinned and those a named
-    /// checkpoint of the namespace (a `/slots` save) still references: names are deleted only
-    /// by name.
-    pub fn clear_namespace(&self, ns: Namespace) -> Result<Cleared> {
-        let cache = |name: &str| name.starts_with(TAIL_PREFIX) || name.starts_with(PIN_PREFIX);
+    /// Deletes the prompt cache of namespace `ns` in the store: its tails, its pins whose id
+    /// `pins` accepts, and its blocks on disk and in RAM, except those a live sequence holds
+    /// pinned and those a checkpoint of the namespace that stays (a pin `pins` refused, a
+    /// `/slots` save) still references: names are deleted only by name.
+    pub fn clear_namespace(&self, ns: Namespace, pins: &dyn Fn(&str) -> bool) -> Result<Cleared> {
+        let cache = |name: &str| {
+            name.starts_with(TAIL_PREFIX) || name.strip_prefix(PIN_PREFIX).is_some_and(pins)
+        };
         let r = self.handle.delete_chain(&ns.root(), &cache)?;
         Ok(Cleared {
             checkpoints: r.manifests,

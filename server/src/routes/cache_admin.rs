@@ -2,6 +2,9 @@
 //! `POST /cache/pin` (a prompt computed if need be, then kept: its full blocks are never
 //! dropped by the disk budget, until unpinned or expired), `DELETE /cache/pin/{id}` and
 //! `GET /cache` (what each tier holds, the pins, where prompts came from).
+//!
+//! Pins are kept per tenant ([`tenant`]): a client sees, replaces and deletes only its own
+//! key's, and another key's pin id answers as one that does not exist.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -12,15 +15,30 @@ use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use super::{generate, AppState, ClientKey, RawBody};
+use crate::cache::{pin_key, pin_of};
 use crate::error::{Result, ServerError};
 use crate::request;
 use crate::scheduler::Command;
+
+/// The tenant a request acts for, when the server has API keys and `--cache-isolation` is
+/// not `none`: a hash of its key's hash (neither the key nor its cache namespace can be read
+/// from it), as 32 hex digits. `None` (every client one tenant, as without keys) otherwise.
+/// Pins, stored responses and `/slots` saves are kept per tenant.
+pub(super) fn tenant(st: &AppState, client: &ClientKey) -> Option<String> {
+    if st.config.args.cache_isolation == crate::args::CacheIsolation::None {
+        return None;
+    }
+    let key = client.0?;
+    let tag = blake3::derive_key("llama-hdd 2026 tenant of an API key", &key);
+    Some(blake3::Hash::from(tag).to_hex()[..32].to_owned())
+}
 
 /// `POST /cache/pin`: `{"prompt": TEXT}` (tokenized as `/completion` does), `{"tokens": [..]}`
 /// or `{"messages": [..]}` (rendered with the chat template, as a chat request would be),
 /// with `cache_salt` (the request's namespace, as for generation), `ttl_seconds` and `id`
 /// (default: derived from the namespace and the tokens, so pinning the same prompt again
-/// gives the same pin). Answers `{"id", "tokens", "expires_unix"}`.
+/// gives the same pin; pin ids are the key's own, see [`tenant`]). Answers `{"id", "tokens",
+/// "expires_unix"}`.
 pub async fn pin(
     State(st): State<Arc<AppState>>,
     Extension(client): Extension<ClientKey>,
@@ -101,7 +119,7 @@ pub async fn pin(
     let (reply, rx) = oneshot::channel();
     st.tx
         .send(Command::Pin {
-            id: id.clone(),
+            id: pin_key(tenant(&st, &client).as_deref(), &id),
             tokens,
             namespace,
             expires_unix,
@@ -119,13 +137,17 @@ pub async fn pin(
     })))
 }
 
-/// `DELETE /cache/pin/{id}`: 404 when there is no such pin.
-pub async fn unpin(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Value>> {
+/// `DELETE /cache/pin/{id}`: 404 when the request's key has no such pin.
+pub async fn unpin(
+    State(st): State<Arc<AppState>>,
+    Extension(client): Extension<ClientKey>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>> {
     let store = st.store.as_ref().ok_or(ServerError::NotEnabled {
         what: "the prompt cache on disk",
         how: "leave out --no-cache",
     })?;
-    if ckptfmt_name_ok(&id) && store.unpin(&id)? {
+    if ckptfmt_name_ok(&id) && store.unpin(&pin_key(tenant(&st, &client).as_deref(), &id))? {
         Ok(Json(json!({ "id": id, "deleted": true })))
     } else {
         Err(ServerError::NotFound(format!("no pin {id:?}")))
@@ -140,9 +162,12 @@ fn ckptfmt_name_ok(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-/// `GET /cache`: bytes and blocks in RAM and on disk, the disk budget, the pins, and where
-/// prompt tokens came from since the start.
-pub async fn show(State(st): State<Arc<AppState>>) -> Result<Json<Value>> {
+/// `GET /cache`: bytes and blocks in RAM and on disk, the disk budget, the request's key's
+/// pins, and where prompt tokens came from since the start.
+pub async fn show(
+    State(st): State<Arc<AppState>>,
+    Extension(client): Extension<ClientKey>,
+) -> Result<Json<Value>> {
     let m = &st.metrics;
     let prompts = json!({
         "total": m.prompt_tokens.load(Ordering::Relaxed),
@@ -159,6 +184,18 @@ pub async fn show(State(st): State<Arc<AppState>>) -> Result<Json<Value>> {
     })
     .await
     .map_err(|e| ServerError::Busy(format!("listing the pins failed: {e}")))??;
+    let tenant = tenant(&st, &client);
+    let pins = pins.iter().filter_map(|p| {
+        pin_of(tenant.as_deref(), &p.id).map(|id| {
+            json!({
+                "id": id,
+                "tokens": p.tokens,
+                "expires_unix": p.expires_unix,
+                "created_unix": p.created_unix,
+                "namespaced": p.namespaced,
+            })
+        })
+    });
     let s = store.metrics();
     Ok(Json(json!({
         "ram": { "bytes": s.ram_bytes, "blocks": s.ram_blocks },
@@ -169,22 +206,18 @@ pub async fn show(State(st): State<Arc<AppState>>) -> Result<Json<Value>> {
             "dir": st.cache_dir,
         },
         "hits": { "ram": s.ram_hits, "disk": s.disk_hits, "misses": s.misses },
-        "pins": pins.iter().map(|p| json!({
-            "id": p.id,
-            "tokens": p.tokens,
-            "expires_unix": p.expires_unix,
-            "created_unix": p.created_unix,
-            "namespaced": p.namespaced,
-        })).collect::<Vec<_>>(),
+        "pins": pins.collect::<Vec<_>>(),
         "prompt_tokens": prompts,
     })))
 }
 
 /// `POST /cache/clear`: deletes everything cached in the request's namespace (its API key's,
 /// with the body's `cache_salt` if it gives one): sequences in memory, tails, pins and blocks
-/// on disk. Requests of the namespace still running store their prompts afterwards. The
-/// shared cache (no key and no salt, or `--cache-isolation none`) is not cleared this way:
-/// `ckpt rm` and `ckpt gc` do that.
+/// on disk; of the pins only the request's key's (another key's that share the namespace, by
+/// a `cache_salt` under `--cache-isolation salt`, stay, with their blocks). Requests of the
+/// namespace still running store their prompts afterwards. The shared cache (no key and no
+/// salt, or `--cache-isolation none`) is not cleared this way: `ckpt rm` and `ckpt gc` do
+/// that.
 pub async fn clear(
     State(st): State<Arc<AppState>>,
     Extension(client): Extension<ClientKey>,
@@ -206,7 +239,11 @@ pub async fn clear(
     })?;
     let (reply, rx) = oneshot::channel();
     st.tx
-        .send(Command::Clear(crate::cache::ClearWork { namespace, reply }))
+        .send(Command::Clear(crate::cache::ClearWork {
+            namespace,
+            tenant: tenant(&st, &client),
+            reply,
+        }))
         .map_err(|_| ServerError::ShuttingDown)?;
     let cleared = rx
         .await

@@ -35,6 +35,7 @@ mod sample;
 mod shift;
 mod sleep;
 mod slots;
+pub use slots::{slot_file, SlotScope};
 mod step;
 mod stream;
 mod types;
@@ -289,11 +290,16 @@ impl Scheduler {
                 });
             }
             Command::Wake => self.collect_loads(),
-            Command::Slots(reply) => {
-                let _ = reply.send(self.slots_json());
+            Command::Slots { scope, reply } => {
+                let _ = reply.send(self.slots_json(scope));
             }
-            Command::Slot { id, action, reply } => {
-                let _ = reply.send(self.slot_action(id, action));
+            Command::Slot {
+                id,
+                action,
+                scope,
+                reply,
+            } => {
+                let _ = reply.send(self.slot_action(id, action, scope));
             }
             Command::Embed { inputs, reply } => {
                 let _ = reply.send(self.embed(&inputs));

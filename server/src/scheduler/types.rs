@@ -193,13 +193,20 @@ pub enum Command {
     /// Generate (boxed: a job is far larger than the other commands).
     Generate(Box<Job>),
     /// Report the slots as llama-server's `/slots` JSON.
-    Slots(oneshot::Sender<serde_json::Value>),
+    Slots {
+        /// Whose conversations it shows.
+        scope: super::SlotScope,
+        /// The JSON.
+        reply: oneshot::Sender<serde_json::Value>,
+    },
     /// Act on one slot.
     Slot {
         /// Slot id.
         id: usize,
         /// What to do.
         action: SlotAction,
+        /// Whose conversation it may save or erase.
+        scope: super::SlotScope,
         /// The llama-server JSON answer.
         reply: oneshot::Sender<Result<serde_json::Value>>,
     },

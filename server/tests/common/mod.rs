@@ -312,3 +312,30 @@ pub fn listening_url(lines: &mut impl Iterator<Item = std::io::Result<String>>) 
         }
     }
 }
+
+impl TestServer {
+    /// Sends `method` to `path` with API key `key` (as `Authorization: Bearer`), and `body` as
+    /// JSON when given; returns the status and the parsed body (or the text).
+    pub async fn send_as(
+        &self,
+        key: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
+        let mut req = self
+            .client
+            .request(method, format!("{}{path}", self.url))
+            .bearer_auth(key);
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+}

@@ -7,7 +7,8 @@
 //! conversation, input and output items as JSON, in a file of its own under `responses/` in
 //! the cache directory (in memory with `--no-cache`), so a conversation continues by id after
 //! a restart; its prompt's KV comes from the prompt cache then, and only the new tokens are
-//! computed. Errors answer in OpenAI's shape.
+//! computed. Errors answer in OpenAI's shape. A stored response is its API key's: another
+//! key reads, continues and deletes it no more than an id that does not exist (`store.rs`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,8 +19,9 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::{json, Map, Value};
 
+use super::cache_admin::tenant;
 use super::turn;
-use super::{AppState, RawBody};
+use super::{AppState, ClientKey, RawBody};
 use crate::error::ServerError;
 use crate::scheduler::Event;
 
@@ -30,7 +32,7 @@ mod stream;
 
 use convert::{convert, to_messages};
 use output::{output_items, Head};
-use store::{delete, load, save};
+use store::{delete, load, record, save};
 use stream::Stream;
 
 /// A failed request's answer.
@@ -66,7 +68,7 @@ fn not_found(message: String, param: Option<&str>) -> Fail {
 /// `POST /v1/responses`.
 pub async fn create(
     State(st): State<Arc<AppState>>,
-    Extension(client): Extension<crate::routes::ClientKey>,
+    Extension(client): Extension<ClientKey>,
     body: Result<RawBody, ServerError>,
 ) -> Response {
     match respond(st, client, body).await {
@@ -75,9 +77,13 @@ pub async fn create(
     }
 }
 
-/// `GET /v1/responses/{id}`: a stored response.
-pub async fn fetch(State(st): State<Arc<AppState>>, UrlPath(id): UrlPath<String>) -> Response {
-    match load(&st, &id).await {
+/// `GET /v1/responses/{id}`: a stored response of the request's key.
+pub async fn fetch(
+    State(st): State<Arc<AppState>>,
+    Extension(client): Extension<ClientKey>,
+    UrlPath(id): UrlPath<String>,
+) -> Response {
+    match load(&st, tenant(&st, &client).as_deref(), &id).await {
         Ok(Some(record)) => Json(record["response"].clone()).into_response(),
         Ok(None) => not_found(format!("Response with id '{id}' not found."), None)
             .0
@@ -86,9 +92,13 @@ pub async fn fetch(State(st): State<Arc<AppState>>, UrlPath(id): UrlPath<String>
     }
 }
 
-/// `DELETE /v1/responses/{id}`: forgets a stored response.
-pub async fn remove(State(st): State<Arc<AppState>>, UrlPath(id): UrlPath<String>) -> Response {
-    match delete(&st, &id).await {
+/// `DELETE /v1/responses/{id}`: forgets a stored response of the request's key.
+pub async fn remove(
+    State(st): State<Arc<AppState>>,
+    Extension(client): Extension<ClientKey>,
+    UrlPath(id): UrlPath<String>,
+) -> Response {
+    match delete(&st, tenant(&st, &client).as_deref(), &id).await {
         Ok(true) => {
             Json(json!({ "id": id, "object": "response", "deleted": true })).into_response()
         }
@@ -126,6 +136,8 @@ const KNOWN: &[&str] = &[
     "background",
     "conversation",
     "prompt",
+    "cache_salt",
+    "cache_ttl",
 ];
 
 /// What a request asks beyond the chat.
@@ -142,7 +154,7 @@ struct Asked {
 
 async fn respond(
     st: Arc<AppState>,
-    client: crate::routes::ClientKey,
+    client: ClientKey,
     body: Result<RawBody, ServerError>,
 ) -> Result<Response, Fail> {
     let body: Value = serde_json::from_slice(&body?.0).map_err(|e| {
@@ -158,8 +170,9 @@ async fn respond(
         .ok_or_else(|| bad("the request body must be a JSON object"))?;
     let (mut chat, asked) = convert(obj)?;
     let mut conversation = Vec::new();
+    let tenant = tenant(&st, &client);
     if let Some(prev) = &asked.previous {
-        let record = load(&st, prev).await?.ok_or_else(|| {
+        let record = load(&st, tenant.as_deref(), prev).await?.ok_or_else(|| {
             not_found(
                 format!("Previous response with id '{prev}' not found."),
                 Some("previous_response_id"),
@@ -187,6 +200,7 @@ async fn respond(
         created_at: kvstore::unix_now(),
         model: st.config.alias.clone(),
         asked,
+        tenant,
     };
     if !head.asked.stream {
         let reply = super::generate::collect_all(vec![run])
@@ -237,7 +251,7 @@ async fn keep(
         return Ok(());
     }
     conversation.extend(output.iter().cloned());
-    let record = json!({ "response": response, "conversation": conversation });
+    let record = record(response, conversation, head.tenant.as_deref());
     let st = Arc::clone(st);
     let id = head.id.clone();
     tokio::task::spawn_blocking(move || save(&st, &id, &record))

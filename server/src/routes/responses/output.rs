@@ -75,6 +75,8 @@ pub(super) struct Head {
     pub(super) created_at: u64,
     pub(super) model: String,
     pub(super) asked: Asked,
+    /// The tenant the response is stored for ([`crate::routes::cache_admin::tenant`]).
+    pub(super) tenant: Option<String>,
 }
 
 impl Head {

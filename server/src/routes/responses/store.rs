@@ -1,4 +1,9 @@
 //! Stored responses: one file each under `responses/` in the cache directory, or memory.
+//!
+//! Each record names the tenant that stored it ([`crate::routes::cache_admin::tenant`]: a
+//! hash, never the API key) when there was one, and is found only by that tenant: another
+//! tenant's id answers as one that does not exist. A record that names none (stored without
+//! keys, or by an older version) is found only by requests without a tenant.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
@@ -29,6 +34,23 @@ fn memory() -> &'static Mutex<Memory> {
 /// This server's key in [`memory`].
 fn server_key(st: &AppState) -> usize {
     std::ptr::from_ref(st) as usize
+}
+
+/// The record's field naming the tenant that stored it.
+const TENANT: &str = "tenant";
+
+/// The record of a response: `{"response", "conversation"}`, and `"tenant"` when it has one.
+pub(super) fn record(response: &Value, conversation: Vec<Value>, tenant: Option<&str>) -> Value {
+    let mut record = serde_json::json!({ "response": response, "conversation": conversation });
+    if let Some(t) = tenant {
+        record[TENANT] = Value::from(t);
+    }
+    record
+}
+
+/// Whether `record` is `tenant`'s: it names that tenant, or names none and `tenant` is none.
+fn owned_by(record: &Value, tenant: Option<&str>) -> bool {
+    record.get(TENANT).and_then(Value::as_str) == tenant
 }
 
 /// An id this server could have made: `resp_` and letters, digits, `-` or `_` (never a path).
@@ -73,8 +95,17 @@ fn file_of(dir: &Path, id: &str) -> PathBuf {
     dir.join(format!("{id}.json"))
 }
 
-/// The stored record of response `id` (`{"response", "conversation"}`), if there is one.
-pub(super) async fn load(st: &Arc<AppState>, id: &str) -> Result<Option<Value>, Fail> {
+/// The stored record of response `id` ([`record`]), if `tenant` has one of that id.
+pub(super) async fn load(
+    st: &Arc<AppState>,
+    tenant: Option<&str>,
+    id: &str,
+) -> Result<Option<Value>, Fail> {
+    Ok(read(st, id).await?.filter(|r| owned_by(r, tenant)))
+}
+
+/// The stored record of response `id`, whoever stored it.
+async fn read(st: &Arc<AppState>, id: &str) -> Result<Option<Value>, Fail> {
     if !valid_id(id) {
         return Ok(None);
     }
@@ -109,8 +140,12 @@ pub(super) async fn load(st: &Arc<AppState>, id: &str) -> Result<Option<Value>, 
     }
 }
 
-/// Forgets response `id`; false when there was none.
-pub(super) async fn delete(st: &Arc<AppState>, id: &str) -> Result<bool, Fail> {
+/// Forgets response `id`; false when `tenant` has none of that id.
+pub(super) async fn delete(
+    st: &Arc<AppState>,
+    tenant: Option<&str>,
+    id: &str,
+) -> Result<bool, Fail> {
     if !valid_id(id) {
         return Ok(false);
     }
@@ -119,9 +154,16 @@ pub(super) async fn delete(st: &Arc<AppState>, id: &str) -> Result<bool, Fail> {
         let Some((map, order)) = mem.get_mut(&server_key(st)) else {
             return Ok(false);
         };
+        if !map.get(id).is_some_and(|r| owned_by(r, tenant)) {
+            return Ok(false);
+        }
         order.retain(|o| o != id);
         return Ok(map.remove(id).is_some());
     };
+    // Ids are random and never reused: the record read is the one removed.
+    if load(st, tenant, id).await?.is_none() {
+        return Ok(false);
+    }
     let path = file_of(&dir, id);
     match tokio::task::spawn_blocking(move || std::fs::remove_file(path)).await {
         Ok(Ok(())) => Ok(true),

@@ -7,7 +7,7 @@ use std::time::Instant;
 use serde_json::{json, Value};
 
 use super::output::{call_item, item_status, message_item, output_text, reasoning_item, Head};
-use super::store::save;
+use super::store::{record, save};
 use crate::error::ServerError;
 use crate::routes::turn::{self, Named, Piece};
 use crate::routes::{shape, AppState};
@@ -94,7 +94,7 @@ impl Stream {
                 if self.head.asked.store {
                     let mut conversation = std::mem::take(&mut self.conversation);
                     conversation.extend(self.items.iter().cloned());
-                    let record = json!({ "response": response, "conversation": conversation });
+                    let record = record(&response, conversation, self.head.tenant.as_deref());
                     if let Err(e) = save(st, &self.head.id, &record) {
                         let e = ServerError::Io {
                             what: "storing the response".into(),
