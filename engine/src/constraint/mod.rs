@@ -212,8 +212,121 @@ impl Vocab {
     }
 }
 
+/// The stack of the thread that compiles a grammar: room for llguidance's recursion over the
+/// largest grammar the bounds below let through (measured in a debug build: about 10 KiB a
+/// level of a chain of schema references, 5 KiB of Lark rules).
+pub const COMPILE_STACK_BYTES: usize = 256 << 20;
+
+/// The most lines a Lark grammar may have (each rule starts a line, so this bounds a chain of
+/// rules).
+pub const MAX_LARK_LINES: usize = 10_000;
+
+/// The most objects a JSON schema may hold (each subschema is one, so this bounds a chain of
+/// references).
+pub const MAX_SCHEMA_OBJECTS: usize = 10_000;
+
+/// Refuses a grammar past the bounds that [`COMPILE_STACK_BYTES`] is sized for (GBNF's own
+/// bounds are checked as it is parsed).
+fn check_size(grammar: &Grammar) -> Result<()> {
+    match grammar {
+        Grammar::Lark(text) => check_lark_lines(text),
+        Grammar::Gbnf(text) if text.trim_start().starts_with("%llguidance") => {
+            check_lark_lines(text)
+        }
+        Grammar::JsonSchema(schema) => {
+            // Counted with a list of its own: a schema built in code may nest without limit.
+            let mut objects = 0usize;
+            let mut todo = vec![schema];
+            while let Some(v) = todo.pop() {
+                match v {
+                    serde_json::Value::Object(map) => {
+                        objects += 1;
+                        if objects > MAX_SCHEMA_OBJECTS {
+                            return Err(Error::Grammar(format!(
+                                "the JSON schema holds more than {MAX_SCHEMA_OBJECTS} objects"
+                            )));
+                        }
+                        todo.extend(map.values());
+                    }
+                    serde_json::Value::Array(items) => todo.extend(items),
+                    _ => {}
+                }
+            }
+            Ok(())
+        }
+        Grammar::Gbnf(_) | Grammar::JsonObject => Ok(()),
+    }
+}
+
+fn check_lark_lines(text: &str) -> Result<()> {
+    let lines = text.lines().count();
+    if lines > MAX_LARK_LINES {
+        return Err(Error::Grammar(format!(
+            "a Lark grammar of {lines} lines is longer than the {MAX_LARK_LINES} allowed"
+        )));
+    }
+    Ok(())
+}
+
+/// llguidance's error `e` in the project's words: [`Error::Grammar`] with one line that never
+/// carries a panic's message or backtrace, nor the parser's internal names.
 fn grammar_error(e: impl std::fmt::Display) -> Error {
-    Error::Grammar(e.to_string())
+    Error::Grammar(describe_llguidance_error(&e.to_string()))
+}
+
+/// The longest message [`describe_llguidance_error`] passes on, in bytes.
+const MAX_ERROR_BYTES: usize = 240;
+
+/// One line for a client out of llguidance's error text: a caught panic (message and backtrace
+/// name the build's source files) becomes a plain refusal, its parser limits and stop reasons
+/// are said in words, and anything else keeps only its first line, at most
+/// [`MAX_ERROR_BYTES`].
+pub(crate) fn describe_llguidance_error(text: &str) -> String {
+    let first = text.lines().next().unwrap_or_default().trim();
+    if first.starts_with("panic") || text.contains("<backtrace>") || first.is_empty() {
+        // llguidance numbers a grammar's symbols in 16 bits and asserts that they fit.
+        if first.contains("symbols.len()") {
+            return "the grammar is too large to compile: it has more than 65,000 symbols \
+                    (each character of a GBNF literal is one)"
+                .to_owned();
+        }
+        return "the grammar could not be compiled".to_owned();
+    }
+    let limits: &[(&str, &str)] = &[
+        (
+            "Current row has",
+            "the grammar is too ambiguous to follow: the parser ran past its limit of items \
+             (a long right-recursive rule can be written left-recursive)",
+        ),
+        (
+            "fuel exhausted",
+            "the grammar is too complex: compiling it ran past its work limit",
+        ),
+    ];
+    if let Some((_, said)) = limits.iter().find(|(k, _)| first.contains(k)) {
+        return (*said).to_owned();
+    }
+    // A stopped parser's error is the name of its stop reason alone.
+    let stop = match first {
+        "NoExtension" | "NoExtensionBias" => {
+            Some("the output is complete and nothing may follow it")
+        }
+        "EndOfSentence" => Some("the output has already ended"),
+        "MaxTokensTotal" | "MaxTokensParser" => Some("the output reached its length limit"),
+        "LexerTooComplex" => Some("the grammar's lexer ran past its size limit"),
+        "ParserTooComplex" => Some("the grammar's parser ran past its size limit"),
+        "InternalError" => Some("the grammar could not be followed"),
+        "Cancelled" => Some("the grammar was cancelled"),
+        _ => None,
+    };
+    if let Some(said) = stop {
+        return said.to_owned();
+    }
+    let mut end = first.len().min(MAX_ERROR_BYTES);
+    while !first.is_char_boundary(end) {
+        end -= 1;
+    }
+    first[..end].to_owned()
 }
 
 /// One generation's grammar state: which tokens may come next, and the tokens taken so far.
@@ -236,14 +349,32 @@ impl std::fmt::Debug for Constraint {
 
 impl Constraint {
     /// Compiles `grammar` over `vocab`. A malformed grammar or schema is [`Error::Grammar`]
-    /// with what is wrong and (for GBNF) where.
+    /// with what is wrong and (for GBNF) where, in one line.
+    ///
+    /// Compiling runs on a thread of its own with a [`COMPILE_STACK_BYTES`] stack, whatever
+    /// thread calls this, and every grammar is first held to bounds that keep the compiler's
+    /// recursion inside that stack: GBNF's nesting and chains of rules, at most
+    /// [`MAX_LARK_LINES`] lines of Lark, at most [`MAX_SCHEMA_OBJECTS`] objects in a JSON schema.
     pub fn new(vocab: &Arc<Vocab>, grammar: &Grammar) -> Result<Constraint> {
-        let top = grammar.to_llguidance(vocab)?;
-        let parser = vocab.factory.create_parser(top).map_err(grammar_error)?;
-        let matcher = Matcher::new(Ok(parser));
-        if let Some(e) = matcher.get_error() {
-            return Err(Error::Grammar(e));
-        }
+        check_size(grammar)?;
+        let compile = || -> Result<Matcher> {
+            let top = grammar.to_llguidance(vocab)?;
+            let parser = vocab.factory.create_parser(top).map_err(grammar_error)?;
+            let matcher = Matcher::new(Ok(parser));
+            match matcher.get_error() {
+                Some(e) => Err(grammar_error(e)),
+                None => Ok(matcher),
+            }
+        };
+        let matcher = std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("grammar".into())
+                .stack_size(COMPILE_STACK_BYTES)
+                .spawn_scoped(scope, compile)
+                .map_err(|e| Error::Grammar(format!("no thread to compile the grammar on: {e}")))?
+                .join()
+                .unwrap_or_else(|_| Err(Error::Grammar("the grammar could not be compiled".into())))
+        })?;
         Ok(Constraint {
             matcher,
             vocab: vocab.clone(),
@@ -311,8 +442,13 @@ impl Constraint {
                 self.vocab.n_vocab
             )));
         }
-        if self.is_done() && self.vocab.is_eog(token) {
-            return Ok(());
+        if self.is_done() {
+            if self.vocab.is_eog(token) {
+                return Ok(());
+            }
+            return Err(Error::Grammar(
+                "the output is complete and nothing may follow it".into(),
+            ));
         }
         self.matcher.consume_token(token).map_err(grammar_error)
     }
@@ -335,5 +471,29 @@ impl Constraint {
     /// Why the constraint failed (a rejected token, a grammar too complex to follow), if it did.
     pub fn error(&self) -> Option<String> {
         self.matcher.get_error()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::describe_llguidance_error as describe;
+
+    #[test]
+    fn llguidance_errors_are_one_line_without_internals() {
+        let panic =
+            "panic: index out of bounds\n<backtrace>\n  at /home/build/src/x.rs:1\n</backtrace>";
+        assert_eq!(describe(panic), "the grammar could not be compiled");
+        assert!(
+            describe("panic: assertion failed: grammar.symbols.len() < 65525").contains("65,000")
+        );
+        assert!(describe("NoExtensionBias\n<non-verbose/>").contains("nothing may follow"));
+        assert!(describe("Current row has 2151 items; max is 2000; consider").contains("limit"));
+        assert_eq!(
+            describe("unknown name: foo\n<non-verbose/>"),
+            "unknown name: foo"
+        );
+        let long = "é".repeat(500);
+        let said = describe(&long);
+        assert!(said.len() <= super::MAX_ERROR_BYTES && long.starts_with(&said));
     }
 }

@@ -355,11 +355,14 @@ pub(super) fn submit_all(
     let constraint = match &params.grammar {
         None => None,
         Some(g) => {
-            let vocab = st.vocab()?;
-            Some(
+            // Compiling may take a while (it runs on a thread of the engine's own); this
+            // worker's other tasks move to other workers meanwhile.
+            let compiled = off_worker(|| {
+                let vocab = st.vocab()?;
                 engine::constraint::Constraint::new(&vocab, g)
-                    .map_err(|e| ServerError::BadRequest(format!("invalid grammar: {e}")))?,
-            )
+                    .map_err(|e| ServerError::BadRequest(format!("invalid grammar: {e}")))
+            });
+            Some(compiled?)
         }
     };
     let mut runs = Vec::with_capacity(prompts.len() * n);
@@ -384,6 +387,17 @@ pub(super) fn submit_all(
         }
     }
     Ok(runs)
+}
+
+/// Runs the blocking `f` on this thread without stalling the tasks queued behind it: on a
+/// multi-threaded runtime they are handed to other workers first.
+pub(super) fn off_worker<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
 }
 
 /// Tokenizes what a request gave as text: `logit_bias` targets (every token of the text gets

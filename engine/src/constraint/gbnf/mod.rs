@@ -22,12 +22,27 @@
 //!
 //! llama.cpp refuses left-recursive grammars; llguidance's Earley parser runs them, so they are
 //! accepted here.
+//!
+//! Two bounds keep a hostile grammar from exhausting a stack, checked before anything recurses
+//! that deep: groups and repetitions nest at most [`MAX_NESTING`] deep, and a chain of rules,
+//! each referring to the next, is at most [`MAX_RULE_DEPTH`] long (llguidance's compile time
+//! grows with the square of such a chain).
 
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 
 /// The most repetitions `{m,n}` may ask for (llama.cpp's limit).
 const MAX_REPETITIONS: u32 = 2000;
+
+/// How deep groups and repetition operators may nest inside one rule (`((x)*)?` is 4).
+pub(crate) const MAX_NESTING: usize = 128;
+
+/// Groups and repetitions nested deeper than this in the output are emitted as rules of their
+/// own (llguidance's Lark parser refuses nesting past 30).
+const FLATTEN_DEPTH: usize = 12;
+
+/// The longest chain of rules, each referring to the next, that a grammar may hold.
+pub(crate) const MAX_RULE_DEPTH: usize = 500;
 
 /// A GBNF syntax or reference error, with where it was found.
 #[derive(Debug, Clone, PartialEq)]
@@ -102,6 +117,8 @@ struct Parser<'a> {
     current_rule: Option<String>,
     token_id: &'a dyn Fn(&str) -> Option<u32>,
     n_vocab: usize,
+    /// Groups open at the parser's position.
+    open_groups: usize,
 }
 
 /// Parses a GBNF grammar and returns the equivalent Lark grammar. `token_id` gives the id of a
@@ -119,6 +136,7 @@ pub(crate) fn gbnf_to_lark(
         current_rule: None,
         token_id,
         n_vocab,
+        open_groups: 0,
     };
     p.parse_grammar()?;
     p.check()?;
@@ -229,7 +247,7 @@ impl<'a> Parser<'a> {
         }
         self.pos += 3;
         self.skip_space(true);
-        let body = self.parse_alternatives(false)?;
+        let (body, _) = self.parse_alternatives(false)?;
         match self.peek() {
             None => {}
             Some('\r') => {
@@ -249,19 +267,39 @@ impl<'a> Parser<'a> {
         Ok(())
     }
 
-    fn parse_alternatives(&mut self, nested: bool) -> Result<Vec<Vec<Expr>>, GbnfError> {
-        let mut alts = vec![self.parse_sequence(nested)?];
+    /// Alternatives, and how deep their items nest.
+    fn parse_alternatives(&mut self, nested: bool) -> Result<(Vec<Vec<Expr>>, usize), GbnfError> {
+        let (first, mut depth) = self.parse_sequence(nested)?;
+        let mut alts = vec![first];
         while self.peek() == Some('|') {
             self.pos += 1;
             self.skip_space(true);
-            alts.push(self.parse_sequence(nested)?);
+            let (seq, d) = self.parse_sequence(nested)?;
+            alts.push(seq);
+            depth = depth.max(d);
         }
-        Ok(alts)
+        Ok((alts, depth))
     }
 
-    fn parse_sequence(&mut self, nested: bool) -> Result<Vec<Expr>, GbnfError> {
+    /// Refuses an item nested deeper than [`MAX_NESTING`].
+    fn check_nesting(&self, depth: usize, at: usize) -> Result<(), GbnfError> {
+        if depth > MAX_NESTING {
+            return Err(self.error_at(
+                at,
+                format!("groups and repetitions nest more than {MAX_NESTING} deep"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A sequence of items, and how deep the deepest nests (an atom is 0, a group or a
+    /// repetition one more than what it holds).
+    fn parse_sequence(&mut self, nested: bool) -> Result<(Vec<Expr>, usize), GbnfError> {
         let mut seq: Vec<Expr> = Vec::new();
+        // How deep each item of `seq` nests.
+        let mut depths: Vec<usize> = Vec::new();
         while let Some(c) = self.peek() {
+            depths.resize(seq.len(), 0);
             let item_at = self.pos;
             match c {
                 '"' => {
@@ -327,9 +365,13 @@ impl<'a> Parser<'a> {
                     seq.push(Expr::Chars(CharSet::Any));
                 }
                 '(' => {
+                    // Refused before recursing: the bound holds for the parser's own stack.
+                    self.check_nesting(self.open_groups + 1, item_at)?;
                     self.pos += 1;
                     self.skip_space(true);
-                    let alts = self.parse_alternatives(true)?;
+                    self.open_groups += 1;
+                    let (alts, inner) = self.parse_alternatives(true)?;
+                    self.open_groups -= 1;
                     if self.peek() != Some(')') {
                         return Err(self.error(match self.peek() {
                             Some(c) => format!("expected `)`, found {c:?}"),
@@ -337,6 +379,9 @@ impl<'a> Parser<'a> {
                         }));
                     }
                     self.pos += 1;
+                    self.check_nesting(inner + 1, item_at)?;
+                    depths.resize(seq.len(), 0);
+                    depths.push(inner + 1);
                     seq.push(Expr::Group(alts));
                 }
                 '<' | '!' => {
@@ -358,6 +403,7 @@ impl<'a> Parser<'a> {
                         _ => (0, Some(1)),
                     };
                     self.repeat_last(&mut seq, item_at, c, min, max)?;
+                    self.deepen_last(&mut depths, seq.len(), item_at)?;
                 }
                 '{' => {
                     self.pos += 1;
@@ -398,6 +444,7 @@ impl<'a> Parser<'a> {
                         ));
                     }
                     self.repeat_last(&mut seq, item_at, '{', min, max)?;
+                    self.deepen_last(&mut depths, seq.len(), item_at)?;
                 }
                 c if is_word_char(c) => {
                     let name = self.parse_name()?;
@@ -408,7 +455,18 @@ impl<'a> Parser<'a> {
             }
             self.skip_space(nested);
         }
-        Ok(seq)
+        depths.resize(seq.len(), 0);
+        Ok((seq, depths.into_iter().max().unwrap_or(0)))
+    }
+
+    /// The last item of a sequence of `len` became a repetition: it nests one deeper.
+    fn deepen_last(&self, depths: &mut Vec<usize>, len: usize, at: usize) -> Result<(), GbnfError> {
+        depths.resize(len, 0);
+        if let Some(d) = depths.last_mut() {
+            *d += 1;
+            self.check_nesting(*d, at)?;
+        }
+        Ok(())
     }
 
     fn repeat_last(
@@ -552,7 +610,7 @@ impl<'a> Parser<'a> {
                 message: "the grammar has no `root` rule".into(),
             });
         }
-        Ok(())
+        self.check_rule_depth()
     }
 
     fn lark_name(&self, i: usize) -> String {
@@ -574,15 +632,23 @@ impl<'a> Parser<'a> {
         let mut out = String::new();
         let root = self.by_name["root"];
         let _ = writeln!(out, "start: {}", self.lark_name(root));
+        let mut aux = Vec::new();
         for (i, r) in self.rules.iter().enumerate() {
             let _ = write!(out, "{}: ", self.lark_name(i));
-            self.emit_alts(&mut out, r.body.as_deref().unwrap_or(&[]));
+            self.emit_alts(&mut out, r.body.as_deref().unwrap_or(&[]), 0, &mut aux);
+            out.push('\n');
+        }
+        for rule in aux {
+            out.push_str(&rule);
             out.push('\n');
         }
         out
     }
 
-    fn emit_alts(&self, out: &mut String, alts: &[Vec<Expr>]) {
+    /// Emits alternatives nested `depth` deep in their rule; groups and repetitions deeper than
+    /// [`FLATTEN_DEPTH`] become rules of their own in `aux` (llguidance's Lark parser refuses
+    /// deep nesting).
+    fn emit_alts(&self, out: &mut String, alts: &[Vec<Expr>], depth: usize, aux: &mut Vec<String>) {
         for (k, seq) in alts.iter().enumerate() {
             if k > 0 {
                 out.push_str(" | ");
@@ -594,13 +660,24 @@ impl<'a> Parser<'a> {
                 if j > 0 {
                     out.push(' ');
                 }
-                self.emit_expr(out, e);
+                self.emit_expr(out, e, depth, aux);
             }
         }
     }
 
     /// Emits `e` as one Lark atom (parenthesized when it is not one already).
-    fn emit_expr(&self, out: &mut String, e: &Expr) {
+    fn emit_expr(&self, out: &mut String, e: &Expr, depth: usize, aux: &mut Vec<String>) {
+        let nests = matches!(e, Expr::Group(_) | Expr::Repeat { .. });
+        if nests && depth >= FLATTEN_DEPTH {
+            // The rule's place is taken first: rules emitted inside it come after.
+            let index = aux.len();
+            aux.push(String::new());
+            let mut body = format!("aux_{index}: ");
+            self.emit_expr(&mut body, e, 0, aux);
+            aux[index] = body;
+            let _ = write!(out, "aux_{index}");
+            return;
+        }
         match e {
             Expr::Literal(chars) if chars.len() == 1 => {
                 emit_class(out, false, &[(chars[0], chars[0])])
@@ -624,7 +701,7 @@ impl<'a> Parser<'a> {
             }
             Expr::Group(alts) => {
                 out.push('(');
-                self.emit_alts(out, alts);
+                self.emit_alts(out, alts, depth + 1, aux);
                 out.push(')');
             }
             Expr::Repeat {
@@ -634,7 +711,7 @@ impl<'a> Parser<'a> {
             } => out.push_str("()"),
             Expr::Repeat { inner, min, max } => {
                 out.push('(');
-                self.emit_expr(out, inner);
+                self.emit_expr(out, inner, depth + 1, aux);
                 out.push(')');
                 match (min, max) {
                     (0, None) => out.push('*'),
@@ -693,104 +770,6 @@ fn line_col(src: &str, pos: usize) -> (usize, usize) {
     (line, before[line_start..].chars().count() + 1)
 }
 
+mod depth;
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn no_tokens(_: &str) -> Option<u32> {
-        None
-    }
-
-    fn lark(src: &str) -> Result<String, GbnfError> {
-        gbnf_to_lark(src, &no_tokens, 1000)
-    }
-
-    #[test]
-    fn literal_is_split_into_characters() {
-        assert_eq!(
-            lark("root ::= \"ab\"").unwrap(),
-            "start: g0_root\ng0_root: (/a/ /b/)\n"
-        );
-    }
-
-    #[test]
-    fn classes_escapes_and_repetitions() {
-        let out = lark(
-            r#"root ::= [a-z_\x41] [^"\\] . "\n"* x{2,5} x{3} x{1,}
-x ::= "é"?"#,
-        )
-        .unwrap();
-        assert_eq!(
-            out,
-            "start: g0_root\ng0_root: /[a-z\\x{5f}A]/ /[^\\x{22}\\x{5c}]/ /(?s:.)/ (/\\x{a}/)* \
-             (g1_x){2,5} (g1_x){3} (g1_x)+\ng1_x: (/\\x{e9}/)?\n"
-        );
-    }
-
-    #[test]
-    fn multi_line_rules_groups_and_comments() {
-        let src = "# a comment\nroot ::= (\n  \"a\" # inner\n  | \"b\"\n) tail |\n  \"c\"\ntail ::= \"\"\n";
-        let out = lark(src).unwrap();
-        assert_eq!(
-            out,
-            "start: g0_root\ng0_root: (/a/ | /b/) g1_tail | /c/\ng1_tail: ()\n"
-        );
-    }
-
-    #[test]
-    fn names_are_mangled_and_root_need_not_be_first() {
-        let out = lark("Item-1 ::= \"x\"\nroot ::= Item-1").unwrap();
-        assert_eq!(out, "start: g1_root\ng0__tem_1: /x/\ng1_root: g0__tem_1\n");
-    }
-
-    #[test]
-    fn token_references() {
-        let lookup = |t: &str| (t == "<|im_end|>").then_some(7);
-        let out = gbnf_to_lark("root ::= <[3]> !<|im_end|> <|im_end|>", &lookup, 10).unwrap();
-        assert_eq!(out, "start: g0_root\ng0_root: <[3]> <[^7]> <[7]>\n");
-        let e = gbnf_to_lark("root ::= <[12]>", &lookup, 10).unwrap_err();
-        assert!(e.message.contains("outside the vocabulary"), "{e}");
-        let e = gbnf_to_lark("root ::= <|nope|>", &lookup, 10).unwrap_err();
-        assert!(e.message.contains("not a token"), "{e}");
-    }
-
-    #[test]
-    fn errors_say_where() {
-        let cases: &[(&str, usize, usize, &str)] = &[
-            ("root ::= \"abc", 1, 10, "unterminated string"),
-            ("root ::= [abc", 1, 10, "unterminated character class"),
-            ("root := \"a\"", 1, 6, "expected `::=`"),
-            ("root ::= \"a\"\nfoo ::= (\"b\"", 2, 13, "expected `)`"),
-            ("root ::= * \"a\"", 1, 10, "nothing before it"),
-            ("root ::= x\n", 1, 10, "undefined rule `x`"),
-            ("x ::= \"a\"", 0, 0, "no `root` rule"),
-            ("root ::= \"\\q\"", 1, 11, "unknown escape"),
-            ("root ::= \"\\x4\"", 1, 11, "hexadecimal digits"),
-            ("root ::= [z-a]", 1, 13, "reversed"),
-            ("root ::= \"a\"{5,2}", 1, 13, "below its minimum"),
-            ("root ::= \"a\"{2001}", 1, 14, "repetitions"),
-            ("root ::= \"a\"{2", 1, 15, "expected `}`"),
-            ("root ::= \"a\" )", 1, 14, "end of the line"),
-            ("root ::= \"a\"\n| \"b\"", 2, 1, "expected a rule name"),
-            ("root ::= \"\\uD800\"", 1, 11, "not a Unicode scalar"),
-            ("", 0, 0, "empty"),
-        ];
-        for &(src, line, column, what) in cases {
-            let e = lark(src).expect_err(src);
-            assert!(e.message.contains(what), "{src:?}: {e}");
-            assert_eq!((e.line, e.column), (line, column), "{src:?}: {e}");
-        }
-        let e = lark("root ::= \"a\"\nfoo ::= (\"b\"").unwrap_err();
-        assert_eq!(e.rule.as_deref(), Some("foo"));
-        assert_eq!(
-            e.to_string(),
-            "GBNF line 2, column 13 (rule `foo`): expected `)`, found the end of the grammar"
-        );
-    }
-
-    #[test]
-    fn later_definition_replaces_earlier() {
-        let out = lark("root ::= \"a\"\nroot ::= \"b\"").unwrap();
-        assert_eq!(out, "start: g0_root\ng0_root: /b/\n");
-    }
-}
+mod tests;
