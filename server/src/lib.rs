@@ -71,13 +71,14 @@ impl Server {
         )?;
         let n_train = model.hparams().n_ctx_train.max(2);
         // llama-server's context: the whole of it (`-c`, 0 for the model's) split among the
-        // slots, unless every slot may use all of it (`--kv-unified`).
+        // slots, unless any one request may use all of it (unified: `--kv-unified`, or
+        // `--parallel` left to auto).
         let total = if args.ctx_size == 0 {
             n_train
         } else {
             args.ctx_size
         };
-        let per_slot = if args.kv_unified {
+        let per_slot = if config.kv_unified {
             total
         } else {
             total / config.n_slots
@@ -92,9 +93,15 @@ impl Server {
             });
         }
         let n_ctx = per_slot.min(n_train);
-        // Each slot may need its context plus one copied page; as much again keeps finished
-        // prompts resident for the next requests.
-        let kv_tokens = 2 * config.n_slots * (n_ctx.div_ceil(PAGE_TOKENS) + 1) * PAGE_TOKENS;
+        // Each slot may need its context plus one copied page (unified, the slots share one
+        // context, as llama-server's: the same pool as split, one request may take all of
+        // it); as much again keeps finished prompts resident for the next requests.
+        let contexts = if config.kv_unified {
+            n_ctx.div_ceil(PAGE_TOKENS)
+        } else {
+            config.n_slots * n_ctx.div_ceil(PAGE_TOKENS)
+        };
+        let kv_tokens = 2 * (contexts + config.n_slots) * PAGE_TOKENS;
         let ctx_params = ContextParams {
             n_ctx,
             kv_tokens,

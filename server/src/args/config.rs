@@ -25,6 +25,9 @@ pub struct Config {
     pub tags: Vec<String>,
     /// Slots.
     pub n_slots: usize,
+    /// Whether any one request may use the whole context (`--kv-unified`, or `--parallel`
+    /// left to auto, as llama-server does), rather than its slot's share.
+    pub kv_unified: bool,
     /// Kernel threads.
     pub n_threads: usize,
     /// Addresses to listen on.

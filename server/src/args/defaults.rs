@@ -1,5 +1,6 @@
-//! Defaults the options give: the sampling settings of requests, where the prompt cache
-//! lives when `--cache-dir` is not given, and its disk budget without `--cache-disk`.
+//! Defaults the options give: the slots and their context (llama-server's auto `--parallel`),
+//! the sampling settings of requests, where the prompt cache lives when `--cache-dir` is not
+//! given, and its disk budget without `--cache-disk`.
 
 use std::path::PathBuf;
 
@@ -7,6 +8,20 @@ use super::Args;
 use crate::error::{Result, ServerError};
 
 impl Args {
+    /// The slots and whether they share one unified context, as llama-server sets them:
+    /// auto `--parallel` (-1) is 4 slots over a unified context (whatever `--no-kv-unified`
+    /// says); `--parallel N` is N slots, unified only with `--kv-unified`.
+    pub(super) fn slots(&self) -> Result<(usize, bool)> {
+        match self.parallel {
+            -1 => Ok((4, true)),
+            n if n >= 1 => Ok((usize::try_from(n).unwrap_or(usize::MAX), self.kv_unified)),
+            _ => Err(ServerError::BadOption {
+                option: "--parallel",
+                reason: "at least one slot is needed (-1: auto, 4)".into(),
+            }),
+        }
+    }
+
     /// The sampling defaults, checked as a request's settings are.
     pub(super) fn sampler(&self) -> Result<engine::sampling::SamplerParams> {
         use engine::sampling::{sampler_chain_from_letters, sampler_chain_from_names};

@@ -61,8 +61,9 @@ pub struct Args {
     /// Port to listen on (0 picks a free one).
     #[arg(long, default_value_t = 8080, env = "LLAMA_ARG_PORT")]
     pub port: u16,
-    /// Context size in positions, shared by the slots as llama-server splits it (each slot
-    /// gets `N / --parallel`, or all of it with `--kv-unified`); 0 takes the model's.
+    /// Context size in positions, shared by the slots as llama-server shares it (a request may
+    /// use all of it without `--parallel` or with `--kv-unified`, else `N / --parallel`); 0
+    /// takes the model's.
     #[arg(
         short = 'c',
         long = "ctx-size",
@@ -71,13 +72,15 @@ pub struct Args {
         env = "LLAMA_ARG_CTX_SIZE"
     )]
     pub ctx_size: usize,
-    /// Slots: requests evaluated at once (`-np`); more wait in a first-come queue. -1: 4.
+    /// Slots: requests evaluated at once (`-np`); more wait in a first-come queue. -1 (auto):
+    /// 4 over one unified context, as llama-server.
     #[arg(long = "parallel", value_name = "N", default_value_t = -1, allow_negative_numbers = true, env = "LLAMA_ARG_N_PARALLEL")]
     pub parallel: i64,
-    /// Every slot may use the whole context (`-kvu`); the KV pool is shared either way.
+    /// Every slot may use the whole context (`-kvu`; always so with auto `--parallel`); the KV
+    /// pool is shared either way.
     #[arg(long = "kv-unified", action = ArgAction::SetTrue, overrides_with = "no_kv_unified", env = "LLAMA_ARG_KV_UNIFIED")]
     pub kv_unified: bool,
-    /// Each slot gets its share of the context (`-no-kvu`; the default).
+    /// Each slot gets its share of the context (`-no-kvu`; the default with `--parallel N`).
     #[arg(long = "no-kv-unified", action = ArgAction::SetTrue, overrides_with = "kv_unified")]
     pub no_kv_unified: bool,
     /// Threads for the kernels, -1 for all cores.
@@ -549,16 +552,7 @@ impl Args {
         let size = |option: &'static str, text: &str| {
             kvstore::parse_size(text).map_err(|e| bad(option, e.to_string()))
         };
-        let n_slots = match self.parallel {
-            -1 => 4,
-            n if n >= 1 => n as usize,
-            _ => {
-                return Err(bad(
-                    "--parallel",
-                    "at least one slot is needed (-1: 4)".into(),
-                ))
-            }
-        };
+        let (n_slots, kv_unified) = self.slots()?;
         for (option, x) in [
             ("--temp", self.temp),
             ("--top-p", self.top_p),
@@ -767,6 +761,7 @@ impl Args {
             aliases,
             tags,
             n_slots,
+            kv_unified,
             n_threads,
             hosts,
             flash_attn,

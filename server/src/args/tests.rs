@@ -261,3 +261,31 @@ fn no_repack_in_either_spelling_turns_repacking_off_and_repack_is_accepted() {
     assert!(parse(&["-nr"]).unwrap().no_repack);
     assert!(!parse(&["--repack"]).unwrap().no_repack);
 }
+
+#[test]
+fn auto_parallel_is_four_slots_over_one_unified_context_as_llama_server_sets_it() {
+    let slots = |extra: &[&str]| {
+        let c = parse(extra).unwrap().check().unwrap();
+        (c.n_slots, c.kv_unified)
+    };
+    assert_eq!(slots(&[]), (4, true));
+    assert_eq!(slots(&["-c", "4096"]), (4, true));
+    assert_eq!(slots(&["--no-kv-unified"]), (4, true));
+    assert_eq!(slots(&["-np", "-1"]), (4, true));
+    assert_eq!(slots(&["-np", "2"]), (2, false));
+    assert_eq!(slots(&["-np", "4", "--kv-unified"]), (4, true));
+    assert_eq!(slots(&["-np", "4", "-kvu", "-no-kvu"]), (4, false));
+    for bad in ["0", "-2"] {
+        let e = parse(&["-np", bad]).unwrap().check().unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ServerError::BadOption {
+                    option: "--parallel",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+}
