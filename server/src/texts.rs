@@ -5,10 +5,14 @@
 //! A prompt that starts with a known text takes its tokens from here and tokenizes only the
 //! rest. Each entry is also a small file (`texts/<model>/<hash>.json` in the cache directory,
 //! written whole then renamed into place), so after a restart the blocks stored under the
-//! sampled tokens are found again; an unreadable file is skipped, never trusted.
+//! sampled tokens are found again; an unreadable file is skipped, never trusted. The files are
+//! written and removed by a thread of the index's own, in the order of the changes, so that
+//! no caller (a server's async worker) waits on the disk.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
 
 use serde::{Deserialize, Serialize};
 
@@ -24,8 +28,8 @@ struct Stored {
 pub struct TextIndex {
     entries: VecDeque<(String, Vec<u32>)>,
     capacity: usize,
-    /// Where entries are kept as files (`None`: in memory only).
-    dir: Option<PathBuf>,
+    /// The thread that keeps entries as files (`None`: in memory only).
+    files: Option<FileWriter>,
     /// Lookups that found an entry.
     pub hits: u64,
     /// Lookups where the entry's tokens differ from the text tokenized again.
@@ -42,7 +46,7 @@ impl TextIndex {
         TextIndex {
             entries: VecDeque::new(),
             capacity,
-            dir: None,
+            files: None,
             hits: 0,
             retokenize_mismatches: 0,
             remote_hits: 0,
@@ -79,7 +83,7 @@ impl TextIndex {
             }
         }
         index.loaded = index.entries.len();
-        index.dir = Some(dir);
+        index.files = FileWriter::start(dir);
         index
     }
 
@@ -88,10 +92,10 @@ impl TextIndex {
         if text.is_empty() || tokens.is_empty() {
             return;
         }
-        let dir = self.dir.clone();
+        let files = self.files.as_ref();
         let forget = |t: &str| {
-            if let Some(dir) = &dir {
-                let _ = std::fs::remove_file(file_of(dir, t));
+            if let Some(f) = files {
+                f.send(FileOp::Remove(t.to_owned()));
             }
         };
         self.entries.retain(|(t, _)| {
@@ -106,8 +110,8 @@ impl TextIndex {
                 forget(&old);
             }
         }
-        if let Some(dir) = &self.dir {
-            write(dir, &text, &tokens);
+        if let Some(f) = &self.files {
+            f.send(FileOp::Write(text.clone(), tokens.clone()));
         }
         self.entries.push_back((text, tokens));
     }
@@ -125,6 +129,59 @@ impl TextIndex {
         self.entries.push_back(entry);
         self.hits += 1;
         Some(found)
+    }
+}
+
+/// A change to the index's files.
+#[derive(Debug)]
+enum FileOp {
+    Write(String, Vec<u32>),
+    Remove(String),
+}
+
+/// The thread that applies [`FileOp`]s in order; dropping it waits for those sent.
+#[derive(Debug)]
+struct FileWriter {
+    tx: Option<mpsc::Sender<FileOp>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl FileWriter {
+    /// A writer into `dir`, or `None` (the index stays in memory) when no thread can start.
+    fn start(dir: PathBuf) -> Option<FileWriter> {
+        let (tx, rx) = mpsc::channel::<FileOp>();
+        let thread = std::thread::Builder::new()
+            .name("text-index".into())
+            .spawn(move || {
+                for op in rx {
+                    match op {
+                        FileOp::Write(text, tokens) => write(&dir, &text, &tokens),
+                        FileOp::Remove(text) => {
+                            let _ = std::fs::remove_file(file_of(&dir, &text));
+                        }
+                    }
+                }
+            })
+            .ok()?;
+        Some(FileWriter {
+            tx: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    fn send(&self, op: FileOp) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(op);
+        }
+    }
+}
+
+impl Drop for FileWriter {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 

@@ -84,12 +84,13 @@ pub async fn chat_input_tokens(
     let limits = st.limits();
     let req = request::chat(&body, &limits)?;
     let text = super::render_chat(&st, &req.chat).await?;
-    let prompt = chat_tokens(&st, &text)?;
+    let prompt = chat_tokens(&st, text).await?;
     Ok(Json(json!({ "input_tokens": prompt.len() })))
 }
 
-/// Keeps `text` (a prompt and its reply) with the tokens it was evaluated as, in the index and,
-/// with a remote tier, in Redis (off this thread), so the next turn keeps them on any replica.
+/// Keeps `text` (a prompt and its reply) with the tokens it was evaluated as, in the index at
+/// once (its files are written by the index's own thread) and, with a remote tier, in Redis
+/// (off this thread), so the next turn keeps them on any replica.
 pub(super) fn remember_text(st: &AppState, text: String, tokens: Vec<u32>) {
     if let Some(store) = st.store.as_ref().filter(|s| s.has_remote()) {
         if let Some(entry) = crate::texts::remote_entry(&text, &tokens) {
@@ -147,8 +148,17 @@ fn remote_text(st: &AppState, text: &str, local: usize) -> Option<(usize, Vec<u3
 
 /// The tokens of a rendered chat prompt: the longest text evaluated before (an earlier turn
 /// with its reply, here or, with a remote tier, on another replica) keeps the tokens it was
-/// evaluated as; only the rest is tokenized.
-pub(super) fn chat_tokens(st: &AppState, text: &str) -> Result<Vec<u32>> {
+/// evaluated as; only the rest is tokenized. On a blocking thread: it may ask Redis, and it
+/// checks the result against a whole tokenization.
+pub(super) async fn chat_tokens(st: &Arc<AppState>, text: String) -> Result<Vec<u32>> {
+    let st = Arc::clone(st);
+    tokio::task::spawn_blocking(move || chat_tokens_here(&st, &text))
+        .await
+        .map_err(|_| ServerError::ShuttingDown)?
+}
+
+/// [`chat_tokens`] on this thread.
+fn chat_tokens_here(st: &AppState, text: &str) -> Result<Vec<u32>> {
     let tok = st.model.tokenizer();
     let local = st
         .texts

@@ -85,7 +85,7 @@ pub(super) async fn prepare(st: &Arc<AppState>, req: &ChatRequest) -> Result<Tur
         ));
     }
     let text = super::render_chat(st, chat).await?;
-    let prompt = generate::chat_tokens(st, &text)?;
+    let prompt = generate::chat_tokens(st, text.clone()).await?;
     let opened = engine::chat::prompt_opens_thinking(&text);
     // A grammar decides every token itself: the budget's end tag is not forced into it.
     if let Ok(tokens) = usize::try_from(st.config.args.reasoning_budget) {
