@@ -244,6 +244,13 @@ async fn damaged_and_foreign_values_are_recomputed() {
         hits += replica.remote("hits_total").await;
     }
     assert!(rejected >= 1, "a damaged value was used");
+    // And the rejection was said in the log.
+    let said = || b.said("rejected a block") + c.said("rejected a block");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while said() == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(said() >= 1, "no rejection in the replicas' logs");
     assert!(hits >= n / 64, "the undamaged model's blocks were read");
 }
 

@@ -233,6 +233,19 @@ impl RemoteMetrics {
         }
     }
 
+    /// Counts a value that failed verification (`what`: "a block", "a checkpoint") and says so
+    /// the first time and then each time the count doubles, so that junk in Redis is seen in
+    /// the log without flooding it.
+    pub fn reject(&self, what: &str) {
+        let n = self.rejected.fetch_add(1, Ordering::Relaxed) + 1;
+        if n.is_power_of_two() {
+            self.log(format!(
+                "remote tier: rejected {what} that failed verification (damaged, foreign or \
+                 another model's; not used); {n} rejected so far"
+            ));
+        }
+    }
+
     /// Counts one call to the backend that took `elapsed`.
     pub fn call(&self, elapsed: Duration) {
         let us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);

@@ -66,7 +66,7 @@ impl<V: BlockIo> ModelStore<V> {
                 };
                 RemoteMetrics::add(&m.bytes_read, bytes.len() as u64);
                 let Some((prev, tokens, kv)) = self.verify_record(bytes, id) else {
-                    RemoteMetrics::add(&m.rejected, 1);
+                    m.reject("a block");
                     return false;
                 };
                 let put = self.shared.put(
@@ -285,7 +285,7 @@ impl<V: BlockIo> ModelStore<V> {
                 Some(man)
             }
             None => {
-                RemoteMetrics::add(&m.rejected, 1);
+                m.reject("a checkpoint's manifest");
                 None
             }
         }

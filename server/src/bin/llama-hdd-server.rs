@@ -26,6 +26,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // What the command line names must be there before anything is said of it: a missing
+    // model or an unusable cache directory is an option error, like any other.
+    if let Err(e) = preflight(&config) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -82,6 +88,28 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Checks the model file and the cache directory (created when missing, and written to once)
+/// that the options name.
+fn preflight(config: &server::Config) -> Result<(), String> {
+    let model = &config.args.model;
+    if !model.as_os_str().is_empty() {
+        match std::fs::metadata(model) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => return Err(format!("--model {}: not a file", model.display())),
+            Err(e) => return Err(format!("--model {}: {e}", model.display())),
+        }
+    }
+    if !config.args.no_cache {
+        let dir = &config.cache_dir;
+        let unusable = |e: std::io::Error| format!("--cache-dir {}: {e}", dir.display());
+        std::fs::create_dir_all(dir).map_err(unusable)?;
+        let probe = dir.join(format!(".probe-{}", std::process::id()));
+        std::fs::write(&probe, b"").map_err(unusable)?;
+        let _ = std::fs::remove_file(&probe);
+    }
+    Ok(())
 }
 
 /// Where the server's lines go: standard error unless `--log-disable`, and the `--log-file`
