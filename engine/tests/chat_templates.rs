@@ -2,6 +2,7 @@
 //! cases: reasoning on/off/auto, today's date, the generation prompt), assistant prefill, tool
 //! calls, kwargs, and the same renders through the renderer process.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use engine::chat::sandbox::{self, Limits};
@@ -541,19 +542,44 @@ fn render_requests_in_the_renderer() {
     );
 }
 
-/// llama.cpp's own copies of the templates `test_template.py` uses, where the reference tree is
-/// on this machine (`LLAMA_CPP_TEMPLATES` names another directory).
+/// The directory of llama.cpp's templates that may not be committed here:
+/// `$LLAMA_CPP_TEMPLATES`, else `<workspace>/models/templates` (`cargo xtask fetch-templates`).
+/// Absent: `None` with a note, and under CI (`CI` set) a panic, so the test cannot pass by
+/// skipping.
+fn llama_cpp_templates() -> Option<PathBuf> {
+    let dir = std::env::var_os("LLAMA_CPP_TEMPLATES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/templates"));
+    if dir.join(format!("{R7B}.jinja")).is_file() {
+        return Some(dir);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI must render llama.cpp's templates, but {} has none (run `cargo xtask fetch-templates`)",
+        dir.display()
+    );
+    eprintln!(
+        "skipped: no llama.cpp templates in {} (run `cargo xtask fetch-templates`)",
+        dir.display()
+    );
+    None
+}
+
+/// llama.cpp's template of Command R7B with tools.
+const R7B: &str = "CohereForAI-c4ai-command-r7b-12-2024-tool_use";
+
+/// llama.cpp's own copies of the templates `test_template.py` uses (see
+/// [`llama_cpp_templates`]).
 #[test]
-fn llama_cpp_reference_templates_when_present() {
-    let dir = std::env::var("LLAMA_CPP_TEMPLATES").unwrap_or_else(|_| {
-        let home = std::env::var("HOME").unwrap_or_default();
-        format!("{home}/.cache/llama-hdd-reference-server/src/llama.cpp/models/templates")
-    });
-    let read = |name: &str| std::fs::read_to_string(format!("{dir}/{name}.jinja")).ok();
-    let Some(r7b) = read("CohereForAI-c4ai-command-r7b-12-2024-tool_use") else {
-        eprintln!("skipped: no llama.cpp templates in {dir}");
+fn llama_cpp_reference_templates() {
+    let Some(dir) = llama_cpp_templates() else {
         return;
     };
+    let read = |name: &str| {
+        let path = dir.join(format!("{name}.jinja"));
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    };
+    let r7b = read(R7B);
     for (reasoning, end) in [
         (Reasoning::Auto, "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"),
         (
@@ -571,14 +597,14 @@ fn llama_cpp_reference_templates_when_present() {
         ("meta-llama-Llama-3.3-70B-Instruct", "%d %b %Y"),
         ("fireworks-ai-llama-3-firefunction-v2", "%b %d %Y"),
     ] {
-        let t = template(&read(name).unwrap());
+        let t = template(&read(name));
         for tools in [None, Some(vec![]), Some(vec![test_tool()])] {
             let req = request(vec![user("What is today?")], tools, Reasoning::Auto);
             let prompt = t.render_request(&req).unwrap();
             assert!(prompt.contains(&today(format)), "{name}: {prompt}");
         }
     }
-    let t = template(&read("meta-llama-Llama-3.3-70B-Instruct").unwrap());
+    let t = template(&read("meta-llama-Llama-3.3-70B-Instruct"));
     for add in [false, true] {
         let mut req = request(vec![user("What is today?")], None, Reasoning::Auto);
         req.add_generation_prompt = add;

@@ -13,7 +13,7 @@
 //! Auto-trait and blanket impls are left out (they follow from the rest and vary by toolchain).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use clap::Args;
@@ -111,7 +111,7 @@ fn violations(root: &Path, entries: &[Entry]) -> Result<Vec<Violation>, String> 
 
 /// Builds the crate's rustdoc JSON (in `<target>/api`) and parses it.
 fn rustdoc_json(root: &Path) -> Result<Value, String> {
-    let target = target_dir(root).join("api");
+    let target = crate::target_dir_in(root, std::env::var_os("CARGO_TARGET_DIR")).join("api");
     eprintln!("api: rustdoc JSON of `{CRATE}` (in {})", target.display());
     let output = Command::new(crate::cargo())
         .args([
@@ -143,14 +143,6 @@ fn rustdoc_json(root: &Path) -> Result<Value, String> {
     let text = std::fs::read_to_string(&path)
         .map_err(|e| format!("could not read {}: {e}", path.display()))?;
     serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", path.display()))
-}
-
-/// `CARGO_TARGET_DIR` (relative to the root), else `target/`.
-fn target_dir(root: &Path) -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) if !dir.is_empty() => root.join(dir),
-        _ => root.join("target"),
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

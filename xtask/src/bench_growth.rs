@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 
 use crate::bench_args::Options;
 use crate::bench_server::{self, percentile, Kind, Server};
-use crate::{cargo, run, workspace_root};
+use crate::{cargo, run, target_dir};
 
 /// Tokens of the measured prompt.
 const PROMPT_TOKENS: usize = 2000;
@@ -139,7 +139,7 @@ fn one_size(ours: &Path, o: &Options, n: usize) -> Result<Value, String> {
     let _ = std::fs::remove_dir_all(&dir);
     let cache = dir.join("cache");
     std::fs::create_dir_all(&cache).map_err(|e| format!("{}: {e}", cache.display()))?;
-    let bench = workspace_root().join("target/release/examples/bench");
+    let bench = target_dir().join("release/examples/bench");
     let fill = std::process::Command::new(&bench)
         .arg("--model")
         .arg(&o.model)

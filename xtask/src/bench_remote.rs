@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 
 use crate::bench_args::{BenchRemoteArgs, Options};
 use crate::bench_server::{self, chat, percentile, Kind, Server, Words};
-use crate::workspace_root;
+use crate::target_dir;
 
 /// A `redis-server` of the benchmark's own, without persistence.
 struct Redis {
@@ -231,7 +231,7 @@ fn redis_benchmark(redis: &Redis, bytes: usize, pipeline: usize) -> Result<f64, 
 
 fn throughput(o: &Options, redis: &Redis) -> Result<Value, String> {
     redis.cli(&["FLUSHALL"]);
-    let ckpt = workspace_root().join("target/release/ckpt");
+    let ckpt = target_dir().join("release/ckpt");
     let out = Command::new(&ckpt)
         .args([
             "bench-remote",

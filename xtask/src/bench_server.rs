@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::bench_args::{BenchServerArgs, Only, Options, Plan};
-use crate::{cargo, run, workspace_root};
+use crate::{cargo, run, target_dir};
 
 /// Which server, and how to start it.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -611,7 +611,7 @@ pub(crate) fn servers(o: &Options) -> Result<Vec<(Kind, PathBuf)>, String> {
         Some(p) => p.clone(),
         None => {
             run(&cargo(), &["build", "--release", "--quiet", "-p", "server"])?;
-            workspace_root().join("target/release/llama-hdd-server")
+            target_dir().join("release/llama-hdd-server")
         }
     };
     let mut servers = vec![(Kind::Ours, ours)];

@@ -20,7 +20,7 @@ pub fn generate(root: &Path) -> Result<(), String> {
     let ggml = match std::env::var_os(SOURCE_DIR_ENV) {
         Some(dir) => Path::new(&dir).to_path_buf(),
         None => {
-            let work = root.join("target").join("xtask-ggml-source");
+            let work = crate::target_dir().join("xtask-ggml-source");
             fetch::fetch(&crate::cargo(), &work)?.join(GGML_SUBDIR)
         }
     };

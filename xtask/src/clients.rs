@@ -14,7 +14,7 @@ use std::time::{Instant, SystemTime};
 
 use clap::Args;
 
-use crate::{cargo, model, run, workspace_root};
+use crate::{cargo, model, run, target_dir, workspace_root};
 
 /// The scripts' directory, relative to the workspace root.
 const DIR: &str = "server/tests/clients";
@@ -22,8 +22,8 @@ const DIR: &str = "server/tests/clients";
 /// The scripts, run in this order.
 const SCRIPTS: &[&str] = &["openai_client.py", "anthropic_client.py"];
 
-/// Where the default server binary is built.
-const DEFAULT_SERVER: &str = "target/debug/llama-hdd-server";
+/// Where the default server binary is built, under the target directory.
+const DEFAULT_SERVER: &str = "debug/llama-hdd-server";
 
 /// The crates whose sources the server binary is built from (for the staleness warning).
 const SERVER_SOURCES: &[&str] = &[
@@ -148,7 +148,7 @@ fn check_packages(python: &str) -> Result<(), String> {
 /// A virtual environment under `target/clients-venv` with the pinned packages (made when
 /// missing): its Python.
 fn venv(root: &Path, python: &str) -> Result<String, String> {
-    let dir = root.join("target/clients-venv");
+    let dir = target_dir().join("clients-venv");
     let bin = dir.join("bin/python");
     let bin_s = bin.to_string_lossy().into_owned();
     if check_packages(&bin_s).is_ok() {
@@ -186,7 +186,7 @@ fn server_binary(root: &Path, given: Option<PathBuf>) -> Result<PathBuf, String>
             Err(format!("clients: no server binary at {}", path.display()))
         };
     }
-    let path = root.join(DEFAULT_SERVER);
+    let path = target_dir().join(DEFAULT_SERVER);
     if !path.is_file() {
         run(
             &cargo(),
@@ -195,8 +195,9 @@ fn server_binary(root: &Path, given: Option<PathBuf>) -> Result<PathBuf, String>
     } else if let (Ok(built), Some(newest)) = (modified(&path), newest_source(root)) {
         if newest > built {
             eprintln!(
-                "warning: {DEFAULT_SERVER} is older than the sources; rebuild it \
-                 (`cargo build -p server --bin llama-hdd-server`) to test the current code"
+                "warning: {} is older than the sources; rebuild it \
+                 (`cargo build -p server --bin llama-hdd-server`) to test the current code",
+                path.display()
             );
         }
     }

@@ -11,7 +11,7 @@ use std::process::Command;
 use clap::builder::NonEmptyStringValueParser;
 use clap::Args;
 
-use crate::{cargo, run, workspace_root};
+use crate::{cargo, run, target_dir, workspace_root};
 
 /// The command line of `cargo xtask compare-llama-cpp`.
 #[derive(Args, Clone, Debug)]
@@ -94,7 +94,7 @@ pub(crate) fn compare(o: &CompareArgs) -> Result<(), String> {
         &cargo(),
         &["build", "--release", "--quiet", "--example", "bench"],
     )?;
-    let ours = workspace_root().join("target/release/examples/bench");
+    let ours = target_dir().join("release/examples/bench");
     let ours = ours.to_string_lossy().into_owned();
     let (p, g, t) = (
         o.prompt.to_string(),

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::{cargo, model, run, workspace_root};
+use crate::{cargo, model, run, target_dir};
 
 /// The command line of `cargo xtask crash-test`.
 #[derive(Args, Clone, Debug)]
@@ -23,7 +23,7 @@ pub(crate) struct CrashTestArgs {
     #[arg(long, value_name = "PATH", default_value_os_t = model::default_path())]
     pub(crate) model: PathBuf,
     /// Where the store and the journal go (emptied first).
-    #[arg(long, value_name = "DIR", default_value_os_t = workspace_root().join("target/crash-test"))]
+    #[arg(long, value_name = "DIR", default_value_os_t = target_dir().join("crash-test"))]
     pub(crate) dir: PathBuf,
     /// The shortest time a process runs before its kill.
     #[arg(long, value_name = "MS", default_value_t = 0)]
@@ -80,7 +80,7 @@ pub(crate) fn crash_test(o: &CrashTestArgs) -> Result<(), String> {
         &["build", "--release", "--quiet", "--example", "crashtest"],
     )?;
     crate::build_ckpt()?;
-    let bin = workspace_root().join("target/release");
+    let bin = target_dir().join("release");
     let child = bin.join("examples/crashtest");
     let ckpt = bin.join("ckpt");
     let _ = std::fs::remove_dir_all(&o.dir);

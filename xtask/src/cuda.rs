@@ -14,7 +14,7 @@ use std::process::Command;
 
 use clap::Args;
 
-use crate::{cargo, workspace_root};
+use crate::{cargo, target_dir, workspace_root};
 
 /// The toolkit's wheels: `name==version --hash=sha256:…`, as pip's requirements format takes
 /// them (with hashes present, pip refuses any file whose digest differs).
@@ -79,7 +79,7 @@ pub(crate) struct CudaBuildArgs {
     pub(crate) arch: String,
     /// Where the GPU check's binaries and script are gathered (a new or empty directory, or a
     /// previous bundle).
-    #[arg(long, value_name = "DIR", default_value_os_t = workspace_root().join("target/gpu-check"))]
+    #[arg(long, value_name = "DIR", default_value_os_t = target_dir().join("gpu-check"))]
     pub(crate) out: PathBuf,
 }
 
@@ -87,7 +87,7 @@ pub(crate) struct CudaBuildArgs {
 #[derive(Args, Clone, Debug)]
 pub(crate) struct CudaToolkitArgs {
     /// Where the toolkit is unpacked.
-    #[arg(value_name = "DIR", default_value_os_t = workspace_root().join("target/cuda-toolkit"))]
+    #[arg(value_name = "DIR", default_value_os_t = target_dir().join("cuda-toolkit"))]
     pub(crate) dir: PathBuf,
 }
 
@@ -103,10 +103,10 @@ pub(crate) fn cuda_build(o: &CudaBuildArgs) -> Result<(), String> {
         ));
     }
     let root = workspace_root();
-    let target_dir = root.join("target/cuda");
+    let cuda_target = target_dir().join("cuda");
     let toolkit = match std::env::var_os("CUDA_PATH") {
         Some(p) if Path::new(&p).join("bin/nvcc").is_file() => PathBuf::from(p),
-        _ => fetch_toolkit(&root.join("target/cuda-toolkit"))?,
+        _ => fetch_toolkit(&target_dir().join("cuda-toolkit"))?,
     };
     eprintln!("CUDA toolkit: {}", toolkit.display());
     // A toolkit unpacked from wheels has only versioned libraries and no driver library.
@@ -130,7 +130,7 @@ pub(crate) fn cuda_build(o: &CudaBuildArgs) -> Result<(), String> {
             .env("LIBRARY_PATH", &library_path)
             .env("CUDA_PATH", &toolkit)
             .env("GGML_SYS_CUDA_ARCH", &o.arch)
-            .env("CARGO_TARGET_DIR", &target_dir);
+            .env("CARGO_TARGET_DIR", &cuda_target);
     };
 
     // The library first: its objects say which driver symbols the stub must define.
@@ -139,7 +139,7 @@ pub(crate) fn cuda_build(o: &CudaBuildArgs) -> Result<(), String> {
     env(&mut lib);
     status(&mut lib, "cargo build -p ggml-sys --features cuda")?;
     if !has_driver {
-        let archive = newest_archive(&target_dir.join("release/build"))?;
+        let archive = newest_archive(&cuda_target.join("release/build"))?;
         write_driver_stub(&archive, &stubs)?;
     }
 

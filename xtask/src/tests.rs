@@ -1,7 +1,7 @@
 //! The command line: every documented example parses, and each option keeps its default and
 //! its meaning.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{CommandFactory, Parser};
 
@@ -20,6 +20,7 @@ const DOCUMENTED: &[&str] = &[
     "cargo xtask fetch-model",
     "cargo xtask fetch-model smollm2",
     "cargo xtask fetch-model gemma3",
+    "cargo xtask fetch-templates",
     "cargo xtask clients",
     "cargo xtask clients --server BIN --model PATH",
     "cargo xtask compare-llama-cpp --refh PATH",
@@ -356,7 +357,7 @@ fn crash_test_keeps_its_defaults() {
     let root = crate::workspace_root();
     assert_eq!(o.kills, 100);
     assert_eq!(o.model, root.join("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
-    assert_eq!(o.dir, root.join("target/crash-test"));
+    assert_eq!(o.dir, crate::target_dir().join("crash-test"));
     assert_eq!((o.min_ms, o.max_ms, o.verify_every), (0, 1000, 10));
     let Cmd::CrashTest(o) = parse("cargo xtask crash-test --kills 7 --verify-every 0") else {
         panic!("not crash-test");
@@ -366,7 +367,6 @@ fn crash_test_keeps_its_defaults() {
 
 #[test]
 fn the_small_commands_keep_their_arguments() {
-    let root = crate::workspace_root();
     let Cmd::Api(a) = parse("cargo xtask api") else {
         panic!("not api");
     };
@@ -374,17 +374,28 @@ fn the_small_commands_keep_their_arguments() {
     let Cmd::CudaToolkit(t) = parse("cargo xtask cuda-toolkit") else {
         panic!("not cuda-toolkit");
     };
-    assert_eq!(t.dir, root.join("target/cuda-toolkit"));
+    assert_eq!(t.dir, crate::target_dir().join("cuda-toolkit"));
     let Cmd::CudaBuild(b) = parse("cargo xtask cuda-build --arch 89") else {
         panic!("not cuda-build");
     };
     assert_eq!(
         (b.arch.as_str(), b.out),
-        ("89", root.join("target/gpu-check"))
+        ("89", crate::target_dir().join("gpu-check"))
     );
     let Cmd::Clients(c) = parse("cargo xtask clients --server S") else {
         panic!("not clients");
     };
     assert_eq!(c.server, Some(PathBuf::from("S")));
     assert_eq!(c.model, crate::clients::ClientsArgs::default().model);
+}
+
+#[test]
+fn the_target_directory_honours_cargo_target_dir() {
+    use std::ffi::OsString;
+    let root = Path::new("/work/space");
+    let at = |env: Option<&str>| crate::target_dir_in(root, env.map(OsString::from));
+    assert_eq!(at(None), root.join("target"));
+    assert_eq!(at(Some("")), root.join("target"));
+    assert_eq!(at(Some("build/out")), root.join("build/out"));
+    assert_eq!(at(Some("/elsewhere/t")), PathBuf::from("/elsewhere/t"));
 }
