@@ -489,6 +489,7 @@ async fn context_shift_lets_a_generation_run_past_its_context() {
     assert_eq!(r["tokens_predicted"], 150, "{r}");
     assert_eq!(r["truncated"], true);
     assert_eq!(r["stop_type"], "limit");
+    assert_eq!(r["generation_settings"]["n_discard"], 0, "{r}");
     // A short generation does not shift.
     let (_, r) = shifting
         .post(
@@ -507,6 +508,9 @@ async fn context_shift_lets_a_generation_run_past_its_context() {
         .await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["tokens_predicted"], 100, "{r}");
+    // The settings echo the request's n_discard (0, the default, drops half).
+    assert_eq!(r["generation_settings"]["n_discard"], 1000, "{r}");
+    assert_eq!(r["generation_settings"]["n_keep"], -1, "{r}");
     shifting.stop().await;
 }
 

@@ -224,7 +224,7 @@ pub fn generation_settings(p: &GenParams, output: &Output, st: &AppState) -> Val
         "adaptive_decay": 0.9,
         "stop": p.stop,
         "n_keep": p.n_keep,
-        "n_discard": 0,
+        "n_discard": p.n_discard,
         "ignore_eos": p.ignore_eos,
         "stream": output.stream,
         "logit_bias": bias,
