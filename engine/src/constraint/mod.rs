@@ -212,6 +212,13 @@ impl Vocab {
     }
 }
 
+/// The GBNF translator alone: `src` as the Lark grammar llguidance would be given, or what is
+/// wrong with it (a token reference resolves only as `<[ID]>`, below 1,000). For fuzzing.
+#[cfg(feature = "test-util")]
+pub fn gbnf_to_lark(src: &str) -> std::result::Result<String, String> {
+    gbnf::gbnf_to_lark(src, &|_| None, 1000).map_err(|e| e.to_string())
+}
+
 /// The stack of the thread that compiles a grammar: room for llguidance's recursion over the
 /// largest grammar the bounds below let through (measured in a debug build: about 10 KiB a
 /// level of a chain of schema references, 5 KiB of Lark rules).

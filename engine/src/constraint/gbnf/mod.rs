@@ -563,7 +563,10 @@ impl<'a> Parser<'a> {
             'x' => 2,
             'u' => 4,
             'U' => 8,
-            _ => return Err(self.error_at(at, format!("unknown escape `\\{e}`"))),
+            _ => {
+                let e = e.escape_default();
+                return Err(self.error_at(at, format!("unknown escape `\\{e}`")));
+            }
         };
         let hex_start = self.pos;
         for _ in 0..digits {

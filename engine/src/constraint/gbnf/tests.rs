@@ -99,3 +99,11 @@ fn later_definition_replaces_earlier() {
     let out = lark("root ::= \"a\"\nroot ::= \"b\"").unwrap();
     assert_eq!(out, "start: g0_root\ng0_root: /b/\n");
 }
+
+/// Found by the `gbnf` fuzz target: an error quoting the grammar's text kept a newline in it.
+#[test]
+fn errors_quoting_the_grammar_stay_on_one_line() {
+    let e = lark("root ::= \"\\\n\"").unwrap_err().to_string();
+    assert!(!e.contains('\n'), "{e}");
+    assert!(e.contains("unknown escape `\\\\n`"), "{e}");
+}
