@@ -1,223 +1,21 @@
 //! The chat example driven through a pipe, as a script would, on a tiny model the test writes:
 //! nothing is lost without being asked (fresh starts, failed resumes, a smaller context, two
 //! chats on one name), the commands, option checking, identical replies after a restart, the
-//! prompt built from the template's delta, and two chats saving into one store at once.
+//! prompt built from the template's delta, two chats saving into one store at once, and where
+//! the store is without `--store` (the user's cache directory; an earlier `./store` named).
 //!
 //! The chat binary is the example that `cargo test` builds beside the tests; a filtered run
 //! needs it built first: `cargo build --example chat && cargo test --test chat_cli`.
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Child;
 
-use engine::store::{SessionStore, StoreConfig};
-use engine::{ContextParams, KvType, Model, Session};
+use engine::KvType;
 
-/// The chat example next to this test's executable (`target/<profile>/examples/chat`).
-#[path = "support/chat_model.rs"]
-mod chat_model;
-use chat_model::{write_model, write_model_wide};
-
-fn chat_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().unwrap().parent().unwrap();
-    let bin = profile_dir
-        .join("examples")
-        .join(format!("chat{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        bin.is_file(),
-        "{} is missing: build it with `cargo build --example chat`",
-        bin.display()
-    );
-    bin
-}
-
-/// A directory with a tiny model and a store.
-struct Env {
-    dir: tempfile::TempDir,
-    model: PathBuf,
-}
-
-impl Env {
-    fn new() -> Env {
-        Env::with_template(None)
-    }
-
-    fn with_template(template: Option<&str>) -> Env {
-        let dir = tempfile::tempdir().unwrap();
-        let model = dir.path().join("tiny.gguf");
-        write_model(&model, template);
-        Env { dir, model }
-    }
-
-    /// A tiny model whose heads hold whole q8_0 blocks (head size 32).
-    fn for_q8_0() -> Env {
-        let dir = tempfile::tempdir().unwrap();
-        let model = dir.path().join("tiny.gguf");
-        write_model_wide(&model, None, 128);
-        Env { dir, model }
-    }
-
-    fn store(&self) -> PathBuf {
-        self.dir.path().join("store")
-    }
-
-    /// The chat command with the test's defaults (tiny model, greedy, short replies); `args`
-    /// come last, so they override.
-    fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = self.command_without_store(&[]);
-        cmd.arg("--store").arg(self.store()).args(args);
-        cmd
-    }
-
-    /// The chat command, run in the test's directory, without `--store`.
-    fn command_without_store(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(chat_bin());
-        cmd.current_dir(self.dir.path())
-            .arg("--model")
-            .arg(&self.model)
-            .args(["--threads", "1", "--temp", "0", "--max-tokens", "6"])
-            .args(["--ctx", "2048", "--cache-ram", "8MiB"])
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        cmd
-    }
-
-    /// Runs the chat on `input` to its end.
-    fn run(&self, args: &[&str], input: &str) -> Run {
-        run(self.command(args), input)
-    }
-
-    /// Runs the chat on `input` and checks that it succeeded.
-    fn chat(&self, args: &[&str], input: &str) -> Run {
-        let run = self.run(args, input);
-        assert!(run.ok, "chat failed:\n{}", run.stderr);
-        run
-    }
-
-    /// The messages of checkpoint `name`, restored through the library (every block read and
-    /// verified), and its token count.
-    fn restore(&self, name: &str) -> engine::Result<(Vec<(String, String)>, usize)> {
-        self.restore_typed(name, KvType::F16)
-    }
-
-    /// As [`Env::restore`], with K and V of `kv_type`.
-    fn restore_typed(
-        &self,
-        name: &str,
-        kv_type: KvType,
-    ) -> engine::Result<(Vec<(String, String)>, usize)> {
-        let model = Model::load(&self.model)?;
-        let config = StoreConfig {
-            type_k: kv_type,
-            type_v: kv_type,
-            ..StoreConfig::default()
-        };
-        let store = SessionStore::open(&self.store(), &model, config)?;
-        let params = ContextParams {
-            n_ctx: 8192,
-            n_threads: 1,
-            type_k: kv_type,
-            type_v: kv_type,
-            ..ContextParams::default()
-        };
-        let mut session = Session::new(model.clone(), params)?;
-        let meta = store.restore(&mut session, name)?;
-        let json: serde_json::Value = serde_json::from_str(&meta.app["messages"]).unwrap();
-        let messages = json
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| {
-                (
-                    m["role"].as_str().unwrap().to_owned(),
-                    m["content"].as_str().unwrap().to_owned(),
-                )
-            })
-            .collect();
-        Ok((messages, session.tokens().len()))
-    }
-
-    fn exists(&self, name: &str) -> bool {
-        let model = Model::load(&self.model).unwrap();
-        let store = SessionStore::open(&self.store(), &model, StoreConfig::default()).unwrap();
-        store.exists(name).unwrap()
-    }
-
-    /// Files under the store whose path has a component `dir` (`blocks`, `manifests`).
-    fn files_in(&self, dir: &str) -> Vec<PathBuf> {
-        walk(&self.store())
-            .into_iter()
-            .filter(|p| p.components().any(|c| c.as_os_str() == dir))
-            .collect()
-    }
-}
-
-/// Runs `cmd` on `input` to its end.
-fn run(mut cmd: Command, input: &str) -> Run {
-    let mut child = cmd.spawn().unwrap();
-    // A chat that refused its options has exited and closed its input already.
-    let _ = child.stdin.take().unwrap().write_all(input.as_bytes());
-    let out = child.wait_with_output().unwrap();
-    Run {
-        ok: out.status.success(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out.sort();
-    out
-}
-
-struct Run {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    /// How many times `needle` appears on stderr.
-    fn count(&self, needle: &str) -> usize {
-        self.stderr.matches(needle).count()
-    }
-
-    /// Numbers following `prefix` on each stderr line that has it.
-    fn numbers_after(&self, prefix: &str) -> Vec<usize> {
-        self.stderr
-            .lines()
-            .filter_map(|l| l.split_once(prefix))
-            .map(|(_, rest)| {
-                rest.trim_start()
-                    .split(|c: char| !c.is_ascii_digit())
-                    .next()
-                    .unwrap()
-                    .parse()
-                    .unwrap()
-            })
-            .collect()
-    }
-}
-
-fn users(messages: &[(String, String)]) -> Vec<&str> {
-    messages
-        .iter()
-        .filter(|(role, _)| role == "user")
-        .map(|(_, content)| content.as_str())
-        .collect()
-}
+#[path = "support/chat_env.rs"]
+mod chat_env;
+use chat_env::{run, users, walk, Env, Run};
 
 /// Flips one byte in the middle of `path`.
 fn corrupt(path: &Path) -> Vec<u8> {
@@ -638,7 +436,7 @@ fn conversations_in_the_earlier_layout_are_migrated_once_and_left_in_place() {
         .map(|p| (p.clone(), std::fs::read(&p).unwrap()))
         .collect();
 
-    // The default store is `store/` next to `sessions/`.
+    // `sessions/` in the working directory goes into the default store.
     let first = run(
         env.command_without_store(&["--session", "old-talk"]),
         "again\n",
@@ -654,7 +452,9 @@ fn conversations_in_the_earlier_layout_are_migrated_once_and_left_in_place() {
         "{}",
         first.stderr
     );
-    let (messages, _) = env.restore("old-talk").unwrap();
+    let (messages, _) = env
+        .restore_from(&env.default_store(), "old-talk", KvType::F16)
+        .unwrap();
     assert_eq!(users(&messages), ["hello", "again"]);
     // `sessions/` is untouched, and the next start does not migrate again.
     for (path, bytes) in &files_before {
@@ -667,6 +467,37 @@ fn conversations_in_the_earlier_layout_are_migrated_once_and_left_in_place() {
         "{}",
         second.stderr
     );
+}
+
+#[test]
+fn the_default_store_is_in_the_user_cache_directory_and_an_earlier_store_is_named() {
+    let env = Env::new();
+    let first = run(env.command_without_store(&["--session", "t"]), "hello\n");
+    assert!(first.ok, "{}", first.stderr);
+    let (messages, _) = env
+        .restore_from(&env.default_store(), "t", KvType::F16)
+        .unwrap();
+    assert_eq!(users(&messages), ["hello"]);
+    assert!(!env.store().exists(), "the chat made ./store");
+    assert!(!first.stderr.contains("--store store"), "{}", first.stderr);
+
+    // A `./store` of an earlier version: piped input is not asked, but told how to use it, and
+    // the chat goes on with the default.
+    let mut earlier = env.command_without_store(&["--session", "t"]);
+    earlier.args(["--store", "store"]);
+    assert!(run(earlier, "old\n").ok);
+    let second = run(env.command_without_store(&["--session", "t"]), "again\n");
+    assert!(second.ok, "{}", second.stderr);
+    assert!(
+        second.stderr.contains("./store exists") && second.stderr.contains("`--store store`"),
+        "{}",
+        second.stderr
+    );
+    let (messages, _) = env
+        .restore_from(&env.default_store(), "t", KvType::F16)
+        .unwrap();
+    assert_eq!(users(&messages), ["hello", "again"]);
+    assert_eq!(users(&env.restore("t").unwrap().0), ["old"]);
 }
 
 #[test]

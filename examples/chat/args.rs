@@ -8,8 +8,15 @@ use clap::Parser;
 use crate::common_args::positive;
 pub use crate::common_args::{KvArgs, ModelArgs, DEFAULT_MODEL};
 
-/// The default store directory.
-pub const DEFAULT_STORE: &str = "store";
+/// The store directory of earlier versions, in the working directory: offered when it exists,
+/// never used silently.
+pub const EARLIER_STORE: &str = "store";
+
+/// The default store directory: `chat/` in the user's cache directory, the server's default
+/// `--cache-dir` (`$XDG_CACHE_HOME/llama-hdd`, else `~/.cache/llama-hdd`).
+pub fn default_store() -> PathBuf {
+    kvstore::default_cache_dir().join("chat")
+}
 
 /// Longest conversation name, in bytes (the store allows longer names; this leaves room for the
 /// `-N` suffix of a new conversation's name).
@@ -51,7 +58,9 @@ pub struct Args {
     /// Longest reply in tokens.
     #[arg(long, value_parser = positive, default_value_t = 512)]
     pub max_tokens: usize,
-    /// Directory of saved conversations, shared safely by several chats [default: store].
+    /// Directory of saved conversations, shared safely by several chats [default: `chat/` in
+    /// the user's cache directory, `$XDG_CACHE_HOME/llama-hdd/chat` or
+    /// `~/.cache/llama-hdd/chat`].
     #[arg(long)]
     pub store: Option<PathBuf>,
     /// Name of this conversation in the store: 1 to 100 of `A-Z a-z 0-9 . _ -`, not starting

@@ -11,7 +11,8 @@
 //! default model is fetched on first use.
 //!
 //! The conversation is saved as a checkpoint (KV cache, tokens, messages, sampler state) in
-//! `--store` under `--session` after every reply; starting again resumes it from disk instead of
+//! `--store` (by default `chat/` in the user's cache directory; an existing `./store`, the
+//! earlier default, is offered on a terminal) under `--session` after every reply; starting again resumes it from disk instead of
 //! re-reading it. Nothing is deleted unless asked (`/delete`): `--fresh`, `/reset`, a
 //! conversation that cannot be resumed and a name another chat has open all lead to a new name
 //! (`NAME-2`, `NAME-3`, ...), the old conversation kept as it is. A new conversation whose
@@ -24,6 +25,7 @@ mod chat;
 mod common_args;
 mod input;
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -35,7 +37,7 @@ use engine::store::{SessionStore, StoreConfig};
 use engine::{GenerateParams, Session};
 use kvstore::legacy::{self, Layout};
 
-use crate::args::{Args, DEFAULT_MODEL, DEFAULT_STORE};
+use crate::args::{default_store, Args, DEFAULT_MODEL, EARLIER_STORE};
 use crate::chat::{claim_name, claim_new_name, why, Chat, Step};
 use crate::input::Input;
 
@@ -50,10 +52,10 @@ fn main() -> Result<()> {
     engine::chat::sandbox::init();
     let args = Args::parse_from(engine::expand_llama_cpp_flags(std::env::args_os()));
     ensure_model(&args.model.path)?;
-    let store_dir = args
-        .store
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_STORE));
+    let store_dir = match &args.store {
+        Some(dir) => dir.clone(),
+        None => choose_default_store()?,
+    };
     migrate_legacy(&store_dir, args.store.is_none());
 
     let model = args.model.load()?;
@@ -196,6 +198,38 @@ fn main() -> Result<()> {
     }
     chat.store.flush()?;
     Ok(())
+}
+
+/// The store without `--store`: [`default_store`], or `./store` (where earlier versions saved
+/// conversations) when it exists and the user, asked on the terminal, takes it. Never silently:
+/// without a terminal to ask on, the chat says how to use `./store` and goes on with the
+/// default.
+fn choose_default_store() -> Result<PathBuf> {
+    let default = default_store();
+    if !Path::new(EARLIER_STORE).is_dir() {
+        return Ok(default);
+    }
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        eprintln!(
+            "(./{EARLIER_STORE} exists (earlier versions saved conversations there); \
+             `--store {EARLIER_STORE}` uses it. This chat uses {})",
+            default.display()
+        );
+        return Ok(default);
+    }
+    eprint!(
+        "./{EARLIER_STORE} exists (earlier versions saved conversations there); the default \
+         store is now {}. Use ./{EARLIER_STORE}? [Y/n] ",
+        default.display()
+    );
+    let mut answer = String::new();
+    stdin.read_line(&mut answer).context("reading the answer")?;
+    Ok(if answer.trim().to_lowercase().starts_with('n') {
+        default
+    } else {
+        PathBuf::from(EARLIER_STORE)
+    })
 }
 
 /// Copies the conversations of a bare checkpoint directory written by earlier versions into the

@@ -31,6 +31,7 @@
 //!   feature `redis`, on by default): `Config::remote`, then `fetch_remote` (read-through),
 //!   `push_remote` / `push_remote_manifest` (write-behind), `fetch_remote_checkpoint`.
 //! - Migration of a bare `ckptfmt` store directory: [`legacy`].
+//! - Where stores live by default: [`default_cache_dir`], the user's cache directory.
 //! - Disk budgets as people write them (`50MB`, `1GiB`): [`parse_size`],
 //!   [`format_size`].
 //! - The `ckpt` tool (feature `cli`, on by default): `ckpt ls | rm | gc |
@@ -79,6 +80,7 @@
 pub mod bytes;
 pub mod claim;
 mod config;
+mod dirs;
 mod disk_index;
 pub mod error;
 #[cfg(feature = "test-util")]
@@ -105,6 +107,7 @@ pub use ckptfmt::CrashMode;
 pub use ckptfmt::{BadBlock, BlockId, CheckpointHealth, Fingerprint, Geometry, Manifest};
 pub use claim::{claim, Claim};
 pub use config::{ChainReport, Config, DamagedCheckpoint, GcReport, RecoveryReport, VerifyLevel};
+pub use dirs::default_cache_dir;
 pub use error::{Result, StoreError};
 #[cfg(feature = "test-util")]
 pub use fault::{Fault, FaultIo};

@@ -1,8 +1,7 @@
 //! Defaults the options give: the slots and their context (llama-server's auto `--parallel`),
-//! the sampling settings of requests, where the prompt cache lives when `--cache-dir` is not
-//! given, and its disk budget without `--cache-disk`.
-
-use std::path::PathBuf;
+//! the sampling settings of requests, and the prompt cache's disk budget without `--cache-disk`
+//! (where it lives without `--cache-dir` is `kvstore::default_cache_dir`, which the chat uses
+//! too).
 
 use super::Args;
 use crate::error::{Result, ServerError};
@@ -123,26 +122,5 @@ pub fn default_disk_budget(dir: &std::path::Path) -> u64 {
     match free {
         Some(free) => (free / 2).min(DEFAULT_DISK_CAP),
         None => DEFAULT_DISK_CAP,
-    }
-}
-
-/// The platform's per-user cache directory for the prompt cache: `$XDG_CACHE_HOME/llama-hdd`,
-/// else `~/.cache/llama-hdd` (`~/Library/Caches/llama-hdd` on macOS), else `./llama-hdd-cache`.
-pub fn default_cache_dir() -> PathBuf {
-    let env = |name: &str| {
-        std::env::var_os(name)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    if let Some(dir) = env("XDG_CACHE_HOME") {
-        return dir.join("llama-hdd");
-    }
-    match env("HOME") {
-        Some(home) if cfg!(target_os = "macos") => home.join("Library/Caches/llama-hdd"),
-        Some(home) => home.join(".cache/llama-hdd"),
-        None => match env("LOCALAPPDATA") {
-            Some(dir) => dir.join("llama-hdd"),
-            None => PathBuf::from("llama-hdd-cache"),
-        },
     }
 }

@@ -15,7 +15,7 @@ mod remote;
 
 pub use config::Config;
 
-pub use defaults::{default_cache_dir, default_disk_budget};
+pub use defaults::default_disk_budget;
 pub use embed::{EmbeddingArgs, Pooling};
 pub use remote::{remote_config, RemoteArgs};
 
@@ -696,7 +696,7 @@ impl Args {
         };
         let cache_dir = match &self.cache_dir {
             Some(dir) => dir.clone(),
-            None => default_cache_dir(),
+            None => kvstore::default_cache_dir(),
         };
         let cache_disk = match self.cache_disk.as_deref().map(str::trim) {
             Some("-1") => None,
