@@ -318,6 +318,13 @@ impl DiskIndex {
         self.manifest_bytes
     }
 
+    /// Bytes of the manifests as last read, and of those changed since as their lengths were
+    /// noted by [`DiskIndex::follow`] (a changed one counts twice until the next refresh: a
+    /// budget errs on the safe side).
+    pub(crate) fn manifest_bytes_noted(&self) -> u64 {
+        self.manifest_bytes + self.pending.values().sum::<u64>()
+    }
+
     /// Block files no manifest references.
     pub(crate) fn unreferenced(&self) -> impl Iterator<Item = &BlockId> {
         self.unreferenced.iter()

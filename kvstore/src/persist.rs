@@ -45,15 +45,16 @@ impl<V: BlockIo> Shared<V> {
     ) -> (MutexGuard<'a, State>, Result<()>) {
         st.writes_in_progress += 1;
         drop(st);
-        let (r, reserved) = match quota {
-            Quota::Reserve => self.write_batch(items),
-            Quota::Reserved => (self.write_reserved(items), 0),
+        let r = match quota {
+            Quota::Reserve => self.write_batch(items, kind),
+            Quota::Reserved => {
+                let r = self.write_reserved(items);
+                self.record_outcome(&mut lock_mutex(&self.state), items, &r, kind);
+                r
+            }
         };
         let mut st = lock_mutex(&self.state);
         st.writes_in_progress -= 1;
-        // The files are counted as the reservation ends: no one sees the bytes in neither.
-        st.disk_reserved -= reserved;
-        self.record_outcome(&mut st, items, &r, kind);
         (st, r)
     }
 
@@ -79,34 +80,43 @@ impl<V: BlockIo> Shared<V> {
             .collect()
     }
 
-    /// Writes blocks durably (no lock held), within the disk quota. Returns the outcome and
-    /// the bytes still reserved for them, which the caller gives back as it records the
-    /// outcome ([`Shared::record_outcome`]).
-    ///
-    /// Under a disk budget the items go in pieces of at most a quarter of it (one at least),
-    /// each making room for itself first, so that a batch larger than the budget still fits.
-    pub(crate) fn write_batch(&self, items: &[WriteItem]) -> (Result<()>, u64) {
+    /// Writes blocks durably (no lock held), within the disk quota and budget, and records
+    /// the outcome (the claims of those not written are released). Under a disk budget the
+    /// items go in pieces of at most a quarter of it (one at least), each recorded once
+    /// written, so that the next piece's room may come from collecting it: a batch larger than
+    /// the budget still keeps it.
+    pub(crate) fn write_batch(&self, items: &[WriteItem], kind: WriteKind) -> Result<()> {
         let lens = self.item_lens(items);
         let piece_bytes = self.cfg.disk_budget.map_or(u64::MAX, |b| (b / 4).max(1));
-        // The pieces written stay reserved until the caller records them all.
-        let mut reserved = 0;
         let mut start = 0;
-        let mut r = Ok(());
-        while start < items.len() && r.is_ok() {
+        while start < items.len() {
             let mut end = start;
             let mut need = 0;
             while end < items.len() && (end == start || need + lens[end].1 <= piece_bytes) {
                 need += lens[end].1;
                 end += 1;
             }
-            r = self.reserve_disk(need);
-            if r.is_ok() {
-                reserved += need;
-                r = self.write_reserved(&items[start..end]);
+            let piece = &items[start..end];
+            let reserved = self.reserve_disk(need);
+            let r = match &reserved {
+                Ok(()) => self.write_reserved(piece),
+                Err(_) => Ok(()),
+            };
+            let mut st = lock_mutex(&self.state);
+            // The files are counted as the reservation ends: no one sees the bytes in neither.
+            if reserved.is_ok() {
+                st.disk_reserved -= need;
+            }
+            let r = reserved.and(r);
+            self.record_outcome(&mut st, piece, &r, kind);
+            if r.is_err() {
+                let rest: Vec<BlockId> = items[end..].iter().map(|i| i.id).collect();
+                st.release_unwritten(&rest);
+                return r;
             }
             start = end;
         }
-        (r, reserved)
+        Ok(())
     }
 
     fn write_reserved(&self, items: &[WriteItem]) -> Result<()> {
@@ -143,18 +153,9 @@ impl<V: BlockIo> Shared<V> {
     /// Reserves `need` bytes of the disk quota and the disk budget ([`crate::Config`]),
     /// collecting garbage if needed. Every write of block files reserves here first, whatever
     /// the blocks' source; only the quota refuses: a budget that collecting cannot meet (every
-    /// block referenced or pinned) lets the write go on.
+    /// block referenced, pinned or being written) lets the write go on. No caller holds the
+    /// store lock (a collection takes it exclusive).
     pub(crate) fn reserve_disk(&self, need: u64) -> Result<()> {
-        // A collection waits for the store lock, which a save of this process holds while it
-        // waits for blocks being written (perhaps by this very call): for the budget, collect
-        // only while no save can take it (the budget's own owner keeps it afterwards).
-        let no_save = self.save_lock.try_lock().ok();
-        self.reserve_disk_with(need, no_save.is_some())
-    }
-
-    /// [`Shared::reserve_disk`], `collect` saying whether the budget may collect (the caller
-    /// holds the save lock, or no save is in progress).
-    fn reserve_disk_with(&self, need: u64, collect: bool) -> Result<()> {
         let quota = self.cfg.disk_quota;
         for attempt in 0..2 {
             // The manifests count in the budget; their indexes are looked at before the state
@@ -162,7 +163,6 @@ impl<V: BlockIo> Shared<V> {
             let budget = self
                 .cfg
                 .disk_budget
-                .filter(|_| collect)
                 .map(|b| b.saturating_sub(self.manifest_bytes()));
             let (reserved, over_quota) = {
                 let mut st = lock_mutex(&self.state);
@@ -190,11 +190,17 @@ impl<V: BlockIo> Shared<V> {
         unreachable!("the loop returns on its second pass")
     }
 
-    /// Bytes of every model's manifests, as their indexes last saw them.
+    /// Bytes of every model's manifests, as their indexes see them once they have followed
+    /// the changes since (cheap: the names any process changed; without them, as last read).
     fn manifest_bytes(&self) -> u64 {
         self.models_read()
             .iter()
-            .map(|m| lock_mutex(&m.index).manifest_bytes())
+            .map(|m| {
+                let mut index = lock_mutex(&m.index);
+                // A failure to follow leaves the index as it was: its figure stands.
+                let _ = index.follow(&m.store, m.record_len);
+                index.manifest_bytes_noted()
+            })
             .sum()
     }
 
@@ -228,10 +234,8 @@ impl<V: BlockIo> Shared<V> {
                     end += 1;
                 }
                 let chunk = &items[start..end];
-                let (r, reserved) = self.write_batch(chunk);
+                let r = self.write_batch(chunk, WriteKind::Persist);
                 let mut st = lock_mutex(&self.state);
-                st.disk_reserved -= reserved;
-                self.record_outcome(&mut st, chunk, &r, WriteKind::Persist);
                 if r.is_err() {
                     st.m.spill_errors += 1;
                     // Release the claims of the chunks not written.
@@ -303,6 +307,15 @@ impl<V: BlockIo> Shared<V> {
             .filter(|id| seen.insert(**id))
             .copied()
             .collect();
+        // Under a budget the new manifest's file counts too (beside the one it replaces, until
+        // the rename).
+        let manifest_file = match self.cfg.disk_budget {
+            Some(_) => manifest
+                .encode()
+                .map_err(|e| StoreError::format(&path, e))?
+                .len() as u64,
+            None => 0,
+        };
         // Reserve quota before taking the shared lock: a collection to make
         // room takes the lock exclusive.
         let need = {
@@ -311,28 +324,17 @@ impl<V: BlockIo> Shared<V> {
                 .iter()
                 .filter(|id| !st.entries.get(*id).is_some_and(|e| e.on_disk))
                 .count() as u64;
-            dirty * info.record_len
+            dirty * info.record_len + manifest_file
         };
-        self.reserve_disk_with(need, true)?;
+        self.reserve_disk(need)?;
         let r = self.save_reserved(model, info, manifest, &ids, &path);
         lock_mutex(&self.state).disk_reserved -= need;
         r
     }
 
-    fn save_reserved(
-        &self,
-        model: usize,
-        info: &ModelInfo<V>,
-        manifest: &Manifest,
-        ids: &[BlockId],
-        path: &std::path::Path,
-    ) -> Result<()> {
-        let name = &manifest.meta.name;
-        // No collection (in any process) between these checks and the commit.
-        let _shared = info
-            .store
-            .lock_shared()
-            .map_err(|e| StoreError::format(info.store.root(), e))?;
+    /// Looks again for the files of `ids` this process knows as written (another process may
+    /// have collected them) and for those it does not know (another may have written them).
+    fn check_present(&self, model: usize, info: &ModelInfo<V>, ids: &[BlockId]) -> Result<()> {
         for id in ids {
             let known_on_disk = lock_mutex(&self.state)
                 .entries
@@ -355,23 +357,50 @@ impl<V: BlockIo> Shared<V> {
                 }
             }
         }
-        let mut st = lock_mutex(&self.state);
-        loop {
+        Ok(())
+    }
+
+    fn save_reserved(
+        &self,
+        model: usize,
+        info: &ModelInfo<V>,
+        manifest: &Manifest,
+        ids: &[BlockId],
+        path: &std::path::Path,
+    ) -> Result<()> {
+        let name = &manifest.meta.name;
+        let (mut st, _shared) = loop {
+            // Blocks being written are waited for without the store lock: a write makes room
+            // first, and a collection takes the store lock exclusive.
+            let mut st = lock_mutex(&self.state);
+            while ids
+                .iter()
+                .any(|id| st.entries.get(id).is_some_and(|e| e.in_flight))
+            {
+                st = self.wait(st);
+            }
+            drop(st);
+            // No collection (in any process) between these checks and the commit.
+            let shared = info
+                .store
+                .lock_shared()
+                .map_err(|e| StoreError::format(info.store.root(), e))?;
+            self.check_present(model, info, ids)?;
+            let st = lock_mutex(&self.state);
             if let Some(id) = ids.iter().find(|id| !st.entries.contains_key(*id)) {
                 return Err(StoreError::MissingBlock {
                     checkpoint: name.clone(),
                     id: id.to_hex(),
                 });
             }
-            if ids
+            // Claimed for writing meanwhile: wait again, without the lock.
+            if !ids
                 .iter()
                 .any(|id| st.entries.get(id).is_some_and(|e| e.in_flight))
             {
-                st = self.wait(st);
-                continue;
+                break (st, shared);
             }
-            break;
-        }
+        };
         let items: Vec<WriteItem> = ids.iter().filter_map(|id| st.claim_dirty(id)).collect();
         let r;
         (st, r) = self.write_unlocked_with(st, &items, WriteKind::Persist, Quota::Reserved);

@@ -1,6 +1,7 @@
 //! Blocks fetched back from the remote tier (a real `redis-server`) land on disk within the
-//! disk budget: room is made before they are written, as for blocks put here. The directory is
-//! measured from another thread all the while they are spilled, flushed and saved.
+//! disk budget: room is made before they are written, as for blocks put here, also while a
+//! checkpoint is being saved. The directory is measured from another thread all the while they
+//! are spilled and flushed.
 
 mod common;
 
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use ckptfmt::store::BlockInput;
-use ckptfmt::{ElemType, Fingerprint, Geometry};
+use ckptfmt::{ElemType, Fingerprint, Geometry, Manifest, Metadata};
 use kvstore::remote::testing::RedisServer;
 use kvstore::{BlockId, Config, KvStore, ModelStore, Remote, RemoteConfig};
 
@@ -98,8 +99,8 @@ impl Sampler {
 }
 
 /// `n` blocks of one token stream, computed on a host of their own and pushed to the tier;
-/// their ids.
-fn computed_elsewhere(url: &str, n: usize) -> Vec<BlockId> {
+/// their ids and tokens.
+fn computed_elsewhere(url: &str, n: usize) -> (Vec<BlockId>, Vec<u32>) {
     let dir = tempfile::tempdir().unwrap();
     let (_store, model) = host(dir.path(), url, 1 << 20, None);
     let tpb = TPB as usize;
@@ -116,14 +117,27 @@ fn computed_elsewhere(url: &str, n: usize) -> Vec<BlockId> {
         })
         .collect();
     assert_eq!(model.push_remote(&inputs).unwrap(), n);
-    ids
+    (ids, tokens)
+}
+
+/// A checkpoint over the first `len` of `tokens` (the last block partly filled).
+fn checkpoint(tokens: &[u32], len: usize) -> Manifest {
+    let g = geometry();
+    let tail = vec![7u8; g.span_bytes((len % TPB as usize) as u64) as usize];
+    let meta = Metadata {
+        name: "tail".into(),
+        ..Metadata::default()
+    };
+    let fp = Fingerprint::of(b"model");
+    let positions = (0..len as i32).collect();
+    Manifest::new(fp, g, tokens[..len].to_vec(), positions, tail, meta).unwrap()
 }
 
 #[test]
 fn blocks_fetched_from_redis_are_written_within_the_disk_budget() {
     let redis = RedisServer::start();
     let n = 240;
-    let ids = computed_elsewhere(&redis.url(), n);
+    let (ids, tokens) = computed_elsewhere(&redis.url(), n);
 
     let dir = tempfile::tempdir().unwrap();
     let (store, model) = host(dir.path(), &redis.url(), 8, Some(0));
@@ -135,16 +149,34 @@ fn blocks_fetched_from_redis_are_written_within_the_disk_budget() {
 
     let sampler = Sampler::start(dir.path().to_path_buf());
     // In pieces, as prompts come (each continues the one before); RAM holds 8 blocks, so most
-    // are spilled while they arrive, and a flush after each piece writes the rest.
-    let mut fetched = 0;
-    for piece in ids.chunks(30) {
+    // are spilled while they arrive, and a flush after each piece writes the rest. Meanwhile
+    // another thread saves a checkpoint of the first blocks over and over, as the server's
+    // writer stores tails: room is made while a save is in progress too.
+    let pieces: Vec<&[BlockId]> = ids.chunks(30).collect();
+    let fetch = |piece: &[BlockId]| {
         let got = model.fetch_remote(piece);
         assert!(got.answered);
         assert_eq!(got.blocks, piece.len(), "every block verifies");
-        fetched += got.blocks;
         // Whatever is still dirty in RAM goes to disk too.
         store.flush().unwrap();
+        got.blocks
+    };
+    let mut fetched = fetch(pieces[0]);
+    let tail = checkpoint(&tokens, 2 * TPB as usize + 3);
+    model.save(&tail).unwrap();
+    let manifest_file = std::fs::metadata(model.manifest_path("tail").unwrap())
+        .unwrap()
+        .len();
+    let mut saves = 0;
+    for piece in &pieces[1..] {
+        std::thread::scope(|scope| {
+            let saver = scope.spawn(|| model.save(&tail));
+            fetched += fetch(piece);
+            saver.join().unwrap().unwrap();
+        });
+        saves += 1;
     }
+    assert_eq!(saves, pieces.len() - 1);
     let (peak, samples) = sampler.finish();
 
     assert_eq!(fetched, n);
@@ -161,7 +193,7 @@ fn blocks_fetched_from_redis_are_written_within_the_disk_budget() {
     assert!(
         peak <= budget + file,
         "the directory reached {peak} bytes; the budget is {budget} ({} block files), a block \
-         file {file} bytes ({samples} samples)",
+         file {file} bytes, the checkpoint's manifest {manifest_file} ({samples} samples)",
         budget / file
     );
     assert!(
