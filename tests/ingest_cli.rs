@@ -251,10 +251,7 @@ fn killed_at_random_moments_each_rerun_ends_as_an_uninterrupted_run() {
     assert!(plain.summary()["seconds"].as_f64().unwrap() > 0.0);
     assert!(!env.dir.path().join("plain").exists());
 
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
+    let seed = ckptfmt::since_epoch().as_nanos() as u64;
     eprintln!("kill moments seeded with {seed}");
     let mut rng = SplitMix64(seed);
     // Five kills by default (CI has two cores); `INGEST_KILLS=20` for the count.

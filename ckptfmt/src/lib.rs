@@ -92,3 +92,11 @@ pub use store::{
     BadBlock, BlockInput, CheckpointHealth, MappedBlock, OwnedBlock, SaveReport, Store,
 };
 pub use vfs::{create_dir_durable, FileLock, FileStamp, LockMode, StdFs, Vfs, VfsFile};
+
+/// Time since the Unix epoch by the wall clock now, zero on a clock set before it: the one
+/// reading of the clock that creation times, expiries and time-seeded ids are made from.
+pub fn since_epoch() -> std::time::Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+}

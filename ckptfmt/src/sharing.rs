@@ -26,7 +26,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use crate::error::{FormatError, Result};
 use crate::store::TMP_SUFFIX;
@@ -52,9 +52,7 @@ pub(crate) struct Owner {
 }
 
 fn new_token() -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
+    let nanos = crate::since_epoch().as_nanos() as u64;
     let n = NONCE.fetch_add(1, Ordering::Relaxed);
     // splitmix64 of the time and a counter: unique within the process,
     // unlikely to repeat across a reused pid.

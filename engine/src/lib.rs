@@ -98,6 +98,11 @@ pub use kvstore::Metrics;
 /// A failure of the block store: [`Error::Store`].
 pub use kvstore::StoreError;
 
+/// How many leading tokens `a` and `b` share: the length of their common prefix.
+pub fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
 /// Rewrites llama.cpp's single-dash `-ctk`, `-ctv` and `-ngl` into `--cache-type-k`,
 /// `--cache-type-v` and `--n-gpu-layers` (also in their `-ctk=TYPE` form), leaving every other
 /// argument as it is: for command lines parsed with long options only.
@@ -126,4 +131,19 @@ where
             a
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::common_prefix_len;
+
+    #[test]
+    fn common_prefix_len_counts_the_shared_leading_tokens() {
+        assert_eq!(common_prefix_len(&[1, 2, 3], &[1, 2, 4, 5]), 2);
+        assert_eq!(common_prefix_len(&[1, 2], &[1, 2, 3]), 2);
+        assert_eq!(common_prefix_len(&[1, 2, 3], &[1, 2]), 2);
+        assert_eq!(common_prefix_len(&[7], &[8]), 0);
+        assert_eq!(common_prefix_len(&[], &[1]), 0);
+        assert_eq!(common_prefix_len(&[4, 5], &[4, 5]), 2);
+    }
 }

@@ -304,13 +304,7 @@ impl Chat {
                 "(the chat template does not extend the previous prompt: re-tokenizing the conversation)"
             );
             let ids = tok.encode(&prompt, true, true)?;
-            let common = self
-                .session
-                .tokens()
-                .iter()
-                .zip(&ids)
-                .take_while(|(a, b)| a == b)
-                .count()
+            let common = engine::common_prefix_len(self.session.tokens(), &ids)
                 .min(ids.len().saturating_sub(1));
             self.session.truncate(common);
             (common, ids[common..].to_vec())

@@ -123,10 +123,11 @@ pub use store::KvStore;
 /// passed, [`ModelStore::delete_expired`] (and `ckpt gc`) delete the checkpoint.
 pub const EXPIRES_KEY: &str = "expires_unix";
 
+/// Time since the Unix epoch (zero on a clock set before it), for the crates above.
+pub use ckptfmt::since_epoch;
+
 /// The current time in whole seconds since the Unix epoch (0 on a clock set before it): the
 /// unit of checkpoints' creation times and of [`EXPIRES_KEY`].
 pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    ckptfmt::since_epoch().as_secs()
 }

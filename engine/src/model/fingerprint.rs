@@ -120,10 +120,7 @@ fn unmatched() -> [u8; 32] {
     h.update(DOMAIN);
     h.update(b"unreadable model file\0");
     h.update(&std::process::id().to_le_bytes());
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    h.update(&now.as_nanos().to_le_bytes());
+    h.update(&ckptfmt::since_epoch().as_nanos().to_le_bytes());
     h.update(&COUNT.fetch_add(1, Ordering::Relaxed).to_le_bytes());
     *h.finalize().as_bytes()
 }

@@ -36,6 +36,12 @@ pub struct NewBlock {
 /// block the tail follows (see [`PromptCache::tail_of`]). Nobody else names a checkpoint so.
 pub const TAIL_PREFIX: &str = "_tail-";
 
+/// The name of the tail checkpoint that follows full block `last`: [`TAIL_PREFIX`] and its
+/// hex id.
+fn tail_name(last: &BlockId) -> String {
+    format!("{TAIL_PREFIX}{}", last.to_hex())
+}
+
 /// The longest prefix of a prompt that a store holds (see [`PromptCache::find_prefix`]).
 #[derive(Debug, Default)]
 pub struct StoredPrefix {
@@ -84,7 +90,7 @@ impl SessionStore {
 
     /// The checkpoint that stores `tail` ([`TAIL_PREFIX`] and its last block's id).
     pub(super) fn tail_manifest(&self, tail: TailBlock) -> Result<Manifest> {
-        let name = format!("{TAIL_PREFIX}{}", tail.last_block.to_hex());
+        let name = tail_name(&tail.last_block);
         let positions = (0..tail.tokens.len() as i32).collect();
         let manifest = Manifest::new(
             self.fingerprint,
@@ -212,9 +218,7 @@ impl PromptCache<'_> {
         let Some(last) = ctx.block_ids(seq).ok().and_then(|ids| ids.get(full - 1)) else {
             return false;
         };
-        self.store
-            .exists(&format!("{TAIL_PREFIX}{}", last.to_hex()))
-            .unwrap_or(false)
+        self.store.exists(&tail_name(last)).unwrap_or(false)
     }
 
     /// Stores `tail` durably as the tail checkpoint of its last full block (replacing an
@@ -261,7 +265,7 @@ impl PromptCache<'_> {
             return found;
         }
         let ids = &found.block_ids;
-        let name = format!("{TAIL_PREFIX}{}", ids[blocks - 1].to_hex());
+        let name = tail_name(&ids[blocks - 1]);
         let Some(manifest) = self
             .store
             .handle
@@ -280,11 +284,7 @@ impl PromptCache<'_> {
         if !fits {
             return found;
         }
-        let matching = manifest.tokens[start..]
-            .iter()
-            .zip(&tokens[start..])
-            .take_while(|(a, b)| a == b)
-            .count();
+        let matching = crate::common_prefix_len(&manifest.tokens[start..], &tokens[start..]);
         if matching > 0 {
             found.tokens = start + matching;
             found.tail = Some(manifest);

@@ -2,7 +2,6 @@
 //! grammars, logit biases.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{check_tokens, token_id, Grammar, Limits, SamplerParams, Sampling, Stop};
 use crate::error::{Result, ServerError};
@@ -335,9 +334,7 @@ fn is_empty_json(v: &serde_json::Value) -> bool {
 /// A seed for requests that ask for a random one.
 fn random_seed() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
+    let nanos = kvstore::since_epoch().as_nanos() as u64;
     nanos
         ^ NEXT
             .fetch_add(1, Ordering::Relaxed)

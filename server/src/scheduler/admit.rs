@@ -20,7 +20,6 @@ use engine::PAGE_TOKENS;
 use tokio::sync::mpsc;
 
 use super::loader::{Load, Queued};
-use super::reuse::common_prefix;
 use super::{Active, Event, Job, Progress, Scheduler};
 use crate::error::ServerError;
 use crate::metrics::Metrics;
@@ -163,7 +162,7 @@ impl Scheduler {
                 .filter_map(|s| s.active.as_ref())
                 .filter(|a| a.follow.is_none() && a.fed < a.prompt.len())
                 .filter(|a| a.params.namespace == namespace)
-                .map(|a| (common_prefix(&a.prompt, usable), a.seq))
+                .map(|a| (engine::common_prefix_len(&a.prompt, usable), a.seq))
                 .filter(|&(n, _)| n >= cache_n + PAGE_TOKENS)
                 .max()
                 .map(|(n, seq)| (seq, n))

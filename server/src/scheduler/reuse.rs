@@ -25,7 +25,7 @@ impl Scheduler {
             .filter(|&&s| self.ctx.namespace(s).ok().flatten() == ns)
             .filter_map(|&s| {
                 let held = self.ctx.tokens(s).ok()?;
-                let n = held.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+                let n = engine::common_prefix_len(held, tokens);
                 // Not past where it can go on (its sliding-window rows released before that).
                 Some((self.ctx.resumable_len(s, n).ok()?, s))
             })
@@ -370,9 +370,4 @@ pub(super) fn recv_timeout(
         return recv_within(rx, d);
     };
     rt.block_on(async { tokio::time::timeout(d, rx.recv()).await.ok() })
-}
-
-/// Length of the common prefix of `a` and `b`.
-pub(super) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }

@@ -78,11 +78,7 @@ impl Scheduler {
         let (mut head_c, mut head_p, mut shared) = (n, n, n);
         let mut moved = false;
         while head_c < cache.len() && head_p < prompt.len() {
-            let run = cache[head_c..]
-                .iter()
-                .zip(&prompt[head_p..])
-                .take_while(|(a, b)| a == b)
-                .count();
+            let run = engine::common_prefix_len(&cache[head_c..], &prompt[head_p..]);
             if run < chunk.max(1) {
                 head_c += 1;
                 continue;
