@@ -14,9 +14,11 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use engine::chat::tools::ToolCallEvent;
 use serde_json::{json, Map, Value};
 
-use super::turn::{self, Named, Parsed, Piece};
+use super::sse::Named;
+use super::turn::{self, NamedStream, Parsed, Piece};
 use super::{AppState, RawBody};
 use crate::error::ServerError;
 use crate::scheduler::{Event, Finish, FinishReason};
@@ -154,25 +156,17 @@ async fn create(
         let parsed = turn.read(&reply.text);
         return Ok(Json(whole(&id, &model, &parsed, &reply.finish)).into_response());
     }
-    let mut state = Stream {
+    let state = Stream {
         id,
         model,
         n_prompt: turn.prompt.len(),
         reader: turn.reader(),
-        text: String::new(),
         started: false,
         open: None,
         next_block: 0,
         calls: HashMap::new(),
     };
-    let st2 = Arc::clone(&st);
-    Ok(turn::sse(run, move |ev| {
-        if let Event::Done(f) = &ev {
-            turn.remember(&st2, &state.text, f);
-        }
-        state.event(ev)
-    })
-    .await?)
+    Ok(turn.stream(&st, run, state).await?)
 }
 
 /// The fields of a Messages request this server reads or accepts; any other is refused, as
@@ -598,8 +592,6 @@ struct Stream {
     model: String,
     n_prompt: usize,
     reader: turn::Reader,
-    /// The reply's text so far.
-    text: String,
     started: bool,
     open: Option<(Block, usize)>,
     next_block: usize,
@@ -611,8 +603,12 @@ fn ev(name: &'static str, data: Value) -> Named {
     (name, data)
 }
 
-impl Stream {
-    fn event(&mut self, event: Event) -> Vec<Named> {
+impl NamedStream for Stream {
+    fn reader(&mut self) -> &mut turn::Reader {
+        &mut self.reader
+    }
+
+    fn event(&mut self, event: Event, _: &Arc<AppState>) -> Vec<Named> {
         let mut out = Vec::new();
         if !self.started {
             self.started = true;
@@ -641,14 +637,9 @@ impl Stream {
         }
         match event {
             Event::Progress(_) => {}
-            Event::Text(chunk) => {
-                self.text.push_str(&chunk.text);
-                let pieces = self.reader.feed(&chunk.text);
-                self.pieces(pieces, &mut out);
-            }
+            Event::Text(chunk) => self.feed(&chunk.text, &mut out),
             Event::Done(f) => {
-                let pieces = self.reader.finish();
-                self.pieces(pieces, &mut out);
+                self.finish(&mut out);
                 if self.next_block == 0 {
                     // An empty reply still has its (empty) text block.
                     self.open(Block::Text, &mut out);
@@ -680,11 +671,11 @@ impl Stream {
                         json!({ "type": "thinking_delta", "thinking": s }),
                     ));
                 }
-                Piece::Text(s) => {
+                Piece::Reply(ToolCallEvent::Content(s)) => {
                     let index = self.ensure(Block::Text, out);
                     out.push(delta(index, json!({ "type": "text_delta", "text": s })));
                 }
-                Piece::CallStart { index, id, name } => {
+                Piece::Reply(ToolCallEvent::CallStart { index, id, name }) => {
                     self.close(out);
                     let block = self.next_block;
                     self.next_block += 1;
@@ -696,7 +687,7 @@ impl Stream {
                                 "content_block": { "type": "tool_use", "id": id, "name": name, "input": {} } }),
                     ));
                 }
-                Piece::Arguments { index, fragment } => {
+                Piece::Reply(ToolCallEvent::Arguments { index, fragment }) => {
                     if let Some(&block) = self.calls.get(&index) {
                         out.push(delta(
                             block,
@@ -707,7 +698,9 @@ impl Stream {
             }
         }
     }
+}
 
+impl Stream {
     /// The index of the open block of `kind`, opening one (and closing another) when needed.
     fn ensure(&mut self, kind: Block, out: &mut Vec<Named>) -> usize {
         match self.open {

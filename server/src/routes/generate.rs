@@ -6,20 +6,17 @@
 //! (the shapes are in [`super::shape`]). When the client goes away the handler's receivers are
 //! dropped, which cancels the generations at the next step.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 use super::shape::{self, Reply};
-use super::{AppState, RawBody};
+use super::{sse, AppState, RawBody};
 use crate::error::{Result, ServerError};
 use crate::request::{self, CompletionApi, Limits, Piece, Prompt};
 use crate::scheduler::{Command, Event, GenParams, Job};
@@ -63,7 +60,7 @@ pub async fn chat(
     let readers = (0..runs.len()).map(|_| turn.reader()).collect();
     let mut state = shape::ChatStream::new(meta, req.output.clone(), readers);
     let st2 = Arc::clone(&st);
-    sse(
+    sse::stream(
         runs,
         move |index, ev| {
             if let Event::Done(f) = &ev {
@@ -71,7 +68,7 @@ pub async fn chat(
             }
             state.event(index, ev, tok.tokenizer())
         },
-        move |out: &mut Vec<String>| out.push("[DONE]".to_owned()),
+        vec![sse::DONE.to_owned()],
     )
     .await
 }
@@ -257,23 +254,19 @@ async fn complete(
     match api {
         CompletionApi::OpenAi => {
             let output = req.output.clone();
-            let meta2 = meta.clone();
-            sse(
+            sse::stream(
                 runs,
                 move |index, ev| {
                     shape::openai_completion_event(&meta, &output, index, ev, tok.tokenizer())
                 },
-                move |out: &mut Vec<String>| {
-                    let _ = &meta2;
-                    out.push("[DONE]".to_owned());
-                },
+                vec![sse::DONE.to_owned()],
             )
             .await
         }
         CompletionApi::Native => {
             let output = req.output.clone();
             let mut reply_texts = vec![String::new(); runs.len()];
-            sse(
+            sse::stream(
                 runs,
                 move |index, ev| match ev {
                     Event::Text(chunk) => {
@@ -320,7 +313,7 @@ async fn complete(
                     }
                     Event::Failed(e) => vec![e.to_json().to_string()],
                 },
-                |_: &mut Vec<String>| {},
+                Vec::new(),
             )
             .await
         }
@@ -469,99 +462,4 @@ pub(super) async fn collect_all(runs: Vec<Run>) -> Result<Vec<Reply>> {
         });
     }
     Ok(replies)
-}
-
-/// A server-sent event stream over several generations: `format` turns each event of run
-/// `index` into payloads, `end` adds the last ones after every run has ended. The first event
-/// of the first run is awaited before the response starts, so a request that fails at once
-/// gets its error status. When the client leaves, the stream and with it the receivers are
-/// dropped, which cancels the generations.
-pub(super) async fn sse<F, E>(runs: Vec<Run>, mut format: F, mut end: E) -> Result<Response>
-where
-    F: FnMut(usize, Event) -> Vec<String> + Send + 'static,
-    E: FnMut(&mut Vec<String>) + Send + 'static,
-{
-    let (merged_tx, mut merged) = mpsc::unbounded_channel::<(usize, Event)>();
-    let n_runs = runs.len();
-    for mut run in runs {
-        let tx = merged_tx.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = tx.closed() => return,
-                    ev = run.rx.recv() => match ev {
-                        Some(ev) => {
-                            let last = matches!(ev, Event::Done(_) | Event::Failed(_));
-                            if tx.send((run.index, ev)).is_err() || last {
-                                return;
-                            }
-                        }
-                        None => return,
-                    },
-                }
-            }
-        });
-    }
-    drop(merged_tx);
-    let first = match merged.recv().await {
-        Some((_, Event::Failed(e))) => return Err(e),
-        Some(ev) => ev,
-        None => return Err(ServerError::ShuttingDown),
-    };
-    let (tx, body_rx) = mpsc::channel::<std::result::Result<Bytes, Infallible>>(64);
-    tokio::spawn(async move {
-        let mut next = Some(first);
-        let mut ended = 0;
-        loop {
-            let (index, ev) = match next.take() {
-                Some(ev) => ev,
-                None => tokio::select! {
-                    _ = tx.closed() => return,
-                    ev = merged.recv() => match ev {
-                        Some(ev) => ev,
-                        None => break,
-                    },
-                },
-            };
-            let done = matches!(ev, Event::Done(_) | Event::Failed(_));
-            let failed = matches!(ev, Event::Failed(_));
-            for data in format(index, ev) {
-                if tx
-                    .send(Ok(Bytes::from(format!("data: {data}\n\n"))))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-            }
-            if failed {
-                return;
-            }
-            if done {
-                ended += 1;
-                if ended == n_runs {
-                    break;
-                }
-            }
-        }
-        let mut last = Vec::new();
-        end(&mut last);
-        for data in last {
-            if tx
-                .send(Ok(Bytes::from(format!("data: {data}\n\n"))))
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
-    });
-    Ok((
-        [
-            (header::CONTENT_TYPE, "text/event-stream"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(ReceiverStream::new(body_rx)),
-    )
-        .into_response())
 }

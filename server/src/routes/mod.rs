@@ -12,6 +12,7 @@ mod shape;
 
 pub(crate) use kvstore::unix_now;
 mod slots;
+mod sse;
 mod turn;
 mod ui;
 

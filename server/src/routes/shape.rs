@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use engine::chat::tools::ToolCallEvent;
 use engine::sampling::TokenProb;
 use engine::tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
@@ -383,7 +384,6 @@ pub struct ChatStream {
     readers: Vec<Reader>,
     called: Vec<bool>,
     started: Vec<bool>,
-    texts: Vec<String>,
     finishes: Vec<Option<Finish>>,
 }
 
@@ -397,14 +397,13 @@ impl ChatStream {
             readers,
             called: vec![false; n],
             started: vec![false; n],
-            texts: vec![String::new(); n],
             finishes: (0..n).map(|_| None).collect(),
         }
     }
 
     /// The text of choice `index` so far.
     pub fn text(&self, index: usize) -> &str {
-        &self.texts[index]
+        self.readers[index].text()
     }
 
     fn chunk(&self, choices: Value) -> Value {
@@ -425,17 +424,12 @@ impl ChatStream {
             .into_iter()
             .map(|p| match p {
                 Piece::Reasoning(r) => json!({ "reasoning_content": r }),
-                Piece::Text(t) => json!({ "content": t }),
-                Piece::CallStart { index: i, id, name } => {
-                    self.called[index] = true;
-                    json!({ "tool_calls": [{
-                        "index": i, "id": id, "type": "function",
-                        "function": { "name": name, "arguments": "" },
-                    }] })
+                Piece::Reply(e) => {
+                    if matches!(e, ToolCallEvent::CallStart { .. }) {
+                        self.called[index] = true;
+                    }
+                    e.to_openai_delta()
                 }
-                Piece::Arguments { index: i, fragment } => json!({ "tool_calls": [{
-                    "index": i, "function": { "arguments": fragment },
-                }] }),
             })
             .collect()
     }
@@ -457,7 +451,6 @@ impl ChatStream {
         }
         match ev {
             Event::Text(c) => {
-                self.texts[index].push_str(&c.text);
                 let pieces = self.readers[index].feed(&c.text);
                 let mut deltas = self.deltas(index, pieces);
                 // A chunk whose text is held back (a tag may be starting) sends nothing, or,

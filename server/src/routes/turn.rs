@@ -1,25 +1,21 @@
 //! What the Anthropic Messages and OpenAI Responses endpoints share: one assistant turn of a
 //! checked chat, from the rendered prompt to the reply read as reasoning, text and tool calls
-//! (whole, or piece by piece as it streams), and server-sent events with `event:` names.
+//! (whole, or piece by piece as it streams, then as the API's named events).
 
-use std::convert::Infallible;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use engine::chat::tools::{
     detect_tool_format, tool_grammar, ToolCall, ToolCallEvent, ToolCallStream, ToolChoice,
     ToolFormat,
 };
 use engine::chat::{ReasoningFormat, ReasoningStream};
 use serde_json::Value;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 use super::generate::{self, Run};
+use super::sse::{self, Named};
 use super::AppState;
 use crate::error::{Result, ServerError};
 use crate::request::ChatRequest;
@@ -152,12 +148,30 @@ impl Turn {
         for p in pieces {
             match p {
                 Piece::Reasoning(s) => out.reasoning.push_str(&s),
-                Piece::Text(s) => out.content.push_str(&s),
-                Piece::CallStart { .. } | Piece::Arguments { .. } => {}
+                Piece::Reply(ToolCallEvent::Content(s)) => out.content.push_str(&s),
+                Piece::Reply(_) => {}
             }
         }
         out.calls = r.calls();
         out
+    }
+
+    /// Streams `run`'s reply as `state`'s named events; the finished reply is remembered for
+    /// the next turn.
+    pub async fn stream<S: NamedStream>(
+        self,
+        st: &Arc<AppState>,
+        run: Run,
+        mut state: S,
+    ) -> Result<Response> {
+        let st = Arc::clone(st);
+        let format = move |_, ev: Event| {
+            if let Event::Done(f) = &ev {
+                self.remember(&st, state.reader().text(), f);
+            }
+            state.event(ev, &st)
+        };
+        sse::stream(vec![run], format, Vec::<Named>::new()).await
     }
 
     /// A reader for the reply as it streams.
@@ -165,6 +179,7 @@ impl Turn {
         Reader {
             reasoning: ReasoningStream::new(self.reasoning, self.opened),
             tools: self.tools.map(ToolCallStream::new),
+            text: String::new(),
         }
     }
 }
@@ -180,40 +195,28 @@ pub(super) struct Parsed {
     pub calls: Vec<ToolCall>,
 }
 
-/// A piece of a streamed reply, in order.
+/// A piece of a streamed reply, in order: reasoning split out, or the rest as the tool-call
+/// reader gives it (all of it [`ToolCallEvent::Content`] when tools are not read).
 #[derive(Debug)]
 pub(super) enum Piece {
     /// More reasoning.
     Reasoning(String),
-    /// More answer text.
-    Text(String),
-    /// Tool call `index` starts.
-    CallStart {
-        /// Its position among the reply's calls.
-        index: usize,
-        /// Its id.
-        id: String,
-        /// The function.
-        name: String,
-    },
-    /// More of call `index`'s arguments.
-    Arguments {
-        /// Its position among the reply's calls.
-        index: usize,
-        /// The next piece of the JSON text.
-        fragment: String,
-    },
+    /// More answer text (never empty), or a tool call's start or more of its arguments.
+    Reply(ToolCallEvent),
 }
 
 /// Reads a reply as it streams: reasoning first split out, then tool calls out of the rest.
 pub(super) struct Reader {
     reasoning: ReasoningStream,
     tools: Option<ToolCallStream>,
+    /// The reply's text fed so far.
+    text: String,
 }
 
 impl Reader {
     /// The pieces a delta settles.
     pub fn feed(&mut self, delta: &str) -> Vec<Piece> {
+        self.text.push_str(delta);
         let (r, c) = self.reasoning.feed(delta);
         self.pieces(r, c, false)
     }
@@ -222,6 +225,11 @@ impl Reader {
     pub fn finish(&mut self) -> Vec<Piece> {
         let (r, c) = self.reasoning.finish();
         self.pieces(r, c, true)
+    }
+
+    /// The reply's text fed so far.
+    pub fn text(&self) -> &str {
+        &self.text
     }
 
     /// The calls read so far.
@@ -239,7 +247,7 @@ impl Reader {
         }
         let Some(tools) = &mut self.tools else {
             if !content.is_empty() {
-                out.push(Piece::Text(content));
+                out.push(Piece::Reply(ToolCallEvent::Content(content)));
             }
             return out;
         };
@@ -247,19 +255,34 @@ impl Reader {
         if end {
             events.extend(tools.finish());
         }
-        for e in events {
-            out.push(match e {
-                ToolCallEvent::Content(s) if s.is_empty() => continue,
-                ToolCallEvent::Content(s) => Piece::Text(s),
-                ToolCallEvent::CallStart { index, id, name } => {
-                    Piece::CallStart { index, id, name }
-                }
-                ToolCallEvent::Arguments { index, fragment } => {
-                    Piece::Arguments { index, fragment }
-                }
-            });
-        }
+        let empty = |e: &ToolCallEvent| matches!(e, ToolCallEvent::Content(s) if s.is_empty());
+        out.extend(events.into_iter().filter(|e| !empty(e)).map(Piece::Reply));
         out
+    }
+}
+
+/// A reply streamed as an API's named events, output blocks or items opened, filled and closed
+/// one after the other (the Anthropic Messages and Responses streams).
+pub(super) trait NamedStream: Send + 'static {
+    /// The reader of the reply.
+    fn reader(&mut self) -> &mut Reader;
+
+    /// The named events for `pieces` of the reply, added to `out`.
+    fn pieces(&mut self, pieces: Vec<Piece>, out: &mut Vec<Named>);
+
+    /// The named events for one event of the generation.
+    fn event(&mut self, ev: Event, st: &Arc<AppState>) -> Vec<Named>;
+
+    /// Reads `text`, more of the reply: the events of the pieces it settles, added to `out`.
+    fn feed(&mut self, text: &str, out: &mut Vec<Named>) {
+        let pieces = self.reader().feed(text);
+        self.pieces(pieces, out);
+    }
+
+    /// Reads the reply's end: the events of the pieces held back until then, added to `out`.
+    fn finish(&mut self, out: &mut Vec<Named>) {
+        let pieces = self.reader().finish();
+        self.pieces(pieces, out);
     }
 }
 
@@ -269,66 +292,10 @@ pub(super) fn random_id(prefix: &str) -> String {
     let word = || {
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
         h.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
-        h.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
-        );
+        h.write_u128(kvstore::since_epoch().as_nanos());
         h.finish()
     };
     format!("{prefix}_{:016x}{:016x}", word(), word())
-}
-
-/// One server-sent event: its name and its JSON.
-pub(super) type Named = (&'static str, Value);
-
-/// Server-sent events with names (`event: NAME` then `data: JSON`) for one generation:
-/// `format` turns each of its events into named payloads. The first event is awaited before
-/// the response starts, so a request that fails at once gets its error status; dropping the
-/// body (the client left) cancels the generation.
-pub(super) async fn sse<F>(mut run: Run, mut format: F) -> Result<Response>
-where
-    F: FnMut(Event) -> Vec<Named> + Send + 'static,
-{
-    let first = match run.rx.recv().await {
-        Some(Event::Failed(e)) => return Err(e),
-        Some(ev) => ev,
-        None => return Err(ServerError::ShuttingDown),
-    };
-    let (tx, body_rx) = mpsc::channel::<std::result::Result<Bytes, Infallible>>(64);
-    tokio::spawn(async move {
-        let mut next = Some(first);
-        loop {
-            let ev = match next.take() {
-                Some(ev) => ev,
-                None => tokio::select! {
-                    _ = tx.closed() => return,
-                    ev = run.rx.recv() => match ev {
-                        Some(ev) => ev,
-                        None => return,
-                    },
-                },
-            };
-            let last = matches!(ev, Event::Done(_) | Event::Failed(_));
-            for (name, data) in format(ev) {
-                let frame = format!("event: {name}\ndata: {data}\n\n");
-                if tx.send(Ok(Bytes::from(frame))).await.is_err() {
-                    return;
-                }
-            }
-            if last {
-                return;
-            }
-        }
-    });
-    Ok((
-        [
-            (header::CONTENT_TYPE, "text/event-stream"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(ReceiverStream::new(body_rx)),
-    )
-        .into_response())
 }
 
 /// llama-server's own generation fields that the Anthropic and Responses bodies may carry

@@ -23,7 +23,6 @@ use super::cache_admin::tenant;
 use super::turn;
 use super::{AppState, ClientKey, RawBody};
 use crate::error::ServerError;
-use crate::scheduler::Event;
 
 mod convert;
 mod output;
@@ -213,11 +212,10 @@ async fn respond(
         keep(&st, &head, &response, conversation, &output).await?;
         return Ok(Json(response).into_response());
     }
-    let mut state = Stream {
+    let state = Stream {
         seq: 0,
         head,
         reader: turn.reader(),
-        text: String::new(),
         started: false,
         items: Vec::new(),
         open: None,
@@ -229,14 +227,7 @@ async fn respond(
         progress: None,
         conversation,
     };
-    let st2 = Arc::clone(&st);
-    Ok(turn::sse(run, move |ev| {
-        if let Event::Done(f) = &ev {
-            turn.remember(&st2, &state.text, f);
-        }
-        state.event(ev, &st2)
-    })
-    .await?)
+    Ok(turn.stream(&st, run, state).await?)
 }
 
 /// Stores a finished response with its conversation, unless the request said `store: false`.

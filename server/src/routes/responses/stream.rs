@@ -4,12 +4,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use engine::chat::tools::ToolCallEvent;
 use serde_json::{json, Value};
 
 use super::output::{call_item, item_status, message_item, output_text, reasoning_item, Head};
 use super::store::{record, save};
 use crate::error::ServerError;
-use crate::routes::turn::{self, Named, Piece};
+use crate::routes::sse::Named;
+use crate::routes::turn::{self, NamedStream, Piece};
 use crate::routes::{shape, AppState};
 use crate::scheduler::{Event, Progress};
 
@@ -39,7 +41,6 @@ pub(super) struct Stream {
     pub(super) seq: u64,
     pub(super) head: Head,
     pub(super) reader: turn::Reader,
-    pub(super) text: String,
     pub(super) started: bool,
     pub(super) items: Vec<Value>,
     pub(super) open: Option<Open>,
@@ -52,15 +53,12 @@ pub(super) struct Stream {
     pub(super) conversation: Vec<Value>,
 }
 
-impl Stream {
-    fn push(&mut self, out: &mut Vec<Named>, name: &'static str, mut data: Value) {
-        data["type"] = json!(name);
-        data["sequence_number"] = json!(self.seq);
-        self.seq += 1;
-        out.push((name, data));
+impl NamedStream for Stream {
+    fn reader(&mut self) -> &mut turn::Reader {
+        &mut self.reader
     }
 
-    pub(super) fn event(&mut self, ev: Event, st: &Arc<AppState>) -> Vec<Named> {
+    fn event(&mut self, ev: Event, st: &Arc<AppState>) -> Vec<Named> {
         let mut out = Vec::new();
         if !self.started {
             self.started = true;
@@ -79,13 +77,10 @@ impl Stream {
             Event::Text(chunk) => {
                 self.first_token.get_or_insert_with(Instant::now);
                 self.n_generated += chunk.tokens.len();
-                self.text.push_str(&chunk.text);
-                let pieces = self.reader.feed(&chunk.text);
-                self.pieces(pieces, &mut out);
+                self.feed(&chunk.text, &mut out);
             }
             Event::Done(f) => {
-                let pieces = self.reader.finish();
-                self.pieces(pieces, &mut out);
+                self.finish(&mut out);
                 if self.items.is_empty() && self.open.is_none() {
                     self.open_message(&mut out);
                 }
@@ -111,33 +106,6 @@ impl Stream {
             Event::Failed(e) => self.error(&mut out, &e),
         }
         out
-    }
-
-    fn error(&mut self, out: &mut Vec<Named>, e: &ServerError) {
-        let data = json!({ "code": e.kind(), "message": e.to_string(), "param": null });
-        self.push(out, "error", data);
-    }
-
-    /// Timings so far, measured here (llama-server's `timings_per_token`).
-    fn live_timings(&self) -> Value {
-        let now = Instant::now();
-        let first = self.first_token.unwrap_or(now);
-        let (prompt_n, cache_n) = match self.progress {
-            Some(p) => (p.processed.saturating_sub(p.cache), p.cache),
-            None => (self.n_prompt, 0),
-        };
-        let prompt_ms = first.duration_since(self.t0).as_secs_f64() * 1e3;
-        let predicted_ms = now.duration_since(first).as_secs_f64() * 1e3;
-        let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
-        json!({
-            "cache_n": cache_n,
-            "prompt_n": prompt_n,
-            "prompt_ms": prompt_ms,
-            "prompt_per_second": rate(prompt_n, prompt_ms),
-            "predicted_n": self.n_generated,
-            "predicted_ms": predicted_ms,
-            "predicted_per_second": rate(self.n_generated.saturating_sub(1), predicted_ms),
-        })
     }
 
     fn pieces(&mut self, pieces: Vec<Piece>, out: &mut Vec<Named>) {
@@ -169,7 +137,7 @@ impl Stream {
                     };
                     self.push(out, "response.reasoning_text.delta", data);
                 }
-                Piece::Text(s) => {
+                Piece::Reply(ToolCallEvent::Content(s)) => {
                     if !matches!(self.open, Some(Open::Message { .. })) {
                         self.open_message(out);
                     }
@@ -186,11 +154,11 @@ impl Stream {
                     }
                     self.push(out, "response.output_text.delta", data);
                 }
-                Piece::CallStart {
+                Piece::Reply(ToolCallEvent::CallStart {
                     index: call,
                     id,
                     name,
-                } => {
+                }) => {
                     self.close(out, "completed");
                     let index = self.items.len();
                     let item = call_item(&id, &name, "", "in_progress");
@@ -207,10 +175,10 @@ impl Stream {
                         args: String::new(),
                     });
                 }
-                Piece::Arguments {
+                Piece::Reply(ToolCallEvent::Arguments {
                     index: which,
                     fragment,
-                } => {
+                }) => {
                     let data = match &mut self.open {
                         Some(Open::Call {
                             index,
@@ -228,6 +196,42 @@ impl Stream {
                 }
             }
         }
+    }
+}
+
+impl Stream {
+    fn push(&mut self, out: &mut Vec<Named>, name: &'static str, mut data: Value) {
+        data["type"] = json!(name);
+        data["sequence_number"] = json!(self.seq);
+        self.seq += 1;
+        out.push((name, data));
+    }
+
+    fn error(&mut self, out: &mut Vec<Named>, e: &ServerError) {
+        let data = json!({ "code": e.kind(), "message": e.to_string(), "param": null });
+        self.push(out, "error", data);
+    }
+
+    /// Timings so far, measured here (llama-server's `timings_per_token`).
+    fn live_timings(&self) -> Value {
+        let now = Instant::now();
+        let first = self.first_token.unwrap_or(now);
+        let (prompt_n, cache_n) = match self.progress {
+            Some(p) => (p.processed.saturating_sub(p.cache), p.cache),
+            None => (self.n_prompt, 0),
+        };
+        let prompt_ms = first.duration_since(self.t0).as_secs_f64() * 1e3;
+        let predicted_ms = now.duration_since(first).as_secs_f64() * 1e3;
+        let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+        json!({
+            "cache_n": cache_n,
+            "prompt_n": prompt_n,
+            "prompt_ms": prompt_ms,
+            "prompt_per_second": rate(prompt_n, prompt_ms),
+            "predicted_n": self.n_generated,
+            "predicted_ms": predicted_ms,
+            "predicted_per_second": rate(self.n_generated.saturating_sub(1), predicted_ms),
+        })
     }
 
     fn open_message(&mut self, out: &mut Vec<Named>) {
