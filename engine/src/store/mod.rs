@@ -152,11 +152,14 @@ impl SessionStore {
     /// holding this model's conversations with other KV types is refused
     /// ([`Error::KvTypeMismatch`]), nothing written.
     pub fn open(dir: &Path, model: &Model, config: StoreConfig) -> Result<SessionStore> {
-        // The disk budget is kept here, by dropping old checkpoints after a save (see
-        // `collect`), not by refusing the save.
+        // The disk budget is kept by the store before every write of block files (room made
+        // from unreferenced blocks, whatever the blocks' source: computed, spilled from RAM or
+        // fetched from the remote tier), and by dropping old checkpoints after a save (see
+        // `collect`); a save is never refused for it.
         let cfg = kvstore::Config {
             ram_budget: config.ram_bytes,
             disk_quota: u64::MAX,
+            disk_budget: config.disk_bytes,
             remote: config
                 .remote
                 .as_ref()
