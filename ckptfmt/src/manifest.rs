@@ -447,150 +447,8 @@ impl<'a> ManifestView<'a> {
 
     /// As [`ManifestView::parse`]; `base` is the offset of `bytes` in the enclosing file.
     pub(crate) fn parse_at(bytes: &'a [u8], base: u64) -> Result<Self> {
-        let avail = bytes.len() as u64;
-        let (header, rest) = ManifestHeader::ref_from_prefix(bytes)
-            .map_err(|_| truncated("manifest header", base, HEADER_SIZE as u64, avail))?;
-        check_magic("manifest header", &header.magic, &MANIFEST_MAGIC, base)?;
-        let n_sections = header.n_sections.get();
-        if n_sections > MAX_SECTIONS {
-            return Err(FormatError::OutOfBounds {
-                what: "manifest section count",
-                value: u64::from(n_sections),
-                limit: u64::from(MAX_SECTIONS),
-            });
-        }
-        let (table, _) = <[SectionEntry]>::ref_from_prefix_with_elems(rest, n_sections as usize)
-            .map_err(|_| {
-                truncated(
-                    "manifest section table",
-                    base + HEADER_SIZE as u64,
-                    32 * u64::from(n_sections),
-                    avail.saturating_sub(HEADER_SIZE as u64),
-                )
-            })?;
-        let table_end = HEADER_SIZE + 32 * n_sections as usize;
-        let crc = crc_parts(&[&bytes[..HEADER_CRC_OFFSET], &bytes[HEADER_SIZE..table_end]]);
-        if crc != header.header_crc.get() {
-            return Err(FormatError::ChecksumMismatch {
-                what: "manifest header",
-                offset: base,
-                expected: header.header_crc.get(),
-                found: crc,
-            });
-        }
-        check_version("manifest", header.version.get(), MANIFEST_VERSION)?;
-        let file_len = header.file_len.get();
-        if file_len > MAX_MANIFEST_BYTES {
-            return Err(FormatError::AbsurdLength {
-                what: "manifest file_len",
-                len: file_len,
-                limit: MAX_MANIFEST_BYTES,
-            });
-        }
-        if avail < file_len {
-            return Err(truncated("manifest", base, file_len, avail));
-        }
-        if avail > file_len {
-            return Err(FormatError::invalid(
-                "manifest",
-                format!(
-                    "{} trailing bytes after offset {}",
-                    avail - file_len,
-                    base + file_len
-                ),
-            ));
-        }
-        if header.reserved0.get() != 0
-            || header.reserved.iter().any(|&b| b != 0)
-            || header.flags.get() & !MANIFEST_FLAG_HAS_SAMPLER != 0
-        {
-            return Err(FormatError::invalid("manifest header", "reserved bits set"));
-        }
-        // Locate sections, check bounds, overlap and CRCs.
-        let mut found: [Option<&'a [u8]>; 9] = [None; 9];
-        let mut ranges: Vec<(u64, u64)> = Vec::with_capacity(table.len());
-        for (i, e) in table.iter().enumerate() {
-            let (kind, off, len) = (e.kind.get(), e.offset.get(), e.len.get());
-            let end = off.checked_add(len).filter(|&end| end <= file_len).ok_or(
-                FormatError::OutOfBounds {
-                    what: "manifest section end",
-                    value: off.saturating_add(len),
-                    limit: file_len,
-                },
-            )?;
-            if off < table_end as u64 {
-                return Err(FormatError::OutOfBounds {
-                    what: "manifest section offset (overlaps table)",
-                    value: off,
-                    limit: table_end as u64,
-                });
-            }
-            let align = if kind == section::TAIL_KV { ALIGN } else { 8 };
-            if off % align != 0
-                || e.reserved.get() != 0
-                || e.flags.get() & !SECTION_FLAG_REQUIRED != 0
-            {
-                return Err(FormatError::invalid(
-                    "manifest section entry",
-                    format!("entry {i}: misaligned offset {off} or reserved bits"),
-                ));
-            }
-            let data = &bytes[off as usize..end as usize];
-            let c = crc32fast::hash(data);
-            if c != e.crc.get() {
-                return Err(FormatError::ChecksumMismatch {
-                    what: "manifest section",
-                    offset: base + off,
-                    expected: e.crc.get(),
-                    found: c,
-                });
-            }
-            ranges.push((off, end));
-            match kind {
-                1..=8 => {
-                    let slot = &mut found[kind as usize];
-                    if slot.is_some() {
-                        return Err(FormatError::invalid(
-                            "manifest section table",
-                            format!("section kind {kind} appears twice"),
-                        ));
-                    }
-                    *slot = Some(data);
-                }
-                _ if e.flags.get() & SECTION_FLAG_REQUIRED != 0 => {
-                    return Err(FormatError::invalid(
-                        "manifest section table",
-                        format!(
-                            "unknown required section kind {kind} (written by a newer version)"
-                        ),
-                    ));
-                }
-                _ => {}
-            }
-        }
-        ranges.sort_unstable();
-        let mut cursor = table_end as u64;
-        for &(off, end) in &ranges {
-            if off < cursor {
-                return Err(FormatError::invalid(
-                    "manifest sections",
-                    format!("overlap at offset {off}"),
-                ));
-            }
-            if bytes[cursor as usize..off as usize].iter().any(|&b| b != 0) {
-                return Err(FormatError::invalid(
-                    "manifest padding",
-                    format!("non-zero bytes before offset {off}"),
-                ));
-            }
-            cursor = end;
-        }
-        if bytes[cursor as usize..].iter().any(|&b| b != 0) {
-            return Err(FormatError::invalid(
-                "manifest padding",
-                "non-zero bytes at end",
-            ));
-        }
+        let (header, table, table_end) = Self::parse_header(bytes, base)?;
+        let found = Self::locate_sections(bytes, base, table, table_end, header.file_len.get())?;
         let need = |kind: u32, name: &'static str| {
             found[kind as usize]
                 .ok_or_else(|| FormatError::invalid("manifest", format!("missing {name} section")))
@@ -677,13 +535,184 @@ impl<'a> ManifestView<'a> {
             sampler,
             meta,
         };
-        // The chain of ids must follow from the tokens (and the roots).
-        let fp = view.fingerprint();
+        view.check_chain()?;
+        Ok(view)
+    }
+
+    /// The header and section table of a manifest at the start of `bytes` (at `base` in the
+    /// enclosing file), checked: magic, section count, CRC, version, length (all of `bytes`)
+    /// and reserved bits. Returns them with the offset where the table ends.
+    fn parse_header(
+        bytes: &'a [u8],
+        base: u64,
+    ) -> Result<(&'a ManifestHeader, &'a [SectionEntry], usize)> {
+        let avail = bytes.len() as u64;
+        let (header, rest) = ManifestHeader::ref_from_prefix(bytes)
+            .map_err(|_| truncated("manifest header", base, HEADER_SIZE as u64, avail))?;
+        check_magic("manifest header", &header.magic, &MANIFEST_MAGIC, base)?;
+        let n_sections = header.n_sections.get();
+        if n_sections > MAX_SECTIONS {
+            return Err(FormatError::OutOfBounds {
+                what: "manifest section count",
+                value: u64::from(n_sections),
+                limit: u64::from(MAX_SECTIONS),
+            });
+        }
+        let (table, _) = <[SectionEntry]>::ref_from_prefix_with_elems(rest, n_sections as usize)
+            .map_err(|_| {
+                truncated(
+                    "manifest section table",
+                    base + HEADER_SIZE as u64,
+                    32 * u64::from(n_sections),
+                    avail.saturating_sub(HEADER_SIZE as u64),
+                )
+            })?;
+        let table_end = HEADER_SIZE + 32 * n_sections as usize;
+        let crc = crc_parts(&[&bytes[..HEADER_CRC_OFFSET], &bytes[HEADER_SIZE..table_end]]);
+        if crc != header.header_crc.get() {
+            return Err(FormatError::ChecksumMismatch {
+                what: "manifest header",
+                offset: base,
+                expected: header.header_crc.get(),
+                found: crc,
+            });
+        }
+        check_version("manifest", header.version.get(), MANIFEST_VERSION)?;
+        let file_len = header.file_len.get();
+        if file_len > MAX_MANIFEST_BYTES {
+            return Err(FormatError::AbsurdLength {
+                what: "manifest file_len",
+                len: file_len,
+                limit: MAX_MANIFEST_BYTES,
+            });
+        }
+        if avail < file_len {
+            return Err(truncated("manifest", base, file_len, avail));
+        }
+        if avail > file_len {
+            return Err(FormatError::invalid(
+                "manifest",
+                format!(
+                    "{} trailing bytes after offset {}",
+                    avail - file_len,
+                    base + file_len
+                ),
+            ));
+        }
+        if header.reserved0.get() != 0
+            || header.reserved.iter().any(|&b| b != 0)
+            || header.flags.get() & !MANIFEST_FLAG_HAS_SAMPLER != 0
+        {
+            return Err(FormatError::invalid("manifest header", "reserved bits set"));
+        }
+        Ok((header, table, table_end))
+    }
+
+    /// The sections `table` places in `bytes` (a manifest of `file_len` bytes at `base`), by
+    /// kind: each within the file, after the table, aligned, its CRC checked, no kind twice, no
+    /// unknown required kind; no overlap, and zero padding between and after them.
+    fn locate_sections(
+        bytes: &'a [u8],
+        base: u64,
+        table: &[SectionEntry],
+        table_end: usize,
+        file_len: u64,
+    ) -> Result<[Option<&'a [u8]>; 9]> {
+        let mut found: [Option<&'a [u8]>; 9] = [None; 9];
+        let mut ranges: Vec<(u64, u64)> = Vec::with_capacity(table.len());
+        for (i, e) in table.iter().enumerate() {
+            let (kind, off, len) = (e.kind.get(), e.offset.get(), e.len.get());
+            let end = off.checked_add(len).filter(|&end| end <= file_len).ok_or(
+                FormatError::OutOfBounds {
+                    what: "manifest section end",
+                    value: off.saturating_add(len),
+                    limit: file_len,
+                },
+            )?;
+            if off < table_end as u64 {
+                return Err(FormatError::OutOfBounds {
+                    what: "manifest section offset (overlaps table)",
+                    value: off,
+                    limit: table_end as u64,
+                });
+            }
+            let align = if kind == section::TAIL_KV { ALIGN } else { 8 };
+            if off % align != 0
+                || e.reserved.get() != 0
+                || e.flags.get() & !SECTION_FLAG_REQUIRED != 0
+            {
+                return Err(FormatError::invalid(
+                    "manifest section entry",
+                    format!("entry {i}: misaligned offset {off} or reserved bits"),
+                ));
+            }
+            let data = &bytes[off as usize..end as usize];
+            let c = crc32fast::hash(data);
+            if c != e.crc.get() {
+                return Err(FormatError::ChecksumMismatch {
+                    what: "manifest section",
+                    offset: base + off,
+                    expected: e.crc.get(),
+                    found: c,
+                });
+            }
+            ranges.push((off, end));
+            match kind {
+                1..=8 => {
+                    let slot = &mut found[kind as usize];
+                    if slot.is_some() {
+                        return Err(FormatError::invalid(
+                            "manifest section table",
+                            format!("section kind {kind} appears twice"),
+                        ));
+                    }
+                    *slot = Some(data);
+                }
+                _ if e.flags.get() & SECTION_FLAG_REQUIRED != 0 => {
+                    return Err(FormatError::invalid(
+                        "manifest section table",
+                        format!(
+                            "unknown required section kind {kind} (written by a newer version)"
+                        ),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        ranges.sort_unstable();
+        let mut cursor = table_end as u64;
+        for &(off, end) in &ranges {
+            if off < cursor {
+                return Err(FormatError::invalid(
+                    "manifest sections",
+                    format!("overlap at offset {off}"),
+                ));
+            }
+            if bytes[cursor as usize..off as usize].iter().any(|&b| b != 0) {
+                return Err(FormatError::invalid(
+                    "manifest padding",
+                    format!("non-zero bytes before offset {off}"),
+                ));
+            }
+            cursor = end;
+        }
+        if bytes[cursor as usize..].iter().any(|&b| b != 0) {
+            return Err(FormatError::invalid(
+                "manifest padding",
+                "non-zero bytes at end",
+            ));
+        }
+        Ok(found)
+    }
+
+    /// The chain of ids must follow from the tokens (and the roots).
+    fn check_chain(&self) -> Result<()> {
+        let fp = self.fingerprint();
         let mut prev: Option<BlockId> = None;
-        let tpb = tpb as usize;
-        let toks = view.tokens();
-        for (i, raw) in block_ids.iter().enumerate() {
-            let prev_id = ChainRoot::find(&view.chain_roots, i).or(prev.as_ref());
+        let tpb = self.geometry.tokens_per_block() as usize;
+        let toks = self.tokens();
+        for (i, raw) in self.block_ids.iter().enumerate() {
+            let prev_id = ChainRoot::find(&self.chain_roots, i).or(prev.as_ref());
             let id = BlockId::chain(&fp, prev_id, &toks[i * tpb..(i + 1) * tpb]);
             if id.0 != *raw {
                 return Err(FormatError::BlockIdMismatch {
@@ -693,7 +722,7 @@ impl<'a> ManifestView<'a> {
             }
             prev = Some(id);
         }
-        Ok(view)
+        Ok(())
     }
 
     /// Model fingerprint.
