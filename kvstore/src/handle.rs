@@ -371,6 +371,19 @@ impl<V: BlockIo> ModelStore<V> {
         self.shared.gc_dropping(budget, Some((self.idx, order)))
     }
 
+    /// The checkpoints of this model that the disk budget ([`crate::Config::disk_budget`])
+    /// may drop, and in which order, when a write must make room and unreferenced blocks are
+    /// not enough: the same order as [`ModelStore::collect_dropping`]'s. Without it (the
+    /// default) a reservation drops no checkpoint. One model of a store has it at a time.
+    pub fn set_budget_drop_order(&self, order: crate::SharedDropOrder) {
+        let mut slot = self
+            .shared
+            .budget_drops
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        *slot = Some((self.idx, order));
+    }
+
     /// Deletes what of this model chains from `root` (a namespace's root): the checkpoints
     /// whose first block chains from it and for which `which` says yes, and every block, on
     /// disk or in RAM, whose chain of predecessors leads to it and that no remaining

@@ -117,7 +117,7 @@ pub use metrics::Metrics;
 pub use policy::{EvictionPolicy, Lru, PolicyKind, S3Fifo};
 pub use remote::{Remote, RemoteConfig, RemoteFetch, RemoteFigures, RemoteTier};
 pub use size::{format_size, parse_size};
-pub use store::KvStore;
+pub use store::{KvStore, SharedDropOrder};
 
 /// Metadata key of a checkpoint's expiry (seconds since the epoch, in decimal): once it has
 /// passed, [`ModelStore::delete_expired`] (and `ckpt gc`) delete the checkpoint.

@@ -182,7 +182,22 @@ impl<V: BlockIo> Shared<V> {
                 (st.disk_reserved, used + need > quota)
             };
             let for_budget = budget.map_or(u64::MAX, |b| b.saturating_sub(need + reserved));
-            let collected = self.gc_to(quota.saturating_sub(need).min(for_budget));
+            let target = quota.saturating_sub(need).min(for_budget);
+            // Over the budget, the registered order may drop checkpoints too (over the quota
+            // alone, only garbage goes).
+            let drops = budget
+                .is_some()
+                .then(|| {
+                    self.budget_drops
+                        .read()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clone()
+                })
+                .flatten();
+            let collected = match &drops {
+                Some((idx, order)) => self.gc_dropping(target, Some((*idx, &**order))),
+                None => self.gc_to(target),
+            };
             if over_quota {
                 collected?;
             }

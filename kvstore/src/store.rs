@@ -99,7 +99,16 @@ pub(crate) struct Shared<V: BlockIo> {
     pub(crate) models: RwLock<Vec<Arc<ModelInfo<V>>>>,
     /// Serialises this process's saves and deletes.
     pub(crate) save_lock: Mutex<()>,
+    /// The order in which a write's reservation may drop one model's checkpoints when
+    /// unreferenced blocks do not make room under the disk budget
+    /// ([`ModelStore::set_budget_drop_order`](crate::ModelStore::set_budget_drop_order)).
+    pub(crate) budget_drops: RwLock<Option<(usize, SharedDropOrder)>>,
 }
+
+/// A drop order that threads share: `None` keeps a checkpoint, `Some(key)` lets
+/// it go (oldest-modified first, then by key). It must not wait on anything a collection's
+/// caller may hold (it runs under the store's exclusive lock).
+pub type SharedDropOrder = Arc<dyn Fn(&str) -> Option<u64> + Send + Sync>;
 
 /// Locks a mutex, recovering the data of a poisoned one (every critical
 /// section leaves the state consistent before it can panic).
@@ -190,6 +199,7 @@ impl<V: BlockIo> KvStore<V> {
             cond: Condvar::new(),
             models: RwLock::new(Vec::new()),
             save_lock: Mutex::new(()),
+            budget_drops: RwLock::new(None),
         });
         let recovery = shared.recover()?;
         let workers = if shared.cfg.background {
