@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use common::*;
-use kvstore::{BlockId, CrashMode, Fault, FaultIo, KvStore, StoreError, VerifyLevel};
+use kvstore::{BlockId, CrashMode, Fault, FaultIo, KvStore, ModelStore, StoreError, VerifyLevel};
 use proptest::prelude::*;
 
 const N_SEQS: usize = 4;
@@ -141,141 +141,7 @@ fn run_with(ops: Vec<Op>, background: bool) -> Result<u64, TestCaseError> {
         let s = store.as_ref().unwrap();
         let model = s.model(fp(), geometry()).unwrap();
         let ctx = format!("step {step}: {op:?}");
-        // Ok(()) or the error; `fired` says whether an injected fault hit it.
-        let result: Result<(), StoreError> = match &op {
-            Op::Put { seq, n } => {
-                let t = &seq_tokens(*seq)[..n * TPB as usize];
-                match put_tokens(&model, t) {
-                    Ok(_) => {
-                        r.must.extend(&ids[*seq][..*n]);
-                        Ok(())
-                    }
-                    // Pinned blocks fill the budget: allowed, nothing promised.
-                    Err(StoreError::RamFull { .. }) => Ok(()),
-                    Err(e) => Err(e),
-                }
-            }
-            Op::Get { seq, block } => {
-                let id = ids[*seq][*block];
-                match model.get(&id) {
-                    Ok(Some(kv)) => {
-                        prop_assert_eq!(&kv[..], &kv_of(&id)[..], "{}", ctx);
-                        Ok(())
-                    }
-                    Ok(None) => {
-                        prop_assert!(!r.must.contains(&id), "{}: lost block", ctx);
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                }
-            }
-            Op::Pin { seq, block } => {
-                let id = ids[*seq][*block];
-                match model.pin(&id) {
-                    Ok(kv) => {
-                        prop_assert_eq!(&kv[..], &kv_of(&id)[..], "{}", ctx);
-                        *r.pins.entry(id).or_insert(0) += 1;
-                        r.must.insert(id);
-                        Ok(())
-                    }
-                    Err(StoreError::RamFull { .. }) => Ok(()),
-                    Err(StoreError::BlockNotFound { .. }) => {
-                        prop_assert!(!r.must.contains(&id), "{}: lost block", ctx);
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                }
-            }
-            Op::Unpin { seq, block } => {
-                let id = ids[*seq][*block];
-                let held = r.pins.get(&id).copied().unwrap_or(0);
-                let res = model.unpin(&id);
-                match &res {
-                    Err(StoreError::NotPinned { .. }) => {
-                        prop_assert_eq!(held, 0, "{}", ctx);
-                    }
-                    _ => {
-                        prop_assert!(held > 0, "{}: unpinned a block never pinned", ctx);
-                        if held == 1 {
-                            r.pins.remove(&id);
-                        } else {
-                            r.pins.insert(id, held - 1);
-                        }
-                    }
-                }
-                match res {
-                    Err(StoreError::NotPinned { .. }) => Ok(()),
-                    other => other,
-                }
-            }
-            Op::Save { name, seq, n } => {
-                let name = NAMES[*name];
-                let all = seq_tokens(*seq);
-                let t = &all[..(n * TPB as usize + 2).min(all.len())];
-                let m = manifest(name, t);
-                let blocks = m.block_ids.clone();
-                match model.save(&m) {
-                    Ok(()) => {
-                        r.ckpts.insert(name, vec![Some(blocks.clone())]);
-                        r.durable.extend(&blocks);
-                        r.must.extend(&blocks);
-                        Ok(())
-                    }
-                    Err(StoreError::MissingBlock { .. }) => {
-                        prop_assert!(
-                            !blocks.iter().all(|id| r.must.contains(id)),
-                            "{}: a block the reference holds was missing",
-                            ctx
-                        );
-                        Ok(())
-                    }
-                    Err(e) => {
-                        let mut v = r.versions(name);
-                        v.push(Some(blocks));
-                        r.ckpts.insert(name, v);
-                        Err(e)
-                    }
-                }
-            }
-            Op::Delete { name } => {
-                let name = NAMES[*name];
-                match model.delete(name) {
-                    Ok(()) => {
-                        r.ckpts.insert(name, vec![None]);
-                        Ok(())
-                    }
-                    Err(StoreError::CheckpointNotFound { .. }) => {
-                        prop_assert!(r.versions(name).contains(&None), "{}", ctx);
-                        Ok(())
-                    }
-                    Err(e) => {
-                        let mut v = r.versions(name);
-                        v.push(None);
-                        r.ckpts.insert(name, v);
-                        Err(e)
-                    }
-                }
-            }
-            Op::Gc => {
-                let keep = r.protected();
-                r.must.retain(|id| keep.contains(id));
-                r.durable.retain(|id| keep.contains(id));
-                s.gc().map(|_| ())
-            }
-            Op::Flush => {
-                let res = s.flush();
-                if res.is_ok() {
-                    let must = r.must.clone();
-                    r.durable.extend(must);
-                }
-                res
-            }
-            Op::Arm { after, fault } => {
-                io.arm(io.ops() + after, *fault);
-                Ok(())
-            }
-            Op::Crash { .. } => Ok(()),
-        };
+        let result = apply(&op, s, &model, &io, &mut r, &ids, &ctx)?;
         let fired = io.take_fired();
         fault_seen |= fired.is_some();
         if let Err(e) = &result {
@@ -291,66 +157,249 @@ fn run_with(ops: Vec<Op>, background: bool) -> Result<u64, TestCaseError> {
         if let Some(seed) = crash {
             // The process dies: nothing more is written, then the power goes.
             drop(store.take());
-            io.crash(match seed {
-                Some(s) => CrashMode::Random(s),
-                None => CrashMode::DropUnsynced,
-            });
-            let s = open(&io, background);
-            let report = s.recovery_report().clone();
-            prop_assert!(
-                report.damaged_checkpoints.is_empty(),
-                "{}: {:?}",
-                ctx,
-                report
-            );
-            prop_assert_eq!(report.quarantined_blocks, 0, "{}: {:?}", ctx, report);
-            let model = s.model(fp(), geometry()).unwrap();
-            let listed: HashSet<String> = model.list().unwrap().into_iter().collect();
-            for name in NAMES {
-                let versions = r.versions(name);
-                if !listed.contains(name) {
-                    prop_assert!(
-                        versions.contains(&None),
-                        "{}: lost checkpoint {}",
-                        ctx,
-                        name
-                    );
-                    r.ckpts.insert(name, vec![None]);
-                    continue;
-                }
-                let cp = model.load(name).map_err(|e| {
-                    TestCaseError::fail(format!("{ctx}: load {name} after crash: {e}"))
-                })?;
-                let got = Some(cp.manifest.block_ids.clone());
-                prop_assert!(
-                    versions.contains(&got),
-                    "{}: unexpected version of {}",
-                    ctx,
-                    name
-                );
-                for (id, kv) in cp.manifest.block_ids.iter().zip(&cp.blocks) {
-                    prop_assert_eq!(&kv[..], &kv_of(id)[..], "{}", ctx);
-                }
-                r.ckpts.insert(name, vec![got]);
-            }
-            for id in &r.durable {
-                let kv = model.get(id).unwrap();
-                prop_assert!(kv.is_some(), "{}: durable block lost", ctx);
-            }
-            r.pins.clear();
-            r.must = r.durable.clone();
-            for name in NAMES {
-                if let Some(v) = r.versions(name).into_iter().flatten().next() {
-                    r.durable.extend(&v);
-                    r.must.extend(&v);
-                }
-            }
-            drop(model);
-            store = Some(s);
+            store = Some(crash_and_check(&io, background, seed, &mut r, &ctx)?);
             fault_seen = false;
         }
     }
     Ok(io.ops())
+}
+
+/// Runs `op` against the store and the reference: Ok(()) or the store's error (an injected
+/// fault may explain it), or the test's failure.
+fn apply(
+    op: &Op,
+    s: &KvStore<FaultIo>,
+    model: &ModelStore<FaultIo>,
+    io: &FaultIo,
+    r: &mut Reference,
+    ids: &[Vec<BlockId>],
+    ctx: &str,
+) -> Result<Result<(), StoreError>, TestCaseError> {
+    Ok(match op {
+        Op::Put { seq, n } => {
+            let t = &seq_tokens(*seq)[..n * TPB as usize];
+            match put_tokens(model, t) {
+                Ok(_) => {
+                    r.must.extend(&ids[*seq][..*n]);
+                    Ok(())
+                }
+                // Pinned blocks fill the budget: allowed, nothing promised.
+                Err(StoreError::RamFull { .. }) => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+        Op::Get { seq, block } => {
+            let id = ids[*seq][*block];
+            match model.get(&id) {
+                Ok(Some(kv)) => {
+                    prop_assert_eq!(&kv[..], &kv_of(&id)[..], "{}", ctx);
+                    Ok(())
+                }
+                Ok(None) => {
+                    prop_assert!(!r.must.contains(&id), "{}: lost block", ctx);
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }
+        }
+        Op::Pin { seq, block } => {
+            let id = ids[*seq][*block];
+            match model.pin(&id) {
+                Ok(kv) => {
+                    prop_assert_eq!(&kv[..], &kv_of(&id)[..], "{}", ctx);
+                    *r.pins.entry(id).or_insert(0) += 1;
+                    r.must.insert(id);
+                    Ok(())
+                }
+                Err(StoreError::RamFull { .. }) => Ok(()),
+                Err(StoreError::BlockNotFound { .. }) => {
+                    prop_assert!(!r.must.contains(&id), "{}: lost block", ctx);
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }
+        }
+        Op::Unpin { seq, block } => unpin(model, r, ids[*seq][*block], ctx)?,
+        Op::Save { name, seq, n } => save(model, r, NAMES[*name], *seq, *n, ctx)?,
+        Op::Delete { name } => delete(model, r, NAMES[*name], ctx)?,
+        Op::Gc => {
+            let keep = r.protected();
+            r.must.retain(|id| keep.contains(id));
+            r.durable.retain(|id| keep.contains(id));
+            s.gc().map(|_| ())
+        }
+        Op::Flush => {
+            let res = s.flush();
+            if res.is_ok() {
+                let must = r.must.clone();
+                r.durable.extend(must);
+            }
+            res
+        }
+        Op::Arm { after, fault } => {
+            io.arm(io.ops() + after, *fault);
+            Ok(())
+        }
+        Op::Crash { .. } => Ok(()),
+    })
+}
+
+/// [`Op::Unpin`] of block `id`.
+fn unpin(
+    model: &ModelStore<FaultIo>,
+    r: &mut Reference,
+    id: BlockId,
+    ctx: &str,
+) -> Result<Result<(), StoreError>, TestCaseError> {
+    let held = r.pins.get(&id).copied().unwrap_or(0);
+    let res = model.unpin(&id);
+    match &res {
+        Err(StoreError::NotPinned { .. }) => {
+            prop_assert_eq!(held, 0, "{}", ctx);
+        }
+        _ => {
+            prop_assert!(held > 0, "{}: unpinned a block never pinned", ctx);
+            if held == 1 {
+                r.pins.remove(&id);
+            } else {
+                r.pins.insert(id, held - 1);
+            }
+        }
+    }
+    Ok(match res {
+        Err(StoreError::NotPinned { .. }) => Ok(()),
+        other => other,
+    })
+}
+
+/// [`Op::Save`] of checkpoint `name` from the first `n` blocks of sequence `seq` (and a tail).
+fn save(
+    model: &ModelStore<FaultIo>,
+    r: &mut Reference,
+    name: &'static str,
+    seq: usize,
+    n: usize,
+    ctx: &str,
+) -> Result<Result<(), StoreError>, TestCaseError> {
+    let all = seq_tokens(seq);
+    let t = &all[..(n * TPB as usize + 2).min(all.len())];
+    let m = manifest(name, t);
+    let blocks = m.block_ids.clone();
+    Ok(match model.save(&m) {
+        Ok(()) => {
+            r.ckpts.insert(name, vec![Some(blocks.clone())]);
+            r.durable.extend(&blocks);
+            r.must.extend(&blocks);
+            Ok(())
+        }
+        Err(StoreError::MissingBlock { .. }) => {
+            prop_assert!(
+                !blocks.iter().all(|id| r.must.contains(id)),
+                "{}: a block the reference holds was missing",
+                ctx
+            );
+            Ok(())
+        }
+        Err(e) => {
+            let mut v = r.versions(name);
+            v.push(Some(blocks));
+            r.ckpts.insert(name, v);
+            Err(e)
+        }
+    })
+}
+
+/// [`Op::Delete`] of checkpoint `name`.
+fn delete(
+    model: &ModelStore<FaultIo>,
+    r: &mut Reference,
+    name: &'static str,
+    ctx: &str,
+) -> Result<Result<(), StoreError>, TestCaseError> {
+    Ok(match model.delete(name) {
+        Ok(()) => {
+            r.ckpts.insert(name, vec![None]);
+            Ok(())
+        }
+        Err(StoreError::CheckpointNotFound { .. }) => {
+            prop_assert!(r.versions(name).contains(&None), "{}", ctx);
+            Ok(())
+        }
+        Err(e) => {
+            let mut v = r.versions(name);
+            v.push(None);
+            r.ckpts.insert(name, v);
+            Err(e)
+        }
+    })
+}
+
+/// After the process died: the power goes (`seed`: a random crash, else unsynced data
+/// dropped), the store reopens, and every checkpoint and durable block the reference
+/// promises is there; the reference then follows what survived. Returns the reopened store.
+fn crash_and_check(
+    io: &FaultIo,
+    background: bool,
+    seed: Option<u64>,
+    r: &mut Reference,
+    ctx: &str,
+) -> Result<KvStore<FaultIo>, TestCaseError> {
+    io.crash(match seed {
+        Some(s) => CrashMode::Random(s),
+        None => CrashMode::DropUnsynced,
+    });
+    let s = open(io, background);
+    let report = s.recovery_report().clone();
+    prop_assert!(
+        report.damaged_checkpoints.is_empty(),
+        "{}: {:?}",
+        ctx,
+        report
+    );
+    prop_assert_eq!(report.quarantined_blocks, 0, "{}: {:?}", ctx, report);
+    let model = s.model(fp(), geometry()).unwrap();
+    let listed: HashSet<String> = model.list().unwrap().into_iter().collect();
+    for name in NAMES {
+        let versions = r.versions(name);
+        if !listed.contains(name) {
+            prop_assert!(
+                versions.contains(&None),
+                "{}: lost checkpoint {}",
+                ctx,
+                name
+            );
+            r.ckpts.insert(name, vec![None]);
+            continue;
+        }
+        let cp = model
+            .load(name)
+            .map_err(|e| TestCaseError::fail(format!("{ctx}: load {name} after crash: {e}")))?;
+        let got = Some(cp.manifest.block_ids.clone());
+        prop_assert!(
+            versions.contains(&got),
+            "{}: unexpected version of {}",
+            ctx,
+            name
+        );
+        for (id, kv) in cp.manifest.block_ids.iter().zip(&cp.blocks) {
+            prop_assert_eq!(&kv[..], &kv_of(id)[..], "{}", ctx);
+        }
+        r.ckpts.insert(name, vec![got]);
+    }
+    for id in &r.durable {
+        let kv = model.get(id).unwrap();
+        prop_assert!(kv.is_some(), "{}: durable block lost", ctx);
+    }
+    r.pins.clear();
+    r.must = r.durable.clone();
+    for name in NAMES {
+        if let Some(v) = r.versions(name).into_iter().flatten().next() {
+            r.durable.extend(&v);
+            r.must.extend(&v);
+        }
+    }
+    drop(model);
+    Ok(s)
 }
 
 proptest! {
