@@ -440,15 +440,30 @@ fn bench_service(dir: &Path, policy: PolicyKind, readers: &[usize], n_cold: usiz
     );
     drop(model);
     drop(store);
-    // Cold resumes: reopen (the RAM tier starts empty) and bring sessions
-    // that do not share the prompt into RAM, against a raw read of the same files.
+    cold_resumes(&root, &cfg, fp, &geometry, &sessions, readers, n_cold);
+}
+
+/// Cold resumes: reopens the store at `root` (the RAM tier starts empty) once per count of
+/// `readers` and brings `n_cold` sessions that do not share the prompt into RAM, against a raw
+/// read of the same files.
+fn cold_resumes(
+    root: &Path,
+    cfg: &Config,
+    fp: Fingerprint,
+    geometry: &Geometry,
+    sessions: &[Vec<u32>],
+    readers: &[usize],
+    n_cold: usize,
+) {
+    let n_sessions = sessions.len();
+    let tpb = geometry.tokens_per_block() as usize;
     let cold: Vec<usize> = (0..n_sessions)
         .filter(|s| s % 2 == 1)
         .take(n_cold)
         .collect();
     for &r in readers {
         let store = KvStore::open(
-            &root,
+            root,
             Config {
                 prefetch_readers: r.max(1),
                 background: r > 0,
