@@ -141,42 +141,8 @@ impl<'a> ExportView<'a> {
     /// Parses an export occupying all of `bytes`, verifying the header, the
     /// index (CRC, bounds, order) and the manifest. Blocks are verified when read.
     pub fn parse(bytes: &'a [u8]) -> Result<Self> {
-        let avail = bytes.len() as u64;
-        let (h, _) = ExportHeader::ref_from_prefix(bytes)
-            .map_err(|_| truncated("export header", 0, HEADER_SIZE as u64, avail))?;
-        check_magic("export header", &h.magic, &EXPORT_MAGIC, 0)?;
-        let crc = crc_parts(&[&bytes[..HEADER_CRC_OFFSET]]);
-        if crc != h.header_crc.get() {
-            return Err(FormatError::ChecksumMismatch {
-                what: "export header",
-                offset: 0,
-                expected: h.header_crc.get(),
-                found: crc,
-            });
-        }
-        check_version("export", h.version.get(), EXPORT_VERSION)?;
-        if h.reserved0.get() != 0 || h.reserved1.get() != 0 || h.reserved.iter().any(|&b| b != 0) {
-            return Err(FormatError::invalid("export header", "reserved bits set"));
-        }
+        let h = Self::parse_header(bytes)?;
         let file_len = h.file_len.get();
-        if avail < file_len {
-            return Err(truncated("export", 0, file_len, avail));
-        }
-        if avail > file_len {
-            return Err(FormatError::invalid(
-                "export",
-                format!(
-                    "{} trailing bytes after offset {file_len}",
-                    avail - file_len
-                ),
-            ));
-        }
-        if bytes[HEADER_SIZE..(ALIGN as usize).min(bytes.len())]
-            .iter()
-            .any(|&b| b != 0)
-        {
-            return Err(FormatError::invalid("export header", "padding not zero"));
-        }
         let n = h.n_blocks.get();
         if n > MAX_EXPORT_BLOCKS {
             return Err(FormatError::AbsurdLength {
@@ -252,6 +218,66 @@ impl<'a> ExportView<'a> {
                 ),
             ));
         }
+        Self::check_blocks(bytes, index, &manifest, mend, file_len)?;
+        Ok(ExportView {
+            bytes,
+            index,
+            manifest,
+        })
+    }
+
+    /// The header of an export occupying all of `bytes`, checked: magic, CRC, version,
+    /// reserved bits, length (all of `bytes`) and its zero padding.
+    fn parse_header(bytes: &'a [u8]) -> Result<&'a ExportHeader> {
+        let avail = bytes.len() as u64;
+        let (h, _) = ExportHeader::ref_from_prefix(bytes)
+            .map_err(|_| truncated("export header", 0, HEADER_SIZE as u64, avail))?;
+        check_magic("export header", &h.magic, &EXPORT_MAGIC, 0)?;
+        let crc = crc_parts(&[&bytes[..HEADER_CRC_OFFSET]]);
+        if crc != h.header_crc.get() {
+            return Err(FormatError::ChecksumMismatch {
+                what: "export header",
+                offset: 0,
+                expected: h.header_crc.get(),
+                found: crc,
+            });
+        }
+        check_version("export", h.version.get(), EXPORT_VERSION)?;
+        if h.reserved0.get() != 0 || h.reserved1.get() != 0 || h.reserved.iter().any(|&b| b != 0) {
+            return Err(FormatError::invalid("export header", "reserved bits set"));
+        }
+        let file_len = h.file_len.get();
+        if avail < file_len {
+            return Err(truncated("export", 0, file_len, avail));
+        }
+        if avail > file_len {
+            return Err(FormatError::invalid(
+                "export",
+                format!(
+                    "{} trailing bytes after offset {file_len}",
+                    avail - file_len
+                ),
+            ));
+        }
+        if bytes[HEADER_SIZE..(ALIGN as usize).min(bytes.len())]
+            .iter()
+            .any(|&b| b != 0)
+        {
+            return Err(FormatError::invalid("export header", "padding not zero"));
+        }
+        Ok(h)
+    }
+
+    /// The block records after the manifest (which ends at `mend`): each index entry names the
+    /// manifest's block in order, and the records follow one another, aligned, from the
+    /// manifest's padding to the end of the file.
+    fn check_blocks(
+        bytes: &[u8],
+        index: &[ExportIndexEntry],
+        manifest: &Manifest,
+        mend: u64,
+        file_len: u64,
+    ) -> Result<()> {
         let mut cursor = align_up(mend);
         if bytes[mend as usize..(cursor.min(file_len)) as usize]
             .iter()
@@ -287,11 +313,7 @@ impl<'a> ExportView<'a> {
                 format!("blocks end at {cursor}, file at {file_len}"),
             ));
         }
-        Ok(ExportView {
-            bytes,
-            index,
-            manifest,
-        })
+        Ok(())
     }
 
     /// The checkpoint.
