@@ -5,14 +5,16 @@ use proc_macro2::{TokenStream, TokenTree};
 use syn::spanned::Spanned;
 use syn::visit::{self, Visit};
 
+use super::fn_length::{fn_spans, FnSpan};
 use super::{join, normalize, Violation};
 
 /// One `.rs` file: its path relative to the workspace root, text, tokens, and the line ranges
-/// of test-only items (`#[cfg(test)]`, `#[test]`).
+/// of test-only items (`#[cfg(test)]`, `#[test]`) and its functions.
 pub(super) struct Source {
     pub(super) path: String,
     pub(super) text: String,
     pub(super) tokens: TokenStream,
+    pub(super) fns: Vec<FnSpan>,
     test_lines: Vec<(usize, usize)>,
 }
 
@@ -34,6 +36,7 @@ impl Source {
             path: path.to_string(),
             text: text.to_string(),
             tokens,
+            fns: fn_spans(&file),
             test_lines: tests.ranges,
         })
     }

@@ -168,6 +168,75 @@ fn long_files_are_reported_unless_generated() {
     assert!(check_length(&source("ggml-sys/src/lib.rs", &long)).is_some());
 }
 
+/// A function `name` of `body_lines` lines between its `fn` line and its closing brace.
+fn function(name: &str, body_lines: usize) -> String {
+    format!(
+        "fn {name}() {{\n{}}}\n",
+        "    let _ = 0;\n".repeat(body_lines)
+    )
+}
+
+#[test]
+fn long_functions_are_reported_from_fn_line_to_closing_brace() {
+    use super::fn_length::{long_fns, MAX_FN_LINES};
+    // 148 body lines + `fn` line + `}` = 150: at the limit. One more is over it.
+    let at_limit = function("fits", MAX_FN_LINES - 2);
+    let over = function("long", MAX_FN_LINES - 1);
+    let text = format!("//! doc\n{at_limit}\n/// Doc.\n#[inline]\n{over}");
+    let found: Vec<String> = long_fns(&source("engine/src/a.rs", &text), &[])
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let line = 2 + MAX_FN_LINES + 3; // `fn long` follows the doc comment and attribute.
+    assert_eq!(
+        found,
+        [format!(
+            "engine/src/a.rs:{line}: fn `long` is 151 lines, over the limit of 150: split it into steps"
+        )]
+    );
+    // Methods, trait defaults and functions nested in a function count too; a bodiless trait
+    // fn does not, nor a long closure or table that is not a function.
+    let body = "    let _ = 0;\n".repeat(MAX_FN_LINES);
+    let text = format!(
+        "impl X {{\n    fn method(&self) {{\n{body}    }}\n}}\n\
+         trait T {{\n    fn required(&self);\n    fn provided(&self) {{\n{body}    }}\n}}\n\
+         fn outer() {{\n    fn inner() {{\n{body}    }}\n}}\n\
+         const TABLE: &[u8] = &[\n{}];\n",
+        "    0,\n".repeat(MAX_FN_LINES * 2)
+    );
+    let names: Vec<String> = long_fns(&source("kvstore/src/b.rs", &text), &[])
+        .iter()
+        .map(|v| v.what.split('`').nth(1).unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(names, ["method", "provided", "outer", "inner"]);
+    // Generated bindings are exempt, as from the file length limit.
+    assert_eq!(
+        long_fns(&source("ggml-sys/src/bindings.rs", &over), &[]),
+        []
+    );
+}
+
+#[test]
+fn the_allow_list_exempts_by_file_and_name_and_must_not_go_stale() {
+    use super::fn_length::{long_fns, stale_allowances, MAX_FN_LINES};
+    let over = source("engine/src/table.rs", &function("table", MAX_FN_LINES));
+    let allowed = [("engine/src/table.rs", "table", "a data table")];
+    assert_eq!(long_fns(&over, &allowed), []);
+    // The same name in another file, or another name in the file, is not exempt.
+    let elsewhere = source("engine/src/other.rs", &function("table", MAX_FN_LINES));
+    assert_eq!(long_fns(&elsewhere, &allowed).len(), 1);
+    assert_eq!(
+        long_fns(&over, &[("engine/src/table.rs", "rows", "to split")]).len(),
+        1
+    );
+    // An entry whose function is gone or now short is itself a violation.
+    assert_eq!(stale_allowances(&[over], &allowed), []);
+    let split = source("engine/src/table.rs", &function("table", 10));
+    let stale = stale_allowances(&[split], &allowed);
+    assert_eq!(stale.len(), 1, "{stale:?}");
+    assert!(stale[0].what.contains("remove the entry"), "{stale:?}");
+}
+
 #[test]
 fn glob_matches_whole_paths() {
     assert!(glob_match(
