@@ -362,42 +362,8 @@ impl<'a> Parser<'a> {
         let mut tensors = Vec::with_capacity(n_tensors as usize);
         let mut starts = Vec::with_capacity(n_tensors as usize);
         for _ in 0..n_tensors {
-            let at = self.pos;
-            let name_bytes = self.string_bytes("tensor name")?.to_vec();
-            let name = String::from_utf8(name_bytes)
-                .map_err(|_| self.corrupt(at, GgufProblem::TensorNameNotUtf8))?;
-            let n_dims = self.u32("tensor dimension count")?;
-            if n_dims as usize > GGML_MAX_DIMS {
-                return Err(self.corrupt(at, GgufProblem::TooManyDims { name, n_dims }));
-            }
-            let mut shape = Vec::with_capacity(n_dims as usize);
-            for _ in 0..n_dims {
-                shape.push(self.u64("tensor dimension")?);
-            }
-            let type_code = self.u32("tensor type")?;
-            let dtype = GgmlType::from_u32(type_code, &name)?;
-            let rel_offset = self.u64("tensor offset")?;
-            let Some(n_bytes) = dtype.tensor_bytes(&shape) else {
-                return Err(self.corrupt(at, GgufProblem::BadShape { name, shape, dtype }));
-            };
-            if rel_offset % u64::from(alignment) != 0 {
-                return Err(self.corrupt(
-                    at,
-                    GgufProblem::Misaligned {
-                        name,
-                        offset: rel_offset,
-                        alignment,
-                    },
-                ));
-            }
-            starts.push(at);
-            tensors.push(TensorInfo {
-                name,
-                shape,
-                dtype,
-                offset: rel_offset,
-                n_bytes,
-            });
+            starts.push(self.pos);
+            tensors.push(self.tensor_info(alignment)?);
         }
         let mut tensor_order: Vec<u32> = (0..tensors.len() as u32).collect();
         tensor_order
@@ -447,6 +413,46 @@ impl<'a> Parser<'a> {
             kv_order,
             tensors,
             tensor_order,
+        })
+    }
+
+    /// One tensor's entry: name, shape, type and offset (relative to the data section, a
+    /// multiple of `alignment`), its byte count known for its shape and type.
+    fn tensor_info(&mut self, alignment: u32) -> Result<TensorInfo> {
+        let at = self.pos;
+        let name_bytes = self.string_bytes("tensor name")?.to_vec();
+        let name = String::from_utf8(name_bytes)
+            .map_err(|_| self.corrupt(at, GgufProblem::TensorNameNotUtf8))?;
+        let n_dims = self.u32("tensor dimension count")?;
+        if n_dims as usize > GGML_MAX_DIMS {
+            return Err(self.corrupt(at, GgufProblem::TooManyDims { name, n_dims }));
+        }
+        let mut shape = Vec::with_capacity(n_dims as usize);
+        for _ in 0..n_dims {
+            shape.push(self.u64("tensor dimension")?);
+        }
+        let type_code = self.u32("tensor type")?;
+        let dtype = GgmlType::from_u32(type_code, &name)?;
+        let rel_offset = self.u64("tensor offset")?;
+        let Some(n_bytes) = dtype.tensor_bytes(&shape) else {
+            return Err(self.corrupt(at, GgufProblem::BadShape { name, shape, dtype }));
+        };
+        if rel_offset % u64::from(alignment) != 0 {
+            return Err(self.corrupt(
+                at,
+                GgufProblem::Misaligned {
+                    name,
+                    offset: rel_offset,
+                    alignment,
+                },
+            ));
+        }
+        Ok(TensorInfo {
+            name,
+            shape,
+            dtype,
+            offset: rel_offset,
+            n_bytes,
         })
     }
 }

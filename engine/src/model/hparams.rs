@@ -169,20 +169,7 @@ impl HParams {
             ));
         }
         let n_ctx_train = k.int("context_length", 1, MAX_POSITIONS)?;
-        let n_vocab = match k.present("vocab_size") {
-            true => k.int("vocab_size", 1, MAX_POSITIONS)?,
-            false => {
-                let n = gguf.get_array("tokenizer.ggml.tokens")?.len();
-                if n == 0 || n > MAX_POSITIONS {
-                    return Err(invalid(
-                        "tokenizer.ggml.tokens",
-                        format!("{n} tokens"),
-                        format!("must hold 1..={MAX_POSITIONS} tokens"),
-                    ));
-                }
-                n
-            }
-        };
+        let n_vocab = vocab_size(&k)?;
         let rms_eps = k.positive("attention.layer_norm_rms_epsilon", 1.0)?;
         let rope_freq_base = k
             .opt_positive("rope.freq_base", f32::INFINITY)?
@@ -311,6 +298,24 @@ fn sliding(
         layers,
         rope_freq_base,
     }))
+}
+
+/// The vocabulary's size: `vocab_size`, else the count of `tokenizer.ggml.tokens`.
+fn vocab_size(k: &Keys<'_>) -> Result<usize> {
+    Ok(match k.present("vocab_size") {
+        true => k.int("vocab_size", 1, MAX_POSITIONS)?,
+        false => {
+            let n = k.gguf.get_array("tokenizer.ggml.tokens")?.len();
+            if n == 0 || n > MAX_POSITIONS {
+                return Err(invalid(
+                    "tokenizer.ggml.tokens",
+                    format!("{n} tokens"),
+                    format!("must hold 1..={MAX_POSITIONS} tokens"),
+                ));
+            }
+            n
+        }
+    })
 }
 
 /// Most experts a block may have (llama.cpp's limit).
