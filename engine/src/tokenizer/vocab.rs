@@ -250,52 +250,7 @@ impl Tokenizer {
             add_space_prefix = g.get_bool("tokenizer.ggml.add_space_prefix")?;
         }
 
-        // Special tokens found by their text, as llama.cpp does; they become control tokens.
-        let mut by_text: Vec<(&str, u32)> = token_to_id
-            .iter()
-            .map(|(t, &id)| (t.as_str(), id))
-            .collect();
-        by_text.sort_unstable_by_key(|&(_, id)| id);
-        let mut make_control = Vec::new();
-        for &(text, id) in &by_text {
-            if eot.is_none() && EOT_TEXTS.contains(&text) {
-                eot = Some(id);
-                make_control.push(id);
-            }
-            if eom.is_none() && text == "<|eom_id|>" {
-                eom = Some(id);
-                make_control.push(id);
-            }
-        }
-        let mut eog = Vec::new();
-        let fim_keys = [
-            "tokenizer.ggml.fim_pad_token_id",
-            "tokenizer.ggml.fim_rep_token_id",
-            "tokenizer.ggml.fim_sep_token_id",
-        ];
-        for (key, texts) in fim_keys.into_iter().zip(FIM_END_TEXTS) {
-            let mut id = optional_id(g, key)?;
-            if id.is_none() {
-                id = by_text
-                    .iter()
-                    .find(|(t, _)| texts.contains(t))
-                    .map(|&(_, id)| id);
-                make_control.extend(id);
-            }
-            eog.extend(id);
-        }
-        for &(text, id) in &by_text {
-            if EOG_TEXTS.contains(&text) {
-                eog.push(id);
-                make_control.push(id);
-            }
-        }
-        for id in make_control {
-            tokens[id as usize].attr |= attr::CONTROL;
-        }
-        eog.extend([eos, eot, eom].into_iter().flatten());
-        eog.sort_unstable();
-        eog.dedup();
+        let eog = end_of_generation(g, &mut tokens, &token_to_id, eos, &mut eot, &mut eom)?;
 
         let mut special_cache: Vec<u32> = (0..n_vocab as u32)
             .filter(|&id| {
@@ -366,4 +321,63 @@ pub(super) fn parse_byte_token(text: &str) -> Option<u8> {
         return None;
     }
     u8::from_str_radix(hex, 16).ok()
+}
+
+/// The end-of-generation tokens, sorted: `eos`, `eot`, `eom`, the FIM ends and those known by
+/// their text. Special tokens are found by their text, as llama.cpp does (filling `eot` and
+/// `eom` when the metadata does not name them); those become control tokens.
+fn end_of_generation(
+    g: &Gguf,
+    tokens: &mut [TokenData],
+    token_to_id: &HashMap<String, u32>,
+    eos: Option<u32>,
+    eot: &mut Option<u32>,
+    eom: &mut Option<u32>,
+) -> Result<Vec<u32>> {
+    let mut by_text: Vec<(&str, u32)> = token_to_id
+        .iter()
+        .map(|(t, &id)| (t.as_str(), id))
+        .collect();
+    by_text.sort_unstable_by_key(|&(_, id)| id);
+    let mut make_control = Vec::new();
+    for &(text, id) in &by_text {
+        if eot.is_none() && EOT_TEXTS.contains(&text) {
+            *eot = Some(id);
+            make_control.push(id);
+        }
+        if eom.is_none() && text == "<|eom_id|>" {
+            *eom = Some(id);
+            make_control.push(id);
+        }
+    }
+    let mut eog = Vec::new();
+    let fim_keys = [
+        "tokenizer.ggml.fim_pad_token_id",
+        "tokenizer.ggml.fim_rep_token_id",
+        "tokenizer.ggml.fim_sep_token_id",
+    ];
+    for (key, texts) in fim_keys.into_iter().zip(FIM_END_TEXTS) {
+        let mut id = optional_id(g, key)?;
+        if id.is_none() {
+            id = by_text
+                .iter()
+                .find(|(t, _)| texts.contains(t))
+                .map(|&(_, id)| id);
+            make_control.extend(id);
+        }
+        eog.extend(id);
+    }
+    for &(text, id) in &by_text {
+        if EOG_TEXTS.contains(&text) {
+            eog.push(id);
+            make_control.push(id);
+        }
+    }
+    for id in make_control {
+        tokens[id as usize].attr |= attr::CONTROL;
+    }
+    eog.extend([eos, *eot, *eom].into_iter().flatten());
+    eog.sort_unstable();
+    eog.dedup();
+    Ok(eog)
 }
