@@ -254,8 +254,6 @@ fn a_disk_budget_keeps_the_most_recent_conversations() {
             .map(|p| p.metadata().unwrap().len())
             .sum();
         assert!(on_disk <= budget + 4096, "{on_disk} > {budget}");
-        // Seconds resolution of last use: space the saves so the order is known.
-        std::thread::sleep(std::time::Duration::from_millis(1100));
     }
     assert!(
         !evicted.is_empty(),

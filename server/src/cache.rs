@@ -309,7 +309,8 @@ fn write_behind(
             }
             let _ = clear.reply.send(result);
         }
-        // Unnamed prompt blocks and tails go first and only: saved conversations stay.
+        // The store's one budget policy: unreferenced blocks, then the least recently used
+        // checkpoints, tails and `/slots` saves alike (pins and claimed names stay).
         if let Err(e) = store.prompt_cache().collect_unreferenced() {
             metrics.cache_error(format!("keeping the disk budget failed: {e}"));
         }

@@ -19,6 +19,7 @@ use crate::kv::{KvLayout, KvType, PAGE_TOKENS};
 use crate::model::Model;
 use crate::session::Session;
 
+mod budget;
 mod convert;
 mod legacy;
 mod load;
@@ -50,7 +51,8 @@ pub struct SaveSummary {
     pub blocks_reused: usize,
     /// KV bytes handed to the store (new blocks and the partial last block).
     pub bytes_written: u64,
-    /// Checkpoints dropped, least recently used first, to keep the disk budget.
+    /// Checkpoints dropped, least recently used first, to keep the disk budget
+    /// ([`SessionStore::keep_budget`]).
     pub evicted: Vec<String>,
 }
 
@@ -59,9 +61,10 @@ pub struct SaveSummary {
 pub struct StoreConfig {
     /// Bytes of KV blocks kept in RAM (recently used blocks restore without reading files).
     pub ram_bytes: u64,
-    /// Bytes of block files and manifests on disk; `None` for no limit. After each save, gc
-    /// removes blocks that no checkpoint references, then the least recently used checkpoints,
-    /// until the files fit (see [`SessionStore::collect`]).
+    /// Bytes of block files and manifests on disk; `None` for no limit. After each save, and
+    /// before the prompt cache writes, blocks that no checkpoint references go, then the least
+    /// recently used checkpoints other than pins and claimed ones, until the files fit (see
+    /// [`SessionStore::keep_budget`]).
     pub disk_bytes: Option<u64>,
     /// Element type of the K of the sessions saved and restored (all of one store's
     /// conversations of a model share it).
@@ -122,9 +125,10 @@ pub struct SessionStore {
     disk_bytes: Option<u64>,
     /// [`StoreConfig::read_delay`].
     read_delay: std::time::Duration,
-    /// The order in which this process stored tails: files written within one clock tick
-    /// share a modification time, and the newest must not be taken for the oldest.
-    tails_stored: std::sync::Mutex<(u64, std::collections::HashMap<String, u64>)>,
+    /// The order in which this process stored checkpoints, kept under a budget: files written
+    /// within one clock tick share a modification time, and the newest must not be taken for
+    /// the oldest.
+    stored_order: std::sync::Mutex<(u64, std::collections::HashMap<String, u64>)>,
     /// The bytes the cache's files took when the filesystem was found full
     /// ([`PromptCache::learn_capacity`](prompt_cache::PromptCache::learn_capacity)): from then on a budget too (`u64::MAX`: none).
     learned_cap: std::sync::atomic::AtomicU64,
@@ -203,7 +207,7 @@ impl SessionStore {
                 b.saturating_sub(descriptor + crate::model::records_bytes(dir))
             }),
             read_delay: config.read_delay,
-            tails_stored: std::sync::Mutex::default(),
+            stored_order: std::sync::Mutex::default(),
             learned_cap: std::sync::atomic::AtomicU64::new(u64::MAX),
             origin,
             legacy,
@@ -247,9 +251,10 @@ impl SessionStore {
     }
 
     /// Saves `session` as checkpoint `name` (replacing an older one of that name): puts the
-    /// full pages the store lacks, then commits the manifest durably. Under a disk budget, gc
-    /// runs afterwards. A shifted session is saved with its chain roots
-    /// ([`Context::chain_roots`]): restoring it gives the same KV, ids and positions.
+    /// full pages the store lacks, then commits the manifest durably. Under a disk budget,
+    /// [`SessionStore::keep_budget`] keeps it afterwards (`name` stays). A shifted session is
+    /// saved with its chain roots ([`Context::chain_roots`]): restoring it gives the same KV,
+    /// ids and positions.
     pub fn save(
         &self,
         session: &Session,
@@ -313,8 +318,13 @@ impl SessionStore {
         manifest.sampler_state = meta.sampler_state.clone();
         summary.bytes_written += manifest.tail_kv.len() as u64;
         self.handle.save(&manifest)?;
+        self.note_stored(name);
         self.push_saved(&manifest);
-        summary.evicted = self.collect(name)?;
+        // Without a budget a save collects nothing (expired checkpoints wait for the next
+        // collection): it takes no store-wide lock.
+        if self.budget().is_some() {
+            summary.evicted = self.keep_budget(Some(name), 0)?;
+        }
         Ok(summary)
     }
 
@@ -336,7 +346,8 @@ impl SessionStore {
     /// Replaces `session`'s conversation with checkpoint `name`. The manifest's model and
     /// layout are checked first ([`Error::Checkpoint`] for another model's), then every block
     /// the session does not already hold is read and verified into free pages; on any failure
-    /// the session is left exactly as it was. There are no logits until a token is evaluated
+    /// the session is left exactly as it was. A restore is a use: the disk budget drops the
+    /// checkpoints used longest ago first. There are no logits until a token is evaluated
     /// ([`Session::generate`] evaluates the last token again when it needs them).
     pub fn restore(&self, session: &mut Session, name: &str) -> Result<CheckpointMeta> {
         let seq = session.seq();
@@ -376,6 +387,7 @@ impl SessionStore {
             }
             self.read_block(&conversion, id, sink)
         })?;
+        self.note_used(name);
         Ok(CheckpointMeta::from_manifest(&manifest))
     }
 
@@ -455,49 +467,8 @@ impl SessionStore {
         manifest.meta.name = to.to_owned();
         manifest.meta.parent = Some(from.to_owned());
         self.handle.save(&manifest)?;
+        self.note_stored(to);
         Ok(())
-    }
-
-    /// Keeps the disk budget, if there is one. The budget covers block files and this model's
-    /// manifests (which carry each checkpoint's partial last block): gc removes blocks no
-    /// checkpoint needs; while the files still exceed the budget, the least recently used
-    /// checkpoint other than `keep` and other than those a live process has claimed
-    /// (`kvstore::claim`) is deleted (the budget is the user's request to keep only what fits)
-    /// and gc runs again. Returns the checkpoints deleted.
-    pub fn collect(&self, keep: &str) -> Result<Vec<String>> {
-        let Some(budget) = self.disk_bytes else {
-            return Ok(Vec::new());
-        };
-        let mut evicted = Vec::new();
-        let mut candidates = self.checkpoints()?;
-        let mut manifests: u64 = candidates.iter().map(|c| self.manifest_bytes(c)).sum();
-        self.store.gc_to(budget.saturating_sub(manifests))?;
-        candidates.retain(|c| c.name != keep);
-        candidates.sort_by_key(|c| std::cmp::Reverse(c.last_used_unix));
-        while self.store.metrics().disk_bytes + manifests > budget {
-            let Some(oldest) = candidates.pop() else {
-                break;
-            };
-            // A conversation that a live process holds (its claim) is not dropped.
-            let Ok(_claim) = kvstore::claim(self.store.root(), &oldest.name) else {
-                continue;
-            };
-            let freed = self.manifest_bytes(&oldest);
-            self.delete(&oldest.name)?;
-            manifests = manifests.saturating_sub(freed);
-            evicted.push(oldest.name);
-            self.store.gc_to(budget.saturating_sub(manifests))?;
-        }
-        Ok(evicted)
-    }
-
-    /// Size of `checkpoint`'s manifest file (0 when it cannot be read: it is then not counted).
-    fn manifest_bytes(&self, checkpoint: &CheckpointInfo) -> u64 {
-        self.handle
-            .manifest_path(&checkpoint.name)
-            .ok()
-            .and_then(|p| std::fs::metadata(p).ok())
-            .map_or(0, |m| m.len())
     }
 
     /// The store's counters (both tiers, this process).

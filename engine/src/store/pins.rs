@@ -1,6 +1,7 @@
 //! Pinned prefixes: a prompt's full blocks kept as a named checkpoint (`_pin-ID`) in its
-//! namespace. The prompt cache's disk budget drops only tails, so a pin stays, counted in the
-//! budget, until it is unpinned or its expiry passes (a collection deletes it then).
+//! namespace. The disk budget never drops a pin ([`SessionStore::keep_budget`]), so it stays,
+//! counted in the budget, until it is unpinned or its expiry passes (a collection deletes it
+//! then).
 
 use ckptfmt::{Manifest, Metadata};
 

@@ -2,8 +2,8 @@
 //! store: a [`PromptCache`] (from [`SessionStore::prompt_cache`]) copies a sequence's new full
 //! pages out as [`NewBlock`]s and its partly filled last page as a [`TailBlock`] (a small tail
 //! checkpoint), finds the longest stored prefix of a prompt ([`StoredPrefix`]), reads it in
-//! the background ([`LoadedPrefix`]) or restores it at once, and keeps a disk budget that
-//! drops unreferenced blocks and old tails first.
+//! the background ([`LoadedPrefix`]) or restores it at once, and keeps the store's one disk
+//! budget ([`SessionStore::keep_budget`]).
 //!
 //! Saving and restoring named conversations is [`SessionStore`]'s own API; nothing here is
 //! needed for that.
@@ -129,42 +129,6 @@ impl SessionStore {
             })
             .collect())
     }
-
-    /// Removes unreferenced blocks, then the oldest tails, until the files (blocks and
-    /// manifests) leave `incoming` bytes free below `budget`, or nothing more can go. The
-    /// store works from its index of the files (brought up to date from what changed), so
-    /// this costs little however large the store is.
-    fn collect_to(&self, budget: u64, incoming: u64) -> Result<()> {
-        let mut order = self
-            .tails_stored
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Among tails of the same age, the one this process stored first goes first.
-        let seen = std::cell::RefCell::new(std::collections::HashSet::new());
-        let key = |name: &str| {
-            if !name.starts_with(TAIL_PREFIX) {
-                return None;
-            }
-            let n = order.1.get(name).copied().unwrap_or(0);
-            if n > 0 {
-                seen.borrow_mut().insert(name.to_owned());
-            }
-            Some(n)
-        };
-        let report = self
-            .handle
-            .collect_dropping(budget.saturating_sub(incoming), &key)?;
-        let seen = seen.into_inner();
-        // Forget the order of tails gone (dropped here, or by anyone when the store's
-        // manifests were looked at).
-        if !seen.is_empty() {
-            order.1.retain(|name, _| seen.contains(name));
-        }
-        for name in &report.manifests_dropped {
-            order.1.remove(name);
-        }
-        Ok(())
-    }
 }
 
 impl PromptCache<'_> {
@@ -222,23 +186,12 @@ impl PromptCache<'_> {
     }
 
     /// Stores `tail` durably as the tail checkpoint of its last full block (replacing an
-    /// earlier one), after its full blocks (which must be in the store). Tails are a cache:
-    /// under the disk budget they go before any block ([`PromptCache::collect_unreferenced`]).
+    /// earlier one), after its full blocks (which must be in the store). Under the disk budget
+    /// it goes like any checkpoint, least recently used first ([`PromptCache::make_room`]).
     pub fn put_tail(&self, tail: TailBlock) -> Result<()> {
         let manifest = self.store.tail_manifest(tail)?;
         self.store.handle.save(&manifest)?;
-        if self.store.disk_bytes.is_none() {
-            // The order matters only to the disk budget; without one it is not kept.
-            return Ok(());
-        }
-        let mut order = self
-            .store
-            .tails_stored
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        order.0 += 1;
-        let n = order.0;
-        order.1.insert(manifest.meta.name, n);
+        self.store.note_stored(&manifest.meta.name);
         Ok(())
     }
 
@@ -288,42 +241,27 @@ impl PromptCache<'_> {
         if matching > 0 {
             found.tokens = start + matching;
             found.tail = Some(manifest);
-            // Used now: the disk budget drops the tails used longest ago first, and a tail's
-            // age is its file's modification time (the same in every process). Best effort.
-            if let Ok(path) = self.store.handle.manifest_path(&name) {
-                let _ = std::fs::File::options()
-                    .write(true)
-                    .open(path)
-                    .and_then(|f| f.set_modified(std::time::SystemTime::now()));
-            }
+            self.store.note_used(&name);
         }
         found
     }
 
-    /// Keeps the disk budget, if there is one, for a prompt cache: removes blocks that no
-    /// checkpoint references (least recently used first), then, while the files still exceed
-    /// the budget, tail checkpoints ([`TAIL_PREFIX`], oldest first), which frees their blocks
-    /// in turn. Named checkpoints are never removed; their manifests count in the budget.
+    /// Keeps the disk budget, if there is one, for a prompt cache: the store's one policy
+    /// ([`SessionStore::keep_budget`]): blocks that no checkpoint references go first, then,
+    /// while the files still exceed the budget, checkpoints least recently used first, tails
+    /// and named conversations (`/slots` saves) alike, which frees their blocks in turn. Pins
+    /// and conversations a live process has claimed stay.
     pub fn collect_unreferenced(&self) -> Result<()> {
         self.make_room(0)
     }
 
     /// Like [`PromptCache::collect_unreferenced`], leaving room for `incoming` more bytes
     /// under the budget: run before writing, so the directory stays within its budget while
-    /// the blocks are written rather than only after.
+    /// the blocks are written rather than only after. Without a budget a collection still
+    /// runs, for the checkpoints that expired (it returns at once when none did).
     pub fn make_room(&self, incoming: u64) -> Result<()> {
-        let learned = self
-            .store
-            .learned_cap
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let budget = match (self.store.disk_bytes, learned) {
-            (Some(b), l) => Some(b.min(l)),
-            (None, u64::MAX) => None,
-            (None, l) => Some(l),
-        };
-        // Without a budget a collection still runs, for the checkpoints that expired (it
-        // returns at once when none did).
-        self.store.collect_to(budget.unwrap_or(u64::MAX), incoming)
+        self.store.keep_budget(None, incoming)?;
+        Ok(())
     }
 
     /// After a write failed for want of space (a full filesystem, whatever the budget): what

@@ -1,0 +1,113 @@
+//! The disk budget: one policy for the prompt cache ([`PromptCache::make_room`]) and named
+//! saves ([`SessionStore::save`]), in [`SessionStore::keep_budget`].
+//!
+//! Unreferenced blocks go first (least recently used first, the last blocks of a prompt before
+//! its first ones). When they are not enough, checkpoints go, least recently used first: tails
+//! and named conversations alike, by their manifest's modification time, which a use renews (a
+//! prompt that takes a tail, a restore of a conversation); among those of the same time, the
+//! one this process stored first goes first. Pins (`_pin-`) never go for the budget (only
+//! their expiry removes them), nor the checkpoint being saved, nor one that a live process has
+//! claimed ([`kvstore::claim`]: the chat holds its conversation so, a `/slots` save its name
+//! while it writes). A pinned prompt is the way to keep something through the budget.
+//!
+//! [`PromptCache::make_room`]: super::prompt_cache::PromptCache::make_room
+
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+
+use super::prompt_cache::TAIL_PREFIX;
+use super::{SessionStore, PIN_PREFIX};
+use crate::error::Result;
+
+impl SessionStore {
+    /// The disk budget kept now: the configured one ([`super::StoreConfig::disk_bytes`]),
+    /// lowered to what the files took when the filesystem was found full
+    /// ([`learn_capacity`](super::prompt_cache::PromptCache::learn_capacity)); `None` for none.
+    pub(super) fn budget(&self) -> Option<u64> {
+        match (self.disk_bytes, self.learned_cap.load(Ordering::Relaxed)) {
+            (Some(b), l) => Some(b.min(l)),
+            (None, u64::MAX) => None,
+            (None, l) => Some(l),
+        }
+    }
+
+    /// Keeps the disk budget with room for `incoming` more bytes, in one indexed pass over the
+    /// store: unreferenced blocks go first, then checkpoints, least recently used first, except
+    /// pins, `keep` and those a live process has claimed (see the [module](self)). The budget
+    /// covers block files and this model's manifests. Checkpoints whose expiry has passed go
+    /// whatever the budget; without a budget only they do. Returns the checkpoints dropped for
+    /// the budget, least recently used first.
+    pub fn keep_budget(&self, keep: Option<&str>, incoming: u64) -> Result<Vec<String>> {
+        let budget = self.budget().unwrap_or(u64::MAX);
+        let mut order = self
+            .stored_order
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let seen = RefCell::new(HashSet::new());
+        // The claims taken to find a conversation no one holds are held until the collection
+        // is over, so that no process takes one of them meanwhile.
+        let claims = RefCell::new(Vec::new());
+        let key = |name: &str| {
+            let stored = order.1.get(name).copied();
+            if stored.is_some() {
+                seen.borrow_mut().insert(name.to_owned());
+            }
+            if name.starts_with(PIN_PREFIX) || Some(name) == keep {
+                return None;
+            }
+            if !name.starts_with(TAIL_PREFIX) {
+                // No claim, no drop: a name another claim holds, or one that cannot be
+                // claimed, stays.
+                claims
+                    .borrow_mut()
+                    .push(kvstore::claim(self.store.root(), name).ok()?);
+            }
+            // Among checkpoints used at the same time, the one stored first goes first (one
+            // another process stored, before this process's own).
+            Some(stored.unwrap_or(0))
+        };
+        let report = self
+            .handle
+            .collect_dropping(budget.saturating_sub(incoming), &key)?;
+        drop(claims);
+        let seen = seen.into_inner();
+        // Forget the order of checkpoints gone (dropped here, or by anyone when the store's
+        // manifests were looked at).
+        if !seen.is_empty() {
+            order.1.retain(|name, _| seen.contains(name));
+        }
+        for name in &report.manifests_dropped {
+            order.1.remove(name);
+        }
+        Ok(report.manifests_dropped)
+    }
+
+    /// Notes that this process stored checkpoint `name` now: among checkpoints of the same
+    /// modification time (files written within one clock tick share it), the budget drops the
+    /// one stored first first. Only kept under a budget.
+    pub(super) fn note_stored(&self, name: &str) {
+        if self.budget().is_none() {
+            return;
+        }
+        let mut order = self
+            .stored_order
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        order.0 += 1;
+        let n = order.0;
+        order.1.insert(name.to_owned(), n);
+    }
+
+    /// Marks checkpoint `name` as used now: the budget drops the checkpoints used longest ago
+    /// first, and a checkpoint's last use is its manifest's modification time (the same in
+    /// every process). Best effort.
+    pub(super) fn note_used(&self, name: &str) {
+        if let Ok(path) = self.handle.manifest_path(name) {
+            let _ = std::fs::File::options()
+                .write(true)
+                .open(path)
+                .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+        }
+    }
+}
