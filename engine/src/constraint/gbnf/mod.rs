@@ -317,49 +317,7 @@ impl<'a> Parser<'a> {
                     self.pos += 1;
                     seq.push(Expr::Literal(chars));
                 }
-                '[' => {
-                    self.pos += 1;
-                    let negated = if self.peek() == Some('^') {
-                        self.pos += 1;
-                        true
-                    } else {
-                        false
-                    };
-                    let mut ranges = Vec::new();
-                    loop {
-                        match self.peek() {
-                            None => {
-                                return Err(self.error_at(item_at, "unterminated character class"))
-                            }
-                            Some(']') => break,
-                            Some(_) => {}
-                        }
-                        let lo = self.parse_char()?;
-                        let hi = if self.peek() == Some('-') && self.peek_at(1) != Some(']') {
-                            self.pos += 1;
-                            if self.peek().is_none() {
-                                return Err(self.error_at(item_at, "unterminated character class"));
-                            }
-                            let range_at = self.pos;
-                            let hi = self.parse_char()?;
-                            if hi < lo {
-                                return Err(self.error_at(
-                                    range_at,
-                                    format!("character range {lo:?}-{hi:?} is reversed"),
-                                ));
-                            }
-                            hi
-                        } else {
-                            lo
-                        };
-                        ranges.push((lo, hi));
-                    }
-                    self.pos += 1;
-                    if ranges.is_empty() && !negated {
-                        return Err(self.error_at(item_at, "empty character class `[]`"));
-                    }
-                    seq.push(Expr::Chars(CharSet::Class { negated, ranges }));
-                }
+                '[' => seq.push(self.parse_class(item_at)?),
                 '.' => {
                     self.pos += 1;
                     seq.push(Expr::Chars(CharSet::Any));
@@ -406,43 +364,7 @@ impl<'a> Parser<'a> {
                     self.deepen_last(&mut depths, seq.len(), item_at)?;
                 }
                 '{' => {
-                    self.pos += 1;
-                    self.skip_space(nested);
-                    let min = self.parse_count()?;
-                    self.skip_space(nested);
-                    let max = if self.peek() == Some(',') {
-                        self.pos += 1;
-                        self.skip_space(nested);
-                        if self.peek().is_some_and(|c| c.is_ascii_digit()) {
-                            let max = self.parse_count()?;
-                            self.skip_space(nested);
-                            Some(max)
-                        } else {
-                            None
-                        }
-                    } else {
-                        Some(min)
-                    };
-                    if self.peek() != Some('}') {
-                        return Err(self.error("expected `}` to close the repetition"));
-                    }
-                    self.pos += 1;
-                    if let Some(max) = max {
-                        if max < min {
-                            return Err(self.error_at(
-                                item_at,
-                                format!(
-                                    "repetition {{{min},{max}}} has its maximum below its minimum"
-                                ),
-                            ));
-                        }
-                    }
-                    if min.max(max.unwrap_or(0)) > MAX_REPETITIONS {
-                        return Err(self.error_at(
-                            item_at,
-                            format!("more than {MAX_REPETITIONS} repetitions"),
-                        ));
-                    }
+                    let (min, max) = self.parse_bounds(nested, item_at)?;
                     self.repeat_last(&mut seq, item_at, '{', min, max)?;
                     self.deepen_last(&mut depths, seq.len(), item_at)?;
                 }
@@ -457,6 +379,91 @@ impl<'a> Parser<'a> {
         }
         depths.resize(seq.len(), 0);
         Ok((seq, depths.into_iter().max().unwrap_or(0)))
+    }
+
+    /// A character class `[...]` (or `[^...]`) at `item_at`: its ranges, none reversed.
+    fn parse_class(&mut self, item_at: usize) -> Result<Expr, GbnfError> {
+        self.pos += 1;
+        let negated = if self.peek() == Some('^') {
+            self.pos += 1;
+            true
+        } else {
+            false
+        };
+        let mut ranges = Vec::new();
+        loop {
+            match self.peek() {
+                None => return Err(self.error_at(item_at, "unterminated character class")),
+                Some(']') => break,
+                Some(_) => {}
+            }
+            let lo = self.parse_char()?;
+            let hi = if self.peek() == Some('-') && self.peek_at(1) != Some(']') {
+                self.pos += 1;
+                if self.peek().is_none() {
+                    return Err(self.error_at(item_at, "unterminated character class"));
+                }
+                let range_at = self.pos;
+                let hi = self.parse_char()?;
+                if hi < lo {
+                    return Err(self.error_at(
+                        range_at,
+                        format!("character range {lo:?}-{hi:?} is reversed"),
+                    ));
+                }
+                hi
+            } else {
+                lo
+            };
+            ranges.push((lo, hi));
+        }
+        self.pos += 1;
+        if ranges.is_empty() && !negated {
+            return Err(self.error_at(item_at, "empty character class `[]`"));
+        }
+        Ok(Expr::Chars(CharSet::Class { negated, ranges }))
+    }
+
+    /// The bounds of a repetition `{m}`, `{m,}` or `{m,n}` at `item_at`: the maximum not below
+    /// the minimum, neither over [`MAX_REPETITIONS`].
+    fn parse_bounds(
+        &mut self,
+        nested: bool,
+        item_at: usize,
+    ) -> Result<(u32, Option<u32>), GbnfError> {
+        self.pos += 1;
+        self.skip_space(nested);
+        let min = self.parse_count()?;
+        self.skip_space(nested);
+        let max = if self.peek() == Some(',') {
+            self.pos += 1;
+            self.skip_space(nested);
+            if self.peek().is_some_and(|c| c.is_ascii_digit()) {
+                let max = self.parse_count()?;
+                self.skip_space(nested);
+                Some(max)
+            } else {
+                None
+            }
+        } else {
+            Some(min)
+        };
+        if self.peek() != Some('}') {
+            return Err(self.error("expected `}` to close the repetition"));
+        }
+        self.pos += 1;
+        if let Some(max) = max {
+            if max < min {
+                return Err(self.error_at(
+                    item_at,
+                    format!("repetition {{{min},{max}}} has its maximum below its minimum"),
+                ));
+            }
+        }
+        if min.max(max.unwrap_or(0)) > MAX_REPETITIONS {
+            return Err(self.error_at(item_at, format!("more than {MAX_REPETITIONS} repetitions")));
+        }
+        Ok((min, max))
     }
 
     /// The last item of a sequence of `len` became a repetition: it nests one deeper.
