@@ -22,7 +22,7 @@ struct Replica {
     _child: Killed,
     url: String,
     log: Arc<Mutex<Vec<String>>>,
-    _cache: tempfile::TempDir,
+    cache: tempfile::TempDir,
 }
 
 impl Replica {
@@ -34,6 +34,11 @@ impl Replica {
 
     /// A replica whose calls to Redis time out after `ms` milliseconds.
     fn spawn_timing_out(model: &Path, redis_url: &str, ms: u64) -> Replica {
+        Replica::spawn_with(model, redis_url, ms, &[])
+    }
+
+    /// A replica whose calls to Redis time out after `ms` milliseconds, with `extra` options.
+    fn spawn_with(model: &Path, redis_url: &str, ms: u64, extra: &[&str]) -> Replica {
         let cache = tempfile::tempdir().unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_llama-hdd-server"))
             .arg("-m")
@@ -52,6 +57,7 @@ impl Replica {
             ])
             .args(["--cache-remote", redis_url, "--cache-remote-namespace", "t"])
             .args(["--cache-remote-timeout", &ms.to_string()])
+            .args(extra)
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
@@ -68,7 +74,7 @@ impl Replica {
             _child: Killed(child),
             url,
             log,
-            _cache: cache,
+            cache,
         }
     }
 
@@ -462,4 +468,82 @@ async fn prompts_that_branch_off_a_shared_prefix_share_its_last_partial_page_too
     assert_eq!(cached, 616, "the shared partial page was computed again");
     let computed = replicas[2].complete(&prompt('c'), false).await;
     assert_eq!(c["content"], computed["content"]);
+}
+
+/// The largest file under `dir` (a block file, in a store of blocks and small manifests).
+fn largest_file(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => largest_file(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Blocks that come back from Redis make room on disk before they are written, by dropping the
+/// oldest cached prompts when unreferenced blocks are not enough: under a disk budget of a
+/// twelfth of what the prompts take, the replica's directory, sampled while it reads them back,
+/// never holds more than the budget and one block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_from_redis_make_room_on_disk_first() {
+    let env = Env::new();
+    let redis = RedisServer::start();
+    let a = Replica::spawn(&env.model, &redis.url());
+    let prompts: Vec<String> = (0..16).map(|i| long_prompt(&format!("{i:02}"))).collect();
+    let mut blocks = 0;
+    for p in &prompts {
+        blocks += a.complete(p, true).await["tokens_evaluated"]
+            .as_u64()
+            .unwrap()
+            / 64;
+    }
+    a.wait_pushed(blocks).await;
+    let block = largest_file(a.cache.path());
+    let budget = blocks / 12 * block;
+    let b = Replica::spawn_with(
+        &env.model,
+        &redis.url(),
+        1000,
+        &["--cache-disk", &budget.to_string(), "--cache-ram", "1"],
+    );
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (done, dir) = (Arc::clone(&done), b.cache.path().to_owned());
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                peak = peak.max(common::dir_bytes(&dir));
+            }
+            peak
+        })
+    };
+    for p in &prompts {
+        b.complete(p, true).await;
+    }
+    // Until the replica's writer is idle: its disk counter stands still over a round trip of
+    // the metrics and a writer's round.
+    let mut last = common::metric(&b.url, "cache_bytes_written_total").await;
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = common::metric(&b.url, "cache_bytes_written_total").await;
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let peak = sampler.join().unwrap();
+    assert!(
+        b.remote("hits_total").await >= blocks / 2,
+        "the blocks did not come from Redis"
+    );
+    assert!(
+        peak <= budget + block,
+        "the directory reached {peak} bytes: budget {budget} + one block of {block}"
+    );
 }

@@ -191,6 +191,13 @@ impl SessionStore {
             check_kv_types(existing.geometry(), &stored)?;
         }
         let handle = store.model(fingerprint, geometry(&stored)?)?;
+        // When a write must make room and unreferenced blocks are not enough, the least
+        // recently used cached prompts (tails) go at once. Named conversations go only through
+        // `keep_budget`, which holds their claims for its whole pass (a writer's reservation
+        // could not), and pins never.
+        handle.set_budget_drop_order(std::sync::Arc::new(|name: &str| {
+            name.starts_with(TAIL_PREFIX).then_some(0)
+        }));
         Ok(SessionStore {
             store,
             handle,
