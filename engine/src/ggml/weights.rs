@@ -202,37 +202,7 @@ impl Weights {
             tensors.push(t);
         }
         let device_part = match (device, dev_ctx) {
-            (Some(device), Some(dev_ctx)) => {
-                let dev_buffer =
-                    Buffer::alloc_tensors(&dev_ctx, device)?.ok_or(Error::OutOfMemory {
-                        what: "device memory for the offloaded weights",
-                    })?;
-                // SAFETY: live buffer; usage tells the scheduler to run ops on these weights'
-                // device.
-                unsafe {
-                    sys::ggml_backend_buffer_set_usage(
-                        dev_buffer.0.as_ptr(),
-                        sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS,
-                    )
-                };
-                for (spec, t) in specs.iter().zip(&tensors) {
-                    if spec.on_device {
-                        // SAFETY: the tensor was placed in the device buffer, and its size is
-                        // `n_bytes` (checked against ggml_nbytes above); the source range lies
-                        // in the file's bytes (checked above). The copy completes before the
-                        // call returns.
-                        unsafe {
-                            sys::ggml_backend_tensor_set(
-                                t.as_ptr(),
-                                base.add(spec.offset).cast(),
-                                0,
-                                spec.n_bytes,
-                            )
-                        };
-                    }
-                }
-                Some((dev_buffer, dev_ctx))
-            }
+            (Some(device), Some(dev_ctx)) => Some(upload(device, dev_ctx, specs, &tensors, base)?),
             _ => None,
         };
         let repacked = match (device, repack_weights) {
@@ -256,6 +226,46 @@ impl Weights {
             _owner: PhantomData,
         }
     }
+}
+
+/// Allocates the device buffer for the tensors `dev_ctx` holds (`tensors` has one per spec, those
+/// of the specs marked `on_device` made in `dev_ctx`) and copies each one's bytes from the
+/// model's memory at `base` (every spec's range checked to lie within it by [`Weights::map`]).
+fn upload(
+    device: Device,
+    dev_ctx: Context<'static>,
+    specs: &[WeightSpec<'_>],
+    tensors: &[NonNull<sys::ggml_tensor>],
+    base: *const u8,
+) -> Result<(Buffer, Context<'static>)> {
+    let dev_buffer = Buffer::alloc_tensors(&dev_ctx, device)?.ok_or(Error::OutOfMemory {
+        what: "device memory for the offloaded weights",
+    })?;
+    // SAFETY: live buffer; usage tells the scheduler to run ops on these weights'
+    // device.
+    unsafe {
+        sys::ggml_backend_buffer_set_usage(
+            dev_buffer.0.as_ptr(),
+            sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS,
+        )
+    };
+    for (spec, t) in specs.iter().zip(tensors) {
+        if spec.on_device {
+            // SAFETY: the tensor was placed in the device buffer, and its size is
+            // `n_bytes` (checked against ggml_nbytes by `Weights::map`); the source range lies
+            // in the file's bytes (checked there too). The copy completes before the
+            // call returns.
+            unsafe {
+                sys::ggml_backend_tensor_set(
+                    t.as_ptr(),
+                    base.add(spec.offset).cast(),
+                    0,
+                    spec.n_bytes,
+                )
+            };
+        }
+    }
+    Ok((dev_buffer, dev_ctx))
 }
 
 /// ggml's CPU buffer type whose tensors hold weights in an interleaved ("repacked") layout that
