@@ -222,6 +222,103 @@ impl Role {
     }
 }
 
+/// The weights of layer `l`, looked up (and registered in `specs`) in the order the forward
+/// pass reads them, with the shapes `hp` implies for its architecture.
+fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Result<LayerWeights> {
+    let (e, kv, q) = (hp.n_embd, hp.n_embd_kv(), hp.head_dim * hp.n_head);
+    let n = |s: &str| format!("blk.{l}.{s}");
+    // qwen2 and qwen2moe have Q/K/V biases; for llama and qwen3 they are optional (some
+    // finetunes carry them).
+    let bias = |specs: &mut Specs<'_>, name: &str, dim: usize| match hp.arch {
+        Arch::Qwen2 | Arch::Qwen2Moe => specs.require(&n(name), &[dim], Role::Vector).map(Some),
+        Arch::Llama | Arch::Qwen3 | Arch::Gemma3 | Arch::Gemma2 | Arch::Phi3 | Arch::Qwen3Moe => {
+            specs.find(&n(name), &[dim], Role::Vector)
+        }
+    };
+    // qwen3 and gemma3 normalise each head of Q and K.
+    let head_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
+        Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe => specs
+            .require(&n(name), &[hp.head_dim], Role::Vector)
+            .map(Some),
+        Arch::Llama | Arch::Qwen2 | Arch::Gemma2 | Arch::Phi3 | Arch::Qwen2Moe => Ok(None),
+    };
+    // gemma2 and gemma3 normalise the outputs of attention and of the feed-forward network.
+    let post_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
+        Arch::Gemma3 | Arch::Gemma2 => specs.require(&n(name), &[e], Role::Vector).map(Some),
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe | Arch::Qwen2Moe => {
+            Ok(None)
+        }
+    };
+    let (m, v) = (Role::Matrix, Role::Vector);
+    // phi3 may fuse Q, K and V into one matrix, and always fuses gate and up.
+    let qkv = match specs.find(&n("attn_qkv.weight"), &[e, q + 2 * kv], m)? {
+        Some(w) => Qkv::Fused(w),
+        None => Qkv::Split {
+            wq: specs.require(&n("attn_q.weight"), &[e, q], m)?,
+            wk: specs.require(&n("attn_k.weight"), &[e, kv], m)?,
+            wv: specs.require(&n("attn_v.weight"), &[e, kv], m)?,
+        },
+    };
+    let ffn = match (&hp.experts, hp.arch) {
+        (Some(x), _) => Ffn::Experts {
+            gate_inp: specs.require(&n("ffn_gate_inp.weight"), &[e, x.n_expert], m)?,
+            gate: specs.require(&n("ffn_gate_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
+            up: specs.require(&n("ffn_up_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
+            down: specs.require(&n("ffn_down_exps.weight"), &[x.n_ff_exp, e, x.n_expert], m)?,
+            shared: match x.n_ff_shared {
+                Some(ff) => Some(SharedExpert {
+                    gate_inp: {
+                        // `[n_embd]`, or `[n_embd, 1]` as some converters write it
+                        // (llama.cpp accepts both: trailing dimensions of 1).
+                        let name = n("ffn_gate_inp_shexp.weight");
+                        let column = specs
+                            .gguf
+                            .tensor(&name)
+                            .is_some_and(|t| t.shape == [e as u64, 1]);
+                        let shape: &[usize] = if column { &[e, 1] } else { &[e] };
+                        specs.require(&name, shape, m)?
+                    },
+                    gate: specs.require(&n("ffn_gate_shexp.weight"), &[e, ff], m)?,
+                    up: specs.require(&n("ffn_up_shexp.weight"), &[e, ff], m)?,
+                    down: specs.require(&n("ffn_down_shexp.weight"), &[ff, e], m)?,
+                }),
+                None => None,
+            },
+        },
+        (None, Arch::Phi3) => Ffn::Dense {
+            gate: None,
+            up: specs.require(&n("ffn_up.weight"), &[e, 2 * hp.n_ff], m)?,
+            down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e], m)?,
+        },
+        (None, _) => Ffn::Dense {
+            gate: Some(specs.require(&n("ffn_gate.weight"), &[e, hp.n_ff], m)?),
+            up: specs.require(&n("ffn_up.weight"), &[e, hp.n_ff], m)?,
+            down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e], m)?,
+        },
+    };
+    if hp.arch == Arch::Phi3 && specs.gguf.tensor("rope_factors_long.weight").is_some() {
+        return Err(Error::BadTensor {
+            name: "rope_factors_long.weight".into(),
+            reason: "LongRoPE (Phi-3 128k, Phi-3.5) is not supported yet".into(),
+        });
+    }
+    Ok(LayerWeights {
+        attn_norm: specs.require(&n("attn_norm.weight"), &[e], v)?,
+        qkv,
+        wo: specs.require(&n("attn_output.weight"), &[q, e], m)?,
+        bo: specs.find(&n("attn_output.bias"), &[e], v)?,
+        bq: bias(specs, "attn_q.bias", q)?,
+        bk: bias(specs, "attn_k.bias", kv)?,
+        bv: bias(specs, "attn_v.bias", kv)?,
+        q_norm: head_norm(specs, "attn_q_norm.weight")?,
+        k_norm: head_norm(specs, "attn_k_norm.weight")?,
+        post_attn_norm: post_norm(specs, "post_attention_norm.weight")?,
+        post_ffn_norm: post_norm(specs, "post_ffw_norm.weight")?,
+        ffn_norm: specs.require(&n("ffn_norm.weight"), &[e], v)?,
+        ffn,
+    })
+}
+
 /// The weight tensors a model needs, checked against the file and collected for mapping.
 struct Specs<'a> {
     gguf: &'a Gguf,
@@ -413,7 +510,7 @@ impl Model {
             gguf: &gguf,
             list: Vec::new(),
         };
-        let (e, kv, q) = (hp.n_embd, hp.n_embd_kv(), hp.head_dim * hp.n_head);
+        let e = hp.n_embd;
         let tied = gguf.tensor("output.weight").is_none();
         let tok_embd = specs.require(
             "token_embd.weight",
@@ -432,115 +529,7 @@ impl Model {
         let rope_freqs = specs.find("rope_freqs.weight", &[hp.rope_dims / 2], Role::Vector)?;
         let mut layer_idx = Vec::with_capacity(hp.n_layer);
         for l in 0..hp.n_layer {
-            let n = |s: &str| format!("blk.{l}.{s}");
-            // qwen2 and qwen2moe have Q/K/V biases; for llama and qwen3 they are optional (some
-            // finetunes carry them).
-            let bias = |specs: &mut Specs<'_>, name: &str, dim: usize| match hp.arch {
-                Arch::Qwen2 | Arch::Qwen2Moe => {
-                    specs.require(&n(name), &[dim], Role::Vector).map(Some)
-                }
-                Arch::Llama
-                | Arch::Qwen3
-                | Arch::Gemma3
-                | Arch::Gemma2
-                | Arch::Phi3
-                | Arch::Qwen3Moe => specs.find(&n(name), &[dim], Role::Vector),
-            };
-            // qwen3 and gemma3 normalise each head of Q and K.
-            let head_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
-                Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe => specs
-                    .require(&n(name), &[hp.head_dim], Role::Vector)
-                    .map(Some),
-                Arch::Llama | Arch::Qwen2 | Arch::Gemma2 | Arch::Phi3 | Arch::Qwen2Moe => Ok(None),
-            };
-            // gemma2 and gemma3 normalise the outputs of attention and of the feed-forward network.
-            let post_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
-                Arch::Gemma3 | Arch::Gemma2 => {
-                    specs.require(&n(name), &[e], Role::Vector).map(Some)
-                }
-                Arch::Llama
-                | Arch::Qwen2
-                | Arch::Qwen3
-                | Arch::Phi3
-                | Arch::Qwen3Moe
-                | Arch::Qwen2Moe => Ok(None),
-            };
-            let (m, v) = (Role::Matrix, Role::Vector);
-            // phi3 may fuse Q, K and V into one matrix, and always fuses gate and up.
-            let qkv = match specs.find(&n("attn_qkv.weight"), &[e, q + 2 * kv], m)? {
-                Some(w) => Qkv::Fused(w),
-                None => Qkv::Split {
-                    wq: specs.require(&n("attn_q.weight"), &[e, q], m)?,
-                    wk: specs.require(&n("attn_k.weight"), &[e, kv], m)?,
-                    wv: specs.require(&n("attn_v.weight"), &[e, kv], m)?,
-                },
-            };
-            let ffn = match (&hp.experts, hp.arch) {
-                (Some(x), _) => Ffn::Experts {
-                    gate_inp: specs.require(&n("ffn_gate_inp.weight"), &[e, x.n_expert], m)?,
-                    gate: specs.require(
-                        &n("ffn_gate_exps.weight"),
-                        &[e, x.n_ff_exp, x.n_expert],
-                        m,
-                    )?,
-                    up: specs.require(&n("ffn_up_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
-                    down: specs.require(
-                        &n("ffn_down_exps.weight"),
-                        &[x.n_ff_exp, e, x.n_expert],
-                        m,
-                    )?,
-                    shared: match x.n_ff_shared {
-                        Some(ff) => Some(SharedExpert {
-                            gate_inp: {
-                                // `[n_embd]`, or `[n_embd, 1]` as some converters write it
-                                // (llama.cpp accepts both: trailing dimensions of 1).
-                                let name = n("ffn_gate_inp_shexp.weight");
-                                let column = specs
-                                    .gguf
-                                    .tensor(&name)
-                                    .is_some_and(|t| t.shape == [e as u64, 1]);
-                                let shape: &[usize] = if column { &[e, 1] } else { &[e] };
-                                specs.require(&name, shape, m)?
-                            },
-                            gate: specs.require(&n("ffn_gate_shexp.weight"), &[e, ff], m)?,
-                            up: specs.require(&n("ffn_up_shexp.weight"), &[e, ff], m)?,
-                            down: specs.require(&n("ffn_down_shexp.weight"), &[ff, e], m)?,
-                        }),
-                        None => None,
-                    },
-                },
-                (None, Arch::Phi3) => Ffn::Dense {
-                    gate: None,
-                    up: specs.require(&n("ffn_up.weight"), &[e, 2 * hp.n_ff], m)?,
-                    down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e], m)?,
-                },
-                (None, _) => Ffn::Dense {
-                    gate: Some(specs.require(&n("ffn_gate.weight"), &[e, hp.n_ff], m)?),
-                    up: specs.require(&n("ffn_up.weight"), &[e, hp.n_ff], m)?,
-                    down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e], m)?,
-                },
-            };
-            if hp.arch == Arch::Phi3 && gguf.tensor("rope_factors_long.weight").is_some() {
-                return Err(Error::BadTensor {
-                    name: "rope_factors_long.weight".into(),
-                    reason: "LongRoPE (Phi-3 128k, Phi-3.5) is not supported yet".into(),
-                });
-            }
-            layer_idx.push(LayerWeights {
-                attn_norm: specs.require(&n("attn_norm.weight"), &[e], v)?,
-                qkv,
-                wo: specs.require(&n("attn_output.weight"), &[q, e], m)?,
-                bo: specs.find(&n("attn_output.bias"), &[e], v)?,
-                bq: bias(&mut specs, "attn_q.bias", q)?,
-                bk: bias(&mut specs, "attn_k.bias", kv)?,
-                bv: bias(&mut specs, "attn_v.bias", kv)?,
-                q_norm: head_norm(&mut specs, "attn_q_norm.weight")?,
-                k_norm: head_norm(&mut specs, "attn_k_norm.weight")?,
-                post_attn_norm: post_norm(&mut specs, "post_attention_norm.weight")?,
-                post_ffn_norm: post_norm(&mut specs, "post_ffw_norm.weight")?,
-                ffn_norm: specs.require(&n("ffn_norm.weight"), &[e], v)?,
-                ffn,
-            });
+            layer_idx.push(layer_weights(&mut specs, &hp, l)?);
         }
         // As llama.cpp: a tensor the forward pass does not read means a variant of the
         // architecture this engine does not run (a bias, an extra projection); its weights
