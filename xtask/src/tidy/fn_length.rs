@@ -25,18 +25,7 @@ pub(super) const LONG_FNS_ALLOWED: &[(&str, &str, &str)] = &[
         "check_refuses_settings_out_of_range",
         "a data table: one setting out of range per row",
     ),
-    (
-        "engine/src/constraint/gbnf/mod.rs",
-        "parse_sequence",
-        "to split",
-    ),
-    ("engine/src/ggml/weights.rs", "map", "to split"),
-    ("engine/src/gguf/parse.rs", "parse_header", "to split"),
-    ("engine/src/model.rs", "from_gguf_with", "to split"),
-    ("engine/src/model/hparams.rs", "from_gguf", "to split"),
-    ("engine/src/tokenizer/vocab.rs", "from_gguf", "to split"),
     ("engine/tests/common/mod.rs", "write_model", "to split"),
-    ("examples/chat/main.rs", "main", "to split"),
     ("ggml-sys/build.rs", "main", "to split"),
     (
         "ggml-sys/tests/cuda_backend.rs",
