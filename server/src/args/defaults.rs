@@ -1,7 +1,10 @@
 //! Defaults the options give: the slots and their context (llama-server's auto `--parallel`),
-//! the sampling settings of requests, and the prompt cache's disk budget without `--cache-disk`
-//! (where it lives without `--cache-dir` is `kvstore::default_cache_dir`, which the chat uses
-//! too).
+//! the sampling settings of requests, the model's names, and the prompt cache's budgets and
+//! disk budget without `--cache-disk` (where it lives without `--cache-dir` is
+//! `kvstore::default_cache_dir`, which the chat uses too); and the parts of `Args::check` they
+//! go with (sampling ranges, API keys).
+
+use std::path::PathBuf;
 
 use super::Args;
 use crate::error::{Result, ServerError};
@@ -122,5 +125,133 @@ pub fn default_disk_budget(dir: &std::path::Path) -> u64 {
     match free {
         Some(free) => (free / 2).min(DEFAULT_DISK_CAP),
         None => DEFAULT_DISK_CAP,
+    }
+}
+
+impl Args {
+    /// The sampling defaults that must be finite numbers in range.
+    pub(super) fn check_sampling_ranges(&self) -> Result<()> {
+        let bad = |option: &'static str, reason: String| ServerError::BadOption { option, reason };
+        for (option, x) in [
+            ("--temp", self.temp),
+            ("--top-p", self.top_p),
+            ("--min-p", self.min_p),
+            ("--repeat-penalty", self.repeat_penalty),
+            ("--presence-penalty", self.presence_penalty),
+            ("--frequency-penalty", self.frequency_penalty),
+        ] {
+            if !x.is_finite() {
+                return Err(bad(option, format!("{x} is not a finite number")));
+            }
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(bad("--top-p", format!("{} is not in (0, 1]", self.top_p)));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(bad("--min-p", format!("{} is not in [0, 1]", self.min_p)));
+        }
+        if self.repeat_penalty <= 0.0 {
+            return Err(bad("--repeat-penalty", "must be more than 0".into()));
+        }
+        Ok(())
+    }
+
+    /// The API keys: `--api-key` (comma-separated; none empty or padded), then the lines of
+    /// `--api-key-file` (blank lines and `#` comments aside; at least one key).
+    pub(super) fn api_keys(&self) -> Result<Vec<String>> {
+        let bad = |option: &'static str, reason: String| ServerError::BadOption { option, reason };
+        let mut api_keys: Vec<String> = self
+            .api_key
+            .iter()
+            .flat_map(|k| k.split(','))
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if self
+            .api_key
+            .iter()
+            .any(|k| k.trim() != k || k.split(',').all(|p| p.trim().is_empty()))
+        {
+            return Err(bad(
+                "--api-key",
+                "an empty key (or one with spaces around it) would turn authentication off; \
+                 give the key, or leave the option out"
+                    .into(),
+            ));
+        }
+        if let Some(path) = &self.api_key_file {
+            let text = std::fs::read_to_string(path).map_err(|source| ServerError::Io {
+                what: format!("reading {}", path.display()),
+                source,
+            })?;
+            let before = api_keys.len();
+            api_keys.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .map(str::to_owned),
+            );
+            if api_keys.len() == before {
+                return Err(bad(
+                    "--api-key-file",
+                    format!("{} holds no key", path.display()),
+                ));
+            }
+        }
+        Ok(api_keys)
+    }
+
+    /// The RAM budget (`--cache-ram`: MiB, a size, or -1 for none), the cache directory and the
+    /// disk budget (`--cache-disk`: a size, -1 for none, by default one sized for the
+    /// directory's file system).
+    pub(super) fn caches(&self) -> Result<(u64, PathBuf, Option<u64>)> {
+        let bad = |option: &'static str, reason: String| ServerError::BadOption { option, reason };
+        let size = |option: &'static str, text: &str| {
+            kvstore::parse_size(text).map_err(|e| bad(option, e.to_string()))
+        };
+        let cache_ram = match self.cache_ram.trim() {
+            "-1" => u64::MAX,
+            t if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) => t
+                .parse::<u64>()
+                .ok()
+                .and_then(|mib| mib.checked_mul(1 << 20))
+                .ok_or_else(|| bad("--cache-ram", format!("{t} MiB is too large")))?,
+            t => size("--cache-ram", t)?,
+        };
+        let cache_dir = match &self.cache_dir {
+            Some(dir) => dir.clone(),
+            None => kvstore::default_cache_dir(),
+        };
+        let cache_disk = match self.cache_disk.as_deref().map(str::trim) {
+            Some("-1") => None,
+            Some(s) => Some(size("--cache-disk", s)?),
+            None => Some(default_disk_budget(&cache_dir)),
+        };
+        Ok((cache_ram, cache_dir, cache_disk))
+    }
+
+    /// The model's names (`--alias`, comma-separated, sorted as llama-server keeps them; the
+    /// file's stem without one): the first is its id.
+    pub(super) fn aliases(&self) -> Vec<String> {
+        let stem = self
+            .model
+            .file_stem()
+            .map_or_else(|| "model".to_owned(), |s| s.to_string_lossy().into_owned());
+        let mut aliases: Vec<String> = self
+            .alias
+            .iter()
+            .flat_map(|a| a.split(','))
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(str::to_owned)
+            .collect();
+        // llama-server keeps aliases in a sorted set: the first in order is the id.
+        aliases.sort();
+        aliases.dedup();
+        if aliases.is_empty() {
+            aliases.push(stem);
+        }
+        aliases
     }
 }

@@ -553,27 +553,7 @@ impl Args {
             kvstore::parse_size(text).map_err(|e| bad(option, e.to_string()))
         };
         let (n_slots, kv_unified) = self.slots()?;
-        for (option, x) in [
-            ("--temp", self.temp),
-            ("--top-p", self.top_p),
-            ("--min-p", self.min_p),
-            ("--repeat-penalty", self.repeat_penalty),
-            ("--presence-penalty", self.presence_penalty),
-            ("--frequency-penalty", self.frequency_penalty),
-        ] {
-            if !x.is_finite() {
-                return Err(bad(option, format!("{x} is not a finite number")));
-            }
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(bad("--top-p", format!("{} is not in (0, 1]", self.top_p)));
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            return Err(bad("--min-p", format!("{} is not in [0, 1]", self.min_p)));
-        }
-        if self.repeat_penalty <= 0.0 {
-            return Err(bad("--repeat-penalty", "must be more than 0".into()));
-        }
+        self.check_sampling_ranges()?;
         if self.ctx_size == 1 {
             return Err(bad("--ctx-size", "at least 2 positions are needed".into()));
         }
@@ -646,82 +626,10 @@ impl Args {
                 }
             },
         };
-        let mut api_keys: Vec<String> = self
-            .api_key
-            .iter()
-            .flat_map(|k| k.split(','))
-            .map(str::trim)
-            .filter(|k| !k.is_empty())
-            .map(str::to_owned)
-            .collect();
-        if self
-            .api_key
-            .iter()
-            .any(|k| k.trim() != k || k.split(',').all(|p| p.trim().is_empty()))
-        {
-            return Err(bad(
-                "--api-key",
-                "an empty key (or one with spaces around it) would turn authentication off; \
-                 give the key, or leave the option out"
-                    .into(),
-            ));
-        }
-        if let Some(path) = &self.api_key_file {
-            let text = std::fs::read_to_string(path).map_err(|source| ServerError::Io {
-                what: format!("reading {}", path.display()),
-                source,
-            })?;
-            let before = api_keys.len();
-            api_keys.extend(
-                text.lines()
-                    .map(str::trim)
-                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
-                    .map(str::to_owned),
-            );
-            if api_keys.len() == before {
-                return Err(bad(
-                    "--api-key-file",
-                    format!("{} holds no key", path.display()),
-                ));
-            }
-        }
-        let cache_ram = match self.cache_ram.trim() {
-            "-1" => u64::MAX,
-            t if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) => t
-                .parse::<u64>()
-                .ok()
-                .and_then(|mib| mib.checked_mul(1 << 20))
-                .ok_or_else(|| bad("--cache-ram", format!("{t} MiB is too large")))?,
-            t => size("--cache-ram", t)?,
-        };
-        let cache_dir = match &self.cache_dir {
-            Some(dir) => dir.clone(),
-            None => kvstore::default_cache_dir(),
-        };
-        let cache_disk = match self.cache_disk.as_deref().map(str::trim) {
-            Some("-1") => None,
-            Some(s) => Some(size("--cache-disk", s)?),
-            None => Some(default_disk_budget(&cache_dir)),
-        };
+        let api_keys = self.api_keys()?;
+        let (cache_ram, cache_dir, cache_disk) = self.caches()?;
         let max_body = size("--max-body", &self.max_body)? as usize;
-        let stem = self
-            .model
-            .file_stem()
-            .map_or_else(|| "model".to_owned(), |s| s.to_string_lossy().into_owned());
-        let mut aliases: Vec<String> = self
-            .alias
-            .iter()
-            .flat_map(|a| a.split(','))
-            .map(str::trim)
-            .filter(|a| !a.is_empty())
-            .map(str::to_owned)
-            .collect();
-        // llama-server keeps aliases in a sorted set: the first in order is the id.
-        aliases.sort();
-        aliases.dedup();
-        if aliases.is_empty() {
-            aliases.push(stem);
-        }
+        let aliases = self.aliases();
         let tags = self
             .tags
             .iter()
