@@ -18,52 +18,7 @@ pub(super) fn convert(obj: &Map<String, Value>) -> Result<(Value, Asked), Fail> 
             return Err(bad(format!("Unknown parameter: '{k}'.")));
         }
     }
-    let unsupported = |what: &str| Fail::new(ServerError::Unsupported(what.into()).into_response());
-    if obj.get("background").and_then(Value::as_bool) == Some(true) {
-        return Err(unsupported(
-            "\"background\": responses are generated while the request waits",
-        ));
-    }
-    if obj.get("conversation").is_some_and(|c| !c.is_null()) {
-        return Err(unsupported(
-            "\"conversation\": this server keeps no conversation objects; use previous_response_id",
-        ));
-    }
-    if obj.get("prompt").is_some_and(|c| !c.is_null()) {
-        return Err(unsupported(
-            "\"prompt\": this server has no stored prompt templates",
-        ));
-    }
-    match obj.get("truncation") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(t)) if t == "disabled" => {}
-        Some(Value::String(t)) if t == "auto" => {
-            return Err(unsupported(
-                "\"truncation\": \"auto\": a conversation longer than the context is refused \
-                 (as with \"disabled\"), not cut",
-            ))
-        }
-        Some(other) => {
-            return Err(bad(format!(
-                "'truncation' is {other}; 'disabled' or 'auto'"
-            )))
-        }
-    }
-    // Encrypted reasoning has nothing to carry here: reasoning items hold their text, which
-    // the client sends back as it is. Nothing else that `include` can ask for is produced.
-    if let Some(list) = obj.get("include").filter(|v| !v.is_null()) {
-        let list = list
-            .as_array()
-            .ok_or_else(|| bad("'include' must be a list"))?;
-        if let Some(x) = list
-            .iter()
-            .find(|x| x.as_str() != Some("reasoning.encrypted_content"))
-        {
-            return Err(unsupported(&format!(
-                "\"include\": {x} is not produced by this server"
-            )));
-        }
-    }
+    refuse_unsupported(obj)?;
     let max_calls = match obj.get("max_tool_calls") {
         None | Some(Value::Null) => None,
         Some(v) => Some(
@@ -165,6 +120,93 @@ pub(super) fn convert(obj: &Map<String, Value>) -> Result<(Value, Asked), Fail> 
     };
     chat.insert("stream".into(), json!(stream));
     let store = obj.get("store").and_then(Value::as_bool).unwrap_or(true);
+    text_format(obj, &mut chat)?;
+    if let Some(effort) = obj
+        .get("reasoning")
+        .and_then(|r| r.get("effort"))
+        .and_then(Value::as_str)
+    {
+        // Templates that take an effort (gpt-oss) read `reasoning_effort`.
+        let kwargs = chat
+            .entry("chat_template_kwargs")
+            .or_insert_with(|| json!({}));
+        if let Some(k) = kwargs.as_object_mut() {
+            k.entry("reasoning_effort").or_insert(json!(effort));
+        }
+    }
+    let echo = echo(obj, choice, parallel, store, &instructions);
+    Ok((
+        Value::Object(chat),
+        Asked {
+            stream,
+            store,
+            instructions,
+            previous,
+            input,
+            echo,
+        },
+    ))
+}
+
+/// A refusal of what this server does not do (501).
+fn unsupported(what: &str) -> Fail {
+    Fail::new(ServerError::Unsupported(what.into()).into_response())
+}
+
+/// Refuses the fields asking what this server does not do: background responses, conversation
+/// objects, stored prompts, automatic truncation, and `include` of anything but encrypted
+/// reasoning.
+fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), Fail> {
+    if obj.get("background").and_then(Value::as_bool) == Some(true) {
+        return Err(unsupported(
+            "\"background\": responses are generated while the request waits",
+        ));
+    }
+    if obj.get("conversation").is_some_and(|c| !c.is_null()) {
+        return Err(unsupported(
+            "\"conversation\": this server keeps no conversation objects; use previous_response_id",
+        ));
+    }
+    if obj.get("prompt").is_some_and(|c| !c.is_null()) {
+        return Err(unsupported(
+            "\"prompt\": this server has no stored prompt templates",
+        ));
+    }
+    match obj.get("truncation") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(t)) if t == "disabled" => {}
+        Some(Value::String(t)) if t == "auto" => {
+            return Err(unsupported(
+                "\"truncation\": \"auto\": a conversation longer than the context is refused \
+                 (as with \"disabled\"), not cut",
+            ))
+        }
+        Some(other) => {
+            return Err(bad(format!(
+                "'truncation' is {other}; 'disabled' or 'auto'"
+            )))
+        }
+    }
+    // Encrypted reasoning has nothing to carry here: reasoning items hold their text, which
+    // the client sends back as it is. Nothing else that `include` can ask for is produced.
+    if let Some(list) = obj.get("include").filter(|v| !v.is_null()) {
+        let list = list
+            .as_array()
+            .ok_or_else(|| bad("'include' must be a list"))?;
+        if let Some(x) = list
+            .iter()
+            .find(|x| x.as_str() != Some("reasoning.encrypted_content"))
+        {
+            return Err(unsupported(&format!(
+                "\"include\": {x} is not produced by this server"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `text.format` as the chat's `response_format` or `json_schema`.
+fn text_format(obj: &Map<String, Value>, chat: &mut Map<String, Value>) -> Result<(), Fail> {
     if let Some(format) = obj
         .get("text")
         .and_then(|t| t.get("format"))
@@ -189,19 +231,17 @@ pub(super) fn convert(obj: &Map<String, Value>) -> Result<(Value, Asked), Fail> 
             }
         }
     }
-    if let Some(effort) = obj
-        .get("reasoning")
-        .and_then(|r| r.get("effort"))
-        .and_then(Value::as_str)
-    {
-        // Templates that take an effort (gpt-oss) read `reasoning_effort`.
-        let kwargs = chat
-            .entry("chat_template_kwargs")
-            .or_insert_with(|| json!({}));
-        if let Some(k) = kwargs.as_object_mut() {
-            k.entry("reasoning_effort").or_insert(json!(effort));
-        }
-    }
+    Ok(())
+}
+
+/// The request's settings as the response echoes them.
+fn echo(
+    obj: &Map<String, Value>,
+    choice: Option<&Value>,
+    parallel: bool,
+    store: bool,
+    instructions: &Value,
+) -> Map<String, Value> {
     let mut echo = Map::new();
     for key in [
         "max_output_tokens",
@@ -236,17 +276,7 @@ pub(super) fn convert(obj: &Map<String, Value>) -> Result<(Value, Asked), Fail> 
             .cloned()
             .unwrap_or_else(|| json!("disabled")),
     );
-    Ok((
-        Value::Object(chat),
-        Asked {
-            stream,
-            store,
-            instructions,
-            previous,
-            input,
-            echo,
-        },
-    ))
+    echo
 }
 
 /// A Responses function tool as an OpenAI chat tool; other kinds of tools are refused.
