@@ -22,71 +22,7 @@ pub(super) fn gen_params(
         s if s < 0 => random_seed(),
         s => s.unsigned_abs(),
     };
-    let d = &limits.sampler;
-    let sampler = SamplerParams {
-        temperature: s.temperature.unwrap_or(d.temperature),
-        // llama-server reads a top-k of 0 or less as off.
-        top_k: s.top_k.map_or(d.top_k, |k| usize::try_from(k).unwrap_or(0)),
-        top_p: s.top_p.unwrap_or(d.top_p),
-        min_p: s.min_p.unwrap_or(d.min_p),
-        repeat_penalty: s.repeat_penalty.unwrap_or(d.repeat_penalty),
-        repeat_last_n: match s.repeat_last_n {
-            None => d.repeat_last_n,
-            Some(n) if n < 0 => limits.n_ctx,
-            Some(n) => n as usize,
-        },
-        frequency_penalty: s.frequency_penalty.unwrap_or(d.frequency_penalty),
-        presence_penalty: s.presence_penalty.unwrap_or(d.presence_penalty),
-        seed,
-        typical_p: s.typical_p.unwrap_or(d.typical_p),
-        xtc_probability: s.xtc_probability.unwrap_or(d.xtc_probability),
-        xtc_threshold: s.xtc_threshold.unwrap_or(d.xtc_threshold),
-        dry_multiplier: s.dry_multiplier.unwrap_or(d.dry_multiplier),
-        dry_base: s.dry_base.unwrap_or(d.dry_base),
-        dry_allowed_length: s
-            .dry_allowed_length
-            .map_or(d.dry_allowed_length, |n| usize::try_from(n).unwrap_or(0)),
-        dry_penalty_last_n: match s.dry_penalty_last_n {
-            None => d.dry_penalty_last_n,
-            Some(n) if n < 0 => usize::MAX,
-            Some(n) => n as usize,
-        },
-        mirostat: match s.mirostat {
-            None => d.mirostat,
-            Some(m @ 0..=2) => m as u8,
-            Some(m) => return Err(bad(format!("\"mirostat\" is {m}; 0, 1 or 2 expected"))),
-        },
-        mirostat_tau: s.mirostat_tau.unwrap_or(d.mirostat_tau),
-        mirostat_eta: s.mirostat_eta.unwrap_or(d.mirostat_eta),
-        top_n_sigma: s.top_n_sigma.unwrap_or(d.top_n_sigma),
-        min_keep: s
-            .min_keep
-            .map_or(d.min_keep, |k| usize::try_from(k).unwrap_or(0)),
-        dynatemp_range: s.dynatemp_range.unwrap_or(d.dynatemp_range),
-        dynatemp_exponent: s.dynatemp_exponent.unwrap_or(d.dynatemp_exponent),
-        samplers: match &s.samplers {
-            None => d.samplers.clone(),
-            Some(v) => sampler_chain(v)?,
-        },
-        ..d.clone()
-    };
-    // JSON numbers past f32's range arrive as infinities.
-    for (name, x) in [
-        ("temperature", sampler.temperature),
-        ("top_p", sampler.top_p),
-        ("min_p", sampler.min_p),
-        ("repeat_penalty", sampler.repeat_penalty),
-        ("frequency_penalty", sampler.frequency_penalty),
-        ("presence_penalty", sampler.presence_penalty),
-    ] {
-        if !x.is_finite() {
-            return Err(bad(format!(
-                "\"{name}\" is out of range for a 32-bit float"
-            )));
-        }
-    }
-    // The ranges the chat accepts too, and those of the other samplers.
-    sampler.check().map_err(|e| bad(e.to_string()))?;
+    let sampler = sampler_params(limits, s, seed)?;
     let pending = |field: &str, set: bool| -> Result<()> {
         if set {
             Err(ServerError::Unsupported(format!(
@@ -175,6 +111,78 @@ pub(super) fn gen_params(
             .clone()
             .or_else(|| limits.dry_breakers.clone()),
     })
+}
+
+/// The request's sampler settings over the server's defaults, checked: finite numbers, and the
+/// ranges the chat accepts too (and those of the other samplers).
+fn sampler_params(limits: &Limits, s: &Sampling, seed: u64) -> Result<SamplerParams> {
+    let bad = |what: String| ServerError::BadRequest(what);
+    let d = &limits.sampler;
+    let sampler = SamplerParams {
+        temperature: s.temperature.unwrap_or(d.temperature),
+        // llama-server reads a top-k of 0 or less as off.
+        top_k: s.top_k.map_or(d.top_k, |k| usize::try_from(k).unwrap_or(0)),
+        top_p: s.top_p.unwrap_or(d.top_p),
+        min_p: s.min_p.unwrap_or(d.min_p),
+        repeat_penalty: s.repeat_penalty.unwrap_or(d.repeat_penalty),
+        repeat_last_n: match s.repeat_last_n {
+            None => d.repeat_last_n,
+            Some(n) if n < 0 => limits.n_ctx,
+            Some(n) => n as usize,
+        },
+        frequency_penalty: s.frequency_penalty.unwrap_or(d.frequency_penalty),
+        presence_penalty: s.presence_penalty.unwrap_or(d.presence_penalty),
+        seed,
+        typical_p: s.typical_p.unwrap_or(d.typical_p),
+        xtc_probability: s.xtc_probability.unwrap_or(d.xtc_probability),
+        xtc_threshold: s.xtc_threshold.unwrap_or(d.xtc_threshold),
+        dry_multiplier: s.dry_multiplier.unwrap_or(d.dry_multiplier),
+        dry_base: s.dry_base.unwrap_or(d.dry_base),
+        dry_allowed_length: s
+            .dry_allowed_length
+            .map_or(d.dry_allowed_length, |n| usize::try_from(n).unwrap_or(0)),
+        dry_penalty_last_n: match s.dry_penalty_last_n {
+            None => d.dry_penalty_last_n,
+            Some(n) if n < 0 => usize::MAX,
+            Some(n) => n as usize,
+        },
+        mirostat: match s.mirostat {
+            None => d.mirostat,
+            Some(m @ 0..=2) => m as u8,
+            Some(m) => return Err(bad(format!("\"mirostat\" is {m}; 0, 1 or 2 expected"))),
+        },
+        mirostat_tau: s.mirostat_tau.unwrap_or(d.mirostat_tau),
+        mirostat_eta: s.mirostat_eta.unwrap_or(d.mirostat_eta),
+        top_n_sigma: s.top_n_sigma.unwrap_or(d.top_n_sigma),
+        min_keep: s
+            .min_keep
+            .map_or(d.min_keep, |k| usize::try_from(k).unwrap_or(0)),
+        dynatemp_range: s.dynatemp_range.unwrap_or(d.dynatemp_range),
+        dynatemp_exponent: s.dynatemp_exponent.unwrap_or(d.dynatemp_exponent),
+        samplers: match &s.samplers {
+            None => d.samplers.clone(),
+            Some(v) => sampler_chain(v)?,
+        },
+        ..d.clone()
+    };
+    // JSON numbers past f32's range arrive as infinities.
+    for (name, x) in [
+        ("temperature", sampler.temperature),
+        ("top_p", sampler.top_p),
+        ("min_p", sampler.min_p),
+        ("repeat_penalty", sampler.repeat_penalty),
+        ("frequency_penalty", sampler.frequency_penalty),
+        ("presence_penalty", sampler.presence_penalty),
+    ] {
+        if !x.is_finite() {
+            return Err(bad(format!(
+                "\"{name}\" is out of range for a 32-bit float"
+            )));
+        }
+    }
+    // The ranges the chat accepts too, and those of the other samplers.
+    sampler.check().map_err(|e| bad(e.to_string()))?;
+    Ok(sampler)
 }
 
 /// The grammar a request's output must follow: llama-server's `grammar` (GBNF) or
