@@ -69,49 +69,7 @@ impl Server {
                 ..engine::ModelParams::gpu_layers(config.n_gpu_layers)
             },
         )?;
-        let n_train = model.hparams().n_ctx_train.max(2);
-        // llama-server's context: the whole of it (`-c`, 0 for the model's) split among the
-        // slots, unless any one request may use all of it (unified: `--kv-unified`, or
-        // `--parallel` left to auto).
-        let total = if args.ctx_size == 0 {
-            n_train
-        } else {
-            args.ctx_size
-        };
-        let per_slot = if config.kv_unified {
-            total
-        } else {
-            total / config.n_slots
-        };
-        if per_slot < 2 {
-            return Err(ServerError::BadOption {
-                option: "--ctx-size",
-                reason: format!(
-                    "{total} positions over {} slots leave fewer than 2 to each",
-                    config.n_slots
-                ),
-            });
-        }
-        let n_ctx = per_slot.min(n_train);
-        // Each slot may need its context plus one copied page (unified, the slots share one
-        // context, as llama-server's: the same pool as split, one request may take all of
-        // it); as much again keeps finished prompts resident for the next requests.
-        let contexts = if config.kv_unified {
-            n_ctx.div_ceil(PAGE_TOKENS)
-        } else {
-            config.n_slots * n_ctx.div_ceil(PAGE_TOKENS)
-        };
-        let kv_tokens = 2 * (contexts + config.n_slots) * PAGE_TOKENS;
-        let ctx_params = ContextParams {
-            n_ctx,
-            kv_tokens,
-            n_threads: config.n_threads,
-            n_batch: args.batch_size.min(args.ubatch_size),
-            flash_attn: config.flash_attn,
-            type_k: args.cache_type_k,
-            type_v: args.cache_type_v,
-            batch_invariant: args.deterministic,
-        };
+        let ctx_params = context_params(&config, &model)?;
         // The store first: it knows the model's fingerprint when the file is unchanged, and the
         // context needs it.
         let store_config = StoreConfig {
@@ -148,19 +106,7 @@ impl Server {
             *log = Some(log_tx);
         }
         if let Some(store) = &store {
-            metrics.log(match store.fingerprint_origin() {
-                engine::FingerprintOrigin::Hashed => {
-                    "prompt cache: the model file was hashed (its fingerprint is remembered \
-                     for the next start)"
-                        .to_owned()
-                }
-                _ => "prompt cache: the model file's fingerprint was remembered".to_owned(),
-            });
-            if let Some(old) = store.legacy_store() {
-                metrics.log(format!("prompt cache: note: {old}"));
-            }
-            let log = Arc::clone(&metrics);
-            store.set_remote_log(move |line| log.log(line));
+            log_store(store, &metrics);
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let scheduler = scheduler::spawn(
@@ -291,6 +237,75 @@ impl Server {
         let _ = tokio::task::spawn_blocking(move || scheduler.join()).await;
         Ok(())
     }
+}
+
+/// The context's parameters, as llama-server sizes it: the whole context (`-c`, 0 for the
+/// model's) split among the slots unless unified, and a page pool for every slot's context and
+/// as much again for finished prompts kept resident.
+fn context_params(config: &Config, model: &Model) -> Result<ContextParams> {
+    let args = &config.args;
+    let n_train = model.hparams().n_ctx_train.max(2);
+    // llama-server's context: the whole of it (`-c`, 0 for the model's) split among the
+    // slots, unless any one request may use all of it (unified: `--kv-unified`, or
+    // `--parallel` left to auto).
+    let total = if args.ctx_size == 0 {
+        n_train
+    } else {
+        args.ctx_size
+    };
+    let per_slot = if config.kv_unified {
+        total
+    } else {
+        total / config.n_slots
+    };
+    if per_slot < 2 {
+        return Err(ServerError::BadOption {
+            option: "--ctx-size",
+            reason: format!(
+                "{total} positions over {} slots leave fewer than 2 to each",
+                config.n_slots
+            ),
+        });
+    }
+    let n_ctx = per_slot.min(n_train);
+    // Each slot may need its context plus one copied page (unified, the slots share one
+    // context, as llama-server's: the same pool as split, one request may take all of
+    // it); as much again keeps finished prompts resident for the next requests.
+    let contexts = if config.kv_unified {
+        n_ctx.div_ceil(PAGE_TOKENS)
+    } else {
+        config.n_slots * n_ctx.div_ceil(PAGE_TOKENS)
+    };
+    let kv_tokens = 2 * (contexts + config.n_slots) * PAGE_TOKENS;
+    let ctx_params = ContextParams {
+        n_ctx,
+        kv_tokens,
+        n_threads: config.n_threads,
+        n_batch: args.batch_size.min(args.ubatch_size),
+        flash_attn: config.flash_attn,
+        type_k: args.cache_type_k,
+        type_v: args.cache_type_v,
+        batch_invariant: args.deterministic,
+    };
+    Ok(ctx_params)
+}
+
+/// Says where the prompt cache's model fingerprint came from and any legacy store, and sends the
+/// remote tier's log lines to the server's log.
+fn log_store(store: &Arc<SessionStore>, metrics: &Arc<Metrics>) {
+    metrics.log(match store.fingerprint_origin() {
+        engine::FingerprintOrigin::Hashed => {
+            "prompt cache: the model file was hashed (its fingerprint is remembered \
+             for the next start)"
+                .to_owned()
+        }
+        _ => "prompt cache: the model file's fingerprint was remembered".to_owned(),
+    });
+    if let Some(old) = store.legacy_store() {
+        metrics.log(format!("prompt cache: note: {old}"));
+    }
+    let log = Arc::clone(metrics);
+    store.set_remote_log(move |line| log.log(line));
 }
 
 /// The chat template the command line asks for: `--chat-template-file`, `--chat-template` (one

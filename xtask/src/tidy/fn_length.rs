@@ -32,14 +32,6 @@ pub(super) const LONG_FNS_ALLOWED: &[(&str, &str, &str)] = &[
         "cuda_backend_matches_the_cpu_backend",
         "to split",
     ),
-    ("server/src/args/mod.rs", "check", "to split"),
-    ("server/src/lib.rs", "bind", "to split"),
-    ("server/src/request/sampling.rs", "gen_params", "to split"),
-    (
-        "server/src/routes/responses/convert.rs",
-        "convert",
-        "to split",
-    ),
 ];
 
 /// One function of a file: its name and the lines of its `fn` keyword and closing brace.
