@@ -279,12 +279,7 @@ pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
     g.add_str_array::<&str>("tokenizer.ggml.merges", &[]);
     g.add_u32("tokenizer.ggml.eos_token_id", 0);
 
-    let (e, kv, ff, v) = (
-        c.n_embd as u64,
-        c.kv_dim() as u64,
-        c.n_ff as u64,
-        c.n_vocab as u64,
-    );
+    let (e, v) = (c.n_embd as u64, c.n_vocab as u64);
     g.add_tensor(
         "token_embd.weight",
         &[e, v],
@@ -314,161 +309,168 @@ pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
         );
     }
     for (l, lw) in w.layers.iter_mut().enumerate() {
-        let n = |s: &str| format!("blk.{l}.{s}");
+        write_layer(&mut g, c, l, lw);
+    }
+    g.write(path).unwrap();
+}
+
+/// Adds layer `l`'s tensors to `g` in the shape's layout, and leaves in `lw` what the model
+/// will compute with: biases the shape lacks zeroed, f16-stored matrices rounded through f16.
+fn write_layer(g: &mut GgufWriter, c: &Cfg, l: usize, lw: &mut Layer) {
+    let (e, kv, ff) = (c.n_embd as u64, c.kv_dim() as u64, c.n_ff as u64);
+    let n = |s: &str| format!("blk.{l}.{s}");
+    g.add_tensor(
+        &n("attn_norm.weight"),
+        &[e],
+        GgmlType::F32,
+        f32_bytes(&lw.attn_norm),
+    );
+    if c.shape == Shape::Phi3 {
+        // One matrix: Q's rows, then K's, then V's.
+        let fused: Vec<f32> = [&lw.wq, &lw.wk, &lw.wv]
+            .into_iter()
+            .flatten()
+            .copied()
+            .collect();
         g.add_tensor(
-            &n("attn_norm.weight"),
-            &[e],
+            &n("attn_qkv.weight"),
+            &[e, e + 2 * kv],
             GgmlType::F32,
-            f32_bytes(&lw.attn_norm),
+            f32_bytes(&fused),
         );
-        if c.shape == Shape::Phi3 {
-            // One matrix: Q's rows, then K's, then V's.
-            let fused: Vec<f32> = [&lw.wq, &lw.wk, &lw.wv]
-                .into_iter()
-                .flatten()
-                .copied()
-                .collect();
-            g.add_tensor(
-                &n("attn_qkv.weight"),
-                &[e, e + 2 * kv],
-                GgmlType::F32,
-                f32_bytes(&fused),
-            );
-        } else {
-            g.add_tensor(
-                &n("attn_q.weight"),
-                &[e, e],
-                GgmlType::F32,
-                f32_bytes(&lw.wq),
-            );
-            g.add_tensor(
-                &n("attn_k.weight"),
-                &[e, kv],
-                GgmlType::F32,
-                f32_bytes(&lw.wk),
-            );
-            g.add_tensor(
-                &n("attn_v.weight"),
-                &[e, kv],
-                GgmlType::F32,
-                f32_bytes(&lw.wv),
-            );
-        }
+    } else {
         g.add_tensor(
-            &n("attn_output.weight"),
+            &n("attn_q.weight"),
             &[e, e],
             GgmlType::F32,
-            f32_bytes(&lw.wo),
+            f32_bytes(&lw.wq),
         );
-        if matches!(c.shape, Shape::Qwen3 | Shape::Gemma3 | Shape::Qwen3Moe) {
-            let hd = c.head_dim() as u64;
-            g.add_tensor(
-                &n("attn_q_norm.weight"),
-                &[hd],
-                GgmlType::F32,
-                f32_bytes(&lw.q_norm),
-            );
-            g.add_tensor(
-                &n("attn_k_norm.weight"),
-                &[hd],
-                GgmlType::F32,
-                f32_bytes(&lw.k_norm),
-            );
-        }
-        if matches!(c.shape, Shape::Gemma3 | Shape::Gemma2) {
-            g.add_tensor(
-                &n("post_attention_norm.weight"),
-                &[e],
-                GgmlType::F32,
-                f32_bytes(&lw.post_attn_norm),
-            );
-            g.add_tensor(
-                &n("post_ffw_norm.weight"),
-                &[e],
-                GgmlType::F32,
-                f32_bytes(&lw.post_ffn_norm),
-            );
-        }
-        if matches!(c.shape, Shape::Qwen2 | Shape::Qwen2Moe) {
-            g.add_tensor(&n("attn_q.bias"), &[e], GgmlType::F32, f32_bytes(&lw.bq));
-            g.add_tensor(&n("attn_k.bias"), &[kv], GgmlType::F32, f32_bytes(&lw.bk));
-            g.add_tensor(&n("attn_v.bias"), &[kv], GgmlType::F32, f32_bytes(&lw.bv));
-        } else {
-            lw.bq
-                .iter_mut()
-                .chain(lw.bk.iter_mut())
-                .chain(lw.bv.iter_mut())
-                .for_each(|b| *b = 0.0);
-        }
         g.add_tensor(
-            &n("ffn_norm.weight"),
+            &n("attn_k.weight"),
+            &[e, kv],
+            GgmlType::F32,
+            f32_bytes(&lw.wk),
+        );
+        g.add_tensor(
+            &n("attn_v.weight"),
+            &[e, kv],
+            GgmlType::F32,
+            f32_bytes(&lw.wv),
+        );
+    }
+    g.add_tensor(
+        &n("attn_output.weight"),
+        &[e, e],
+        GgmlType::F32,
+        f32_bytes(&lw.wo),
+    );
+    if matches!(c.shape, Shape::Qwen3 | Shape::Gemma3 | Shape::Qwen3Moe) {
+        let hd = c.head_dim() as u64;
+        g.add_tensor(
+            &n("attn_q_norm.weight"),
+            &[hd],
+            GgmlType::F32,
+            f32_bytes(&lw.q_norm),
+        );
+        g.add_tensor(
+            &n("attn_k_norm.weight"),
+            &[hd],
+            GgmlType::F32,
+            f32_bytes(&lw.k_norm),
+        );
+    }
+    if matches!(c.shape, Shape::Gemma3 | Shape::Gemma2) {
+        g.add_tensor(
+            &n("post_attention_norm.weight"),
             &[e],
             GgmlType::F32,
-            f32_bytes(&lw.ffn_norm),
+            f32_bytes(&lw.post_attn_norm),
         );
-        if c.shape.moe() {
-            let (n_x, ff_x) = (MOE.0 as u64, MOE.2 as u64);
-            g.add_tensor(
-                &n("ffn_gate_inp.weight"),
-                &[e, n_x],
-                GgmlType::F32,
-                f32_bytes(&lw.gate_inp),
-            );
+        g.add_tensor(
+            &n("post_ffw_norm.weight"),
+            &[e],
+            GgmlType::F32,
+            f32_bytes(&lw.post_ffn_norm),
+        );
+    }
+    if matches!(c.shape, Shape::Qwen2 | Shape::Qwen2Moe) {
+        g.add_tensor(&n("attn_q.bias"), &[e], GgmlType::F32, f32_bytes(&lw.bq));
+        g.add_tensor(&n("attn_k.bias"), &[kv], GgmlType::F32, f32_bytes(&lw.bk));
+        g.add_tensor(&n("attn_v.bias"), &[kv], GgmlType::F32, f32_bytes(&lw.bv));
+    } else {
+        lw.bq
+            .iter_mut()
+            .chain(lw.bk.iter_mut())
+            .chain(lw.bv.iter_mut())
+            .for_each(|b| *b = 0.0);
+    }
+    g.add_tensor(
+        &n("ffn_norm.weight"),
+        &[e],
+        GgmlType::F32,
+        f32_bytes(&lw.ffn_norm),
+    );
+    if c.shape.moe() {
+        let (n_x, ff_x) = (MOE.0 as u64, MOE.2 as u64);
+        g.add_tensor(
+            &n("ffn_gate_inp.weight"),
+            &[e, n_x],
+            GgmlType::F32,
+            f32_bytes(&lw.gate_inp),
+        );
+        for (name, shape, w) in [
+            ("ffn_gate_exps.weight", [e, ff_x, n_x], &lw.gate_exps),
+            ("ffn_up_exps.weight", [e, ff_x, n_x], &lw.up_exps),
+            ("ffn_down_exps.weight", [ff_x, e, n_x], &lw.down_exps),
+        ] {
+            g.add_tensor(&n(name), &shape, GgmlType::F16, f16_bytes(w));
+        }
+        if c.shape == Shape::Qwen2Moe {
+            let (sh, ffs) = (&lw.shexp, SHARED_FF as u64);
+            let gate = f32_bytes(&sh[0]);
+            g.add_tensor(&n("ffn_gate_inp_shexp.weight"), &[e], GgmlType::F32, gate);
             for (name, shape, w) in [
-                ("ffn_gate_exps.weight", [e, ff_x, n_x], &lw.gate_exps),
-                ("ffn_up_exps.weight", [e, ff_x, n_x], &lw.up_exps),
-                ("ffn_down_exps.weight", [ff_x, e, n_x], &lw.down_exps),
+                ("ffn_gate_shexp.weight", [e, ffs], &sh[1]),
+                ("ffn_up_shexp.weight", [e, ffs], &sh[2]),
+                ("ffn_down_shexp.weight", [ffs, e], &sh[3]),
             ] {
                 g.add_tensor(&n(name), &shape, GgmlType::F16, f16_bytes(w));
             }
-            if c.shape == Shape::Qwen2Moe {
-                let (sh, ffs) = (&lw.shexp, SHARED_FF as u64);
-                let gate = f32_bytes(&sh[0]);
-                g.add_tensor(&n("ffn_gate_inp_shexp.weight"), &[e], GgmlType::F32, gate);
-                for (name, shape, w) in [
-                    ("ffn_gate_shexp.weight", [e, ffs], &sh[1]),
-                    ("ffn_up_shexp.weight", [e, ffs], &sh[2]),
-                    ("ffn_down_shexp.weight", [ffs, e], &sh[3]),
-                ] {
-                    g.add_tensor(&n(name), &shape, GgmlType::F16, f16_bytes(w));
-                }
-            }
-        } else if c.shape == Shape::Phi3 {
-            // One matrix: the gate's rows, then up's.
-            let fused: Vec<f32> = lw.gate.iter().chain(&lw.up).copied().collect();
-            g.add_tensor(
-                &n("ffn_up.weight"),
-                &[e, 2 * ff],
-                GgmlType::F16,
-                f16_bytes(&fused),
-            );
-        } else {
-            g.add_tensor(
-                &n("ffn_gate.weight"),
-                &[e, ff],
-                GgmlType::F16,
-                f16_bytes(&lw.gate),
-            );
-            g.add_tensor(
-                &n("ffn_up.weight"),
-                &[e, ff],
-                GgmlType::F16,
-                f16_bytes(&lw.up),
-            );
         }
-        if !c.shape.moe() {
-            g.add_tensor(
-                &n("ffn_down.weight"),
-                &[ff, e],
-                GgmlType::F16,
-                f16_bytes(&lw.down),
-            );
-        }
-        lw.gate = via_f16(&lw.gate);
-        lw.up = via_f16(&lw.up);
-        lw.down = via_f16(&lw.down);
+    } else if c.shape == Shape::Phi3 {
+        // One matrix: the gate's rows, then up's.
+        let fused: Vec<f32> = lw.gate.iter().chain(&lw.up).copied().collect();
+        g.add_tensor(
+            &n("ffn_up.weight"),
+            &[e, 2 * ff],
+            GgmlType::F16,
+            f16_bytes(&fused),
+        );
+    } else {
+        g.add_tensor(
+            &n("ffn_gate.weight"),
+            &[e, ff],
+            GgmlType::F16,
+            f16_bytes(&lw.gate),
+        );
+        g.add_tensor(
+            &n("ffn_up.weight"),
+            &[e, ff],
+            GgmlType::F16,
+            f16_bytes(&lw.up),
+        );
     }
-    g.write(path).unwrap();
+    if !c.shape.moe() {
+        g.add_tensor(
+            &n("ffn_down.weight"),
+            &[ff, e],
+            GgmlType::F16,
+            f16_bytes(&lw.down),
+        );
+    }
+    lw.gate = via_f16(&lw.gate);
+    lw.up = via_f16(&lw.up);
+    lw.down = via_f16(&lw.down);
 }
 
 /// `w` holds `rows` rows of `x.len()` values: returns `w · x`.

@@ -25,7 +25,6 @@ pub(super) const LONG_FNS_ALLOWED: &[(&str, &str, &str)] = &[
         "check_refuses_settings_out_of_range",
         "a data table: one setting out of range per row",
     ),
-    ("engine/tests/common/mod.rs", "write_model", "to split"),
     ("ggml-sys/build.rs", "main", "to split"),
     (
         "ggml-sys/tests/cuda_backend.rs",
