@@ -89,38 +89,7 @@ fn main() -> Result<()> {
         args.model.threads,
         session.params().n_ctx
     );
-    let base = StoreConfig {
-        ram_bytes: args.cache_ram,
-        disk_bytes: args.cache_disk,
-        remote: args
-            .remote
-            .config()
-            .map_err(|(option, reason)| anyhow::anyhow!("{option}: {reason}"))?,
-        ..StoreConfig::default()
-    };
-    let config = args.kv.store(args.cache_type_stored, base);
-    let store = SessionStore::open(&store_dir, &model, config).map_err(|e| {
-        let hint = match &e {
-            // `--cache-type-stored` sets K and V alike.
-            engine::Error::KvTypeMismatch {
-                stored_k, stored_v, ..
-            } if stored_k == stored_v => format!(
-                " (use the store's cache types, or --cache-type-stored {stored_k} to convert)"
-            ),
-            engine::Error::KvTypeMismatch { .. } => " (use the store's cache types)".to_owned(),
-            _ => String::new(),
-        };
-        anyhow::Error::new(e).context(format!(
-            "opening the conversation store {}{hint}",
-            store_dir.display()
-        ))
-    })?;
-    if let Some(old) = store.legacy_store() {
-        eprintln!("note: {old}");
-    }
-    store.set_remote_log(|line| eprintln!("{line}"));
-    // A conversation saved on another machine sharing the remote tier resumes here too.
-    store.fetch_remote_checkpoint(&args.session);
+    let store = open_store(&args, &store_dir, &model)?;
 
     // The name: the one asked for, unless it is taken (another chat has it open, or --fresh
     // and a conversation is saved under it).
@@ -198,6 +167,45 @@ fn main() -> Result<()> {
     }
     chat.store.flush()?;
     Ok(())
+}
+
+/// The conversation store at `store_dir` for `model`, with the options' budgets, cache types
+/// and remote tier; a conversation saved elsewhere under `--session` is fetched from the
+/// remote tier.
+fn open_store(args: &Args, store_dir: &Path, model: &engine::Model) -> Result<SessionStore> {
+    let base = StoreConfig {
+        ram_bytes: args.cache_ram,
+        disk_bytes: args.cache_disk,
+        remote: args
+            .remote
+            .config()
+            .map_err(|(option, reason)| anyhow::anyhow!("{option}: {reason}"))?,
+        ..StoreConfig::default()
+    };
+    let config = args.kv.store(args.cache_type_stored, base);
+    let store = SessionStore::open(store_dir, model, config).map_err(|e| {
+        let hint = match &e {
+            // `--cache-type-stored` sets K and V alike.
+            engine::Error::KvTypeMismatch {
+                stored_k, stored_v, ..
+            } if stored_k == stored_v => format!(
+                " (use the store's cache types, or --cache-type-stored {stored_k} to convert)"
+            ),
+            engine::Error::KvTypeMismatch { .. } => " (use the store's cache types)".to_owned(),
+            _ => String::new(),
+        };
+        anyhow::Error::new(e).context(format!(
+            "opening the conversation store {}{hint}",
+            store_dir.display()
+        ))
+    })?;
+    if let Some(old) = store.legacy_store() {
+        eprintln!("note: {old}");
+    }
+    store.set_remote_log(|line| eprintln!("{line}"));
+    // A conversation saved on another machine sharing the remote tier resumes here too.
+    store.fetch_remote_checkpoint(&args.session);
+    Ok(store)
 }
 
 /// The store without `--store`: [`default_store`], or `./store` (where earlier versions saved
