@@ -317,7 +317,7 @@ pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
 /// Adds layer `l`'s tensors to `g` in the shape's layout, and leaves in `lw` what the model
 /// will compute with: biases the shape lacks zeroed, f16-stored matrices rounded through f16.
 fn write_layer(g: &mut GgufWriter, c: &Cfg, l: usize, lw: &mut Layer) {
-    let (e, kv, ff) = (c.n_embd as u64, c.kv_dim() as u64, c.n_ff as u64);
+    let (e, kv) = (c.n_embd as u64, c.kv_dim() as u64);
     let n = |s: &str| format!("blk.{l}.{s}");
     g.add_tensor(
         &n("attn_norm.weight"),
@@ -410,6 +410,17 @@ fn write_layer(g: &mut GgufWriter, c: &Cfg, l: usize, lw: &mut Layer) {
         GgmlType::F32,
         f32_bytes(&lw.ffn_norm),
     );
+    write_ffn(g, c, l, lw);
+    lw.gate = via_f16(&lw.gate);
+    lw.up = via_f16(&lw.up);
+    lw.down = via_f16(&lw.down);
+}
+
+/// Adds layer `l`'s feed-forward tensors to `g`: experts (and a shared expert), phi3's fused
+/// gate and up, or the dense gate, up and down.
+fn write_ffn(g: &mut GgufWriter, c: &Cfg, l: usize, lw: &Layer) {
+    let n = |s: &str| format!("blk.{l}.{s}");
+    let (e, ff) = (c.n_embd as u64, c.n_ff as u64);
     if c.shape.moe() {
         let (n_x, ff_x) = (MOE.0 as u64, MOE.2 as u64);
         g.add_tensor(
@@ -468,9 +479,6 @@ fn write_layer(g: &mut GgufWriter, c: &Cfg, l: usize, lw: &mut Layer) {
             f16_bytes(&lw.down),
         );
     }
-    lw.gate = via_f16(&lw.gate);
-    lw.up = via_f16(&lw.up);
-    lw.down = via_f16(&lw.down);
 }
 
 /// `w` holds `rows` rows of `x.len()` values: returns `w · x`.
