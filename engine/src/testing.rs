@@ -209,3 +209,34 @@ pub fn workspace_model(env: &str, file: &str, fetch: &str) -> std::result::Resul
         path.display()
     ))
 }
+
+/// A grammar of `n + 1` rules, each referring to the next (`r0 ::= "a" r1`, ..., `rN ::=
+/// "end"`), started from `root` in GBNF or from `start` in Lark: a chain as deep as `n`, for
+/// tests of the grammar compiler's bounds.
+pub fn rule_chain(n: usize, lark: bool) -> String {
+    let (start, def) = if lark {
+        ("start", ":")
+    } else {
+        ("root", " ::=")
+    };
+    let mut s = format!("{start}{def} r0\n");
+    for i in 0..n {
+        s.push_str(&format!("r{i}{def} \"a\" r{}\n", i + 1));
+    }
+    s.push_str(&format!("r{n}{def} \"end\"\n"));
+    s
+}
+
+/// A JSON schema whose definitions refer to each other in a chain of `n` (three objects each),
+/// for tests of the grammar compiler's bounds.
+pub fn schema_chain(n: usize) -> serde_json::Value {
+    let mut defs = serde_json::Map::new();
+    for i in 0..n {
+        defs.insert(
+            format!("a{i}"),
+            serde_json::json!({"properties": {"x": {"$ref": format!("#/$defs/a{}", i + 1)}}}),
+        );
+    }
+    defs.insert(format!("a{n}"), serde_json::json!({"type": "integer"}));
+    serde_json::json!({"$defs": defs, "$ref": "#/$defs/a0"})
+}

@@ -5,9 +5,8 @@
 use std::sync::Arc;
 
 use engine::constraint::{Constraint, Grammar, Vocab, MAX_LARK_LINES, MAX_SCHEMA_OBJECTS};
-use engine::testing::TinyChatModel;
+use engine::testing::{rule_chain, schema_chain, TinyChatModel};
 use engine::{Error, Model};
-use serde_json::json;
 
 fn tiny_vocab() -> (Arc<Model>, Arc<Vocab>) {
     let dir = tempfile::tempdir().unwrap();
@@ -56,38 +55,15 @@ fn refusal(r: engine::Result<Constraint>) -> String {
     msg
 }
 
-/// `r0 ::= "a" r1`, ..., `rN ::= "end"`, the rules in `order`'s order.
+/// [`rule_chain`] in GBNF, its rules after `root` in reverse order when `reversed`.
 fn gbnf_chain(n: usize, reversed: bool) -> String {
-    let mut rules: Vec<String> = (0..n)
-        .map(|i| format!("r{i} ::= \"a\" r{}", i + 1))
-        .collect();
-    rules.push(format!("r{n} ::= \"end\""));
-    if reversed {
-        rules.reverse();
+    let text = rule_chain(n, false);
+    if !reversed {
+        return text;
     }
-    format!("root ::= r0\n{}\n", rules.join("\n"))
-}
-
-fn lark_chain(n: usize) -> String {
-    let mut s = String::from("start: r0\n");
-    for i in 0..n {
-        s.push_str(&format!("r{i}: \"a\" r{}\n", i + 1));
-    }
-    s.push_str(&format!("r{n}: \"end\"\n"));
-    s
-}
-
-/// A schema whose definitions refer to each other in a chain of `n`: three objects each.
-fn schema_chain(n: usize) -> serde_json::Value {
-    let mut defs = serde_json::Map::new();
-    for i in 0..n {
-        defs.insert(
-            format!("a{i}"),
-            json!({"properties": {"x": {"$ref": format!("#/$defs/a{}", i + 1)}}}),
-        );
-    }
-    defs.insert(format!("a{n}"), json!({"type": "integer"}));
-    json!({"$defs": defs, "$ref": "#/$defs/a0"})
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines[1..].reverse();
+    lines.join("\n")
 }
 
 #[test]
@@ -129,12 +105,12 @@ fn long_chains_of_gbnf_rules_are_refused_in_any_order() {
 #[test]
 fn lark_and_schema_chains_compile_on_the_compilers_stack_or_are_refused() {
     let (_model, vocab) = tiny_vocab();
-    compile_on_small_stack(&vocab, Grammar::Lark(lark_chain(2000))).unwrap();
-    let marked = format!("%llguidance {{}}\n{}", lark_chain(2000));
+    compile_on_small_stack(&vocab, Grammar::Lark(rule_chain(2000, true))).unwrap();
+    let marked = format!("%llguidance {{}}\n{}", rule_chain(2000, true));
     compile_on_small_stack(&vocab, Grammar::Gbnf(marked)).unwrap();
     let msg = refusal(compile_on_small_stack(
         &vocab,
-        Grammar::Lark(lark_chain(MAX_LARK_LINES)),
+        Grammar::Lark(rule_chain(MAX_LARK_LINES, true)),
     ));
     assert!(msg.contains("lines"), "{msg}");
 

@@ -189,22 +189,6 @@ async fn blocks_collected_by_another_process_are_written_again() {
     next.stop().await;
 }
 
-/// The largest regular file under `dir` (a block file, in a prompt cache).
-fn largest_file(dir: &std::path::Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => largest_file(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
-            _ => 0,
-        })
-        .max()
-        .unwrap_or(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_directory_stays_within_the_budget_while_it_is_written() {
     let env = Env::new();
@@ -219,7 +203,7 @@ async fn the_directory_stays_within_the_budget_while_it_is_written() {
             let (mut peak, mut block, mut samples) = (0, 0, 0);
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
                 peak = peak.max(common::dir_bytes(&cache));
-                block = block.max(largest_file(&cache));
+                block = block.max(common::largest_file(&cache));
                 samples += 1;
             }
             (peak, block, samples)

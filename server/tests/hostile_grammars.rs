@@ -5,29 +5,8 @@
 mod common;
 
 use common::{assert_error, Env};
-use serde_json::{json, Value};
-
-/// `root ::= r0`, `r0 ::= "a" r1`, ..., `rN ::= "end"`.
-fn chain(n: usize) -> String {
-    let mut s = String::from("root ::= r0\n");
-    for i in 0..n {
-        s.push_str(&format!("r{i} ::= \"a\" r{}\n", i + 1));
-    }
-    s.push_str(&format!("r{n} ::= \"end\"\n"));
-    s
-}
-
-fn schema_chain(n: usize) -> Value {
-    let mut defs = serde_json::Map::new();
-    for i in 0..n {
-        defs.insert(
-            format!("a{i}"),
-            json!({"properties": {"x": {"$ref": format!("#/$defs/a{}", i + 1)}}}),
-        );
-    }
-    defs.insert(format!("a{n}"), json!({"type": "integer"}));
-    json!({"$defs": defs, "$ref": "#/$defs/a0"})
-}
+use engine::testing::{rule_chain, schema_chain};
+use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_grammars_get_a_400_while_a_stream_goes_on() {
@@ -35,31 +14,14 @@ async fn hostile_grammars_get_a_400_while_a_stream_goes_on() {
     let srv = env
         .start(&["-np", "2", "-c", "4096", "--max-body", "8MiB"])
         .await;
-    let mut stream = srv
-        .client
-        .post(format!("{}/completion", srv.url))
-        .json(&json!({
-            "prompt": "go on and on",
-            "n_predict": 3000,
-            "stream": true,
-            "temperature": 1.0,
-            "ignore_eos": true,
-        }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(stream.status().as_u16(), 200);
-    assert!(stream.chunk().await.unwrap().is_some());
+    let mut stream = srv.endless_stream(3000).await;
 
     let nested = format!("root ::= {}\"a\"{}", "(".repeat(3000), ")".repeat(3000));
     let alternatives: Vec<String> = (0..20_000).map(|i| format!("\"x{i}\"")).collect();
-    let lark_lines: String = (0..20_000)
-        .map(|i| format!("r{i}: \"a\" r{}\n", i + 1))
-        .collect();
     let cases = [
         (
             "a chain of 1,000 rules",
-            json!({"grammar": chain(1000)}),
+            json!({"grammar": rule_chain(1000, false)}),
             "chain",
         ),
         ("3,000 nested groups", json!({"grammar": nested}), "nest"),
@@ -70,7 +32,7 @@ async fn hostile_grammars_get_a_400_while_a_stream_goes_on() {
         ),
         (
             "a Lark chain of 20,000 rules",
-            json!({"grammar": format!("%llguidance {{}}\nstart: r0\n{lark_lines}")}),
+            json!({"grammar": format!("%llguidance {{}}\n{}", rule_chain(20_000, true))}),
             "lines",
         ),
         (
@@ -113,7 +75,7 @@ async fn hostile_grammars_get_a_400_while_a_stream_goes_on() {
     let (status, resp) = srv
         .post(
             "/completion",
-            &json!({"prompt": "hello", "n_predict": 8, "grammar": chain(50)}),
+            &json!({"prompt": "hello", "n_predict": 8, "grammar": rule_chain(50, false)}),
         )
         .await;
     assert_eq!(status, 200, "{resp}");

@@ -61,21 +61,7 @@ async fn sixteen_concurrent_clients_all_complete() {
 async fn a_client_that_leaves_frees_its_slot() {
     let env = Env::new();
     let srv = env.start(&["-np", "1", "-c", "4096"]).await;
-    let mut resp = srv
-        .client
-        .post(format!("{}/completion", srv.url))
-        .json(&json!({
-            "prompt": "go on and on",
-            "n_predict": 3000,
-            "stream": true,
-            "temperature": 1.0,
-            "ignore_eos": true,
-        }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    assert!(resp.chunk().await.unwrap().is_some());
+    let resp = srv.endless_stream(3000).await;
     let (_, slots) = srv.get("/slots").await;
     assert_eq!(slots[0]["is_processing"], true, "{slots}");
     drop(resp);

@@ -470,21 +470,6 @@ async fn prompts_that_branch_off_a_shared_prefix_share_its_last_partial_page_too
     assert_eq!(c["content"], computed["content"]);
 }
 
-/// The largest file under `dir` (a block file, in a store of blocks and small manifests).
-fn largest_file(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => largest_file(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
-            _ => 0,
-        })
-        .max()
-        .unwrap_or(0)
-}
-
 /// Blocks that come back from Redis make room on disk before they are written, by dropping the
 /// oldest cached prompts when unreferenced blocks are not enough: under a disk budget of a
 /// twelfth of what the prompts take, the replica's directory, sampled while it reads them back,
@@ -503,7 +488,7 @@ async fn blocks_from_redis_make_room_on_disk_first() {
             / 64;
     }
     a.wait_pushed(blocks).await;
-    let block = largest_file(a.cache.path());
+    let block = common::largest_file(a.cache.path());
     let budget = blocks / 12 * block;
     let b = Replica::spawn_with(
         &env.model,

@@ -46,21 +46,7 @@ async fn a_stalled_redis_leaves_other_streams_flowing() {
         .await
         .unwrap();
 
-    let mut stream = srv
-        .client
-        .post(format!("{}/completion", srv.url))
-        .json(&json!({
-            "prompt": "go on and on",
-            "n_predict": 30000,
-            "stream": true,
-            "temperature": 1.0,
-            "ignore_eos": true,
-        }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(stream.status().as_u16(), 200);
-    assert!(stream.chunk().await.unwrap().is_some());
+    let mut stream = srv.endless_stream(30000).await;
 
     // Redis holds every client's commands for 3 s from now.
     assert_eq!(

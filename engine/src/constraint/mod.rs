@@ -70,17 +70,28 @@ pub enum Grammar {
 pub(crate) const JSON_WHITESPACE: &str = r"(\x20|\x0A{1,2}[\x20\x09]{0,20})";
 
 impl Grammar {
+    /// The text of a grammar that llguidance reads as Lark: [`Grammar::Lark`], or GBNF that
+    /// starts with `%llguidance`.
+    fn lark_text(&self) -> Option<&str> {
+        match self {
+            Grammar::Lark(text) => Some(text),
+            Grammar::Gbnf(text) if text.trim_start().starts_with("%llguidance") => Some(text),
+            _ => None,
+        }
+    }
+
     fn to_llguidance(&self, vocab: &Vocab) -> Result<TopLevelGrammar> {
+        if let Some(text) = self.lark_text() {
+            return Ok(TopLevelGrammar::from_lark(text.to_owned()));
+        }
         Ok(match self {
-            Grammar::Gbnf(text) if text.trim_start().starts_with("%llguidance") => {
-                TopLevelGrammar::from_lark(text.clone())
-            }
             Grammar::Gbnf(text) => {
                 let lookup = |t: &str| vocab.token_by_text(t);
                 let lark = gbnf::gbnf_to_lark(text, &lookup, vocab.n_vocab)
                     .map_err(|e| Error::Grammar(e.to_string()))?;
                 TopLevelGrammar::from_lark(lark)
             }
+            // Taken above, with marked GBNF.
             Grammar::Lark(text) => TopLevelGrammar::from_lark(text.clone()),
             Grammar::JsonSchema(schema) => TopLevelGrammar::from_json_schema(json_options(schema)),
             Grammar::JsonObject => TopLevelGrammar::from_json_schema(json_options(
@@ -235,11 +246,16 @@ pub const MAX_SCHEMA_OBJECTS: usize = 10_000;
 /// Refuses a grammar past the bounds that [`COMPILE_STACK_BYTES`] is sized for (GBNF's own
 /// bounds are checked as it is parsed).
 fn check_size(grammar: &Grammar) -> Result<()> {
-    match grammar {
-        Grammar::Lark(text) => check_lark_lines(text),
-        Grammar::Gbnf(text) if text.trim_start().starts_with("%llguidance") => {
-            check_lark_lines(text)
+    if let Some(text) = grammar.lark_text() {
+        let lines = text.lines().count();
+        if lines > MAX_LARK_LINES {
+            return Err(Error::Grammar(format!(
+                "a Lark grammar of {lines} lines is longer than the {MAX_LARK_LINES} allowed"
+            )));
         }
+        return Ok(());
+    }
+    match grammar {
         Grammar::JsonSchema(schema) => {
             // Counted with a list of its own: a schema built in code may nest without limit.
             let mut objects = 0usize;
@@ -261,18 +277,8 @@ fn check_size(grammar: &Grammar) -> Result<()> {
             }
             Ok(())
         }
-        Grammar::Gbnf(_) | Grammar::JsonObject => Ok(()),
+        Grammar::Gbnf(_) | Grammar::Lark(_) | Grammar::JsonObject => Ok(()),
     }
-}
-
-fn check_lark_lines(text: &str) -> Result<()> {
-    let lines = text.lines().count();
-    if lines > MAX_LARK_LINES {
-        return Err(Error::Grammar(format!(
-            "a Lark grammar of {lines} lines is longer than the {MAX_LARK_LINES} allowed"
-        )));
-    }
-    Ok(())
 }
 
 /// llguidance's error `e` in the project's words: [`Error::Grammar`] with one line that never

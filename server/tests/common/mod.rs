@@ -339,3 +339,42 @@ impl TestServer {
         )
     }
 }
+
+impl TestServer {
+    /// Starts a `/completion` stream of `n_predict` sampled tokens that an end of generation
+    /// does not stop, and waits for its first chunk (so it is running when this returns).
+    pub async fn endless_stream(&self, n_predict: u64) -> reqwest::Response {
+        let mut resp = self
+            .client
+            .post(format!("{}/completion", self.url))
+            .json(&serde_json::json!({
+                "prompt": "go on and on",
+                "n_predict": n_predict,
+                "stream": true,
+                "temperature": 1.0,
+                "ignore_eos": true,
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        assert!(resp.chunk().await.unwrap().is_some());
+        resp
+    }
+}
+
+/// The largest regular file under `dir`, recursively (in a store: one block file).
+pub fn largest_file(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => largest_file(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .max()
+        .unwrap_or(0)
+}
