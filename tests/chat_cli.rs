@@ -15,7 +15,7 @@ use engine::KvType;
 
 #[path = "support/chat_env.rs"]
 mod chat_env;
-use chat_env::{run, users, walk, Env, Run};
+use chat_env::{files_under, run, users, Env, Run};
 
 /// Flips one byte in the middle of `path`.
 fn corrupt(path: &Path) -> Vec<u8> {
@@ -431,7 +431,7 @@ fn conversations_in_the_earlier_layout_are_migrated_once_and_left_in_place() {
         .path();
     let legacy = env.dir.path().join("sessions");
     copy_dir(&model_dir, &legacy);
-    let files_before: Vec<_> = walk(&legacy)
+    let files_before: Vec<_> = files_under(&legacy)
         .into_iter()
         .map(|p| (p.clone(), std::fs::read(&p).unwrap()))
         .collect();
@@ -556,7 +556,7 @@ fn a_q8_0_store_opens_from_an_f16_chat_only_with_conversion() {
     env.chat(&q8, "hi\n");
     // Blocks and manifests (an open registers the process's owner lock, and drops dead ones').
     let data = || -> Vec<_> {
-        walk(&env.store())
+        files_under(&env.store())
             .into_iter()
             .filter(|p| p.extension().is_none_or(|e| e != "lock"))
             .map(|p| (std::fs::read(&p).unwrap(), p))

@@ -240,3 +240,18 @@ pub fn schema_chain(n: usize) -> serde_json::Value {
     defs.insert(format!("a{n}"), serde_json::json!({"type": "integer"}));
     serde_json::json!({"$defs": defs, "$ref": "#/$defs/a0"})
 }
+
+/// Every file under `dir`, recursively, sorted (none when it cannot be read).
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}

@@ -4,27 +4,15 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::*;
 use engine::store::{CheckpointMeta, SessionStore, StoreConfig};
+use engine::testing::files_under;
 use engine::{Error, Session};
 
 fn open(dir: &Path, model: &engine::Model) -> SessionStore {
     SessionStore::open(&dir.join("store"), model, StoreConfig::default()).unwrap()
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }
 
 #[test]
@@ -86,10 +74,10 @@ fn saves_write_only_new_blocks_and_branches_write_none() {
     s.feed(&toks[70..]).unwrap();
     let second = store.save(&s, "c", &meta).unwrap();
     assert_eq!((second.blocks_written, second.blocks_reused), (1, 1));
-    let files = walk(dir.path()).len();
+    let files = files_under(dir.path()).len();
     store.branch("c", "c-alt").unwrap();
     assert_eq!(
-        walk(dir.path()).len(),
+        files_under(dir.path()).len(),
         files + 1,
         "a branch adds its manifest only"
     );
@@ -124,7 +112,7 @@ fn a_damaged_or_foreign_checkpoint_is_refused_and_the_session_kept() {
 
     // Flip one byte near the end of the last block's file: the first two restore fine, then
     // the third fails verification.
-    let file = walk(dir.path())
+    let file = files_under(dir.path())
         .into_iter()
         .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(&third))
         .expect("the third block's file");
@@ -173,7 +161,7 @@ fn a_damaged_or_foreign_checkpoint_is_refused_and_the_session_kept() {
 
     // A different model (other weights, same shapes) has another fingerprint: its store sees
     // no checkpoint, and the first model's files are untouched.
-    let before: Vec<_> = walk(dir.path());
+    let before: Vec<_> = files_under(dir.path());
     let (_dir2, other_model, _) = build(&c, 34);
     let foreign = open(dir.path(), &other_model);
     assert!(!foreign.exists("c").unwrap());
@@ -249,7 +237,7 @@ fn a_disk_budget_keeps_the_most_recent_conversations() {
         );
         // Every file of the store counts: blocks, manifests (with their partial last
         // blocks), the descriptor and lock files (a few hundred bytes).
-        let on_disk: u64 = walk(&dir.path().join("store"))
+        let on_disk: u64 = files_under(&dir.path().join("store"))
             .iter()
             .map(|p| p.metadata().unwrap().len())
             .sum();

@@ -4,31 +4,21 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use common::*;
 use engine::store::prompt_cache::TAIL_PREFIX;
 use engine::store::{CheckpointMeta, SessionStore, StoreConfig};
+use engine::testing::files_under;
 use engine::Session;
-
-/// Every file under `dir`.
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
-}
 
 /// Bytes of every file under `dir`.
 fn dir_bytes(dir: &Path) -> u64 {
-    walk(dir).iter().map(|p| p.metadata().unwrap().len()).sum()
+    files_under(dir)
+        .iter()
+        .map(|p| p.metadata().unwrap().len())
+        .sum()
 }
 
 /// Opens the store at `dir` with `disk_bytes` as its budget.
@@ -98,7 +88,7 @@ fn names(store: &SessionStore) -> Vec<String> {
 /// Marks checkpoint `name` as used at `at` seconds after a fixed moment, as the prompt cache
 /// marks a tail it uses: its manifest's modification time is its last use.
 fn used_at(dir: &Path, name: &str, at: u64) {
-    let file = walk(dir)
+    let file = files_under(dir)
         .into_iter()
         .find(|p| {
             p.parent().and_then(Path::file_name) == Some("manifests".as_ref())

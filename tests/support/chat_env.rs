@@ -11,6 +11,7 @@ use engine::{ContextParams, KvType, Model, Session};
 #[path = "chat_model.rs"]
 mod chat_model;
 use chat_model::{write_model, write_model_wide};
+pub use engine::testing::files_under;
 
 /// The chat example next to this test's executable (`target/<profile>/examples/chat`).
 fn chat_bin() -> PathBuf {
@@ -172,7 +173,7 @@ impl Env {
 
     /// Files under the store whose path has a component `dir` (`blocks`, `manifests`).
     pub fn files_in(&self, dir: &str) -> Vec<PathBuf> {
-        walk(&self.store())
+        files_under(&self.store())
             .into_iter()
             .filter(|p| p.components().any(|c| c.as_os_str() == dir))
             .collect()
@@ -190,21 +191,6 @@ pub fn run(mut cmd: Command, input: &str) -> Run {
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
-}
-
-/// Every file under `dir`, sorted.
-pub fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out.sort();
-    out
 }
 
 /// How a chat ran.
