@@ -180,6 +180,9 @@ pub(crate) struct SeqAttention {
     /// CPU): decided by the sequence's own queries and length alone (see [`ours`]), so a token
     /// takes the same kernel whatever it is batched with and wherever its pages lie.
     pub ours: bool,
+    /// With `Some`, a page of the window was spilled to disk: per layer, the ops that stage
+    /// the window's K and V rows (see `spill.rs`), which attention reads instead of the pool.
+    pub staged: Option<Vec<[crate::spill::StageOp; 2]>>,
 }
 
 /// The graph's inputs for a batch.
@@ -327,6 +330,7 @@ impl Plan {
                 swa_mask,
                 dup: false,
                 gather: gathered,
+                staged: None,
             });
             row += m;
             plan.item_rows[index] = first_out..plan.out_rows.len();
@@ -404,6 +408,7 @@ fn split_large(parts: Vec<SeqAttention>) -> Vec<SeqAttention> {
                 dup: false,
                 gather: a.gather.clone(),
                 ours: a.ours,
+                staged: None,
             });
             start += m;
         }
@@ -476,6 +481,7 @@ fn group_small(parts: Vec<SeqAttention>, n_cells: usize) -> Vec<SeqAttention> {
                 dup: false,
                 gather: None,
                 ours: g[0].ours,
+                staged: None,
             }
         })
         .collect()

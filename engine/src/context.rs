@@ -45,6 +45,16 @@ pub struct ContextParams {
     /// of the CPU's prefill speed (0.28x the default's at 1,024 tokens; see
     /// docs/BENCHMARKS.md); off by default.
     pub batch_invariant: bool,
+    /// Bytes of KV the pool may keep in RAM; 0 for no budget. Past it, full pages leave RAM
+    /// for block files of the store given with [`Context::spill_to`], and attention reads
+    /// them where they lie, with the same logits bit for bit (see `spill.rs`). Between
+    /// batches the pool keeps at most this much (less one batch's pages, so that the next one
+    /// fits); during one, up to a batch's pages more. The first page of each sequence (its
+    /// attention sinks), pages shared by several sequences and partly filled pages stay.
+    pub kv_ram: usize,
+    /// Allows `n_ctx` past the model's training length (for speed and memory measurements:
+    /// outputs there are not meaningful). Off: `n_ctx` is clamped to it.
+    pub past_train: bool,
 }
 
 impl Default for ContextParams {
@@ -58,6 +68,8 @@ impl Default for ContextParams {
             type_k: KvType::F16,
             type_v: KvType::F16,
             batch_invariant: false,
+            kv_ram: 0,
+            past_train: false,
         }
     }
 }
@@ -104,6 +116,8 @@ pub struct Context {
     pub(crate) pool: PagePool,
     pub(crate) seqs: BTreeMap<SeqId, Sequence>,
     next_seq: u64,
+    /// Where pages past `params.kv_ram` go (see `spill.rs`).
+    pub(crate) spill: Option<crate::spill::Spill>,
 }
 
 impl std::fmt::Debug for Context {
@@ -125,7 +139,12 @@ impl Context {
                 kv_type: params.type_v,
             });
         }
-        params.n_ctx = params.n_ctx.clamp(1, model.hparams().n_ctx_train.max(1));
+        let most = if params.past_train {
+            usize::MAX
+        } else {
+            model.hparams().n_ctx_train.max(1)
+        };
+        params.n_ctx = params.n_ctx.clamp(1, most);
         params.n_batch = params.n_batch.max(1);
         let kv_tokens = if params.kv_tokens == 0 {
             params.n_ctx
@@ -157,6 +176,7 @@ impl Context {
             pool: PagePool::new(n_pages),
             seqs: BTreeMap::new(),
             next_seq: 0,
+            spill: None,
             layout,
             params,
             model,
@@ -199,6 +219,9 @@ impl Context {
             pages_referenced: self.seqs.values().map(|s| s.pages.len()).sum(),
             sequences: self.seqs.len(),
             pages_window_released,
+            pages_spilled: self.pool.n_spilled(),
+            spill_bytes_read: self.spill.as_ref().map_or(0, |s| s.bytes_read),
+            spill_pages_written: self.spill.as_ref().map_or(0, |s| s.pages_written),
         }
     }
 
@@ -527,6 +550,10 @@ impl Context {
             });
         }
 
+        // Room within the RAM budget, and the spilled pages attended to mapped (see
+        // `spill.rs`); a failure here changes no sequence.
+        self.prepare_spill(batch, needed)?;
+
         // New page tables; the old ones stay valid until the graph succeeded.
         let (tables, fresh, replaced) = self.prepare_tables(batch)?;
 
@@ -548,6 +575,9 @@ impl Context {
             self.layout.type_k == KvType::F16 && self.layout.type_v == KvType::F16,
             self.model.hparams().sliding_window.as_ref().map(|w| w.size),
         );
+        if let Some(spill) = self.spill.as_mut() {
+            spill.stage(&mut plan, &self.pool, &self.layout);
+        }
         let discard_output = plan.out_rows.is_empty();
         if discard_output {
             // The graph needs an output: compute the last row's logits and drop them.
@@ -603,6 +633,9 @@ impl Context {
             };
         }
         let logits = if discard_output { Vec::new() } else { logits };
+        // Back within the RAM budget, with room for the next batch. A failure is not this
+        // batch's (it was evaluated): the pages stay, and the next batch's room reports it.
+        let _ = self.make_room(self.params.n_batch.div_ceil(PAGE_TOKENS));
         Ok(BatchOutput {
             n_vocab,
             embeddings,

@@ -217,6 +217,41 @@ pub enum Error {
         /// What failed.
         what: &'static str,
     },
+    /// A page spilled beyond the RAM budget could not be read back from its block file
+    /// (damaged, truncated, gone or foreign): the batch that would attend to it was not
+    /// evaluated.
+    #[error("KV page spilled to block {id} cannot be read: {reason}")]
+    SpilledBlock {
+        /// The block's id (hex).
+        id: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The store given to spill pages to holds blocks of another size than the pool's pages
+    /// (another model, or other KV types).
+    #[error("the spill store's blocks are {store} bytes, the pool's pages {pool}")]
+    SpillLayout {
+        /// Bytes of one of the store's blocks.
+        store: u64,
+        /// Bytes of one of the pool's pages.
+        pool: u64,
+    },
+    /// A RAM budget for the KV pool was set, and a page had to leave RAM, but no store was
+    /// given to spill to ([`Context::spill_to`](crate::Context::spill_to)).
+    #[error("the KV pool is over its RAM budget of {kv_ram} bytes and has no store to spill to")]
+    NoSpillStore {
+        /// The budget.
+        kv_ram: usize,
+    },
+    /// An operation that rewrites a sequence's cached rows (a context shift) met a page that
+    /// was spilled to disk.
+    #[error("sequence {seq} has pages spilled to disk; {what} needs them in RAM")]
+    SpilledPages {
+        /// The sequence.
+        seq: crate::SeqId,
+        /// The operation.
+        what: &'static str,
+    },
     /// A checkpoint could not be read or written (corrupt, truncated, foreign, I/O).
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] ckptfmt::FormatError),

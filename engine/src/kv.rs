@@ -260,6 +260,15 @@ pub struct KvStats {
     /// Used pages whose sliding-window layers' rows were released
     /// ([`Context::release_windows`](crate::Context::release_windows)).
     pub pages_window_released: usize,
+    /// Held pages spilled to their block files (beyond [`ContextParams::kv_ram`]): held, but not
+    /// in RAM.
+    ///
+    /// [`ContextParams::kv_ram`]: crate::ContextParams::kv_ram
+    pub pages_spilled: usize,
+    /// Bytes attention has read from block files, since the context was made.
+    pub spill_bytes_read: u64,
+    /// Pages written to block files to leave RAM, since the context was made.
+    pub spill_pages_written: u64,
 }
 
 /// The bookkeeping of the page pool: reference counts, the free list and the index of full
@@ -270,6 +279,9 @@ pub(crate) struct PagePool {
     ids: Vec<Option<BlockId>>,
     /// Pages whose rows in sliding-window layers were released (they read as zeros).
     released: Vec<bool>,
+    /// Full pages spilled to their block file: their rows in the pool were released (they read
+    /// as zeros) and attention reads them from the file (see `spill.rs`).
+    spilled: Vec<bool>,
     /// Free pages, lowest index first: keeping the used cells low keeps attention short.
     free: BinaryHeap<Reverse<u32>>,
     index: HashMap<BlockId, u32>,
@@ -281,6 +293,7 @@ impl PagePool {
             refs: vec![0; n_pages],
             ids: vec![None; n_pages],
             released: vec![false; n_pages],
+            spilled: vec![false; n_pages],
             free: (0..n_pages as u32).map(Reverse).collect(),
             index: HashMap::new(),
         }
@@ -300,6 +313,7 @@ impl PagePool {
         debug_assert_eq!(self.refs[page as usize], 0);
         self.refs[page as usize] = 1;
         self.released[page as usize] = false;
+        self.spilled[page as usize] = false;
         Some(page)
     }
 
@@ -316,6 +330,7 @@ impl PagePool {
         *r -= 1;
         if *r == 0 {
             self.unindex(page);
+            self.spilled[page as usize] = false;
             self.free.push(Reverse(page));
         }
     }
@@ -347,6 +362,23 @@ impl PagePool {
     /// Whether `page`'s rows in sliding-window layers were released.
     pub(crate) fn is_released(&self, page: u32) -> bool {
         self.released[page as usize]
+    }
+
+    /// Records that `page` (full, held) was spilled to its block file.
+    pub(crate) fn mark_spilled(&mut self, page: u32) {
+        self.spilled[page as usize] = true;
+    }
+
+    /// Whether `page` was spilled to its block file (its pool rows read as zeros).
+    pub(crate) fn is_spilled(&self, page: u32) -> bool {
+        self.spilled.get(page as usize).copied().unwrap_or(false)
+    }
+
+    /// Held pages that are spilled.
+    pub(crate) fn n_spilled(&self) -> usize {
+        (self.refs.iter().zip(&self.spilled))
+            .filter(|&(&r, &x)| r > 0 && x)
+            .count()
     }
 
     /// Forgets `page`'s block id, before it is written.

@@ -56,6 +56,7 @@ mod pages;
 pub mod sampling;
 mod session;
 mod shift;
+mod spill;
 mod stop;
 pub mod store;
 #[cfg(feature = "test-util")]

@@ -71,6 +71,19 @@ impl Context {
         }
         let n = (len - index * PAGE_TOKENS).min(PAGE_TOKENS);
         out.clear();
+        if self.pool.is_spilled(page) {
+            // From its block file: each layer's K and V rows of the first `n` tokens.
+            let block = self.spilled_block(page)?;
+            let layout = self.kv_layout();
+            let mut at = 0;
+            for l in 0..layout.n_layers {
+                for bytes in [layout.k_bytes_per_token[l], layout.v_bytes_per_token[l]] {
+                    out.extend_from_slice(&block[at..at + n * bytes]);
+                    at += PAGE_TOKENS * bytes;
+                }
+            }
+            return Ok(n);
+        }
         out.resize(self.span_bytes(n), 0);
         let mut reqs = Vec::with_capacity(2 * self.kv_layout().n_layers);
         push_parts(&mut reqs, span_parts(self.kv_layout(), page, n), out);
@@ -111,6 +124,10 @@ impl Context {
         let span = self.span_bytes(PAGE_TOKENS);
         let mut reqs = Vec::with_capacity(2 * self.kv_layout().n_layers * pages.len());
         for (&page, out) in pages.iter().zip(outs.iter_mut()) {
+            if self.pool.is_spilled(page) {
+                *out = self.spilled_block(page)?;
+                continue;
+            }
             out.clear();
             out.resize(span, 0);
             push_parts(
@@ -121,6 +138,29 @@ impl Context {
         }
         self.kv.read_many(&mut reqs);
         Ok(())
+    }
+
+    /// The bytes of full pool page `page` as a checkpoint block (its rows in the pool).
+    pub(crate) fn page_block(&self, page: u32) -> Vec<u8> {
+        let mut out = vec![0; self.span_bytes(PAGE_TOKENS)];
+        let mut reqs = Vec::with_capacity(2 * self.kv_layout().n_layers);
+        push_parts(
+            &mut reqs,
+            span_parts(self.kv_layout(), page, PAGE_TOKENS),
+            &mut out,
+        );
+        self.kv.read_many(&mut reqs);
+        out
+    }
+
+    /// The block of spilled page `page`, read from its file.
+    fn spilled_block(&self, page: u32) -> Result<Vec<u8>> {
+        match &self.spill {
+            Some(spill) => spill.read_block(page),
+            None => Err(Error::NoSpillStore {
+                kv_ram: self.params().kv_ram,
+            }),
+        }
     }
 
     /// Copies the K and V bytes of `positions` (within the tokens held) of `layer` of `seq`
@@ -145,6 +185,13 @@ impl Context {
                 start: positions.start,
                 end: positions.end,
                 len: s.tokens.len(),
+            });
+        }
+        let spans = positions.start / PAGE_TOKENS..positions.end.div_ceil(PAGE_TOKENS);
+        if spans.clone().any(|i| self.pool.is_spilled(s.pages[i])) {
+            return Err(Error::SpilledPages {
+                seq,
+                what: "reading rows of one layer",
             });
         }
         if self.model().hparams().is_swa(layer) {

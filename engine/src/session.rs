@@ -77,7 +77,12 @@ impl Session {
     /// Opens a session on `model` with an empty context. A session's pool holds twice its
     /// window when `params.kv_tokens` is 0 (room to restore or branch beside the live pages).
     pub fn new(model: Arc<Model>, params: ContextParams) -> Result<Session> {
-        let n_ctx = params.n_ctx.clamp(1, model.hparams().n_ctx_train.max(1));
+        let most = if params.past_train {
+            usize::MAX
+        } else {
+            model.hparams().n_ctx_train.max(1)
+        };
+        let n_ctx = params.n_ctx.clamp(1, most);
         let kv_tokens = match params.kv_tokens {
             0 => 2 * n_ctx,
             n => n,
@@ -92,8 +97,11 @@ impl Session {
             },
         )?;
         // The first half of the pool (the context window) will be used: touch it now, as a
-        // cache cleared at creation would be, so a restore or prefill pays no page faults.
-        ctx.prefault(1, 2);
+        // cache cleared at creation would be, so a restore or prefill pays no page faults
+        // (not under a RAM budget, which most of the window is not to take).
+        if ctx.params().kv_ram == 0 {
+            ctx.prefault(1, 2);
+        }
         let seq = ctx.new_sequence();
         Ok(Session { ctx, seq })
     }

@@ -80,6 +80,26 @@ struct Args {
     /// With `--fill-store`: how many.
     #[arg(long, default_value_t = 1000, requires = "fill_store")]
     conversations: usize,
+    /// Positions of the context (default: the prompt, the generated tokens and 16 more). May
+    /// exceed the model's training length: figures past it hold for speed and memory, not for
+    /// quality.
+    #[arg(long = "ctx-size", value_name = "N")]
+    ctx_size: Option<usize>,
+    /// RAM budget of the KV pool (`64MiB`, `50MB`): full pages past it are written to
+    /// `--spill-dir` and attended to from their files (`ContextParams::kv_ram`).
+    #[arg(long = "kv-ram", value_name = "SIZE", value_parser = size,
+          conflicts_with_all = ["checkpoint", "sequences", "shared_prefix"])]
+    kv_ram: Option<u64>,
+    /// With `--kv-ram`: the store pages spill to (default: a new directory in the system's
+    /// temporary directory, removed at the end).
+    #[arg(long = "spill-dir", value_name = "DIR", requires = "kv_ram")]
+    spill_dir: Option<PathBuf>,
+    /// With `--kv-ram`: before every decoded token, drop the spilled blocks from memory and
+    /// the page cache (untimed), so each token reads them from the disk; then read the same
+    /// files whole, dd-style, for the disk's sequential speed, and report the decode time
+    /// against the time to read a token's bytes at that speed.
+    #[arg(long, requires = "kv_ram")]
+    evict: bool,
     /// Measures the model fingerprint instead (see `fingerprint.rs`), with this many
     /// repetitions: hashing every byte of the file against reading it, and a start that finds
     /// it remembered.
@@ -131,6 +151,7 @@ fn batched(args: &Args, model: &std::sync::Arc<Model>) -> Result<serde_json::Val
                 type_k: args.kv.cache_type_k,
                 type_v: args.kv.cache_type_v,
                 batch_invariant: args.deterministic,
+                ..ContextParams::default()
             },
         )?;
         let seqs: Vec<_> = (0..ns).map(|_| ctx.new_sequence()).collect();
@@ -228,7 +249,13 @@ fn fill_store(
     }))
 }
 
+mod beyond;
 mod fingerprint;
+
+/// A byte size as people write it (`64MiB`, `50MB`).
+fn size(s: &str) -> std::result::Result<u64, String> {
+    kvstore::parse_size(s).map_err(|e| e.to_string())
+}
 
 fn main() -> Result<()> {
     let args = Args::parse_from(engine::expand_llama_cpp_flags(std::env::args_os()));
@@ -256,7 +283,11 @@ fn main() -> Result<()> {
         .map(|i| (100 + (i * 7919) % (n_vocab - 200)) as u32)
         .collect();
     let params = ContextParams {
-        n_ctx: args.prompt_tokens + args.gen_tokens.max(64) + 16,
+        n_ctx: args
+            .ctx_size
+            .unwrap_or(args.prompt_tokens + args.gen_tokens.max(64) + 16),
+        past_train: args.ctx_size.is_some(),
+        kv_ram: args.kv_ram.map_or(0, |b| b as usize),
         n_threads: args.model.threads,
         flash_attn: !args.no_flash_attn,
         type_k: args.kv.cache_type_k,
@@ -268,8 +299,10 @@ fn main() -> Result<()> {
     let mut decode = Vec::new();
     let (mut save_ms, mut restore_ms, mut saved_bytes) = (Vec::new(), Vec::new(), 0u64);
     let (mut turn_ms, mut turn_bytes) = (Vec::new(), 0u64);
+    let mut spill = beyond::SpillRun::new(&args, &model, &store_config)?;
     for rep in 0..args.reps.max(1) {
         let mut session = Session::new(model.clone(), params.clone())?;
+        spill.attach(&mut session, rep)?;
         let t = Instant::now();
         session.feed(&prompt)?;
         prefill.push(args.prompt_tokens as f64 / t.elapsed().as_secs_f64());
@@ -309,12 +342,18 @@ fn main() -> Result<()> {
         // After the checkpoint's extra turn was cut off again, the logits are recomputed here,
         // outside the timing.
         session.ensure_logits()?;
-        let t = Instant::now();
+        let mut elapsed = std::time::Duration::ZERO;
+        let mut generated = Vec::with_capacity(args.gen_tokens);
         for _ in 0..args.gen_tokens {
             let next = argmax(session.logits()?);
+            generated.push(next);
+            spill.before_token(&session);
+            let t = Instant::now();
             session.feed(&[next])?;
+            elapsed += t.elapsed();
         }
-        decode.push(args.gen_tokens as f64 / t.elapsed().as_secs_f64());
+        decode.push(args.gen_tokens as f64 / elapsed.as_secs_f64());
+        spill.after_rep(&session, generated, elapsed, args.gen_tokens)?;
     }
     let prefill_tps = median(&mut prefill);
     let mut out = serde_json::json!({
@@ -325,6 +364,7 @@ fn main() -> Result<()> {
         "threads": args.model.threads,
         "reps": args.reps,
     });
+    spill.report(&mut out)?;
     if !save_ms.is_empty() {
         let prefill_ms = args.prompt_tokens as f64 / prefill_tps * 1e3;
         out["checkpoint"] = serde_json::json!({

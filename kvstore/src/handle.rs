@@ -191,6 +191,62 @@ impl<V: BlockIo> ModelStore<V> {
         Ok(guard)
     }
 
+    /// Writes blocks to disk now, keeping no copy in RAM: pages leaving an engine's RAM budget,
+    /// which it then reads from their files ([`ModelStore::block_files`]). Each item is `(prev,
+    /// tokens, kv)` as for [`ModelStore::put`]; a block whose file exists is not written again.
+    /// The writes count against the disk quota and budget like any other, and are durable
+    /// (fsync) when this returns. Returns the ids, in order.
+    pub fn put_on_disk(
+        &self,
+        blocks: &[(Option<BlockId>, &[u32], Vec<u8>)],
+    ) -> Result<Vec<BlockId>> {
+        self.shared.writable("put_on_disk")?;
+        let tpb = self.info.geometry.tokens_per_block() as usize;
+        let mut ids = Vec::with_capacity(blocks.len());
+        let mut items = Vec::new();
+        for (prev, tokens, kv) in blocks {
+            if tokens.len() != tpb || kv.len() as u64 != self.info.block_bytes {
+                return Err(StoreError::Invalid {
+                    what: "block",
+                    detail: format!(
+                        "{} tokens and {} bytes, a block holds {tpb} and {}",
+                        tokens.len(),
+                        kv.len(),
+                        self.info.block_bytes
+                    ),
+                });
+            }
+            let id = BlockId::chain(&self.info.fp, prev.as_ref(), tokens);
+            let on_disk = self.info.store.has_block(&id).unwrap_or(false);
+            if !on_disk && !items.iter().any(|i: &crate::state::WriteItem| i.id == id) {
+                items.push(crate::state::WriteItem {
+                    id,
+                    model: self.idx,
+                    prev: *prev,
+                    tokens: Arc::from(*tokens),
+                    data: KvBytes::from_vec(kv.clone()),
+                });
+            }
+            ids.push(id);
+        }
+        if !items.is_empty() {
+            self.shared
+                .write_batch(&items, crate::state::WriteKind::Spill)?;
+        }
+        // The index learns of the files (a block it held in RAM is now clean).
+        for id in &ids {
+            self.contains(id);
+        }
+        Ok(ids)
+    }
+
+    /// The block files of this model (ckptfmt's store): for a reader that maps a block's file
+    /// and attends to it where it lies. Files are only ever replaced by rename or unlinked,
+    /// never written in place, so a map of one stays valid.
+    pub fn block_files(&self) -> &ckptfmt::Store<V> {
+        &self.info.store
+    }
+
     /// The verified KV of block `id`: from RAM, or read from disk, verified
     /// and promoted into RAM. `Ok(None)` when neither tier holds it. A file
     /// that fails verification is quarantined (and the error returned).

@@ -286,6 +286,7 @@ fn context_params(config: &Config, model: &Model) -> Result<ContextParams> {
         type_k: args.cache_type_k,
         type_v: args.cache_type_v,
         batch_invariant: args.deterministic,
+        ..ContextParams::default()
     };
     Ok(ctx_params)
 }

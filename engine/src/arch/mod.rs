@@ -319,13 +319,16 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
             // A lone query given twice, in batch-invariant plans (see `SeqAttention::dup`).
             let q = if a.dup { g.concat(q, q, 2) } else { q };
             let q = g.permute(q, [0, 2, 1, 3]);
-            let window = |g: &mut Graph<'g, 'w>, cache: TensorMut<'g>| {
+            let window = |g: &mut Graph<'g, 'w>, cache: TensorMut<'g>, store, value: usize| {
                 // One cell's row and one head of it, in the cache's type (heads are whole
                 // blocks of a quantized type).
                 let cache = cache.as_tensor();
-                let (cache, first_cell) = match gather {
-                    Some(cells) => (g.gather_f16(cache, cells), 0),
-                    None => (cache, a.first_cell),
+                let (cache, first_cell) = match (&a.staged, gather) {
+                    // Rows of spilled pages read from their block files (see `spill.rs`),
+                    // the others from the pool once this batch's rows are stored.
+                    (Some(layers), _) => (g.stage(store, &layers[il][value]), 0),
+                    (None, Some(cells)) => (g.gather_f16(cache, cells), 0),
+                    (None, None) => (cache, a.first_cell),
                 };
                 let row_bytes = cache.nb(1);
                 g.view_3d(
@@ -335,8 +338,8 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
                     first_cell * row_bytes,
                 )
             };
-            let k = window(g, k_cache);
-            let v = window(g, v_cache);
+            let k = window(g, k_cache, k_store, 0);
+            let v = window(g, v_cache, v_store, 1);
             let softcap = hp.attn_softcap.unwrap_or(0.0);
             let out = if self.flash_attn {
                 // Result: [head_dim, n_head, m].

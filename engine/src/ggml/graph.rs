@@ -300,6 +300,31 @@ impl<'g, 'w> Graph<'g, 'w> {
         )
     }
 
+    /// A staged window of `cache` (one layer's K or V in the pool, after this batch's rows
+    /// were stored): `op`'s rows, in the cache's type, from the pool or from mapped block files
+    /// (see `spill.rs`). The op must outlive the graph's computation, and every map it names.
+    pub(crate) fn stage(&mut self, cache: Tensor<'g>, op: &crate::spill::StageOp) -> Tensor<'g> {
+        // SAFETY: live tensor; only its header is read.
+        let dtype = unsafe { (*cache.raw).type_ };
+        let mut srcs = [cache.raw];
+        op!(
+            self,
+            sys::ggml_custom_4d(
+                self.ctx(),
+                dtype,
+                cache.ne(0) as i64,
+                op.n_rows() as i64,
+                1,
+                1,
+                srcs.as_mut_ptr(),
+                1,
+                Some(crate::spill::stage_rows),
+                sys::GGML_N_TASKS_MAX,
+                op as *const crate::spill::StageOp as *mut std::ffi::c_void,
+            )
+        )
+    }
+
     /// Brings a long-lived tensor (weight or KV), borrowed for `'w`, into this graph as an
     /// operand.
     pub(crate) fn lift(&self, t: RawTensor<'w>) -> Tensor<'g> {

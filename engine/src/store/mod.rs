@@ -478,6 +478,11 @@ impl SessionStore {
         Ok(())
     }
 
+    /// The model's part of the underlying store (for a context spilling pages to it).
+    pub(crate) fn model_store(&self) -> &ModelStore {
+        &self.handle
+    }
+
     /// The store's counters (both tiers, this process).
     pub fn metrics(&self) -> kvstore::Metrics {
         self.store.metrics()

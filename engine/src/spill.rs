@@ -1,0 +1,577 @@
+//! Beyond RAM: full pages past [`ContextParams::kv_ram`] leave the pool for their block files,
+//! and attention reads them where they lie.
+//!
+//! A spilled page keeps its place in the pool's page table (its id, its reference count, its
+//! block id in the index): only its rows are released, so the memory is the system's again,
+//! and the page is flagged. Its bytes are in the store, written once under its content address
+//! ([`kvstore::ModelStore::put_on_disk`]). A sequence whose attention window holds a spilled
+//! page attends through a *staged* window: before a layer's attention, one op per K and V copies
+//! the window's rows in order, from the pool where resident and from the block file's span of
+//! that layer (K then V, contiguous in ckptfmt's layout) where spilled, into a scratch tensor of
+//! the window's shape. The attention that follows sees the same rows, in the same order and
+//! shape, as over a window of the pool: spilled and resident evaluation give the same logits,
+//! bit for bit. While layer `l`'s K is staged, layer `l + 1`'s spans are hinted to the kernel
+//! (`madvise(WILLNEED)`), so reading overlaps computing.
+//!
+//! A block file is mapped and verified (header, id, checksum, owner) when a sequence of a
+//! batch first attends to it after the spill; a damaged file fails that batch with
+//! [`Error::SpilledBlock`] before anything is computed. The map is kept until the page is
+//! freed.
+//!
+//! [`ContextParams::kv_ram`]: crate::ContextParams::kv_ram
+// The staging kernel reads maps and the pool through raw pointers, and maps block files.
+#![allow(unsafe_code)]
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+
+use ckptfmt::{BlockId, Encoding, MappedBlock};
+use ggml_sys as sys;
+
+use crate::batch::Plan;
+use crate::error::{Error, Result};
+use crate::kv::{KvLayout, PagePool, PAGE_TOKENS};
+
+/// The spill side of a context: its store and the pages in it.
+pub(crate) struct Spill {
+    store: kvstore::ModelStore,
+    /// Spilled pages (by pool page) and, once attended, their block's bytes.
+    pages: HashMap<u32, Spilled>,
+    /// Byte offset of each layer's K span in a block, then its V span.
+    offsets: Vec<[usize; 2]>,
+    pub(crate) bytes_read: u64,
+    pub(crate) pages_written: u64,
+}
+
+struct Spilled {
+    id: BlockId,
+    payload: Option<Payload>,
+}
+
+/// A spilled block's KV bytes: its file mapped (raw encoding), or decoded into memory.
+enum Payload {
+    Mapped { block: MappedBlock, start: usize },
+    Owned(Vec<u8>),
+}
+
+impl Payload {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Payload::Mapped { block, start } => &block.as_bytes()[*start..],
+            Payload::Owned(v) => v,
+        }
+    }
+}
+
+/// A page leaving RAM: its pool page, block id, the id it chains from, its tokens.
+pub(crate) struct Victim {
+    pub page: u32,
+    pub id: BlockId,
+    pub prev: Option<BlockId>,
+    pub tokens: Vec<u32>,
+}
+
+impl Spill {
+    /// The spill side over `store`, whose blocks must have `layout`'s bytes.
+    pub(crate) fn new(store: kvstore::ModelStore, layout: &KvLayout) -> Result<Spill> {
+        let block = store.geometry().block_bytes();
+        if block != layout.bytes_per_page() as u64 {
+            return Err(Error::SpillLayout {
+                store: block,
+                pool: layout.bytes_per_page() as u64,
+            });
+        }
+        let mut offsets = Vec::with_capacity(layout.n_layers);
+        let mut at = 0;
+        for l in 0..layout.n_layers {
+            let k = at;
+            let v = k + PAGE_TOKENS * layout.k_bytes_per_token[l];
+            at = v + PAGE_TOKENS * layout.v_bytes_per_token[l];
+            offsets.push([k, v]);
+        }
+        Ok(Spill {
+            store,
+            pages: HashMap::new(),
+            offsets,
+            bytes_read: 0,
+            pages_written: 0,
+        })
+    }
+
+    /// Writes `victims` (their bytes from `read`) to their block files, durably; returns
+    /// nothing until every file is written, so on error no page changes.
+    pub(crate) fn write(
+        &mut self,
+        victims: &[Victim],
+        mut read: impl FnMut(u32) -> Result<Vec<u8>>,
+    ) -> Result<()> {
+        let mut blocks = Vec::with_capacity(victims.len());
+        for v in victims {
+            blocks.push((v.prev, v.tokens.as_slice(), read(v.page)?));
+        }
+        let ids = self.store.put_on_disk(&blocks)?;
+        for (v, id) in victims.iter().zip(ids) {
+            if id != v.id {
+                return Err(Error::SpillLayout { store: 0, pool: 0 });
+            }
+        }
+        for v in victims {
+            self.pages.insert(
+                v.page,
+                Spilled {
+                    id: v.id,
+                    payload: None,
+                },
+            );
+        }
+        self.pages_written += victims.len() as u64;
+        Ok(())
+    }
+
+    /// Forgets pages the pool no longer holds spilled (freed, or reused).
+    pub(crate) fn forget_freed(&mut self, pool: &PagePool) {
+        self.pages.retain(|&p, _| pool.is_spilled(p));
+    }
+
+    /// Maps (and verifies) the block files of `pages` that are spilled and not mapped yet.
+    pub(crate) fn map(
+        &mut self,
+        pool: &PagePool,
+        pages: impl IntoIterator<Item = u32>,
+    ) -> Result<()> {
+        for page in pages {
+            if !pool.is_spilled(page) {
+                continue;
+            }
+            let Some(s) = self.pages.get_mut(&page) else {
+                continue;
+            };
+            if s.payload.is_none() {
+                s.payload = Some(map_block(&self.store, &s.id)?);
+            }
+        }
+        Ok(())
+    }
+
+    /// The bytes of spilled `page` as a checkpoint block, read from its file (for a save).
+    pub(crate) fn read_block(&self, page: u32) -> Result<Vec<u8>> {
+        let s = self
+            .pages
+            .get(&page)
+            .ok_or(Error::SpillLayout { store: 0, pool: 0 })?;
+        if let Some(p) = &s.payload {
+            return Ok(p.bytes().to_vec());
+        }
+        match self.store.get_uncached(&s.id)? {
+            Some(b) => Ok(b.to_vec()),
+            None => Err(Error::SpilledBlock {
+                id: s.id.to_hex(),
+                reason: "the block file is gone".into(),
+            }),
+        }
+    }
+
+    /// Drops the spilled blocks' bytes from memory: this process's mappings of them
+    /// (`madvise(DONTNEED)`), then the files' pages in the page cache
+    /// (`posix_fadvise(DONTNEED)`), so that the next batch reads them from the disk. Returns
+    /// the bytes of the files advised.
+    pub(crate) fn evict(&self) -> u64 {
+        let mut bytes = 0;
+        for s in self.pages.values() {
+            let Some(Payload::Mapped { block, .. }) = &s.payload else {
+                continue;
+            };
+            let map = block.as_bytes();
+            bytes += map.len() as u64;
+            #[cfg(unix)]
+            // SAFETY: advice over a live read-only map of a file: `MADV_DONTNEED` drops this
+            // process's page table entries, and the next read faults the file's bytes in
+            // again (a file map is never zero-filled), so no byte read changes.
+            unsafe {
+                libc::madvise(map.as_ptr() as *mut c_void, map.len(), libc::MADV_DONTNEED);
+            }
+            #[cfg(target_os = "linux")]
+            if let Ok(f) = std::fs::File::open(self.store.block_path(&s.id)) {
+                use std::os::fd::AsRawFd;
+                // SAFETY: a hint over an open file descriptor, borrowed for the call.
+                unsafe {
+                    libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+                }
+            }
+        }
+        bytes
+    }
+
+    /// Gives each attention of `plan` whose window holds a spilled page a staged window (see
+    /// the module's doc): per layer, one op for K and one for V.
+    pub(crate) fn stage(&mut self, plan: &mut Plan, pool: &PagePool, layout: &KvLayout) {
+        for a in &mut plan.attention {
+            let cells: Vec<usize> = match &a.gather {
+                Some(g) => g
+                    .chunks(4)
+                    .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize)
+                    .collect(),
+                None => (a.first_cell..a.first_cell + a.n_kv).collect(),
+            };
+            let spilled = |c: usize| pool.is_spilled((c / PAGE_TOKENS) as u32);
+            if !cells.iter().any(|&c| spilled(c)) {
+                continue;
+            }
+            let mut layers = Vec::with_capacity(layout.n_layers);
+            for l in 0..layout.n_layers {
+                let mut pair = [0, 1].map(|kv| {
+                    let row = if kv == 0 {
+                        layout.k_bytes_per_token[l]
+                    } else {
+                        layout.v_bytes_per_token[l]
+                    };
+                    let runs = self.runs(&cells, l, kv, row, pool);
+                    StageOp {
+                        runs,
+                        row_bytes: row,
+                        n_rows: cells.len(),
+                        prefetch: Vec::new(),
+                    }
+                });
+                // While layer l's K is staged, layer l + 1's spans are asked for.
+                if l + 1 < layout.n_layers {
+                    pair[0].prefetch = self.spans(&cells, l + 1, layout, pool);
+                }
+                for op in &pair {
+                    self.bytes_read += op
+                        .runs
+                        .iter()
+                        .filter(|r| matches!(r.src, Src::File(_)))
+                        .map(|r| (r.n * op.row_bytes) as u64)
+                        .sum::<u64>();
+                }
+                layers.push(pair);
+            }
+            a.staged = Some(layers);
+        }
+    }
+
+    /// The runs of rows of a staged window over `cells`, for layer `l`'s K (`kv` 0) or V.
+    fn runs(&self, cells: &[usize], l: usize, kv: usize, row: usize, pool: &PagePool) -> Vec<Run> {
+        let mut runs: Vec<Run> = Vec::new();
+        for (dst, &c) in cells.iter().enumerate() {
+            let page = (c / PAGE_TOKENS) as u32;
+            let src = if pool.is_spilled(page) {
+                match self.pages.get(&page).and_then(|s| s.payload.as_ref()) {
+                    Some(p) => {
+                        let at = self.offsets[l][kv] + (c % PAGE_TOKENS) * row;
+                        Src::File(p.bytes()[at..].as_ptr())
+                    }
+                    // Another sequence's page, not attended by this batch: masked, any
+                    // finite value will do.
+                    None => Src::Zero,
+                }
+            } else if pool.refs(page) == 0 {
+                // A free page (padding past the sequence): masked; zeros spare its memory.
+                Src::Zero
+            } else {
+                Src::Pool(c)
+            };
+            match runs.last_mut() {
+                Some(r) if r.dst + r.n == dst && r.src.follows(src, r.n, row) => r.n += 1,
+                _ => runs.push(Run { dst, n: 1, src }),
+            }
+        }
+        runs
+    }
+
+    /// The K-and-V spans of layer `l` of the mapped pages among `cells` (for the prefetch).
+    fn spans(
+        &self,
+        cells: &[usize],
+        l: usize,
+        layout: &KvLayout,
+        pool: &PagePool,
+    ) -> Vec<(usize, usize)> {
+        let len = PAGE_TOKENS * (layout.k_bytes_per_token[l] + layout.v_bytes_per_token[l]);
+        let mut pages: Vec<u32> = cells
+            .iter()
+            .map(|&c| (c / PAGE_TOKENS) as u32)
+            .filter(|&p| pool.is_spilled(p))
+            .collect();
+        pages.dedup();
+        pages
+            .into_iter()
+            .filter_map(|p| self.pages.get(&p)?.payload.as_ref())
+            .filter_map(|p| match p {
+                Payload::Mapped { .. } => {
+                    Some((p.bytes()[self.offsets[l][0]..].as_ptr() as usize, len))
+                }
+                Payload::Owned(_) => None,
+            })
+            .collect()
+    }
+}
+
+/// Maps block `id`'s file and verifies it; a block whose payload is not raw is decoded into
+/// memory instead.
+fn map_block(store: &kvstore::ModelStore, id: &BlockId) -> Result<Payload> {
+    let damaged = |reason: String| Error::SpilledBlock {
+        id: id.to_hex(),
+        reason,
+    };
+    // SAFETY: the store never writes a block file in place (it writes a temporary file and
+    // renames it, and gc unlinks), so the mapped bytes do not change while the map lives.
+    let block = unsafe { store.block_files().map_block(id) }.map_err(|e| damaged(e.to_string()))?;
+    let view = block.view().map_err(|e| damaged(e.to_string()))?;
+    if view.encoding() != Encoding::Raw {
+        let kv = view.kv().map_err(|e| damaged(e.to_string()))?;
+        return Ok(Payload::Owned(kv.into_owned()));
+    }
+    let start = view.payload().as_ptr() as usize - block.as_bytes().as_ptr() as usize;
+    Ok(Payload::Mapped { block, start })
+}
+
+/// Where a run of staged rows comes from.
+#[derive(Clone, Copy)]
+enum Src {
+    /// The pool's cells from this one on.
+    Pool(usize),
+    /// A block file's rows from this address on (inside a map the context keeps).
+    File(*const u8),
+    /// Zeros.
+    Zero,
+}
+
+impl Src {
+    /// Whether `next` continues a run of `n` rows of `row` bytes from `self`.
+    fn follows(self, next: Src, n: usize, row: usize) -> bool {
+        match (self, next) {
+            (Src::Pool(a), Src::Pool(b)) => a + n == b,
+            (Src::File(a), Src::File(b)) => a.wrapping_add(n * row) == b,
+            (Src::Zero, Src::Zero) => true,
+            _ => false,
+        }
+    }
+}
+
+/// `n` rows of the staged window from row `dst`.
+struct Run {
+    dst: usize,
+    n: usize,
+    src: Src,
+}
+
+/// One staging op: the window's rows of one layer's K or V.
+pub(crate) struct StageOp {
+    runs: Vec<Run>,
+    row_bytes: usize,
+    n_rows: usize,
+    /// Address ranges to hint to the kernel once copied (the next layer's spans).
+    prefetch: Vec<(usize, usize)>,
+}
+
+impl StageOp {
+    /// Rows of the staged window.
+    pub(crate) fn n_rows(&self) -> usize {
+        self.n_rows
+    }
+}
+
+/// Staging kernel, run by every thread of a ggml custom op: `dst` (the staged window, `n_rows`
+/// rows of `row_bytes`) gets its rows from `dst->src[0]` (the layer's K or V in the pool, after
+/// this batch's rows were stored) or from mapped block files, each thread a share of the rows.
+///
+/// # Safety
+///
+/// `userdata` points to a live [`StageOp`] whose `File` addresses lie inside maps that outlive
+/// the graph's computation, with `row_bytes` bytes per row readable from each; `dst` has
+/// `n_rows * row_bytes` bytes and `src[0]` the pool's cells every `Pool` run names.
+pub(crate) unsafe extern "C" fn stage_rows(
+    dst: *mut sys::ggml_tensor,
+    ith: c_int,
+    nth: c_int,
+    userdata: *mut c_void,
+) {
+    // SAFETY: the caller's contract (the graph keeps the op and the maps alive).
+    let op = unsafe { &*(userdata as *const StageOp) };
+    let (ith, nth) = (ith.max(0) as usize, nth.max(1) as usize);
+    let per = op.n_rows.div_ceil(nth);
+    let (lo, hi) = (ith * per, ((ith + 1) * per).min(op.n_rows));
+    let rb = op.row_bytes;
+    // SAFETY: live tensors of the running graph.
+    let (out, cache) = unsafe { ((*dst).data as *mut u8, (*(*dst).src[0]).data as *const u8) };
+    for r in &op.runs {
+        let (a, b) = (r.dst.max(lo), (r.dst + r.n).min(hi));
+        if a >= b {
+            continue;
+        }
+        let skip = (a - r.dst) * rb;
+        let len = (b - a) * rb;
+        // SAFETY: the ranges lie inside `dst`, the pool and the maps (the contract above);
+        // they do not overlap (the staged window is a tensor of its own).
+        unsafe {
+            let to = out.add(a * rb);
+            match r.src {
+                Src::Pool(c) => std::ptr::copy_nonoverlapping(cache.add(c * rb + skip), to, len),
+                Src::File(p) => std::ptr::copy_nonoverlapping(p.add(skip), to, len),
+                Src::Zero => std::ptr::write_bytes(to, 0, len),
+            }
+        }
+    }
+    if ith == 0 {
+        for &(addr, len) in &op.prefetch {
+            will_need(addr, len);
+        }
+    }
+}
+
+/// Asks the kernel to read `len` bytes of a mapped file at `addr` ahead (no effect on error).
+fn will_need(addr: usize, len: usize) {
+    #[cfg(unix)]
+    {
+        let page = 4096;
+        let start = addr / page * page;
+        // SAFETY: a hint over pages of a live map (`MADV_WILLNEED` reads nothing into the
+        // process and changes no byte); a range reaching past the map only fails.
+        let _ = unsafe {
+            libc::madvise(
+                start as *mut c_void,
+                addr + len - start,
+                libc::MADV_WILLNEED,
+            )
+        };
+    }
+    #[cfg(not(unix))]
+    let _ = (addr, len);
+}
+
+impl crate::Context {
+    /// Gives this context `store` to spill pages to once the pool is over
+    /// [`ContextParams::kv_ram`](crate::ContextParams::kv_ram). The store must be this model's
+    /// with the pool's KV types ([`Error::SpillLayout`] otherwise).
+    pub fn spill_to(&mut self, store: &crate::store::SessionStore) -> Result<()> {
+        let handle = store.model_store();
+        if handle.fingerprint() != self.fingerprint() {
+            return Err(Error::SpillLayout { store: 0, pool: 0 });
+        }
+        self.spill = Some(Spill::new(handle.clone(), self.kv_layout())?);
+        Ok(())
+    }
+
+    /// Pages the RAM budget holds, when there is one (at least a batch's pages and one more).
+    fn budget_pages(&self) -> Option<usize> {
+        let ram = self.params().kv_ram;
+        (ram > 0).then(|| {
+            let page = self.kv_layout().bytes_per_page().max(1);
+            (ram / page).max(self.params().n_batch.div_ceil(PAGE_TOKENS) + 1)
+        })
+    }
+
+    /// Held pages whose rows are in RAM.
+    fn pages_in_ram(&self) -> usize {
+        self.pool.counts().0 - self.pool.n_spilled()
+    }
+
+    /// Spills full pages until `extra` more pages fit within the RAM budget (as many as can
+    /// go: see [`ContextParams::kv_ram`](crate::ContextParams::kv_ram)), lowest positions
+    /// first. Nothing without a budget; [`Error::NoSpillStore`] with one but no store.
+    pub(crate) fn make_room(&mut self, extra: usize) -> Result<()> {
+        let Some(budget) = self.budget_pages() else {
+            return Ok(());
+        };
+        let over = (self.pages_in_ram() + extra).saturating_sub(budget);
+        if over == 0 {
+            return Ok(());
+        }
+        let victims = self.victims(over);
+        if victims.is_empty() {
+            return Ok(());
+        }
+        let Some(mut spill) = self.spill.take() else {
+            return Err(Error::NoSpillStore {
+                kv_ram: self.params().kv_ram,
+            });
+        };
+        let written = spill.write(&victims, |page| Ok(self.page_block(page)));
+        self.spill = Some(spill);
+        written?;
+        let layout = self.kv_layout().clone();
+        for v in &victims {
+            for l in 0..layout.n_layers {
+                for (value, bytes) in [
+                    (false, layout.k_bytes_per_token[l]),
+                    (true, layout.v_bytes_per_token[l]),
+                ] {
+                    let len = PAGE_TOKENS * bytes;
+                    self.kv.release(l, value, v.page as usize * len, len);
+                }
+            }
+            self.pool.mark_spilled(v.page);
+        }
+        Ok(())
+    }
+
+    /// Up to `n` pages to spill: full, held by one sequence only, neither spilled nor with
+    /// released rows, not a sequence's first page; lowest positions first, across sequences.
+    fn victims(&self, n: usize) -> Vec<Victim> {
+        let mut found: Vec<(usize, crate::SeqId)> = Vec::new();
+        for (&seq, s) in &self.seqs {
+            for i in 1..s.ids.len() {
+                let page = s.pages[i];
+                if self.pool.refs(page) == 1
+                    && !self.pool.is_spilled(page)
+                    && !self.pool.is_released(page)
+                {
+                    found.push((i, seq));
+                }
+            }
+        }
+        found.sort();
+        found.truncate(n);
+        found
+            .into_iter()
+            .map(|(i, seq)| {
+                let s = &self.seqs[&seq];
+                Victim {
+                    page: s.pages[i],
+                    id: s.ids[i],
+                    prev: s.prev_id(i).copied(),
+                    tokens: s.tokens[i * PAGE_TOKENS..(i + 1) * PAGE_TOKENS].to_vec(),
+                }
+            })
+            .collect()
+    }
+
+    /// Before a batch: room for its `needed` new pages, and the block files of the spilled
+    /// pages its sequences attend to mapped and verified.
+    pub(crate) fn prepare_spill(&mut self, batch: &crate::Batch, needed: usize) -> Result<()> {
+        if self.budget_pages().is_none() && self.pool.n_spilled() == 0 {
+            return Ok(());
+        }
+        self.make_room(needed)?;
+        let Some(spill) = self.spill.as_mut() else {
+            return Ok(());
+        };
+        spill.forget_freed(&self.pool);
+        let pages: Vec<u32> = batch
+            .items
+            .iter()
+            .filter_map(|item| self.seqs.get(&item.seq))
+            .flat_map(|s| s.pages.iter().copied())
+            .collect();
+        spill.map(&self.pool, pages)
+    }
+
+    /// Drops the spilled pages' block files from memory (this process's maps and the page
+    /// cache), so that the next batch reads them from the disk: for measuring that. Returns
+    /// the bytes of the files.
+    pub fn evict_spilled(&self) -> u64 {
+        self.spill.as_ref().map_or(0, Spill::evict)
+    }
+
+    /// Fails with [`Error::SpilledPages`] when `seq` holds a spilled page (for operations that
+    /// rewrite its rows in the pool).
+    pub(crate) fn refuse_spilled(&self, seq: crate::SeqId, what: &'static str) -> Result<()> {
+        let s = self.seq(seq)?;
+        match s.pages.iter().any(|&p| self.pool.is_spilled(p)) {
+            true => Err(Error::SpilledPages { seq, what }),
+            false => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! Beyond RAM: a context whose pages leave RAM past `ContextParams::kv_ram` for block files,
+//! and attends to them where they lie. Spilled evaluation gives the resident one's logits bit
+//! for bit, in prefill and in decode, at three lengths (on each side of the length where
+//! decoding changes attention kernel, 1,024); pages spill during the prefill and again while
+//! decoding; the pool's memory stays within the budget; a damaged or missing block file fails
+//! the batch with a typed error and changes nothing.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use common::*;
+use engine::store::{SessionStore, StoreConfig};
+use engine::{Batch, Context, ContextParams, Error, Logits, Model, SeqId, PAGE_TOKENS};
+
+/// A llama-shaped model with heads of 32 (which ggml-sys's attention kernel takes) and a
+/// training length of 4,096.
+fn model() -> (tempfile::TempDir, Arc<Model>) {
+    let mut c = cfg(Shape::Llama, false);
+    // Rows of 256 bytes: a page of one layer fills whole memory pages, which leave RAM.
+    c.n_embd = 128;
+    c.n_head = 4;
+    c.n_head_kv = 4;
+    c.n_ctx_train = 4096;
+    let (dir, model, _) = build(&c, 45);
+    (dir, model)
+}
+
+const N_BATCH: usize = 64;
+
+fn ctx_params(kv_ram: usize) -> ContextParams {
+    let mut p = params(N_BATCH);
+    p.n_ctx = 4096;
+    p.kv_ram = kv_ram;
+    p
+}
+
+/// A context spilling past `pages` pages of RAM to a store in `dir`.
+fn spilling(model: &Arc<Model>, pages: usize, dir: &Path) -> (Context, SessionStore) {
+    let probe = Context::new(model.clone(), ctx_params(0)).unwrap();
+    let page = probe.kv_layout().bytes_per_page();
+    let mut ctx = Context::new(model.clone(), ctx_params(pages * page)).unwrap();
+    let store = SessionStore::open(dir, model, StoreConfig::for_context(ctx.params())).unwrap();
+    ctx.spill_to(&store).unwrap();
+    (ctx, store)
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap() as u32
+}
+
+/// Feeds `prompt` to both contexts in batches of `N_BATCH` (every row's logits compared), then
+/// decodes `gen` tokens greedily (each step's logits compared). Returns the pages spilled after
+/// the prefill and at the end.
+fn same_bits(
+    resident: &mut Context,
+    spilled: &mut Context,
+    prompt: &[u32],
+    gen: usize,
+) -> (usize, usize) {
+    let (a, b) = (resident.new_sequence(), spilled.new_sequence());
+    for (i, chunk) in prompt.chunks(N_BATCH).enumerate() {
+        let want = resident.feed(a, chunk, Logits::All).unwrap();
+        let got = spilled.feed(b, chunk, Logits::All).unwrap();
+        assert!(
+            bits(&got) == bits(&want),
+            "prefill chunk {i} of {}: logits differ",
+            prompt.len()
+        );
+    }
+    let after_prefill = spilled.stats().pages_spilled;
+    let mut last = resident.logits(a).unwrap().to_vec();
+    for step in 0..gen {
+        let t = argmax(&last);
+        let want = resident.feed(a, &[t], Logits::Last).unwrap();
+        let got = spilled.feed(b, &[t], Logits::Last).unwrap();
+        assert!(
+            bits(&got) == bits(&want),
+            "decode step {step} after {}: logits differ",
+            prompt.len()
+        );
+        last = want;
+    }
+    (after_prefill, spilled.stats().pages_spilled)
+}
+
+#[test]
+fn spilled_pages_give_the_resident_logits_bit_for_bit() {
+    let (_m, model) = model();
+    for len in [300, 700, 1300] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut resident = Context::new(model.clone(), ctx_params(0)).unwrap();
+        let (mut spilled, _store) = spilling(&model, 4, dir.path());
+        let prompt = tokens(len);
+        // 70 decoded tokens cross at least one page boundary.
+        let (after_prefill, at_end) = same_bits(&mut resident, &mut spilled, &prompt, 70);
+        let pages = (len + 70) / PAGE_TOKENS;
+        assert!(
+            after_prefill >= len / PAGE_TOKENS - 4,
+            "{len}: {after_prefill} pages spilled during the prefill"
+        );
+        assert!(
+            at_end > after_prefill,
+            "{len}: no page spilled while decoding ({at_end})"
+        );
+        assert!(at_end < pages, "the first page stays ({at_end} of {pages})");
+        let stats = spilled.stats();
+        assert!(stats.spill_bytes_read > 0);
+        assert_eq!(stats.spill_pages_written as usize, at_end);
+        // The spilled pool holds about its budget; the resident one all its pages.
+        let (r, s) = (
+            resident.kv_resident_bytes().unwrap(),
+            spilled.kv_resident_bytes().unwrap(),
+        );
+        let page = spilled.kv_layout().bytes_per_page();
+        assert!(
+            s <= 5 * page,
+            "{len}: {s} bytes of KV in RAM, budget 4 pages of {page}: {stats:?}"
+        );
+        assert!(r >= pages * page, "{len}: resident {r}");
+    }
+}
+
+#[test]
+fn the_real_model_spilled_gives_the_resident_logits() {
+    let Some(path) = real_model_path() else {
+        return;
+    };
+    let model = Model::load(path).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut resident = Context::new(model.clone(), ctx_params(0)).unwrap();
+    let (mut spilled, _store) = spilling(&model, 6, dir.path());
+    let prompt: Vec<u32> = (0..1100).map(|i| 100 + (i * 7919) % 40000).collect();
+    let (after_prefill, at_end) = same_bits(&mut resident, &mut spilled, &prompt, 60);
+    assert!(
+        after_prefill > 0 && at_end > after_prefill,
+        "{after_prefill} {at_end} {:?}",
+        spilled.stats()
+    );
+}
+
+/// Bytes of every block file under `dir`.
+fn block_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    engine::testing::files_under(dir)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "blk"))
+        .collect()
+}
+
+/// A context whose third batch left one page spilled and not yet read back.
+fn one_spilled(model: &Arc<Model>, dir: &Path) -> (Context, SessionStore, SeqId) {
+    let (mut ctx, store) = spilling(model, 3, dir);
+    let seq = ctx.new_sequence();
+    let doc = tokens(3 * N_BATCH);
+    for chunk in doc.chunks(N_BATCH) {
+        let mut b = Batch::new();
+        b.add(seq, chunk, Logits::Last);
+        ctx.decode(&b).unwrap();
+    }
+    assert_eq!(ctx.stats().pages_spilled, 1);
+    assert_eq!(block_files(dir).len(), 1);
+    (ctx, store, seq)
+}
+
+#[test]
+fn a_damaged_or_missing_block_fails_the_batch_and_changes_nothing() {
+    let (_m, model) = model();
+    let next = tokens(4 * N_BATCH)[3 * N_BATCH..].to_vec();
+    type Damage = fn(&Path);
+    let damages: [(&str, Damage); 3] = [
+        ("one byte flipped", |p| {
+            let mut b = std::fs::read(p).unwrap();
+            let i = b.len() - 100;
+            b[i] ^= 0x40;
+            std::fs::write(p, b).unwrap();
+        }),
+        ("truncated", |p| {
+            let b = std::fs::read(p).unwrap();
+            std::fs::write(p, &b[..b.len() / 2]).unwrap();
+        }),
+        ("deleted", |p| std::fs::remove_file(p).unwrap()),
+    ];
+    for (what, damage) in damages {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut ctx, _store, seq) = one_spilled(&model, dir.path());
+        let before = ctx.logits(seq).unwrap().to_vec();
+        for f in block_files(dir.path()) {
+            damage(&f);
+        }
+        let mut b = Batch::new();
+        b.add(seq, &next, Logits::Last);
+        match ctx.decode(&b) {
+            Err(Error::SpilledBlock { .. }) => {}
+            other => panic!("{what}: {:?}", other.map(|_| ())),
+        }
+        assert_eq!(ctx.tokens(seq).unwrap().len(), 3 * N_BATCH, "{what}");
+        assert_eq!(bits(ctx.logits(seq).unwrap()), bits(&before), "{what}");
+    }
+}
+
+#[test]
+fn a_budget_without_a_store_is_a_typed_error() {
+    let (_m, model) = model();
+    let probe = Context::new(model.clone(), ctx_params(0)).unwrap();
+    let page = probe.kv_layout().bytes_per_page();
+    let mut ctx = Context::new(model.clone(), ctx_params(3 * page)).unwrap();
+    let seq = ctx.new_sequence();
+    let r = ctx.feed(seq, &tokens(6 * N_BATCH), Logits::Last);
+    assert!(matches!(r, Err(Error::NoSpillStore { .. })), "{r:?}");
+}
+
+#[test]
+fn a_spilled_sequence_saves_and_restores_with_the_same_bits() {
+    let (_m, model) = model();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut ctx, store) = spilling(&model, 4, dir.path());
+    let seq = ctx.new_sequence();
+    let doc = tokens(600);
+    ctx.feed(seq, &doc, Logits::Last).unwrap();
+    assert!(ctx.stats().pages_spilled > 0);
+    store
+        .save_seq(&ctx, seq, "long", &Default::default())
+        .unwrap();
+    let mut fresh = Context::new(model.clone(), ctx_params(0)).unwrap();
+    let back = fresh.new_sequence();
+    store.restore_seq(&mut fresh, back, "long").unwrap();
+    let t = [7u32];
+    let want = ctx.feed(seq, &t, Logits::Last).unwrap();
+    let got = fresh.feed(back, &t, Logits::Last).unwrap();
+    assert_eq!(bits(&got), bits(&want));
+}
