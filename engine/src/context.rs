@@ -576,7 +576,10 @@ impl Context {
             self.model.hparams().sliding_window.as_ref().map(|w| w.size),
         );
         if let Some(spill) = self.spill.as_mut() {
-            spill.stage(&mut plan, &self.pool, &self.layout);
+            let kv = &self.kv;
+            spill.stage(&mut plan, &self.pool, &self.layout, |l, value| {
+                kv.host_address(l, value)
+            });
         }
         let discard_output = plan.out_rows.is_empty();
         if discard_output {

@@ -22,6 +22,12 @@ pub struct ImportSummary {
     pub blocks_read: usize,
     /// Tokens of the partial last block written from the tail bytes.
     pub tail_tokens: usize,
+    /// Full blocks attached where they lie, as pages spilled to their files (verified, not
+    /// read into RAM): under a RAM budget ([`ContextParams::kv_ram`]), the blocks past what it
+    /// holds, when the spill store has them.
+    ///
+    /// [`ContextParams::kv_ram`]: crate::ContextParams::kv_ram
+    pub blocks_attached: usize,
 }
 
 impl Context {
@@ -331,6 +337,8 @@ impl Context {
                 total: self.pool.n_pages(),
             });
         }
+        // Under a RAM budget, blocks past what it holds stay in their files (see `spill.rs`).
+        let in_files = self.blocks_to_attach(&ids, &resident, n_tail > 0);
         let mut pages = Vec::with_capacity(n_full + 1);
         let mut summary = ImportSummary::default();
         let result = (|| -> Result<()> {
@@ -347,6 +355,11 @@ impl Context {
                     total: self.pool.n_pages(),
                 })?;
                 pages.push(page);
+                if in_files[i] {
+                    self.attach_spilled(page, id)?;
+                    summary.blocks_attached += 1;
+                    continue;
+                }
                 let mut sink_result = Ok(());
                 let mut called = false;
                 let read_result = read(i, id, &mut |span| {

@@ -41,6 +41,9 @@ pub(crate) struct Spill {
     offsets: Vec<[usize; 2]>,
     pub(crate) bytes_read: u64,
     pub(crate) pages_written: u64,
+    /// Zeros, a page of rows of any layer: what page tables point at for pages nobody
+    /// attends to (padding, other sequences' unmapped pages).
+    zeros: Vec<u8>,
 }
 
 struct Spilled {
@@ -89,12 +92,18 @@ impl Spill {
             at = v + PAGE_TOKENS * layout.v_bytes_per_token[l];
             offsets.push([k, v]);
         }
+        let widest = (layout.k_bytes_per_token.iter())
+            .chain(&layout.v_bytes_per_token)
+            .max()
+            .copied()
+            .unwrap_or(0);
         Ok(Spill {
             store,
             pages: HashMap::new(),
             offsets,
             bytes_read: 0,
             pages_written: 0,
+            zeros: vec![0; widest * PAGE_TOKENS],
         })
     }
 
@@ -126,6 +135,24 @@ impl Spill {
         }
         self.pages_written += victims.len() as u64;
         Ok(())
+    }
+
+    /// Takes `page` as spilled to block `id`'s file, which is mapped and verified now.
+    pub(crate) fn adopt(&mut self, page: u32, id: BlockId) -> Result<()> {
+        let payload = map_block(&self.store, &id)?;
+        self.pages.insert(
+            page,
+            Spilled {
+                id,
+                payload: Some(payload),
+            },
+        );
+        Ok(())
+    }
+
+    /// Whether the store holds block `id` in a file.
+    pub(crate) fn has_file(&self, id: &BlockId) -> bool {
+        self.store.block_files().has_block(id).unwrap_or(false)
     }
 
     /// Forgets pages the pool no longer holds spilled (freed, or reused).
@@ -204,7 +231,13 @@ impl Spill {
 
     /// Gives each attention of `plan` whose window holds a spilled page a staged window (see
     /// the module's doc): per layer, one op for K and one for V.
-    pub(crate) fn stage(&mut self, plan: &mut Plan, pool: &PagePool, layout: &KvLayout) {
+    pub(crate) fn stage(
+        &mut self,
+        plan: &mut Plan,
+        pool: &PagePool,
+        layout: &KvLayout,
+        pool_address: impl Fn(usize, bool) -> Option<usize>,
+    ) {
         for a in &mut plan.attention {
             let cells: Vec<usize> = match &a.gather {
                 Some(g) => g
@@ -226,11 +259,15 @@ impl Spill {
                         layout.v_bytes_per_token[l]
                     };
                     let runs = self.runs(&cells, l, kv, row, pool);
+                    let pages = pool_address(l, kv == 1)
+                        .map(|base| self.page_table(&runs, base, row))
+                        .unwrap_or_default();
                     StageOp {
                         runs,
                         row_bytes: row,
                         n_rows: cells.len(),
                         prefetch: Vec::new(),
+                        pages,
                     }
                 });
                 // While layer l's K is staged, layer l + 1's spans are asked for.
@@ -278,6 +315,27 @@ impl Spill {
             }
         }
         runs
+    }
+
+    /// The window's page table for the attention kernel (i64 addresses, one per page of
+    /// rows), from its runs: `base` is the pool's address for the layer's K or V. Empty when
+    /// the window is not whole pages, each a run or a run's page-aligned part.
+    fn page_table(&self, runs: &[Run], base: usize, row: usize) -> Vec<u8> {
+        let mut table = Vec::new();
+        for r in runs {
+            if !r.dst.is_multiple_of(PAGE_TOKENS) || !r.n.is_multiple_of(PAGE_TOKENS) {
+                return Vec::new();
+            }
+            for i in 0..r.n / PAGE_TOKENS {
+                let address = match r.src {
+                    Src::Pool(c) => base + (c + i * PAGE_TOKENS) * row,
+                    Src::File(p) => p as usize + i * PAGE_TOKENS * row,
+                    Src::Zero => self.zeros.as_ptr() as usize,
+                };
+                table.extend_from_slice(&(address as i64).to_le_bytes());
+            }
+        }
+        table
     }
 
     /// The K-and-V spans of layer `l` of the mapped pages among `cells` (for the prefetch).
@@ -364,12 +422,48 @@ pub(crate) struct StageOp {
     n_rows: usize,
     /// Address ranges to hint to the kernel once copied (the next layer's spans).
     prefetch: Vec<(usize, usize)>,
+    /// The same rows as a page table (i64 addresses of each page's first row) for an
+    /// attention kernel that reads them where they lie; empty where the window is not whole
+    /// pages or the pool is not in host memory.
+    pages: Vec<u8>,
 }
 
 impl StageOp {
     /// Rows of the staged window.
     pub(crate) fn n_rows(&self) -> usize {
         self.n_rows
+    }
+
+    /// The window's page table (see the field), empty when there is none.
+    pub(crate) fn page_table(&self) -> &[u8] {
+        &self.pages
+    }
+
+    /// Whether the op hints ranges to the kernel.
+    pub(crate) fn prefetches(&self) -> bool {
+        !self.prefetch.is_empty()
+    }
+}
+
+/// A ggml custom op's kernel that only hints the next layer's spans to the kernel (thread 0),
+/// for attention that reads pages through a table and stages nothing.
+///
+/// # Safety
+///
+/// `userdata` points to a live [`StageOp`]; `dst` is not written.
+pub(crate) unsafe extern "C" fn prefetch_spans(
+    _dst: *mut sys::ggml_tensor,
+    ith: c_int,
+    _nth: c_int,
+    userdata: *mut c_void,
+) {
+    if ith != 0 {
+        return;
+    }
+    // SAFETY: the caller's contract.
+    let op = unsafe { &*(userdata as *const StageOp) };
+    for &(addr, len) in &op.prefetch {
+        will_need(addr, len);
     }
 }
 
@@ -563,6 +657,46 @@ impl crate::Context {
     /// the bytes of the files.
     pub fn evict_spilled(&self) -> u64 {
         self.spill.as_ref().map_or(0, Spill::evict)
+    }
+
+    /// Which of the full blocks `ids` an import attaches where they lie rather than reads
+    /// (`resident[i]`: shared from the pool instead): none without a RAM budget and a spill
+    /// store; else, past the first block (the attention sinks) and the last ones the budget
+    /// holds (after the tail's page and room for a batch), those the store has in files.
+    pub(crate) fn blocks_to_attach(
+        &self,
+        ids: &[BlockId],
+        resident: &[Option<u32>],
+        tail: bool,
+    ) -> Vec<bool> {
+        let mut attach = vec![false; ids.len()];
+        let (Some(budget), Some(spill)) = (self.budget_pages(), &self.spill) else {
+            return attach;
+        };
+        let room = budget.saturating_sub(
+            self.pages_in_ram()
+                + usize::from(tail)
+                + 1
+                + self.params().n_batch.div_ceil(PAGE_TOKENS),
+        );
+        let read_from = ids.len().saturating_sub(room).max(1);
+        for i in 1..read_from {
+            attach[i] = resident[i].is_none() && spill.has_file(&ids[i]);
+        }
+        attach
+    }
+
+    /// Makes free-list `page` a spilled page of block `id` (its file mapped and verified):
+    /// a damaged or missing file is [`Error::SpilledBlock`].
+    pub(crate) fn attach_spilled(&mut self, page: u32, id: &BlockId) -> Result<()> {
+        let Some(spill) = self.spill.as_mut() else {
+            return Err(Error::NoSpillStore {
+                kv_ram: self.params().kv_ram,
+            });
+        };
+        spill.adopt(page, *id)?;
+        self.pool.mark_spilled(page);
+        Ok(())
     }
 
     /// Fails with [`Error::SpilledPages`] when `seq` holds a spilled page (for operations that

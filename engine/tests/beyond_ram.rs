@@ -234,3 +234,64 @@ fn a_spilled_sequence_saves_and_restores_with_the_same_bits() {
     let got = fresh.feed(back, &t, Logits::Last).unwrap();
     assert_eq!(bits(&got), bits(&want));
 }
+
+#[test]
+fn a_saved_conversation_resumes_where_its_blocks_lie() {
+    let (_m, model) = model();
+    let dir = tempfile::tempdir().unwrap();
+    let doc = tokens(1000);
+    // Computed with everything in RAM, and saved.
+    let mut resident = Context::new(model.clone(), ctx_params(0)).unwrap();
+    let a = resident.new_sequence();
+    resident.feed(a, &doc, Logits::Last).unwrap();
+    let store = SessionStore::open(
+        dir.path(),
+        &model,
+        StoreConfig::for_context(resident.params()),
+    )
+    .unwrap();
+    store
+        .save_seq(&resident, a, "book", &Default::default())
+        .unwrap();
+
+    // Resumed under a budget of 4 pages: the blocks past it are attached in their files.
+    let (mut ctx, _) = spilling(&model, 4, dir.path());
+    let b = ctx.new_sequence();
+    store.restore_seq(&mut ctx, b, "book").unwrap();
+    let held = 1000 / PAGE_TOKENS + 1;
+    let spilled = ctx.stats().pages_spilled;
+    assert!(
+        spilled >= held - 4,
+        "{spilled} of {held} pages left in their files"
+    );
+    let page = ctx.kv_layout().bytes_per_page();
+    let in_ram = ctx.kv_resident_bytes().unwrap();
+    assert!(in_ram <= 4 * page, "{in_ram} bytes in RAM after the resume");
+    assert_eq!(
+        ctx.stats().spill_pages_written,
+        0,
+        "nothing was written again"
+    );
+
+    // It goes on with the resident context's bits.
+    for t in [5u32, 9, 13] {
+        let want = resident.feed(a, &[t], Logits::Last).unwrap();
+        let got = ctx.feed(b, &[t], Logits::Last).unwrap();
+        assert_eq!(bits(&got), bits(&want));
+    }
+
+    // A damaged block fails the resume with a typed error, before anything changes.
+    let victim = block_files(dir.path())
+        .into_iter()
+        .nth(3)
+        .expect("blocks were saved");
+    let mut bytes = std::fs::read(&victim).unwrap();
+    let i = bytes.len() - 10;
+    bytes[i] ^= 1;
+    std::fs::write(&victim, bytes).unwrap();
+    let (mut other, _) = spilling(&model, 4, dir.path());
+    let c = other.new_sequence();
+    let r = store.restore_seq(&mut other, c, "book");
+    assert!(r.is_err(), "a damaged block was attached");
+    assert!(other.tokens(c).unwrap().is_empty());
+}

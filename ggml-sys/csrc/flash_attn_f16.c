@@ -232,6 +232,9 @@ static void fa_pv_rows(const float * p, const float * vt, int D, float * o, int 
 }
 #endif
 
+// Rows of K and V per entry of a page table (the engine's page of positions).
+#define FA_PAGE_ROWS 64
+
 // The tensors of the node and what the kernel reads of them.
 typedef struct {
     const struct ggml_tensor * q;    // f32 [D, m, n_head]
@@ -239,12 +242,27 @@ typedef struct {
     const struct ggml_tensor * v;    // f16 [D, n_kv, n_head_kv]
     const struct ggml_tensor * mask; // f16 [>= n_kv, >= m]
     struct ggml_tensor * dst;        // f32 [D, n_head, m]
+    // With page tables (src 4 and 5), k's and v's data are not read: row i of K lives at
+    // kpages[i / FA_PAGE_ROWS] + (i % FA_PAGE_ROWS) * k->nb[1], and V's likewise; the
+    // strides are k's and v's.
+    const int64_t * kpages;
+    const int64_t * vpages;
     int D, m, n_kv, gqa;
     float scale;
 } fa_args;
 
 static inline const uint16_t * fa_row(const struct ggml_tensor * t, int64_t i1, int64_t i2) {
     return (const uint16_t *) ((const char *) t->data + i1 * t->nb[1] + i2 * t->nb[2]);
+}
+
+// Row i1, head i2 of K or V: from t's data, or through its page table.
+static inline const uint16_t * fa_kv_row(const struct ggml_tensor * t, const int64_t * pages,
+                                         int64_t i1, int64_t i2) {
+    if (pages == NULL) {
+        return fa_row(t, i1, i2);
+    }
+    const char * page = (const char *) (uintptr_t) pages[i1 / FA_PAGE_ROWS];
+    return (const uint16_t *) (page + (i1 % FA_PAGE_ROWS) * t->nb[1] + i2 * t->nb[2]);
 }
 
 // Whether any token t_first..t_last leaves a key ic..ic+kv-1 unmasked.
@@ -313,7 +331,7 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, in
             for (int k0 = 0; k0 < BK; k0 += 8) {
                 const uint16_t * rows8[8];
                 for (int j = 0; j < 8; ++j) {
-                    rows8[j] = k0 + j < kv ? fa_row(a->k, ic + k0 + j, g) : zeros;
+                    rows8[j] = k0 + j < kv ? fa_kv_row(a->k, a->kpages, ic + k0 + j, g) : zeros;
                 }
                 for (int d0 = 0; d0 < D; d0 += 8) {
                     fa_transpose8(rows8, d0, kt, k0);
@@ -322,7 +340,7 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, in
             for (int k = 0; k < BK; ++k) {
                 float * dstv = vt + (size_t) k * D;
                 if (k < kv) {
-                    const uint16_t * src = fa_row(a->v, ic + k, g);
+                    const uint16_t * src = fa_kv_row(a->v, a->vpages, ic + k, g);
                     for (int d = 0; d < D; d += 8) {
                         const __m128i h = _mm_loadu_si128((const __m128i *) (src + d));
                         _mm256_store_ps(dstv + d, _mm256_cvtph_ps(h));
@@ -336,15 +354,13 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, in
             // prefetch, and the instructions would cost more than they save.
             if (rows <= FA_PREFETCH_ROWS && ic + BK < ic1) {
                 const int next = a->n_kv - ic - BK < BK ? a->n_kv - ic - BK : BK;
-                const char * kr = (const char *) fa_row(a->k, ic + BK, g);
-                const char * vr = (const char *) fa_row(a->v, ic + BK, g);
                 for (int k = 0; k < next; ++k) {
+                    const char * kr = (const char *) fa_kv_row(a->k, a->kpages, ic + BK + k, g);
+                    const char * vr = (const char *) fa_kv_row(a->v, a->vpages, ic + BK + k, g);
                     for (int off = 0; off < D * 2; off += 64) {
                         _mm_prefetch(kr + off, _MM_HINT_T0);
                         _mm_prefetch(vr + off, _MM_HINT_T0);
                     }
-                    kr += a->k->nb[1];
-                    vr += a->v->nb[1];
                 }
             }
             // The next tile's mask rows, one per token of the block: read once per row after
@@ -361,8 +377,8 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, in
         }
 #else
         for (int k = 0; k < BK; ++k) {
-            const uint16_t * ks = k < kv ? fa_row(a->k, ic + k, g) : NULL;
-            const uint16_t * vs = k < kv ? fa_row(a->v, ic + k, g) : NULL;
+            const uint16_t * ks = k < kv ? fa_kv_row(a->k, a->kpages, ic + k, g) : NULL;
+            const uint16_t * vs = k < kv ? fa_kv_row(a->v, a->vpages, ic + k, g) : NULL;
             for (int d = 0; d < D; ++d) {
                 kt[(size_t) d * BK + k] = ks ? fa_h2f(ks[d]) : 0.0f;
                 vt[(size_t) k * D + d] = vs ? fa_h2f(vs[d]) : 0.0f;
@@ -487,6 +503,8 @@ static fa_args fa_args_of(struct ggml_tensor * dst, void * userdata) {
     a.k = dst->src[1];
     a.v = dst->src[2];
     a.mask = dst->src[3];
+    a.kpages = dst->src[4] != NULL && dst->src[5] != NULL ? (const int64_t *) dst->src[4]->data : NULL;
+    a.vpages = a.kpages != NULL ? (const int64_t *) dst->src[5]->data : NULL;
     a.dst = dst;
     a.D = (int) a.q->ne[0];
     a.m = (int) a.q->ne[1];

@@ -46,6 +46,9 @@ pub mod kernels {
         /// >= m]`, shared by the heads), scores scaled by the f32 whose bits are `userdata`'s
         /// low 32 bits. `d` a multiple of 16 and at most 256, `n_head` a multiple of
         /// `n_head_kv`. Every row's result has the same bits whatever the other rows are.
+        /// With `src[4]` and `src[5]` (page tables: i64 addresses, one per 64 rows of k and of
+        /// v), row `i` of k is read at `src[4][i / 64] + (i % 64) * nb1` (v's alike), not from
+        /// k's data: the same arithmetic over rows that lie anywhere.
         pub fn ggml_sys_flash_attn_f16(
             dst: *mut super::ggml_tensor,
             ith: ::core::ffi::c_int,

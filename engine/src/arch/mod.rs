@@ -338,9 +338,15 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
                     first_cell * row_bytes,
                 )
             };
+            let softcap = hp.attn_softcap.unwrap_or(0.0);
+            // A window with spilled pages that ggml-sys's kernel takes reads every page where
+            // it lies, through a page table: nothing is staged.
+            if let Some(out) = self.paged(g, il, a, q, [k_store, v_store], mask, scale, softcap) {
+                parts.push(out);
+                continue;
+            }
             let k = window(g, k_cache, k_store, 0);
             let v = window(g, v_cache, v_store, 1);
-            let softcap = hp.attn_softcap.unwrap_or(0.0);
             let out = if self.flash_attn {
                 // Result: [head_dim, n_head, m].
                 g.flash_attn(q, k, v, mask, scale, softcap, a.ours && self.kv_host[il])
@@ -373,6 +379,48 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         }
         let attn = concat_tokens(g, parts);
         g.reshape_2d(attn, head_dim * n_head, n)
+    }
+
+    /// Attention of the part `a` of layer `il` through page tables, when its window has
+    /// spilled pages (see `spill.rs`) and ggml-sys's kernel takes it; `None` otherwise (the
+    /// window is then staged). `stores` are the layer's K and V after this batch's rows were
+    /// stored: their shape and strides describe the rows, and the kernel runs after them.
+    #[allow(clippy::too_many_arguments)]
+    fn paged(
+        &self,
+        g: &mut Graph<'g, 'w>,
+        il: usize,
+        a: &crate::batch::SeqAttention,
+        q: Tensor<'g>,
+        stores: [Tensor<'g>; 2],
+        mask: Tensor<'g>,
+        scale: f32,
+        softcap: f32,
+    ) -> Option<Tensor<'g>> {
+        let ops = &a.staged.as_ref()?[il];
+        let (hd, n_head_kv) = (self.hp.head_dim, self.hp.n_head_kv);
+        let fits = stores.iter().all(|t| a.n_kv <= t.ne(1));
+        if !(self.flash_attn && a.ours && self.kv_host[il] && !a.dup && fits)
+            || ops.iter().any(|op| op.page_table().is_empty())
+        {
+            return None;
+        }
+        let [k, v] = stores.map(|t| {
+            let row = t.nb(1);
+            g.view_3d(t, [hd, a.n_kv, n_head_kv], [row, row / n_head_kv], 0)
+        });
+        if !g.kernel_takes(q, k, v, mask, softcap) {
+            return None;
+        }
+        if ops[0].prefetches() {
+            let hint = g.prefetch(stores[0], &ops[0]);
+            g.expand(hint);
+        }
+        let tables = [0, 1].map(|i| {
+            let table = ops[i].page_table();
+            g.input(DType::I64, &[table.len() / 8], table.to_vec())
+        });
+        Some(g.flash_attn_paged(q, k, v, mask, scale, tables))
     }
 
     /// The feed-forward network of layer `il` on `x`: the gated network

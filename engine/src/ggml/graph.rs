@@ -655,55 +655,8 @@ impl<'g, 'w> Graph<'g, 'w> {
         softcap: f32,
         ours: bool,
     ) -> Tensor<'g> {
-        let f16 = |t: &Tensor<'g>| {
-            // SAFETY: live tensor of this graph; only its header is read.
-            unsafe { (*t.raw).type_ == sys::GGML_TYPE_F16 }
-        };
-        let head_dim = q.ne(0);
-        if ours
-            && softcap == 0.0
-            && kernel_attention()
-            && f16(&k)
-            && f16(&v)
-            && f16(&mask)
-            && k.nb(0) == 2
-            && v.nb(0) == 2
-            && q.nb(0) == 4
-            && head_dim.is_multiple_of(16)
-            && head_dim <= 256
-            && v.ne(0) == head_dim
-            && k.ne(2) > 0
-            && q.ne(2).is_multiple_of(k.ne(2))
-        {
-            let mut args = [q.raw, k.raw, v.raw, mask.raw];
-            let (m, n_kv) = (q.ne(1), k.ne(1));
-            let gqa = q.ne(2) / k.ne(2);
-            // The kernels read their sources within the shapes checked above and write only
-            // their result; `userdata` is the scale's bits (then, for the merge, the chunk
-            // count), never dereferenced.
-            let scale_bits = scale.to_bits() as usize;
-            if m * gqa <= SPLIT_ROWS && n_kv >= SPLIT_KV {
-                // Few rows over a long window (decoding): each KV head's window in chunks,
-                // so that every thread gets a share, then the chunks merged.
-                let part = self.custom(
-                    [head_dim + 2, m * gqa, k.ne(2) * SPLIT_CHUNKS],
-                    &mut args,
-                    Some(sys::kernels::ggml_sys_flash_attn_f16_part),
-                    scale_bits,
-                );
-                return self.custom(
-                    [head_dim, q.ne(2), m],
-                    &mut [part.raw],
-                    Some(sys::kernels::ggml_sys_flash_attn_f16_merge),
-                    SPLIT_CHUNKS,
-                );
-            }
-            return self.custom(
-                [head_dim, q.ne(2), m],
-                &mut args,
-                Some(sys::kernels::ggml_sys_flash_attn_f16),
-                scale_bits,
-            );
+        if ours && self.kernel_takes(q, k, v, mask, softcap) {
+            return self.kernel_attention(&mut [q.raw, k.raw, v.raw, mask.raw], q, k, scale);
         }
         let t = op!(
             self,
@@ -721,6 +674,107 @@ impl<'g, 'w> Graph<'g, 'w> {
         // SAFETY: live flash-attention node.
         unsafe { sys::ggml_flash_attn_ext_set_prec(t.raw, sys::GGML_PREC_F32) };
         t
+    }
+
+    /// Whether ggml-sys's attention kernel takes `q` over `k` and `v` with `mask`: built with
+    /// its vector code and not turned off, f16 `k` and `v` whose rows the CPU reads in place,
+    /// no soft cap, a head size it takes.
+    pub(crate) fn kernel_takes(
+        &self,
+        q: Tensor<'g>,
+        k: Tensor<'g>,
+        v: Tensor<'g>,
+        mask: Tensor<'g>,
+        softcap: f32,
+    ) -> bool {
+        let f16 = |t: &Tensor<'g>| {
+            // SAFETY: live tensor of this graph; only its header is read.
+            unsafe { (*t.raw).type_ == sys::GGML_TYPE_F16 }
+        };
+        let head_dim = q.ne(0);
+        softcap == 0.0
+            && kernel_attention()
+            && f16(&k)
+            && f16(&v)
+            && f16(&mask)
+            && k.nb(0) == 2
+            && v.nb(0) == 2
+            && q.nb(0) == 4
+            && head_dim.is_multiple_of(16)
+            && head_dim <= 256
+            && v.ne(0) == head_dim
+            && k.ne(2) > 0
+            && q.ne(2).is_multiple_of(k.ne(2))
+    }
+
+    /// [`Graph::flash_attn`] by ggml-sys's kernel (the caller checked
+    /// [`Graph::kernel_takes`]), reading K's and V's rows through the page tables `pages`
+    /// (i64 addresses of each 64 rows' first, for `k` and for `v`) rather than from their
+    /// data; `k` and `v` give the shape and strides. The addresses must stay valid, with
+    /// 64 rows of `k`'s and `v`'s strides readable at each, until the graph has run.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn flash_attn_paged(
+        &mut self,
+        q: Tensor<'g>,
+        k: Tensor<'g>,
+        v: Tensor<'g>,
+        mask: Tensor<'g>,
+        scale: f32,
+        pages: [Tensor<'g>; 2],
+    ) -> Tensor<'g> {
+        let mut args = [q.raw, k.raw, v.raw, mask.raw, pages[0].raw, pages[1].raw];
+        self.kernel_attention(&mut args, q, k, scale)
+    }
+
+    /// ggml-sys's attention over `args` (q, k, v, mask and perhaps two page tables).
+    fn kernel_attention(
+        &mut self,
+        args: &mut [*mut sys::ggml_tensor],
+        q: Tensor<'g>,
+        k: Tensor<'g>,
+        scale: f32,
+    ) -> Tensor<'g> {
+        let head_dim = q.ne(0);
+        let (m, n_kv) = (q.ne(1), k.ne(1));
+        let gqa = q.ne(2) / k.ne(2);
+        // The kernels read their sources within the shapes checked by `kernel_takes` (and
+        // the page tables' addresses, which their callers vouch for) and write only their
+        // result; `userdata` is the scale's bits (then, for the merge, the chunk count),
+        // never dereferenced.
+        let scale_bits = scale.to_bits() as usize;
+        if m * gqa <= SPLIT_ROWS && n_kv >= SPLIT_KV {
+            // Few rows over a long window (decoding): each KV head's window in chunks, so
+            // that every thread gets a share, then the chunks merged.
+            let part = self.custom(
+                [head_dim + 2, m * gqa, k.ne(2) * SPLIT_CHUNKS],
+                args,
+                Some(sys::kernels::ggml_sys_flash_attn_f16_part),
+                scale_bits,
+            );
+            return self.custom(
+                [head_dim, q.ne(2), m],
+                &mut [part.raw],
+                Some(sys::kernels::ggml_sys_flash_attn_f16_merge),
+                SPLIT_CHUNKS,
+            );
+        }
+        self.custom(
+            [head_dim, q.ne(2), m],
+            args,
+            Some(sys::kernels::ggml_sys_flash_attn_f16),
+            scale_bits,
+        )
+    }
+
+    /// A node hinting `op`'s ranges to the kernel when it runs (see `spill.rs`), after
+    /// `after`; its result (one float) is meaningless.
+    pub(crate) fn prefetch(&mut self, after: Tensor<'g>, op: &crate::spill::StageOp) -> Tensor<'g> {
+        self.custom(
+            [1, 1, 1],
+            &mut [after.raw],
+            Some(crate::spill::prefetch_spans),
+            op as *const crate::spill::StageOp as usize,
+        )
     }
 }
 

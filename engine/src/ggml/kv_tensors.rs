@@ -254,6 +254,16 @@ impl KvTensors {
         }
     }
 
+    /// Address of layer `layer`'s K (or V) cells in host memory (`None` on a device): for
+    /// page tables that point attention at the pool's rows.
+    pub(crate) fn host_address(&self, layer: usize, value: bool) -> Option<usize> {
+        if !self.host[layer] {
+            return None;
+        }
+        // SAFETY: a live tensor; only its header is read.
+        Some(unsafe { (*self.tensor(layer, value).as_ptr()).data } as usize)
+    }
+
     /// Bytes of layer `layer`'s K (or V) tensor.
     fn n_bytes(&self, layer: usize, value: bool) -> usize {
         // SAFETY: live tensor; a pure computation over its metadata.
