@@ -77,6 +77,11 @@ pub struct Args {
     /// RAM kept for recently used KV blocks (e.g. 256MiB).
     #[arg(long, value_parser = size, value_name = "SIZE", default_value = "256MiB")]
     pub cache_ram: u64,
+    /// RAM budget of the KV cache (e.g. 64MiB): past it, full pages go to the store and
+    /// attention reads them from their files, with the same results, so a long context (up
+    /// to `--ctx`) takes little memory. No budget when absent.
+    #[arg(long = "kv-ram", value_parser = size, value_name = "SIZE")]
+    pub kv_ram: Option<u64>,
     /// The KV cache's element types.
     #[command(flatten)]
     pub kv: KvArgs,

@@ -62,7 +62,11 @@ fn main() -> Result<()> {
     // Before the session, which needs it: unchanged since the last start, the file is not
     // hashed again.
     model.remember_fingerprint(&store_dir);
-    let session = Session::new(model.clone(), args.kv.context(&args.model, args.ctx))?;
+    let params = engine::ContextParams {
+        kv_ram: args.kv_ram.map_or(0, |b| b as usize),
+        ..args.kv.context(&args.model, args.ctx)
+    };
+    let mut session = Session::new(model.clone(), params)?;
     let sampler = Sampler::new(SamplerParams {
         temperature: args.temp,
         top_k: args.top_k,
@@ -90,6 +94,13 @@ fn main() -> Result<()> {
         session.params().n_ctx
     );
     let store = open_store(&args, &store_dir, &model)?;
+    if args.kv_ram.is_some() {
+        // Pages past the budget go to the conversation store.
+        session
+            .context_mut()
+            .spill_to(&store)
+            .context("giving the KV cache the store to spill to")?;
+    }
 
     // The name: the one asked for, unless it is taken (another chat has it open, or --fresh
     // and a conversation is saved under it).

@@ -80,6 +80,12 @@ struct Args {
     /// Tokens discarded per context shift [default: half of those after --keep].
     #[arg(long, value_parser = positive)]
     discard: Option<usize>,
+    /// RAM budget of the KV cache (e.g. 64MiB): past it, full pages go to the store and
+    /// attention reads them from their files, with the same results, so a whole book fits in
+    /// one context (`--ctx`, up to the model's trained length) in little memory. No budget
+    /// when absent.
+    #[arg(long = "kv-ram", value_name = "SIZE", value_parser = size)]
+    kv_ram: Option<u64>,
     /// Refuse a document longer than --ctx instead of shifting the context.
     #[arg(long)]
     no_shift: bool,
@@ -99,6 +105,11 @@ struct Args {
     /// Sampling temperature for answers (0 = greedy).
     #[arg(long, default_value_t = 0.7)]
     temp: f32,
+}
+
+/// A byte size as people write it (`64MiB`, `50MB`).
+fn size(s: &str) -> std::result::Result<u64, String> {
+    kvstore::parse_size(s).map_err(|e| e.to_string())
 }
 
 fn main() -> Result<()> {
@@ -122,9 +133,40 @@ fn main() -> Result<()> {
         n_ctx: args.ctx,
         n_threads: args.model.threads,
         n_batch: args.ubatch,
+        kv_ram: args.kv_ram.map_or(0, |b| b as usize),
         ..ContextParams::default()
     };
     let mut session = Session::new(model.clone(), params)?;
+    let config = StoreConfig {
+        remote: args
+            .remote
+            .config()
+            .map_err(|(option, reason)| anyhow::anyhow!("{option}: {reason}"))?,
+        // Under a RAM budget the store's RAM tier keeps within it too.
+        ram_bytes: args.kv_ram.map_or(StoreConfig::default().ram_bytes, |b| {
+            b.min(StoreConfig::default().ram_bytes)
+        }),
+        ..StoreConfig::default()
+    };
+    // Under a budget, pages spill to the store (even with --plain).
+    let spill_store = match args.kv_ram {
+        Some(_) => {
+            let store = SessionStore::open(&args.store, &model, config.clone())
+                .with_context(|| format!("opening the store {}", args.store.display()))?;
+            session.context_mut().spill_to(&store)?;
+            Some(store)
+        }
+        None => None,
+    };
+    if args.kv_ram.is_some() && tokens.len() > session.params().n_ctx {
+        // A context shift rewrites every cached row, spilled ones too: not done from disk.
+        bail!(
+            "{} is {} tokens long, more than the context of {} (--ctx), which --kv-ram does not shift",
+            args.file.display(),
+            tokens.len(),
+            session.params().n_ctx
+        );
+    }
     if args.no_shift && tokens.len() > session.params().n_ctx {
         bail!(
             "{} is {} tokens long, more than the context of {} (--ctx) and --no-shift is set",
@@ -145,15 +187,11 @@ fn main() -> Result<()> {
         print_report(&report, started.elapsed());
         return Ok(());
     }
-    let config = StoreConfig {
-        remote: args
-            .remote
-            .config()
-            .map_err(|(option, reason)| anyhow::anyhow!("{option}: {reason}"))?,
-        ..StoreConfig::default()
+    let store = match spill_store {
+        Some(store) => store,
+        None => SessionStore::open(&args.store, &model, config)
+            .with_context(|| format!("opening the store {}", args.store.display()))?,
     };
-    let store = SessionStore::open(&args.store, &model, config)
-        .with_context(|| format!("opening the store {}", args.store.display()))?;
     store.set_remote_log(|line| eprintln!("{line}"));
     // An ingestion another machine saved (all of it, or as far as it went) resumes here.
     store.fetch_remote_checkpoint(&name);
