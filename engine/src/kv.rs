@@ -369,6 +369,11 @@ impl PagePool {
         self.spilled[page as usize] = true;
     }
 
+    /// Records that spilled `page`'s rows are back in the pool.
+    pub(crate) fn clear_spilled(&mut self, page: u32) {
+        self.spilled[page as usize] = false;
+    }
+
     /// Whether `page` was spilled to its block file (its pool rows read as zeros).
     pub(crate) fn is_spilled(&self, page: u32) -> bool {
         self.spilled.get(page as usize).copied().unwrap_or(false)

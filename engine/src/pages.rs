@@ -237,7 +237,7 @@ impl Context {
     }
 
     /// Writes a span of `n` tokens into rows `0..n` of `page`.
-    fn write_page(&mut self, page: u32, n: usize, span: &[u8]) -> Result<()> {
+    pub(crate) fn write_page(&mut self, page: u32, n: usize, span: &[u8]) -> Result<()> {
         if span.len() != self.span_bytes(n) {
             return Err(Error::KvBytes {
                 layer: 0,

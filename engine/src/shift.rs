@@ -61,7 +61,9 @@ impl Context {
     /// ggml's computation itself fail during an in-place shift, the sequence is cut back to its
     /// first `n_keep` tokens (the only ones known intact) before the error is returned.
     pub fn shift(&mut self, seq: SeqId, n_keep: usize, n_discard: usize) -> Result<()> {
-        self.refuse_spilled(seq, "a context shift")?;
+        // A shift rewrites rows in the pool: spilled pages come back first (the budget is
+        // kept again after the next batch).
+        self.unspill(seq)?;
         let s = self.seq(seq)?;
         let len = s.tokens.len();
         if n_keep + n_discard > len {

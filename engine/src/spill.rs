@@ -699,13 +699,32 @@ impl crate::Context {
         Ok(())
     }
 
-    /// Fails with [`Error::SpilledPages`] when `seq` holds a spilled page (for operations that
-    /// rewrite its rows in the pool).
-    pub(crate) fn refuse_spilled(&self, seq: crate::SeqId, what: &'static str) -> Result<()> {
-        let s = self.seq(seq)?;
-        match s.pages.iter().any(|&p| self.pool.is_spilled(p)) {
-            true => Err(Error::SpilledPages { seq, what }),
-            false => Ok(()),
+    /// Reads `seq`'s spilled pages back into their pool rows (for an operation that rewrites
+    /// them there, a context shift): they are resident again until the budget sends them out.
+    /// A damaged block file is [`Error::SpilledBlock`]; pages read before it stay resident.
+    pub(crate) fn unspill(&mut self, seq: crate::SeqId) -> Result<()> {
+        let pages: Vec<u32> = (self.seq(seq)?.pages.iter().copied())
+            .filter(|&p| self.pool.is_spilled(p))
+            .collect();
+        if pages.is_empty() {
+            return Ok(());
         }
+        let Some(mut spill) = self.spill.take() else {
+            return Err(Error::NoSpillStore {
+                kv_ram: self.params().kv_ram,
+            });
+        };
+        let result = (|| {
+            for &page in &pages {
+                spill.map(&self.pool, [page])?;
+                let block = spill.read_block(page)?;
+                self.write_page(page, PAGE_TOKENS, &block)?;
+                self.pool.clear_spilled(page);
+            }
+            Ok(())
+        })();
+        spill.forget_freed(&self.pool);
+        self.spill = Some(spill);
+        result
     }
 }

@@ -295,3 +295,28 @@ fn a_saved_conversation_resumes_where_its_blocks_lie() {
     assert!(r.is_err(), "a damaged block was attached");
     assert!(other.tokens(c).unwrap().is_empty());
 }
+
+#[test]
+fn a_context_shift_brings_spilled_pages_back_and_keeps_the_bits() {
+    let (_m, model) = model();
+    let dir = tempfile::tempdir().unwrap();
+    let mut resident = Context::new(model.clone(), ctx_params(0)).unwrap();
+    let (mut spilled, _store) = spilling(&model, 4, dir.path());
+    let (a, b) = (resident.new_sequence(), spilled.new_sequence());
+    let doc = tokens(700);
+    resident.feed(a, &doc, Logits::Last).unwrap();
+    spilled.feed(b, &doc, Logits::Last).unwrap();
+    assert!(spilled.stats().pages_spilled > 0);
+    resident.shift(a, 4, 300).unwrap();
+    spilled.shift(b, 4, 300).unwrap();
+    assert_eq!(spilled.stats().pages_spilled, 0, "all back for the shift");
+    for t in [3u32, 1, 4, 1, 5] {
+        let want = resident.feed(a, &[t], Logits::Last).unwrap();
+        let got = spilled.feed(b, &[t], Logits::Last).unwrap();
+        assert_eq!(bits(&got), bits(&want));
+    }
+    assert!(
+        spilled.stats().pages_spilled > 0,
+        "and out again within the budget"
+    );
+}
