@@ -75,27 +75,51 @@ pub fn dequantize_f16(q: &[u8], raw_len: u64) -> Option<Vec<u8>> {
         return None;
     }
     let mut out = vec![0u8; raw_len as usize];
-    let mut vals = vec![0f32; BATCH];
-    let mut halves = vec![f16::ZERO; BATCH];
-    let mut out_chunks = out.chunks_mut(BATCH * 2);
-    for (batch, dst) in q.chunks(GROUP_BYTES * (BATCH / GROUP)).zip(&mut out_chunks) {
-        let n_groups = batch.len() / GROUP_BYTES;
-        for (g, v) in batch
-            .chunks_exact(GROUP_BYTES)
-            .zip(vals.chunks_exact_mut(GROUP))
-        {
-            let d = f16::from_le_bytes([g[0], g[1]]).to_f32();
-            for (x, &b) in v.iter_mut().zip(&g[2..]) {
-                *x = f32::from(b as i8) * d;
-            }
-        }
-        let n = n_groups * GROUP;
-        halves[..n].convert_from_f32_slice(&vals[..n]);
-        for (o, h) in dst.chunks_exact_mut(2).zip(&halves[..n]) {
-            o.copy_from_slice(&h.to_bits().to_le_bytes());
-        }
+    let mut groups = out.chunks_mut(BATCH * 2);
+    for (batch, dst) in q.chunks(GROUP_BYTES * (BATCH / GROUP)).zip(&mut groups) {
+        let whole = (batch.len() / GROUP_BYTES * GROUP * 2).min(dst.len());
+        dequantize_groups(batch, &mut dst[..whole]);
     }
     Some(out)
+}
+
+/// Decodes whole q8_0 groups `q` into `out`, which holds the f16 bytes of
+/// exactly as many values (`q.len() / 34 * 64` bytes), with the bits
+/// [`dequantize_f16`] gives; for a reader that widens rows in place (a
+/// spilled KV page attended to from its file). Returns `false`, writing
+/// nothing, when the lengths do not match.
+pub fn dequantize_f16_into(q: &[u8], out: &mut [u8]) -> bool {
+    if !q.len().is_multiple_of(GROUP_BYTES) || out.len() != q.len() / GROUP_BYTES * GROUP * 2 {
+        return false;
+    }
+    for (batch, dst) in q
+        .chunks(GROUP_BYTES * (BATCH / GROUP))
+        .zip(out.chunks_mut(BATCH * 2))
+    {
+        dequantize_groups(batch, dst);
+    }
+    true
+}
+
+/// Decodes the groups of `q` (at most a batch) into `dst`, up to its length.
+fn dequantize_groups(q: &[u8], dst: &mut [u8]) {
+    let mut vals = [0f32; BATCH];
+    let mut halves = [f16::ZERO; BATCH];
+    let n_groups = q.len() / GROUP_BYTES;
+    for (g, v) in q
+        .chunks_exact(GROUP_BYTES)
+        .zip(vals.chunks_exact_mut(GROUP))
+    {
+        let d = f16::from_le_bytes([g[0], g[1]]).to_f32();
+        for (x, &b) in v.iter_mut().zip(&g[2..]) {
+            *x = f32::from(b as i8) * d;
+        }
+    }
+    let n = n_groups * GROUP;
+    halves[..n].convert_from_f32_slice(&vals[..n]);
+    for (o, h) in dst.chunks_exact_mut(2).zip(&halves[..n]) {
+        o.copy_from_slice(&h.to_bits().to_le_bytes());
+    }
 }
 
 /// Error statistics of a lossy round trip, over f16 values.
@@ -134,5 +158,33 @@ pub fn measure_error(original: &[u8], decoded: &[u8]) -> QuantError {
         max_abs,
         rms,
         rel_rms: if rms_x > 0.0 { rms / rms_x } else { 0.0 },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn widening_in_place_gives_the_bits_of_a_whole_decode() {
+        // 3 rows of 192 values and 9 batches' worth, from a simple generator.
+        for n in [3 * 192, 9 * BATCH + 64] {
+            let raw: Vec<u8> = (0..n)
+                .flat_map(|i| {
+                    let x = ((i * 7919 % 2003) as f32 - 1001.0) / 97.0;
+                    f16::from_f32(x).to_le_bytes()
+                })
+                .collect();
+            let q = quantize_f16(&raw);
+            let whole = dequantize_f16(&q, raw.len() as u64).unwrap();
+            let mut rows = vec![0u8; raw.len()];
+            assert!(dequantize_f16_into(&q, &mut rows));
+            assert_eq!(rows, whole);
+            // Part of it, from a group boundary on.
+            let mut part = vec![0u8; 64 * 5];
+            assert!(dequantize_f16_into(&q[34 * 2..34 * 7], &mut part));
+            assert_eq!(part, whole[64 * 2..64 * 7]);
+            assert!(!dequantize_f16_into(&q[..33], &mut part));
+        }
     }
 }

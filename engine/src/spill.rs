@@ -30,7 +30,7 @@ use ggml_sys as sys;
 
 use crate::batch::Plan;
 use crate::error::{Error, Result};
-use crate::kv::{KvLayout, PagePool, PAGE_TOKENS};
+use crate::kv::{KvLayout, KvType, PagePool, PAGE_TOKENS};
 
 /// The spill side of a context: its store and the pages in it.
 pub(crate) struct Spill {
@@ -39,6 +39,10 @@ pub(crate) struct Spill {
     pages: HashMap<u32, Spilled>,
     /// Byte offset of each layer's K span in a block, then its V span.
     offsets: Vec<[usize; 2]>,
+    /// The pool's layout, and the store's (its blocks at rest): f16 pages may rest as q8_0
+    /// (converted when written, widened when attended).
+    layout: KvLayout,
+    rest: KvLayout,
     pub(crate) bytes_read: u64,
     pub(crate) pages_written: u64,
     /// Zeros, a page of rows of any layer: what page tables point at for pages nobody
@@ -75,21 +79,33 @@ pub(crate) struct Victim {
 }
 
 impl Spill {
-    /// The spill side over `store`, whose blocks must have `layout`'s bytes.
-    pub(crate) fn new(store: kvstore::ModelStore, layout: &KvLayout) -> Result<Spill> {
+    /// The spill side over `store`, whose blocks have the layout `rest`: the pool's
+    /// (`layout`), or q8_0 where the pool's is f16.
+    pub(crate) fn new(
+        store: kvstore::ModelStore,
+        layout: &KvLayout,
+        rest: &KvLayout,
+    ) -> Result<Spill> {
         let block = store.geometry().block_bytes();
-        if block != layout.bytes_per_page() as u64 {
+        let widens = |pool: KvType, at_rest: KvType| {
+            pool == at_rest || (pool == KvType::F16 && at_rest == KvType::Q8_0)
+        };
+        if block != rest.bytes_per_page() as u64
+            || rest.n_layers != layout.n_layers
+            || !widens(layout.type_k, rest.type_k)
+            || !widens(layout.type_v, rest.type_v)
+        {
             return Err(Error::SpillLayout {
                 store: block,
                 pool: layout.bytes_per_page() as u64,
             });
         }
-        let mut offsets = Vec::with_capacity(layout.n_layers);
+        let mut offsets = Vec::with_capacity(rest.n_layers);
         let mut at = 0;
-        for l in 0..layout.n_layers {
+        for l in 0..rest.n_layers {
             let k = at;
-            let v = k + PAGE_TOKENS * layout.k_bytes_per_token[l];
-            at = v + PAGE_TOKENS * layout.v_bytes_per_token[l];
+            let v = k + PAGE_TOKENS * rest.k_bytes_per_token[l];
+            at = v + PAGE_TOKENS * rest.v_bytes_per_token[l];
             offsets.push([k, v]);
         }
         let widest = (layout.k_bytes_per_token.iter())
@@ -101,6 +117,8 @@ impl Spill {
             store,
             pages: HashMap::new(),
             offsets,
+            layout: layout.clone(),
+            rest: rest.clone(),
             bytes_read: 0,
             pages_written: 0,
             zeros: vec![0; widest * PAGE_TOKENS],
@@ -116,7 +134,12 @@ impl Spill {
     ) -> Result<()> {
         let mut blocks = Vec::with_capacity(victims.len());
         for v in victims {
-            blocks.push((v.prev, v.tokens.as_slice(), read(v.page)?));
+            let bytes = read(v.page)?;
+            let bytes = match self.rest == self.layout {
+                true => bytes,
+                false => self.layout.convert_span(&bytes, &self.rest)?,
+            };
+            blocks.push((v.prev, v.tokens.as_slice(), bytes));
         }
         let ids = self.store.put_on_disk(&blocks)?;
         for (v, id) in victims.iter().zip(ids) {
@@ -139,7 +162,7 @@ impl Spill {
 
     /// Takes `page` as spilled to block `id`'s file, which is mapped and verified now.
     pub(crate) fn adopt(&mut self, page: u32, id: BlockId) -> Result<()> {
-        let payload = map_block(&self.store, &id)?;
+        let payload = map_block(&self.store, &id, self.rest.bytes_per_page())?;
         self.pages.insert(
             page,
             Spilled {
@@ -174,20 +197,37 @@ impl Spill {
                 continue;
             };
             if s.payload.is_none() {
-                s.payload = Some(map_block(&self.store, &s.id)?);
+                s.payload = Some(map_block(&self.store, &s.id, self.rest.bytes_per_page())?);
             }
         }
         Ok(())
     }
 
-    /// The bytes of spilled `page` as a checkpoint block, read from its file (for a save).
+    /// The bytes of spilled `page` as a checkpoint block in the pool's layout, read from its
+    /// file (for a save, or to bring it back).
     pub(crate) fn read_block(&self, page: u32) -> Result<Vec<u8>> {
+        let at_rest = self.read_at_rest(page)?;
+        match self.rest == self.layout {
+            true => Ok(at_rest),
+            false => self.rest.convert_span(&at_rest, &self.layout),
+        }
+    }
+
+    /// The bytes of spilled `page`'s block as they rest in its file.
+    fn read_at_rest(&self, page: u32) -> Result<Vec<u8>> {
         let s = self
             .pages
             .get(&page)
             .ok_or(Error::SpillLayout { store: 0, pool: 0 })?;
         if let Some(p) = &s.payload {
-            return Ok(p.bytes().to_vec());
+            let n = self.rest.bytes_per_page();
+            return match p.bytes().get(..n) {
+                Some(b) => Ok(b.to_vec()),
+                None => Err(Error::SpilledBlock {
+                    id: s.id.to_hex(),
+                    reason: format!("{} bytes of KV, a page has {n}", p.bytes().len()),
+                }),
+            };
         }
         match self.store.get_uncached(&s.id)? {
             Some(b) => Ok(b.to_vec()),
@@ -253,18 +293,19 @@ impl Spill {
             let mut layers = Vec::with_capacity(layout.n_layers);
             for l in 0..layout.n_layers {
                 let mut pair = [0, 1].map(|kv| {
-                    let row = if kv == 0 {
-                        layout.k_bytes_per_token[l]
+                    let (row, rest_row) = if kv == 0 {
+                        (layout.k_bytes_per_token[l], self.rest.k_bytes_per_token[l])
                     } else {
-                        layout.v_bytes_per_token[l]
+                        (layout.v_bytes_per_token[l], self.rest.v_bytes_per_token[l])
                     };
-                    let runs = self.runs(&cells, l, kv, row, pool);
+                    let runs = self.runs(&cells, l, kv, [row, rest_row], pool);
                     let pages = pool_address(l, kv == 1)
                         .map(|base| self.page_table(&runs, base, row))
                         .unwrap_or_default();
                     StageOp {
                         runs,
                         row_bytes: row,
+                        rest_row,
                         n_rows: cells.len(),
                         prefetch: Vec::new(),
                         pages,
@@ -278,8 +319,12 @@ impl Spill {
                     self.bytes_read += op
                         .runs
                         .iter()
-                        .filter(|r| matches!(r.src, Src::File(_)))
-                        .map(|r| (r.n * op.row_bytes) as u64)
+                        .filter_map(|r| match r.src {
+                            Src::File(_) => Some(r.n * op.row_bytes),
+                            Src::Widen(_) => Some(r.n * op.rest_row),
+                            _ => None,
+                        })
+                        .map(|b| b as u64)
                         .sum::<u64>();
                 }
                 layers.push(pair);
@@ -289,15 +334,28 @@ impl Spill {
     }
 
     /// The runs of rows of a staged window over `cells`, for layer `l`'s K (`kv` 0) or V.
-    fn runs(&self, cells: &[usize], l: usize, kv: usize, row: usize, pool: &PagePool) -> Vec<Run> {
+    /// `rows` are the bytes of a row in the pool and at rest.
+    fn runs(
+        &self,
+        cells: &[usize],
+        l: usize,
+        kv: usize,
+        rows: [usize; 2],
+        pool: &PagePool,
+    ) -> Vec<Run> {
+        let widen = rows[0] != rows[1];
         let mut runs: Vec<Run> = Vec::new();
         for (dst, &c) in cells.iter().enumerate() {
             let page = (c / PAGE_TOKENS) as u32;
             let src = if pool.is_spilled(page) {
                 match self.pages.get(&page).and_then(|s| s.payload.as_ref()) {
                     Some(p) => {
-                        let at = self.offsets[l][kv] + (c % PAGE_TOKENS) * row;
-                        Src::File(p.bytes()[at..].as_ptr())
+                        let at = self.offsets[l][kv] + (c % PAGE_TOKENS) * rows[1];
+                        let address = p.bytes()[at..].as_ptr();
+                        match widen {
+                            false => Src::File(address),
+                            true => Src::Widen(address),
+                        }
                     }
                     // Another sequence's page, not attended by this batch: masked, any
                     // finite value will do.
@@ -310,7 +368,7 @@ impl Spill {
                 Src::Pool(c)
             };
             match runs.last_mut() {
-                Some(r) if r.dst + r.n == dst && r.src.follows(src, r.n, row) => r.n += 1,
+                Some(r) if r.dst + r.n == dst && r.src.follows(src, r.n, rows) => r.n += 1,
                 _ => runs.push(Run { dst, n: 1, src }),
             }
         }
@@ -331,6 +389,8 @@ impl Spill {
                     Src::Pool(c) => base + (c + i * PAGE_TOKENS) * row,
                     Src::File(p) => p as usize + i * PAGE_TOKENS * row,
                     Src::Zero => self.zeros.as_ptr() as usize,
+                    // Rows at rest in another type: the kernel cannot read them in place.
+                    Src::Widen(_) => return Vec::new(),
                 };
                 table.extend_from_slice(&(address as i64).to_le_bytes());
             }
@@ -346,7 +406,8 @@ impl Spill {
         layout: &KvLayout,
         pool: &PagePool,
     ) -> Vec<(usize, usize)> {
-        let len = PAGE_TOKENS * (layout.k_bytes_per_token[l] + layout.v_bytes_per_token[l]);
+        let _ = layout;
+        let len = PAGE_TOKENS * (self.rest.k_bytes_per_token[l] + self.rest.v_bytes_per_token[l]);
         let mut pages: Vec<u32> = cells
             .iter()
             .map(|&c| (c / PAGE_TOKENS) as u32)
@@ -368,7 +429,7 @@ impl Spill {
 
 /// Maps block `id`'s file and verifies it; a block whose payload is not raw is decoded into
 /// memory instead.
-fn map_block(store: &kvstore::ModelStore, id: &BlockId) -> Result<Payload> {
+fn map_block(store: &kvstore::ModelStore, id: &BlockId, need: usize) -> Result<Payload> {
     let damaged = |reason: String| Error::SpilledBlock {
         id: id.to_hex(),
         reason,
@@ -381,6 +442,12 @@ fn map_block(store: &kvstore::ModelStore, id: &BlockId) -> Result<Payload> {
         let kv = view.kv().map_err(|e| damaged(e.to_string()))?;
         return Ok(Payload::Owned(kv.into_owned()));
     }
+    if view.payload().len() < need {
+        return Err(damaged(format!(
+            "{} bytes of KV, a page has {need}",
+            view.payload().len()
+        )));
+    }
     let start = view.payload().as_ptr() as usize - block.as_bytes().as_ptr() as usize;
     Ok(Payload::Mapped { block, start })
 }
@@ -392,16 +459,20 @@ enum Src {
     Pool(usize),
     /// A block file's rows from this address on (inside a map the context keeps).
     File(*const u8),
+    /// The same, rows at rest as q8_0, widened to the pool's f16 as they are copied.
+    Widen(*const u8),
     /// Zeros.
     Zero,
 }
 
 impl Src {
-    /// Whether `next` continues a run of `n` rows of `row` bytes from `self`.
-    fn follows(self, next: Src, n: usize, row: usize) -> bool {
+    /// Whether `next` continues a run of `n` rows (`rows`: bytes of one in the pool and at
+    /// rest) from `self`.
+    fn follows(self, next: Src, n: usize, rows: [usize; 2]) -> bool {
         match (self, next) {
             (Src::Pool(a), Src::Pool(b)) => a + n == b,
-            (Src::File(a), Src::File(b)) => a.wrapping_add(n * row) == b,
+            (Src::File(a), Src::File(b)) => a.wrapping_add(n * rows[0]) == b,
+            (Src::Widen(a), Src::Widen(b)) => a.wrapping_add(n * rows[1]) == b,
             (Src::Zero, Src::Zero) => true,
             _ => false,
         }
@@ -419,6 +490,8 @@ struct Run {
 pub(crate) struct StageOp {
     runs: Vec<Run>,
     row_bytes: usize,
+    /// Bytes of a row at rest (`Widen` runs).
+    rest_row: usize,
     n_rows: usize,
     /// Address ranges to hint to the kernel once copied (the next layer's spans).
     prefetch: Vec<(usize, usize)>,
@@ -504,6 +577,18 @@ pub(crate) unsafe extern "C" fn stage_rows(
             match r.src {
                 Src::Pool(c) => std::ptr::copy_nonoverlapping(cache.add(c * rb + skip), to, len),
                 Src::File(p) => std::ptr::copy_nonoverlapping(p.add(skip), to, len),
+                Src::Widen(p) => {
+                    let rows = b - a;
+                    let q = std::slice::from_raw_parts(
+                        p.add((a - r.dst) * op.rest_row),
+                        rows * op.rest_row,
+                    );
+                    let wide = std::slice::from_raw_parts_mut(to, len);
+                    if !ckptfmt::quant::dequantize_f16_into(q, wide) {
+                        // Not whole q8_0 groups (a layout the spill refuses): NaN, visibly.
+                        std::ptr::write_bytes(to, 0xff, len);
+                    }
+                }
                 Src::Zero => std::ptr::write_bytes(to, 0, len),
             }
         }
@@ -544,7 +629,11 @@ impl crate::Context {
         if handle.fingerprint() != self.fingerprint() {
             return Err(Error::SpillLayout { store: 0, pool: 0 });
         }
-        self.spill = Some(Spill::new(handle.clone(), self.kv_layout())?);
+        self.spill = Some(Spill::new(
+            handle.clone(),
+            self.kv_layout(),
+            store.stored_layout(),
+        )?);
         Ok(())
     }
 

@@ -320,3 +320,45 @@ fn a_context_shift_brings_spilled_pages_back_and_keeps_the_bits() {
         "and out again within the budget"
     );
 }
+
+#[test]
+fn pages_at_rest_as_q8_0_are_widened_as_a_restore_widens_them() {
+    let (_m, model) = model();
+    for len in [1000, 1100] {
+        let dir = tempfile::tempdir().unwrap();
+        let doc = tokens(len);
+        let mut a = Context::new(model.clone(), ctx_params(0)).unwrap();
+        let sa = a.new_sequence();
+        a.feed(sa, &doc, Logits::Last).unwrap();
+        let config = StoreConfig {
+            stored_type_k: Some(engine::KvType::Q8_0),
+            stored_type_v: Some(engine::KvType::Q8_0),
+            ..StoreConfig::for_context(a.params())
+        };
+        let store = SessionStore::open(dir.path(), &model, config).unwrap();
+        store.save_seq(&a, sa, "q8", &Default::default()).unwrap();
+
+        // The reference: every page widened into RAM by a restore.
+        let mut wide = Context::new(model.clone(), ctx_params(0)).unwrap();
+        let sw = wide.new_sequence();
+        store.restore_seq(&mut wide, sw, "q8").unwrap();
+        // Under a budget: the pages past it attended to as q8_0 in their files.
+        let page = wide.kv_layout().bytes_per_page();
+        let mut ctx = Context::new(model.clone(), ctx_params(4 * page)).unwrap();
+        ctx.spill_to(&store).unwrap();
+        let sc = ctx.new_sequence();
+        store.restore_seq(&mut ctx, sc, "q8").unwrap();
+        let spilled = ctx.stats().pages_spilled;
+        assert!(spilled >= len / PAGE_TOKENS - 4, "{len}: {spilled} spilled");
+        let read0 = ctx.stats().spill_bytes_read;
+        for t in [2u32, 7, 1, 8] {
+            let want = wide.feed(sw, &[t], Logits::Last).unwrap();
+            let got = ctx.feed(sc, &[t], Logits::Last).unwrap();
+            assert_eq!(bits(&got), bits(&want), "{len}");
+        }
+        // A token reads the spilled pages' K and V at rest: 34 bytes per 32 values.
+        let per_token = (ctx.stats().spill_bytes_read - read0) / 4;
+        let f16_bytes = (spilled * page) as u64;
+        assert_eq!(per_token, f16_bytes / 64 * 34, "{len}");
+    }
+}

@@ -52,7 +52,8 @@ struct Args {
     #[command(flatten)]
     kv: KvArgs,
     /// Element type of K and V in the checkpoint store (`--checkpoint`), converted on save
-    /// and restore when it differs from the cache types.
+    /// and restore when it differs from the cache types; with `--kv-ram`, the spilled pages'
+    /// type at rest (q8_0: widened while attended to).
     #[arg(long = "cache-type-stored", value_name = "TYPE")]
     cache_type_stored: Option<engine::KvType>,
     /// Repetitions; the median is reported.

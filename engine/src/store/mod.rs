@@ -478,6 +478,11 @@ impl SessionStore {
         Ok(())
     }
 
+    /// The layout of the blocks at rest (for a context spilling pages to it).
+    pub(crate) fn stored_layout(&self) -> &KvLayout {
+        &self.stored
+    }
+
     /// The model's part of the underlying store (for a context spilling pages to it).
     pub(crate) fn model_store(&self) -> &ModelStore {
         &self.handle
