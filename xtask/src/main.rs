@@ -15,6 +15,9 @@
 //!   first token (first, repeated, after a restart) and an agent-like trace of concurrent chats.
 //! - `bench-remote`: the prompt cache's Redis tier against a local disk hit and computing, its
 //!   read throughput against `redis-benchmark`, and a fleet of 1–8 replicas on one Redis.
+//! - `bench-beyond-ram`: a context past the training length in a memory cgroup too small for its
+//!   KV cache: ours with `--kv-ram` against llama.cpp's reference harness, the tokens against an
+//!   all-resident run, and the speed of spilled and evicted blocks.
 //! - `crash-test`: SIGKILL a process saving conversations N times; every committed checkpoint
 //!   must restore to the bytes it was saved with, and `ckpt verify` must pass.
 //! - `cuda-build`: the `cuda` feature compiled and linked without a GPU (the toolkit from its
@@ -38,6 +41,7 @@ mod source {
 mod api;
 mod bench_agent;
 mod bench_args;
+mod bench_beyond_ram;
 mod bench_growth;
 mod bench_multiround;
 mod bench_remote;
@@ -126,6 +130,13 @@ enum Cmd {
     /// trace's options are accepted and unused.
     #[command(args_override_self = true)]
     BenchRemote(bench_args::BenchRemoteArgs),
+    /// A context past the training length in a memory cgroup too small for its KV cache.
+    ///
+    /// Ours with `--kv-ram` against llama.cpp's reference harness, each in a fresh cgroup
+    /// with `--limit`; our greedy tokens against an all-resident run; then (unless
+    /// `--skip-speed`) the speed of spilled blocks in the page cache and read from the disk.
+    #[command(args_override_self = true)]
+    BenchBeyondRam(bench_beyond_ram::BeyondRamArgs),
     /// The promises of `ARCHITECTURE.md` checked on the sources, and `api`.
     ///
     /// The unsafe fence, downward dependencies, file length, docs, no printing or `.unwrap()`
@@ -173,6 +184,7 @@ fn execute(command: Cmd) -> Result<(), String> {
         Cmd::CudaToolkit(args) => cuda::cuda_toolkit(&args),
         Cmd::BenchServer(args) => bench_server::bench_server(&args),
         Cmd::BenchRemote(args) => bench_remote::bench_remote(&args),
+        Cmd::BenchBeyondRam(args) => bench_beyond_ram::bench_beyond_ram(&args),
         Cmd::Tidy => tidy::tidy(&workspace_root()),
         Cmd::Api(args) => api::api(&workspace_root(), &args),
     }
