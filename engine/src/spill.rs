@@ -290,6 +290,7 @@ impl Spill {
             if !cells.iter().any(|&c| spilled(c)) {
                 continue;
             }
+            let segments = self.segments(&cells, pool);
             let mut layers = Vec::with_capacity(layout.n_layers);
             for l in 0..layout.n_layers {
                 let mut pair = [0, 1].map(|kv| {
@@ -298,7 +299,7 @@ impl Spill {
                     } else {
                         (layout.v_bytes_per_token[l], self.rest.v_bytes_per_token[l])
                     };
-                    let runs = self.runs(&cells, l, kv, [row, rest_row], pool);
+                    let runs = self.runs(&segments, l, kv, [row, rest_row]);
                     let pages = pool_address(l, kv == 1)
                         .map(|base| self.page_table(&runs, base, row))
                         .unwrap_or_default();
@@ -313,7 +314,7 @@ impl Spill {
                 });
                 // While layer l's K is staged, layer l + 1's spans are asked for.
                 if l + 1 < layout.n_layers {
-                    pair[0].prefetch = self.spans(&cells, l + 1, layout, pool);
+                    pair[0].prefetch = self.spans(&segments, l + 1);
                 }
                 for op in &pair {
                     self.bytes_read += op
@@ -333,43 +334,67 @@ impl Spill {
         }
     }
 
-    /// The runs of rows of a staged window over `cells`, for layer `l`'s K (`kv` 0) or V.
-    /// `rows` are the bytes of a row in the pool and at rest.
-    fn runs(
-        &self,
-        cells: &[usize],
-        l: usize,
-        kv: usize,
-        rows: [usize; 2],
-        pool: &PagePool,
-    ) -> Vec<Run> {
-        let widen = rows[0] != rows[1];
-        let mut runs: Vec<Run> = Vec::new();
-        for (dst, &c) in cells.iter().enumerate() {
-            let page = (c / PAGE_TOKENS) as u32;
-            let src = if pool.is_spilled(page) {
+    /// Where the rows of the window over `cells` live, in segments of consecutive rows of one
+    /// page: resolved once per window, then per layer by [`Spill::runs`].
+    fn segments(&self, cells: &[usize], pool: &PagePool) -> Vec<Segment> {
+        let mut segments: Vec<Segment> = Vec::new();
+        for (dst, &cell) in cells.iter().enumerate() {
+            let page = (cell / PAGE_TOKENS) as u32;
+            if let Some(last) = segments.last_mut() {
+                if last.cell / PAGE_TOKENS == cell / PAGE_TOKENS && last.cell + last.n == cell {
+                    last.n += 1;
+                    continue;
+                }
+            }
+            let home = if pool.is_spilled(page) {
                 match self.pages.get(&page).and_then(|s| s.payload.as_ref()) {
-                    Some(p) => {
-                        let at = self.offsets[l][kv] + (c % PAGE_TOKENS) * rows[1];
-                        let address = p.bytes()[at..].as_ptr();
-                        match widen {
-                            false => Src::File(address),
-                            true => Src::Widen(address),
-                        }
-                    }
+                    Some(p) => Home::File(p.bytes().as_ptr()),
                     // Another sequence's page, not attended by this batch: masked, any
                     // finite value will do.
-                    None => Src::Zero,
+                    None => Home::Zero,
                 }
             } else if pool.refs(page) == 0 {
                 // A free page (padding past the sequence): masked; zeros spare its memory.
-                Src::Zero
+                Home::Zero
             } else {
-                Src::Pool(c)
+                Home::Pool
+            };
+            segments.push(Segment {
+                dst,
+                n: 1,
+                cell,
+                home,
+            });
+        }
+        segments
+    }
+
+    /// The runs of rows of a staged window of `segments`, for layer `l`'s K (`kv` 0) or V;
+    /// `rows` are the bytes of a row in the pool and at rest.
+    fn runs(&self, segments: &[Segment], l: usize, kv: usize, rows: [usize; 2]) -> Vec<Run> {
+        let widen = rows[0] != rows[1];
+        let mut runs: Vec<Run> = Vec::new();
+        for seg in segments {
+            let src = match seg.home {
+                Home::Pool => Src::Pool(seg.cell),
+                Home::Zero => Src::Zero,
+                Home::File(base) => {
+                    let at = self.offsets[l][kv] + (seg.cell % PAGE_TOKENS) * rows[1];
+                    // Inside the payload: its length was checked against a page's when mapped.
+                    let address = base.wrapping_add(at);
+                    match widen {
+                        false => Src::File(address),
+                        true => Src::Widen(address),
+                    }
+                }
             };
             match runs.last_mut() {
-                Some(r) if r.dst + r.n == dst && r.src.follows(src, r.n, rows) => r.n += 1,
-                _ => runs.push(Run { dst, n: 1, src }),
+                Some(r) if r.dst + r.n == seg.dst && r.src.follows(src, r.n, rows) => r.n += seg.n,
+                _ => runs.push(Run {
+                    dst: seg.dst,
+                    n: seg.n,
+                    src,
+                }),
             }
         }
         runs
@@ -398,32 +423,20 @@ impl Spill {
         table
     }
 
-    /// The K-and-V spans of layer `l` of the mapped pages among `cells` (for the prefetch).
-    fn spans(
-        &self,
-        cells: &[usize],
-        l: usize,
-        layout: &KvLayout,
-        pool: &PagePool,
-    ) -> Vec<(usize, usize)> {
-        let _ = layout;
+    /// The K-and-V spans of layer `l` of the mapped pages among `segments` (for the
+    /// prefetch; for a payload decoded into memory the hint is harmless).
+    fn spans(&self, segments: &[Segment], l: usize) -> Vec<(usize, usize)> {
         let len = PAGE_TOKENS * (self.rest.k_bytes_per_token[l] + self.rest.v_bytes_per_token[l]);
-        let mut pages: Vec<u32> = cells
-            .iter()
-            .map(|&c| (c / PAGE_TOKENS) as u32)
-            .filter(|&p| pool.is_spilled(p))
-            .collect();
-        pages.dedup();
-        pages
-            .into_iter()
-            .filter_map(|p| self.pages.get(&p)?.payload.as_ref())
-            .filter_map(|p| match p {
-                Payload::Mapped { .. } => {
-                    Some((p.bytes()[self.offsets[l][0]..].as_ptr() as usize, len))
+        let mut spans: Vec<(usize, usize)> = Vec::new();
+        for seg in segments {
+            if let Home::File(base) = seg.home {
+                let at = base.wrapping_add(self.offsets[l][0]) as usize;
+                if spans.last().is_none_or(|&(a, _)| a != at) {
+                    spans.push((at, len));
                 }
-                Payload::Owned(_) => None,
-            })
-            .collect()
+            }
+        }
+        spans
     }
 }
 
@@ -477,6 +490,23 @@ impl Src {
             _ => false,
         }
     }
+}
+
+/// Where a segment of a window's rows lives.
+#[derive(Clone, Copy)]
+enum Home {
+    Pool,
+    /// A mapped block file; its payload from here.
+    File(*const u8),
+    Zero,
+}
+
+/// `n` consecutive rows of one page, from the window's row `dst` and the pool's cell `cell`.
+struct Segment {
+    dst: usize,
+    n: usize,
+    cell: usize,
+    home: Home,
 }
 
 /// `n` rows of the staged window from row `dst`.
