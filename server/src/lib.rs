@@ -69,7 +69,9 @@ impl Server {
                 ..engine::ModelParams::gpu_layers(config.n_gpu_layers)
             },
         )?;
-        let ctx_params = context_params(&config, &model)?;
+        let mut ctx_params = context_params(&config, &model)?;
+        let budget = kv_budget(&config, &model, &ctx_params)?;
+        ctx_params.kv_ram = budget.0;
         // The store first: it knows the model's fingerprint when the file is unchanged, and the
         // context needs it.
         let store_config = StoreConfig {
@@ -95,6 +97,7 @@ impl Server {
             None => store.clone(),
         };
         let mut ctx = Context::new(Arc::clone(&model), ctx_params)?;
+        spill_to_store(&mut ctx, store.as_deref())?;
         if !args.no_warmup {
             scheduler::warm_up(&mut ctx);
         }
@@ -108,6 +111,8 @@ impl Server {
         if let Some(store) = &store {
             log_store(store, &metrics);
         }
+        Metrics::set(&metrics.kv_ram_budget, budget.0 as u64);
+        metrics.log(budget.1);
         let (tx, rx) = mpsc::unbounded_channel();
         let scheduler = scheduler::spawn(
             Parts {
@@ -289,6 +294,74 @@ fn context_params(config: &Config, model: &Model) -> Result<ContextParams> {
         ..ContextParams::default()
     };
     Ok(ctx_params)
+}
+
+/// The KV pool's RAM budget in bytes (0: none) for `pool`, and the line that says it in the
+/// log: `--kv-ram`'s, or by default the rule of [`args::memory`] over the memory available
+/// now; none by default when the whole pool fits in that (nothing would spill, and a pool
+/// without a budget never reads KV from disk), or when there is no store to spill to.
+fn kv_budget(config: &Config, model: &Model, pool: &ContextParams) -> Result<(usize, String)> {
+    let args = &config.args;
+    let size = kvstore::format_size;
+    let layout = engine::KvLayout::with_types(model.hparams(), pool.type_k, pool.type_v)?;
+    let page = layout.bytes_per_page() as u64;
+    let pool_bytes = (pool.kv_tokens as u64).saturating_mul(layout.bytes_per_token() as u64);
+    let pool_text = format!(
+        "the pool of {} tokens takes {}",
+        pool.kv_tokens,
+        size(pool_bytes)
+    );
+    let rule = "half the memory available after the model file and --cache-ram";
+    let none = |why: String| Ok((0, format!("KV RAM budget: none ({why})")));
+    let (bytes, how) = match config.kv_ram {
+        Some(0) => return none("--kv-ram 0".into()),
+        Some(n) => (n, "--kv-ram".to_owned()),
+        None => {
+            if let Some((why, _)) = args.no_spill_store() {
+                return none(why.to_owned());
+            }
+            let model_bytes = std::fs::metadata(&args.model).map_or(0, |m| m.len());
+            match args::default_kv_ram(model_bytes, config.cache_ram) {
+                None => {
+                    return none("the memory available cannot be read; --kv-ram sets one".into())
+                }
+                Some(n) if n >= pool_bytes => {
+                    return none(format!(
+                        "{pool_text}, within {} ({rule}); --kv-ram sets one",
+                        size(n)
+                    ))
+                }
+                Some(n) => (n, format!("{rule}; --kv-ram to set it")),
+            }
+        }
+    };
+    // The engine keeps at least a batch's pages and one more in RAM, whatever the budget.
+    let floor = (pool.n_batch.div_ceil(PAGE_TOKENS) as u64 + 1) * page;
+    let held = match bytes < floor {
+        true => format!(", at least {} (a batch's pages and one more)", size(floor)),
+        false => String::new(),
+    };
+    let fate = match bytes >= pool_bytes {
+        true => "nothing spills",
+        false => "full pages past it are spilled to the cache directory and read from there",
+    };
+    let line = format!(
+        "KV RAM budget: {} ({how}){held}; {pool_text}: {fate}",
+        size(bytes)
+    );
+    Ok((usize::try_from(bytes).unwrap_or(usize::MAX), line))
+}
+
+/// Gives `ctx` the prompt cache's store to spill to, when it has a RAM budget (one is set only
+/// where the store can take its pages: see `Args::no_spill_store`).
+pub(crate) fn spill_to_store(
+    ctx: &mut Context,
+    store: Option<&SessionStore>,
+) -> engine::Result<()> {
+    match store {
+        Some(store) if ctx.params().kv_ram > 0 => ctx.spill_to(store),
+        _ => Ok(()),
+    }
 }
 
 /// Says where the prompt cache's model fingerprint came from and any legacy store, and sends the

@@ -29,6 +29,14 @@ pub struct Metrics {
     pub kv_pages_total: AtomicU64,
     /// KV pages in use whose sliding-window layers' rows left memory.
     pub kv_pages_window_released: AtomicU64,
+    /// The KV pool's RAM budget in bytes (`--kv-ram`; 0: none).
+    pub kv_ram_budget: AtomicU64,
+    /// KV pages in use whose rows are in RAM.
+    pub kv_pages_resident: AtomicU64,
+    /// KV pages in use spilled to their block files (beyond the RAM budget).
+    pub kv_pages_spilled: AtomicU64,
+    /// The spill counters, over every context the scheduler has had.
+    pub kv_spill: Mutex<SpillFigures>,
     /// Blocks handed to the store by the write-behind thread.
     pub blocks_written: AtomicU64,
     /// Tails (partly filled last pages) stored by the write-behind thread.
@@ -59,6 +67,33 @@ pub struct Metrics {
     pub n_busy_slots: AtomicU64,
     /// Most tokens one request has held (prompt and reply).
     pub n_tokens_max: AtomicU64,
+}
+
+/// What the KV pool spilled to disk and read back: a context counts from its creation, so
+/// those of contexts dropped (`--sleep-idle-seconds`) are kept aside and the counters shown
+/// never go back.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SpillFigures {
+    /// Bytes attention read from spilled pages' block files, by contexts dropped.
+    pub bytes_read_before: u64,
+    /// Pages spilled by contexts dropped.
+    pub pages_written_before: u64,
+    /// Bytes read by the current context.
+    pub bytes_read: u64,
+    /// Pages spilled by the current context.
+    pub pages_written: u64,
+}
+
+impl SpillFigures {
+    /// Bytes read in all.
+    pub fn total_bytes_read(&self) -> u64 {
+        self.bytes_read_before + self.bytes_read
+    }
+
+    /// Pages spilled in all.
+    pub fn total_pages_written(&self) -> u64 {
+        self.pages_written_before + self.pages_written
+    }
 }
 
 /// Byte counters of the store, read when the metrics are rendered.
@@ -98,6 +133,25 @@ impl Metrics {
         Metrics::add(&self.cache_errors, 1);
         if let Ok(mut last) = self.last_cache_error.lock() {
             *last = Some(what);
+        }
+    }
+
+    /// The current context's spill counters (from its [`engine::KvStats`]).
+    pub fn spill_seen(&self, stats: &engine::KvStats) {
+        if let Ok(mut f) = self.kv_spill.lock() {
+            f.bytes_read = stats.spill_bytes_read;
+            f.pages_written = stats.spill_pages_written;
+        }
+    }
+
+    /// The current context is dropped, its last figures `stats`: they are kept aside, and the
+    /// next context counts from zero.
+    pub fn spill_context_dropped(&self, stats: &engine::KvStats) {
+        if let Ok(mut f) = self.kv_spill.lock() {
+            f.bytes_read_before += stats.spill_bytes_read;
+            f.pages_written_before += stats.spill_pages_written;
+            f.bytes_read = 0;
+            f.pages_written = 0;
         }
     }
 
@@ -353,13 +407,53 @@ impl Metrics {
         ];
         let mut out = String::new();
         self.render_llama_cpp(&mut out);
-        for (name, kind, help, value) in rows {
+        for (name, kind, help, value) in rows.into_iter().chain(self.kv_rows()) {
             // Writing to a String cannot fail.
             let _ = writeln!(out, "# HELP llamahdd:{name} {help}");
             let _ = writeln!(out, "# TYPE llamahdd:{name} {kind}");
             let _ = writeln!(out, "llamahdd:{name} {value}");
         }
         out
+    }
+
+    /// The KV pool's RAM budget, its pages in RAM and on disk, and what it spilled and read
+    /// back (`--kv-ram`).
+    fn kv_rows(&self) -> [(&'static str, &'static str, &'static str, u64); 5] {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let spill = self.kv_spill.lock().map(|f| *f).unwrap_or_default();
+        [
+            (
+                "kv_ram_budget_bytes",
+                "gauge",
+                "RAM budget of the KV pool (--kv-ram); 0 for none.",
+                get(&self.kv_ram_budget),
+            ),
+            (
+                "kv_pages_resident",
+                "gauge",
+                "KV pages in use whose rows are in RAM.",
+                get(&self.kv_pages_resident),
+            ),
+            (
+                "kv_pages_spilled",
+                "gauge",
+                "KV pages in use spilled to their block files on disk (beyond --kv-ram).",
+                get(&self.kv_pages_spilled),
+            ),
+            (
+                "kv_spill_pages_written_total",
+                "counter",
+                "KV pages spilled to disk (written to their block files) beyond --kv-ram.",
+                spill.total_pages_written(),
+            ),
+            (
+                "kv_spill_bytes_read_total",
+                "counter",
+                "Bytes attention read from the block files of spilled KV pages (over \
+                 tokens_predicted_total: the bytes read per token generated).",
+                spill.total_bytes_read(),
+            ),
+        ]
     }
 }
 

@@ -13,6 +13,9 @@ pub struct Config {
     pub api_keys: Vec<String>,
     /// `--cache-ram` in bytes (`u64::MAX`: no limit).
     pub cache_ram: u64,
+    /// `--kv-ram` in bytes: `None` without it (a budget from the memory available is taken
+    /// at start, see [`super::default_kv_ram`]), `Some(0)` for no budget.
+    pub kv_ram: Option<u64>,
     /// `--cache-disk` in bytes.
     pub cache_disk: Option<u64>,
     /// `--max-body` in bytes.

@@ -1,7 +1,8 @@
 //! Defaults the options give: the slots and their context (llama-server's auto `--parallel`),
 //! the sampling settings of requests, the model's names, and the prompt cache's budgets and
 //! disk budget without `--cache-disk` (where it lives without `--cache-dir` is
-//! `kvstore::default_cache_dir`, which the chat uses too); and the parts of `Args::check` they
+//! `kvstore::default_cache_dir`, which the chat uses too), `--kv-ram` read and the KV pool's
+//! RAM budget without it (the rule is in `memory.rs`); and the parts of `Args::check` they
 //! go with (sampling ranges, API keys).
 
 use std::path::PathBuf;
@@ -111,6 +112,33 @@ impl Args {
     }
 }
 
+/// A RAM size as `--cache-ram` reads it: MiB as a bare number (llama-server's unit), -1 for
+/// no limit (`u64::MAX`), or a size with a unit (`256MiB`).
+fn ram_size(option: &'static str, text: &str) -> Result<u64> {
+    let bad = |reason: String| ServerError::BadOption { option, reason };
+    match text.trim() {
+        "-1" => Ok(u64::MAX),
+        t if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) => t
+            .parse::<u64>()
+            .ok()
+            .and_then(|mib| mib.checked_mul(1 << 20))
+            .ok_or_else(|| bad(format!("{t} MiB is too large"))),
+        t => kvstore::parse_size(t).map_err(|e| bad(e.to_string())),
+    }
+}
+
+/// The KV pool's RAM budget without `--kv-ram`, for a model file of `model_bytes` and a
+/// cache RAM tier of `cache_ram` bytes: see [`super::memory`]. `None` when the memory
+/// available cannot be told.
+pub fn default_kv_ram(model_bytes: u64, cache_ram: u64) -> Option<u64> {
+    let available = super::memory::memory_available()?;
+    Some(super::memory::kv_ram_rule(
+        available,
+        model_bytes,
+        cache_ram,
+    ))
+}
+
 /// The disk budget largest by default.
 const DEFAULT_DISK_CAP: u64 = 20 << 30;
 
@@ -210,15 +238,7 @@ impl Args {
         let size = |option: &'static str, text: &str| {
             kvstore::parse_size(text).map_err(|e| bad(option, e.to_string()))
         };
-        let cache_ram = match self.cache_ram.trim() {
-            "-1" => u64::MAX,
-            t if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) => t
-                .parse::<u64>()
-                .ok()
-                .and_then(|mib| mib.checked_mul(1 << 20))
-                .ok_or_else(|| bad("--cache-ram", format!("{t} MiB is too large")))?,
-            t => size("--cache-ram", t)?,
-        };
+        let cache_ram = ram_size("--cache-ram", &self.cache_ram)?;
         let cache_dir = match &self.cache_dir {
             Some(dir) => dir.clone(),
             None => kvstore::default_cache_dir(),
@@ -229,6 +249,59 @@ impl Args {
             None => Some(default_disk_budget(&cache_dir)),
         };
         Ok((cache_ram, cache_dir, cache_disk))
+    }
+
+    /// `--kv-ram`: `None` without it (the default budget is taken at start, from the memory
+    /// available then), `Some(0)` for no budget (`0`, `none` or -1), else the budget in bytes
+    /// (MiB as a bare number, as `--cache-ram` reads it, or a size). A budget needs a store to
+    /// spill to in the pool's element types: refused with `--no-cache`, and with a
+    /// `--cache-type-stored` other than the cache types.
+    pub(super) fn kv_ram(&self) -> Result<Option<u64>> {
+        let bad = |reason: String| ServerError::BadOption {
+            option: "--kv-ram",
+            reason,
+        };
+        let Some(text) = self.kv_ram.as_deref().map(str::trim) else {
+            return Ok(None);
+        };
+        let bytes = match text {
+            "none" => 0,
+            t => match ram_size("--kv-ram", t)? {
+                u64::MAX => 0,
+                n => n,
+            },
+        };
+        match self.no_spill_store() {
+            Some((_, why)) if bytes > 0 => Err(bad(format!("{why}, or --kv-ram 0"))),
+            _ => Ok(Some(bytes)),
+        }
+    }
+
+    /// Why the KV pool could not spill to the prompt cache's store, if it could not (briefly,
+    /// and at length): there is none with `--no-cache`, and one holding blocks of other element
+    /// types than the pool's with `--cache-type-stored`.
+    pub fn no_spill_store(&self) -> Option<(&'static str, String)> {
+        let (k, v) = (self.cache_type_k, self.cache_type_v);
+        if self.no_cache {
+            Some((
+                "--no-cache: no store to spill to",
+                "pages past the budget are spilled to the prompt cache's directory, which \
+                 --no-cache turns off: give --cache-dir instead"
+                    .into(),
+            ))
+        } else if self.cache_type_stored.is_some_and(|t| t != k || t != v) {
+            Some((
+                "--cache-type-stored: the store holds another element type",
+                format!(
+                    "pages are spilled as the pool holds them ({} K, {} V), and \
+                     --cache-type-stored keeps the store's blocks in another type: leave it out",
+                    k.name(),
+                    v.name()
+                ),
+            ))
+        } else {
+            None
+        }
     }
 
     /// The model's names (`--alias`, comma-separated, sorted as llama-server keeps them; the

@@ -11,11 +11,12 @@ mod compat;
 mod config;
 mod defaults;
 mod embed;
+pub mod memory;
 mod remote;
 
 pub use config::Config;
 
-pub use defaults::default_disk_budget;
+pub use defaults::{default_disk_budget, default_kv_ram};
 pub use embed::{EmbeddingArgs, Pooling};
 pub use remote::{remote_config, RemoteArgs};
 
@@ -442,6 +443,19 @@ pub struct Args {
         allow_negative_numbers = true
     )]
     pub cache_disk: Option<String>,
+    /// RAM budget of the KV pool: past it, full pages of long contexts go to their blocks in
+    /// the cache directory and attention reads them there (the same replies); MiB as a bare
+    /// number, or a size (`4GiB`); `0` or `none` for no budget [default: half the memory
+    /// available at start (the cgroup's limit or MemAvailable, the smaller) after the model
+    /// file and `--cache-ram`, at least 64 MiB; no budget when the whole pool fits in it, or
+    /// with `--no-cache`].
+    #[arg(
+        long = "kv-ram",
+        value_name = "SIZE",
+        allow_negative_numbers = true,
+        env = "LLAMA_HDD_KV_RAM"
+    )]
+    pub kv_ram: Option<String>,
     /// Keep no prompt cache on disk (prompts are still shared in memory).
     #[arg(long = "no-cache")]
     pub no_cache: bool,
@@ -628,6 +642,7 @@ impl Args {
         };
         let api_keys = self.api_keys()?;
         let (cache_ram, cache_dir, cache_disk) = self.caches()?;
+        let kv_ram = self.kv_ram()?;
         let max_body = size("--max-body", &self.max_body)? as usize;
         let aliases = self.aliases();
         let tags = self
@@ -663,6 +678,7 @@ impl Args {
         Ok(Config {
             api_keys,
             cache_ram,
+            kv_ram,
             cache_disk,
             max_body,
             alias: aliases[0].clone(),

@@ -1,5 +1,6 @@
 //! The scheduler's gauges for `/metrics`: requests processing and waiting, KV pages used, in
-//! all, and with their sliding-window rows released.
+//! all, with their sliding-window rows released, resident and spilled to disk; and the spill
+//! counters of the context.
 //!
 //! Invariant: they are published after every step and before a request's answer goes out, so
 //! a client that reads them once it has its answer sees its request done.
@@ -19,5 +20,11 @@ impl Scheduler {
             &self.metrics.kv_pages_window_released,
             stats.pages_window_released as u64,
         );
+        Metrics::set(
+            &self.metrics.kv_pages_resident,
+            stats.pages_used.saturating_sub(stats.pages_spilled) as u64,
+        );
+        Metrics::set(&self.metrics.kv_pages_spilled, stats.pages_spilled as u64);
+        self.metrics.spill_seen(&stats);
     }
 }

@@ -1,8 +1,10 @@
 //! llama-server's context shift (`--context-shift`): a generation that fills its context keeps
 //! its first `n_keep` tokens, drops the next `n_discard` (half of the rest by default) and goes
-//! on, the later tokens' cached K rotated to their new positions by the engine.
+//! on, the later tokens' cached K rotated to their new positions by the engine (or, where
+//! some of a sequence's pages are spilled to disk under `--kv-ram`, the kept tokens evaluated
+//! again).
 
-use engine::SeqId;
+use engine::{SeqId, PAGE_TOKENS};
 
 use super::sample::flush_text;
 use super::{FinishReason, Scheduler};
@@ -35,10 +37,14 @@ impl Scheduler {
         if n_discard == 0 {
             return false;
         }
-        match self.ctx.shift(a.seq, n_keep, n_discard) {
+        let seq = a.seq;
+        match self.ctx.shift(seq, n_keep, n_discard) {
             Ok(()) => {
                 a.shifted += n_discard;
                 true
+            }
+            Err(engine::Error::SpilledPages { .. }) => {
+                self.shift_by_evaluation(slot, seq, n_keep, n_discard)
             }
             Err(e) => {
                 self.metrics
@@ -46,6 +52,70 @@ impl Scheduler {
                 false
             }
         }
+    }
+
+    /// The context shift of a sequence with pages spilled to disk (`--kv-ram`), whose K the
+    /// engine cannot rotate where it lies: the kept tokens are evaluated again instead, in a
+    /// new sequence that shares the full pages of the first `n_keep` tokens (whole pages only:
+    /// a partly kept page may be spilled, and is not to be written into). That takes a
+    /// prefill of the rest (the other requests wait for it) and gives the KV a fresh
+    /// evaluation of the shortened context would. False, and the request failed with the
+    /// reason, when that fails too.
+    fn shift_by_evaluation(
+        &mut self,
+        slot: usize,
+        seq: SeqId,
+        n_keep: usize,
+        n_discard: usize,
+    ) -> bool {
+        let started = std::time::Instant::now();
+        let shared = n_keep / PAGE_TOKENS * PAGE_TOKENS;
+        let tail = match self.ctx.tokens(seq) {
+            Ok(t) => [&t[shared..n_keep], &t[n_keep + n_discard..]].concat(),
+            Err(_) => return false,
+        };
+        let fresh = match self.ctx.fork(seq, shared) {
+            Ok(f) => f,
+            Err(e) => return self.shift_failed(slot, &e),
+        };
+        let _ = self.ctx.remove_sequence(seq);
+        if let Some(a) = self.slots[slot].active.as_mut() {
+            a.seq = fresh;
+        }
+        let mut fed = self.ctx.feed(fresh, &tail, engine::Logits::Last);
+        if let Err(engine::Error::OutOfPages { needed, .. }) = fed {
+            if self.make_room(needed) {
+                fed = self.ctx.feed(fresh, &tail, engine::Logits::Last);
+            }
+        }
+        if let Err(e) = fed {
+            return self.shift_failed(slot, &e);
+        }
+        if let Some(a) = self.slots[slot].active.as_mut() {
+            a.shifted += n_discard;
+        }
+        self.metrics.log(format!(
+            "context shift of slot {slot}: part of its KV is on disk (--kv-ram), so the {} \
+             tokens kept after the first {shared} were evaluated again ({} ms)",
+            tail.len(),
+            started.elapsed().as_millis()
+        ));
+        true
+    }
+
+    /// Fails the request in `slot`, whose context is full and could not shift because of `e`.
+    fn shift_failed(&mut self, slot: usize, e: &engine::Error) -> bool {
+        self.metrics
+            .log(format!("context shift of slot {slot} failed: {e}"));
+        let n_ctx = self.ctx.params().n_ctx;
+        self.fail(
+            slot,
+            crate::error::ServerError::Busy(format!(
+                "the request filled its context of {n_ctx} positions, and the context \
+                 shift failed ({e})"
+            )),
+        );
+        false
     }
 
     /// Ends the request in `slot` at its length: the text held back for stop strings goes out

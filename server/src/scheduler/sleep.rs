@@ -16,6 +16,8 @@ fn stand_in(params: &ContextParams) -> ContextParams {
         n_ctx: PAGE_TOKENS,
         kv_tokens: PAGE_TOKENS,
         n_batch: 1,
+        // It evaluates nothing, and has no store to spill to.
+        kv_ram: 0,
         ..params.clone()
     }
 }
@@ -50,6 +52,7 @@ impl Scheduler {
         for slot in &mut self.slots {
             slot.last = None;
         }
+        self.metrics.spill_context_dropped(&self.ctx.stats());
         drop(std::mem::replace(&mut self.ctx, small));
         self.sleep = Some((after, Some(params)));
         Metrics::set(&self.metrics.sleeping, 1);
@@ -64,7 +67,12 @@ impl Scheduler {
         let Some((after, Some(params))) = self.sleep.clone() else {
             return;
         };
-        match Context::new(std::sync::Arc::clone(&self.model), params) {
+        // Built as at start: with a RAM budget, it spills to the prompt cache's store.
+        let built = Context::new(std::sync::Arc::clone(&self.model), params).and_then(|mut c| {
+            crate::spill_to_store(&mut c, self.store.as_deref())?;
+            Ok(c)
+        });
+        match built {
             Ok(c) => {
                 drop(std::mem::replace(&mut self.ctx, c));
                 self.sleep = Some((after, None));
