@@ -256,6 +256,11 @@ impl Context {
         }
         let pages = s.pages[..len.div_ceil(PAGE_TOKENS)].to_vec();
         self.check_window(src, &pages, len)?;
+        // The fork's last page, cut inside, is written again: back from its file first.
+        if !len.is_multiple_of(PAGE_TOKENS) {
+            self.unspill_page(pages[len / PAGE_TOKENS])?;
+        }
+        let s = self.seq(src)?;
         let fork = Sequence {
             tokens: s.tokens[..len].to_vec(),
             ids: s.ids[..len / PAGE_TOKENS].to_vec(),
@@ -397,6 +402,10 @@ impl Context {
         }
         if let Some(position) = self.window_gap(&self.seqs[&seq].pages, len) {
             return Err(Error::WindowReleased { seq, position });
+        }
+        // A page cut inside is written again: back from its file first, when spilled.
+        if !len.is_multiple_of(PAGE_TOKENS) {
+            self.unspill_page(self.seqs[&seq].pages[len / PAGE_TOKENS])?;
         }
         let s = self.seqs.get_mut(&seq).expect("checked above");
         s.tokens.truncate(len);

@@ -825,7 +825,17 @@ impl crate::Context {
         let pages: Vec<u32> = (self.seq(seq)?.pages.iter().copied())
             .filter(|&p| self.pool.is_spilled(p))
             .collect();
-        if pages.is_empty() {
+        for page in pages {
+            self.unspill_page(page)?;
+        }
+        Ok(())
+    }
+
+    /// Reads spilled `page` back into its pool rows, for every holder (its bytes are the same
+    /// for all): nothing to do when it is resident. Pages are written to only while partly
+    /// filled, so a sequence cut inside a spilled page brings that page back first.
+    pub(crate) fn unspill_page(&mut self, page: u32) -> Result<()> {
+        if !self.pool.is_spilled(page) {
             return Ok(());
         }
         let Some(mut spill) = self.spill.take() else {
@@ -834,12 +844,10 @@ impl crate::Context {
             });
         };
         let result = (|| {
-            for &page in &pages {
-                spill.map(&self.pool, [page])?;
-                let block = spill.read_block(page)?;
-                self.write_page(page, PAGE_TOKENS, &block)?;
-                self.pool.clear_spilled(page);
-            }
+            spill.map(&self.pool, [page])?;
+            let block = spill.read_block(page)?;
+            self.write_page(page, PAGE_TOKENS, &block)?;
+            self.pool.clear_spilled(page);
             Ok(())
         })();
         spill.forget_freed(&self.pool);

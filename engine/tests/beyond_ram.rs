@@ -362,3 +362,34 @@ fn pages_at_rest_as_q8_0_are_widened_as_a_restore_widens_them() {
         assert_eq!(per_token, f16_bytes / 64 * 34, "{len}");
     }
 }
+
+#[test]
+fn a_sequence_cut_inside_a_spilled_page_goes_on_with_the_resident_bits() {
+    let (_m, model) = model();
+    let dir = tempfile::tempdir().unwrap();
+    let mut resident = Context::new(model.clone(), ctx_params(0)).unwrap();
+    let (mut spilled, _store) = spilling(&model, 4, dir.path());
+    let (a, b) = (resident.new_sequence(), spilled.new_sequence());
+    let doc = tokens(700);
+    resident.feed(a, &doc, Logits::Last).unwrap();
+    spilled.feed(b, &doc, Logits::Last).unwrap();
+    // Position 237 lies inside page 3, which spilled.
+    let before = spilled.stats().pages_spilled;
+    assert!(before >= 6);
+    let (fa, fb) = (
+        resident.fork(a, 301).unwrap(),
+        spilled.fork(b, 301).unwrap(),
+    );
+    resident.truncate(a, 237).unwrap();
+    spilled.truncate(b, 237).unwrap();
+    let other: Vec<u32> = (0..40).map(|i| (i * 13 + 3) % 97).collect();
+    for (ra, rb) in [(a, b), (fa, fb)] {
+        let want = resident.feed(ra, &other, Logits::All).unwrap();
+        let got = spilled.feed(rb, &other, Logits::All).unwrap();
+        assert!(
+            bits(&got) == bits(&want),
+            "cut at {}",
+            resident.tokens(ra).unwrap().len()
+        );
+    }
+}
