@@ -160,12 +160,9 @@ async fn conversations_past_the_budget_answer_as_without_one_alone_at_once_and_r
 }
 
 // The scheduler takes the first prompt's finished sequence over and cuts it inside page 23,
-// which was spilled: the engine then writes the second prompt's rows into that page's pool
-// rows while it stays spilled, and attention reads the first prompt's rows from its block
-// file (the reply is garbled). For the engine to fix: a spilled page that becomes a
-// sequence's partly filled last page (`Context::truncate`, `Context::fork`) must come back
-// into the pool before anything is written into it.
-#[ignore = "engine: a spilled page cut by truncate is written into while read from its file"]
+// which was spilled: the engine brings that page back into the pool before the second
+// prompt's rows are written into it (without that, attention read the first prompt's rows
+// from its block file and the reply was garbled).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_prompt_that_parts_from_a_spilled_one_inside_a_page_answers_as_without_a_budget() {
     let Some(model) = real_model() else {
