@@ -94,6 +94,30 @@ impl Store<StdFs> {
     }
 }
 
+impl Store<StdFs> {
+    /// Maps a block file and checks its header, bounds, id and owner, but not its payload's
+    /// checksum: for a reader that maps a block it has just written and verifies it later,
+    /// before first reading it ([`MappedBlock::verify`]).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Store::map_block`].
+    pub unsafe fn map_block_unverified(&self, id: &BlockId) -> Result<MappedBlock> {
+        let path = self.block_path(id);
+        // SAFETY: forwarded from this function's contract.
+        let map = unsafe { map_file(&path, false) }?;
+        let v = crate::block::BlockView::parse_at(&map, 0, false)?;
+        v.check_owner(self.fingerprint(), self.geometry())?;
+        if v.id() != *id {
+            return Err(FormatError::BlockIdMismatch {
+                expected: id.to_hex(),
+                found: v.id().to_hex(),
+            });
+        }
+        Ok(MappedBlock { map })
+    }
+}
+
 impl Export {
     /// Maps an export file and checks it.
     ///

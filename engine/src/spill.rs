@@ -57,14 +57,20 @@ struct Spilled {
 
 /// A spilled block's KV bytes: its file mapped (raw encoding), or decoded into memory.
 enum Payload {
-    Mapped { block: MappedBlock, start: usize },
+    /// `verified`: its checksum was checked (a page's own file, mapped as it spilled, is
+    /// checked when first attended to).
+    Mapped {
+        block: MappedBlock,
+        start: usize,
+        verified: bool,
+    },
     Owned(Vec<u8>),
 }
 
 impl Payload {
     fn bytes(&self) -> &[u8] {
         match self {
-            Payload::Mapped { block, start } => &block.as_bytes()[*start..],
+            Payload::Mapped { block, start, .. } => &block.as_bytes()[*start..],
             Payload::Owned(v) => v,
         }
     }
@@ -147,12 +153,23 @@ impl Spill {
                 return Err(Error::SpillLayout { store: 0, pool: 0 });
             }
         }
+        // Mapped now (which keeps the bytes whatever happens to the file's name: a
+        // collection may unlink it); verified when first attended to.
+        let mut maps = Vec::with_capacity(victims.len());
         for v in victims {
+            maps.push(map_block(
+                &self.store,
+                &v.id,
+                self.rest.bytes_per_page(),
+                false,
+            )?);
+        }
+        for (v, payload) in victims.iter().zip(maps) {
             self.pages.insert(
                 v.page,
                 Spilled {
                     id: v.id,
-                    payload: None,
+                    payload: Some(payload),
                 },
             );
         }
@@ -162,7 +179,7 @@ impl Spill {
 
     /// Takes `page` as spilled to block `id`'s file, which is mapped and verified now.
     pub(crate) fn adopt(&mut self, page: u32, id: BlockId) -> Result<()> {
-        let payload = map_block(&self.store, &id, self.rest.bytes_per_page())?;
+        let payload = map_block(&self.store, &id, self.rest.bytes_per_page(), true)?;
         self.pages.insert(
             page,
             Spilled {
@@ -196,8 +213,22 @@ impl Spill {
             let Some(s) = self.pages.get_mut(&page) else {
                 continue;
             };
-            if s.payload.is_none() {
-                s.payload = Some(map_block(&self.store, &s.id, self.rest.bytes_per_page())?);
+            match &mut s.payload {
+                None => {
+                    s.payload = Some(map_block(
+                        &self.store,
+                        &s.id,
+                        self.rest.bytes_per_page(),
+                        true,
+                    )?)
+                }
+                Some(Payload::Mapped {
+                    block, verified, ..
+                }) if !*verified => {
+                    check_mapped(&self.store, &s.id, block)?;
+                    *verified = true;
+                }
+                Some(_) => {}
             }
         }
         Ok(())
@@ -442,16 +473,30 @@ impl Spill {
 
 /// Maps block `id`'s file and verifies it; a block whose payload is not raw is decoded into
 /// memory instead.
-fn map_block(store: &kvstore::ModelStore, id: &BlockId, need: usize) -> Result<Payload> {
+fn map_block(
+    store: &kvstore::ModelStore,
+    id: &BlockId,
+    need: usize,
+    verify: bool,
+) -> Result<Payload> {
     let damaged = |reason: String| Error::SpilledBlock {
         id: id.to_hex(),
         reason,
     };
+    let files = store.block_files();
     // SAFETY: the store never writes a block file in place (it writes a temporary file and
     // renames it, and gc unlinks), so the mapped bytes do not change while the map lives.
-    let block = unsafe { store.block_files().map_block(id) }.map_err(|e| damaged(e.to_string()))?;
+    let block = match verify {
+        true => unsafe { files.map_block(id) },
+        false => unsafe { files.map_block_unverified(id) },
+    }
+    .map_err(|e| damaged(e.to_string()))?;
     let view = block.view().map_err(|e| damaged(e.to_string()))?;
     if view.encoding() != Encoding::Raw {
+        if !verify {
+            // Decoded into memory: from verified bytes only.
+            return map_block(store, id, need, true);
+        }
         let kv = view.kv().map_err(|e| damaged(e.to_string()))?;
         return Ok(Payload::Owned(kv.into_owned()));
     }
@@ -462,7 +507,36 @@ fn map_block(store: &kvstore::ModelStore, id: &BlockId, need: usize) -> Result<P
         )));
     }
     let start = view.payload().as_ptr() as usize - block.as_bytes().as_ptr() as usize;
-    Ok(Payload::Mapped { block, start })
+    Ok(Payload::Mapped {
+        block,
+        start,
+        verified: verify,
+    })
+}
+
+/// Verifies a block mapped unverified, before its bytes are first read: its file must still
+/// be as long as the map (a file cut short under a map would fault on reading) and its
+/// record whole (checksum). A file replaced or unlinked since is no concern: the map keeps
+/// the bytes that were written.
+fn check_mapped(store: &kvstore::ModelStore, id: &BlockId, block: &MappedBlock) -> Result<()> {
+    let damaged = |reason: String| Error::SpilledBlock {
+        id: id.to_hex(),
+        reason,
+    };
+    let path = store.block_path(id);
+    if let Ok(meta) = std::fs::metadata(&path) {
+        // Only a file of the same identity can be cut under the map; a replaced one is a new
+        // file (content-addressed: the same bytes), which this length check passes too.
+        if meta.len() < block.as_bytes().len() as u64 {
+            return Err(damaged(format!(
+                "the file is {} bytes, {} were written",
+                meta.len(),
+                block.as_bytes().len()
+            )));
+        }
+    }
+    block.verify().map_err(|e| damaged(e.to_string()))?;
+    Ok(())
 }
 
 /// Where a run of staged rows comes from.
