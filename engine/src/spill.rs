@@ -484,10 +484,12 @@ fn map_block(
         reason,
     };
     let files = store.block_files();
-    // SAFETY: the store never writes a block file in place (it writes a temporary file and
-    // renames it, and gc unlinks), so the mapped bytes do not change while the map lives.
     let block = match verify {
+        // SAFETY (both): the store never writes a block file in place (it writes a temporary
+        // file and renames it, and gc unlinks), so the mapped bytes do not change while the
+        // map lives.
         true => unsafe { files.map_block(id) },
+        // SAFETY: as above.
         false => unsafe { files.map_block_unverified(id) },
     }
     .map_err(|e| damaged(e.to_string()))?;
