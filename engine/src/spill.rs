@@ -485,9 +485,9 @@ fn map_block(
     };
     let files = store.block_files();
     let block = match verify {
-        // SAFETY (both): the store never writes a block file in place (it writes a temporary
-        // file and renames it, and gc unlinks), so the mapped bytes do not change while the
-        // map lives.
+        // SAFETY: the store never writes a block file in place (it writes a temporary file
+        // and renames it, and gc unlinks), so the mapped bytes do not change while the map
+        // lives.
         true => unsafe { files.map_block(id) },
         // SAFETY: as above.
         false => unsafe { files.map_block_unverified(id) },
