@@ -254,8 +254,9 @@ impl Args {
     /// `--kv-ram`: `None` without it (the default budget is taken at start, from the memory
     /// available then), `Some(0)` for no budget (`0`, `none` or -1), else the budget in bytes
     /// (MiB as a bare number, as `--cache-ram` reads it, or a size). A budget needs a store to
-    /// spill to in the pool's element types: refused with `--no-cache`, and with a
-    /// `--cache-type-stored` other than the cache types.
+    /// spill to whose blocks the pool can read: refused with `--no-cache`, and with a
+    /// q8_0 pool over an f16 `--cache-type-stored` (f16 pages resting as q8_0 are widened as
+    /// they are read; the other way is not done).
     pub(super) fn kv_ram(&self) -> Result<Option<u64>> {
         let bad = |reason: String| ServerError::BadOption {
             option: "--kv-ram",
@@ -278,8 +279,8 @@ impl Args {
     }
 
     /// Why the KV pool could not spill to the prompt cache's store, if it could not (briefly,
-    /// and at length): there is none with `--no-cache`, and one holding blocks of other element
-    /// types than the pool's with `--cache-type-stored`.
+    /// and at length): there is none with `--no-cache`, and a q8_0 pool cannot read pages that
+    /// `--cache-type-stored f16` keeps wider.
     pub fn no_spill_store(&self) -> Option<(&'static str, String)> {
         let (k, v) = (self.cache_type_k, self.cache_type_v);
         if self.no_cache {
@@ -289,12 +290,15 @@ impl Args {
                  --no-cache turns off: give --cache-dir instead"
                     .into(),
             ))
-        } else if self.cache_type_stored.is_some_and(|t| t != k || t != v) {
+        } else if self
+            .cache_type_stored
+            .is_some_and(|t| t == engine::KvType::F16 && (k != t || v != t))
+        {
             Some((
-                "--cache-type-stored: the store holds another element type",
+                "--cache-type-stored: the store's pages are wider than the pool's",
                 format!(
-                    "pages are spilled as the pool holds them ({} K, {} V), and \
-                     --cache-type-stored keeps the store's blocks in another type: leave it out",
+                    "spilled pages are read back as the pool holds them ({} K, {} V), and \
+                     --cache-type-stored f16 keeps them wider: leave it out",
                     k.name(),
                     v.name()
                 ),

@@ -320,8 +320,23 @@ fn a_kv_ram_budget_without_a_store_to_spill_to_is_refused() {
     let check = |argv: &[&str]| parse(argv).unwrap().check();
     let e = check(&["--no-cache", "--kv-ram", "1GiB"]).unwrap_err();
     assert!(e.to_string().contains("--no-cache"), "{e}");
-    let e = check(&["--cache-type-stored", "q8_0", "--kv-ram", "1GiB"]).unwrap_err();
+    let e = check(&[
+        "-ctk",
+        "q8_0",
+        "--cache-type-stored",
+        "f16",
+        "--kv-ram",
+        "1GiB",
+    ])
+    .unwrap_err();
     assert!(e.to_string().contains("--cache-type-stored"), "{e}");
+    // f16 pages resting as q8_0 are widened as they are read.
+    assert_eq!(
+        check(&["--cache-type-stored", "q8_0", "--kv-ram", "1GiB"])
+            .unwrap()
+            .kv_ram,
+        Some(1 << 30)
+    );
     // No budget asks for no store; a stored type that is the pool's own changes nothing.
     assert_eq!(
         check(&["--no-cache", "--kv-ram", "0"]).unwrap().kv_ram,
