@@ -182,7 +182,7 @@ pub(crate) struct SeqAttention {
     pub ours: bool,
     /// With `Some`, a page of the window was spilled to disk: per layer, the ops that stage
     /// the window's K and V rows (see `spill.rs`), which attention reads instead of the pool.
-    pub staged: Option<Vec<[crate::spill::StageOp; 2]>>,
+    pub staged: Option<Vec<[crate::ggml::stage::StageOp; 2]>>,
 }
 
 /// The graph's inputs for a batch.

@@ -53,6 +53,7 @@ pub mod kv;
 mod model;
 mod namespace;
 mod pages;
+mod params;
 pub mod sampling;
 mod session;
 mod shift;

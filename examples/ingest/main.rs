@@ -112,6 +112,23 @@ fn size(s: &str) -> std::result::Result<u64, String> {
     kvstore::parse_size(s).map_err(|e| e.to_string())
 }
 
+/// Under `--kv-ram`, the store the session's pages spill to (even with `--plain`): the
+/// document's store.
+fn spill_store(
+    args: &Args,
+    model: &std::sync::Arc<engine::Model>,
+    config: &StoreConfig,
+    session: &mut Session,
+) -> Result<Option<SessionStore>> {
+    if args.kv_ram.is_none() {
+        return Ok(None);
+    }
+    let store = SessionStore::open(&args.store, model, config.clone())
+        .with_context(|| format!("opening the store {}", args.store.display()))?;
+    session.context_mut().spill_to(&store)?;
+    Ok(Some(store))
+}
+
 fn main() -> Result<()> {
     // Model files are untrusted: their chat templates render in a child process with limits.
     engine::chat::sandbox::init();
@@ -148,16 +165,7 @@ fn main() -> Result<()> {
         }),
         ..StoreConfig::default()
     };
-    // Under a budget, pages spill to the store (even with --plain).
-    let spill_store = match args.kv_ram {
-        Some(_) => {
-            let store = SessionStore::open(&args.store, &model, config.clone())
-                .with_context(|| format!("opening the store {}", args.store.display()))?;
-            session.context_mut().spill_to(&store)?;
-            Some(store)
-        }
-        None => None,
-    };
+    let spill_store = spill_store(&args, &model, &config, &mut session)?;
     if args.kv_ram.is_some() && tokens.len() > session.params().n_ctx {
         // A context shift rewrites every cached row, spilled ones too: not done from disk.
         bail!(

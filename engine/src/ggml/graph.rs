@@ -266,6 +266,8 @@ macro_rules! op {
     }};
 }
 
+mod attention;
+
 impl<'g, 'w> Graph<'g, 'w> {
     fn ctx(&self) -> *mut sys::ggml_context {
         self.ctx.as_ptr()
@@ -296,31 +298,6 @@ impl<'g, 'w> Graph<'g, 'w> {
                 kernel,
                 sys::GGML_N_TASKS_MAX,
                 userdata as *mut std::ffi::c_void,
-            )
-        )
-    }
-
-    /// A staged window of `cache` (one layer's K or V in the pool, after this batch's rows
-    /// were stored): `op`'s rows, in the cache's type, from the pool or from mapped block files
-    /// (see `spill.rs`). The op must outlive the graph's computation, and every map it names.
-    pub(crate) fn stage(&mut self, cache: Tensor<'g>, op: &crate::spill::StageOp) -> Tensor<'g> {
-        // SAFETY: live tensor; only its header is read.
-        let dtype = unsafe { (*cache.raw).type_ };
-        let mut srcs = [cache.raw];
-        op!(
-            self,
-            sys::ggml_custom_4d(
-                self.ctx(),
-                dtype,
-                cache.ne(0) as i64,
-                op.n_rows() as i64,
-                1,
-                1,
-                srcs.as_mut_ptr(),
-                1,
-                Some(crate::spill::stage_rows),
-                sys::GGML_N_TASKS_MAX,
-                op as *const crate::spill::StageOp as *mut std::ffi::c_void,
             )
         )
     }
@@ -636,146 +613,6 @@ impl<'g, 'w> Graph<'g, 'w> {
             )
         )
     }
-
-    /// Fused attention. `q`: `[head_dim, n_tokens, n_head]`, `k`/`v`: `[head_dim, n_kv,
-    /// n_head_kv]` (f16), `mask`: f16 `[n_kv, n_tokens]`; scores are scaled, then soft-capped
-    /// to `softcap * tanh(s / softcap)` unless `softcap` is 0. The result is `[head_dim,
-    /// n_head, n_tokens]`. With `ours` (the plan's choice, for `k` and `v` the CPU can read
-    /// in place), f16 `k` and `v`, no soft cap and a head size it takes, ggml-sys's attention
-    /// kernel runs it (the query heads of a group share each converted K and V tile);
-    /// otherwise ggml's.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn flash_attn(
-        &mut self,
-        q: Tensor<'g>,
-        k: Tensor<'g>,
-        v: Tensor<'g>,
-        mask: Tensor<'g>,
-        scale: f32,
-        softcap: f32,
-        ours: bool,
-    ) -> Tensor<'g> {
-        if ours && self.kernel_takes(q, k, v, mask, softcap) {
-            return self.kernel_attention(&mut [q.raw, k.raw, v.raw, mask.raw], q, k, scale);
-        }
-        let t = op!(
-            self,
-            sys::ggml_flash_attn_ext(
-                self.ctx(),
-                q.raw,
-                k.raw,
-                v.raw,
-                mask.raw,
-                scale,
-                0.0,
-                softcap
-            )
-        );
-        // SAFETY: live flash-attention node.
-        unsafe { sys::ggml_flash_attn_ext_set_prec(t.raw, sys::GGML_PREC_F32) };
-        t
-    }
-
-    /// Whether ggml-sys's attention kernel takes `q` over `k` and `v` with `mask`: built with
-    /// its vector code and not turned off, f16 `k` and `v` whose rows the CPU reads in place,
-    /// no soft cap, a head size it takes.
-    pub(crate) fn kernel_takes(
-        &self,
-        q: Tensor<'g>,
-        k: Tensor<'g>,
-        v: Tensor<'g>,
-        mask: Tensor<'g>,
-        softcap: f32,
-    ) -> bool {
-        let f16 = |t: &Tensor<'g>| {
-            // SAFETY: live tensor of this graph; only its header is read.
-            unsafe { (*t.raw).type_ == sys::GGML_TYPE_F16 }
-        };
-        let head_dim = q.ne(0);
-        softcap == 0.0
-            && kernel_attention()
-            && f16(&k)
-            && f16(&v)
-            && f16(&mask)
-            && k.nb(0) == 2
-            && v.nb(0) == 2
-            && q.nb(0) == 4
-            && head_dim.is_multiple_of(16)
-            && head_dim <= 256
-            && v.ne(0) == head_dim
-            && k.ne(2) > 0
-            && q.ne(2).is_multiple_of(k.ne(2))
-    }
-
-    /// [`Graph::flash_attn`] by ggml-sys's kernel (the caller checked
-    /// [`Graph::kernel_takes`]), reading K's and V's rows through the page tables `pages`
-    /// (i64 addresses of each 64 rows' first, for `k` and for `v`) rather than from their
-    /// data; `k` and `v` give the shape and strides. The addresses must stay valid, with
-    /// 64 rows of `k`'s and `v`'s strides readable at each, until the graph has run.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn flash_attn_paged(
-        &mut self,
-        q: Tensor<'g>,
-        k: Tensor<'g>,
-        v: Tensor<'g>,
-        mask: Tensor<'g>,
-        scale: f32,
-        pages: [Tensor<'g>; 2],
-    ) -> Tensor<'g> {
-        let mut args = [q.raw, k.raw, v.raw, mask.raw, pages[0].raw, pages[1].raw];
-        self.kernel_attention(&mut args, q, k, scale)
-    }
-
-    /// ggml-sys's attention over `args` (q, k, v, mask and perhaps two page tables).
-    fn kernel_attention(
-        &mut self,
-        args: &mut [*mut sys::ggml_tensor],
-        q: Tensor<'g>,
-        k: Tensor<'g>,
-        scale: f32,
-    ) -> Tensor<'g> {
-        let head_dim = q.ne(0);
-        let (m, n_kv) = (q.ne(1), k.ne(1));
-        let gqa = q.ne(2) / k.ne(2);
-        // The kernels read their sources within the shapes checked by `kernel_takes` (and
-        // the page tables' addresses, which their callers vouch for) and write only their
-        // result; `userdata` is the scale's bits (then, for the merge, the chunk count),
-        // never dereferenced.
-        let scale_bits = scale.to_bits() as usize;
-        if m * gqa <= SPLIT_ROWS && n_kv >= SPLIT_KV {
-            // Few rows over a long window (decoding): each KV head's window in chunks, so
-            // that every thread gets a share, then the chunks merged.
-            let part = self.custom(
-                [head_dim + 2, m * gqa, k.ne(2) * SPLIT_CHUNKS],
-                args,
-                Some(sys::kernels::ggml_sys_flash_attn_f16_part),
-                scale_bits,
-            );
-            return self.custom(
-                [head_dim, q.ne(2), m],
-                &mut [part.raw],
-                Some(sys::kernels::ggml_sys_flash_attn_f16_merge),
-                SPLIT_CHUNKS,
-            );
-        }
-        self.custom(
-            [head_dim, q.ne(2), m],
-            args,
-            Some(sys::kernels::ggml_sys_flash_attn_f16),
-            scale_bits,
-        )
-    }
-
-    /// A node hinting `op`'s ranges to the kernel when it runs (see `spill.rs`), after
-    /// `after`; its result (one float) is meaningless.
-    pub(crate) fn prefetch(&mut self, after: Tensor<'g>, op: &crate::spill::StageOp) -> Tensor<'g> {
-        self.custom(
-            [1, 1, 1],
-            &mut [after.raw],
-            Some(crate::spill::prefetch_spans),
-            op as *const crate::spill::StageOp as usize,
-        )
-    }
 }
 
 /// Parameters of ggml's rotary embedding.
@@ -791,26 +628,4 @@ pub(crate) struct RopeParams {
     pub attn_factor: f32,
     pub beta_fast: f32,
     pub beta_slow: f32,
-}
-
-/// At most this many rows (queries times the heads of a KV head) over [`SPLIT_KV`] keys or
-/// more: our attention splits each KV head's window into [`SPLIT_CHUNKS`] chunks among the
-/// threads (a decoding step's three KV heads would otherwise leave a thread idle for a third
-/// of it on two threads), then merges them.
-const SPLIT_ROWS: usize = 16;
-/// See [`SPLIT_ROWS`].
-const SPLIT_KV: usize = 1024;
-/// See [`SPLIT_ROWS`].
-const SPLIT_CHUNKS: usize = 4;
-
-/// Whether ggml-sys's attention kernel runs: it was built with its vector code (else ggml's
-/// kernel is used: the plain loops are for correctness, not speed), and the environment does
-/// not set `LLAMA_HDD_ATTENTION=ggml` (ggml's kernel everywhere, to compare the two).
-fn kernel_attention() -> bool {
-    static USE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *USE.get_or_init(|| {
-        // SAFETY: a pure function of how the crate was compiled.
-        let simd = unsafe { sys::kernels::ggml_sys_flash_attn_f16_simd() } == 1;
-        simd && std::env::var("LLAMA_HDD_ATTENTION").as_deref() != Ok("ggml")
-    })
 }

@@ -34,6 +34,7 @@ use crate::error::{Error, Result};
 
 mod graph;
 mod kv_tensors;
+pub(crate) mod stage;
 mod weights;
 
 pub(crate) use graph::{Compute, Graph, RopeParams, Tensor, TensorMut};
