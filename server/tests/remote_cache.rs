@@ -473,7 +473,9 @@ async fn prompts_that_branch_off_a_shared_prefix_share_its_last_partial_page_too
 /// Blocks that come back from Redis make room on disk before they are written, by dropping the
 /// oldest cached prompts when unreferenced blocks are not enough: under a disk budget of a
 /// twelfth of what the prompts take, the replica's directory, sampled while it reads them back,
-/// never holds more than the budget and one block.
+/// never holds more than the budget and two blocks (a block being written as its temporary
+/// file, and a prompt's tail manifest, which a loaded machine may catch at the same instant;
+/// without the room made first it held twelve times the budget).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocks_from_redis_make_room_on_disk_first() {
     let env = Env::new();
@@ -528,7 +530,7 @@ async fn blocks_from_redis_make_room_on_disk_first() {
         "the blocks did not come from Redis"
     );
     assert!(
-        peak <= budget + block,
-        "the directory reached {peak} bytes: budget {budget} + one block of {block}"
+        peak <= budget + 2 * block,
+        "the directory reached {peak} bytes: budget {budget} + two blocks of {block}"
     );
 }
