@@ -84,11 +84,6 @@ fn size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{text:?}: not a size (examples: 256MiB, 1GiB)"))
 }
 
-/// Bytes as MiB, one decimal.
-fn mib(bytes: u64) -> String {
-    format!("{:.1}", bytes as f64 / f64::from(1 << 20))
-}
-
 /// Which cgroup hierarchy holds the memory controller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Version {
@@ -501,6 +496,15 @@ fn speed_run(bench: &Path, args: &[String]) -> Result<Value, String> {
     }
 }
 
+/// A file removed when dropped.
+struct Removed(PathBuf);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// A number of a JSON object, NaN when absent.
 fn num(v: &Value, key: &str) -> f64 {
     v[key].as_f64().unwrap_or(f64::NAN)
@@ -533,7 +537,15 @@ pub(crate) fn bench_beyond_ram(o: &BeyondRamArgs) -> Result<(), String> {
         &cargo(),
         &["build", "--release", "--quiet", "--example", "bench"],
     )?;
-    let bench = target_dir().join("release/examples/bench");
+    // Every run of this invocation uses the build just made, even if another build in the same
+    // checkout replaces the bench meanwhile.
+    let built = target_dir().join("release/examples/bench");
+    let copy = Removed(target_dir().join(format!(
+        "release/examples/bench-beyond-ram-{}",
+        std::process::id()
+    )));
+    std::fs::copy(&built, &copy.0).map_err(|e| format!("{}: {e}", built.display()))?;
+    let bench = copy.0.clone();
     let (ours, theirs) = limited(o, &bench)?;
     // All resident, no limit: the tokens to match, and (with the speed side) its speed.
     let reps = if o.skip_speed { 1 } else { o.reps };
@@ -574,7 +586,7 @@ pub(crate) fn bench_beyond_ram(o: &BeyondRamArgs) -> Result<(), String> {
     if !ours.status.success() {
         return Err(format!(
             "llama-hdd failed under the {} MiB limit ({})",
-            mib(o.limit),
+            opt(Some(o.limit), MIB),
             ours.exit()
         ));
     }
@@ -625,7 +637,7 @@ fn print_memory(
         o.gen,
         o.prompt + o.gen + 16,
         o.threads,
-        mib(o.limit)
+        opt(Some(o.limit), MIB)
     );
     println!(
         "{:<30} {:>7} {:>4} {:>7} {:>8} {:>7} {:>8} {:>8} {:>8}",
@@ -696,7 +708,13 @@ fn print_memory(
     }
     for (label, r) in [("llama-hdd", Some(ours)), ("llama.cpp", theirs)] {
         if let Some(r) = r.filter(|r| !r.status.success()) {
-            println!("{label} standard error (tail):\n{}", r.stderr_tail(8));
+            let tail = r.stderr_tail(8);
+            let tail = if tail.trim().is_empty() {
+                "(empty)"
+            } else {
+                &tail
+            };
+            println!("{label} standard error (tail):\n{tail}");
         }
     }
 }
@@ -742,7 +760,7 @@ fn print_speed(
         "--evict: {:.2} ms/token, {} MiB read/token, disk {:.0} MB/s, {:.2}x the disk's read \
          time; decode {:.3}x resident",
         num(e, "decode_ms_per_token"),
-        mib(num(e, "bytes_read_per_token") as u64),
+        opt(e["bytes_read_per_token"].as_f64().map(|b| b as u64), MIB),
         num(e, "disk_read_mb_s"),
         num(e, "ratio_to_disk_read"),
         ed / rd,
