@@ -156,12 +156,17 @@ async fn embed(st: &Arc<AppState>, input: Option<&Value>) -> Result<(Vec<Vec<f32
         inputs.push(tokens);
     }
     let n_tokens = inputs.iter().map(Vec::len).sum();
+    Ok((embed_tokens(st, inputs).await?, n_tokens))
+}
+
+/// Every token's embedding of each input (tokens already checked against the context), from
+/// the scheduler.
+pub(super) async fn embed_tokens(st: &AppState, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>> {
     let (reply, rx) = oneshot::channel();
     st.tx
         .send(Command::Embed { inputs, reply })
         .map_err(|_| ServerError::ShuttingDown)?;
-    let rows = rx.await.map_err(|_| ServerError::ShuttingDown)??;
-    Ok((rows, n_tokens))
+    rx.await.map_err(|_| ServerError::ShuttingDown)?
 }
 
 /// `input` with its `{"content": [parts]}` objects (text parts only: the model reads no images,
@@ -210,7 +215,7 @@ fn content_parts(input: &Value) -> Result<Value> {
 
 /// One input's rows (`n_embd` floats a token) pooled as `pooling` says and normalised as
 /// `normalize` says (llama.cpp's `embd_normalize`); without pooling, every row as it is.
-fn pool(rows: &[f32], n_embd: usize, pooling: Pooling, normalize: i32) -> Vec<Vec<f32>> {
+pub(super) fn pool(rows: &[f32], n_embd: usize, pooling: Pooling, normalize: i32) -> Vec<Vec<f32>> {
     let n = rows.len() / n_embd;
     let row = |i: usize| rows[i * n_embd..(i + 1) * n_embd].to_vec();
     let v = match pooling {
@@ -232,7 +237,7 @@ fn pool(rows: &[f32], n_embd: usize, pooling: Pooling, normalize: i32) -> Vec<Ve
 
 /// llama.cpp's normalisations: -1 none, 0 the largest magnitude scaled to 32760 (int16's
 /// range), 2 Euclidean, any other p the p-norm.
-fn normalized(v: Vec<f32>, p: i32) -> Vec<f32> {
+pub(super) fn normalized(v: Vec<f32>, p: i32) -> Vec<f32> {
     let norm = match p {
         p if p < 0 => return v,
         0 => v.iter().fold(0f64, |m, x| m.max(f64::from(x.abs()))) / 32760.0,

@@ -7,6 +7,7 @@ mod cors;
 mod embeddings;
 mod generate;
 mod info;
+mod ollama;
 mod responses;
 mod shape;
 
@@ -121,7 +122,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(
             "/responses/{id}",
             get(responses::fetch).delete(responses::remove),
-        );
+        )
+        .merge(ollama::routes());
     let routes = if prefix.is_empty() {
         routes
     } else {
@@ -205,6 +207,9 @@ async fn require_key(State(st): State<Arc<AppState>>, mut req: Request, next: Ne
             if matched.is_none() {
                 if anthropic::is_anthropic_path(path) {
                     return anthropic::unauthorized();
+                }
+                if ollama::is_ollama_path(path) {
+                    return ollama::unauthorized();
                 }
                 return ServerError::Unauthorized.into_response();
             }

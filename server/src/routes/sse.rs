@@ -1,6 +1,7 @@
 //! Server-sent event streams, the one way every streaming endpoint answers: OpenAI's chat and
 //! completion chunks (`data:` lines, `data: [DONE]` last), llama-server's `/completion` and the
-//! named events of the Anthropic Messages and Responses APIs (`event:` then `data:`).
+//! named events of the Anthropic Messages and Responses APIs (`event:` then `data:`); Ollama's
+//! NDJSON lines take the same path with frames of their own.
 
 use std::convert::Infallible;
 
@@ -23,6 +24,10 @@ pub(super) type Named = (&'static str, Value);
 
 /// One event of a stream, as it is written.
 pub(super) trait Frame: Send + 'static {
+    /// The response's `Content-Type`: server-sent events unless the frames are of another
+    /// kind (Ollama's NDJSON lines).
+    const CONTENT_TYPE: &'static str = "text/event-stream";
+
     /// The event's lines and the blank line that ends it.
     fn frame(&self) -> String;
 }
@@ -118,7 +123,7 @@ where
     });
     Ok((
         [
-            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CONTENT_TYPE, T::CONTENT_TYPE),
             (header::CACHE_CONTROL, "no-cache"),
         ],
         Body::from_stream(ReceiverStream::new(body_rx)),
