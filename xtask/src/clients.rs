@@ -1,7 +1,8 @@
 //! `cargo xtask clients [--server BIN] [--model PATH]`: the server driven by the official
-//! `openai` and `anthropic` Python packages, with the scripts of `server/tests/clients/`
-//! (tools, streaming, the Responses API across a restart, embeddings, Anthropic's Messages
-//! API). Each script starts and stops its own servers in a scratch directory.
+//! `openai`, `anthropic` and `ollama` Python packages, with the scripts of
+//! `server/tests/clients/` (tools, streaming, the Responses API across a restart, embeddings,
+//! Anthropic's Messages API, Ollama's API). Each script starts and stops its own servers in a
+//! scratch directory.
 //!
 //! The packages come from `server/tests/clients/requirements.txt`; the server is
 //! `target/debug/llama-hdd-server` unless `--server` names another (built when missing, as
@@ -20,7 +21,11 @@ use crate::{cargo, model, run, target_dir, workspace_root};
 const DIR: &str = "server/tests/clients";
 
 /// The scripts, run in this order.
-const SCRIPTS: &[&str] = &["openai_client.py", "anthropic_client.py"];
+const SCRIPTS: &[&str] = &[
+    "openai_client.py",
+    "anthropic_client.py",
+    "ollama_client.py",
+];
 
 /// Where the default server binary is built, under the target directory.
 const DEFAULT_SERVER: &str = "debug/llama-hdd-server";
@@ -56,7 +61,7 @@ impl Default for ClientsArgs {
     }
 }
 
-/// Runs both client scripts; an error names the scripts that failed.
+/// Runs the client scripts; an error names the scripts that failed.
 pub(crate) fn clients(o: &ClientsArgs) -> Result<(), String> {
     let root = workspace_root();
     if !o.model.is_file() {
@@ -112,15 +117,17 @@ pub(crate) fn clients(o: &ClientsArgs) -> Result<(), String> {
     } else {
         Err(format!(
             "clients: {} failed; the servers' logs are kept in {}",
-            failed.join(" and "),
+            failed.join(", "),
             scratch.display()
         ))
     }
 }
 
-/// Imports both packages and prints their versions.
-const IMPORT_CHECK: &str = "import openai, anthropic; \
-    print('openai', openai.__version__, '/ anthropic', anthropic.__version__)";
+/// Imports the packages and prints their versions (`ollama` has no `__version__`: pip's
+/// record of it is read).
+const IMPORT_CHECK: &str = "import openai, anthropic, ollama, importlib.metadata as m; \
+    print('openai', openai.__version__, '/ anthropic', anthropic.__version__, \
+    '/ ollama', m.version('ollama'))";
 
 /// The packages import, or an error that says how to install them; prints their versions.
 fn check_packages(python: &str) -> Result<(), String> {
