@@ -38,6 +38,7 @@ async fn create(
 ) -> Result<Response, OllamaError> {
     let started = Instant::now();
     let body = parse_body(body)?;
+    super::log_unknown(&st, "/api/chat", &body, KNOWN);
     let mut meta = Meta::new(&st, &body, started);
     let stream = stream_flag(&body)?;
     let messages = match body.get("messages") {
@@ -113,6 +114,20 @@ async fn create(
     };
     Ok(sse::stream(vec![run], format, Vec::new()).await?)
 }
+
+/// The fields of a chat request.
+const KNOWN: &[&str] = &[
+    "model",
+    "messages",
+    "tools",
+    "format",
+    "options",
+    "stream",
+    "keep_alive",
+    "think",
+    "logprobs",
+    "top_logprobs",
+];
 
 /// The assistant's message: its text, its thinking and its tool calls (the last two only when
 /// there are some).

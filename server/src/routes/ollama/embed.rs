@@ -36,6 +36,12 @@ pub async fn embeddings(
 ) -> Response {
     let answer = async {
         let body = parse_body(body)?;
+        super::log_unknown(
+            &st,
+            "/api/embeddings",
+            &body,
+            &["model", "prompt", "options", "keep_alive"],
+        );
         check(&st, &body)?;
         let prompt = match body.get("prompt") {
             None | Some(Value::Null) => "",
@@ -63,6 +69,19 @@ async fn create(
     let started = Instant::now();
     let body = parse_body(body)?;
     let meta = Meta::new(&st, &body, started);
+    super::log_unknown(
+        &st,
+        "/api/embed",
+        &body,
+        &[
+            "model",
+            "input",
+            "truncate",
+            "options",
+            "keep_alive",
+            "dimensions",
+        ],
+    );
     check(&st, &body)?;
     let inputs: Vec<&str> = match body.get("input") {
         None | Some(Value::Null) => Vec::new(),

@@ -33,6 +33,28 @@ pub async fn generate(
     }
 }
 
+/// The fields of a generate request.
+const KNOWN: &[&str] = &[
+    "model",
+    "prompt",
+    "suffix",
+    "system",
+    "template",
+    "context",
+    "raw",
+    "images",
+    "format",
+    "options",
+    "stream",
+    "keep_alive",
+    "think",
+    "logprobs",
+    "top_logprobs",
+    "width",
+    "height",
+    "steps",
+];
+
 /// A generate request's fields, checked.
 struct Fields<'a> {
     prompt: &'a str,
@@ -59,6 +81,7 @@ async fn create(
 ) -> Result<Response, OllamaError> {
     let started = Instant::now();
     let body = parse_body(body)?;
+    super::log_unknown(&st, "/api/generate", &body, KNOWN);
     let mut meta = Meta::new(&st, &body, started);
     let stream = stream_flag(&body)?;
     let fields = fields(&body)?;

@@ -132,6 +132,16 @@ fn parse_body(
     }
 }
 
+/// Logs the fields of `body` that are not among `known` (an endpoint's fields), which are
+/// then ignored, as Ollama's server ignores fields it does not know.
+fn log_unknown(st: &AppState, endpoint: &str, body: &Map<String, Value>, known: &[&str]) {
+    for name in body.keys().filter(|k| !known.contains(&k.as_str())) {
+        st.metrics.log(format!(
+            "ollama: {endpoint}: field {name:?} is not known; ignored"
+        ));
+    }
+}
+
 /// A request's `stream`: true unless it says false (Ollama's default).
 fn stream_flag(body: &Map<String, Value>) -> Result<bool, OllamaError> {
     match body.get("stream") {

@@ -86,6 +86,7 @@ pub async fn ps(State(st): State<Arc<AppState>>) -> Response {
 pub async fn show(State(st): State<Arc<AppState>>, body: Result<RawBody, ServerError>) -> Response {
     let answer = async {
         let body = parse_body(body)?;
+        super::log_unknown(&st, "/api/show", &body, &["model", "name", "verbose"]);
         let verbose = match body.get("verbose") {
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => *b,
