@@ -619,3 +619,50 @@ async fn embed_and_embeddings_give_pooled_vectors() {
     assert_eq!(old.len(), vectors[0].as_array().unwrap().len());
     srv.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thinking_is_split_into_its_own_field_whole_and_streamed() {
+    // A template that opens a thinking block for the reply (as Qwen3's does); the budget
+    // closes it after five tokens, so the reply has both thinking and text.
+    let env = Env::with_template(Some(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n\
+         {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}",
+    ));
+    let srv = env.start(&["--reasoning-budget", "5"]).await;
+    let chat = |stream: bool| {
+        json!({"stream": stream, "think": true,
+               "messages": [{"role": "user", "content": "hi"}],
+               "options": {"temperature": 0, "num_predict": 30, "ignore_eos": true}})
+    };
+    let (status, whole) = srv.post("/api/chat", &chat(false)).await;
+    assert_eq!(status, 200, "{whole}");
+    let thinking = whole["message"]["thinking"].as_str().unwrap_or("");
+    let content = whole["message"]["content"].as_str().unwrap();
+    assert!(
+        !thinking.trim().is_empty() && !content.is_empty(),
+        "{whole}"
+    );
+    assert!(!content.contains("</think>"), "{whole}");
+    let (_, _, lines) = ndjson(&srv, "/api/chat", &chat(true)).await;
+    let field = |name: &str| -> String {
+        lines
+            .iter()
+            .filter_map(|l| l["message"][name].as_str())
+            .collect()
+    };
+    assert_eq!(field("thinking"), thinking);
+    assert_eq!(field("content"), content);
+
+    // Generate splits it the same way.
+    let (status, g) = srv
+        .post(
+            "/api/generate",
+            &json!({"prompt": "hi", "stream": false,
+                    "options": {"temperature": 0, "num_predict": 30, "ignore_eos": true}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{g}");
+    assert_eq!(g["thinking"], whole["message"]["thinking"], "{g}");
+    assert_eq!(g["response"], whole["message"]["content"], "{g}");
+    srv.stop().await;
+}
