@@ -110,6 +110,7 @@ pub(super) fn gen_params(
             .dry_sequence_breakers
             .clone()
             .or_else(|| limits.dry_breakers.clone()),
+        warm: false,
     })
 }
 

@@ -3,10 +3,11 @@
 //!
 //! Invariants: a request for a particular slot waits for that one without holding up the
 //! others, and a request whose blocks the loader is reading lets the others go first. A new
-//! sequence takes over a resident one (cut to the shared prefix, never forked) when that covers
-//! at least as much as the stored blocks, then shares pool pages, then imports what the loader
-//! read; the last prompt token is always evaluated, for its logits. KV moved into place by
-//! `--cache-reuse` marks the request `moved`, so its sequence is not cached afterwards. A
+//! sequence takes over a resident one (cut to the shared prefix, never forked; a warm-up forks
+//! it, so the sequence it branches from stays) when that covers at least as much as the stored
+//! blocks, then shares pool pages, then imports what the loader read; the last prompt token is
+//! always evaluated, for its logits. KV moved into place by `--cache-reuse` marks the request
+//! `moved`, so its sequence is not cached afterwards. A
 //! request whose prompt shares a longer prefix with one still computing it follows that one
 //! instead of computing the same tokens beside it.
 
@@ -102,7 +103,16 @@ impl Scheduler {
             // filled last page included (a repeated or extended prompt costs nothing).
             let resident = self.longest_resident(usable, namespace);
             let stored = loaded.as_ref().map_or(0, |l| l.tokens());
-            if let Some((n, src)) = resident.filter(|&(n, _)| n > 0 && n >= stored) {
+            let resident = resident.filter(|&(n, _)| n > 0 && n >= stored);
+            if let Some((n, src)) = resident.filter(|_| job.params.warm) {
+                // A warm-up starts from a copy: the conversation it branches from stays
+                // cached for a client that sends it back as it was.
+                if let Ok(copy) = self.ctx.fork(src, n) {
+                    let _ = self.ctx.remove_sequence(seq);
+                    seq = copy;
+                    from_ram = n;
+                }
+            } else if let Some((n, src)) = resident {
                 // The finished sequence is taken over, cut to the shared prefix, rather than
                 // forked: no page is copied, the pool does not grow with every repeat, and its
                 // pages stay where they were (attention adds cells up in pool order, so the

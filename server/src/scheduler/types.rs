@@ -62,6 +62,11 @@ pub struct GenParams {
     /// DRY sequence breakers as text (`None`: llama-server's defaults), tokenized by the
     /// handler into `sampler.dry_sequence_breakers`.
     pub dry_breakers: Option<Vec<String>>,
+    /// A warm-up, not a client's request: a reply evaluated ahead as its client will send it
+    /// back (see `routes/warm.rs`). It starts from a fork of the resident sequence it shares
+    /// a prefix with rather than taking that sequence over, so the conversation as generated
+    /// stays cached too.
+    pub warm: bool,
 }
 
 /// A request for the scheduler.
