@@ -67,6 +67,10 @@ pub struct Metrics {
     pub n_busy_slots: AtomicU64,
     /// Most tokens one request has held (prompt and reply).
     pub n_tokens_max: AtomicU64,
+    /// Replies evaluated ahead as their clients send them back without their reasoning.
+    pub replies_warmed: AtomicU64,
+    /// Prompt tokens those warm-ups evaluated (counted in `prompt_tokens_computed` too).
+    pub reply_warm_tokens: AtomicU64,
 }
 
 /// What the KV pool spilled to disk and read back: a context counts from its creation, so
@@ -407,13 +411,34 @@ impl Metrics {
         ];
         let mut out = String::new();
         self.render_llama_cpp(&mut out);
-        for (name, kind, help, value) in rows.into_iter().chain(self.kv_rows()) {
+        let more = self.kv_rows().into_iter().chain(self.warm_rows());
+        for (name, kind, help, value) in rows.into_iter().chain(more) {
             // Writing to a String cannot fail.
             let _ = writeln!(out, "# HELP llamahdd:{name} {help}");
             let _ = writeln!(out, "# TYPE llamahdd:{name} {kind}");
             let _ = writeln!(out, "llamahdd:{name} {value}");
         }
         out
+    }
+
+    /// The replies evaluated ahead as clients send them back without their reasoning
+    /// (`routes/warm.rs`), and the tokens that took.
+    fn warm_rows(&self) -> [(&'static str, &'static str, &'static str, u64); 2] {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        [
+            (
+                "cache_replies_warmed_total",
+                "counter",
+                "Reasoning replies evaluated ahead as clients send them back without it.",
+                get(&self.replies_warmed),
+            ),
+            (
+                "cache_reply_warm_tokens_total",
+                "counter",
+                "Prompt tokens those warm-ups evaluated (in prompt_tokens_computed_total too).",
+                get(&self.reply_warm_tokens),
+            ),
+        ]
     }
 
     /// The KV pool's RAM budget, its pages in RAM and on disk, and what it spilled and read

@@ -459,6 +459,11 @@ pub struct Args {
     /// Keep no prompt cache on disk (prompts are still shared in memory).
     #[arg(long = "no-cache")]
     pub no_cache: bool,
+    /// Do not evaluate a reasoning reply ahead as clients such as opencode and Open WebUI send
+    /// it back (its content without the reasoning), so that their next turn is a cache hit up
+    /// to the new message; such a turn then computes the reply again.
+    #[arg(long = "no-warm-replies")]
+    pub no_warm_replies: bool,
     /// Element type of the K cache: f16 or q8_0 (`-ctk`). The cache directory holds one
     /// type: a store written with another is refused.
     #[arg(

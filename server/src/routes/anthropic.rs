@@ -152,7 +152,7 @@ async fn create(
             .await?
             .pop()
             .ok_or(ServerError::ShuttingDown)?;
-        turn.remember(&st, &reply.text, &reply.finish);
+        turn.remember(&st, &client, &reply.text, &reply.finish);
         let parsed = turn.read(&reply.text);
         return Ok(Json(whole(&id, &model, &parsed, &reply.finish)).into_response());
     }
@@ -166,7 +166,7 @@ async fn create(
         next_block: 0,
         calls: HashMap::new(),
     };
-    Ok(turn.stream(&st, run, state).await?)
+    Ok(turn.stream(&st, &client, run, state).await?)
 }
 
 /// The fields of a Messages request this server reads or accepts; any other is refused, as

@@ -49,7 +49,7 @@ pub async fn chat(
     if !req.output.stream {
         let replies = collect_all(runs).await?;
         for r in &replies {
-            turn.remember(&st, &r.text, &r.finish);
+            turn.remember(&st, &client, &r.text, &r.finish);
         }
         let mut body = shape::chat_whole(&meta, &replies, &req.output, &turn, tok.tokenizer());
         if let Some(prompt) = verbose {
@@ -64,7 +64,7 @@ pub async fn chat(
         runs,
         move |index, ev| {
             if let Event::Done(f) = &ev {
-                turn.remember(&st2, state.text(index), f);
+                turn.remember(&st2, &client, state.text(index), f);
             }
             state.event(index, ev, tok.tokenizer())
         },

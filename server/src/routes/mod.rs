@@ -16,6 +16,7 @@ mod slots;
 mod sse;
 mod turn;
 mod ui;
+mod warm;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

@@ -33,6 +33,8 @@ pub(super) struct Turn {
     opened: bool,
     /// How tool calls are written, when the reply is parsed for them.
     tools: Option<ToolFormat>,
+    /// The conversation rendered (for the reply's warm-up, see [`super::warm`]).
+    pub chat: crate::request::Chat,
 }
 
 /// Renders and tokenizes `req`'s chat; `tool_choice` `required` or a named tool constrains the
@@ -108,6 +110,7 @@ pub(super) async fn prepare(st: &Arc<AppState>, req: &ChatRequest) -> Result<Tur
         prompt,
         params,
         tools,
+        chat: chat.clone(),
     })
 }
 
@@ -127,8 +130,9 @@ impl Turn {
     }
 
     /// Remembers the tokens of prompt and reply, so that the next turn of the conversation
-    /// keeps them (as the chat endpoint does).
-    pub fn remember(&self, st: &AppState, reply: &str, f: &Finish) {
+    /// keeps them (as the chat endpoint does), and starts the reply's warm-up for clients that
+    /// send it back without its reasoning ([`super::warm`]), in `client`'s cache.
+    pub fn remember(&self, st: &Arc<AppState>, client: &super::ClientKey, reply: &str, f: &Finish) {
         if matches!(
             f.reason,
             FinishReason::EndOfGeneration | FinishReason::Length
@@ -136,6 +140,7 @@ impl Turn {
             let mut tokens = self.prompt.clone();
             tokens.extend_from_slice(&f.tokens);
             super::generate::remember_text(st, format!("{}{reply}", self.text), tokens);
+            super::warm::after_reply(st, client, self, reply);
         }
     }
 
@@ -161,13 +166,15 @@ impl Turn {
     pub async fn stream<S: NamedStream>(
         self,
         st: &Arc<AppState>,
+        client: &super::ClientKey,
         run: Run,
         mut state: S,
     ) -> Result<Response> {
         let st = Arc::clone(st);
+        let client = *client;
         let format = move |_, ev: Event| {
             if let Event::Done(f) = &ev {
-                self.remember(&st, state.reader().text(), f);
+                self.remember(&st, &client, state.reader().text(), f);
             }
             state.event(ev, &st)
         };

@@ -71,7 +71,7 @@ async fn create(
             .await?
             .pop()
             .ok_or(ServerError::ShuttingDown)?;
-        turn.remember(&st, &reply.text, &reply.finish);
+        turn.remember(&st, &client, &reply.text, &reply.finish);
         let parsed = turn.read(&reply.text);
         let mut v = meta.done(&reply.finish);
         v.insert(
@@ -103,7 +103,7 @@ async fn create(
                     m.insert("message".into(), message("", "", &calls));
                     out.push(Line(Value::Object(m)));
                 }
-                turn.remember(&st, reader.text(), &f);
+                turn.remember(&st, &client, reader.text(), &f);
                 let mut last = meta.done(&f);
                 last.insert("message".into(), message("", "", &[]));
                 out.push(Line(Value::Object(last)));

@@ -206,7 +206,7 @@ async fn respond(
             .await?
             .pop()
             .ok_or(ServerError::ShuttingDown)?;
-        turn.remember(&st, &reply.text, &reply.finish);
+        turn.remember(&st, &client, &reply.text, &reply.finish);
         let output = output_items(&turn.read(&reply.text), &reply.finish);
         let response = head.response(&output, Some(&reply.finish));
         keep(&st, &head, &response, conversation, &output).await?;
@@ -227,7 +227,7 @@ async fn respond(
         progress: None,
         conversation,
     };
-    Ok(turn.stream(&st, run, state).await?)
+    Ok(turn.stream(&st, &client, run, state).await?)
 }
 
 /// Stores a finished response with its conversation, unless the request said `store: false`.
