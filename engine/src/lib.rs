@@ -50,6 +50,7 @@ mod ggml;
 pub mod gguf;
 pub mod ingest;
 pub mod kv;
+pub mod memory;
 mod model;
 mod namespace;
 mod pages;

@@ -10,8 +10,17 @@
 //! that layer (K then V, contiguous in ckptfmt's layout) where spilled, into a scratch tensor of
 //! the window's shape. The attention that follows sees the same rows, in the same order and
 //! shape, as over a window of the pool: spilled and resident evaluation give the same logits,
-//! bit for bit. While layer `l`'s K is staged, layer `l + 1`'s spans are hinted to the kernel
-//! (`madvise(WILLNEED)`), so reading overlaps computing.
+//! bit for bit.
+//!
+//! Reading overlaps computing: a read-ahead thread hints the spans a batch will read to the
+//! kernel (`madvise(WILLNEED)`), so a hint that waits for the device stalls no compute thread.
+//! Where the page cache has room for twice the batch's spilled bytes
+//! ([`crate::memory::room_for_files`]), layer 0 asks for every layer of every spilled page,
+//! piece by piece across the pages so that the first layers arrive first: the device reads at
+//! its sequential speed while the first layers are attended. Where it has not, the layers go
+//! in groups that a quarter of the room holds, each group asked for as the one before starts,
+//! and the maps stop the kernel's read-around (`MADV_RANDOM`), which would read a whole file
+//! at every fault, only for the cache to drop it before its next layer is attended.
 //!
 //! A block file is mapped and verified (header, id, checksum, owner) when a sequence of a
 //! batch first attends to it after the spill; a damaged file fails that batch with
@@ -21,13 +30,25 @@
 //! [`ContextParams::kv_ram`]: crate::ContextParams::kv_ram
 
 use std::collections::HashMap;
+use std::ops::Range;
+use std::time::{Duration, Instant};
 
 use ckptfmt::{BlockId, Encoding, MappedBlock};
 
+mod policy;
+
 use crate::batch::Plan;
 use crate::error::{Error, Result};
-use crate::ggml::stage::{drop_cached, map_block_file, Run, Src, StageOp};
+use crate::ggml::stage::{advise_random, drop_cached, map_block_file, Hinter, Run, Src, StageOp};
 use crate::kv::{KvLayout, KvType, PagePool, PAGE_TOKENS};
+
+/// The most bytes one read-ahead hint asks for: the kernel reads at most its read-ahead
+/// window's worth (the device's `read_ahead_kb`, often 128 KiB) of each, so a file's span is
+/// asked for in pieces.
+const HINT_BYTES: usize = 512 << 10;
+
+/// How often the room the page cache has for the block files is read again.
+const ROOM_EVERY: Duration = Duration::from_secs(1);
 
 /// The spill side of a context: its store and the pages in it.
 pub(crate) struct Spill {
@@ -45,6 +66,18 @@ pub(crate) struct Spill {
     /// Zeros, a page of rows of any layer: what page tables point at for pages nobody
     /// attends to (padding, other sequences' unmapped pages).
     zeros: Vec<u8>,
+    /// The page cache's room for files ([`crate::memory::room_for_files`]), and when it was
+    /// read.
+    room: Option<u64>,
+    room_at: Option<Instant>,
+    /// A room fixed by a test, in place of the system's.
+    room_fixed: Option<u64>,
+    /// Layers per read-ahead group, of the last batch.
+    group: usize,
+    /// Whether a batch's spilled bytes are more than half the room (see [`Spill::hint_group`]).
+    tight: bool,
+    /// The read-ahead thread, started with the first spill.
+    hinter: Option<Hinter>,
 }
 
 struct Spilled {
@@ -125,6 +158,12 @@ impl Spill {
             bytes_read: 0,
             pages_written: 0,
             zeros: vec![0; widest * PAGE_TOKENS],
+            room: None,
+            room_at: None,
+            room_fixed: None,
+            group: 0,
+            tight: false,
+            hinter: None,
         })
     }
 
@@ -162,6 +201,7 @@ impl Spill {
             )?);
         }
         for (v, payload) in victims.iter().zip(maps) {
+            self.advise(&payload);
             self.pages.insert(
                 v.page,
                 Spilled {
@@ -174,9 +214,17 @@ impl Spill {
         Ok(())
     }
 
+    /// Gives a new map the read-around advice of the others (see [`Spill::hint_group`]).
+    fn advise(&self, payload: &Payload) {
+        if let (true, Payload::Mapped { block, .. }) = (self.tight, payload) {
+            advise_random(block.as_bytes(), true);
+        }
+    }
+
     /// Takes `page` as spilled to block `id`'s file, which is mapped and verified now.
     pub(crate) fn adopt(&mut self, page: u32, id: BlockId) -> Result<()> {
         let payload = map_block(&self.store, &id, self.rest.bytes_per_page(), true)?;
+        self.advise(&payload);
         self.pages.insert(
             page,
             Spilled {
@@ -212,12 +260,11 @@ impl Spill {
             };
             match &mut s.payload {
                 None => {
-                    s.payload = Some(map_block(
-                        &self.store,
-                        &s.id,
-                        self.rest.bytes_per_page(),
-                        true,
-                    )?)
+                    let payload = map_block(&self.store, &s.id, self.rest.bytes_per_page(), true)?;
+                    if let Payload::Mapped { block, .. } = &payload {
+                        advise_random(block.as_bytes(), self.tight);
+                    }
+                    s.payload = Some(payload);
                 }
                 Some(Payload::Mapped {
                     block, verified, ..
@@ -292,7 +339,8 @@ impl Spill {
         layout: &KvLayout,
         pool_address: impl Fn(usize, bool) -> Option<usize>,
     ) {
-        for a in &mut plan.attention {
+        let mut windows = Vec::new();
+        for (i, a) in plan.attention.iter().enumerate() {
             let cells: Vec<usize> = match &a.gather {
                 Some(g) => g
                     .chunks(4)
@@ -305,6 +353,15 @@ impl Spill {
                 continue;
             }
             let segments = self.segments(&cells, pool);
+            windows.push((i, cells.len(), segments));
+        }
+        let at_rest: usize = windows.iter().map(|(_, _, s)| mapped_pages(s)).sum();
+        if self.hinter.is_none() && at_rest > 0 {
+            self.hinter = Hinter::spawn();
+        }
+        let group = self.hint_group(at_rest * self.rest.bytes_per_page());
+        for (i, n_rows, segments) in windows {
+            let a = &mut plan.attention[i];
             let mut layers = Vec::with_capacity(layout.n_layers);
             for l in 0..layout.n_layers {
                 let mut pair = [0, 1].map(|kv| {
@@ -321,14 +378,24 @@ impl Spill {
                         runs,
                         row_bytes: row,
                         rest_row,
-                        n_rows: cells.len(),
+                        n_rows,
                         prefetch: Vec::new(),
+                        hinter: self.hinter.clone(),
                         pages,
                     }
                 });
-                // While layer l's K is staged, layer l + 1's spans are asked for.
-                if l + 1 < layout.n_layers {
-                    pair[0].prefetch = self.spans(&segments, l + 1);
+                // Layer 0 asks for the first group of layers' spans, and the first layer of
+                // each group for the next group's, so reading runs a group ahead.
+                if l % group == 0 {
+                    let mut hint = Vec::new();
+                    if l == 0 {
+                        hint = self.spans(&segments, 0..group.min(layout.n_layers));
+                    }
+                    if l + group < layout.n_layers {
+                        let next = l + group..(l + 2 * group).min(layout.n_layers);
+                        hint.extend(self.spans(&segments, next));
+                    }
+                    pair[0].prefetch = hint;
                 }
                 for op in &pair {
                     self.bytes_read += op
@@ -437,20 +504,73 @@ impl Spill {
         table
     }
 
-    /// The K-and-V spans of layer `l` of the mapped pages among `segments` (for the
-    /// prefetch; for a payload decoded into memory the hint is harmless).
-    fn spans(&self, segments: &[Segment], l: usize) -> Vec<(usize, usize)> {
-        let len = PAGE_TOKENS * (self.rest.k_bytes_per_token[l] + self.rest.v_bytes_per_token[l]);
-        let mut spans: Vec<(usize, usize)> = Vec::new();
+    /// The K-and-V spans of `layers` of the mapped pages among `segments` (contiguous in a
+    /// block), in pieces of at most [`HINT_BYTES`], for the prefetch (for a payload decoded
+    /// into memory the hint is harmless).
+    fn spans(&self, segments: &[Segment], layers: Range<usize>) -> Vec<(usize, usize)> {
+        let (first, last) = (layers.start, layers.end - 1);
+        let start = self.offsets[first][0];
+        let end = self.offsets[last][1] + PAGE_TOKENS * self.rest.v_bytes_per_token[last];
+        let mut bases: Vec<*const u8> = Vec::new();
         for seg in segments {
             if let Home::File(base) = seg.home {
-                let at = base.wrapping_add(self.offsets[l][0]) as usize;
-                if spans.last().is_none_or(|&(a, _)| a != at) {
-                    spans.push((at, len));
+                if bases.last() != Some(&base) {
+                    bases.push(base);
                 }
             }
         }
+        // Piece by piece across the pages (every page's first piece, then every page's
+        // second...): the layers of the first pieces are read first and attended while the
+        // rest is read.
+        let mut spans = Vec::with_capacity(bases.len() * (end - start).div_ceil(HINT_BYTES));
+        for at in (start..end).step_by(HINT_BYTES) {
+            let len = HINT_BYTES.min(end - at);
+            spans.extend(bases.iter().map(|b| (b.wrapping_add(at) as usize, len)));
+        }
         spans
+    }
+
+    /// Layers per read-ahead group for a batch whose windows hold `at_rest` bytes of spilled
+    /// pages (see the module's doc): all of them where the page cache has room for twice
+    /// that, else as many as a quarter of the room holds (at least one). Under a tight room
+    /// the maps also stop reading around a fault (`MADV_RANDOM`): a fault reads what it
+    /// needs, not the rest of the file, which the cache could not keep until its layer.
+    fn hint_group(&mut self, at_rest: usize) -> usize {
+        let n_layers = self.rest.n_layers.max(1);
+        if self.room_fixed.is_some() {
+            self.room = self.room_fixed;
+        } else if self.room_at.is_none_or(|t| t.elapsed() > ROOM_EVERY) {
+            self.room = crate::memory::room_for_files();
+            self.room_at = Some(Instant::now());
+        }
+        let room = self.room.map_or(usize::MAX, |r| r as usize);
+        let tight = room / 2 < at_rest;
+        if tight != self.tight {
+            self.tight = tight;
+            for s in self.pages.values() {
+                if let Some(Payload::Mapped { block, .. }) = &s.payload {
+                    advise_random(block.as_bytes(), tight);
+                }
+            }
+        }
+        self.group = match tight {
+            false => n_layers,
+            true => (room / 4 / (at_rest / n_layers).max(1)).clamp(1, n_layers),
+        };
+        self.group
+    }
+
+    /// Fixes the room [`Spill::hint_group`] sees (`None`: read it from the system).
+    #[cfg(feature = "test-util")]
+    pub(crate) fn fix_room(&mut self, room: Option<u64>) {
+        self.room_fixed = room;
+        self.room_at = None;
+    }
+
+    /// Whether the last batch's read-ahead was tight, and its layers per group.
+    #[cfg(feature = "test-util")]
+    pub(crate) fn read_ahead(&self) -> (bool, usize) {
+        (self.tight, self.group)
     }
 }
 
@@ -516,6 +636,19 @@ fn check_mapped(store: &kvstore::ModelStore, id: &BlockId, block: &MappedBlock) 
     Ok(())
 }
 
+/// The spilled pages among `segments` whose bytes are mapped.
+fn mapped_pages(segments: &[Segment]) -> usize {
+    let mut last = None;
+    let mut n = 0;
+    for seg in segments {
+        if let Home::File(base) = seg.home {
+            n += usize::from(last != Some(base));
+            last = Some(base);
+        }
+    }
+    n
+}
+
 /// Where a segment of a window's rows lives.
 #[derive(Clone, Copy)]
 enum Home {
@@ -531,210 +664,4 @@ struct Segment {
     n: usize,
     cell: usize,
     home: Home,
-}
-
-impl crate::Context {
-    /// Gives this context `store` to spill pages to once the pool is over
-    /// [`ContextParams::kv_ram`](crate::ContextParams::kv_ram). The store must be this model's
-    /// with the pool's KV types ([`Error::SpillLayout`] otherwise).
-    pub fn spill_to(&mut self, store: &crate::store::SessionStore) -> Result<()> {
-        let handle = store.model_store();
-        if handle.fingerprint() != self.fingerprint() {
-            return Err(Error::SpillLayout { store: 0, pool: 0 });
-        }
-        self.spill = Some(Spill::new(
-            handle.clone(),
-            self.kv_layout(),
-            store.stored_layout(),
-        )?);
-        Ok(())
-    }
-
-    /// Pages the RAM budget holds, when there is one (at least a batch's pages and one more).
-    fn budget_pages(&self) -> Option<usize> {
-        let ram = self.params().kv_ram;
-        (ram > 0).then(|| {
-            let page = self.kv_layout().bytes_per_page().max(1);
-            (ram / page).max(self.params().n_batch.div_ceil(PAGE_TOKENS) + 1)
-        })
-    }
-
-    /// Held pages whose rows are in RAM.
-    fn pages_in_ram(&self) -> usize {
-        self.pool.counts().0 - self.pool.n_spilled()
-    }
-
-    /// Spills full pages until `extra` more pages fit within the RAM budget (as many as can
-    /// go: see [`ContextParams::kv_ram`](crate::ContextParams::kv_ram)), lowest positions
-    /// first. Nothing without a budget; [`Error::NoSpillStore`] with one but no store.
-    pub(crate) fn make_room(&mut self, extra: usize) -> Result<()> {
-        let Some(budget) = self.budget_pages() else {
-            return Ok(());
-        };
-        let over = (self.pages_in_ram() + extra).saturating_sub(budget);
-        if over == 0 {
-            return Ok(());
-        }
-        let victims = self.victims(over);
-        if victims.is_empty() {
-            return Ok(());
-        }
-        let Some(mut spill) = self.spill.take() else {
-            return Err(Error::NoSpillStore {
-                kv_ram: self.params().kv_ram,
-            });
-        };
-        let written = spill.write(&victims, |page| Ok(self.page_block(page)));
-        self.spill = Some(spill);
-        written?;
-        let layout = self.kv_layout().clone();
-        for v in &victims {
-            for l in 0..layout.n_layers {
-                for (value, bytes) in [
-                    (false, layout.k_bytes_per_token[l]),
-                    (true, layout.v_bytes_per_token[l]),
-                ] {
-                    let len = PAGE_TOKENS * bytes;
-                    self.kv.release(l, value, v.page as usize * len, len);
-                }
-            }
-            self.pool.mark_spilled(v.page);
-        }
-        Ok(())
-    }
-
-    /// Up to `n` pages to spill: full, held by one sequence only, neither spilled nor with
-    /// released rows, not a sequence's first page; lowest positions first, across sequences.
-    fn victims(&self, n: usize) -> Vec<Victim> {
-        let mut found: Vec<(usize, crate::SeqId)> = Vec::new();
-        for (&seq, s) in &self.seqs {
-            for i in 1..s.ids.len() {
-                let page = s.pages[i];
-                if self.pool.refs(page) == 1
-                    && !self.pool.is_spilled(page)
-                    && !self.pool.is_released(page)
-                {
-                    found.push((i, seq));
-                }
-            }
-        }
-        found.sort();
-        found.truncate(n);
-        found
-            .into_iter()
-            .map(|(i, seq)| {
-                let s = &self.seqs[&seq];
-                Victim {
-                    page: s.pages[i],
-                    id: s.ids[i],
-                    prev: s.prev_id(i).copied(),
-                    tokens: s.tokens[i * PAGE_TOKENS..(i + 1) * PAGE_TOKENS].to_vec(),
-                }
-            })
-            .collect()
-    }
-
-    /// Before a batch: room for its `needed` new pages, and the block files of the spilled
-    /// pages its sequences attend to mapped and verified.
-    pub(crate) fn prepare_spill(&mut self, batch: &crate::Batch, needed: usize) -> Result<()> {
-        if self.budget_pages().is_none() && self.pool.n_spilled() == 0 {
-            return Ok(());
-        }
-        self.make_room(needed)?;
-        let Some(spill) = self.spill.as_mut() else {
-            return Ok(());
-        };
-        spill.forget_freed(&self.pool);
-        let pages: Vec<u32> = batch
-            .items
-            .iter()
-            .filter_map(|item| self.seqs.get(&item.seq))
-            .flat_map(|s| s.pages.iter().copied())
-            .collect();
-        spill.map(&self.pool, pages)
-    }
-
-    /// Drops the spilled pages' block files from memory (this process's maps and the page
-    /// cache), so that the next batch reads them from the disk: for measuring that. Returns
-    /// the bytes of the files.
-    pub fn evict_spilled(&self) -> u64 {
-        self.spill.as_ref().map_or(0, Spill::evict)
-    }
-
-    /// Which of the full blocks `ids` an import attaches where they lie rather than reads
-    /// (`resident[i]`: shared from the pool instead): none without a RAM budget and a spill
-    /// store; else, past the first block (the attention sinks) and the last ones the budget
-    /// holds (after the tail's page and room for a batch), those the store has in files.
-    pub(crate) fn blocks_to_attach(
-        &self,
-        ids: &[BlockId],
-        resident: &[Option<u32>],
-        tail: bool,
-    ) -> Vec<bool> {
-        let mut attach = vec![false; ids.len()];
-        let (Some(budget), Some(spill)) = (self.budget_pages(), &self.spill) else {
-            return attach;
-        };
-        let room = budget.saturating_sub(
-            self.pages_in_ram()
-                + usize::from(tail)
-                + 1
-                + self.params().n_batch.div_ceil(PAGE_TOKENS),
-        );
-        let read_from = ids.len().saturating_sub(room).max(1);
-        for i in 1..read_from {
-            attach[i] = resident[i].is_none() && spill.has_file(&ids[i]);
-        }
-        attach
-    }
-
-    /// Makes free-list `page` a spilled page of block `id` (its file mapped and verified):
-    /// a damaged or missing file is [`Error::SpilledBlock`].
-    pub(crate) fn attach_spilled(&mut self, page: u32, id: &BlockId) -> Result<()> {
-        let Some(spill) = self.spill.as_mut() else {
-            return Err(Error::NoSpillStore {
-                kv_ram: self.params().kv_ram,
-            });
-        };
-        spill.adopt(page, *id)?;
-        self.pool.mark_spilled(page);
-        Ok(())
-    }
-
-    /// Reads `seq`'s spilled pages back into their pool rows (for an operation that rewrites
-    /// them there, a context shift): they are resident again until the budget sends them out.
-    /// A damaged block file is [`Error::SpilledBlock`]; pages read before it stay resident.
-    pub(crate) fn unspill(&mut self, seq: crate::SeqId) -> Result<()> {
-        let pages: Vec<u32> = (self.seq(seq)?.pages.iter().copied())
-            .filter(|&p| self.pool.is_spilled(p))
-            .collect();
-        for page in pages {
-            self.unspill_page(page)?;
-        }
-        Ok(())
-    }
-
-    /// Reads spilled `page` back into its pool rows, for every holder (its bytes are the same
-    /// for all): nothing to do when it is resident. Pages are written to only while partly
-    /// filled, so a sequence cut inside a spilled page brings that page back first.
-    pub(crate) fn unspill_page(&mut self, page: u32) -> Result<()> {
-        if !self.pool.is_spilled(page) {
-            return Ok(());
-        }
-        let Some(mut spill) = self.spill.take() else {
-            return Err(Error::NoSpillStore {
-                kv_ram: self.params().kv_ram,
-            });
-        };
-        let result = (|| {
-            spill.map(&self.pool, [page])?;
-            let block = spill.read_block(page)?;
-            self.write_page(page, PAGE_TOKENS, &block)?;
-            self.pool.clear_spilled(page);
-            Ok(())
-        })();
-        spill.forget_freed(&self.pool);
-        self.spill = Some(spill);
-        result
-    }
 }

@@ -255,3 +255,15 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     out.sort();
     out
 }
+
+/// Fixes the page cache's room for block files that `ctx`'s spill read-ahead sees (`None`:
+/// the system's), so that a test takes either of its ways.
+pub fn fix_spill_room(ctx: &mut crate::Context, room: Option<u64>) {
+    let _ = ctx.spill_room(Some(room));
+}
+
+/// How `ctx`'s spill read the last batch ahead: whether tightly (groups of layers, no
+/// read-around) and its layers per group; `None` without a spill store.
+pub fn spill_read_ahead(ctx: &mut crate::Context) -> Option<(bool, usize)> {
+    ctx.spill_room(None)
+}

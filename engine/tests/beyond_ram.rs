@@ -1,10 +1,10 @@
 //! Beyond RAM: a context whose pages leave RAM past `ContextParams::kv_ram` for block files,
 //! and attends to them where they lie. Spilled evaluation gives the resident one's logits bit
 //! for bit, in prefill and in decode, at three lengths (on each side of the length where
-//! decoding changes attention kernel, 1,024); pages spill during the prefill and again while
-//! decoding; the pool's memory stays within the budget; a damaged block file fails the batch
-//! with a typed error and changes nothing, while one unlinked from under the context is still
-//! read as written.
+//! decoding changes attention kernel, 1,024), reading ahead both ways; pages spill during the
+//! prefill and again while decoding; the pool's memory stays within the budget; a damaged
+//! block file fails the batch with a typed error and changes nothing, while one unlinked from
+//! under the context is still read as written.
 
 mod common;
 
@@ -93,13 +93,22 @@ fn same_bits(
 #[test]
 fn spilled_pages_give_the_resident_logits_bit_for_bit() {
     let (_m, model) = model();
-    for len in [300, 700, 1300] {
+    // The read-ahead's two ways (which change no bit): with the room this machine's page cache
+    // has (far more than these few pages), and with none, in groups of one layer.
+    for (len, room) in [(300, None), (700, Some(1)), (1300, None)] {
         let dir = tempfile::tempdir().unwrap();
         let mut resident = Context::new(model.clone(), ctx_params(0)).unwrap();
         let (mut spilled, _store) = spilling(&model, 4, dir.path());
+        engine::testing::fix_spill_room(&mut spilled, room);
         let prompt = tokens(len);
         // 70 decoded tokens cross at least one page boundary.
         let (after_prefill, at_end) = same_bits(&mut resident, &mut spilled, &prompt, 70);
+        let (tight, group) = engine::testing::spill_read_ahead(&mut spilled).unwrap();
+        let n_layers = spilled.kv_layout().n_layers;
+        match room {
+            Some(_) => assert!(tight && group == 1, "{len}: {tight} {group}"),
+            None => assert!(!tight && group == n_layers, "{len}: {tight} {group}"),
+        }
         let pages = (len + 70) / PAGE_TOKENS;
         assert!(
             after_prefill >= len / PAGE_TOKENS - 4,

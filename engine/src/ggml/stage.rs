@@ -50,8 +50,10 @@ pub(crate) struct StageOp {
     /// Bytes of a row at rest (`Widen` runs).
     pub rest_row: usize,
     pub n_rows: usize,
-    /// Address ranges to hint to the kernel once copied (the next layer's spans).
+    /// Address ranges to hint to the kernel once copied (the next layers' spans).
     pub prefetch: Vec<(usize, usize)>,
+    /// The thread that hints them, if one runs (else the op's thread 0 does).
+    pub hinter: Option<Hinter>,
     /// The same rows as a page table (i64 addresses of each page's first row) for an
     /// attention kernel that reads them where they lie; empty where the window is not whole
     /// pages or the pool is not in host memory.
@@ -92,8 +94,50 @@ pub(crate) unsafe extern "C" fn prefetch_spans(
     }
     // SAFETY: the caller's contract.
     let op = unsafe { &*(userdata as *const StageOp) };
-    for &(addr, len) in &op.prefetch {
-        will_need(addr, len);
+    op.hint();
+}
+
+impl StageOp {
+    /// Hints [`StageOp::prefetch`]: through the hinter thread where there is one, else here.
+    fn hint(&self) {
+        if self.prefetch.is_empty() {
+            return;
+        }
+        if let Some(h) = &self.hinter {
+            if h.tx.send(self.prefetch.clone()).is_ok() {
+                return;
+            }
+        }
+        for &(addr, len) in &self.prefetch {
+            will_need(addr, len);
+        }
+    }
+}
+
+/// A thread that hints address ranges of mapped files to the kernel in the order given: a
+/// hint may wait for the device's queue, and then no compute thread waits with it. A hint
+/// changes no byte and a range no longer mapped only fails, so a late hint is harmless.
+#[derive(Clone)]
+pub(crate) struct Hinter {
+    tx: std::sync::mpsc::Sender<Vec<(usize, usize)>>,
+}
+
+impl Hinter {
+    /// Starts the thread; `None` where it cannot start (the ops then hint themselves). It
+    /// ends when the last `Hinter` is dropped.
+    pub(crate) fn spawn() -> Option<Hinter> {
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<(usize, usize)>>();
+        std::thread::Builder::new()
+            .name("kv-read-ahead".into())
+            .spawn(move || {
+                while let Ok(spans) = rx.recv() {
+                    for (addr, len) in spans {
+                        will_need(addr, len);
+                    }
+                }
+            })
+            .ok()?;
+        Some(Hinter { tx })
     }
 }
 
@@ -151,9 +195,7 @@ pub(crate) unsafe extern "C" fn stage_rows(
         }
     }
     if ith == 0 {
-        for &(addr, len) in &op.prefetch {
-            will_need(addr, len);
-        }
+        op.hint();
     }
 }
 
@@ -175,6 +217,24 @@ fn will_need(addr: usize, len: usize) {
     }
     #[cfg(not(unix))]
     let _ = (addr, len);
+}
+
+/// Whether a fault in a mapped block file reads only the pages it needs (`random`:
+/// `MADV_RANDOM`) or also the pages around them (`MADV_NORMAL`, the kernel's read-around).
+pub(crate) fn advise_random(map: &[u8], random: bool) {
+    #[cfg(unix)]
+    {
+        let advice = match random {
+            true => libc::MADV_RANDOM,
+            false => libc::MADV_NORMAL,
+        };
+        // SAFETY: advice over a live read-only map of a file, which changes no byte it reads.
+        unsafe {
+            libc::madvise(map.as_ptr() as *mut c_void, map.len(), advice);
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (map, random);
 }
 
 /// Drops a mapped block file's bytes from memory: this process's page table entries for the
