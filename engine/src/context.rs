@@ -110,6 +110,8 @@ impl Context {
             params.type_v,
             n_pages * PAGE_TOKENS,
             placement.map(|p| (p.device, p.first_layer)),
+            // Under a RAM budget the pool may be far larger than memory: address space only.
+            params.kv_ram == 0,
         )?;
         let compute = match placement {
             Some(p) => Compute::scheduled(p.device, params.n_threads)?,

@@ -424,3 +424,50 @@ fn a_sequence_cut_inside_a_spilled_page_goes_on_with_the_resident_bits() {
         );
     }
 }
+
+/// Total memory and swap of this machine, in bytes.
+fn memory_and_swap() -> u64 {
+    let info = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib = |key: &str| -> u64 {
+        let line = info.lines().find_map(|l| l.strip_prefix(key)).unwrap();
+        line.trim().trim_end_matches("kB").trim().parse().unwrap()
+    };
+    (kib("MemTotal:") + kib("SwapTotal:")) * 1024
+}
+
+#[test]
+fn a_pool_larger_than_the_machine_is_taken_under_a_budget() {
+    let (_m, model) = model();
+    let probe = Context::new(model.clone(), ctx_params(0)).unwrap();
+    let page = probe.kv_layout().bytes_per_page();
+    // A pool of twice the machine's memory and swap.
+    let n_ctx = (2 * memory_and_swap() as usize).div_ceil(page) * PAGE_TOKENS;
+    let mut p = ctx_params(4 * page);
+    p.n_ctx = n_ctx;
+    p.past_train = true;
+    let overcommit = std::fs::read_to_string("/proc/sys/vm/overcommit_memory").unwrap();
+    let mut unbudgeted = p.clone();
+    unbudgeted.kv_ram = 0;
+    let r = Context::new(model.clone(), unbudgeted);
+    match overcommit.trim() {
+        // Heuristic overcommit refuses a reservation past memory and swap; strict refuses it
+        // whatever the flags; "always" grants it.
+        "0" | "2" => assert!(matches!(r, Err(Error::OutOfMemory { .. })), "{r:?}"),
+        _ => assert!(r.is_ok(), "{r:?}"),
+    }
+    drop(r);
+    if overcommit.trim() == "2" {
+        return;
+    }
+    // Under a budget only address space is taken, and the context runs and spills.
+    let dir = tempfile::tempdir().unwrap();
+    let mut ctx = Context::new(model.clone(), p).unwrap();
+    let store =
+        SessionStore::open(dir.path(), &model, StoreConfig::for_context(ctx.params())).unwrap();
+    ctx.spill_to(&store).unwrap();
+    let seq = ctx.new_sequence();
+    ctx.feed(seq, &tokens(8 * PAGE_TOKENS), Logits::Last)
+        .unwrap();
+    assert!(ctx.stats().pages_spilled >= 3, "{:?}", ctx.stats());
+    assert!(ctx.kv_resident_bytes().unwrap() <= 5 * page);
+}

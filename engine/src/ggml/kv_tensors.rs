@@ -94,10 +94,13 @@ impl KvTensors {
         type_v: KvType,
         n_cells: usize,
     ) -> Result<KvTensors> {
-        KvTensors::placed(k_dims, v_dims, type_k, type_v, n_cells, None)
+        KvTensors::placed(k_dims, v_dims, type_k, type_v, n_cells, None, true)
     }
 
     /// As [`KvTensors::new`], with the layers from `device.1` on in `device.0`'s memory.
+    /// `reserve`: the host memory is reserved (committed) at once, so a pool larger than the
+    /// memory the system can commit fails here; without, only its address space is taken (a
+    /// pool under a RAM budget, whose pages past the budget never become resident).
     pub(crate) fn placed(
         k_dims: &[usize],
         v_dims: &[usize],
@@ -105,6 +108,7 @@ impl KvTensors {
         type_v: KvType,
         n_cells: usize,
         device: Option<(Device, usize)>,
+        reserve: bool,
     ) -> Result<KvTensors> {
         let too_big = || Error::OutOfMemory { what: "KV cache" };
         let n_layers = k_dims.len();
@@ -152,7 +156,12 @@ impl KvTensors {
             .try_fold(0usize, |acc, (_, &s)| acc.checked_add(s))
             .ok_or_else(too_big)?
             .max(KV_TENSOR_ALIGN);
-        let mut memory = memmap2::MmapMut::map_anon(total).map_err(|_| too_big())?;
+        let mut options = memmap2::MmapOptions::new();
+        options.len(total);
+        if !reserve {
+            options.no_reserve_swap();
+        }
+        let mut memory = options.map_anon().map_err(|_| too_big())?;
         let base = memory.as_mut_ptr();
         // SAFETY: the mapping is page-aligned and `total` bytes long; it is owned by the
         // returned value together with every tensor placed in the buffer.
