@@ -8,8 +8,8 @@
 //! - `bindgen`: regenerate `ggml-sys/src/bindings*.rs` from the pinned ggml headers.
 //! - `ci`: formatting check, clippy with warnings denied, `tidy`, the whole test suite, then
 //!   `clients`.
-//! - `clients`: the server driven by the official `openai` and `anthropic` Python packages
-//!   (`server/tests/clients/`).
+//! - `clients`: the server driven by the official `openai`, `anthropic` and `ollama` Python
+//!   packages (`server/tests/clients/`).
 //! - `compare-llama-cpp`: engine speed against llama.cpp's reference harness, side by side.
 //! - `bench-server`: our HTTP server against llama.cpp's `llama-server`, side by side: time to
 //!   first token (first, repeated, after a restart) and an agent-like trace of concurrent chats.
@@ -92,9 +92,9 @@ enum Cmd {
     /// `clients`; the models and llama.cpp's templates are fetched first (a failure to fetch
     /// them fails only in CI).
     Ci,
-    /// The server driven by the official `openai` and `anthropic` Python packages.
+    /// The server driven by the official `openai`, `anthropic` and `ollama` Python packages.
     ///
-    /// Runs `server/tests/clients/{openai_client,anthropic_client}.py` against the server; the
+    /// Runs `server/tests/clients/{openai,anthropic,ollama}_client.py` against the server; the
     /// pinned packages come from the directory's `requirements.txt`.
     #[command(args_override_self = true)]
     Clients(clients::ClientsArgs),
