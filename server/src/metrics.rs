@@ -71,6 +71,35 @@ pub struct Metrics {
     pub replies_warmed: AtomicU64,
     /// Prompt tokens those warm-ups evaluated (counted in `prompt_tokens_computed` too).
     pub reply_warm_tokens: AtomicU64,
+    /// What requests finished since the last scrape: the throughput gauges' window.
+    pub window: Mutex<Window>,
+}
+
+/// Requests finished since the last scrape of `/metrics`: llama-server's throughput gauges
+/// (`prompt_tokens_seconds`, `predicted_tokens_seconds`) are averaged over the window between
+/// two scrapes, and a scrape starts a new one. Nothing runs while the server sleeps, so the
+/// first scrape then reports the last requests and the next ones nothing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Window {
+    /// Prompt tokens evaluated.
+    pub prompt_tokens: u64,
+    /// Microseconds spent on them.
+    pub prompt_us: u64,
+    /// Tokens generated after each request's first (the first comes with the prompt).
+    pub predicted_steps: u64,
+    /// Microseconds from each request's first token to its end.
+    pub predicted_us: u64,
+}
+
+impl Window {
+    /// Tokens a second of `n` tokens in `us` microseconds (0 for none).
+    fn rate(n: u64, us: u64) -> f64 {
+        if us > 0 {
+            n as f64 * 1e6 / us as f64
+        } else {
+            0.0
+        }
+    }
 }
 
 /// What the KV pool spilled to disk and read back: a context counts from its creation, so
@@ -159,6 +188,17 @@ impl Metrics {
         }
     }
 
+    /// Adds a finished request to the throughput window: `prompt_n` tokens evaluated in
+    /// `prompt_us`, `predicted_n` generated in `predicted_us` after the first.
+    pub fn window_add(&self, prompt_n: u64, prompt_us: u64, predicted_n: u64, predicted_us: u64) {
+        if let Ok(mut w) = self.window.lock() {
+            w.prompt_tokens += prompt_n;
+            w.prompt_us += prompt_us;
+            w.predicted_steps += predicted_n.saturating_sub(1);
+            w.predicted_us += predicted_us;
+        }
+    }
+
     /// Raises a gauge to `n` if it is lower.
     pub fn raise(gauge: &AtomicU64, n: u64) {
         gauge.fetch_max(n, Ordering::Relaxed);
@@ -171,7 +211,12 @@ impl Metrics {
         let computed = get(&self.prompt_tokens_computed);
         let cached = get(&self.prompt_tokens_from_ram) + get(&self.prompt_tokens_from_store);
         let predicted = get(&self.tokens_predicted);
-        let rate = |n: u64, us: u64| if us > 0 { n as f64 / secs(us) } else { 0.0 };
+        // This scrape ends the window.
+        let window = self
+            .window
+            .lock()
+            .map(|mut w| std::mem::take(&mut *w))
+            .unwrap_or_default();
         let decodes = get(&self.n_decode);
         let busy = if decodes > 0 {
             get(&self.n_busy_slots) as f64 / decodes as f64
@@ -242,14 +287,14 @@ impl Metrics {
             (
                 "prompt_tokens_seconds",
                 "gauge",
-                "Average prompt throughput in tokens/s.",
-                rate(computed, get(&self.prompt_us)),
+                "Average prompt throughput in tokens/s since the last scrape.",
+                Window::rate(window.prompt_tokens, window.prompt_us),
             ),
             (
                 "predicted_tokens_seconds",
                 "gauge",
-                "Average generation throughput in tokens/s.",
-                rate(predicted, get(&self.predicted_us)),
+                "Average generation throughput in tokens/s since the last scrape.",
+                Window::rate(window.predicted_steps, window.predicted_us),
             ),
             (
                 "requests_processing",

@@ -11,6 +11,7 @@ mod compat;
 mod config;
 mod defaults;
 mod embed;
+mod gcp;
 pub mod memory;
 mod remote;
 
@@ -18,6 +19,7 @@ pub use config::Config;
 
 pub use defaults::{default_disk_budget, default_kv_ram};
 pub use embed::{EmbeddingArgs, Pooling};
+pub use gcp::{Gcp, GcpArgs};
 pub use remote::{remote_config, RemoteArgs};
 
 use std::path::PathBuf;
@@ -513,6 +515,9 @@ pub struct Args {
     /// The prompt cache's remote tier.
     #[command(flatten)]
     pub remote: RemoteArgs,
+    /// Google Cloud Vertex AI's variables (`AIP_MODE`, `AIP_HTTP_PORT`, ...).
+    #[command(flatten)]
+    pub gcp: GcpArgs,
     /// llama-server options accepted that tune nothing here (filled by the parser).
     #[arg(skip)]
     pub no_effect: Vec<NoEffect>,
@@ -566,8 +571,15 @@ impl Args {
     }
 
     /// Checks the options and reads the key file.
-    pub fn check(self) -> Result<Config> {
+    pub fn check(mut self) -> Result<Config> {
         let bad = |option: &'static str, reason: String| ServerError::BadOption { option, reason };
+        if let Some(gcp) = self.gcp.routes() {
+            if let Some(reason) = crate::routes::gcp_conflict(&gcp.predict) {
+                return Err(bad("AIP_PREDICT_ROUTE", reason));
+            }
+            // As llama-server: Vertex AI's port replaces `--port`.
+            self.port = gcp.port;
+        }
         let size = |option: &'static str, text: &str| {
             kvstore::parse_size(text).map_err(|e| bad(option, e.to_string()))
         };

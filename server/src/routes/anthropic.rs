@@ -110,6 +110,7 @@ pub async fn count_tokens(
     body: Result<RawBody, ServerError>,
 ) -> Response {
     let count = async {
+        super::info::rouse(&st).await;
         let body = parse_body(&body?.0)?;
         let (chat, _) = convert(&body, false)?;
         let req = turn::chat_request(&st, chat)?;

@@ -78,11 +78,14 @@ pub async fn chat_input_tokens(
     State(st): State<Arc<AppState>>,
     RawBody(body): RawBody,
 ) -> Result<Json<Value>> {
+    super::info::rouse(&st).await;
     let limits = st.limits();
     let req = request::chat(&body, &limits)?;
     let text = super::render_chat(&st, &req.chat).await?;
     let prompt = chat_tokens(&st, text).await?;
-    Ok(Json(json!({ "input_tokens": prompt.len() })))
+    Ok(Json(
+        json!({ "object": "response.input_tokens", "input_tokens": prompt.len() }),
+    ))
 }
 
 /// Keeps `text` (a prompt and its reply) with the tokens it was evaluated as, in the index at

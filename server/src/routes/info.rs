@@ -1,5 +1,6 @@
 //! Endpoints that do not generate: health, models, props, tokenize, detokenize and
-//! apply-template. They run on the handlers' threads; the scheduler never sees them.
+//! apply-template. They run on the handlers' threads; the scheduler sees them only to wake up
+//! from `--sleep-idle-seconds` (see [`rouse`]).
 
 use std::sync::Arc;
 
@@ -10,6 +11,19 @@ use serde_json::{json, Value};
 use super::{AppState, RawBody};
 use crate::error::Result;
 use crate::request;
+
+/// Wakes a sleeping scheduler and waits until it is awake, as llama-server wakes for every
+/// request but the read-only ones (health, models, props, metrics); nothing when awake.
+pub(super) async fn rouse(st: &AppState) {
+    use std::sync::atomic::Ordering;
+    if st.metrics.sleeping.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let (done, awake) = tokio::sync::oneshot::channel();
+    if st.tx.send(crate::scheduler::Command::Rouse(done)).is_ok() {
+        let _ = awake.await;
+    }
+}
 
 /// `GET /health`.
 pub async fn health() -> Json<Value> {
@@ -50,6 +64,7 @@ pub async fn change_props(
         });
     }
     let fields: serde_json::Map<String, Value> = request::json_body(&body, st.config.max_body)?;
+    rouse(&st).await;
     if let Some(name) = fields.keys().next() {
         return Err(crate::error::ServerError::BadRequest(format!(
             "property {name:?} cannot be changed: no property can be changed through POST /props"
@@ -106,6 +121,7 @@ pub async fn tokenize(
     State(st): State<Arc<AppState>>,
     RawBody(body): RawBody,
 ) -> Result<Json<Value>> {
+    rouse(&st).await;
     let req = request::tokenize(&body, &st.limits())?;
     let tok = st.model.tokenizer();
     let ids = tok.encode(&req.content, req.add_special, req.parse_special)?;
@@ -124,6 +140,7 @@ pub async fn detokenize(
     State(st): State<Arc<AppState>>,
     RawBody(body): RawBody,
 ) -> Result<Json<Value>> {
+    rouse(&st).await;
     let tokens = request::detokenize(&body, &st.limits())?;
     Ok(Json(
         json!({ "content": st.model.tokenizer().decode(&tokens) }),
@@ -135,6 +152,7 @@ pub async fn apply_template(
     State(st): State<Arc<AppState>>,
     RawBody(body): RawBody,
 ) -> Result<Json<Value>> {
+    rouse(&st).await;
     let chat = request::apply_template(&body, &st.limits())?;
     let prompt = super::render_chat(&st, &chat).await?;
     Ok(Json(json!({ "prompt": prompt })))

@@ -5,6 +5,7 @@ mod anthropic;
 mod cache_admin;
 mod cors;
 mod embeddings;
+mod gcp;
 mod generate;
 mod info;
 mod ollama;
@@ -116,6 +117,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/responses", post(responses::create))
         .route("/responses", post(responses::create))
+        .route("/v1/responses/input_tokens", post(responses::input_tokens))
+        .route("/responses/input_tokens", post(responses::input_tokens))
         .route(
             "/v1/responses/{id}",
             get(responses::fetch).delete(responses::remove),
@@ -130,8 +133,8 @@ pub fn router(state: Arc<AppState>) -> Router {
     } else {
         Router::new().nest(&prefix, routes)
     };
+    let routes = gcp::mount(routes.fallback(not_found), &state, &prefix);
     routes
-        .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
             require_key,
@@ -175,6 +178,8 @@ impl AppState {
         ]))
     }
 }
+
+pub use gcp::conflict as gcp_conflict;
 
 /// Paths served without an API key, as llama-server serves them (after `--api-prefix`).
 const PUBLIC_PATHS: &[&str] = &["/", "/health", "/v1/health", "/models", "/v1/models"];

@@ -278,7 +278,7 @@ impl Scheduler {
     fn command(&mut self, cmd: Command) {
         if matches!(
             cmd,
-            Command::Generate(_) | Command::Embed { .. } | Command::Slot { .. }
+            Command::Generate(_) | Command::Embed { .. } | Command::Slot { .. } | Command::Rouse(_)
         ) {
             self.wake();
         }
@@ -290,6 +290,9 @@ impl Scheduler {
                 });
             }
             Command::Wake => self.collect_loads(),
+            Command::Rouse(done) => {
+                let _ = done.send(());
+            }
             Command::Slots { scope, reply } => {
                 let _ = reply.send(self.slots_json(scope));
             }

@@ -148,6 +148,12 @@ impl Scheduler {
         let m = &self.metrics;
         Metrics::add(&m.prompt_us, (finish.prompt_ms * 1e3) as u64);
         Metrics::add(&m.predicted_us, (finish.predicted_ms * 1e3) as u64);
+        m.window_add(
+            finish.prompt_n as u64,
+            (finish.prompt_ms * 1e3) as u64,
+            finish.predicted_n as u64,
+            (finish.predicted_ms * 1e3) as u64,
+        );
         Metrics::raise(
             &m.n_tokens_max,
             (finish.n_prompt + finish.predicted_n) as u64,

@@ -244,6 +244,9 @@ pub enum Command {
     Shutdown,
     /// Nothing to do but look again: the loader has read a waiting request's blocks.
     Wake,
+    /// Wake up if asleep (`--sleep-idle-seconds`), as for a request that needs the model
+    /// (llama-server wakes for every endpoint but the read-only ones); answered once awake.
+    Rouse(oneshot::Sender<()>),
 }
 
 /// llama-server's reasoning budget: once a thinking block has run for `tokens` tokens, the

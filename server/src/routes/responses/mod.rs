@@ -1,5 +1,5 @@
-//! OpenAI's Responses API: `POST /v1/responses`, `GET /v1/responses/{id}` and
-//! `DELETE /v1/responses/{id}`.
+//! OpenAI's Responses API: `POST /v1/responses`, `GET /v1/responses/{id}`,
+//! `DELETE /v1/responses/{id}` and `POST /v1/responses/input_tokens`.
 //!
 //! A request's `input` items (messages, `function_call`, `function_call_output`, `reasoning`)
 //! become the chat the template renders, after the conversation of `previous_response_id`
@@ -151,11 +151,21 @@ struct Asked {
     echo: Map<String, Value>,
 }
 
-async fn respond(
-    st: Arc<AppState>,
-    client: ClientKey,
+/// A request as parsed: its body, what it asks, the conversation so far (after that of
+/// `previous_response_id`), its key's tenant and the chat it renders.
+struct Parsed {
+    body: Value,
+    asked: Asked,
+    conversation: Vec<Value>,
+    tenant: Option<String>,
+    chat: Value,
+}
+
+async fn parse(
+    st: &Arc<AppState>,
+    client: &ClientKey,
     body: Result<RawBody, ServerError>,
-) -> Result<Response, Fail> {
+) -> Result<Parsed, Fail> {
     let body: Value = serde_json::from_slice(&body?.0).map_err(|e| {
         Fail::new(
             ServerError::BadJson {
@@ -169,9 +179,9 @@ async fn respond(
         .ok_or_else(|| bad("the request body must be a JSON object"))?;
     let (mut chat, asked) = convert(obj)?;
     let mut conversation = Vec::new();
-    let tenant = tenant(&st, &client);
+    let tenant = tenant(st, client);
     if let Some(prev) = &asked.previous {
-        let record = load(&st, tenant.as_deref(), prev).await?.ok_or_else(|| {
+        let record = load(st, tenant.as_deref(), prev).await?.ok_or_else(|| {
             not_found(
                 format!("Previous response with id '{prev}' not found."),
                 Some("previous_response_id"),
@@ -188,6 +198,48 @@ async fn respond(
     }
     messages.extend(to_messages(&conversation)?);
     chat["messages"] = Value::Array(messages);
+    Ok(Parsed {
+        body,
+        asked,
+        conversation,
+        tenant,
+        chat,
+    })
+}
+
+/// `POST /v1/responses/input_tokens`: how many tokens the request's prompt takes; nothing is
+/// generated or stored.
+pub async fn input_tokens(
+    State(st): State<Arc<AppState>>,
+    Extension(client): Extension<ClientKey>,
+    body: Result<RawBody, ServerError>,
+) -> Response {
+    super::info::rouse(&st).await;
+    let count = async {
+        let parsed = parse(&st, &client, body).await?;
+        let req = turn::chat_request(&st, parsed.chat)?;
+        Ok::<_, Fail>(turn::prepare(&st, &req).await?.prompt.len())
+    };
+    match count.await {
+        Ok(n) => {
+            Json(json!({ "object": "response.input_tokens", "input_tokens": n })).into_response()
+        }
+        Err(Fail(r)) => *r,
+    }
+}
+
+async fn respond(
+    st: Arc<AppState>,
+    client: ClientKey,
+    body: Result<RawBody, ServerError>,
+) -> Result<Response, Fail> {
+    let Parsed {
+        body,
+        asked,
+        conversation,
+        tenant,
+        chat,
+    } = parse(&st, &client, body).await?;
     let mut req = turn::chat_request(&st, chat)?;
     req.params.cache_salt = crate::request::cache_salt(&body).map_err(bad)?;
     req.params.cache_ttl = crate::request::cache_ttl(&body).map_err(bad)?;
