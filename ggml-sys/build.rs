@@ -18,19 +18,7 @@ include!("src/source.rs");
 include!("fetch.rs");
 
 fn main() {
-    println!("cargo:rerun-if-changed=build.rs");
-    println!("cargo:rerun-if-changed=src/source.rs");
-    println!("cargo:rerun-if-changed=fetch.rs");
-    println!("cargo:rerun-if-changed=src/bindings.rs");
-    println!("cargo:rerun-if-changed=csrc");
-    for var in [
-        SOURCE_DIR_ENV,
-        "GGML_SYS_PORTABLE",
-        "GGML_SYS_CUDA_ARCH",
-        "NVCC",
-    ] {
-        println!("cargo:rerun-if-env-changed={var}");
-    }
+    emit_rerun_triggers();
 
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let ggml = locate_sources(&out);
@@ -46,7 +34,61 @@ fn main() {
 
     let target = Target::from_env();
     let include_dir = out.join("include");
-    std::fs::create_dir_all(&include_dir).expect("create OUT_DIR/include");
+    write_version_header(&include_dir, &version);
+
+    let features = Features::from_env();
+    let cuda_root = features.cuda.then(check_cuda_toolkit);
+    let tree = CpuTree::new(&ggml);
+    let (c_files, cpp_files) = tree.sources(&target);
+    let defines = cpu_defines(&target, &features);
+    let cpu_build = CpuBuild {
+        tree: &tree,
+        include_dir: &include_dir,
+        defines: &defines,
+        arch_flags: target.simd_flags(),
+        openmp: features.openmp,
+    };
+    let (mut objects, compiler_is_clang) = cpu_build.compile(&c_files, &cpp_files);
+
+    if let Some(root) = &cuda_root {
+        objects.extend(build_cuda(&ggml, &include_dir, &defines, root));
+    }
+    if features.metal {
+        objects.extend(build_metal(&ggml, &include_dir, &out, &defines));
+    }
+
+    // One archive: ggml's core and its backends call each other in both directions.
+    cc::Build::new()
+        .objects(&objects)
+        .cargo_warnings(false)
+        .compile("ggml");
+
+    link_runtime(&target, &features, compiler_is_clang);
+    println!("cargo:source_dir={}", ggml.display());
+    println!("cargo:include={}", ggml.join("include").display());
+    println!("cargo:rustc-env=GGML_SYS_BUILT_VERSION={version}");
+}
+
+/// Tells cargo what the build depends on besides the package's Rust sources.
+fn emit_rerun_triggers() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=src/source.rs");
+    println!("cargo:rerun-if-changed=fetch.rs");
+    println!("cargo:rerun-if-changed=src/bindings.rs");
+    println!("cargo:rerun-if-changed=csrc");
+    for var in [
+        SOURCE_DIR_ENV,
+        "GGML_SYS_PORTABLE",
+        "GGML_SYS_CUDA_ARCH",
+        "NVCC",
+    ] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+}
+
+/// Writes the `ggml-version.h` that ggml's own build generates, into `include_dir`.
+fn write_version_header(include_dir: &Path, version: &str) {
+    std::fs::create_dir_all(include_dir).expect("create OUT_DIR/include");
     std::fs::write(
         include_dir.join("ggml-version.h"),
         format!(
@@ -54,66 +96,102 @@ fn main() {
         ),
     )
     .expect("write ggml-version.h");
+}
 
-    let features = Features::from_env();
-    let cuda_root = features.cuda.then(check_cuda_toolkit);
-    let src = ggml.join("src");
-    let cpu = src.join("ggml-cpu");
-    let csrc =
-        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
-            .join("csrc");
+/// The directories of ggml's core and CPU backend, and of our own C kernels.
+struct CpuTree {
+    /// ggml's root (with `include/` and `src/`).
+    ggml: PathBuf,
+    /// `src/`: the core (`ggml-base`).
+    src: PathBuf,
+    /// `src/ggml-cpu/`: the CPU backend.
+    cpu: PathBuf,
+    /// This crate's `csrc/`: kernels that run as ggml custom ops.
+    csrc: PathBuf,
+}
 
-    let mut c_files = vec![
-        src.join("ggml.c"),
-        src.join("ggml-alloc.c"),
-        src.join("ggml-quants.c"),
-        cpu.join("ggml-cpu.c"),
-        cpu.join("quants.c"),
-        // Ours: kernels that run as ggml custom ops (declared in src/lib.rs, `kernels`).
-        csrc.join("mul_mat_q4_1.c"),
-        csrc.join("flash_attn_f16.c"),
-    ];
-    let mut cpp_files = vec![
-        src.join("ggml.cpp"),
-        src.join("ggml-backend.cpp"),
-        src.join("ggml-backend-reg.cpp"),
-        src.join("ggml-opt.cpp"),
-        src.join("ggml-threading.cpp"),
-        src.join("gguf.cpp"),
-        cpu.join("ggml-cpu.cpp"),
-        cpu.join("repack.cpp"),
-        cpu.join("hbm.cpp"),
-        cpu.join("traits.cpp"),
-        cpu.join("binary-ops.cpp"),
-        cpu.join("unary-ops.cpp"),
-        cpu.join("vec.cpp"),
-        cpu.join("ops.cpp"),
-        cpu.join("llamafile").join("sgemm.cpp"),
-    ];
-    // Files that exist only in some ggml versions (a user-supplied tree may be older or newer).
-    for optional in [
-        src.join("ggml-backend-meta.cpp"),
-        cpu.join("amx").join("amx.cpp"),
-        cpu.join("amx").join("mmq.cpp"),
-        cpu.join("tiled").join("tiled.cpp"),
-        cpu.join("tiled").join("tiled-kernel.cpp"),
-    ] {
-        if optional.exists() {
-            cpp_files.push(optional);
+impl CpuTree {
+    fn new(ggml: &Path) -> Self {
+        let src = ggml.join("src");
+        let cpu = src.join("ggml-cpu");
+        let csrc =
+            PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+                .join("csrc");
+        CpuTree {
+            ggml: ggml.to_path_buf(),
+            src,
+            cpu,
+            csrc,
         }
     }
-    match target.arch.as_str() {
-        "x86_64" | "x86" => {
-            c_files.push(cpu.join("arch/x86/quants.c"));
-            cpp_files.push(cpu.join("arch/x86/repack.cpp"));
+
+    /// The C and the C++ sources of the core, the CPU backend (with `target`'s architecture
+    /// files) and our kernels.
+    fn sources(&self, target: &Target) -> (Vec<PathBuf>, Vec<PathBuf>) {
+        let (src, cpu, csrc) = (&self.src, &self.cpu, &self.csrc);
+        let mut c_files = vec![
+            src.join("ggml.c"),
+            src.join("ggml-alloc.c"),
+            src.join("ggml-quants.c"),
+            cpu.join("ggml-cpu.c"),
+            cpu.join("quants.c"),
+            // Ours: kernels that run as ggml custom ops (declared in src/lib.rs, `kernels`).
+            csrc.join("mul_mat_q4_1.c"),
+            csrc.join("flash_attn_f16.c"),
+        ];
+        let mut cpp_files = vec![
+            src.join("ggml.cpp"),
+            src.join("ggml-backend.cpp"),
+            src.join("ggml-backend-reg.cpp"),
+            src.join("ggml-opt.cpp"),
+            src.join("ggml-threading.cpp"),
+            src.join("gguf.cpp"),
+            cpu.join("ggml-cpu.cpp"),
+            cpu.join("repack.cpp"),
+            cpu.join("hbm.cpp"),
+            cpu.join("traits.cpp"),
+            cpu.join("binary-ops.cpp"),
+            cpu.join("unary-ops.cpp"),
+            cpu.join("vec.cpp"),
+            cpu.join("ops.cpp"),
+            cpu.join("llamafile").join("sgemm.cpp"),
+        ];
+        // Files that exist only in some ggml versions (a user-supplied tree may be older or newer).
+        for optional in [
+            src.join("ggml-backend-meta.cpp"),
+            cpu.join("amx").join("amx.cpp"),
+            cpu.join("amx").join("mmq.cpp"),
+            cpu.join("tiled").join("tiled.cpp"),
+            cpu.join("tiled").join("tiled-kernel.cpp"),
+        ] {
+            if optional.exists() {
+                cpp_files.push(optional);
+            }
         }
-        "aarch64" | "arm" => {
-            c_files.push(cpu.join("arch/arm/quants.c"));
-            cpp_files.push(cpu.join("arch/arm/repack.cpp"));
+        match target.arch.as_str() {
+            "x86_64" | "x86" => {
+                c_files.push(cpu.join("arch/x86/quants.c"));
+                cpp_files.push(cpu.join("arch/x86/repack.cpp"));
+            }
+            "aarch64" | "arm" => {
+                c_files.push(cpu.join("arch/arm/quants.c"));
+                cpp_files.push(cpu.join("arch/arm/repack.cpp"));
+            }
+            _ => {}
         }
-        _ => {}
+        (c_files, cpp_files)
     }
 
+    /// Whether `file` takes the SIMD flags: the CPU backend's sources and ours do, the core's do
+    /// not.
+    fn tuned(&self, file: &Path) -> bool {
+        file.starts_with(&self.cpu) || !file.starts_with(&self.src)
+    }
+}
+
+/// The preprocessor definitions of every ggml source, as ggml's own build sets them for the
+/// `target` and the enabled backends.
+fn cpu_defines(target: &Target, features: &Features) -> Vec<(&'static str, Option<&'static str>)> {
     let mut defines: Vec<(&str, Option<&str>)> = vec![
         ("GGML_SCHED_MAX_COPIES", Some("4")),
         ("GGML_USE_CPU", None),
@@ -141,29 +219,77 @@ fn main() {
     if features.metal {
         defines.push(("GGML_USE_METAL", None));
     }
+    defines
+}
 
-    let arch_flags = target.simd_flags();
-    // As ggml's own build: only the CPU backend (and our kernels) is tuned for the SIMD level;
-    // the core (`ggml-base`: ggml.c, ggml-quants.c, ...) is compiled without it. It matters for
-    // results, not only portability: the core's scalar quantizers (`quantize_row_q8_K_ref`, which
-    // every k-quant product runs on its activations) compiled with FMA contract `x * scale +
-    // magic` into one rounding, so a value on a rounding boundary lands in another bucket than
-    // llama.cpp's, and one row of a product comes out different.
-    let configure = |build: &mut cc::Build, cpp: bool, simd: bool| {
+/// How the core, the CPU backend and our kernels are compiled.
+struct CpuBuild<'a> {
+    tree: &'a CpuTree,
+    /// The generated headers (`ggml-version.h`).
+    include_dir: &'a Path,
+    defines: &'a [(&'static str, Option<&'static str>)],
+    /// The SIMD level's flags ([`Target::simd_flags`]).
+    arch_flags: Vec<String>,
+    openmp: bool,
+}
+
+impl CpuBuild<'_> {
+    /// Compiles the C and C++ sources, in four builds at once (C and C++, with and without the
+    /// SIMD flags). Returns the object files, and whether the C++ compiler is Clang.
+    fn compile(&self, c_files: &[PathBuf], cpp_files: &[PathBuf]) -> (Vec<PathBuf>, bool) {
+        let builds: Vec<cc::Build> = [(false, true), (false, false), (true, true), (true, false)]
+            .into_iter()
+            .map(|(cpp, simd)| {
+                let files = if cpp { cpp_files } else { c_files };
+                let mut build = cc::Build::new();
+                self.configure(&mut build, cpp, simd);
+                build.files(files.iter().filter(|f| self.tree.tuned(f) == simd));
+                build
+            })
+            .collect();
+
+        let mut objects = Vec::new();
+        let mut compiler_is_clang = false;
+        std::thread::scope(|scope| {
+            let jobs: Vec<_> = builds
+                .iter()
+                .map(|b| scope.spawn(|| b.compile_intermediates()))
+                .collect();
+            for job in jobs {
+                objects.extend(job.join().expect("compilation thread"));
+            }
+        });
+        let cpp_build = &builds[2];
+        if let Ok(compiler) = cpp_build.try_get_compiler() {
+            compiler_is_clang = compiler.is_like_clang();
+        }
+        (objects, compiler_is_clang)
+    }
+
+    /// Sets up `build` for C++ or C sources, with the SIMD flags or without.
+    ///
+    /// As ggml's own build: only the CPU backend (and our kernels) is tuned for the SIMD level;
+    /// the core (`ggml-base`: ggml.c, ggml-quants.c, ...) is compiled without it. It matters for
+    /// results, not only portability: the core's scalar quantizers (`quantize_row_q8_K_ref`, which
+    /// every k-quant product runs on its activations) compiled with FMA contract `x * scale +
+    /// magic` into one rounding, so a value on a rounding boundary lands in another bucket than
+    /// llama.cpp's, and one row of a product comes out different.
+    fn configure(&self, build: &mut cc::Build, cpp: bool, simd: bool) {
+        let tree = self.tree;
         build
-            .include(&include_dir)
-            .include(ggml.join("include"))
-            .include(&src)
-            .include(&cpu)
+            .include(self.include_dir)
+            .include(tree.ggml.join("include"))
+            .include(&tree.src)
+            .include(&tree.cpu)
             .opt_level(3)
             .debug(false)
             .warnings(false)
             .cargo_warnings(false);
-        for (name, value) in &defines {
+        for (name, value) in self.defines {
             build.define(name, *value);
         }
         if simd {
-            for flag in &arch_flags {
+            for flag in &self.arch_flags {
                 build.flag_if_supported(flag);
             }
         }
@@ -176,57 +302,10 @@ fn main() {
         } else {
             build.std("gnu11");
         }
-        if features.openmp {
+        if self.openmp {
             build.flag("-fopenmp");
         }
-    };
-
-    // The CPU backend's sources and ours take the SIMD flags, the core's do not.
-    let tuned = |f: &PathBuf| f.starts_with(&cpu) || !f.starts_with(&src);
-    let builds: Vec<cc::Build> = [(false, true), (false, false), (true, true), (true, false)]
-        .into_iter()
-        .map(|(cpp, simd)| {
-            let files = if cpp { &cpp_files } else { &c_files };
-            let mut build = cc::Build::new();
-            configure(&mut build, cpp, simd);
-            build.files(files.iter().filter(|f| tuned(f) == simd));
-            build
-        })
-        .collect();
-
-    let mut objects = Vec::new();
-    let mut compiler_is_clang = false;
-    std::thread::scope(|scope| {
-        let jobs: Vec<_> = builds
-            .iter()
-            .map(|b| scope.spawn(|| b.compile_intermediates()))
-            .collect();
-        for job in jobs {
-            objects.extend(job.join().expect("compilation thread"));
-        }
-    });
-    let cpp_build = &builds[2];
-    if let Ok(compiler) = cpp_build.try_get_compiler() {
-        compiler_is_clang = compiler.is_like_clang();
     }
-
-    if let Some(root) = &cuda_root {
-        objects.extend(build_cuda(&ggml, &include_dir, &defines, root));
-    }
-    if features.metal {
-        objects.extend(build_metal(&ggml, &include_dir, &out, &defines));
-    }
-
-    // One archive: ggml's core and its backends call each other in both directions.
-    cc::Build::new()
-        .objects(&objects)
-        .cargo_warnings(false)
-        .compile("ggml");
-
-    link_runtime(&target, &features, compiler_is_clang);
-    println!("cargo:source_dir={}", ggml.display());
-    println!("cargo:include={}", ggml.join("include").display());
-    println!("cargo:rustc-env=GGML_SYS_BUILT_VERSION={version}");
 }
 
 /// Cargo features of this crate, as the build script sees them.

@@ -124,6 +124,14 @@ fn rel_diff(gpu: &[f32], cpu: &[f32]) -> f32 {
     worst / scale
 }
 
+/// A graph to compute on both backends: its name, its builder, and the largest relative
+/// difference allowed between the two results.
+type Case = (
+    String,
+    Box<dyn Fn(*mut ggml_context, &mut Leaves) -> *mut ggml_tensor>,
+    f32,
+);
+
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu-check.sh runs it"]
 fn cuda_backend_matches_the_cpu_backend() {
@@ -137,13 +145,32 @@ fn cuda_backend_matches_the_cpu_backend() {
         ggml_backend_cpu_set_n_threads(cpu, 4);
         (gpu, cpu)
     };
-    let mut cases: Vec<(
-        String,
-        Box<dyn Fn(*mut ggml_context, &mut Leaves) -> *mut ggml_tensor>,
-        f32,
-    )> = Vec::new();
+    let mut cases = mul_mat_cases();
+    cases.extend(norm_and_soft_max_cases());
+    cases.extend(rope_cases());
+    cases.extend(flash_attn_cases());
 
-    // Matrix products of every weight type the engine meets, at decode and prefill widths.
+    let mut failed = Vec::new();
+    for (name, build, tol) in &cases {
+        let (g, c) = (run(gpu, build.as_ref()), run(cpu, build.as_ref()));
+        let d = rel_diff(&g, &c);
+        println!("{name:<28} max relative difference {d:.2e} (tolerance {tol:.0e})");
+        if d > *tol {
+            failed.push(name.clone());
+        }
+    }
+    // SAFETY: created above, freed once.
+    unsafe {
+        ggml_backend_free(gpu);
+        ggml_backend_free(cpu);
+    }
+    assert!(failed.is_empty(), "beyond tolerance: {failed:?}");
+    println!("{} graphs agree", cases.len());
+}
+
+/// Matrix products of every weight type the engine meets, at decode and prefill widths.
+fn mul_mat_cases() -> Vec<Case> {
+    let mut cases: Vec<Case> = Vec::new();
     let (k, m) = (256usize, 96usize);
     for (ty, name, tol) in [
         (GGML_TYPE_F32, "f32", 1e-4),
@@ -167,6 +194,12 @@ fn cuda_backend_matches_the_cpu_backend() {
             ));
         }
     }
+    cases
+}
+
+/// RMS norm, and a soft max under a mask.
+fn norm_and_soft_max_cases() -> Vec<Case> {
+    let mut cases: Vec<Case> = Vec::new();
     let x = Rng(3).vec(576 * 5);
     cases.push((
         "rms_norm".into(),
@@ -198,6 +231,12 @@ fn cuda_backend_matches_the_cpu_backend() {
         }),
         1e-4,
     ));
+    cases
+}
+
+/// Rotary position embeddings, both layouts.
+fn rope_cases() -> Vec<Case> {
+    let mut cases: Vec<Case> = Vec::new();
     for (mode, name) in [
         (0, "rope normal"),
         (GGML_ROPE_TYPE_NEOX as c_int, "rope neox"),
@@ -234,7 +273,12 @@ fn cuda_backend_matches_the_cpu_backend() {
             1e-4,
         ));
     }
-    // Flash attention over an f16 cache with a causal mask (SmolLM2's head shape).
+    cases
+}
+
+/// Flash attention over an f16 cache with a causal mask (SmolLM2's head shape).
+fn flash_attn_cases() -> Vec<Case> {
+    let mut cases: Vec<Case> = Vec::new();
     for n_q in [1usize, 9] {
         let (d, heads, heads_kv, n_kv) = (64usize, 9usize, 3usize, 256usize);
         let qv = Rng(6).vec(d * n_q * heads);
@@ -278,21 +322,5 @@ fn cuda_backend_matches_the_cpu_backend() {
             1e-2,
         ));
     }
-
-    let mut failed = Vec::new();
-    for (name, build, tol) in &cases {
-        let (g, c) = (run(gpu, build.as_ref()), run(cpu, build.as_ref()));
-        let d = rel_diff(&g, &c);
-        println!("{name:<28} max relative difference {d:.2e} (tolerance {tol:.0e})");
-        if d > *tol {
-            failed.push(name.clone());
-        }
-    }
-    // SAFETY: created above, freed once.
-    unsafe {
-        ggml_backend_free(gpu);
-        ggml_backend_free(cpu);
-    }
-    assert!(failed.is_empty(), "beyond tolerance: {failed:?}");
-    println!("{} graphs agree", cases.len());
+    cases
 }

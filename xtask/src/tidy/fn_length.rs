@@ -25,12 +25,6 @@ pub(super) const LONG_FNS_ALLOWED: &[(&str, &str, &str)] = &[
         "check_refuses_settings_out_of_range",
         "a data table: one setting out of range per row",
     ),
-    ("ggml-sys/build.rs", "main", "to split"),
-    (
-        "ggml-sys/tests/cuda_backend.rs",
-        "cuda_backend_matches_the_cpu_backend",
-        "to split",
-    ),
 ];
 
 /// One function of a file: its name and the lines of its `fn` keyword and closing brace.
