@@ -171,6 +171,21 @@ impl FormatError {
         }
     }
 
+    /// The operating-system error inside, when this is [`FormatError::Io`].
+    pub fn io_error(&self) -> Option<&std::io::Error> {
+        match self {
+            FormatError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+
+    /// True when this is an I/O failure because the file or directory does not exist (one
+    /// deleted meanwhile, by another process or an earlier attempt).
+    pub fn is_io_not_found(&self) -> bool {
+        self.io_error()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+    }
+
     /// Shorthand for [`FormatError::Invalid`].
     pub fn invalid(what: &'static str, detail: impl Into<String>) -> Self {
         FormatError::Invalid {
@@ -189,5 +204,25 @@ impl FormatError {
                 | FormatError::Busy { .. }
                 | FormatError::ReadOnly { .. }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FormatError;
+    use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn io_error_is_the_os_error_of_an_io_failure_only() {
+        let gone = FormatError::io("remove", "/x", Error::from(ErrorKind::NotFound));
+        assert_eq!(gone.io_error().map(Error::kind), Some(ErrorKind::NotFound));
+        assert!(gone.is_io_not_found());
+        let denied = FormatError::io("remove", "/x", Error::from(ErrorKind::PermissionDenied));
+        assert!(denied.io_error().is_some() && !denied.is_io_not_found());
+        let missing = FormatError::NotFound {
+            what: "checkpoint",
+            name: "a".into(),
+        };
+        assert!(missing.io_error().is_none() && !missing.is_io_not_found());
     }
 }

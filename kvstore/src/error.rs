@@ -212,10 +212,7 @@ impl StoreError {
             StoreError::Io { source, .. }
             | StoreError::NoSpace { source, .. }
             | StoreError::NotWritable { source, .. } => Some(source),
-            StoreError::Format {
-                source: FormatError::Io { source, .. },
-                ..
-            } => Some(source),
+            StoreError::Format { source, .. } => source.io_error(),
             _ => None,
         }
     }

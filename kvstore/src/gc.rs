@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, MutexGuard};
 
-use ckptfmt::{BlockId, FileLock, FormatError};
+use ckptfmt::{BlockId, FileLock};
 
 use crate::config::GcReport;
 use crate::disk_index::DiskIndex;
@@ -46,9 +46,7 @@ impl Victim {
 fn delete_manifest<V: BlockIo>(store: &ckptfmt::Store<V>, name: &str) -> Result<()> {
     match store.delete_manifest(name) {
         Ok(()) => Ok(()),
-        Err(FormatError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            Ok(())
-        }
+        Err(e) if e.is_io_not_found() => Ok(()),
         Err(e) => Err(StoreError::format(store.root(), e)),
     }
 }
