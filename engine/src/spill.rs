@@ -359,7 +359,12 @@ impl Spill {
         if self.hinter.is_none() && at_rest > 0 {
             self.hinter = Hinter::spawn();
         }
-        let group = self.hint_group(at_rest * self.rest.bytes_per_page());
+        // With nothing to read ahead, the maps keep the advice the last reading gave them (a
+        // batch of other sequences between two would otherwise flip every map twice).
+        let group = match at_rest {
+            0 => self.rest.n_layers.max(1),
+            _ => self.hint_group(at_rest * self.rest.bytes_per_page()),
+        };
         for (i, n_rows, segments) in windows {
             let a = &mut plan.attention[i];
             let mut layers = Vec::with_capacity(layout.n_layers);
