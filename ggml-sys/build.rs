@@ -135,10 +135,16 @@ impl CpuTree {
             src.join("ggml-quants.c"),
             cpu.join("ggml-cpu.c"),
             cpu.join("quants.c"),
-            // Ours: kernels that run as ggml custom ops (declared in src/lib.rs, `kernels`).
-            csrc.join("mul_mat_q4_1.c"),
-            csrc.join("flash_attn_f16.c"),
         ];
+        // Ours: every `csrc/*.c`, kernels that run as ggml custom ops (declared in src/lib.rs,
+        // `kernels`), in name order so that the compiler command lines are stable.
+        let mut ours: Vec<PathBuf> = std::fs::read_dir(csrc)
+            .unwrap_or_else(|e| fail(&format!("cannot list {}: {e}", csrc.display())))
+            .filter_map(|entry| entry.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "c"))
+            .collect();
+        ours.sort();
+        c_files.extend(ours);
         let mut cpp_files = vec![
             src.join("ggml.cpp"),
             src.join("ggml-backend.cpp"),
