@@ -86,6 +86,40 @@ pub mod kernels {
         /// 1 when [`ggml_sys_mul_mat_q4_1`] was built with its integer-sum path (AVX2 and
         /// FMA), 0 when its `userdata` changes nothing.
         pub fn ggml_sys_mul_mat_q4_1_isum() -> ::core::ffi::c_int;
+
+        /// A `ggml_custom_op_t` for `ggml_custom_4d`: `dst` (f32 `[m, n]`) = `a^T b` for
+        /// `dst->src[0]` = `a`, q4_K `[k, m]`, and `dst->src[1]` = `b`, f32 `[k, n]` with
+        /// contiguous rows; two-dimensional, `k` a multiple of 256 (else `dst` is NaN). The
+        /// columns are quantized to q8_K and each super-block's products summed exactly in
+        /// integers first (see `csrc/mul_mat_qk.c`): ggml's result up to rounding. `userdata`
+        /// is unused.
+        pub fn ggml_sys_mul_mat_q4_k(
+            dst: *mut super::ggml_tensor,
+            ith: ::core::ffi::c_int,
+            nth: ::core::ffi::c_int,
+            userdata: *mut ::core::ffi::c_void,
+        );
+
+        /// [`ggml_sys_mul_mat_q4_k`] for q5_K weights.
+        pub fn ggml_sys_mul_mat_q5_k(
+            dst: *mut super::ggml_tensor,
+            ith: ::core::ffi::c_int,
+            nth: ::core::ffi::c_int,
+            userdata: *mut ::core::ffi::c_void,
+        );
+
+        /// [`ggml_sys_mul_mat_q4_k`] for q6_K weights.
+        pub fn ggml_sys_mul_mat_q6_k(
+            dst: *mut super::ggml_tensor,
+            ith: ::core::ffi::c_int,
+            nth: ::core::ffi::c_int,
+            userdata: *mut ::core::ffi::c_void,
+        );
+
+        /// 1 when the k-quant kernels ([`ggml_sys_mul_mat_q4_k`] and its kin) were built with
+        /// their integer sums (AVX2 and FMA), 0 when they call ggml's dot product per row and
+        /// column (correct, not faster than `ggml_mul_mat`).
+        pub fn ggml_sys_mul_mat_qk_isum() -> ::core::ffi::c_int;
     }
 
     /// Fewest columns for which [`ggml_sys_mul_mat_q4_1`] takes its integer-sum path.
