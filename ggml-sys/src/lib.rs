@@ -124,6 +124,37 @@ pub mod kernels {
 
     /// Fewest columns for which [`ggml_sys_mul_mat_q4_1`] takes its integer-sum path.
     pub const Q4_1_ISUM_MIN_COLS: i64 = 64;
+
+    // Q4_0 and Q8_0 integer-sum products (`csrc/mul_mat_q8_0.c`).
+    unsafe extern "C" {
+        /// A `ggml_custom_op_t` for `ggml_custom_4d`: `dst` (f32 `[m, n]`) = `a^T b` for
+        /// `dst->src[0]` = `a`, q4_0 `[k, m]`, and `dst->src[1]` = `b`, f32 `[k, n]` with
+        /// contiguous rows; two-dimensional, `k` a multiple of 32. Every column: `b`
+        /// quantized by ggml's q8_0 routine, each block's 32 products summed exactly in
+        /// integers, then one fused multiply-add per block (ggml's result up to rounding; see
+        /// `csrc/mul_mat_q8_0.c`), the same bits at every ISA level. `userdata` is unused.
+        pub fn ggml_sys_mul_mat_q4_0(
+            dst: *mut super::ggml_tensor,
+            ith: ::core::ffi::c_int,
+            nth: ::core::ffi::c_int,
+            userdata: *mut ::core::ffi::c_void,
+        );
+
+        /// [`ggml_sys_mul_mat_q4_0`] for q8_0 weights.
+        pub fn ggml_sys_mul_mat_q8_0(
+            dst: *mut super::ggml_tensor,
+            ith: ::core::ffi::c_int,
+            nth: ::core::ffi::c_int,
+            userdata: *mut ::core::ffi::c_void,
+        );
+
+        /// 1 when [`ggml_sys_mul_mat_q4_0`] was built with vector instructions (AVX2 and
+        /// FMA), 0 when it runs a plain C loop (the same bits, slower than `ggml_mul_mat`).
+        pub fn ggml_sys_mul_mat_q4_0_isum() -> ::core::ffi::c_int;
+
+        /// As [`ggml_sys_mul_mat_q4_0_isum`], for [`ggml_sys_mul_mat_q8_0`].
+        pub fn ggml_sys_mul_mat_q8_0_isum() -> ::core::ffi::c_int;
+    }
 }
 
 /// The CUDA backend's entry points (feature `cuda`).

@@ -197,6 +197,44 @@ impl Compute {
 /// so tensors of two graphs never unify.
 type Invariant<'g> = PhantomData<fn(&'g ()) -> &'g ()>;
 
+/// A product that sums each weight block's products exactly in integers, for one weight type
+/// (f32 activations): `kernel` computes every column of its node, and [`Graph::mul_mat`] gives
+/// it only the batch's leading rows that [`Graph::allow_integer_sums`] allows.
+pub(crate) struct IntegerSumKernel {
+    /// The weight type.
+    pub(crate) w_type: sys::ggml_type,
+    /// Elements per weight block: `k` must be a multiple of it.
+    pub(crate) block: usize,
+    /// Fewest leading rows worth the kernel; fewer take `ggml_mul_mat`.
+    pub(crate) min_rows: usize,
+    /// The custom op: `dst` (f32 `[m, n]`) from `dst->src[0]` (the weights, `[k, m]`) and
+    /// `dst->src[1]` (f32 `[k, n]`, contiguous rows); `userdata` 0.
+    pub(crate) kernel:
+        unsafe extern "C" fn(*mut sys::ggml_tensor, c_int, c_int, *mut std::ffi::c_void),
+    /// 1 when the kernel was built with vector instructions; otherwise ggml's product is
+    /// faster and the kernel is not used.
+    pub(crate) vectorized: unsafe extern "C" fn() -> c_int,
+}
+
+/// The integer-sum products by weight type (q4_1's kernel, which also gives ggml's bits, has
+/// its own branch in [`Graph::mul_mat`]).
+pub(crate) const INTEGER_SUM_KERNELS: &[IntegerSumKernel] = &[
+    IntegerSumKernel {
+        w_type: sys::GGML_TYPE_Q4_0,
+        block: 32,
+        min_rows: 64,
+        kernel: sys::kernels::ggml_sys_mul_mat_q4_0,
+        vectorized: sys::kernels::ggml_sys_mul_mat_q4_0_isum,
+    },
+    IntegerSumKernel {
+        w_type: sys::GGML_TYPE_Q8_0,
+        block: 32,
+        min_rows: 64,
+        kernel: sys::kernels::ggml_sys_mul_mat_q8_0,
+        vectorized: sys::kernels::ggml_sys_mul_mat_q8_0_isum,
+    },
+];
+
 /// A graph under construction, branded `'g`; it may use long-lived tensors borrowed for `'w`.
 /// Tensors made here are valid until the graph is computed.
 pub(crate) struct Graph<'g, 'w> {
@@ -362,10 +400,11 @@ impl<'g, 'w> Graph<'g, 'w> {
     pub(crate) fn add(&mut self, a: Tensor<'g>, b: Tensor<'g>) -> Tensor<'g> {
         op!(self, sys::ggml_add(self.ctx(), a.raw, b.raw))
     }
-    /// Lets this graph's q4_1 products over the batch's `n_rows` rows sum each block's
-    /// products in integers first for the leading `leading` rows (about twice as fast from
-    /// `Q4_1_ISUM_MIN_COLS` such rows; ggml's result up to rounding). Other products, and the
-    /// other rows, keep ggml's bits. Not set: none.
+    /// Lets this graph's integer-sum products (q4_1, and the weight types of
+    /// [`INTEGER_SUM_KERNELS`]) over the batch's `n_rows` rows sum each block's products in
+    /// integers first for the leading `leading` rows (about twice as fast from 64 such rows;
+    /// ggml's result up to rounding). Other products, and the other rows, keep ggml's bits.
+    /// Not set: none.
     pub(crate) fn allow_integer_sums(&mut self, n_rows: usize, leading: usize) {
         self.integer_sums = (n_rows, leading);
     }
@@ -373,8 +412,11 @@ impl<'g, 'w> Graph<'g, 'w> {
     /// `w` is `[k, m]`, `x` is `[k, n]`: the result is `[m, n]`. A two-dimensional product of
     /// q4_1 weights in host memory with two f32 rows or more runs ggml-sys's q4_1 kernel (each
     /// weight block unpacked once for several columns; the same bits as `ggml_mul_mat` unless
-    /// [`Graph::allow_integer_sums`]), everything else ggml's: one row (decoding one sequence
-    /// reads every weight once, and ggml's row chunks do that faster), weights on a GPU.
+    /// [`Graph::allow_integer_sums`]); one of weights of an [`INTEGER_SUM_KERNELS`] type runs
+    /// that kernel over the leading rows [`Graph::allow_integer_sums`] allows (when at least
+    /// its `min_rows`) and `ggml_mul_mat` over the others. Everything else is ggml's: one row
+    /// (decoding one sequence reads every weight once, and ggml's row chunks do that faster),
+    /// weights on a GPU.
     pub(crate) fn mul_mat(&mut self, w: Tensor<'g>, x: Tensor<'g>) -> Tensor<'g> {
         // SAFETY: both tensors are live for 'g (see `op!`); only their headers are read.
         let (w_type, x_type) = unsafe { ((*w.raw).type_, (*x.raw).type_) };
@@ -411,7 +453,51 @@ impl<'g, 'w> Graph<'g, 'w> {
                 leading,
             );
         }
+        let entry = INTEGER_SUM_KERNELS.iter().find(|e| e.w_type == w_type);
+        if let Some(entry) = entry.filter(|e| {
+            w_on_host
+                && x_type == sys::GGML_TYPE_F32
+                && plain(&w)
+                && plain(&x)
+                && x.nb(0) == 4
+                && w.ne(0) == x.ne(0)
+                && w.ne(0).is_multiple_of(e.block)
+                && x.ne(1) == self.integer_sums.0
+                && self.integer_sums.1.min(x.ne(1)) >= e.min_rows
+                // SAFETY: a plain query.
+                && unsafe { (e.vectorized)() } == 1
+        }) {
+            return self.integer_sum_product(entry, w, x);
+        }
         op!(self, sys::ggml_mul_mat(self.ctx(), w.raw, x.raw))
+    }
+
+    /// `w` times the batch's rows `x` (checked by [`Graph::mul_mat`]): `entry`'s kernel over
+    /// the leading integer-sum rows, `ggml_mul_mat` over the others (a view of them, so their
+    /// bits are ggml's), the two joined.
+    fn integer_sum_product(
+        &mut self,
+        entry: &IntegerSumKernel,
+        w: Tensor<'g>,
+        x: Tensor<'g>,
+    ) -> Tensor<'g> {
+        let (k, m, n) = (x.ne(0), w.ne(1), x.ne(1));
+        let lead = self.integer_sums.1.min(n);
+        let col = x.nb(1);
+        let head = if lead == n {
+            x
+        } else {
+            self.view_3d(x, [k, lead, 1], [col, col * lead], 0)
+        };
+        // The kernel reads `dst->src[0..2]` (the sources, which ggml copies into the node)
+        // within the shapes checked by `mul_mat`, and writes only `dst`.
+        let fast = self.custom([m, lead, 1], &mut [w.raw, head.raw], Some(entry.kernel), 0);
+        if lead == n {
+            return fast;
+        }
+        let rest = self.view_3d(x, [k, n - lead, 1], [col, col * (n - lead)], col * lead);
+        let rest = op!(self, sys::ggml_mul_mat(self.ctx(), w.raw, rest.raw));
+        self.concat(fast, rest, 1)
     }
     pub(crate) fn reshape_2d(&mut self, x: Tensor<'g>, ne0: usize, ne1: usize) -> Tensor<'g> {
         op!(

@@ -243,3 +243,111 @@ fn a_view_cannot_reach_past_its_source() {
     assert!(!view(0, 14), "a stride that reaches past the end");
     assert!(!view(usize::MAX, 4), "an offset that overflows");
 }
+
+/// `w` (`ggml_type`, `[k, m]`, random values quantized by ggml) times the `n` columns `x`
+/// (f32, random) with `lead` leading integer-sum rows allowed, computed by [`Graph::mul_mat`]
+/// with 2 threads: the `m * n` results, column by column.
+fn routed_product(ggml_type: GgmlType, k: usize, m: usize, n: usize, lead: usize) -> Vec<f32> {
+    let mut rng = crate::testing::SplitMix64(k as u64 * 31 + m as u64);
+    let values = rng.f32_vec(k * m, 0.5);
+    let mut bytes = vec![0u8; k * m / 32 * if ggml_type == GgmlType::Q4_0 { 18 } else { 34 }];
+    // SAFETY: `values` holds m rows of k floats and `bytes` their m * k / 32 blocks.
+    let written = unsafe {
+        sys::ggml_quantize_chunk(
+            ggml_type as u32,
+            values.as_ptr(),
+            bytes.as_mut_ptr().cast(),
+            0,
+            m as i64,
+            k as i64,
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(written, bytes.len());
+    let x = f32_bytes(&rng.f32_vec(k * n, 2.0));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("w.gguf");
+    GgufWriter::new()
+        .add_tensor("w", &[k as u64, m as u64], ggml_type, bytes)
+        .add_tensor("x", &[k as u64, n as u64], GgmlType::F32, x)
+        .write(&path)
+        .expect("write the file");
+    let gguf = Arc::new(Gguf::open(&path).expect("open the file"));
+    let specs: Vec<WeightSpec<'_>> = ["w", "x"]
+        .iter()
+        .map(|name| {
+            let info = gguf.tensor(name).expect("tensor");
+            WeightSpec {
+                name: &info.name,
+                ggml_type: info.dtype as u32,
+                shape: &info.shape,
+                offset: info.offset as usize,
+                n_bytes: info.n_bytes as usize,
+                on_device: false,
+                matmul_only: false,
+            }
+        })
+        .collect();
+    let weights = Weights::map(Arc::clone(&gguf), &specs, None, false).expect("map");
+    let mut compute = Compute::cpu(2).expect("compute");
+    compute
+        .run(|g| {
+            g.allow_integer_sums(n, lead);
+            let w = g.lift(weights.get(0));
+            let x = g.lift(weights.get(1));
+            Ok(g.mul_mat(w, x))
+        })
+        .expect("run")
+}
+
+#[test]
+fn integer_sum_products_take_the_leading_rows_and_ggml_the_others() {
+    // SAFETY: plain queries.
+    let vectorized = unsafe {
+        [
+            sys::kernels::ggml_sys_mul_mat_q4_0_isum(),
+            sys::kernels::ggml_sys_mul_mat_q8_0_isum(),
+        ]
+    };
+    for (ty, vectorized) in [GgmlType::Q4_0, GgmlType::Q8_0].into_iter().zip(vectorized) {
+        let (k, m, n) = (576, 37, 150);
+        let ggml = routed_product(ty, k, m, n, 0);
+        for lead in [64, 100, n] {
+            let got = routed_product(ty, k, m, n, lead);
+            let what = format!("{ty:?}, {lead} of {n} rows");
+            // The other rows: ggml's bits.
+            assert!(
+                got[lead * m..]
+                    .iter()
+                    .zip(&ggml[lead * m..])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{what}: the other rows are not ggml's"
+            );
+            // The leading rows: ggml's result up to rounding, and (when the kernel runs) other
+            // bits somewhere: the kernel ran.
+            let head = (&got[..lead * m], &ggml[..lead * m]);
+            let scale = head.1.iter().fold(0f32, |s, v| s.max(v.abs()));
+            assert!(
+                head.0
+                    .iter()
+                    .zip(head.1)
+                    .all(|(a, b)| (a - b).abs() <= 1e-5 * scale),
+                "{what}: the leading rows are not ggml's product"
+            );
+            let differing = head.0.iter().zip(head.1).filter(|(a, b)| a != b).count();
+            assert_eq!(
+                differing > 0,
+                vectorized == 1,
+                "{what}: {differing} leading results differ from ggml's"
+            );
+        }
+        // Fewer than 64 leading rows: all ggml's.
+        let few = routed_product(ty, k, m, n, 63);
+        assert!(
+            few.iter()
+                .zip(&ggml)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{ty:?}: 63 leading rows"
+        );
+    }
+}

@@ -1,0 +1,456 @@
+// Q4_0 and Q8_0 matrix products for ggml's CPU backend, run as ggml custom ops
+// (`ggml_custom_4d`): the integer-sum product that mul_mat_q4_1.c runs for q4_1, for the two
+// other common weight types. Every column of the node takes it; the engine gives these ops only
+// the leading columns that may take integer sums and ggml_mul_mat the others.
+//
+// Definition. The activation columns are quantized by ggml's own q8_0 routine (the type that
+// ggml's Q4_0 and Q8_0 dot products quantize them to, so the same int8 values y and scales d1).
+// A weight block holds a scale d0 and 32 integers w: q - 8 for Q4_0 (q the stored nibble,
+// 0..15), the stored int8 for Q8_0. For row r and column c, over the blocks i in order,
+//     dot_i = sum_{j < 32} w_j * y_j                    (exactly, in 32-bit integers)
+//     acc   = fma(d0_i * d1_i, (float) dot_i, acc)       (from acc = 0; d0 * d1 rounded to f32)
+//     out   = acc.
+// ggml computes the same exact block sums (for each block ggml's d0 * d1 is the same f32 product)
+// but accumulates them in eight float lanes and adds the lanes at the end: the two results
+// differ by float rounding only, never in the integers. |dot_i| <= 32 * 128 * 128 = 2^19 <
+// 2^24, so the conversion to float is exact.
+//
+// How the integers are summed. One vector lane holds one column: the columns are packed W to a
+// group (16 with AVX-512 VNNI, else 8), the four bytes of a block's element quad for all W
+// columns side by side, so one multiply-add of a broadcast weight quad serves W columns, and
+// the conversion and scale come once per block for W columns. The multiply-add instructions
+// take one unsigned operand: the weights are unpacked unsigned, u = w + b with b = 8 (Q4_0: u is
+// the stored nibble q) or b = 128 (Q8_0: u = w xor 0x80, 0..255), and the block's sum starts at
+// -b * sum_j y_j, computed exactly in integers when the columns are packed (never from q8_1's
+// rounded f16 sum): sum_j u_j y_j - b * sum_j y_j = sum_j w_j y_j.
+// - AVX-512 VNNI / AVX-VNNI: `dpbusd` sums four u8 * s8 products into a 32-bit lane without
+//   saturation: |partial sums| <= 32 * 255 * 128 < 2^31, exact.
+// - AVX2 without VNNI: `maddubs` adds pairs of u8 * s8 products into 16 bits and saturates, so
+//   the unsigned bytes are kept to 0..15: Q4_0's nibbles as they are, Q8_0's u split into
+//   u = 16 * h + l (h, l in 0..15), two sums. A 16-bit lane adds a block's 8 quads' pairs:
+//   |sum| <= 8 * 2 * 15 * 128 = 30720 < 2^15, exact; then widened to 32 bits (`madd` by 1),
+//   and for Q8_0 16 * H + L.
+// - Neither: a plain C loop over the same packed layout with the same integer sums and the same
+//   float operations (fmaf), so the same bits, only slower; `ggml_sys_mul_mat_q4_0_isum` and
+//   `ggml_sys_mul_mat_q8_0_isum` then return 0 and the engine keeps ggml's product.
+// The float step is the same instructions in every path (a product, a conversion, a fused
+// multiply-add per block and column), so the result is the same bits at every ISA level.
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ggml.h"
+#include "ggml-cpu.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define Q80_SIMD 1
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define Q80_W16 1
+#elif (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#define Q80_VNNI256 1
+#endif
+#endif
+
+#define QK 32
+
+#if defined(__GNUC__) || defined(__clang__)
+#define Q80_INLINE static inline __attribute__((always_inline))
+#define Q80_ALIGN64 __attribute__((aligned(64)))
+#elif defined(_MSC_VER)
+#define Q80_INLINE static __forceinline
+#define Q80_ALIGN64 __declspec(align(64))
+#else
+#define Q80_INLINE static inline
+#define Q80_ALIGN64
+#endif
+
+typedef struct {
+    uint16_t d;
+    uint8_t qs[QK / 2];
+} q40_block;
+
+typedef struct {
+    uint16_t d;
+    int8_t qs[QK];
+} q80_block;
+
+_Static_assert(sizeof(q40_block) == 18, "q4_0 block is 18 bytes");
+_Static_assert(sizeof(q80_block) == 34, "q8_0 block is 34 bytes");
+
+// The weight types.
+enum { KIND_Q4_0 = 0, KIND_Q8_0 = 1 };
+
+// Columns per group and weight rows per pass.
+#if defined(Q80_W16)
+#define W 16
+#define MR 8
+#else
+#define W 8
+#define MR 4
+#endif
+
+// Bytes of one unpacked weight block: 32 unsigned values, or for Q8_0 on AVX2 without VNNI
+// their low nibbles then their high nibbles.
+#if defined(Q80_SIMD) && !defined(Q80_W16) && !defined(Q80_VNNI256)
+#define Q80_SPLIT 1
+#define XB(kind) ((kind) == KIND_Q8_0 ? 2 * QK : QK)
+#else
+#define XB(kind) QK
+#endif
+
+// A group's block i: quad k (elements 4k .. 4k+3) of its W columns at `qs + ((i * 8 + k) * W
+// + c) * 4`, then the scales d1[i * W + c] as f32, then the starting sums -b * sum(y) as int32.
+#define GROUP_BYTES (8 * W * 4 + W * sizeof(float) + W * sizeof(int32_t))
+
+static _Thread_local char * buf_raw = NULL;
+static _Thread_local size_t buf_cap = 0;
+
+// A per-thread buffer of `bytes`, 64-byte aligned.
+static char * reserve(size_t bytes) {
+    if (bytes + 64 > buf_cap) {
+        char * p = realloc(buf_raw, bytes + 64);
+        if (p == NULL) {
+            return NULL;
+        }
+        buf_raw = p;
+        buf_cap = bytes + 64;
+    }
+    return (char *) (((uintptr_t) buf_raw + 63) & ~(uintptr_t) 63);
+}
+
+static inline size_t align64(size_t n) {
+    return (n + 63) & ~(size_t) 63;
+}
+
+static inline float * out_at(struct ggml_tensor * dst, int64_t m, int64_t n) {
+    return (float *) ((char *) dst->data + m * dst->nb[0] + n * dst->nb[1]);
+}
+
+// Rows m0..m1-1 of columns n0..n1-1 set to NaN: a kernel without scratch memory fails visibly.
+static void fill_nan(struct ggml_tensor * dst, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+        for (int64_t m = m0; m < m1; ++m) {
+            *out_at(dst, m, n) = NAN;
+        }
+    }
+}
+
+// Quantizes columns n0 .. n0 + W - 1 of `b` (those below N; the rest zero) into group `g`,
+// going through `tmp` (nb q8_0 blocks); `bias` is b of the top comment.
+static void pack_group(const struct ggml_tensor * b, int64_t n0, int64_t N, int nb, int32_t bias,
+                       q80_block * tmp, char * g) {
+    const struct ggml_type_traits_cpu * q80 = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0);
+    int8_t * qs = (int8_t *) g;
+    float * d1 = (float *) (g + (size_t) nb * 8 * W * 4);
+    int32_t * start = (int32_t *) (d1 + (size_t) nb * W);
+    for (int c = 0; c < W; ++c) {
+        const int real = n0 + c < N;
+        if (real) {
+            q80->from_float((const float *) ((const char *) b->data + (n0 + c) * b->nb[1]), tmp,
+                            (int64_t) nb * QK);
+        }
+        for (int i = 0; i < nb; ++i) {
+            int32_t sum = 0;
+            for (int k = 0; k < 8; ++k) {
+                int8_t * quad = qs + (((size_t) i * 8 + k) * W + c) * 4;
+                if (real) {
+                    memcpy(quad, tmp[i].qs + 4 * k, 4);
+                    sum += quad[0] + quad[1] + quad[2] + quad[3];
+                } else {
+                    memset(quad, 0, 4);
+                }
+            }
+            d1[i * W + c] = real ? ggml_fp16_to_fp32(tmp[i].d) : 0.0f;
+            start[i * W + c] = -bias * sum;
+        }
+    }
+}
+
+// Unpacks weight row `row` (nb blocks of `kind`) into `x` (XB(kind) bytes per block, the
+// unsigned u of the top comment) and its scales as f32 into `d0`.
+static void unpack_row(int kind, const void * row, int nb, uint8_t * x, float * d0) {
+    for (int i = 0; i < nb; ++i) {
+        uint8_t u[QK];
+        if (kind == KIND_Q4_0) {
+            const q40_block * blk = (const q40_block *) row + i;
+            // Elements 0..15 are the low nibbles, 16..31 the high ones.
+            for (int j = 0; j < QK / 2; ++j) {
+                u[j] = blk->qs[j] & 0x0F;
+                u[j + QK / 2] = blk->qs[j] >> 4;
+            }
+            d0[i] = ggml_fp16_to_fp32(blk->d);
+        } else {
+            const q80_block * blk = (const q80_block *) row + i;
+            for (int j = 0; j < QK; ++j) {
+                u[j] = (uint8_t) blk->qs[j] ^ 0x80;
+            }
+            d0[i] = ggml_fp16_to_fp32(blk->d);
+        }
+        uint8_t * out = x + (size_t) i * XB(kind);
+#ifdef Q80_SPLIT
+        if (kind == KIND_Q8_0) {
+            for (int j = 0; j < QK; ++j) {
+                out[j] = u[j] & 0x0F;
+                out[QK + j] = u[j] >> 4;
+            }
+            continue;
+        }
+#endif
+        memcpy(out, u, QK);
+    }
+}
+
+#ifdef Q80_SIMD
+#if defined(Q80_W16)
+typedef __m512i vint;
+typedef __m512 vflt;
+#define VI_LOAD(p) _mm512_load_si512((const void *) (p))
+#define VF_ZERO() _mm512_setzero_ps()
+#define VF_LOAD(p) _mm512_load_ps(p)
+#define VF_BCST(p) _mm512_set1_ps(*(p))
+#define VF_MUL(x, y) _mm512_mul_ps(x, y)
+#define VF_FMA(x, y, z) _mm512_fmadd_ps(x, y, z)
+#define VF_CVT(x) _mm512_cvtepi32_ps(x)
+#define VF_STORE(p, x) _mm512_store_ps(p, x)
+#define VI_BCST32(v) _mm512_set1_epi32(v)
+#else
+typedef __m256i vint;
+typedef __m256 vflt;
+#define VI_LOAD(p) _mm256_load_si256((const __m256i *) (p))
+#define VF_ZERO() _mm256_setzero_ps()
+#define VF_LOAD(p) _mm256_load_ps(p)
+#define VF_BCST(p) _mm256_broadcast_ss(p)
+#define VF_MUL(x, y) _mm256_mul_ps(x, y)
+#define VF_FMA(x, y, z) _mm256_fmadd_ps(x, y, z)
+#define VF_CVT(x) _mm256_cvtepi32_ps(x)
+#define VF_STORE(p, x) _mm256_store_ps(p, x)
+#define VI_BCST32(v) _mm256_set1_epi32(v)
+#endif
+
+static inline int32_t load_quad(const uint8_t * p) {
+    int32_t q;
+    memcpy(&q, p, 4);
+    return q;
+}
+
+// Block sums of R rows against a group's block: dot[r] lane c = the exact sum of the block's
+// products w * y of row r (x + r * rs) and column c (y: the block's 8 quads of W columns,
+// `start`: the W starting sums).
+Q80_INLINE void block_dots(int kind, vint * dot, int R, const uint8_t * x, size_t rs,
+                           const int8_t * y, const int32_t * start) {
+    const vint s = VI_LOAD(start);
+#if defined(Q80_W16) || defined(Q80_VNNI256)
+    (void) kind;
+    for (int r = 0; r < R; ++r) {
+        dot[r] = s;
+    }
+    for (int k = 0; k < 8; ++k) {
+        const vint yk = VI_LOAD(y + k * W * 4);
+        for (int r = 0; r < R; ++r) {
+            const vint xq = VI_BCST32(load_quad(x + r * rs + 4 * k));
+#if defined(Q80_W16)
+            dot[r] = _mm512_dpbusd_epi32(dot[r], xq, yk);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+            dot[r] = _mm256_dpbusd_epi32(dot[r], xq, yk);
+#else
+            dot[r] = _mm256_dpbusd_avx_epi32(dot[r], xq, yk);
+#endif
+        }
+    }
+#else
+    // maddubs: pairs of products of unsigned 0..15 and int8 in 16 bits, a block's 8 quads
+    // summed there: |sum| <= 30720 < 2^15 (see the top), then widened.
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int parts = kind == KIND_Q8_0 ? 2 : 1;
+    __m256i s16[2][MR];
+    for (int p = 0; p < parts; ++p) {
+        for (int r = 0; r < R; ++r) {
+            s16[p][r] = _mm256_setzero_si256();
+        }
+    }
+    for (int k = 0; k < 8; ++k) {
+        const vint yk = VI_LOAD(y + k * W * 4);
+        for (int p = 0; p < parts; ++p) {
+            for (int r = 0; r < R; ++r) {
+                const __m256i xq = _mm256_set1_epi32(load_quad(x + r * rs + p * QK + 4 * k));
+                s16[p][r] = _mm256_add_epi16(s16[p][r], _mm256_maddubs_epi16(xq, yk));
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        __m256i d = _mm256_madd_epi16(s16[0][r], ones);
+        if (kind == KIND_Q8_0) {
+            // u = l + 16 h: the low nibbles' sum plus 16 times the high nibbles'.
+            d = _mm256_add_epi32(d, _mm256_slli_epi32(_mm256_madd_epi16(s16[1][r], ones), 4));
+        }
+        dot[r] = _mm256_add_epi32(d, s);
+    }
+#endif
+}
+
+// R unpacked rows (x + r * rs; scales d0[r * nb + i]) against one group: res[r * W + c].
+Q80_INLINE void rows_group(int kind, const uint8_t * x, size_t rs, const float * d0,
+                           const char * g, int nb, int R, float * res) {
+    const int8_t * qs = (const int8_t *) g;
+    const float * d1 = (const float *) (g + (size_t) nb * 8 * W * 4);
+    const int32_t * start = (const int32_t *) (d1 + (size_t) nb * W);
+    vflt acc[MR];
+    for (int r = 0; r < R; ++r) {
+        acc[r] = VF_ZERO();
+    }
+    for (int i = 0; i < nb; ++i) {
+        vint dot[MR];
+        block_dots(kind, dot, R, x + (size_t) i * XB(kind), rs, qs + (size_t) i * 8 * W * 4,
+                   start + (size_t) i * W);
+        const vflt dc = VF_LOAD(d1 + (size_t) i * W);
+        for (int r = 0; r < R; ++r) {
+            acc[r] = VF_FMA(VF_MUL(VF_BCST(d0 + (size_t) r * nb + i), dc), VF_CVT(dot[r]), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        VF_STORE(res + r * W, acc[r]);
+    }
+}
+#else
+// The same sums and float operations as the vector paths, one lane at a time.
+static void rows_group(int kind, const uint8_t * x, size_t rs, const float * d0, const char * g,
+                       int nb, int R, float * res) {
+    (void) kind;
+    const int8_t * qs = (const int8_t *) g;
+    const float * d1 = (const float *) (g + (size_t) nb * 8 * W * 4);
+    const int32_t * start = (const int32_t *) (d1 + (size_t) nb * W);
+    for (int r = 0; r < R; ++r) {
+        for (int c = 0; c < W; ++c) {
+            float acc = 0.0f;
+            for (int i = 0; i < nb; ++i) {
+                const uint8_t * xb = x + r * rs + (size_t) i * QK;
+                const int8_t * yb = qs + (size_t) i * 8 * W * 4;
+                int32_t dot = start[(size_t) i * W + c];
+                for (int k = 0; k < 8; ++k) {
+                    for (int j = 0; j < 4; ++j) {
+                        dot += (int32_t) xb[4 * k + j] * yb[(k * W + c) * 4 + j];
+                    }
+                }
+                const float d = d0[(size_t) r * nb + i] * d1[(size_t) i * W + c];
+                acc = fmaf(d, (float) dot, acc);
+            }
+            res[r * W + c] = acc;
+        }
+    }
+}
+#endif
+
+// R rows from m (unpacked in x, d0) against groups g0 .. g1 - 1 (packed from `packed`).
+Q80_INLINE void rows_groups(int kind, struct ggml_tensor * dst, int64_t m, int R,
+                            const uint8_t * x, const float * d0, const char * packed, int64_t g0,
+                            int64_t g1, int nb, int64_t N) {
+    const size_t group_bytes = (size_t) nb * GROUP_BYTES;
+    Q80_ALIGN64 float res[MR * W] = {0};
+    for (int64_t g = g0; g < g1; ++g) {
+        rows_group(kind, x, (size_t) nb * XB(kind), d0, packed + (size_t) (g - g0) * group_bytes,
+                   nb, R, res);
+        const int64_t n0 = g * W;
+        const int cols = N - n0 < W ? (int) (N - n0) : W;
+        for (int c = 0; c < cols; ++c) {
+            float * out = out_at(dst, m, n0 + c);
+            for (int r = 0; r < R; ++r) {
+                out[r] = res[r * W + c];
+            }
+        }
+    }
+}
+
+// The work of thread ith of nth over `groups` column groups and M rows: enough groups, and
+// each thread packs and computes its own groups for every row; otherwise each packs every
+// group and computes its share of the rows. Returns 0 when the thread has nothing to do.
+static int split_work(int64_t groups, int64_t M, int ith, int nth, int64_t * g0, int64_t * g1,
+                      int64_t * r0, int64_t * r1) {
+    const int by_groups = groups >= 2 * nth;
+    const int64_t g_per = (groups + nth - 1) / nth, r_per = (M + nth - 1) / nth;
+    *g0 = by_groups ? g_per * ith : 0;
+    *g1 = by_groups ? (*g0 + g_per < groups ? *g0 + g_per : groups) : groups;
+    *r0 = by_groups ? 0 : r_per * ith;
+    *r1 = by_groups ? M : (*r0 + r_per < M ? *r0 + r_per : M);
+    return *g0 < *g1 && *r0 < *r1;
+}
+
+Q80_INLINE void mul_mat(int kind, struct ggml_tensor * dst, int ith, int nth) {
+    const struct ggml_tensor * a = dst->src[0];
+    const struct ggml_tensor * b = dst->src[1];
+    const int64_t M = a->ne[1], N = b->ne[1];
+    const int nb = (int) (a->ne[0] / QK);
+    const int64_t groups = (N + W - 1) / W;
+    int64_t g0, g1, r0, r1;
+    if (!split_work(groups, M, ith, nth, &g0, &g1, &r0, &r1)) {
+        return;
+    }
+    const size_t packed_bytes = align64((size_t) (g1 - g0) * nb * GROUP_BYTES);
+    const size_t x_bytes = align64((size_t) MR * nb * XB(kind));
+    const size_t d0_bytes = align64((size_t) MR * nb * sizeof(float));
+    const size_t tmp_bytes = align64((size_t) nb * sizeof(q80_block));
+    char * buf = reserve(packed_bytes + x_bytes + d0_bytes + tmp_bytes);
+    if (buf == NULL) {
+        fill_nan(dst, r0, r1, g0 * W, g1 * W < N ? g1 * W : N);
+        return;
+    }
+    uint8_t * x = (uint8_t *) (buf + packed_bytes);
+    float * d0 = (float *) (buf + packed_bytes + x_bytes);
+    q80_block * tmp = (q80_block *) (buf + packed_bytes + x_bytes + d0_bytes);
+    const int32_t bias = kind == KIND_Q4_0 ? 8 : 128;
+    for (int64_t g = g0; g < g1; ++g) {
+        pack_group(b, g * W, N, nb, bias, tmp, buf + (size_t) (g - g0) * nb * GROUP_BYTES);
+    }
+    for (int64_t m = r0; m < r1; m += MR) {
+        const int R = r1 - m < MR ? (int) (r1 - m) : MR;
+        for (int r = 0; r < R; ++r) {
+            unpack_row(kind, (const char *) a->data + (m + r) * a->nb[1], nb,
+                       x + (size_t) r * nb * XB(kind), d0 + (size_t) r * nb);
+        }
+        // A constant row count per call, so that the vector path keeps its sums in registers.
+        switch (R) {
+#define Q80_ROWS(n) \
+    case n: rows_groups(kind, dst, m, n, x, d0, buf, g0, g1, nb, N); break;
+            Q80_ROWS(1)
+            Q80_ROWS(2)
+            Q80_ROWS(3)
+#if MR > 4
+            Q80_ROWS(4)
+            Q80_ROWS(5)
+            Q80_ROWS(6)
+            Q80_ROWS(7)
+#endif
+#undef Q80_ROWS
+            default: rows_groups(kind, dst, m, MR, x, d0, buf, g0, g1, nb, N); break;
+        }
+    }
+}
+
+// dst[m, n] = sum_k a[k, m] * b[k, n] by the definition at the top, every column; a: q4_0
+// [K, M] (src 0), b: f32 [K, N] (src 1), dst: f32 [M, N], all two-dimensional, K a multiple of
+// 32. `userdata` is not used.
+void ggml_sys_mul_mat_q4_0(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+    (void) userdata;
+    mul_mat(KIND_Q4_0, dst, ith, nth);
+}
+
+// As ggml_sys_mul_mat_q4_0, for q8_0 weights.
+void ggml_sys_mul_mat_q8_0(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+    (void) userdata;
+    mul_mat(KIND_Q8_0, dst, ith, nth);
+}
+
+// 1 when the products above run vector instructions, 0 for the plain C loop (same bits).
+int ggml_sys_mul_mat_q4_0_isum(void) {
+#ifdef Q80_SIMD
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int ggml_sys_mul_mat_q8_0_isum(void) {
+    return ggml_sys_mul_mat_q4_0_isum();
+}
