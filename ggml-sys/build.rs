@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 
 include!("src/source.rs");
 include!("fetch.rs");
+include!("variants.rs");
 
 fn main() {
     emit_rerun_triggers();
@@ -48,7 +49,14 @@ fn main() {
         arch_flags: target.simd_flags(),
         openmp: features.openmp,
     };
-    let (mut objects, compiler_is_clang) = cpu_build.compile(&c_files, &cpp_files);
+    let (mut objects, compiler_is_clang) = if variants_wanted(&target) {
+        cpu_build.compile_variants(&c_files, &cpp_files, &out, X86_64_VARIANTS)
+    } else {
+        let (mut objects, clang) = cpu_build.compile(&c_files, &cpp_files);
+        let name = if target.native { "native" } else { "portable" };
+        objects.extend(cpu_build.compile_single_dispatcher(&out, name));
+        (objects, clang)
+    };
 
     if let Some(root) = &cuda_root {
         objects.extend(build_cuda(&ggml, &include_dir, &defines, root));
@@ -74,6 +82,7 @@ fn emit_rerun_triggers() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/source.rs");
     println!("cargo:rerun-if-changed=fetch.rs");
+    println!("cargo:rerun-if-changed=variants.rs");
     println!("cargo:rerun-if-changed=src/bindings.rs");
     println!("cargo:rerun-if-changed=csrc");
     for var in [

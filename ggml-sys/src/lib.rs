@@ -173,3 +173,34 @@ pub mod metal {
 
 /// The ggml version the linked library was built from, as its build script read it.
 pub const BUILT_GGML_VERSION: &str = env!("GGML_SYS_BUILT_VERSION");
+
+/// The instruction-set path the CPU backend and our kernels run, chosen when the program starts.
+///
+/// On x86-64 the build makes one variant per level (`x86-64`, `avx2`, `avx-vnni`, `avx512`,
+/// `avx512-vnni`, lowest first) and the highest one this CPU runs is taken, unless the
+/// environment variable `LLAMA_HDD_CPU` names another one that it runs (`scalar` and `baseline`
+/// name the lowest). Elsewhere, or with `GGML_SYS_VARIANTS=0` or `GGML_SYS_PORTABLE=1`, there
+/// is one path, `native` or `portable`.
+pub mod cpu {
+    unsafe extern "C" {
+        /// How many paths the build has.
+        pub fn ggml_sys_cpu_paths() -> ::core::ffi::c_int;
+        /// Path `v`'s name (a static NUL-terminated string), or null past the last one.
+        pub fn ggml_sys_cpu_path_name(v: ::core::ffi::c_int) -> *const ::core::ffi::c_char;
+        /// 1 when this CPU (and its operating system) can run path `v`.
+        pub fn ggml_sys_cpu_path_supported(v: ::core::ffi::c_int) -> ::core::ffi::c_int;
+        /// The path taken.
+        pub fn ggml_sys_cpu_path() -> ::core::ffi::c_int;
+        /// What became of `LLAMA_HDD_CPU`: 0 not set, 1 taken, [`REQUEST_UNKNOWN`] no such
+        /// path, [`REQUEST_NOT_RUNNABLE`] this CPU cannot run it (the highest one it runs is
+        /// taken in both cases).
+        pub fn ggml_sys_cpu_request() -> ::core::ffi::c_int;
+    }
+
+    /// [`ggml_sys_cpu_request`]: `LLAMA_HDD_CPU` names no path of this build.
+    pub const REQUEST_UNKNOWN: ::core::ffi::c_int = -2;
+    /// [`ggml_sys_cpu_request`]: this CPU cannot run the path `LLAMA_HDD_CPU` names.
+    pub const REQUEST_NOT_RUNNABLE: ::core::ffi::c_int = -3;
+    /// The environment variable that names a path.
+    pub const PATH_ENV: &str = "LLAMA_HDD_CPU";
+}

@@ -6,8 +6,8 @@
 //!   their licences forbid it) into `models/templates/`, from a pinned package, checksums
 //!   verified.
 //! - `bindgen`: regenerate `ggml-sys/src/bindings*.rs` from the pinned ggml headers.
-//! - `ci`: formatting check, clippy with warnings denied, `tidy`, the whole test suite, then
-//!   `clients`.
+//! - `ci`: formatting check, clippy with warnings denied, `tidy`, the whole test suite, ggml-sys's
+//!   tests once under each other CPU path the machine runs, then `clients`.
 //! - `clients`: the server driven by the official `openai`, `anthropic` and `ollama` Python
 //!   packages (`server/tests/clients/`).
 //! - `compare-llama-cpp`: engine speed against llama.cpp's reference harness, side by side.
@@ -248,6 +248,63 @@ fn run(program: &str, args: &[&str]) -> Result<(), String> {
     }
 }
 
+/// ggml-sys's tests (every kernel test), release build, once under each CPU path this machine
+/// runs but the highest (which the whole suite just ran), forced through `LLAMA_HDD_CPU`: the
+/// run-time dispatch's other paths are tested too, and its probes check that each was taken.
+fn every_cpu_path(cargo: &str) -> Result<(), String> {
+    let paths = runnable_cpu_paths();
+    for path in paths.iter().rev().skip(1) {
+        let args = ["test", "-p", "ggml-sys", "--release"];
+        eprintln!("$ LLAMA_HDD_CPU={path} {cargo} {}", args.join(" "));
+        let status = Command::new(cargo)
+            .args(args)
+            .env("LLAMA_HDD_CPU", path)
+            .current_dir(workspace_root())
+            .status()
+            .map_err(|e| format!("could not run {cargo}: {e}"))?;
+        if !status.success() {
+            return Err(format!(
+                "ggml-sys's tests failed on CPU path {path} ({status})"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The x86-64 paths of ggml-sys's dispatch that this CPU runs, lowest first (by Rust's own
+/// detection; `ggml-sys/tests/cpu_paths.rs` checks that the dispatcher agrees).
+fn runnable_cpu_paths() -> Vec<&'static str> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx2 = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+            && is_x86_feature_detected!("bmi2");
+        let avx512 = avx2
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512dq")
+            && is_x86_feature_detected!("avx512vl");
+        [
+            ("x86-64", true),
+            ("avx2", avx2),
+            ("avx-vnni", avx2 && is_x86_feature_detected!("avxvnni")),
+            ("avx512", avx512),
+            (
+                "avx512-vnni",
+                avx512 && is_x86_feature_detected!("avx512vnni"),
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(name, runs)| runs.then_some(name))
+        .collect()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        Vec::new()
+    }
+}
+
 /// `bindgen` needs libclang; the generator is compiled only on demand (feature `bindgen`).
 fn bindgen() -> Result<(), String> {
     #[cfg(feature = "bindgen")]
@@ -303,6 +360,7 @@ fn ci() -> Result<(), String> {
     eprintln!("$ cargo xtask tidy");
     tidy::tidy(&root)?;
     run(&cargo, &["test", "--workspace"])?;
+    every_cpu_path(&cargo)?;
     eprintln!("$ cargo xtask clients");
     clients::clients(&clients::ClientsArgs::default())?;
     Ok(())
