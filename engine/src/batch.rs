@@ -200,7 +200,8 @@ pub(crate) struct Plan {
     pub out_rows: Vec<i32>,
     /// Output rows of each item.
     pub item_rows: Vec<Range<usize>>,
-    /// Leading batch rows whose q4_1 products may sum blocks in integers (see
+    /// Leading batch rows whose integer-sum products (q4_1, Q4_0, Q8_0 weights) may sum
+    /// blocks in integers (see
     /// [`Graph::allow_integer_sums`](crate::ggml::graph::Graph::allow_integer_sums)): the
     /// tokens of the items of [`QUERY_TILE`] tokens or more, which come first. 0 when
     /// invariant.
@@ -233,7 +234,7 @@ impl Plan {
             integer_sum_rows: 0,
         };
         // Items of QUERY_TILE tokens or more first (outside invariant plans), each group in
-        // batch order: their rows may then take the faster q4_1 products, which round
+        // batch order: their rows may then take the faster integer-sum products, which round
         // otherwise, while a token of a shorter item keeps ggml's bits beside them (the
         // choice, like `ours`, depends on the item alone).
         let long = |i: &PlanItem<'_>| !invariant && i.tokens.len() >= QUERY_TILE;

@@ -22,11 +22,11 @@ pub struct ContextParams {
     /// Element type of cached V (a quantized V needs `flash_attn`).
     pub type_v: KvType,
     /// Batch-invariant evaluation: attention computes every query on its own (never in
-    /// ggml's tiles of 64 queries) and q4_1 products keep ggml's bits at every batch size
-    /// (never the integer-sum path of 64 rows or more), so a token's logits are the same bits
-    /// whether it was evaluated alone, in a micro-batch or beside other sequences. Costs most
-    /// of the CPU's prefill speed (0.28x the default's at 1,024 tokens; see
-    /// docs/BENCHMARKS.md); off by default.
+    /// ggml's tiles of 64 queries) and matrix products keep ggml's bits at every batch size
+    /// (never the integer-sum products of q4_1, Q4_0 or Q8_0 weights over 64 rows or more),
+    /// so a token's logits are the same bits whether it was evaluated alone, in a micro-batch
+    /// or beside other sequences. Costs most of the CPU's prefill speed (0.28x the default's
+    /// at 1,024 tokens; see docs/BENCHMARKS.md); off by default.
     pub batch_invariant: bool,
     /// Bytes of KV the pool may keep in RAM; 0 for no budget. Past it, full pages leave RAM
     /// for block files of the store given with [`Context::spill_to`](crate::Context::spill_to), and attention reads
