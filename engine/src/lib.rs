@@ -68,6 +68,7 @@ mod window;
 
 pub use batch::{Batch, BatchOutput, Logits};
 pub use context::{Context, ContextParams, SeqId};
+pub use ggml::{cpu_path, CpuPath, CpuRequest};
 pub use error::{Error, GgufProblem, Result, TokenizerError};
 pub use ingest::{IngestParams, IngestReport, Progress};
 pub use kv::{KvLayout, KvStats, KvType, PAGE_TOKENS};

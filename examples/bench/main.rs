@@ -193,6 +193,7 @@ fn batched(args: &Args, model: &std::sync::Arc<Model>) -> Result<serde_json::Val
         "n_prompt": np,
         "n_gen": ng,
         "threads": args.model.threads,
+        "cpu_path": engine::cpu_path().name,
         "reps": args.reps,
         "prefill_tps": median(&mut prefill),
         "decode_tps": if decode.is_empty() { 0.0 } else { median(&mut decode) },
@@ -363,6 +364,7 @@ fn main() -> Result<()> {
         "n_prompt": args.prompt_tokens,
         "n_gen": args.gen_tokens,
         "threads": args.model.threads,
+        "cpu_path": engine::cpu_path().name,
         "reps": args.reps,
     });
     spill.report(&mut out)?;

@@ -385,3 +385,50 @@ pub(crate) fn type_facts(ggml_type: u32) -> Option<TypeFacts> {
 
 #[cfg(test)]
 mod tests;
+
+/// The instruction-set path that ggml's CPU backend and our kernels run in this process, chosen
+/// when it started: the highest one the CPU runs, unless `LLAMA_HDD_CPU` names another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuPath {
+    /// Its name: `x86-64`, `avx2`, `avx-vnni`, `avx512`, `avx512-vnni`; `native` or `portable`
+    /// for a build of one path.
+    pub name: &'static str,
+    /// What became of `LLAMA_HDD_CPU`.
+    pub request: CpuRequest,
+}
+
+/// What became of the path that `LLAMA_HDD_CPU` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuRequest {
+    /// The variable is not set: the highest path the CPU runs is taken.
+    NotSet,
+    /// The named path is taken.
+    Taken,
+    /// No path has that name; the highest path the CPU runs is taken.
+    Unknown,
+    /// This CPU cannot run the named path (or the build has only one other); the highest path
+    /// it runs is taken.
+    NotRunnable,
+}
+
+/// The path this process runs (see [`CpuPath`]).
+pub fn cpu_path() -> CpuPath {
+    // SAFETY: plain calls without arguments that point anywhere; the name is a static
+    // NUL-terminated string for the index the dispatcher returns.
+    let (name, request) = unsafe {
+        let raw = sys::cpu::ggml_sys_cpu_path_name(sys::cpu::ggml_sys_cpu_path());
+        let name = if raw.is_null() {
+            "unknown"
+        } else {
+            std::ffi::CStr::from_ptr(raw).to_str().unwrap_or("unknown")
+        };
+        (name, sys::cpu::ggml_sys_cpu_request())
+    };
+    let request = match request {
+        0 => CpuRequest::NotSet,
+        1 => CpuRequest::Taken,
+        sys::cpu::REQUEST_UNKNOWN => CpuRequest::Unknown,
+        _ => CpuRequest::NotRunnable,
+    };
+    CpuPath { name, request }
+}

@@ -53,6 +53,18 @@ fn main() -> ExitCode {
             n.option, n.tunes
         ));
     }
+    let cpu = engine::cpu_path();
+    say(format!(
+        "CPU path: {}{}",
+        cpu.name,
+        match cpu.request {
+            engine::CpuRequest::NotSet => "",
+            engine::CpuRequest::Taken => " (LLAMA_HDD_CPU)",
+            engine::CpuRequest::Unknown => " (LLAMA_HDD_CPU names no path; ignored)",
+            engine::CpuRequest::NotRunnable =>
+                " (this CPU cannot run the path LLAMA_HDD_CPU names; ignored)",
+        }
+    ));
     if config.args.no_cache {
         say("prompt cache: in memory only (--no-cache)".to_owned());
     } else {
