@@ -233,6 +233,20 @@ pub(crate) const INTEGER_SUM_KERNELS: &[IntegerSumKernel] = &[
         kernel: sys::kernels::ggml_sys_mul_mat_q8_0,
         vectorized: sys::kernels::ggml_sys_mul_mat_q8_0_isum,
     },
+    IntegerSumKernel {
+        w_type: sys::GGML_TYPE_Q4_K,
+        block: 256,
+        min_rows: 64,
+        kernel: sys::kernels::ggml_sys_mul_mat_q4_k,
+        vectorized: sys::kernels::ggml_sys_mul_mat_qk_isum,
+    },
+    IntegerSumKernel {
+        w_type: sys::GGML_TYPE_Q6_K,
+        block: 256,
+        min_rows: 64,
+        kernel: sys::kernels::ggml_sys_mul_mat_q6_k,
+        vectorized: sys::kernels::ggml_sys_mul_mat_qk_isum,
+    },
 ];
 
 /// A graph under construction, branded `'g`; it may use long-lived tensors borrowed for `'w`.
