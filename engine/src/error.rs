@@ -252,13 +252,27 @@ pub enum Error {
         /// The operation.
         what: &'static str,
     },
-    /// A checkpoint could not be read or written (corrupt, truncated, foreign, I/O).
-    #[error("checkpoint: {0}")]
-    Checkpoint(#[from] ckptfmt::FormatError),
+    /// A checkpoint could not be read or written (corrupt, truncated, foreign, I/O). The
+    /// checkpoint format's own error is its [`source`](std::error::Error::source).
+    #[error("checkpoint: {source}")]
+    Checkpoint {
+        /// What kind of failure it is.
+        kind: StoreErrorKind,
+        /// The checkpoint format's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The conversation store failed (I/O, a damaged or foreign checkpoint, a lock held by
-    /// another process).
-    #[error("store: {0}")]
-    Store(#[from] kvstore::StoreError),
+    /// another process). The block store's own error is its
+    /// [`source`](std::error::Error::source).
+    #[error("store: {source}")]
+    Store {
+        /// What kind of failure it is.
+        kind: StoreErrorKind,
+        /// The block store's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A sequence id that the context does not hold (never created, or removed).
     #[error("unknown sequence {seq}")]
     UnknownSequence {
@@ -391,6 +405,140 @@ pub enum Error {
         /// V type of the session.
         session_v: crate::KvType,
     },
+}
+
+/// What kind of failure an [`Error::Store`] or [`Error::Checkpoint`] is, for a caller to
+/// match on ([`Error::store_kind`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The checkpoint or block asked for is not stored.
+    NotFound,
+    /// Another process holds the store's lock in a way this call cannot share.
+    Busy,
+    /// The store cannot be written: opened read-only, a read-only filesystem, no permission.
+    ReadOnly,
+    /// Stored data is damaged, or was written for another model, geometry or format.
+    Corrupt,
+    /// The disk or the user's quota is full, or the store's disk budget cannot make room.
+    NoSpace,
+    /// Another operating-system I/O failure.
+    Io,
+    /// The remote tier failed (unreachable, timed out, refused the call).
+    Remote,
+    /// Anything else (an argument the store refuses, a store shutting down, ...).
+    Other,
+}
+
+impl StoreErrorKind {
+    /// The kind of an I/O failure.
+    fn of_io(e: &std::io::Error) -> StoreErrorKind {
+        use std::io::ErrorKind;
+        match e.kind() {
+            ErrorKind::StorageFull | ErrorKind::QuotaExceeded => StoreErrorKind::NoSpace,
+            ErrorKind::ReadOnlyFilesystem | ErrorKind::PermissionDenied => StoreErrorKind::ReadOnly,
+            _ => StoreErrorKind::Io,
+        }
+    }
+
+    /// The kind of a checkpoint format error.
+    fn of_format(e: &ckptfmt::FormatError) -> StoreErrorKind {
+        use ckptfmt::FormatError as F;
+        match e {
+            F::Io { source, .. } => StoreErrorKind::of_io(source),
+            F::NotFound { .. } => StoreErrorKind::NotFound,
+            F::Busy { .. } => StoreErrorKind::Busy,
+            F::ReadOnly { .. } => StoreErrorKind::ReadOnly,
+            _ => StoreErrorKind::Corrupt,
+        }
+    }
+
+    /// The kind of a block store error.
+    fn of_store(e: &kvstore::StoreError) -> StoreErrorKind {
+        use kvstore::StoreError as S;
+        if e.is_no_space() {
+            return StoreErrorKind::NoSpace;
+        }
+        match e {
+            S::Io { source, .. } => StoreErrorKind::of_io(source),
+            S::NoSpace { .. } => StoreErrorKind::NoSpace,
+            S::NotWritable { .. } | S::ReadOnly { .. } => StoreErrorKind::ReadOnly,
+            S::Format { source, .. } => StoreErrorKind::of_format(source),
+            S::Busy { .. } => StoreErrorKind::Busy,
+            S::CheckpointNotFound { .. } | S::BlockNotFound { .. } | S::MissingBlock { .. } => {
+                StoreErrorKind::NotFound
+            }
+            S::GeometryMismatch { .. } => StoreErrorKind::Corrupt,
+            S::Spill { source } => StoreErrorKind::of_store(source),
+            S::Remote { .. } | S::RemoteTls { .. } => StoreErrorKind::Remote,
+            _ => StoreErrorKind::Other,
+        }
+    }
+}
+
+impl Error {
+    /// The kind of a store or checkpoint failure; `None` for every other error.
+    pub fn store_kind(&self) -> Option<StoreErrorKind> {
+        match self {
+            Error::Store { kind, .. } | Error::Checkpoint { kind, .. } => Some(*kind),
+            _ => None,
+        }
+    }
+
+    /// For a [`StoreErrorKind::Busy`] failure: the pids of the live processes holding what
+    /// the call wanted (a lock, a claimed name; empty when they could not be read). `None`
+    /// for every other error.
+    pub fn busy_pids(&self) -> Option<&[u32]> {
+        let (Error::Store { source, .. } | Error::Checkpoint { source, .. }) = self else {
+            return None;
+        };
+        match source.downcast_ref::<kvstore::StoreError>() {
+            Some(kvstore::StoreError::Busy { pids, .. }) => Some(pids),
+            Some(kvstore::StoreError::Format {
+                source: ckptfmt::FormatError::Busy { pids, .. },
+                ..
+            }) => Some(pids),
+            _ => match source.downcast_ref::<ckptfmt::FormatError>() {
+                Some(ckptfmt::FormatError::Busy { pids, .. }) => Some(pids),
+                _ => None,
+            },
+        }
+    }
+
+    /// A block store failure as the engine's error.
+    pub(crate) fn store(e: kvstore::StoreError) -> Error {
+        Error::Store {
+            kind: StoreErrorKind::of_store(&e),
+            source: Box::new(e),
+        }
+    }
+
+    /// A checkpoint format failure as the engine's error.
+    pub(crate) fn checkpoint(e: ckptfmt::FormatError) -> Error {
+        Error::Checkpoint {
+            kind: StoreErrorKind::of_format(&e),
+            source: Box::new(e),
+        }
+    }
+}
+
+/// Results of the block store and the checkpoint format as the engine's (crate-private, so the
+/// API names neither crate's error).
+pub(crate) trait Foreign<T> {
+    /// The result with its error wrapped in [`Error::Store`] or [`Error::Checkpoint`].
+    fn ours(self) -> Result<T>;
+}
+
+impl<T> Foreign<T> for std::result::Result<T, kvstore::StoreError> {
+    fn ours(self) -> Result<T> {
+        self.map_err(Error::store)
+    }
+}
+
+impl<T> Foreign<T> for std::result::Result<T, ckptfmt::FormatError> {
+    fn ours(self) -> Result<T> {
+        self.map_err(Error::checkpoint)
+    }
 }
 
 /// What is wrong in a corrupt GGUF file ([`Error::GgufCorrupt`]).

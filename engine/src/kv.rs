@@ -203,7 +203,8 @@ impl KvLayout {
     /// f16, rows of one type copied as they are. The result is deterministic: converting the
     /// same bytes twice gives the same bytes.
     pub fn convert_span(&self, span: &[u8], to: &KvLayout) -> crate::Result<Vec<u8>> {
-        let bad = |why: String| ckptfmt::FormatError::invalid("KV span", why).into();
+        let bad =
+            |why: String| crate::Error::checkpoint(ckptfmt::FormatError::invalid("KV span", why));
         let per_token = self.bytes_per_token();
         if self.n_layers != to.n_layers || per_token == 0 || !span.len().is_multiple_of(per_token) {
             return Err(bad(format!(

@@ -69,7 +69,7 @@ mod window;
 pub use batch::{Batch, BatchOutput, Logits};
 pub use context::{Context, ContextParams, SeqId};
 pub use ggml::{cpu_path, CpuPath, CpuRequest};
-pub use error::{Error, GgufProblem, Result, TokenizerError};
+pub use error::{Error, GgufProblem, Result, StoreErrorKind, TokenizerError};
 pub use ingest::{IngestParams, IngestReport, Progress};
 pub use kv::{KvLayout, KvStats, KvType, PAGE_TOKENS};
 pub use model::{
@@ -93,14 +93,10 @@ pub use ckptfmt::ChainRoot;
 pub use ckptfmt::ElemType;
 /// A model's identity as checkpoints record it: [`Context::fingerprint`].
 pub use ckptfmt::Fingerprint;
-/// A checkpoint that is malformed, corrupt or of another format: [`Error::Checkpoint`].
-pub use ckptfmt::FormatError;
 /// The KV geometry of a checkpoint store: [`store::geometry`].
 pub use ckptfmt::Geometry;
 /// The block store's counters: [`store::SessionStore::metrics`].
 pub use kvstore::Metrics;
-/// A failure of the block store: [`Error::Store`].
-pub use kvstore::StoreError;
 
 /// How many leading tokens `a` and `b` share: the length of their common prefix.
 pub fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {

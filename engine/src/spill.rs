@@ -38,7 +38,7 @@ use ckptfmt::{BlockId, Encoding, MappedBlock};
 mod policy;
 
 use crate::batch::Plan;
-use crate::error::{Error, Result};
+use crate::error::{Error, Foreign, Result};
 use crate::ggml::stage::{advise_random, drop_cached, map_block_file, Hinter, Run, Src, StageOp};
 use crate::kv::{KvLayout, KvType, PagePool, PAGE_TOKENS};
 
@@ -183,7 +183,7 @@ impl Spill {
             };
             blocks.push((v.prev, v.tokens.as_slice(), bytes));
         }
-        let ids = self.store.put_on_disk(&blocks)?;
+        let ids = self.store.put_on_disk(&blocks).ours()?;
         for (v, id) in victims.iter().zip(ids) {
             if id != v.id {
                 return Err(Error::SpillLayout { store: 0, pool: 0 });
@@ -304,7 +304,7 @@ impl Spill {
                 }),
             };
         }
-        match self.store.get_uncached(&s.id)? {
+        match self.store.get_uncached(&s.id).ours()? {
             Some(b) => Ok(b.to_vec()),
             None => Err(Error::SpilledBlock {
                 id: s.id.to_hex(),

@@ -132,7 +132,7 @@ fn a_damaged_or_foreign_checkpoint_is_refused_and_the_session_kept() {
     let logits_before = other.logits().unwrap().to_vec();
     let err = store.restore(&mut other, "c").unwrap_err();
     assert!(
-        matches!(err, Error::Store(_) | Error::Checkpoint(_)),
+        matches!(err, Error::Store { .. } | Error::Checkpoint { .. }),
         "{err}"
     );
     // Exactly as before: tokens, KV bytes and logits.

@@ -10,9 +10,8 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use engine::chat::Message;
 use engine::sampling::Sampler;
-use engine::store::{CheckpointMeta, SessionStore, OWNER_CHAT};
-use engine::{GenerateParams, Model, Session, StopReason};
-use kvstore::{Claim, StoreError};
+use engine::store::{CheckpointMeta, Claim, SessionStore, OWNER_CHAT};
+use engine::{GenerateParams, Model, Session, StopReason, StoreErrorKind};
 
 use crate::args::check_session_name;
 
@@ -75,17 +74,16 @@ pub fn why(e: impl Into<anyhow::Error>) -> String {
 }
 
 /// "pid 123" or "another process", for a refused claim.
-fn holder(e: &StoreError) -> Option<String> {
-    match e {
-        StoreError::Busy { pids, .. } if pids.is_empty() => Some("another process".into()),
-        StoreError::Busy { pids, .. } => Some(format!(
+fn holder(e: &engine::Error) -> Option<String> {
+    match e.busy_pids()? {
+        [] => Some("another process".into()),
+        pids => Some(format!(
             "pid {}",
             pids.iter()
                 .map(u32::to_string)
                 .collect::<Vec<_>>()
                 .join(", ")
         )),
-        _ => None,
     }
 }
 
@@ -105,9 +103,9 @@ pub fn claim_new_name(store: &SessionStore, like: &str) -> Result<Claim> {
         if store.exists(&name)? {
             continue;
         }
-        match kvstore::claim(store.root(), &name) {
+        match store.claim(&name) {
             Ok(c) => return Ok(c),
-            Err(StoreError::Busy { .. }) => continue,
+            Err(e) if e.store_kind() == Some(StoreErrorKind::Busy) => continue,
             Err(e) => return Err(e.into()),
         }
     }
@@ -116,7 +114,7 @@ pub fn claim_new_name(store: &SessionStore, like: &str) -> Result<Claim> {
 
 /// Claims `name`, or says who holds it.
 pub fn claim_name(store: &SessionStore, name: &str) -> Result<Claim, String> {
-    kvstore::claim(store.root(), name).map_err(|e| match holder(&e) {
+    store.claim(name).map_err(|e| match holder(&e) {
         Some(who) => format!("`{name}` is open in another chat ({who})"),
         None => format!("cannot claim `{name}`: {}", why(e)),
     })

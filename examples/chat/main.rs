@@ -256,12 +256,11 @@ fn choose_default_store() -> Result<PathBuf> {
 /// layout), or `sessions/` when the default store is used. Runs once per store; problems are
 /// reported, and the chat goes on.
 fn migrate_legacy(store: &Path, default_store: bool) {
-    let in_place = legacy::detect(&ckptfmt::StdFs, store) == Layout::LegacyCkptfmt
-        || store.join(ckptfmt::store::DESCRIPTOR_FILE).is_file();
+    let in_place = legacy::holds_legacy(store);
     let source = if in_place {
         store.to_path_buf()
     } else if default_store
-        && legacy::detect(&ckptfmt::StdFs, Path::new(LEGACY_STORE)) == Layout::LegacyCkptfmt
+        && legacy::detect_local(Path::new(LEGACY_STORE)) == Layout::LegacyCkptfmt
     {
         PathBuf::from(LEGACY_STORE)
     } else {

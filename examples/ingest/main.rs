@@ -203,7 +203,7 @@ fn main() -> Result<()> {
     store.set_remote_log(|line| eprintln!("{line}"));
     // An ingestion another machine saved (all of it, or as far as it went) resumes here.
     store.fetch_remote_checkpoint(&name);
-    let _claim = kvstore::claim(&args.store, &name).with_context(|| {
+    let _claim = store.claim(&name).with_context(|| {
         format!("claiming checkpoint `{name}` (is another ingestion of it running?)")
     })?;
 

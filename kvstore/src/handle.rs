@@ -283,6 +283,20 @@ impl<V: BlockIo> ModelStore<V> {
             .map_err(|e| StoreError::format(self.info.store.root(), e))
     }
 
+    /// Marks checkpoint `name` as used now: its manifest's modification time becomes the
+    /// present, the same in every process, for a policy that drops checkpoints used longest
+    /// ago first. Best effort: false when the manifest is gone or its time cannot be set.
+    pub fn touch_manifest(&self, name: &str) -> bool {
+        let Ok(path) = self.manifest_path(name) else {
+            return false;
+        };
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()))
+            .is_ok()
+    }
+
     /// Path of block `id`'s file (whether or not it exists).
     pub fn block_path(&self, id: &BlockId) -> PathBuf {
         self.info.store.block_path(id)

@@ -33,6 +33,17 @@ pub fn detect<V: BlockIo>(io: &V, dir: &Path) -> Layout {
     }
 }
 
+/// [`detect`] on the local filesystem.
+pub fn detect_local(dir: &Path) -> Layout {
+    detect(&ckptfmt::StdFs, dir)
+}
+
+/// Whether `dir` (on the local filesystem) holds a bare `ckptfmt` store's descriptor, whether
+/// or not a `kvstore` layout was added beside it: a directory [`migrate`] can read.
+pub fn holds_legacy(dir: &Path) -> bool {
+    dir.join(DESCRIPTOR_FILE).is_file()
+}
+
 /// What [`migrate`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MigrationReport {

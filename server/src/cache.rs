@@ -354,7 +354,7 @@ fn write_round(
 }
 
 fn is_no_space(e: &engine::Error) -> bool {
-    matches!(e, engine::Error::Store(s) if s.is_no_space())
+    e.store_kind() == Some(engine::StoreErrorKind::NoSpace)
 }
 
 /// Whether the cache's filesystem was last seen full: said in the log once when it fills and

@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 
 use super::prompt_cache::TAIL_PREFIX;
 use super::{SessionStore, PIN_PREFIX};
-use crate::error::Result;
+use crate::error::{Foreign, Result};
 
 impl SessionStore {
     /// The disk budget kept now: the configured one ([`super::StoreConfig::disk_bytes`]),
@@ -69,7 +69,8 @@ impl SessionStore {
         };
         let report = self
             .handle
-            .collect_dropping(budget.saturating_sub(incoming), &key)?;
+            .collect_dropping(budget.saturating_sub(incoming), &key)
+            .ours()?;
         drop(claims);
         let seen = seen.into_inner();
         // Forget the order of checkpoints gone (dropped here, or by anyone when the store's
@@ -103,11 +104,6 @@ impl SessionStore {
     /// first, and a checkpoint's last use is its manifest's modification time (the same in
     /// every process). Best effort.
     pub(super) fn note_used(&self, name: &str) {
-        if let Ok(path) = self.handle.manifest_path(name) {
-            let _ = std::fs::File::options()
-                .write(true)
-                .open(path)
-                .and_then(|f| f.set_modified(std::time::SystemTime::now()));
-        }
+        self.handle.touch_manifest(name);
     }
 }

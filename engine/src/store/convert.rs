@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use ckptfmt::{Geometry, LayerGeometry};
 
 use super::{SessionStore, TOKENS_PER_BLOCK};
-use crate::error::{Error, Result};
+use crate::error::{Error, Foreign, Result};
 use crate::kv::{KvLayout, KvType};
 
 /// The checkpoint geometry of a KV layout: its element types ([`KvType::pair_elem`]), one page
@@ -20,7 +20,7 @@ pub fn geometry(layout: &KvLayout) -> Result<Geometry> {
         })
         .collect();
     let elem = KvType::pair_elem(layout.type_k, layout.type_v);
-    Ok(Geometry::new(layers, elem, TOKENS_PER_BLOCK)?)
+    Geometry::new(layers, elem, TOKENS_PER_BLOCK).ours()
 }
 
 /// Refuses a session layout whose KV element types differ from the stored geometry's, naming

@@ -157,7 +157,9 @@ impl PromptCache<'_> {
             .and_then(|j| loaded.spans.get(j))
         {
             Some(span) => sink(span),
-            None => Err(kvstore::StoreError::BlockNotFound { id: id.to_hex() }.into()),
+            None => Err(Error::store(kvstore::StoreError::BlockNotFound {
+                id: id.to_hex(),
+            })),
         };
         self.store.import_found(
             ctx,

@@ -14,7 +14,7 @@ use ckptfmt::{BlockId, Fingerprint, Manifest, Metadata};
 use kvstore::{KvStore, ModelStore};
 
 use crate::context::{Context, SeqId};
-use crate::error::{Error, Result};
+use crate::error::{Error, Foreign, Result};
 use crate::kv::{KvLayout, KvType, PAGE_TOKENS};
 use crate::model::Model;
 use crate::session::Session;
@@ -54,6 +54,17 @@ pub struct SaveSummary {
     /// Checkpoints dropped, least recently used first, to keep the disk budget
     /// ([`SessionStore::keep_budget`]).
     pub evicted: Vec<String>,
+}
+
+/// An exclusive claim on a checkpoint name ([`SessionStore::claim`]), held until dropped.
+#[derive(Debug)]
+pub struct Claim(kvstore::Claim);
+
+impl Claim {
+    /// The claimed name.
+    pub fn name(&self) -> &str {
+        self.0.name()
+    }
 }
 
 /// Budgets of a [`SessionStore`].
@@ -168,17 +179,18 @@ impl SessionStore {
                 .remote
                 .as_ref()
                 .map(kvstore::Remote::open)
-                .transpose()?,
+                .transpose()
+                .ours()?,
             ..kvstore::Config::default()
         };
-        let store = KvStore::open(dir, cfg)?;
+        let store = KvStore::open(dir, cfg).ours()?;
         let (fingerprint, origin) = model.remember_fingerprint(dir);
         let fingerprint = Fingerprint(fingerprint);
         let legacy = Fingerprint(model.legacy_fingerprint());
         let legacy = match store.existing_model(&legacy) {
             Some(old) => Some(LegacyStore {
                 dir: dir.join(kvstore::store::MODELS_DIR).join(legacy.to_hex()),
-                checkpoints: old.list()?.len(),
+                checkpoints: old.list().ours()?.len(),
             }),
             None => None,
         };
@@ -190,7 +202,7 @@ impl SessionStore {
         if let Some(existing) = store.existing_model(&fingerprint) {
             check_kv_types(existing.geometry(), &stored)?;
         }
-        let handle = store.model(fingerprint, geometry(&stored)?)?;
+        let handle = store.model(fingerprint, geometry(&stored)?).ours()?;
         // When a write must make room and unreferenced blocks are not enough, the least
         // recently used cached prompts (tails) go at once. Named conversations go only through
         // `keep_budget`, which holds their claims for its whole pass (a writer's reservation
@@ -237,16 +249,26 @@ impl SessionStore {
         self.store.root()
     }
 
+    /// Claims checkpoint name `name` for this process: at most one live process (a chat, a
+    /// server's slot save, an ingestion) saves under a name at a time. The claim lasts until it
+    /// is dropped or the process exits, however it exits. A name another live claim holds is
+    /// refused with [`StoreErrorKind::Busy`](crate::StoreErrorKind::Busy)
+    /// ([`Error::busy_pids`] names the holders).
+    pub fn claim(&self, name: &str) -> Result<Claim> {
+        kvstore::claim(self.root(), name).map(Claim).ours()
+    }
+
     /// Whether a checkpoint `name` exists.
     pub fn exists(&self, name: &str) -> Result<bool> {
-        Ok(self.handle.has_checkpoint(name)?)
+        self.handle.has_checkpoint(name).ours()
     }
 
     /// Every checkpoint of this model, with the bytes each alone holds.
     pub fn checkpoints(&self) -> Result<Vec<CheckpointInfo>> {
         Ok(self
             .handle
-            .checkpoints()?
+            .checkpoints()
+            .ours()?
             .into_iter()
             .map(|c| CheckpointInfo {
                 name: c.name,
@@ -312,19 +334,19 @@ impl SessionStore {
                 created_unix: saved_unix,
                 kv: meta.to_pairs(),
             },
-        )?;
+        )
+        .ours()?;
         // A shifted sequence's ids chain from its roots: the manifest checks them against those.
-        let mut manifest = manifest.with_chain_roots(ctx.chain_roots(seq)?)?;
+        let mut manifest = manifest.with_chain_roots(ctx.chain_roots(seq)?).ours()?;
         if manifest.block_ids != ids {
-            return Err(ckptfmt::FormatError::invalid(
+            return Err(Error::checkpoint(ckptfmt::FormatError::invalid(
                 "checkpoint manifest",
                 "the sequence's block ids do not chain from its tokens and roots",
-            )
-            .into());
+            )));
         }
         manifest.sampler_state = meta.sampler_state.clone();
         summary.bytes_written += manifest.tail_kv.len() as u64;
-        self.handle.save(&manifest)?;
+        self.handle.save(&manifest).ours()?;
         self.note_stored(name);
         self.push_saved(&manifest);
         // Without a budget a save collects nothing (expired checkpoints wait for the next
@@ -344,8 +366,10 @@ impl SessionStore {
     /// The tokens and metadata of checkpoint `name`, without its KV (its manifest is read and
     /// verified; its blocks are not).
     pub fn read_checkpoint(&self, name: &str) -> Result<(Vec<u32>, CheckpointMeta)> {
-        let manifest = self.handle.read_manifest(name)?;
-        manifest.check_owner(&self.fingerprint, self.handle.geometry())?;
+        let manifest = self.handle.read_manifest(name).ours()?;
+        manifest
+            .check_owner(&self.fingerprint, self.handle.geometry())
+            .ours()?;
         let meta = CheckpointMeta::from_manifest(&manifest);
         Ok((manifest.tokens, meta))
     }
@@ -366,9 +390,11 @@ impl SessionStore {
     pub fn restore_seq(&self, ctx: &mut Context, seq: SeqId, name: &str) -> Result<CheckpointMeta> {
         let conversion = self.conversion(ctx.kv_layout())?;
         self.fetch_remote_checkpoint(name);
-        let manifest = self.handle.read_manifest(name)?;
+        let manifest = self.handle.read_manifest(name).ours()?;
         check_kv_types(&manifest.geometry, &self.stored)?;
-        manifest.check_owner(&self.fingerprint, self.handle.geometry())?;
+        manifest
+            .check_owner(&self.fingerprint, self.handle.geometry())
+            .ours()?;
         if manifest.tokens.len() > ctx.params().n_ctx {
             return Err(Error::ContextFull {
                 needed: manifest.tokens.len(),
@@ -376,21 +402,19 @@ impl SessionStore {
             });
         }
         if let Some((i, p)) = (0..).zip(&manifest.positions).find(|(i, p)| i != *p) {
-            return Err(ckptfmt::FormatError::invalid(
+            return Err(Error::checkpoint(ckptfmt::FormatError::invalid(
                 "checkpoint positions",
                 format!("token {i} is at position {p}: sequences hold positions 0.. in order"),
-            )
-            .into());
+            )));
         }
         let (tokens, roots) = (&manifest.tokens, &manifest.chain_roots);
         let tail = self.stored_to_session(&conversion, &manifest.tail_kv)?;
         ctx.import_chained(seq, tokens, roots, &tail, |i, id, sink| {
             if manifest.block_ids.get(i) != Some(id) {
-                return Err(ckptfmt::FormatError::invalid(
+                return Err(Error::checkpoint(ckptfmt::FormatError::invalid(
                     "checkpoint manifest",
                     format!("block {i} id does not chain from its tokens and roots"),
-                )
-                .into());
+                )));
             }
             self.read_block(&conversion, id, sink)
         })?;
@@ -463,17 +487,17 @@ impl SessionStore {
     /// Deletes checkpoint `name` (its blocks go at the next gc unless another checkpoint
     /// holds them).
     pub fn delete(&self, name: &str) -> Result<()> {
-        self.handle.delete(name)?;
+        self.handle.delete(name).ours()?;
         Ok(())
     }
 
     /// Saves checkpoint `from` again under the name `to` (with `from` as its parent), writing
     /// no KV: the blocks are shared.
     pub fn branch(&self, from: &str, to: &str) -> Result<()> {
-        let mut manifest = self.handle.read_manifest(from)?;
+        let mut manifest = self.handle.read_manifest(from).ours()?;
         manifest.meta.name = to.to_owned();
         manifest.meta.parent = Some(from.to_owned());
-        self.handle.save(&manifest)?;
+        self.handle.save(&manifest).ours()?;
         self.note_stored(to);
         Ok(())
     }
@@ -495,7 +519,7 @@ impl SessionStore {
 
     /// Makes every block put so far durable.
     pub fn flush(&self) -> Result<()> {
-        Ok(self.store.flush()?)
+        self.store.flush().ours()
     }
 }
 
@@ -518,7 +542,8 @@ impl SessionStore {
             std::thread::sleep(self.read_delay);
         }
         self.handle
-            .get_uncached(id)?
-            .ok_or_else(|| kvstore::StoreError::BlockNotFound { id: id.to_hex() }.into())
+            .get_uncached(id)
+            .ours()?
+            .ok_or_else(|| Error::store(kvstore::StoreError::BlockNotFound { id: id.to_hex() }))
     }
 }

@@ -6,7 +6,7 @@
 use ckptfmt::{Manifest, Metadata};
 
 use super::{SessionStore, TAIL_PREFIX};
-use crate::error::{Error, Result};
+use crate::error::{Error, Foreign, Result};
 use crate::kv::PAGE_TOKENS;
 use crate::Namespace;
 use kvstore::unix_now;
@@ -77,9 +77,11 @@ impl SessionStore {
                 created_unix: unix_now(),
                 kv,
             },
-        )?
-        .with_chain_roots(Namespace::roots(ns))?;
-        self.handle.save(&manifest)?;
+        )
+        .ours()?
+        .with_chain_roots(Namespace::roots(ns))
+        .ours()?;
+        self.handle.save(&manifest).ours()?;
         Ok(full)
     }
 
@@ -87,17 +89,17 @@ impl SessionStore {
     /// the room.
     pub fn unpin(&self, id: &str) -> Result<bool> {
         let name = format!("{PIN_PREFIX}{id}");
-        if !self.handle.has_checkpoint(&name)? {
+        if !self.handle.has_checkpoint(&name).ours()? {
             return Ok(false);
         }
-        self.handle.delete(&name)?;
+        self.handle.delete(&name).ours()?;
         Ok(true)
     }
 
     /// Every pin of this model (from disk: those of every process), by id.
     pub fn pins(&self) -> Result<Vec<Pin>> {
         let mut out = Vec::new();
-        for name in self.handle.list()? {
+        for name in self.handle.list().ours()? {
             let Some(id) = name.strip_prefix(PIN_PREFIX) else {
                 continue;
             };
@@ -129,7 +131,7 @@ impl SessionStore {
         let cache = |name: &str| {
             name.starts_with(TAIL_PREFIX) || name.strip_prefix(PIN_PREFIX).is_some_and(pins)
         };
-        let r = self.handle.delete_chain(&ns.root(), &cache)?;
+        let r = self.handle.delete_chain(&ns.root(), &cache).ours()?;
         Ok(Cleared {
             checkpoints: r.manifests,
             blocks: r.blocks,

@@ -12,7 +12,7 @@ use ckptfmt::{BlockId, ChainRoot, Manifest, Metadata};
 
 use super::{SessionStore, TOKENS_PER_BLOCK};
 use crate::context::{Context, SeqId};
-use crate::error::Result;
+use crate::error::{Foreign, Result};
 use crate::kv::PAGE_TOKENS;
 use crate::Namespace;
 use kvstore::unix_now;
@@ -107,8 +107,10 @@ impl SessionStore {
                     .map(|e| vec![(kvstore::EXPIRES_KEY.to_owned(), e.to_string())])
                     .unwrap_or_default(),
             },
-        )?
-        .with_chain_roots(Namespace::roots(tail.namespace))?;
+        )
+        .ours()?
+        .with_chain_roots(Namespace::roots(tail.namespace))
+        .ours()?;
         Ok(manifest)
     }
 
@@ -117,7 +119,8 @@ impl SessionStore {
     fn manifest_files(&self) -> Result<Vec<(String, std::fs::Metadata)>> {
         Ok(self
             .handle
-            .list()?
+            .list()
+            .ours()?
             .into_iter()
             .filter_map(|name| {
                 let meta = self
@@ -190,7 +193,7 @@ impl PromptCache<'_> {
     /// it goes like any checkpoint, least recently used first ([`PromptCache::make_room`]).
     pub fn put_tail(&self, tail: TailBlock) -> Result<()> {
         let manifest = self.store.tail_manifest(tail)?;
-        self.store.handle.save(&manifest)?;
+        self.store.handle.save(&manifest).ours()?;
         self.store.note_stored(&manifest.meta.name);
         Ok(())
     }
@@ -324,7 +327,10 @@ impl PromptCache<'_> {
             if self.store.handle.contains(&b.id) {
                 continue;
             }
-            self.store.handle.put(b.prev.as_ref(), &b.tokens, b.kv)?;
+            self.store
+                .handle
+                .put(b.prev.as_ref(), &b.tokens, b.kv)
+                .ours()?;
             put += 1;
         }
         Ok(put)

@@ -9,7 +9,7 @@ use ckptfmt::Manifest;
 
 use super::prompt_cache::{NewBlock, PromptCache, TailBlock};
 use super::{RemoteFigures, SessionStore};
-use crate::error::Result;
+use crate::error::{Foreign, Result};
 
 impl SessionStore {
     /// Whether the store has a remote tier.
@@ -32,7 +32,7 @@ impl SessionStore {
     /// Writes small values of the application's own to the remote tier, beside this model's
     /// blocks (`kind` names them); a failure is the tier's (counted).
     pub fn push_remote_values(&self, kind: &str, items: &[(String, Vec<u8>)]) -> Result<()> {
-        Ok(self.handle.push_remote_values(kind, items)?)
+        self.handle.push_remote_values(kind, items).ours()
     }
 
     /// Values [`SessionStore::push_remote_values`] wrote (on any machine), in one round trip;
@@ -75,10 +75,10 @@ impl PromptCache<'_> {
                 kv: &b.kv,
             })
             .collect();
-        let written = self.store.handle.push_remote(&inputs)?;
+        let written = self.store.handle.push_remote(&inputs).ours()?;
         for tail in tails {
             let manifest = self.store.tail_manifest(tail.clone())?;
-            self.store.handle.push_remote_manifest(&manifest)?;
+            self.store.handle.push_remote_manifest(&manifest).ours()?;
         }
         Ok(written)
     }

@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use engine::store::{CheckpointMeta, SessionStore, OWNER_SLOT};
+use engine::store::{CheckpointMeta, Claim, SessionStore, OWNER_SLOT};
 use serde_json::json;
 
 use super::{Scheduler, SlotAction};
@@ -183,10 +183,10 @@ impl Scheduler {
 /// Claims `name` for a slot save: refused (409) while another process (a chat, another server)
 /// holds it, and when a checkpoint of that name exists that no slot save wrote, unless the
 /// client sent `"overwrite": true`. The claim is released when dropped.
-fn claim_to_save(store: &SessionStore, name: &str, overwrite: bool) -> Result<kvstore::Claim> {
+fn claim_to_save(store: &SessionStore, name: &str, overwrite: bool) -> Result<Claim> {
     let shown = client_filename(name);
-    let claim = kvstore::claim(store.root(), name).map_err(|e| match e {
-        kvstore::StoreError::Busy { pids, .. } => {
+    let claim = store.claim(name).map_err(|e| match e.busy_pids() {
+        Some(pids) => {
             let who = match pids.first() {
                 Some(pid) => format!("process {pid}"),
                 None => "another process".to_owned(),
@@ -195,7 +195,7 @@ fn claim_to_save(store: &SessionStore, name: &str, overwrite: bool) -> Result<kv
                 "{shown:?} is in use by {who}; the slot was not saved (choose another filename)"
             ))
         }
-        e => ServerError::Engine(e.into()),
+        None => ServerError::Engine(e),
     })?;
     if overwrite || !store.exists(name)? {
         return Ok(claim);
