@@ -62,6 +62,10 @@ pub struct Context {
     pub(crate) pool: PagePool,
     pub(crate) seqs: BTreeMap<SeqId, Sequence>,
     next_seq: u64,
+    /// The sequence of the [`Session`](crate::Session) that owns this context, if one does:
+    /// [`Context::remove_sequence`] refuses it, so the session's sequence lives as long as the
+    /// session.
+    session_seq: Option<SeqId>,
     /// Where pages past `params.kv_ram` go (see `spill.rs`).
     pub(crate) spill: Option<crate::spill::Spill>,
 }
@@ -124,6 +128,7 @@ impl Context {
             pool: PagePool::new(n_pages),
             seqs: BTreeMap::new(),
             next_seq: 0,
+            session_seq: None,
             spill: None,
             layout,
             params,
@@ -287,8 +292,13 @@ impl Context {
         (ids, pages)
     }
 
-    /// Drops `seq`, returning the pages only it held.
+    /// Drops `seq`, returning the pages only it held. The sequence of the
+    /// [`Session`](crate::Session) this context belongs to is refused
+    /// ([`Error::SessionSequence`]), the context unchanged.
     pub fn remove_sequence(&mut self, seq: SeqId) -> Result<()> {
+        if self.session_seq == Some(seq) {
+            return Err(Error::SessionSequence { seq });
+        }
         let s = self
             .seqs
             .remove(&seq)
@@ -297,6 +307,12 @@ impl Context {
             self.pool.release(p);
         }
         Ok(())
+    }
+
+    /// Marks `seq` as the owning session's own sequence, which
+    /// [`Context::remove_sequence`] refuses from then on.
+    pub(crate) fn keep_session_sequence(&mut self, seq: SeqId) {
+        self.session_seq = Some(seq);
     }
 
     /// Live sequences, oldest first.

@@ -279,6 +279,13 @@ pub enum Error {
         /// The id.
         seq: crate::SeqId,
     },
+    /// A [`Session`](crate::Session)'s own sequence was to be removed from its context
+    /// ([`Session::context_mut`](crate::Session::context_mut)): it lives as long as the session.
+    #[error("sequence {seq} is its session's own: drop the session to remove it")]
+    SessionSequence {
+        /// The id.
+        seq: crate::SeqId,
+    },
     /// An operation that needs an empty sequence got one holding tokens.
     #[error("sequence {seq} is not empty")]
     SequenceNotEmpty {
@@ -698,3 +705,85 @@ pub enum TokenizerError {
 
 /// Result with the engine's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::{Error, StoreErrorKind};
+    use std::io::{Error as IoError, ErrorKind};
+
+    #[test]
+    fn store_failures_have_a_kind_and_keep_their_source() {
+        let busy = Error::store(kvstore::StoreError::Busy {
+            path: "/s/lock".into(),
+            wanted: "exclusive",
+            pids: vec![42],
+        });
+        assert_eq!(busy.store_kind(), Some(StoreErrorKind::Busy));
+        assert_eq!(busy.busy_pids(), Some(&[42][..]));
+        let source = std::error::Error::source(&busy).expect("a source");
+        assert!(source.downcast_ref::<kvstore::StoreError>().is_some());
+        assert!(busy.to_string().starts_with("store: store lock"), "{busy}");
+
+        let cases = [
+            (
+                Error::store(kvstore::StoreError::io(
+                    "write",
+                    "/s/b",
+                    IoError::from(ErrorKind::StorageFull),
+                )),
+                StoreErrorKind::NoSpace,
+            ),
+            (
+                Error::store(kvstore::StoreError::QuotaExceeded {
+                    needed: 1,
+                    used: 2,
+                    quota: 2,
+                }),
+                StoreErrorKind::NoSpace,
+            ),
+            (
+                Error::store(kvstore::StoreError::io(
+                    "create",
+                    "/s/b",
+                    IoError::from(ErrorKind::ReadOnlyFilesystem),
+                )),
+                StoreErrorKind::ReadOnly,
+            ),
+            (
+                Error::store(kvstore::StoreError::CheckpointNotFound { name: "a".into() }),
+                StoreErrorKind::NotFound,
+            ),
+            (
+                Error::store(kvstore::StoreError::io(
+                    "read",
+                    "/s/b",
+                    IoError::from(ErrorKind::Interrupted),
+                )),
+                StoreErrorKind::Io,
+            ),
+            (
+                Error::checkpoint(ckptfmt::FormatError::invalid("manifest", "bad")),
+                StoreErrorKind::Corrupt,
+            ),
+            (
+                Error::checkpoint(ckptfmt::FormatError::ReadOnly {
+                    path: "/s".into(),
+                    op: "save",
+                }),
+                StoreErrorKind::ReadOnly,
+            ),
+            (
+                Error::store(kvstore::StoreError::Remote {
+                    op: "get",
+                    detail: "refused".into(),
+                }),
+                StoreErrorKind::Remote,
+            ),
+        ];
+        for (e, kind) in cases {
+            assert_eq!(e.store_kind(), Some(kind), "{e}");
+            assert_eq!(e.busy_pids(), None, "{e}");
+        }
+        assert_eq!(Error::NoLogits.store_kind(), None);
+    }
+}

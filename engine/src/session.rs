@@ -103,6 +103,7 @@ impl Session {
             ctx.prefault(1, 2);
         }
         let seq = ctx.new_sequence();
+        ctx.keep_session_sequence(seq);
         Ok(Session { ctx, seq })
     }
 
@@ -121,7 +122,8 @@ impl Session {
         &self.ctx
     }
 
-    /// The context, for the step API or page import (the sequence is [`Session::seq`]).
+    /// The context, for the step API or page import (the sequence is [`Session::seq`]). The
+    /// session's own sequence cannot be removed through it ([`Error::SessionSequence`]).
     pub fn context_mut(&mut self) -> &mut Context {
         &mut self.ctx
     }

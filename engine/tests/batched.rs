@@ -300,3 +300,25 @@ fn a_failed_import_leaves_the_sequence_as_it_was() {
     import_pages(&mut a, &exported).unwrap();
     assert_eq!(a.tokens(), &exported.tokens[..]);
 }
+
+#[test]
+fn a_session_keeps_its_own_sequence() {
+    let c = cfg(Shape::Llama, false);
+    let (_dir, model, _) = build(&c, 25);
+    let mut s = Session::new(model, params(64)).unwrap();
+    let toks = stream(12, 70);
+    s.feed(&toks).unwrap();
+    let logits = s.logits().unwrap().to_vec();
+    let seq = s.seq();
+    let err = s.context_mut().remove_sequence(seq).unwrap_err();
+    assert!(
+        matches!(err, Error::SessionSequence { seq: q } if q == seq),
+        "{err:?}"
+    );
+    assert_eq!(s.tokens(), &toks[..]);
+    assert_eq!(s.logits().unwrap(), &logits[..]);
+    // Other sequences of the session's context can still be removed.
+    let fork = s.context_mut().fork(seq, 64).unwrap();
+    s.context_mut().remove_sequence(fork).unwrap();
+    assert_eq!(s.feed(&[5]).unwrap().len(), logits.len());
+}
