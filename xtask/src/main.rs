@@ -7,7 +7,8 @@
 //!   verified.
 //! - `bindgen`: regenerate `ggml-sys/src/bindings*.rs` from the pinned ggml headers.
 //! - `ci`: formatting check, clippy with warnings denied, `tidy`, the whole test suite, ggml-sys's
-//!   tests once under each other CPU path the machine runs, then `clients`.
+//!   tests once under each other CPU path the machine runs, the workspace checked for aarch64
+//!   Linux, then `clients`.
 //! - `clients`: the server driven by the official `openai`, `anthropic` and `ollama` Python
 //!   packages (`server/tests/clients/`).
 //! - `compare-llama-cpp`: engine speed against llama.cpp's reference harness, side by side.
@@ -271,6 +272,48 @@ fn every_cpu_path(cargo: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The workspace checked for 64-bit ARM Linux (`cargo check`, whose build script compiles ggml
+/// and our kernels with the cross C compiler: the kernels fall back to ggml's NEON code there).
+/// It needs the Rust target and `aarch64-linux-gnu-gcc`/`g++`: in CI (`CI` set) their absence
+/// is a failure, elsewhere the check is skipped with a warning.
+fn check_aarch64(cargo: &str) -> Result<(), String> {
+    const TARGET: &str = "aarch64-unknown-linux-gnu";
+    let runs = |program: &str| Command::new(program).arg("--version").output().is_ok();
+    let installed = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .any(|l| l == TARGET)
+        })
+        .unwrap_or(false);
+    if !installed || !runs("aarch64-linux-gnu-gcc") || !runs("aarch64-linux-gnu-g++") {
+        let missing = format!(
+            "the aarch64 check needs `rustup target add {TARGET}` and a cross compiler \
+             (aarch64-linux-gnu-gcc and -g++; Debian: gcc-aarch64-linux-gnu g++-aarch64-linux-gnu)"
+        );
+        if std::env::var_os("CI").is_some() {
+            return Err(missing);
+        }
+        eprintln!("warning: {missing}; skipped");
+        return Ok(());
+    }
+    let args = ["check", "--workspace", "--target", TARGET];
+    eprintln!("$ {cargo} {}", args.join(" "));
+    let status = Command::new(cargo)
+        .args(args)
+        .env("CC_aarch64_unknown_linux_gnu", "aarch64-linux-gnu-gcc")
+        .env("CXX_aarch64_unknown_linux_gnu", "aarch64-linux-gnu-g++")
+        .current_dir(workspace_root())
+        .status()
+        .map_err(|e| format!("could not run {cargo}: {e}"))?;
+    if !status.success() {
+        return Err(format!("the aarch64 check failed ({status})"));
+    }
+    Ok(())
+}
+
 /// The x86-64 paths of ggml-sys's dispatch that this CPU runs, lowest first (by Rust's own
 /// detection; `ggml-sys/tests/cpu_paths.rs` checks that the dispatcher agrees).
 fn runnable_cpu_paths() -> Vec<&'static str> {
@@ -361,6 +404,7 @@ fn ci() -> Result<(), String> {
     tidy::tidy(&root)?;
     run(&cargo, &["test", "--workspace"])?;
     every_cpu_path(&cargo)?;
+    check_aarch64(&cargo)?;
     eprintln!("$ cargo xtask clients");
     clients::clients(&clients::ClientsArgs::default())?;
     Ok(())
