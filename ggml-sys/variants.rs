@@ -515,15 +515,22 @@ impl ObjectCache {
     fn get(&self, job: &Job, scratch: &Path, linker: &Path, out: &Path) -> PathBuf {
         let out_text = out.to_string_lossy().into_owned();
         let mut hash = fnv1a(self.compiler, job.name.as_bytes());
+        // What the hash covers besides file contents, kept beside the objects for a reader
+        // wondering why a build missed the cache.
+        let mut key_text = String::new();
         for build in &job.builds {
             let tool = build.get_compiler();
             for arg in tool.args() {
                 let arg = arg.to_string_lossy().replace(&out_text, "$OUT_DIR");
                 hash = fnv1a(hash, arg.as_bytes());
                 hash = fnv1a(hash, &[0]);
+                key_text.push_str(&arg);
+                key_text.push('\n');
             }
             hash = fnv1a(hash, &[1]);
+            key_text.push('\n');
         }
+        let _ = std::fs::write(scratch.join(format!("{}.key.txt", job.name)), &key_text);
         let mut inputs: Vec<PathBuf> = job
             .builds
             .iter()
