@@ -96,7 +96,7 @@ pub enum Error {
          limits), or engine::chat::sandbox::render_in_process() to trust every model file"
     )]
     NoSandboxChoice,
-    /// A pin that cannot be made (see [`crate::store::SessionStore::pin`]).
+    /// A pin that cannot be made (see [`crate::store::prompt_cache::PromptCache::pin`]).
     #[error("pin: {0}")]
     InvalidPin(String),
     /// A grammar or JSON schema for constrained decoding that does not compile (a GBNF error

@@ -113,7 +113,10 @@ fn a_named_save_over_budget_never_drops_a_pin_nor_a_claimed_conversation() {
         let store = open(&root, &model, None);
         save(&store, &mut s, 0, "old");
         // The pin keeps the blocks of the oldest conversation.
-        store.pin("system", &conv(0), None, None).unwrap();
+        store
+            .prompt_cache()
+            .pin("system", &conv(0), None, None)
+            .unwrap();
         save(&store, &mut s, 1, "held");
     }
     // Room for what is there: the next save must drop what it can.
@@ -121,7 +124,13 @@ fn a_named_save_over_budget_never_drops_a_pin_nor_a_claimed_conversation() {
     let _chat = kvstore::claim(&root, "held").unwrap();
     let evicted = save(&store, &mut s, 2, "new");
     assert_eq!(evicted, ["old"]);
-    let pins: Vec<String> = store.pins().unwrap().into_iter().map(|p| p.id).collect();
+    let pins: Vec<String> = store
+        .prompt_cache()
+        .pins()
+        .unwrap()
+        .into_iter()
+        .map(|p| p.id)
+        .collect();
     assert_eq!(pins, ["system"], "the budget dropped the pin");
     assert!(store.exists("held").unwrap() && store.exists("new").unwrap());
 }

@@ -29,7 +29,9 @@ pub struct Work {
     pub urgent: bool,
 }
 
-/// A namespace to clear ([`SessionStore::clear_namespace`]), answered once done.
+/// A namespace to clear
+/// ([`PromptCache::clear_namespace`](engine::store::prompt_cache::PromptCache::clear_namespace)),
+/// answered once done.
 #[derive(Debug)]
 pub struct ClearWork {
     /// The namespace.
@@ -37,7 +39,7 @@ pub struct ClearWork {
     /// The tenant clearing it ([`pin_key`]): another tenant's pins in the namespace stay.
     pub tenant: Option<String>,
     /// Where the outcome goes.
-    pub reply: tokio::sync::oneshot::Sender<Result<engine::store::Cleared, String>>,
+    pub reply: tokio::sync::oneshot::Sender<Result<engine::store::prompt_cache::Cleared, String>>,
 }
 
 impl ClearWork {
@@ -69,7 +71,8 @@ pub fn pin_of<'a>(tenant: Option<&str>, stored: &'a str) -> Option<&'a str> {
     }
 }
 
-/// A prefix to pin ([`SessionStore::pin`]), answered once the writer has stored it.
+/// A prefix to pin ([`PromptCache::pin`](engine::store::prompt_cache::PromptCache::pin)),
+/// answered once the writer has stored it.
 #[derive(Debug)]
 pub struct PinWork {
     /// The pin's id.
@@ -293,6 +296,7 @@ fn write_behind(
         }
         for pin in pins {
             let result = store
+                .prompt_cache()
                 .pin(&pin.id, &pin.tokens, pin.namespace, pin.expires_unix)
                 .map_err(|e| e.to_string());
             if let Err(e) = &result {
@@ -302,6 +306,7 @@ fn write_behind(
         }
         for clear in clears {
             let result = store
+                .prompt_cache()
                 .clear_namespace(clear.namespace, &|pin| clear.clears_pin(pin))
                 .map_err(|e| e.to_string());
             if let Err(e) = &result {

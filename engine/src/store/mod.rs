@@ -36,7 +36,7 @@ pub use kvstore::remote::LATENCY_BOUNDS_US as REMOTE_LATENCY_BOUNDS_US;
 pub use kvstore::{RemoteConfig, RemoteFigures};
 pub use legacy::LegacyStore;
 pub use meta::{CheckpointInfo, CheckpointMeta, OWNER_CHAT, OWNER_SLOT};
-pub use pins::{Cleared, Pin, PIN_PREFIX};
+use pins::PIN_PREFIX;
 use prompt_cache::{StoredPrefix, TAIL_PREFIX};
 
 /// Tokens per checkpoint block: one KV page.

@@ -1,11 +1,13 @@
 //! Pinned prefixes: a prompt's full blocks kept as a named checkpoint (`_pin-ID`) in its
-//! namespace. The disk budget never drops a pin ([`SessionStore::keep_budget`]), so it stays,
-//! counted in the budget, until it is unpinned or its expiry passes (a collection deletes it
-//! then).
+//! namespace, made through the prompt cache's seam ([`PromptCache::pin`]). The disk budget
+//! never drops a pin ([`SessionStore::keep_budget`](super::SessionStore::keep_budget)), so it
+//! stays, counted in the budget, until it is unpinned or its expiry passes (a collection
+//! deletes it then).
 
 use ckptfmt::{Manifest, Metadata};
 
-use super::{SessionStore, TAIL_PREFIX};
+use super::prompt_cache::PromptCache;
+use super::TAIL_PREFIX;
 use crate::error::{Error, Foreign, Result};
 use crate::kv::PAGE_TOKENS;
 use crate::Namespace;
@@ -17,7 +19,7 @@ pub const PIN_PREFIX: &str = "_pin-";
 /// Metadata key of a pin's expiry: kvstore's, so that `ckpt gc` honours it too.
 const EXPIRES_KEY: &str = kvstore::EXPIRES_KEY;
 
-/// What [`SessionStore::clear_namespace`] deleted.
+/// What [`PromptCache::clear_namespace`] deleted.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Cleared {
     /// Checkpoints deleted.
@@ -43,7 +45,7 @@ pub struct Pin {
     pub namespaced: bool,
 }
 
-impl SessionStore {
+impl PromptCache<'_> {
     /// Pins the full blocks of `tokens` in namespace `ns` as `_pin-ID` until `expires_unix`
     /// (never when `None`); pinning the same id again replaces it. Every block must be in the
     /// store already ([`kvstore::StoreError::MissingBlock`] otherwise). Returns the tokens
@@ -66,8 +68,8 @@ impl SessionStore {
             .map(|e| vec![(EXPIRES_KEY.to_owned(), e.to_string())])
             .unwrap_or_default();
         let manifest = Manifest::new(
-            self.fingerprint,
-            self.handle.geometry().clone(),
+            self.store.fingerprint,
+            self.store.handle.geometry().clone(),
             tokens[..full].to_vec(),
             (0..full as i32).collect(),
             Vec::new(),
@@ -81,7 +83,7 @@ impl SessionStore {
         .ours()?
         .with_chain_roots(Namespace::roots(ns))
         .ours()?;
-        self.handle.save(&manifest).ours()?;
+        self.store.handle.save(&manifest).ours()?;
         Ok(full)
     }
 
@@ -89,22 +91,22 @@ impl SessionStore {
     /// the room.
     pub fn unpin(&self, id: &str) -> Result<bool> {
         let name = format!("{PIN_PREFIX}{id}");
-        if !self.handle.has_checkpoint(&name).ours()? {
+        if !self.store.handle.has_checkpoint(&name).ours()? {
             return Ok(false);
         }
-        self.handle.delete(&name).ours()?;
+        self.store.handle.delete(&name).ours()?;
         Ok(true)
     }
 
     /// Every pin of this model (from disk: those of every process), by id.
     pub fn pins(&self) -> Result<Vec<Pin>> {
         let mut out = Vec::new();
-        for name in self.handle.list().ours()? {
+        for name in self.store.handle.list().ours()? {
             let Some(id) = name.strip_prefix(PIN_PREFIX) else {
                 continue;
             };
             // One removed or damaged meanwhile is left out.
-            let Ok(m) = self.handle.read_manifest(&name) else {
+            let Ok(m) = self.store.handle.read_manifest(&name) else {
                 continue;
             };
             out.push(Pin {
@@ -131,7 +133,7 @@ impl SessionStore {
         let cache = |name: &str| {
             name.starts_with(TAIL_PREFIX) || name.strip_prefix(PIN_PREFIX).is_some_and(pins)
         };
-        let r = self.handle.delete_chain(&ns.root(), &cache).ours()?;
+        let r = self.store.handle.delete_chain(&ns.root(), &cache).ours()?;
         Ok(Cleared {
             checkpoints: r.manifests,
             blocks: r.blocks,

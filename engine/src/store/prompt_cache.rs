@@ -5,8 +5,15 @@
 //! the background ([`LoadedPrefix`]) or restores it at once, and keeps the store's one disk
 //! budget ([`SessionStore::keep_budget`]).
 //!
+//! It also holds what only a server's prompt cache asks of a store: pins ([`PromptCache::pin`],
+//! [`Pin`]), clearing a namespace ([`PromptCache::clear_namespace`]) and small values of its
+//! own beside the blocks in the remote tier ([`PromptCache::push_remote_values`]).
+//!
 //! Saving and restoring named conversations is [`SessionStore`]'s own API; nothing here is
-//! needed for that.
+//! needed for that. This seam stays in the engine, as narrow as the server allows, because
+//! each operation needs what the engine does not hand out: a context's pages read as
+//! checkpoint spans and its chained block ids, the conversion between session and stored KV
+//! types, and the store's block and manifest handle, its budget order and its fingerprint.
 
 use ckptfmt::{BlockId, ChainRoot, Manifest, Metadata};
 
@@ -75,6 +82,7 @@ pub struct TailBlock {
 }
 
 pub use super::load::LoadedPrefix;
+pub use super::pins::{Cleared, Pin, PIN_PREFIX};
 
 /// The prompt cache's operations on a [`SessionStore`] (see the [module](self)).
 #[derive(Clone, Copy, Debug)]

@@ -29,18 +29,6 @@ impl SessionStore {
         }
     }
 
-    /// Writes small values of the application's own to the remote tier, beside this model's
-    /// blocks (`kind` names them); a failure is the tier's (counted).
-    pub fn push_remote_values(&self, kind: &str, items: &[(String, Vec<u8>)]) -> Result<()> {
-        self.handle.push_remote_values(kind, items).ours()
-    }
-
-    /// Values [`SessionStore::push_remote_values`] wrote (on any machine), in one round trip;
-    /// `None` for each the tier lacks, all `None` without a tier or when it failed.
-    pub fn fetch_remote_values(&self, kind: &str, names: &[String]) -> Vec<Option<Vec<u8>>> {
-        self.handle.fetch_remote_values(kind, names)
-    }
-
     /// After a named save: the checkpoint to the remote tier too. Best effort (a failure is
     /// counted by the tier and said once in its log).
     pub(super) fn push_saved(&self, manifest: &Manifest) {
@@ -59,6 +47,18 @@ impl SessionStore {
 }
 
 impl PromptCache<'_> {
+    /// Writes small values of the application's own to the remote tier, beside this model's
+    /// blocks (`kind` names them); a failure is the tier's (counted).
+    pub fn push_remote_values(&self, kind: &str, items: &[(String, Vec<u8>)]) -> Result<()> {
+        self.store.handle.push_remote_values(kind, items).ours()
+    }
+
+    /// Values [`PromptCache::push_remote_values`] wrote (on any machine), in one round trip;
+    /// `None` for each the tier lacks, all `None` without a tier or when it failed.
+    pub fn fetch_remote_values(&self, kind: &str, names: &[String]) -> Vec<Option<Vec<u8>>> {
+        self.store.handle.fetch_remote_values(kind, names)
+    }
+
     /// Writes prompt-cache `blocks` and `tails` to the remote tier (the blocks it lacks, then
     /// the tails' checkpoints): the write-behind half, for the thread that stores them
     /// locally. Returns the blocks written; an error is the tier's (counted), nothing local

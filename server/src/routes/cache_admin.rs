@@ -147,7 +147,11 @@ pub async fn unpin(
         what: "the prompt cache on disk",
         how: "leave out --no-cache",
     })?;
-    if ckptfmt_name_ok(&id) && store.unpin(&pin_key(tenant(&st, &client).as_deref(), &id))? {
+    if ckptfmt_name_ok(&id)
+        && store
+            .prompt_cache()
+            .unpin(&pin_key(tenant(&st, &client).as_deref(), &id))?
+    {
         Ok(Json(json!({ "id": id, "deleted": true })))
     } else {
         Err(ServerError::NotFound(format!("no pin {id:?}")))
@@ -180,7 +184,7 @@ pub async fn show(
     };
     let pins = tokio::task::spawn_blocking({
         let store = Arc::clone(&store);
-        move || store.pins()
+        move || store.prompt_cache().pins()
     })
     .await
     .map_err(|e| ServerError::Busy(format!("listing the pins failed: {e}")))??;

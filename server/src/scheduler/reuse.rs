@@ -209,7 +209,9 @@ impl Scheduler {
                 clears: vec![clear],
             }),
             None => {
-                let _ = clear.reply.send(Ok(engine::store::Cleared::default()));
+                let _ = clear
+                    .reply
+                    .send(Ok(engine::store::prompt_cache::Cleared::default()));
             }
         }
     }
