@@ -92,6 +92,7 @@ pub mod legacy;
 pub mod metrics;
 mod persist;
 pub mod policy;
+pub mod records;
 mod recovery;
 pub mod remote;
 pub mod size;

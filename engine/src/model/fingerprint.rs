@@ -2,7 +2,7 @@
 //! cache's contents, every byte of the weights included, hashed with BLAKE3 on all cores; and
 //! the record that lets a second start skip the hashing for an unchanged file.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::gguf::{FileIdentity, Gguf, TensorInfo};
@@ -323,11 +323,10 @@ const RECORDS_DIR: &str = "fingerprints";
 /// First line of a record.
 const RECORD_MAGIC: &str = "llama-hdd model fingerprint";
 
-/// The record of the model file `id` in cache directory `dir`: one file per model path.
-fn record_path(dir: &Path, id: &FileIdentity) -> PathBuf {
+/// The name of the record of the model file `id` (in [`RECORDS_DIR`]): one per model path.
+fn record_name(id: &FileIdentity) -> String {
     let key = blake3::hash(id.path.as_os_str().as_encoded_bytes());
-    dir.join(RECORDS_DIR)
-        .join(format!("{}.txt", &key.to_hex()[..32]))
+    format!("{}.txt", &key.to_hex()[..32])
 }
 
 /// What a record says of a file, line by line (the path last: it is only for people).
@@ -349,7 +348,7 @@ fn record_text(id: &FileIdentity, fp: &[u8; 32]) -> String {
 /// version and the file is the same (path, length, modification and change times, inode and
 /// device: the change time cannot be set back, so an edited file is hashed again).
 pub(super) fn remembered(dir: &Path, id: &FileIdentity) -> Option<[u8; 32]> {
-    let text = std::fs::read_to_string(record_path(dir, id)).ok()?;
+    let text = kvstore::records::read(dir, RECORDS_DIR, &record_name(id))?;
     let fp_hex = text.lines().find_map(|l| l.strip_prefix("fingerprint "))?;
     let fp = *blake3::Hash::from_hex(fp_hex).ok()?.as_bytes();
     (text == record_text(id, &fp)).then_some(fp)
@@ -358,29 +357,12 @@ pub(super) fn remembered(dir: &Path, id: &FileIdentity) -> Option<[u8; 32]> {
 /// Bytes the records in cache directory `dir` take (a disk budget for the directory counts
 /// them).
 pub(crate) fn records_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir.join(RECORDS_DIR))
-        .map(|entries| {
-            entries
-                .filter_map(|e| e.ok()?.metadata().ok())
-                .map(|m| m.len())
-                .sum()
-        })
-        .unwrap_or(0)
+    kvstore::records::bytes(dir, RECORDS_DIR)
 }
 
-/// Remembers `fp` for the model file `id` in `dir`, atomically (a new file renamed into
-/// place). Best effort: without the record, the next start hashes the file again.
+/// Remembers `fp` for the model file `id` in `dir`, atomically, through kvstore's records
+/// (the engine writes nothing in a store's directory itself). Best effort: without the
+/// record, the next start hashes the file again.
 pub(super) fn remember(dir: &Path, id: &FileIdentity, fp: &[u8; 32]) {
-    let path = record_path(dir, id);
-    let Some(parent) = path.parent() else {
-        return;
-    };
-    if std::fs::create_dir_all(parent).is_err() {
-        return;
-    }
-    let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
-    if std::fs::write(&tmp, record_text(id, fp)).is_ok() && std::fs::rename(&tmp, &path).is_ok() {
-        return;
-    }
-    let _ = std::fs::remove_file(&tmp);
+    kvstore::records::write(dir, RECORDS_DIR, &record_name(id), &record_text(id, fp));
 }
