@@ -469,9 +469,8 @@ impl StoreErrorKind {
         match e {
             S::Io { source, .. } => StoreErrorKind::of_io(source),
             S::NoSpace { .. } => StoreErrorKind::NoSpace,
-            S::NotWritable { .. } | S::ReadOnly { .. } => StoreErrorKind::ReadOnly,
-            S::Format { source, .. } => StoreErrorKind::of_format(source),
-            S::Busy { .. } => StoreErrorKind::Busy,
+            S::NotWritable { .. } => StoreErrorKind::ReadOnly,
+            S::Format { source, .. } | S::Refused(source) => StoreErrorKind::of_format(source),
             S::CheckpointNotFound { .. } | S::BlockNotFound { .. } | S::MissingBlock { .. } => {
                 StoreErrorKind::NotFound
             }
@@ -499,16 +498,12 @@ impl Error {
         let (Error::Store { source, .. } | Error::Checkpoint { source, .. }) = self else {
             return None;
         };
-        match source.downcast_ref::<kvstore::StoreError>() {
-            Some(kvstore::StoreError::Busy { pids, .. }) => Some(pids),
-            Some(kvstore::StoreError::Format {
-                source: ckptfmt::FormatError::Busy { pids, .. },
-                ..
-            }) => Some(pids),
-            _ => match source.downcast_ref::<ckptfmt::FormatError>() {
-                Some(ckptfmt::FormatError::Busy { pids, .. }) => Some(pids),
-                _ => None,
-            },
+        if let Some(store) = source.downcast_ref::<kvstore::StoreError>() {
+            return store.busy_pids();
+        }
+        match source.downcast_ref::<ckptfmt::FormatError>() {
+            Some(ckptfmt::FormatError::Busy { pids, .. }) => Some(pids),
+            _ => None,
         }
     }
 
@@ -713,11 +708,11 @@ mod tests {
 
     #[test]
     fn store_failures_have_a_kind_and_keep_their_source() {
-        let busy = Error::store(kvstore::StoreError::Busy {
+        let busy = Error::store(kvstore::StoreError::Refused(ckptfmt::FormatError::Busy {
             path: "/s/lock".into(),
             wanted: "exclusive",
             pids: vec![42],
-        });
+        }));
         assert_eq!(busy.store_kind(), Some(StoreErrorKind::Busy));
         assert_eq!(busy.busy_pids(), Some(&[42][..]));
         let source = std::error::Error::source(&busy).expect("a source");

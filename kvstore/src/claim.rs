@@ -15,6 +15,8 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use ckptfmt::FormatError;
+
 use crate::error::{Result, StoreError};
 
 /// The directory under a store's root that holds the claim files.
@@ -55,7 +57,7 @@ impl Drop for Claim {
 
 /// Claims `name` in the store at `root` for this process.
 ///
-/// Fails with [`StoreError::Busy`] (naming the holder's pid, when it could be read) if another
+/// Fails with [`StoreError::Refused`] ([`FormatError::Busy`], naming the holder's pid, when it could be read) if another
 /// claim on `name` is live, in this process or another; with [`StoreError::Invalid`] if `name`
 /// is not a valid checkpoint name; with [`StoreError::Io`] if the claim file cannot be created
 /// or locked.
@@ -77,11 +79,11 @@ pub fn claim(root: &Path, name: &str) -> Result<Claim> {
     match file.try_lock() {
         Ok(()) => {}
         Err(TryLockError::WouldBlock) => {
-            return Err(StoreError::Busy {
+            return Err(StoreError::Refused(FormatError::Busy {
                 pids: holder_pid(&mut file).into_iter().collect(),
                 path,
                 wanted: "exclusive",
-            })
+            }))
         }
         Err(TryLockError::Error(e)) => return Err(StoreError::io("lock", &path, e)),
     }
@@ -131,7 +133,7 @@ mod tests {
         let recorded = std::fs::read_to_string(first.path()).unwrap();
         assert_eq!(recorded.trim(), std::process::id().to_string());
         match claim(dir.path(), "chat-1") {
-            Err(StoreError::Busy { pids, path, wanted }) => {
+            Err(StoreError::Refused(FormatError::Busy { pids, path, wanted })) => {
                 assert_eq!(pids, vec![std::process::id()]);
                 assert_eq!(path, first.path());
                 assert_eq!(wanted, "exclusive");
@@ -161,7 +163,7 @@ mod tests {
         rx.recv().unwrap();
         assert!(matches!(
             claim(dir.path(), "shared"),
-            Err(StoreError::Busy { .. })
+            Err(StoreError::Refused(FormatError::Busy { .. }))
         ));
         done_tx.send(()).unwrap();
         holder.join().unwrap();

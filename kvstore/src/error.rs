@@ -61,26 +61,13 @@ pub enum StoreError {
         #[source]
         source: FormatError,
     },
-    /// Another process holds a model store's lock in a way this call
-    /// cannot share (a save waiting for a collection, or the reverse), for
-    /// longer than the lock timeout.
-    #[error("store lock {path:?} is held ({wanted} wanted); live writers: pids {pids:?}")]
-    Busy {
-        /// The lock file.
-        path: PathBuf,
-        /// The mode the call needed (`"shared"` or `"exclusive"`).
-        wanted: &'static str,
-        /// Pids of the processes with that model store open for writing.
-        pids: Vec<u32>,
-    },
-    /// The store was opened read-only and the call would write.
-    #[error("store {path:?} is open read-only; {op} would write")]
-    ReadOnly {
-        /// The store's directory.
-        path: PathBuf,
-        /// The refused operation.
-        op: &'static str,
-    },
+    /// The checkpoint format's refusals, which kvstore raises for its own locks, claims and
+    /// read-only stores too: another process holds a lock (or a claim) in a way this call
+    /// cannot share, for longer than the lock timeout ([`FormatError::Busy`], naming the live
+    /// writers' pids: [`StoreError::busy_pids`]); or the store was opened read-only and the
+    /// call would write ([`FormatError::ReadOnly`]).
+    #[error(transparent)]
+    Refused(FormatError),
     /// The named checkpoint does not exist.
     #[error("checkpoint {name:?} not found")]
     CheckpointNotFound {
@@ -195,8 +182,9 @@ impl StoreError {
     /// Wraps a `ckptfmt` error with the path involved.
     pub fn format(path: impl Into<PathBuf>, source: FormatError) -> Self {
         match source {
-            FormatError::Busy { path, wanted, pids } => StoreError::Busy { path, wanted, pids },
-            FormatError::ReadOnly { path, op } => StoreError::ReadOnly { path, op },
+            source @ (FormatError::Busy { .. } | FormatError::ReadOnly { .. }) => {
+                StoreError::Refused(source)
+            }
             // I/O inside the format crate is I/O: typed the same way as the store's own.
             FormatError::Io { op, path, source } => StoreError::io(op, path, source),
             source => StoreError::Format {
@@ -213,6 +201,15 @@ impl StoreError {
             | StoreError::NoSpace { source, .. }
             | StoreError::NotWritable { source, .. } => Some(source),
             StoreError::Format { source, .. } => source.io_error(),
+            _ => None,
+        }
+    }
+
+    /// For a refusal because another process holds a lock or a claim: the pids of the live
+    /// holders (empty when they could not be read). `None` for every other error.
+    pub fn busy_pids(&self) -> Option<&[u32]> {
+        match self {
+            StoreError::Refused(FormatError::Busy { pids, .. }) => Some(pids),
             _ => None,
         }
     }

@@ -36,8 +36,9 @@
 //!   [`format_size`].
 //! - The `ckpt` tool (feature `cli`, on by default): `ckpt ls | rm | gc |
 //!   migrate | verify | inspect | bench` on a store directory.
-//! - Errors: one enum, [`StoreError`] (`Busy` names the pids of the
-//!   processes holding a lock this call needed).
+//! - Errors: one enum, [`StoreError`]; the checkpoint format's refusals (a lock held,
+//!   a read-only store) stay `ckptfmt`'s, inside [`StoreError::Refused`]
+//!   ([`StoreError::busy_pids`] names the processes holding a lock this call needed).
 //!
 //! # Durability
 //!

@@ -46,7 +46,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
 
-use ckptfmt::{create_dir_durable, Fingerprint, Geometry, StdFs, Store};
+use ckptfmt::{create_dir_durable, Fingerprint, FormatError, Geometry, StdFs, Store};
 
 use crate::config::{Config, GcReport, RecoveryReport};
 use crate::error::{Result, StoreError};
@@ -134,14 +134,14 @@ impl<V: BlockIo> Shared<V> {
         Arc::clone(&self.models_read()[idx])
     }
 
-    /// Fails with [`StoreError::ReadOnly`] on a read-only store.
+    /// Fails with [`StoreError::Refused`] ([`FormatError::ReadOnly`]) on a read-only store.
     pub(crate) fn writable(&self, op: &'static str) -> Result<()> {
         match self.access {
             Access::ReadWrite => Ok(()),
-            Access::ReadOnly => Err(StoreError::ReadOnly {
+            Access::ReadOnly => Err(StoreError::Refused(FormatError::ReadOnly {
                 path: self.root.clone(),
                 op,
-            }),
+            })),
         }
     }
 }
@@ -157,7 +157,7 @@ impl KvStore<StdFs> {
     /// Opens an existing store directory read-only: nothing is created,
     /// removed, locked for writing or recovered, so it works on a read-only
     /// copy and never disturbs a writer. Writing calls fail with
-    /// [`StoreError::ReadOnly`].
+    /// [`StoreError::Refused`] ([`FormatError::ReadOnly`]).
     pub fn open_read_only(root: impl AsRef<Path>, cfg: Config) -> Result<Self> {
         Self::open_read_only_with(StdFs, root, cfg)
     }

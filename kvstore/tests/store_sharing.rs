@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use ckptfmt::FormatError;
 use common::{fp, geometry, manifest, put_tokens};
 use kvstore::{Config, KvStore, StoreError};
 
@@ -119,12 +120,15 @@ fn read_only_store_refuses_writes_and_changes_nothing() {
     let model = ro.existing_model(&fp()).unwrap();
     assert!(matches!(
         model.delete("c0-0"),
-        Err(StoreError::ReadOnly { .. })
+        Err(StoreError::Refused(FormatError::ReadOnly { .. }))
     ));
-    assert!(matches!(ro.gc(), Err(StoreError::ReadOnly { .. })));
+    assert!(matches!(
+        ro.gc(),
+        Err(StoreError::Refused(FormatError::ReadOnly { .. }))
+    ));
     assert!(matches!(
         model.put(None, &[1, 2, 3, 4], vec![0; common::block_bytes()]),
-        Err(StoreError::ReadOnly { .. })
+        Err(StoreError::Refused(FormatError::ReadOnly { .. }))
     ));
     assert_eq!(model.checkpoints().unwrap().len(), 3);
 }
