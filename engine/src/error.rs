@@ -467,7 +467,7 @@ impl StoreErrorKind {
             return StoreErrorKind::NoSpace;
         }
         match e {
-            S::Io { source, .. } => StoreErrorKind::of_io(source),
+            S::Io(source) => StoreErrorKind::of_format(source),
             S::NoSpace { .. } => StoreErrorKind::NoSpace,
             S::NotWritable { .. } => StoreErrorKind::ReadOnly,
             S::Format { source, .. } | S::Refused(source) => StoreErrorKind::of_format(source),

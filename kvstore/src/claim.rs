@@ -57,9 +57,9 @@ impl Drop for Claim {
 
 /// Claims `name` in the store at `root` for this process.
 ///
-/// Fails with [`StoreError::Refused`] ([`FormatError::Busy`], naming the holder's pid, when it could be read) if another
-/// claim on `name` is live, in this process or another; with [`StoreError::Invalid`] if `name`
-/// is not a valid checkpoint name; with [`StoreError::Io`] if the claim file cannot be created
+/// Fails with [`StoreError::Refused`] ([`FormatError::Busy`], naming the holder's pid, when it
+/// could be read) if another claim on `name` is live, in this process or another; with
+/// [`StoreError::Invalid`] if `name` is not a valid checkpoint name; with [`StoreError::Io`] if the claim file cannot be created
 /// or locked.
 pub fn claim(root: &Path, name: &str) -> Result<Claim> {
     ckptfmt::store::check_name(name).map_err(|e| StoreError::Invalid {

@@ -16,17 +16,11 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// An operating-system I/O call failed.
-    #[error("I/O error during {op} on {path:?}: {source}")]
-    Io {
-        /// The operation that failed (`"read"`, `"lock"`, `"mkdir"`, ...).
-        op: &'static str,
-        /// The file or directory involved.
-        path: PathBuf,
-        /// The underlying error.
-        #[source]
-        source: std::io::Error,
-    },
+    /// An operating-system I/O call failed (other than for want of space or permission):
+    /// always the checkpoint format's [`FormatError::Io`], the operation, the path and the
+    /// operating system's error, for kvstore's own files too ([`StoreError::io_error`]).
+    #[error(transparent)]
+    Io(FormatError),
     /// The disk (or the filesystem's quota for this user) is full: nothing was written in
     /// place of what was there.
     #[error("no space left on the device during {op} on {path:?}")]
@@ -175,7 +169,7 @@ impl StoreError {
             ErrorKind::ReadOnlyFilesystem | ErrorKind::PermissionDenied => {
                 StoreError::NotWritable { op, path, source }
             }
-            _ => StoreError::Io { op, path, source },
+            _ => StoreError::Io(FormatError::Io { op, path, source }),
         }
     }
 
@@ -197,10 +191,10 @@ impl StoreError {
     /// The underlying I/O error, if this error is one (directly or inside `ckptfmt`).
     pub fn io_error(&self) -> Option<&std::io::Error> {
         match self {
-            StoreError::Io { source, .. }
-            | StoreError::NoSpace { source, .. }
-            | StoreError::NotWritable { source, .. } => Some(source),
-            StoreError::Format { source, .. } => source.io_error(),
+            StoreError::NoSpace { source, .. } | StoreError::NotWritable { source, .. } => {
+                Some(source)
+            }
+            StoreError::Io(source) | StoreError::Format { source, .. } => source.io_error(),
             _ => None,
         }
     }
