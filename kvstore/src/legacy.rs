@@ -101,3 +101,24 @@ pub fn migrate<V: BlockIo>(legacy: &Path, dest: &KvStore<V>) -> Result<Migration
     }
     Ok(report)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{detect_local, holds_legacy, Layout, DESCRIPTOR_FILE, MODELS_DIR};
+
+    #[test]
+    fn a_bare_store_is_recognised_with_or_without_a_kvstore_layout_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(detect_local(dir.path()), Layout::Unknown);
+        assert!(!holds_legacy(dir.path()));
+        std::fs::write(dir.path().join(DESCRIPTOR_FILE), b"descriptor").unwrap();
+        assert_eq!(detect_local(dir.path()), Layout::LegacyCkptfmt);
+        assert!(holds_legacy(dir.path()));
+        std::fs::create_dir(dir.path().join(MODELS_DIR)).unwrap();
+        assert_eq!(detect_local(dir.path()), Layout::KvStore);
+        assert!(
+            holds_legacy(dir.path()),
+            "the old files stay beside the new layout"
+        );
+    }
+}
