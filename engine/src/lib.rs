@@ -68,8 +68,8 @@ mod window;
 
 pub use batch::{Batch, BatchOutput, Logits};
 pub use context::{Context, ContextParams, SeqId};
-pub use ggml::{cpu_path, CpuPath, CpuRequest};
 pub use error::{Error, GgufProblem, Result, StoreErrorKind, TokenizerError};
+pub use ggml::{cpu_path, CpuPath, CpuRequest};
 pub use ingest::{IngestParams, IngestReport, Progress};
 pub use kv::{KvLayout, KvStats, KvType, PAGE_TOKENS};
 pub use model::{
