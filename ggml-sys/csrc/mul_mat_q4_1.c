@@ -371,9 +371,6 @@ static void quantize_col(const struct ggml_tensor * b, int64_t n, int nb, q81_bl
     q81->from_float((const float *) ((const char *) b->data + n * b->nb[1]), q, (int64_t) nb * QK);
 }
 
-// Fewest columns the integer-sum path takes (`Q4_1_ISUM_MIN_COLS` in src/lib.rs).
-#define Q41_ISUM_MIN_COLS 64
-
 // The integer-sum path's vectors: W columns per group, MR weight rows per pass.
 #ifdef Q41_W16
 #define W 16
@@ -540,11 +537,181 @@ Q41_INLINE void is_rows_groups(struct ggml_tensor * dst, int64_t m, int R, const
     }
 }
 
+#if defined(__F16C__)
+// The few-column path (see the top): one vector lane per weight row, FEW_ROWS rows per tile,
+// the columns FEW_CHUNK at a time.
+#define Q41_FEW 1
+#define FEW_ROWS 8
+#define FEW_CHUNK 4
+// Most columns the few-column path takes; more go to the wide path.
+#define FEW_MAX_COLS 8
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define FEW_DPBUSD(acc, x, y) _mm256_dpbusd_epi32(acc, x, y)
+#elif defined(__AVXVNNI__)
+#define FEW_DPBUSD(acc, x, y) _mm256_dpbusd_avx_epi32(acc, x, y)
+#endif
+
+static inline int32_t load_i32(const void * p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+// Block i of the tile's rows rp[0..7] transposed: lane r of X[k] holds quad k (elements 4k ..
+// 4k + 3, values 0..15) of row r.
+Q41_INLINE void few_unpack(const q41_block * const * rp, int i, __m256i * X) {
+    __m256i Z[4];
+    for (int j = 0; j < 4; ++j) {
+        Z[j] = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *) rp[j][i].qs)),
+            _mm_loadu_si128((const __m128i *) rp[j + 4][i].qs), 1);
+    }
+    // A 4x4 transpose of 32-bit elements in each half: P[k] lane r = bytes 4k .. 4k + 3 of row r.
+    const __m256i t0 = _mm256_unpacklo_epi32(Z[0], Z[1]), t1 = _mm256_unpackhi_epi32(Z[0], Z[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(Z[2], Z[3]), t3 = _mm256_unpackhi_epi32(Z[2], Z[3]);
+    const __m256i P[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
+                          _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+    // Byte j's low nibble is element j, its high nibble element j + 16.
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int k = 0; k < 4; ++k) {
+        X[k] = _mm256_and_si256(P[k], low);
+        X[k + 4] = _mm256_and_si256(_mm256_srli_epi16(P[k], 4), low);
+    }
+}
+
+// Lane r: the exact sum of row r's block (X) times the column's block y (32 int8).
+Q41_INLINE __m256i few_dots(const __m256i * X, const int8_t * y) {
+#ifdef FEW_DPBUSD
+    __m256i e = _mm256_setzero_si256(), o = _mm256_setzero_si256();
+    for (int k = 0; k < 8; k += 2) {
+        e = FEW_DPBUSD(e, X[k], _mm256_set1_epi32(load_i32(y + 4 * k)));
+        o = FEW_DPBUSD(o, X[k + 1], _mm256_set1_epi32(load_i32(y + 4 * k + 4)));
+    }
+    return _mm256_add_epi32(e, o);
+#else
+    // Pairs in 16 bits, a block's 8 quads summed there: |sum| <= 8 * 2 * 15 * 127 < 2^15.
+    __m256i s = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(X[k], _mm256_set1_epi32(load_i32(y + 4 * k))));
+    }
+    return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+#endif
+}
+
+// One tile (rows rp[0..7], the first `rows` of them real; their scales and minimums as f16 at
+// sd[i * 8 + r], sm[i * 8 + r]) against NC columns (q8_1 blocks y[c], scales d1[c][i] and sums
+// s1[c][i] as f32): out[c][r].
+Q41_INLINE void few_tile(const q41_block * const * rp, int nb, const uint16_t * sd,
+                         const uint16_t * smin, const q81_block * const * y,
+                         const float * const * d1, const float * const * s1, int NC,
+                         float * const * out, int rows) {
+    __m256 acc[FEW_CHUNK], sm[FEW_CHUNK];
+    for (int c = 0; c < NC; ++c) {
+        acc[c] = _mm256_setzero_ps();
+        sm[c] = _mm256_setzero_ps();
+    }
+    for (int i = 0; i < nb; ++i) {
+        __m256i X[8];
+        few_unpack(rp, i, X);
+        const __m256 d0 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *) (sd + (size_t) i * 8)));
+        const __m256 m0 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *) (smin + (size_t) i * 8)));
+        for (int c = 0; c < NC; ++c) {
+            const __m256 xy = _mm256_cvtepi32_ps(few_dots(X, y[c][i].qs));
+            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d0, _mm256_broadcast_ss(d1[c] + i)), xy, acc[c]);
+            sm[c] = _mm256_fmadd_ps(m0, _mm256_broadcast_ss(s1[c] + i), sm[c]);
+        }
+    }
+    for (int c = 0; c < NC; ++c) {
+        const __m256 v = _mm256_add_ps(acc[c], sm[c]);
+        if (rows == FEW_ROWS) {
+            _mm256_storeu_ps(out[c], v);
+        } else {
+            float tmp[FEW_ROWS] __attribute__((aligned(32)));
+            _mm256_store_ps(tmp, v);
+            memcpy(out[c], tmp, (size_t) rows * sizeof(float));
+        }
+    }
+}
+
+// The few-column path: every column quantized by each thread, the tiles of rows split between
+// the threads.
+static void mul_mat_few(struct ggml_tensor * dst, int ith, int nth) {
+    const struct ggml_tensor * a = dst->src[0];
+    const struct ggml_tensor * b = dst->src[1];
+    const int64_t M = a->ne[1], N = b->ne[1];
+    const int nb = (int) (a->ne[0] / QK);
+    const int64_t tiles = (M + FEW_ROWS - 1) / FEW_ROWS;
+    const int64_t per = (tiles + nth - 1) / nth;
+    const int64_t t0 = per * ith, t1 = t0 + per < tiles ? t0 + per : tiles;
+    if (t0 >= t1) {
+        return;
+    }
+    const int64_t r0 = t0 * FEW_ROWS, r1 = t1 * FEW_ROWS < M ? t1 * FEW_ROWS : M;
+    char * buf = q8_reserve((size_t) N * nb + (size_t) nb * 2);
+    if (buf == NULL) {
+        fill_nan(dst, r0, r1, 0, N);
+        return;
+    }
+    q81_block * q8 = (q81_block *) buf;
+    float * ds = (float *) (buf + (size_t) N * nb * sizeof(q81_block));
+    float * ss = ds + (size_t) N * nb;
+    // The tile's f16 scales and minimums, block-major (nb * 8 each), 16-byte aligned: room
+    // for them is the 2 * nb blocks reserved beyond the columns'.
+    uint16_t * sd = (uint16_t *) (((uintptr_t) (ss + (size_t) N * nb) + 15) & ~(uintptr_t) 15);
+    uint16_t * smin = sd + (size_t) nb * FEW_ROWS;
+    for (int64_t n = 0; n < N; ++n) {
+        quantize_col(b, n, nb, q8 + n * nb);
+        for (int i = 0; i < nb; ++i) {
+            ds[n * nb + i] = f16_to_f32(q8[n * nb + i].d);
+            ss[n * nb + i] = f16_to_f32(q8[n * nb + i].s);
+        }
+    }
+    for (int64_t m = r0; m < r1; m += FEW_ROWS) {
+        const int rows = r1 - m < FEW_ROWS ? (int) (r1 - m) : FEW_ROWS;
+        const q41_block * rp[FEW_ROWS];
+        for (int r = 0; r < FEW_ROWS; ++r) {
+            // Rows past the end repeat the last one; their lanes are never stored.
+            rp[r] = weight_row(a, m + (r < rows ? r : rows - 1));
+            for (int i = 0; i < nb; ++i) {
+                sd[i * FEW_ROWS + r] = rp[r][i].d;
+                smin[i * FEW_ROWS + r] = rp[r][i].m;
+            }
+        }
+        for (int64_t n = 0; n < N; n += FEW_CHUNK) {
+            const int NC = N - n < FEW_CHUNK ? (int) (N - n) : FEW_CHUNK;
+            const q81_block * y[FEW_CHUNK];
+            const float * d1[FEW_CHUNK];
+            const float * s1[FEW_CHUNK];
+            float * out[FEW_CHUNK];
+            for (int c = 0; c < NC; ++c) {
+                y[c] = q8 + (n + c) * nb;
+                d1[c] = ds + (n + c) * nb;
+                s1[c] = ss + (n + c) * nb;
+                out[c] = out_at(dst, m, n + c);
+            }
+            switch (NC) {
+                case 1: few_tile(rp, nb, sd, smin, y, d1, s1, 1, out, rows); break;
+                case 2: few_tile(rp, nb, sd, smin, y, d1, s1, 2, out, rows); break;
+                case 3: few_tile(rp, nb, sd, smin, y, d1, s1, 3, out, rows); break;
+                default: few_tile(rp, nb, sd, smin, y, d1, s1, FEW_CHUNK, out, rows); break;
+            }
+        }
+    }
+}
+#endif
+
 // The integer-sum path (see the top).
 static void mul_mat_isum(struct ggml_tensor * dst, int ith, int nth) {
     const struct ggml_tensor * a = dst->src[0];
     const struct ggml_tensor * b = dst->src[1];
     const int64_t M = a->ne[1], N = b->ne[1];
+#ifdef Q41_FEW
+    if (N <= FEW_MAX_COLS) {
+        mul_mat_few(dst, ith, nth);
+        return;
+    }
+#endif
     const int nb = (int) (a->ne[0] / QK);
     const int64_t groups = (N + W - 1) / W;
     int64_t g0, g1, r0, r1;
@@ -701,7 +868,7 @@ void ggml_sys_mul_mat_q4_1(struct ggml_tensor * dst, int ith, int nth, void * us
     const int64_t N = dst->src[1]->ne[1];
     const int64_t n_isum = (int64_t) ((uintptr_t) userdata < (uint64_t) N ? (uintptr_t) userdata : (uint64_t) N);
 #ifdef Q41_SIMD
-    if (n_isum >= Q41_ISUM_MIN_COLS) {
+    if (n_isum >= 1) {
         if (n_isum == N) {
             mul_mat_isum(dst, ith, nth);
             return;

@@ -377,10 +377,230 @@ static int split_work(int64_t groups, int64_t M, int ith, int nth, int64_t * g0,
     return *g0 < *g1 && *r0 < *r1;
 }
 
+#if defined(Q80_SIMD) && defined(__F16C__)
+// The few-column path (see the top): one vector lane per weight row, FEW_ROWS rows per tile,
+// the columns FEW_CHUNK at a time.
+#define Q80_FEW 1
+#define FEW_ROWS 8
+#define FEW_CHUNK 4
+// Most columns the few-column path takes; more go to the column groups.
+#define FEW_MAX_COLS 8
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define FEW_DPBUSD(acc, x, y) _mm256_dpbusd_epi32(acc, x, y)
+#elif defined(__AVXVNNI__)
+#define FEW_DPBUSD(acc, x, y) _mm256_dpbusd_avx_epi32(acc, x, y)
+#endif
+
+// A 4x4 transpose of 32-bit elements in each 128-bit half: lane j of P[k] in a half is
+// element k of Z[j] in that half.
+Q80_INLINE void transpose4(const __m256i * Z, __m256i * P) {
+    const __m256i t0 = _mm256_unpacklo_epi32(Z[0], Z[1]), t1 = _mm256_unpackhi_epi32(Z[0], Z[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(Z[2], Z[3]), t3 = _mm256_unpackhi_epi32(Z[2], Z[3]);
+    P[0] = _mm256_unpacklo_epi64(t0, t2);
+    P[1] = _mm256_unpackhi_epi64(t0, t2);
+    P[2] = _mm256_unpacklo_epi64(t1, t3);
+    P[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+// Rows j and j + 4 of 16 bytes at byte `off` of their block i, side by side.
+Q80_INLINE __m256i two_rows(const char * const * rp, int j, size_t off) {
+    return _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *) (rp[j] + off))),
+        _mm_loadu_si128((const __m128i *) (rp[j + 4] + off)), 1);
+}
+
+// Block i of the tile's rows rp[0..7] transposed: lane r of X[k] holds quad k (elements 4k ..
+// 4k + 3) of row r: the unsigned u of the top comment, except Q8_0's signed w where `maddubs`
+// takes them through their signs.
+Q80_INLINE void few_unpack(int kind, const char * const * rp, int i, __m256i * X) {
+    __m256i Z[4];
+    if (kind == KIND_Q4_0) {
+        for (int j = 0; j < 4; ++j) {
+            Z[j] = two_rows(rp, j, (size_t) i * sizeof(q40_block) + 2);
+        }
+        __m256i P[4];
+        transpose4(Z, P);
+        // Byte j's low nibble is element j, its high nibble element j + 16.
+        const __m256i low = _mm256_set1_epi8(0x0F);
+        for (int k = 0; k < 4; ++k) {
+            X[k] = _mm256_and_si256(P[k], low);
+            X[k + 4] = _mm256_and_si256(_mm256_srli_epi16(P[k], 4), low);
+        }
+        return;
+    }
+    for (int h = 0; h < 2; ++h) {
+        for (int j = 0; j < 4; ++j) {
+            Z[j] = two_rows(rp, j, (size_t) i * sizeof(q80_block) + 2 + 16 * h);
+        }
+        transpose4(Z, X + 4 * h);
+    }
+#ifdef FEW_DPBUSD
+    for (int k = 0; k < 8; ++k) {
+        X[k] = _mm256_xor_si256(X[k], _mm256_set1_epi8((char) 0x80));
+    }
+#endif
+}
+
+// Lane r: the exact sum of the products w * y of row r's block (X) and the column's block y
+// (32 int8); `start` is the column block's -b * sum(y) where X holds u = w + b (else unused).
+Q80_INLINE __m256i few_dots(int kind, const __m256i * X, const int8_t * y, int32_t start) {
+#ifdef FEW_DPBUSD
+    (void) kind;
+    __m256i e = _mm256_set1_epi32(start), o = _mm256_setzero_si256();
+    for (int k = 0; k < 8; k += 2) {
+        e = FEW_DPBUSD(e, X[k], _mm256_set1_epi32(load_quad((const uint8_t *) y + 4 * k)));
+        o = FEW_DPBUSD(o, X[k + 1], _mm256_set1_epi32(load_quad((const uint8_t *) y + 4 * k + 4)));
+    }
+    return _mm256_add_epi32(e, o);
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (kind == KIND_Q4_0) {
+        // Pairs of nibble-by-int8 products in 16 bits: |sum| <= 8 * 2 * 15 * 128 < 2^15.
+        __m256i s = _mm256_setzero_si256();
+        for (int k = 0; k < 8; ++k) {
+            const __m256i yk = _mm256_set1_epi32(load_quad((const uint8_t *) y + 4 * k));
+            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(X[k], yk));
+        }
+        return _mm256_add_epi32(_mm256_madd_epi16(s, ones), _mm256_set1_epi32(start));
+    }
+    // |w| times y with w's sign: |w| <= 128 and |y| <= 127 (q8_0 rounds to -127 .. 127), so a
+    // pair's sum, at most 2 * 128 * 127 < 2^15, is exact; each quad widened to 32 bits.
+    (void) start;
+    __m256i d = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {
+        const __m256i yk = _mm256_set1_epi32(load_quad((const uint8_t *) y + 4 * k));
+        const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(X[k]), _mm256_sign_epi8(yk, X[k]));
+        d = _mm256_add_epi32(d, _mm256_madd_epi16(p, ones));
+    }
+    return d;
+#endif
+}
+
+// One tile (rows rp[0..7], the first `rows` of them real; their scales as f16 at sd[i * 8 +
+// r]) against NC columns (q8_0 blocks y[c], scales d1[c][i] as f32, starting sums st[c][i]):
+// out[c][r].
+Q80_INLINE void few_tile(int kind, const char * const * rp, int nb, const uint16_t * sd,
+                         const q80_block * const * y, const float * const * d1,
+                         const int32_t * const * st, int NC, float * const * out, int rows) {
+    __m256 acc[FEW_CHUNK];
+    for (int c = 0; c < NC; ++c) {
+        acc[c] = _mm256_setzero_ps();
+    }
+    for (int i = 0; i < nb; ++i) {
+        __m256i X[8];
+        few_unpack(kind, rp, i, X);
+        const __m256 d0 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *) (sd + (size_t) i * 8)));
+        for (int c = 0; c < NC; ++c) {
+            const __m256 xy = _mm256_cvtepi32_ps(few_dots(kind, X, y[c][i].qs, st[c][i]));
+            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d0, _mm256_broadcast_ss(d1[c] + i)), xy, acc[c]);
+        }
+    }
+    for (int c = 0; c < NC; ++c) {
+        if (rows == FEW_ROWS) {
+            _mm256_storeu_ps(out[c], acc[c]);
+        } else {
+            Q80_ALIGN64 float tmp[FEW_ROWS];
+            _mm256_store_ps(tmp, acc[c]);
+            memcpy(out[c], tmp, (size_t) rows * sizeof(float));
+        }
+    }
+}
+
+// The few-column path: every column quantized by each thread, the tiles of rows split between
+// the threads.
+Q80_INLINE void mul_mat_few(int kind, struct ggml_tensor * dst, int ith, int nth) {
+    const struct ggml_tensor * a = dst->src[0];
+    const struct ggml_tensor * b = dst->src[1];
+    const int64_t M = a->ne[1], N = b->ne[1];
+    const int nb = (int) (a->ne[0] / QK);
+    const int64_t tiles = (M + FEW_ROWS - 1) / FEW_ROWS;
+    const int64_t per = (tiles + nth - 1) / nth;
+    const int64_t t0 = per * ith, t1 = t0 + per < tiles ? t0 + per : tiles;
+    if (t0 >= t1) {
+        return;
+    }
+    const int64_t r0 = t0 * FEW_ROWS, r1 = t1 * FEW_ROWS < M ? t1 * FEW_ROWS : M;
+    const size_t cells = (size_t) N * nb;
+    const size_t q_bytes = align64(cells * sizeof(q80_block));
+    const size_t f_bytes = align64(cells * sizeof(float));
+    char * buf = reserve(q_bytes + 2 * f_bytes + (size_t) nb * FEW_ROWS * sizeof(uint16_t));
+    if (buf == NULL) {
+        fill_nan(dst, r0, r1, 0, N);
+        return;
+    }
+    q80_block * q8 = (q80_block *) buf;
+    float * ds = (float *) (buf + q_bytes);
+    int32_t * starts = (int32_t *) (buf + q_bytes + f_bytes);
+    uint16_t * sd = (uint16_t *) (buf + q_bytes + 2 * f_bytes);
+#ifdef FEW_DPBUSD
+    const int32_t bias = kind == KIND_Q4_0 ? 8 : 128;
+#else
+    const int32_t bias = kind == KIND_Q4_0 ? 8 : 0;
+#endif
+    const struct ggml_type_traits_cpu * q80 = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0);
+    for (int64_t n = 0; n < N; ++n) {
+        q80->from_float((const float *) ((const char *) b->data + n * b->nb[1]), q8 + n * nb,
+                        (int64_t) nb * QK);
+        for (int i = 0; i < nb; ++i) {
+            const q80_block * blk = q8 + n * nb + i;
+            int32_t sum = 0;
+            for (int j = 0; j < QK; ++j) {
+                sum += blk->qs[j];
+            }
+            ds[n * nb + i] = ggml_fp16_to_fp32(blk->d);
+            starts[n * nb + i] = -bias * sum;
+        }
+    }
+    const size_t row_bytes = a->nb[1];
+    const size_t block_bytes = kind == KIND_Q4_0 ? sizeof(q40_block) : sizeof(q80_block);
+    for (int64_t m = r0; m < r1; m += FEW_ROWS) {
+        const int rows = r1 - m < FEW_ROWS ? (int) (r1 - m) : FEW_ROWS;
+        const char * rp[FEW_ROWS];
+        for (int r = 0; r < FEW_ROWS; ++r) {
+            // Rows past the end repeat the last one; their lanes are never stored.
+            rp[r] = (const char *) a->data + (m + (r < rows ? r : rows - 1)) * row_bytes;
+            for (int i = 0; i < nb; ++i) {
+                memcpy(sd + i * FEW_ROWS + r, rp[r] + (size_t) i * block_bytes, 2);
+            }
+        }
+        for (int64_t n = 0; n < N; n += FEW_CHUNK) {
+            const int NC = N - n < FEW_CHUNK ? (int) (N - n) : FEW_CHUNK;
+            const q80_block * y[FEW_CHUNK];
+            const float * d1[FEW_CHUNK];
+            const int32_t * st[FEW_CHUNK];
+            float * out[FEW_CHUNK];
+            for (int c = 0; c < NC; ++c) {
+                y[c] = q8 + (n + c) * nb;
+                d1[c] = ds + (n + c) * nb;
+                st[c] = starts + (n + c) * nb;
+                out[c] = out_at(dst, m, n + c);
+            }
+            switch (NC) {
+                case 1: few_tile(kind, rp, nb, sd, y, d1, st, 1, out, rows); break;
+                case 2: few_tile(kind, rp, nb, sd, y, d1, st, 2, out, rows); break;
+                case 3: few_tile(kind, rp, nb, sd, y, d1, st, 3, out, rows); break;
+                default: few_tile(kind, rp, nb, sd, y, d1, st, FEW_CHUNK, out, rows); break;
+            }
+        }
+    }
+}
+#endif
+
 Q80_INLINE void mul_mat(int kind, struct ggml_tensor * dst, int ith, int nth) {
     const struct ggml_tensor * a = dst->src[0];
     const struct ggml_tensor * b = dst->src[1];
     const int64_t M = a->ne[1], N = b->ne[1];
+#ifdef Q80_FEW
+    if (N <= FEW_MAX_COLS) {
+        if (kind == KIND_Q4_0) {
+            mul_mat_few(KIND_Q4_0, dst, ith, nth);
+        } else {
+            mul_mat_few(KIND_Q8_0, dst, ith, nth);
+        }
+        return;
+    }
+#endif
     const int nb = (int) (a->ne[0] / QK);
     const int64_t groups = (N + W - 1) / W;
     int64_t g0, g1, r0, r1;

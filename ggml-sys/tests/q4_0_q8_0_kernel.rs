@@ -7,7 +7,10 @@
 //! above the lane widths (8, 16) and the split between threads by group or by row, odd row
 //! counts, one to four threads, strided columns, weights quantized by ggml and raw blocks of
 //! every int8 value, and columns with a large common offset (where a wrong correction for the
-//! unsigned weights would show).
+//! unsigned weights would show). And batch invariance: each column of an N-column product has
+//! the bits of the same column computed alone and inside a 100-column product, whatever N (the
+//! few-column path's rows per vector lane or the column groups), the thread count, or the
+//! group, lane or tile the column lands in.
 
 use ggml_sys::*;
 use std::ffi::c_int;
@@ -410,5 +413,116 @@ fn the_kernels_compute_known_products() {
             }
             ggml_free(ctx);
         }
+    }
+}
+
+/// The column counts of the batch-invariance checks: every count around the few-column path's
+/// chunks (4) and row tiles (8), and across the column groups (8, 16).
+const COUNTS: [i64; 21] = [
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 31, 33, 64, 100,
+];
+
+/// Every column of the product of `ty` weights `[k, m]` and the first N of 100 columns, for
+/// each N of [`COUNTS`], against the same column computed alone and inside the 100-column
+/// product: the same bits. The products of one call share a graph, run with `threads` threads.
+fn assert_batch_invariant(ty: ggml_type, weights: Weights, k: i64, m: i64, threads: c_int) {
+    let mut rng = Rng((k * m) as u64 ^ ty as u64);
+    let n_max = 100i64;
+    // SAFETY: as in `run`; views stay within the 100-column tensor.
+    unsafe {
+        let ctx = ggml_init(ggml_init_params {
+            mem_size: 64 << 20,
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc: false,
+        });
+        assert!(!ctx.is_null());
+        let w = ggml_new_tensor_2d(ctx, ty, k, m);
+        let bytes = ggml_nbytes(w);
+        match weights {
+            Weights::Quantized => {
+                let values: Vec<f32> = (0..k * m).map(|_| rng.f32() * 0.5).collect();
+                ggml_quantize_chunk(ty, values.as_ptr(), (*w).data, 0, m, k, std::ptr::null());
+            }
+            Weights::Raw => {
+                let blocks = std::slice::from_raw_parts_mut((*w).data as *mut u8, bytes);
+                for b in blocks.chunks_mut(block_bytes(ty)) {
+                    let scale = (rng.next_u64() % 0x1C00) as u16 + 0x1400;
+                    b[0..2].copy_from_slice(&scale.to_le_bytes());
+                    for v in &mut b[2..] {
+                        *v = rng.next_u64() as u8;
+                    }
+                }
+            }
+        }
+        let x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, n_max);
+        let xs = std::slice::from_raw_parts_mut((*x).data as *mut f32, (k * n_max) as usize);
+        for v in xs.iter_mut() {
+            *v = rng.f32() * 3.0;
+        }
+        let col = (*x).nb[1];
+        let graph = ggml_new_graph(ctx);
+        let node = |n: i64, first: i64| {
+            let mut args = [w, ggml_view_2d(ctx, x, k, n, col, first as usize * col)];
+            let t = ggml_custom_4d(
+                ctx,
+                GGML_TYPE_F32,
+                m,
+                n,
+                1,
+                1,
+                args.as_mut_ptr(),
+                2,
+                kernel(ty),
+                GGML_N_TASKS_MAX,
+                std::ptr::null_mut(),
+            );
+            ggml_build_forward_expand(graph, t);
+            t
+        };
+        let counts: Vec<_> = COUNTS.iter().map(|&n| (n, node(n, 0))).collect();
+        let alone: Vec<_> = (0..n_max).map(|c| node(1, c)).collect();
+        assert_eq!(
+            ggml_graph_compute_with_ctx(ctx, graph, threads),
+            GGML_STATUS_SUCCESS
+        );
+        let read = |t: *mut ggml_tensor| {
+            std::slice::from_raw_parts((*t).data as *const f32, ggml_nelements(t) as usize).to_vec()
+        };
+        let full = read(counts[counts.len() - 1].1);
+        let (m, k) = (m as usize, k as usize);
+        for &(n, t) in &counts {
+            let got = read(t);
+            let what = format!("type {ty}, k {k}, m {m}, {threads} threads, {n} columns");
+            assert_same_bits(
+                &full[..n as usize * m],
+                &got,
+                &format!("{what}, against 100"),
+            );
+            for (c, &one) in alone.iter().take(n as usize).enumerate() {
+                assert_same_bits(
+                    &read(one),
+                    &got[c * m..(c + 1) * m],
+                    &format!("{what}, column {c} alone"),
+                );
+            }
+        }
+        ggml_free(ctx);
+    }
+}
+
+#[test]
+fn each_column_has_the_same_bits_in_every_product() {
+    // Row counts in and past whole tiles; blocks of one and several per row.
+    for ty in TYPES {
+        for (k, m, threads) in [
+            (96, 19, 2),
+            (576, 40, 3),
+            (32, 8, 1),
+            (64, 1, 4),
+            (1536, 13, 2),
+        ] {
+            assert_batch_invariant(ty, Weights::Quantized, k, m, threads);
+        }
+        assert_batch_invariant(ty, Weights::Raw, 128, 21, 2);
     }
 }

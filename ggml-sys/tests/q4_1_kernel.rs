@@ -1,12 +1,14 @@
 //! The crate's q4_1 kernel (`kernels::ggml_sys_mul_mat_q4_1`, run as a ggml custom op), three
 //! ways: with no columns given integer sums, against `ggml_mul_mat` on the same tensors, equal
-//! bit for bit; with all of them, from `Q4_1_ISUM_MIN_COLS` columns on, against its definition
-//! (`reference` below: per block an exact integer sum, then one chain of fused multiply-adds
-//! over the blocks) bit for bit and against `ggml_mul_mat` within rounding; and with only the
-//! leading ones, each column its own way. For every column count (the narrow path takes
-//! columns four at a time; from 16 the wide paths take them in groups, split between threads
-//! by group or, with few groups, by row), odd row counts, one to four threads, and strided
-//! columns.
+//! bit for bit; with all of them, against its definition (`reference` below: per block an
+//! exact integer sum, then one chain of fused multiply-adds over the blocks) bit for bit and
+//! against `ggml_mul_mat` within rounding; and with only the leading ones, each column its own
+//! way. For every column count (the narrow path takes columns four at a time; from 16 the wide
+//! paths take them in groups, split between threads by group or, with few groups, by row; the
+//! integer sums take up to 8 columns one row per vector lane), odd row counts, one to four
+//! threads, and strided columns. And the integer sums' batch invariance: each column of an
+//! N-column product has the bits of the same column computed alone and inside a 100-column
+//! product, whatever N, the thread count, or the group, lane or tile the column lands in.
 
 use ggml_sys::*;
 use std::ffi::c_int;
@@ -31,15 +33,14 @@ fn check(k: i64, m: i64, n: i64, stride: i64, threads: c_int, seed: u64) {
     assert_same_bits(&r.ggml, &r.exact, &what);
     // SAFETY: a plain query.
     let isum = unsafe { kernels::ggml_sys_mul_mat_q4_1_isum() } == 1;
-    let min = kernels::Q4_1_ISUM_MIN_COLS;
-    if isum && n >= min {
+    if isum {
         assert_same_bits(&r.reference, &r.isum, &format!("{what}, integer sums"));
         assert_close(&r.ggml, &r.isum, &r.magnitude, &what);
     } else {
         assert_same_bits(&r.ggml, &r.isum, &format!("{what}, integer sums allowed"));
     }
     let split = split_at(n) as usize * m as usize;
-    let want: &[f32] = if isum && split_at(n) >= min {
+    let want: &[f32] = if isum {
         &r.reference[..split]
     } else {
         &r.ggml[..split]
@@ -52,13 +53,9 @@ fn check(k: i64, m: i64, n: i64, stride: i64, threads: c_int, seed: u64) {
     );
 }
 
-/// How many leading columns of `n` the third way allows integer sums.
+/// How many leading columns of `n` the third way allows integer sums (none of one column).
 fn split_at(n: i64) -> i64 {
-    if n > kernels::Q4_1_ISUM_MIN_COLS {
-        kernels::Q4_1_ISUM_MIN_COLS + (n - kernels::Q4_1_ISUM_MIN_COLS) / 2
-    } else {
-        n / 2
-    }
+    n / 2
 }
 
 /// The kernel's node for `w` (q4_1 `[k, m]`) times `x` (f32 `[k, n]`), integer sums allowed
@@ -341,5 +338,102 @@ fn the_kernel_computes_the_product() {
             }
         }
         ggml_free(ctx);
+    }
+}
+
+/// The column counts of the batch-invariance checks: every count around the few-column path's
+/// chunks (4) and row tiles (8), and across the wide path's groups (8, 16).
+const COUNTS: [i64; 21] = [
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 31, 33, 64, 100,
+];
+
+/// Every column of the integer-sum product of `w` (q4_1 `[k, m]`) and the first N of 100
+/// columns, for each N of [`COUNTS`], against the same column computed alone and inside the
+/// 100-column product: the same bits. The products of one call share a graph, so each runs
+/// with `threads` threads.
+fn assert_batch_invariant(k: i64, m: i64, threads: c_int, seed: u64) {
+    let mut rng = Rng(seed);
+    let n_max = 100i64;
+    // SAFETY: as in `run`; views stay within the 100-column tensor.
+    unsafe {
+        let ctx = ggml_init(ggml_init_params {
+            mem_size: 64 << 20,
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc: false,
+        });
+        assert!(!ctx.is_null());
+        let w = ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_1, k, m);
+        let weights: Vec<f32> = (0..k * m).map(|_| rng.f32() * 0.5).collect();
+        ggml_quantize_chunk(
+            GGML_TYPE_Q4_1,
+            weights.as_ptr(),
+            (*w).data,
+            0,
+            m,
+            k,
+            std::ptr::null(),
+        );
+        let x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, n_max);
+        let xs = std::slice::from_raw_parts_mut((*x).data as *mut f32, (k * n_max) as usize);
+        for v in xs.iter_mut() {
+            *v = rng.f32() * 3.0;
+        }
+        let col = (*x).nb[1];
+        let graph = ggml_new_graph(ctx);
+        let node = |n: i64, first: i64| {
+            let view = ggml_view_2d(ctx, x, k, n, col, first as usize * col);
+            let t = kernel_node(ctx, w, view, n);
+            ggml_build_forward_expand(graph, t);
+            t
+        };
+        let counts: Vec<_> = COUNTS.iter().map(|&n| (n, node(n, 0))).collect();
+        let alone: Vec<_> = (0..n_max).map(|c| node(1, c)).collect();
+        assert_eq!(
+            ggml_graph_compute_with_ctx(ctx, graph, threads),
+            GGML_STATUS_SUCCESS
+        );
+        let read = |t: *mut ggml_tensor| {
+            std::slice::from_raw_parts((*t).data as *const f32, ggml_nelements(t) as usize).to_vec()
+        };
+        let (_, full) = counts[counts.len() - 1];
+        let full = read(full);
+        for &(n, t) in &counts {
+            let got = read(t);
+            let what = format!("k {k}, m {m}, {threads} threads, {n} columns");
+            assert_same_bits(
+                &full[..(n * m) as usize],
+                &got,
+                &format!("{what}, against 100"),
+            );
+            for c in 0..n {
+                let one = read(alone[c as usize]);
+                let c = c as usize;
+                let m = m as usize;
+                assert_same_bits(
+                    &one,
+                    &got[c * m..(c + 1) * m],
+                    &format!("{what}, column {c} alone"),
+                );
+            }
+        }
+        ggml_free(ctx);
+    }
+}
+
+#[test]
+fn each_column_has_the_same_bits_in_every_product() {
+    // SAFETY: a plain query.
+    if unsafe { kernels::ggml_sys_mul_mat_q4_1_isum() } == 0 {
+        return;
+    }
+    // Row counts in and past whole tiles; blocks of one and several per row.
+    for (k, m, threads) in [
+        (96, 19, 2),
+        (576, 40, 3),
+        (32, 8, 1),
+        (64, 1, 4),
+        (1536, 13, 2),
+    ] {
+        assert_batch_invariant(k, m, threads, (k * m) as u64);
     }
 }
