@@ -36,6 +36,7 @@
 // dot product on the same q8_K columns (ggml's result, whose order differs from the above).
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -429,6 +430,8 @@ static void kq_pack_group(const struct ggml_tensor * b, int64_t n0, int64_t N, i
     for (int c = 0; c < W; ++c) {
         const int real = n0 + c < N;
         if (real) {
+            // ggml's routine leaves an all-zero super-block's sums unwritten.
+            memset(tmp, 0, (size_t) nb * sizeof(kq_block_q8k));
             q8k->from_float((const float *) ((const char *) b->data + (n0 + c) * b->nb[1]), tmp,
                             (int64_t) nb * KQ_SB);
         }
@@ -559,6 +562,338 @@ static void kq_mul_mat(struct ggml_tensor * dst, int ith, int nth, int kind) {
     }
 }
 
+
+// ---- The few-column path ----
+//
+// Under KQ_FEW_MAX columns the weights are read once per pass of up to KQ_FEW_COLS columns, and
+// one 256-bit vector lane holds one weight row instead of one column: per super-block, each row
+// of a block of eight has its integer sums computed within the row (any order: they are exact),
+// the eight rows' sums are gathered into the lanes of one vector, and the float steps are then
+// the definition's, lane by lane: acc = fma(d * d8, (float) sumi, acc), then for Q4_K and Q5_K
+// acc = fma(-dmin * d8, (float) summ, acc), over the super-blocks in order from acc = 0. So every
+// output gets the wide path's operations on the same integers: the same bits.
+
+#define KQ_FEW_MAX 16
+#define KQ_FEW_COLS 4
+
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#define KQ_FEW_VNNI 1
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define KQ_DPBUSD(acc, w, y) _mm256_dpbusd_epi32(acc, w, y)
+#else
+#define KQ_DPBUSD(acc, w, y) _mm256_dpbusd_avx_epi32(acc, w, y)
+#endif
+#endif
+
+// Eight f16 values (the low halves of the lanes' first eight 16-bit words) as f32.
+static inline __m256 kq_f16x8(__m128i h) {
+#if defined(__F16C__)
+    return _mm256_cvtph_ps(h);
+#else
+    uint16_t v[8];
+    _mm_storeu_si128((__m128i *) v, h);
+    return _mm256_setr_ps(ggml_fp16_to_fp32(v[0]), ggml_fp16_to_fp32(v[1]), ggml_fp16_to_fp32(v[2]),
+                          ggml_fp16_to_fp32(v[3]), ggml_fp16_to_fp32(v[4]), ggml_fp16_to_fp32(v[5]),
+                          ggml_fp16_to_fp32(v[6]), ggml_fp16_to_fp32(v[7]));
+#endif
+}
+
+static inline uint16_t kq_u16(const char * p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+// Lane r: the sum of v[r]'s eight lanes (exact: wrapping adds of values whose total fits).
+static inline __m256i kq_hsum8(const __m256i * v) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+// Lane r: the sum of u[r]'s four lanes.
+static inline __m256i kq_hsum4(const __m128i * u) {
+    const __m128i a = _mm_hadd_epi32(_mm_hadd_epi32(u[0], u[1]), _mm_hadd_epi32(u[2], u[3]));
+    const __m128i b = _mm_hadd_epi32(_mm_hadd_epi32(u[4], u[5]), _mm_hadd_epi32(u[6], u[7]));
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1);
+}
+
+// A pshufb control that makes 16-bit lanes of bytes: lane e gets byte idx, zero-extended.
+#define KQ_U16(idx) ((short) (0x8000 | (idx)))
+// ... or sign-extended after an arithmetic shift right by 8 (the byte lands in the high half).
+#define KQ_S16(idx) ((short) (((idx) << 8) | 0x80))
+
+// One row's integer sums for one super-block against CN columns: the eight 32-value vectors w[k]
+// (values 32k .. 32k + 31, unsigned), their scale patterns pat[] (see below) and the columns'
+// int8 values y (column c's super-block at ycol[c]). Adds to v[c] lanes whose sum is
+// sum_j sc_j * dot_j. With VNNI each vector's four-product lane sums (|sum| <= 4 * 63 * 128 =
+// 32,256, in int16 range) are packed two vectors to one and multiplied by the scales with madd,
+// pat[p] matching packs' lane order; without it maddubs makes 16-bit pair sums (|sum| <= 2 * 63
+// * 128) and pat[k] holds each one's scale.
+KQ_INLINE void kq_few_dots(const __m256i * w, const __m256i * pat, const int8_t * const * ycol,
+                           int CN, __m256i * v) {
+    for (int c = 0; c < CN; ++c) {
+        const int8_t * y = ycol[c];
+        __m256i s = _mm256_setzero_si256();
+#ifdef KQ_FEW_VNNI
+        for (int p = 0; p < 4; ++p) {
+            const __m256i d0 = KQ_DPBUSD(_mm256_setzero_si256(), w[2 * p],
+                                         _mm256_loadu_si256((const __m256i *) (y + 64 * p)));
+            const __m256i d1 = KQ_DPBUSD(_mm256_setzero_si256(), w[2 * p + 1],
+                                         _mm256_loadu_si256((const __m256i *) (y + 64 * p + 32)));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_packs_epi32(d0, d1), pat[p]));
+        }
+#else
+        for (int k = 0; k < 8; ++k) {
+            const __m256i p16 = _mm256_maddubs_epi16(w[k], _mm256_loadu_si256((const __m256i *) (y + 32 * k)));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(p16, pat[k]));
+        }
+#endif
+        v[c] = s;
+    }
+}
+
+// Q4_K's and Q5_K's 12 scale bytes as 16: the eight scales, then the eight minimums.
+static inline __m128i kq_few_scales_mins(const uint8_t * s) {
+    uint32_t w[3];
+    memcpy(w, s, 12);
+    const uint32_t low6 = 0x3F3F3F3Fu, low4 = 0x0F0F0F0Fu, top2 = 0x03030303u;
+    const uint32_t sc03 = w[0] & low6;
+    const uint32_t sc47 = (w[2] & low4) | (((w[0] >> 6) & top2) << 4);
+    const uint32_t mn03 = w[1] & low6;
+    const uint32_t mn47 = ((w[2] >> 4) & low4) | (((w[1] >> 6) & top2) << 4);
+    return _mm_setr_epi32((int) sc03, (int) sc47, (int) mn03, (int) mn47);
+}
+
+// One Q4_K or Q5_K row's super-block x against CN columns: v[c] (sum: sumi), u[c] (sum: summ).
+// bs32[c]: column c's eight per-32 sums of the super-block as int16.
+KQ_INLINE void kq_few_row_q45(const void * blk, int kind, const int8_t * const * ycol,
+                              const __m128i * bs32, int CN, __m256i * v, __m128i * u) {
+    const uint8_t * scales;
+    const uint8_t * qs;
+    const uint8_t * qh = NULL;
+    if (kind == KQ_Q4K) {
+        scales = ((const kq_block_q4k *) blk)->scales;
+        qs = ((const kq_block_q4k *) blk)->qs;
+    } else {
+        scales = ((const kq_block_q5k *) blk)->scales;
+        qs = ((const kq_block_q5k *) blk)->qs;
+        qh = ((const kq_block_q5k *) blk)->qh;
+    }
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256i w[8];
+    __m256i hb = _mm256_setzero_si256();
+    if (kind == KQ_Q5K) {
+        hb = _mm256_loadu_si256((const __m256i *) qh);
+    }
+    const __m256i bit4 = _mm256_set1_epi8(0x10);
+    for (int t = 0; t < 4; ++t) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *) (qs + 32 * t));
+        w[2 * t] = _mm256_and_si256(q, low);
+        w[2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+        if (kind == KQ_Q5K) {
+            // Bit 2t of each qh byte to bit 4 (a 16-bit shift: the mask keeps the byte's own
+            // bit), then bit 2t + 1.
+            __m256i h0, h1;
+            switch (t) {
+                case 0: h0 = _mm256_slli_epi16(hb, 4); h1 = _mm256_slli_epi16(hb, 3); break;
+                case 1: h0 = _mm256_slli_epi16(hb, 2); h1 = _mm256_slli_epi16(hb, 1); break;
+                case 2: h0 = hb; h1 = _mm256_srli_epi16(hb, 1); break;
+                default: h0 = _mm256_srli_epi16(hb, 2); h1 = _mm256_srli_epi16(hb, 3); break;
+            }
+            w[2 * t] = _mm256_or_si256(w[2 * t], _mm256_and_si256(h0, bit4));
+            w[2 * t + 1] = _mm256_or_si256(w[2 * t + 1], _mm256_and_si256(h1, bit4));
+        }
+    }
+    const __m128i sm = kq_few_scales_mins(scales);
+    const __m256i sm2 = _mm256_broadcastsi128_si256(sm);
+    __m256i pat[8];
+#ifdef KQ_FEW_VNNI
+    for (int p = 0; p < 4; ++p) {
+        const short a = KQ_U16(2 * p), b = KQ_U16(2 * p + 1);
+        pat[p] = _mm256_shuffle_epi8(sm2, _mm256_setr_epi16(a, a, a, a, b, b, b, b, a, a, a, a, b, b, b, b));
+    }
+#else
+    for (int k = 0; k < 8; ++k) {
+        pat[k] = _mm256_shuffle_epi8(sm2, _mm256_set1_epi16(KQ_U16(k)));
+    }
+#endif
+    kq_few_dots(w, pat, ycol, CN, v);
+    const __m128i mins = _mm_shuffle_epi8(
+        sm, _mm_setr_epi16(KQ_U16(8), KQ_U16(9), KQ_U16(10), KQ_U16(11), KQ_U16(12), KQ_U16(13),
+                           KQ_U16(14), KQ_U16(15)));
+    for (int c = 0; c < CN; ++c) {
+        u[c] = _mm_madd_epi16(mins, bs32[c]);
+    }
+}
+
+// One Q6_K row's super-block against CN columns: v[c] sums to sumi, the -32 included.
+// bs16[c]: column c's sixteen per-16 sums.
+KQ_INLINE void kq_few_row_q6(const kq_block_q6k * x, const int8_t * const * ycol,
+                             const __m256i * bs16, int CN, __m256i * v) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    const __m256i two = _mm256_set1_epi8(0x30);
+    __m256i w[8];
+    for (int h = 0; h < 2; ++h) {
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *) (x->ql + 64 * h));
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *) (x->ql + 64 * h + 32));
+        const __m256i hb = _mm256_loadu_si256((const __m256i *) (x->qh + 32 * h));
+        w[4 * h] = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_and_si256(_mm256_slli_epi16(hb, 4), two));
+        w[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(_mm256_slli_epi16(hb, 2), two));
+        w[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), _mm256_and_si256(hb, two));
+        w[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                                       _mm256_and_si256(_mm256_srli_epi16(hb, 2), two));
+    }
+    const __m128i sb = _mm_loadu_si128((const __m128i *) x->scales);
+    const __m256i sb2 = _mm256_broadcastsi128_si256(sb);
+    __m256i pat[8];
+#ifdef KQ_FEW_VNNI
+    // packs of vectors 2p and 2p + 1: low lanes sub-blocks 4p and 4p + 2, high 4p + 1, 4p + 3.
+    for (int p = 0; p < 4; ++p) {
+        const short a = KQ_S16(4 * p), b = KQ_S16(4 * p + 2), e = KQ_S16(4 * p + 1), f = KQ_S16(4 * p + 3);
+        pat[p] = _mm256_srai_epi16(
+            _mm256_shuffle_epi8(sb2, _mm256_setr_epi16(a, a, a, a, b, b, b, b, e, e, e, e, f, f, f, f)), 8);
+    }
+#else
+    // Vector k: sub-block 2k in the low lanes, 2k + 1 in the high.
+    for (int k = 0; k < 8; ++k) {
+        const short a = KQ_S16(2 * k), b = KQ_S16(2 * k + 1);
+        pat[k] = _mm256_srai_epi16(
+            _mm256_shuffle_epi8(sb2, _mm256_setr_epi16(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b)), 8);
+    }
+#endif
+    kq_few_dots(w, pat, ycol, CN, v);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sb);
+    for (int c = 0; c < CN; ++c) {
+        v[c] = _mm256_sub_epi32(v[c], _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs16[c]), 5));
+    }
+}
+
+// Rows m0 .. m0 + R - 1 (R <= 8) against the CN columns at q8 (column c's blocks at q8 + c * nb),
+// written to columns n0 .. n0 + CN - 1 of dst. Lanes past R repeat the last row, unstored.
+KQ_INLINE void kq_few_block(struct ggml_tensor * dst, const struct ggml_tensor * a, int64_t m0,
+                            int R, const kq_block_q8k * q8, int nb, int64_t n0, int kind, int CN) {
+    const size_t bsz = kind == KQ_Q4K ? sizeof(kq_block_q4k)
+                       : kind == KQ_Q5K ? sizeof(kq_block_q5k)
+                                        : sizeof(kq_block_q6k);
+    const char * rowp[8];
+    for (int r = 0; r < 8; ++r) {
+        rowp[r] = (const char *) a->data + (m0 + (r < R ? r : R - 1)) * a->nb[1];
+    }
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 acc[KQ_FEW_COLS];
+    for (int c = 0; c < CN; ++c) {
+        acc[c] = _mm256_setzero_ps();
+    }
+    for (int i = 0; i < nb; ++i) {
+        const int8_t * ycol[KQ_FEW_COLS];
+        __m128i bs32[KQ_FEW_COLS];
+        __m256i bs16[KQ_FEW_COLS];
+        for (int c = 0; c < CN; ++c) {
+            const kq_block_q8k * y = q8 + (size_t) c * nb + i;
+            ycol[c] = y->qs;
+            bs16[c] = _mm256_loadu_si256((const __m256i *) y->bsums);
+            bs32[c] = _mm_hadd_epi16(_mm256_castsi256_si128(bs16[c]), _mm256_extracti128_si256(bs16[c], 1));
+        }
+        __m256i v[KQ_FEW_COLS][8];
+        __m128i u[KQ_FEW_COLS][8];
+        for (int r = 0; r < 8; ++r) {
+            const char * blk = rowp[r] + (size_t) i * bsz;
+            __m256i vr[KQ_FEW_COLS];
+            __m128i ur[KQ_FEW_COLS];
+            if (kind == KQ_Q6K) {
+                kq_few_row_q6((const kq_block_q6k *) blk, ycol, bs16, CN, vr);
+            } else {
+                kq_few_row_q45(blk, kind, ycol, bs32, CN, vr, ur);
+            }
+            for (int c = 0; c < CN; ++c) {
+                v[c][r] = vr[c];
+                if (kind != KQ_Q6K) {
+                    u[c][r] = ur[c];
+                }
+            }
+        }
+        // The rows' d (and dmin), f16 at the block's start (Q6_K: its end).
+        const size_t doff = kind == KQ_Q6K ? offsetof(kq_block_q6k, d) : 0;
+#define KQ_H(r, o) kq_u16(rowp[r] + (size_t) i * bsz + (o))
+        const __m256 dv = kq_f16x8(_mm_setr_epi16(
+            (short) KQ_H(0, doff), (short) KQ_H(1, doff), (short) KQ_H(2, doff), (short) KQ_H(3, doff),
+            (short) KQ_H(4, doff), (short) KQ_H(5, doff), (short) KQ_H(6, doff), (short) KQ_H(7, doff)));
+        __m256 dmv = _mm256_setzero_ps();
+        if (kind != KQ_Q6K) {
+            dmv = _mm256_xor_ps(sign, kq_f16x8(_mm_setr_epi16(
+                (short) KQ_H(0, 2), (short) KQ_H(1, 2), (short) KQ_H(2, 2), (short) KQ_H(3, 2),
+                (short) KQ_H(4, 2), (short) KQ_H(5, 2), (short) KQ_H(6, 2), (short) KQ_H(7, 2))));
+        }
+#undef KQ_H
+        for (int c = 0; c < CN; ++c) {
+            const __m256 d8 = _mm256_set1_ps(q8[(size_t) c * nb + i].d);
+            const __m256i sumi = kq_hsum8(v[c]);
+            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dv, d8), _mm256_cvtepi32_ps(sumi), acc[c]);
+            if (kind != KQ_Q6K) {
+                const __m256i summ = kq_hsum4(u[c]);
+                acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dmv, d8), _mm256_cvtepi32_ps(summ), acc[c]);
+            }
+        }
+    }
+    for (int c = 0; c < CN; ++c) {
+        float res[8];
+        _mm256_storeu_ps(res, acc[c]);
+        for (int r = 0; r < R; ++r) {
+            *kq_out(dst, m0 + r, n0 + c) = res[r];
+        }
+    }
+}
+
+static void kq_few_pass(struct ggml_tensor * dst, const struct ggml_tensor * a, int64_t m0, int R,
+                        const kq_block_q8k * q8, int nb, int64_t n0, int kind, int CN) {
+#define KQ_FEW_CASE(k, n) \
+    case n: kq_few_block(dst, a, m0, R, q8, nb, n0, k, n); break;
+#define KQ_FEW_KIND(k) \
+    switch (CN) { KQ_FEW_CASE(k, 1) KQ_FEW_CASE(k, 2) KQ_FEW_CASE(k, 3) default: KQ_FEW_CASE(k, 4) } break;
+    switch (kind) {
+        case KQ_Q4K: KQ_FEW_KIND(KQ_Q4K)
+        case KQ_Q5K: KQ_FEW_KIND(KQ_Q5K)
+        default: KQ_FEW_KIND(KQ_Q6K)
+    }
+#undef KQ_FEW_KIND
+#undef KQ_FEW_CASE
+}
+
+// The few-column product: the rows split between the threads in blocks of eight, every thread
+// quantizing every column.
+static void kq_mul_mat_few(struct ggml_tensor * dst, int ith, int nth, int kind) {
+    const struct ggml_tensor * a = dst->src[0];
+    const struct ggml_tensor * b = dst->src[1];
+    const int64_t M = a->ne[1], N = b->ne[1];
+    const int nb = (int) (a->ne[0] / KQ_SB);
+    const int64_t blocks = (M + 7) / 8, per = (blocks + nth - 1) / nth;
+    const int64_t m0 = per * ith * 8;
+    const int64_t m1 = m0 + per * 8 < M ? m0 + per * 8 : M;
+    if (m0 >= m1) {
+        return;
+    }
+    kq_block_q8k * q8 = (kq_block_q8k *) kq_reserve((size_t) N * nb * sizeof(kq_block_q8k));
+    if (q8 == NULL) {
+        kq_fill_nan(dst, m0, m1, 0, N);
+        return;
+    }
+    // ggml's routine leaves an all-zero super-block's sums unwritten: zero them first.
+    memset(q8, 0, (size_t) N * nb * sizeof(kq_block_q8k));
+    const struct ggml_type_traits_cpu * q8k = ggml_get_type_traits_cpu(GGML_TYPE_Q8_K);
+    for (int64_t n = 0; n < N; ++n) {
+        q8k->from_float((const float *) ((const char *) b->data + n * b->nb[1]), q8 + n * nb,
+                        (int64_t) nb * KQ_SB);
+    }
+    for (int64_t m = m0; m < m1; m += 8) {
+        const int R = m1 - m < 8 ? (int) (m1 - m) : 8;
+        for (int64_t n = 0; n < N; n += KQ_FEW_COLS) {
+            const int CN = N - n < KQ_FEW_COLS ? (int) (N - n) : KQ_FEW_COLS;
+            kq_few_pass(dst, a, m, R, q8 + n * nb, nb, n, kind, CN);
+        }
+    }
+}
+
 #else
 
 // Without AVX2 and FMA: ggml's own dot product on the columns quantized to q8_K, the rows split
@@ -610,7 +945,11 @@ static void kq_run(struct ggml_tensor * dst, int ith, int nth, enum ggml_type ty
     }
 #ifdef KQ_SIMD
     (void) type;
-    kq_mul_mat(dst, ith, nth, kind);
+    if (b->ne[1] < KQ_FEW_MAX) {
+        kq_mul_mat_few(dst, ith, nth, kind);
+    } else {
+        kq_mul_mat(dst, ith, nth, kind);
+    }
 #else
     (void) kind;
     kq_mul_mat_ggml(dst, ith, nth, type);

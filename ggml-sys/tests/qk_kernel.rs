@@ -425,3 +425,183 @@ fn a_mismatched_weight_type_gives_nan() {
         ggml_free(ctx);
     }
 }
+
+/// One weight super-block's integers as the kernels' definition reads them (see the header of
+/// `csrc/mul_mat_qk.c`): Q4_K and Q5_K `d`, `dmin`, eight scales and minimums and the values q;
+/// Q6_K `d`, sixteen signed scales and the values v = u - 32 (`dmin` and the minimums zero).
+struct Ints {
+    d: f32,
+    dmin: f32,
+    scales: Vec<i32>,
+    mins: Vec<i32>,
+    q: Vec<i32>,
+}
+
+fn f16_f32(b: &[u8], at: usize) -> f32 {
+    half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+fn ints(ty: ggml_type, b: &[u8]) -> Ints {
+    // `decode` reads the values; its scale already multiplies d (exact in f64), so the integers
+    // come from the scale bytes again.
+    let w = decode(ty, b);
+    let q: Vec<i32> = w.iter().map(|w| w.q).collect();
+    match ty {
+        GGML_TYPE_Q6_K => Ints {
+            d: f16_f32(b, 208),
+            dmin: 0.0,
+            scales: b[192..208].iter().map(|&s| s as i8 as i32).collect(),
+            mins: vec![0; 16],
+            q,
+        },
+        _ => {
+            let (sc, mn) = scales_and_mins(&b[4..16]);
+            Ints {
+                d: f16_f32(b, 0),
+                dmin: f16_f32(b, 2),
+                scales: sc.iter().map(|&s| s as i32).collect(),
+                mins: mn.iter().map(|&m| m as i32).collect(),
+                q,
+            }
+        }
+    }
+}
+
+/// A column as ggml's q8_K routine quantizes it: per super-block d8 and 256 int8 values.
+fn q8_k_ints(column: &[f32]) -> Vec<(f32, Vec<i32>)> {
+    let nb = column.len() / QK_K;
+    let mut q = vec![0u8; nb * 292];
+    // SAFETY: as in `q8_k`.
+    unsafe {
+        let from_float = (*ggml_get_type_traits_cpu(GGML_TYPE_Q8_K))
+            .from_float
+            .expect("q8_K quantizes");
+        from_float(column.as_ptr(), q.as_mut_ptr().cast(), column.len() as i64);
+    }
+    (0..nb)
+        .map(|i| {
+            let b = &q[i * 292..];
+            let d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            (d, b[4..4 + QK_K].iter().map(|&v| v as i8 as i32).collect())
+        })
+        .collect()
+}
+
+/// The definition, in f32 with fused multiply-adds, in its order: per super-block the exact
+/// integer sums, then acc = fma(d * d8, sumi, acc) and for Q4_K and Q5_K acc = fma(-dmin * d8,
+/// summ, acc).
+fn definition(ty: ggml_type, row: &[Ints], column: &[(f32, Vec<i32>)]) -> f32 {
+    let sub = if ty == GGML_TYPE_Q6_K { 16 } else { 32 };
+    let mut acc = 0f32;
+    for (x, (d8, y)) in row.iter().zip(column) {
+        let (mut sumi, mut summ) = (0i64, 0i64);
+        for j in 0..QK_K / sub {
+            let e = j * sub..(j + 1) * sub;
+            let dot: i64 = e.clone().map(|e| (x.q[e] * y[e]) as i64).sum();
+            let bsum: i64 = e.map(|e| y[e] as i64).sum();
+            sumi += x.scales[j] as i64 * dot;
+            summ += x.mins[j] as i64 * bsum;
+        }
+        acc = (x.d * d8).mul_add(sumi as f32, acc);
+        if ty != GGML_TYPE_Q6_K {
+            acc = (-x.dmin * d8).mul_add(summ as f32, acc);
+        }
+    }
+    acc
+}
+
+/// The kernel's product of `w` (`kind`, k × m, bytes `q`) with columns `first .. first + n` of
+/// `data` (k floats each), `threads` threads: m * n outputs, row fastest.
+fn kernel_only(
+    kind: Kind,
+    (k, m): (usize, usize),
+    q: &[u8],
+    data: &[f32],
+    (first, n): (usize, usize),
+    threads: c_int,
+) -> Vec<f32> {
+    // SAFETY: as in `run`.
+    unsafe {
+        let ctx = ggml_init(ggml_init_params {
+            mem_size: q.len() + (k + m) * n * 4 + (1 << 20),
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc: false,
+        });
+        assert!(!ctx.is_null());
+        let w = ggml_new_tensor_2d(ctx, kind.ty, k as i64, m as i64);
+        std::ptr::copy_nonoverlapping(q.as_ptr(), (*w).data.cast(), q.len());
+        let x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k as i64, n as i64);
+        std::ptr::copy_nonoverlapping(data[first * k..].as_ptr(), (*x).data.cast(), k * n);
+        let out = common::compute_f32(ctx, kernel_node(ctx, kind, w, x), threads);
+        ggml_free(ctx);
+        out
+    }
+}
+
+/// Every column of an n-column product is the same bits as that column computed alone and
+/// inside a 100-column product, for n below, at and above the few-column limit and the vector
+/// widths, rows in whole and partial blocks, one to three threads; where the kernels sum in
+/// integers (AVX2 and up), those bits are also the definition's, evaluated here in f32 (so the
+/// same bits on every CPU path). One column holds an all-zero super-block (q8_K's scale 0).
+#[test]
+fn a_column_is_the_same_bits_at_every_column_count() {
+    const ALL: usize = 100;
+    // SAFETY: a plain query.
+    let isum = unsafe { kernels::ggml_sys_mul_mat_qk_isum() } != 0;
+    for kind in KINDS {
+        let (k, m) = (512, 21);
+        let mut rng = Rng(0x5EED ^ kind.ty as u64);
+        let (q, _) = weights(kind.ty, k, m, &mut rng);
+        let mut data: Vec<f32> = (0..k * ALL).map(|_| rng.f32() * 3.0).collect();
+        data[5 * k..5 * k + QK_K].fill(0.0);
+        let all = kernel_only(kind, (k, m), &q, &data, (0, ALL), 2);
+        let row_bytes = q.len() / m;
+        let block = row_bytes / (k / QK_K);
+        let rows: Vec<Vec<Ints>> = (0..m)
+            .map(|r| {
+                (0..k / QK_K)
+                    .map(|i| ints(kind.ty, &q[r * row_bytes + i * block..][..block]))
+                    .collect()
+            })
+            .collect();
+        for c in 0..ALL {
+            let alone = kernel_only(kind, (k, m), &q, &data, (c, 1), 1 + (c % 3) as c_int);
+            let column = q8_k_ints(&data[c * k..(c + 1) * k]);
+            for r in 0..m {
+                assert_eq!(
+                    alone[r].to_bits(),
+                    all[c * m + r].to_bits(),
+                    "{}: row {r} column {c}: alone {}, in {ALL} columns {}",
+                    kind.name,
+                    alone[r],
+                    all[c * m + r]
+                );
+                if isum {
+                    let want = definition(kind.ty, &rows[r], &column);
+                    assert_eq!(
+                        alone[r].to_bits(),
+                        want.to_bits(),
+                        "{}: row {r} column {c}: kernel {}, definition {want}",
+                        kind.name,
+                        alone[r]
+                    );
+                }
+            }
+        }
+        for n in (2..=17).chain([31, 33, 64]) {
+            let got = kernel_only(kind, (k, m), &q, &data, (0, n), 1 + (n % 3) as c_int);
+            for i in 0..m * n {
+                assert_eq!(
+                    got[i].to_bits(),
+                    all[i].to_bits(),
+                    "{}: {n} columns: row {} column {}: {}, in {ALL} columns {}",
+                    kind.name,
+                    i % m,
+                    i / m,
+                    got[i],
+                    all[i]
+                );
+            }
+        }
+    }
+}
