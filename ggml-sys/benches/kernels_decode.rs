@@ -98,7 +98,8 @@ fn bench_shape(c: &mut Criterion, ty: ggml_type, name: &str, kernel: Kernel, (k,
                 .iter()
                 .map(|v| v * 0.1)
                 .collect();
-            ggml_quantize_chunk(ty, slice.as_ptr(), (*w).data, r * k, n, k, std::ptr::null());
+            let dst = (*w).data.cast::<u8>().add(r as usize * ggml_row_size(ty, k));
+            ggml_quantize_chunk(ty, slice.as_ptr(), dst.cast(), 0, n, k, std::ptr::null());
             r += n;
         }
         let x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, n_max);

@@ -543,6 +543,8 @@ Q41_INLINE void is_rows_groups(struct ggml_tensor * dst, int64_t m, int R, const
 #define Q41_FEW 1
 #define FEW_ROWS 8
 #define FEW_CHUNK 4
+// Tiles ahead of the one computed whose weights are prefetched.
+#define FEW_PREFETCH 6
 // Most columns the few-column path takes; more go to the wide path.
 #define FEW_MAX_COLS 8
 
@@ -558,26 +560,60 @@ static inline int32_t load_i32(const void * p) {
     return v;
 }
 
-// Block i of the tile's rows rp[0..7] transposed: lane r of X[k] holds quad k (elements 4k ..
-// 4k + 3, values 0..15) of row r.
-Q41_INLINE void few_unpack(const q41_block * const * rp, int i, __m256i * X) {
-    __m256i Z[4];
-    for (int j = 0; j < 4; ++j) {
-        Z[j] = _mm256_inserti128_si256(
-            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *) rp[j][i].qs)),
-            _mm_loadu_si128((const __m128i *) rp[j + 4][i].qs), 1);
-    }
-    // A 4x4 transpose of 32-bit elements in each half: P[k] lane r = bytes 4k .. 4k + 3 of row r.
+// The scales (low 16 bits) and minimums (high 16 bits) of the f16 pairs in the lanes of `v`,
+// as f32.
+Q41_INLINE void few_f16_pairs(__m256i v, __m256 * lo, __m256 * hi) {
+    // Lane-wise [lo 0..3, hi 0..3 | lo 4..7, hi 4..7] (packus: every value fits), then the
+    // quarters in order.
+    const __m256i p = _mm256_packus_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)),
+                                          _mm256_srli_epi32(v, 16));
+    const __m256i q = _mm256_permute4x64_epi64(p, 0xD8);
+    *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(q));
+    *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(q, 1));
+}
+
+// A 4x4 transpose of 32-bit elements in each 128-bit half of Z[0..3]: lane j of P[k] in a
+// half is element k of Z[j] in that half.
+Q41_INLINE void transpose4(const __m256i * Z, __m256i * P) {
     const __m256i t0 = _mm256_unpacklo_epi32(Z[0], Z[1]), t1 = _mm256_unpackhi_epi32(Z[0], Z[1]);
     const __m256i t2 = _mm256_unpacklo_epi32(Z[2], Z[3]), t3 = _mm256_unpackhi_epi32(Z[2], Z[3]);
-    const __m256i P[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
-                          _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+    P[0] = _mm256_unpacklo_epi64(t0, t2);
+    P[1] = _mm256_unpackhi_epi64(t0, t2);
+    P[2] = _mm256_unpacklo_epi64(t1, t3);
+    P[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+// Rows j and j + 4 of the tile, 16 bytes from byte `off` of their block i, side by side.
+Q41_INLINE __m256i two_rows(const q41_block * const * rp, int j, int i, size_t off) {
+    return _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *) ((const char *) (rp[j] + i) + off))),
+        _mm_loadu_si128((const __m128i *) ((const char *) (rp[j + 4] + i) + off)), 1);
+}
+
+// Block i of the tile's rows rp[0..7] transposed: lane r of X[k] holds quad k (elements 4k ..
+// 4k + 3, values 0..15) of row r; lane r of d0 and m0 its scale and minimum.
+Q41_INLINE void few_unpack(const q41_block * const * rp, int i, __m256i * X, __m256 * d0,
+                           __m256 * m0) {
+    __m256i Z[4], P[4];
+    for (int j = 0; j < 4; ++j) {
+        Z[j] = two_rows(rp, j, i, 4);
+    }
+    // P[k] lane r: bytes 4k .. 4k + 3 of row r's packed values.
+    transpose4(Z, P);
     // Byte j's low nibble is element j, its high nibble element j + 16.
     const __m256i low = _mm256_set1_epi8(0x0F);
     for (int k = 0; k < 4; ++k) {
         X[k] = _mm256_and_si256(P[k], low);
         X[k + 4] = _mm256_and_si256(_mm256_srli_epi16(P[k], 4), low);
     }
+    // The blocks' first 4 bytes (scale and minimum), lane r row r: the first column of the
+    // same transpose from the blocks' starts.
+    for (int j = 0; j < 4; ++j) {
+        Z[j] = two_rows(rp, j, i, 0);
+    }
+    const __m256i dm = _mm256_unpacklo_epi64(_mm256_unpacklo_epi32(Z[0], Z[1]),
+                                             _mm256_unpacklo_epi32(Z[2], Z[3]));
+    few_f16_pairs(dm, d0, m0);
 }
 
 // Lane r: the exact sum of row r's block (X) times the column's block y (32 int8).
@@ -599,11 +635,10 @@ Q41_INLINE __m256i few_dots(const __m256i * X, const int8_t * y) {
 #endif
 }
 
-// One tile (rows rp[0..7], the first `rows` of them real; their scales and minimums as f16 at
-// sd[i * 8 + r], sm[i * 8 + r]) against NC columns (q8_1 blocks y[c], scales d1[c][i] and sums
-// s1[c][i] as f32): out[c][r].
-Q41_INLINE void few_tile(const q41_block * const * rp, int nb, const uint16_t * sd,
-                         const uint16_t * smin, const q81_block * const * y,
+// One tile (rows rp[0..7], the first `rows` of them real) against NC columns (q8_1 blocks
+// y[c], scales d1[c][i] and sums s1[c][i] as f32): out[c][r].
+Q41_INLINE void few_tile(const q41_block * const * rp, int nb, const char * pf, int pf_lines,
+                         const q81_block * const * y,
                          const float * const * d1, const float * const * s1, int NC,
                          float * const * out, int rows) {
     __m256 acc[FEW_CHUNK], sm[FEW_CHUNK];
@@ -612,10 +647,13 @@ Q41_INLINE void few_tile(const q41_block * const * rp, int nb, const uint16_t * 
         sm[c] = _mm256_setzero_ps();
     }
     for (int i = 0; i < nb; ++i) {
+        // The next tile's weights, a share of its cache lines per block.
+        for (int l = 0; l < pf_lines; ++l) {
+            _mm_prefetch(pf + ((size_t) i * pf_lines + l) * 64, _MM_HINT_T1);
+        }
         __m256i X[8];
-        few_unpack(rp, i, X);
-        const __m256 d0 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *) (sd + (size_t) i * 8)));
-        const __m256 m0 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *) (smin + (size_t) i * 8)));
+        __m256 d0, m0;
+        few_unpack(rp, i, X, &d0, &m0);
         for (int c = 0; c < NC; ++c) {
             const __m256 xy = _mm256_cvtepi32_ps(few_dots(X, y[c][i].qs));
             acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d0, _mm256_broadcast_ss(d1[c] + i)), xy, acc[c]);
@@ -648,7 +686,7 @@ static void mul_mat_few(struct ggml_tensor * dst, int ith, int nth) {
         return;
     }
     const int64_t r0 = t0 * FEW_ROWS, r1 = t1 * FEW_ROWS < M ? t1 * FEW_ROWS : M;
-    char * buf = q8_reserve((size_t) N * nb + (size_t) nb * 2);
+    char * buf = q8_reserve((size_t) N * nb);
     if (buf == NULL) {
         fill_nan(dst, r0, r1, 0, N);
         return;
@@ -656,10 +694,6 @@ static void mul_mat_few(struct ggml_tensor * dst, int ith, int nth) {
     q81_block * q8 = (q81_block *) buf;
     float * ds = (float *) (buf + (size_t) N * nb * sizeof(q81_block));
     float * ss = ds + (size_t) N * nb;
-    // The tile's f16 scales and minimums, block-major (nb * 8 each), 16-byte aligned: room
-    // for them is the 2 * nb blocks reserved beyond the columns'.
-    uint16_t * sd = (uint16_t *) (((uintptr_t) (ss + (size_t) N * nb) + 15) & ~(uintptr_t) 15);
-    uint16_t * smin = sd + (size_t) nb * FEW_ROWS;
     for (int64_t n = 0; n < N; ++n) {
         quantize_col(b, n, nb, q8 + n * nb);
         for (int i = 0; i < nb; ++i) {
@@ -673,13 +707,16 @@ static void mul_mat_few(struct ggml_tensor * dst, int ith, int nth) {
         for (int r = 0; r < FEW_ROWS; ++r) {
             // Rows past the end repeat the last one; their lanes are never stored.
             rp[r] = weight_row(a, m + (r < rows ? r : rows - 1));
-            for (int i = 0; i < nb; ++i) {
-                sd[i * FEW_ROWS + r] = rp[r][i].d;
-                smin[i * FEW_ROWS + r] = rp[r][i].m;
-            }
         }
+        // The weights stream from memory in tiles of rows, too short for the hardware to
+        // see: the tile FEW_PREFETCH ahead is fetched a share per block, with the first
+        // columns (the rows of a tensor follow one another).
+        const int64_t ahead = m + FEW_PREFETCH * FEW_ROWS;
+        const char * pf = (const char *) a->data + (ahead < r1 ? ahead : 0) * (int64_t) a->nb[1];
+        const int pf_all = ahead < r1 ? (int) ((FEW_ROWS * a->nb[1] + 63) / 64) : 0;
         for (int64_t n = 0; n < N; n += FEW_CHUNK) {
             const int NC = N - n < FEW_CHUNK ? (int) (N - n) : FEW_CHUNK;
+            const int pf_lines = n == 0 ? (pf_all + nb - 1) / nb : 0;
             const q81_block * y[FEW_CHUNK];
             const float * d1[FEW_CHUNK];
             const float * s1[FEW_CHUNK];
@@ -691,10 +728,10 @@ static void mul_mat_few(struct ggml_tensor * dst, int ith, int nth) {
                 out[c] = out_at(dst, m, n + c);
             }
             switch (NC) {
-                case 1: few_tile(rp, nb, sd, smin, y, d1, s1, 1, out, rows); break;
-                case 2: few_tile(rp, nb, sd, smin, y, d1, s1, 2, out, rows); break;
-                case 3: few_tile(rp, nb, sd, smin, y, d1, s1, 3, out, rows); break;
-                default: few_tile(rp, nb, sd, smin, y, d1, s1, FEW_CHUNK, out, rows); break;
+                case 1: few_tile(rp, nb, pf, pf_lines, y, d1, s1, 1, out, rows); break;
+                case 2: few_tile(rp, nb, pf, pf_lines, y, d1, s1, 2, out, rows); break;
+                case 3: few_tile(rp, nb, pf, pf_lines, y, d1, s1, 3, out, rows); break;
+                default: few_tile(rp, nb, pf, pf_lines, y, d1, s1, FEW_CHUNK, out, rows); break;
             }
         }
     }

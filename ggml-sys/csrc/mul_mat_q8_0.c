@@ -383,6 +383,8 @@ static int split_work(int64_t groups, int64_t M, int ith, int nth, int64_t * g0,
 #define Q80_FEW 1
 #define FEW_ROWS 8
 #define FEW_CHUNK 4
+// Tiles ahead of the one computed whose weights are prefetched.
+#define FEW_PREFETCH 6
 // Most columns the few-column path takes; more go to the column groups.
 #define FEW_MAX_COLS 8
 
@@ -403,7 +405,7 @@ Q80_INLINE void transpose4(const __m256i * Z, __m256i * P) {
     P[3] = _mm256_unpackhi_epi64(t1, t3);
 }
 
-// Rows j and j + 4 of 16 bytes at byte `off` of their block i, side by side.
+// Rows j and j + 4 of the tile, 16 bytes from byte `off` of their block i, side by side.
 Q80_INLINE __m256i two_rows(const char * const * rp, int j, size_t off) {
     return _mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *) (rp[j] + off))),
@@ -412,12 +414,14 @@ Q80_INLINE __m256i two_rows(const char * const * rp, int j, size_t off) {
 
 // Block i of the tile's rows rp[0..7] transposed: lane r of X[k] holds quad k (elements 4k ..
 // 4k + 3) of row r: the unsigned u of the top comment, except Q8_0's signed w where `maddubs`
-// takes them through their signs.
-Q80_INLINE void few_unpack(int kind, const char * const * rp, int i, __m256i * X) {
+// takes them through their signs; lane r of d0 its scale.
+Q80_INLINE void few_unpack(int kind, const char * const * rp, int i, __m256i * X, __m256 * d0) {
+    const size_t bb = kind == KIND_Q4_0 ? sizeof(q40_block) : sizeof(q80_block);
+    const size_t at = (size_t) i * bb;
     __m256i Z[4];
     if (kind == KIND_Q4_0) {
         for (int j = 0; j < 4; ++j) {
-            Z[j] = two_rows(rp, j, (size_t) i * sizeof(q40_block) + 2);
+            Z[j] = two_rows(rp, j, at + 2);
         }
         __m256i P[4];
         transpose4(Z, P);
@@ -427,19 +431,29 @@ Q80_INLINE void few_unpack(int kind, const char * const * rp, int i, __m256i * X
             X[k] = _mm256_and_si256(P[k], low);
             X[k + 4] = _mm256_and_si256(_mm256_srli_epi16(P[k], 4), low);
         }
-        return;
-    }
-    for (int h = 0; h < 2; ++h) {
-        for (int j = 0; j < 4; ++j) {
-            Z[j] = two_rows(rp, j, (size_t) i * sizeof(q80_block) + 2 + 16 * h);
+    } else {
+        for (int h = 0; h < 2; ++h) {
+            for (int j = 0; j < 4; ++j) {
+                Z[j] = two_rows(rp, j, at + 2 + 16 * h);
+            }
+            transpose4(Z, X + 4 * h);
         }
-        transpose4(Z, X + 4 * h);
-    }
 #ifdef FEW_DPBUSD
-    for (int k = 0; k < 8; ++k) {
-        X[k] = _mm256_xor_si256(X[k], _mm256_set1_epi8((char) 0x80));
-    }
+        for (int k = 0; k < 8; ++k) {
+            X[k] = _mm256_xor_si256(X[k], _mm256_set1_epi8((char) 0x80));
+        }
 #endif
+    }
+    // The blocks' first 4 bytes, lane r row r (the first column of the same transpose from
+    // the blocks' starts); the scale is their low 16 bits.
+    for (int j = 0; j < 4; ++j) {
+        Z[j] = two_rows(rp, j, at);
+    }
+    const __m256i first = _mm256_unpacklo_epi64(_mm256_unpacklo_epi32(Z[0], Z[1]),
+                                                _mm256_unpacklo_epi32(Z[2], Z[3]));
+    const __m256i p = _mm256_packus_epi32(_mm256_and_si256(first, _mm256_set1_epi32(0xFFFF)),
+                                          _mm256_setzero_si256());
+    *d0 = _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08)));
 }
 
 // Lane r: the exact sum of the products w * y of row r's block (X) and the column's block y
@@ -477,20 +491,23 @@ Q80_INLINE __m256i few_dots(int kind, const __m256i * X, const int8_t * y, int32
 #endif
 }
 
-// One tile (rows rp[0..7], the first `rows` of them real; their scales as f16 at sd[i * 8 +
-// r]) against NC columns (q8_0 blocks y[c], scales d1[c][i] as f32, starting sums st[c][i]):
-// out[c][r].
-Q80_INLINE void few_tile(int kind, const char * const * rp, int nb, const uint16_t * sd,
-                         const q80_block * const * y, const float * const * d1,
+// One tile (rows rp[0..7], the first `rows` of them real) against NC columns (q8_0 blocks
+// y[c], scales d1[c][i] as f32, starting sums st[c][i]): out[c][r].
+Q80_INLINE void few_tile(int kind, const char * const * rp, int nb, const char * pf,
+                         int pf_lines, const q80_block * const * y, const float * const * d1,
                          const int32_t * const * st, int NC, float * const * out, int rows) {
     __m256 acc[FEW_CHUNK];
     for (int c = 0; c < NC; ++c) {
         acc[c] = _mm256_setzero_ps();
     }
     for (int i = 0; i < nb; ++i) {
+        // The next tile's weights, a share of its cache lines per block.
+        for (int l = 0; l < pf_lines; ++l) {
+            _mm_prefetch(pf + ((size_t) i * pf_lines + l) * 64, _MM_HINT_T1);
+        }
         __m256i X[8];
-        few_unpack(kind, rp, i, X);
-        const __m256 d0 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *) (sd + (size_t) i * 8)));
+        __m256 d0;
+        few_unpack(kind, rp, i, X, &d0);
         for (int c = 0; c < NC; ++c) {
             const __m256 xy = _mm256_cvtepi32_ps(few_dots(kind, X, y[c][i].qs, st[c][i]));
             acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d0, _mm256_broadcast_ss(d1[c] + i)), xy, acc[c]);
@@ -524,7 +541,7 @@ Q80_INLINE void mul_mat_few(int kind, struct ggml_tensor * dst, int ith, int nth
     const size_t cells = (size_t) N * nb;
     const size_t q_bytes = align64(cells * sizeof(q80_block));
     const size_t f_bytes = align64(cells * sizeof(float));
-    char * buf = reserve(q_bytes + 2 * f_bytes + (size_t) nb * FEW_ROWS * sizeof(uint16_t));
+    char * buf = reserve(q_bytes + 2 * f_bytes);
     if (buf == NULL) {
         fill_nan(dst, r0, r1, 0, N);
         return;
@@ -532,7 +549,6 @@ Q80_INLINE void mul_mat_few(int kind, struct ggml_tensor * dst, int ith, int nth
     q80_block * q8 = (q80_block *) buf;
     float * ds = (float *) (buf + q_bytes);
     int32_t * starts = (int32_t *) (buf + q_bytes + f_bytes);
-    uint16_t * sd = (uint16_t *) (buf + q_bytes + 2 * f_bytes);
 #ifdef FEW_DPBUSD
     const int32_t bias = kind == KIND_Q4_0 ? 8 : 128;
 #else
@@ -553,19 +569,22 @@ Q80_INLINE void mul_mat_few(int kind, struct ggml_tensor * dst, int ith, int nth
         }
     }
     const size_t row_bytes = a->nb[1];
-    const size_t block_bytes = kind == KIND_Q4_0 ? sizeof(q40_block) : sizeof(q80_block);
     for (int64_t m = r0; m < r1; m += FEW_ROWS) {
         const int rows = r1 - m < FEW_ROWS ? (int) (r1 - m) : FEW_ROWS;
         const char * rp[FEW_ROWS];
         for (int r = 0; r < FEW_ROWS; ++r) {
             // Rows past the end repeat the last one; their lanes are never stored.
             rp[r] = (const char *) a->data + (m + (r < rows ? r : rows - 1)) * row_bytes;
-            for (int i = 0; i < nb; ++i) {
-                memcpy(sd + i * FEW_ROWS + r, rp[r] + (size_t) i * block_bytes, 2);
-            }
         }
+        // The weights stream from memory in tiles of rows, too short for the hardware to
+        // see: the tile FEW_PREFETCH ahead is fetched a share per block, with the first
+        // columns (the rows of a tensor follow one another).
+        const int64_t ahead = m + FEW_PREFETCH * FEW_ROWS;
+        const char * pf = (const char *) a->data + (ahead < r1 ? ahead : 0) * (int64_t) a->nb[1];
+        const int pf_all = ahead < r1 ? (int) ((FEW_ROWS * a->nb[1] + 63) / 64) : 0;
         for (int64_t n = 0; n < N; n += FEW_CHUNK) {
             const int NC = N - n < FEW_CHUNK ? (int) (N - n) : FEW_CHUNK;
+            const int pf_lines = n == 0 ? (pf_all + nb - 1) / nb : 0;
             const q80_block * y[FEW_CHUNK];
             const float * d1[FEW_CHUNK];
             const int32_t * st[FEW_CHUNK];
@@ -577,10 +596,10 @@ Q80_INLINE void mul_mat_few(int kind, struct ggml_tensor * dst, int ith, int nth
                 out[c] = out_at(dst, m, n + c);
             }
             switch (NC) {
-                case 1: few_tile(kind, rp, nb, sd, y, d1, st, 1, out, rows); break;
-                case 2: few_tile(kind, rp, nb, sd, y, d1, st, 2, out, rows); break;
-                case 3: few_tile(kind, rp, nb, sd, y, d1, st, 3, out, rows); break;
-                default: few_tile(kind, rp, nb, sd, y, d1, st, FEW_CHUNK, out, rows); break;
+                case 1: few_tile(kind, rp, nb, pf, pf_lines, y, d1, st, 1, out, rows); break;
+                case 2: few_tile(kind, rp, nb, pf, pf_lines, y, d1, st, 2, out, rows); break;
+                case 3: few_tile(kind, rp, nb, pf, pf_lines, y, d1, st, 3, out, rows); break;
+                default: few_tile(kind, rp, nb, pf, pf_lines, y, d1, st, FEW_CHUNK, out, rows); break;
             }
         }
     }
