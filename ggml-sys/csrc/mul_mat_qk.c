@@ -575,6 +575,8 @@ static void kq_mul_mat(struct ggml_tensor * dst, int ith, int nth, int kind) {
 
 #define KQ_FEW_MAX 16
 #define KQ_FEW_COLS 4
+// Super-blocks per row between the float steps.
+#define KQ_FEW_SB 8
 
 #if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
 #define KQ_FEW_VNNI 1
@@ -596,12 +598,6 @@ static inline __m256 kq_f16x8(__m128i h) {
                           ggml_fp16_to_fp32(v[3]), ggml_fp16_to_fp32(v[4]), ggml_fp16_to_fp32(v[5]),
                           ggml_fp16_to_fp32(v[6]), ggml_fp16_to_fp32(v[7]));
 #endif
-}
-
-static inline uint16_t kq_u16(const char * p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
 }
 
 // Lane r: the sum of v[r]'s eight lanes (exact: wrapping adds of values whose total fits).
@@ -653,17 +649,146 @@ KQ_INLINE void kq_few_dots(const __m256i * w, const __m256i * pat, const int8_t 
     }
 }
 
-// Q4_K's and Q5_K's 12 scale bytes as 16: the eight scales, then the eight minimums.
+// Q4_K's and Q5_K's 12 scale bytes as 16: the eight scales, then the eight minimums. Read as
+// four 32-bit lanes [w0, w1, w2, -] (the load's last four bytes, the first of qs, unused):
+// scales 0..3 are w0's low six bits per byte, minimums 0..3 w1's; scales 4..7 w2's low nibbles
+// with w0's top two bits above them, minimums 4..7 w2's high nibbles with w1's top two bits.
 static inline __m128i kq_few_scales_mins(const uint8_t * s) {
-    uint32_t w[3];
-    memcpy(w, s, 12);
-    const uint32_t low6 = 0x3F3F3F3Fu, low4 = 0x0F0F0F0Fu, top2 = 0x03030303u;
-    const uint32_t sc03 = w[0] & low6;
-    const uint32_t sc47 = (w[2] & low4) | (((w[0] >> 6) & top2) << 4);
-    const uint32_t mn03 = w[1] & low6;
-    const uint32_t mn47 = ((w[2] >> 4) & low4) | (((w[1] >> 6) & top2) << 4);
-    return _mm_setr_epi32((int) sc03, (int) sc47, (int) mn03, (int) mn47);
+    const __m128i x = _mm_loadu_si128((const __m128i *) s);
+    const __m128i low6 = _mm_and_si128(x, _mm_set1_epi8(0x3F));
+    const __m128i top2 = _mm_and_si128(_mm_srli_epi32(x, 2), _mm_set1_epi8(0x30));
+    const __m128i nib = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(x, 0xAA), _mm_setr_epi32(0, 4, 0, 0)),
+                                      _mm_set1_epi8(0x0F));
+    return _mm_unpacklo_epi32(low6, _mm_or_si128(nib, top2));
 }
+
+#ifdef KQ_W16
+// With AVX-512 VNNI the rows' sums take 512-bit vectors: 64 weight values per instruction. For
+// Q4_K and Q5_K a 64-byte load of qs holds chunks t and t + 1, so its low nibbles are sub-blocks
+// 2t and 2t + 2, its high nibbles 2t + 1 and 2t + 3: the columns' values are stored in that
+// order (32-value pieces 0, 2, 1, 3, 4, 6, 5, 7; `kq_few_permute`). Q6_K's values come in order.
+
+static inline __m512i kq_two(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+// 16-bit lanes: `a` in the low 256 bits, `b` in the high.
+static inline __m512i kq_halves16(short a, short b) {
+    return kq_two(_mm256_set1_epi16(a), _mm256_set1_epi16(b));
+}
+
+// s's sixteen lanes added pairwise into eight (lane l + lane l + 8).
+static inline __m256i kq_fold(__m512i s) {
+    return _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+}
+
+static void kq_few_permute(kq_block_q8k * y, int64_t n) {
+    static const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+    for (int64_t i = 0; i < n; ++i) {
+        int8_t v[KQ_SB];
+        memcpy(v, y[i].qs, KQ_SB);
+        for (int p = 0; p < 8; ++p) {
+            memcpy(y[i].qs + 32 * p, v + 32 * order[p], 32);
+        }
+    }
+}
+
+KQ_INLINE void kq_few_row_q45(const void * blk, int kind, const int8_t * const * ycol,
+                              const __m128i * bs32, int CN, __m256i * v, __m128i * u) {
+    const uint8_t * scales;
+    const uint8_t * qs;
+    if (kind == KQ_Q4K) {
+        scales = ((const kq_block_q4k *) blk)->scales;
+        qs = ((const kq_block_q4k *) blk)->qs;
+    } else {
+        scales = ((const kq_block_q5k *) blk)->scales;
+        qs = ((const kq_block_q5k *) blk)->qs;
+    }
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    __m512i w[4];
+    for (int h = 0; h < 2; ++h) {
+        const __m512i q = _mm512_loadu_si512((const void *) (qs + 64 * h));
+        w[2 * h] = _mm512_and_si512(q, low);
+        w[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(q, 4), low);
+    }
+    if (kind == KQ_Q5K) {
+        // Sub-block j's fifth bits are bit j of qh's bytes: to bit 4 by 16-bit shifts per
+        // half (the mask keeps each byte's own bit).
+        const __m512i hb = _mm512_broadcast_i64x4(
+            _mm256_loadu_si256((const __m256i *) ((const kq_block_q5k *) blk)->qh));
+        const __m512i bit4 = _mm512_set1_epi8(0x10);
+        w[0] = _mm512_or_si512(w[0], _mm512_and_si512(_mm512_sllv_epi16(hb, kq_halves16(4, 2)), bit4));
+        w[1] = _mm512_or_si512(w[1], _mm512_and_si512(_mm512_sllv_epi16(hb, kq_halves16(3, 1)), bit4));
+        w[2] = _mm512_or_si512(w[2], _mm512_and_si512(_mm512_srlv_epi16(hb, kq_halves16(0, 2)), bit4));
+        w[3] = _mm512_or_si512(w[3], _mm512_and_si512(_mm512_srlv_epi16(hb, kq_halves16(1, 3)), bit4));
+    }
+    const __m128i sm = kq_few_scales_mins(scales);
+    const __m512i sm4 = _mm512_broadcast_i32x4(sm);
+    // packs(w[2p]'s, w[2p + 1]'s): 128-bit lanes 0, 1 sub-blocks 4p, 4p + 1; 2, 3 4p + 2, 4p + 3.
+    __m512i pat[2];
+    for (int p = 0; p < 2; ++p) {
+        const short a = KQ_U16(4 * p), b = KQ_U16(4 * p + 1), c = KQ_U16(4 * p + 2), d = KQ_U16(4 * p + 3);
+        pat[p] = _mm512_shuffle_epi8(
+            sm4, kq_two(_mm256_setr_epi16(a, a, a, a, b, b, b, b, a, a, a, a, b, b, b, b),
+                        _mm256_setr_epi16(c, c, c, c, d, d, d, d, c, c, c, c, d, d, d, d)));
+    }
+    for (int c = 0; c < CN; ++c) {
+        const int8_t * y = ycol[c];
+        __m512i d[4];
+        for (int k = 0; k < 4; ++k) {
+            d[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[k], _mm512_loadu_si512((const void *) (y + 64 * k)));
+        }
+        v[c] = kq_fold(_mm512_add_epi32(_mm512_madd_epi16(_mm512_packs_epi32(d[0], d[1]), pat[0]),
+                                        _mm512_madd_epi16(_mm512_packs_epi32(d[2], d[3]), pat[1])));
+    }
+    const __m128i mins = _mm_shuffle_epi8(
+        sm, _mm_setr_epi16(KQ_U16(8), KQ_U16(9), KQ_U16(10), KQ_U16(11), KQ_U16(12), KQ_U16(13),
+                           KQ_U16(14), KQ_U16(15)));
+    for (int c = 0; c < CN; ++c) {
+        u[c] = _mm_madd_epi16(mins, bs32[c]);
+    }
+}
+
+KQ_INLINE void kq_few_row_q6(const kq_block_q6k * x, const int8_t * const * ycol,
+                             const __m256i * bs16, int CN, __m256i * v) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    const __m512i two = _mm512_set1_epi8(0x30);
+    __m512i w[4];
+    for (int h = 0; h < 2; ++h) {
+        const __m512i l = _mm512_loadu_si512((const void *) (x->ql + 64 * h));
+        const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *) (x->qh + 32 * h)));
+        w[2 * h] = _mm512_or_si512(_mm512_and_si512(l, low),
+                                   _mm512_and_si512(_mm512_sllv_epi16(hb, kq_halves16(4, 2)), two));
+        w[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), low),
+                                       _mm512_and_si512(_mm512_srlv_epi16(hb, kq_halves16(0, 2)), two));
+    }
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *) x->scales));
+    const __m512i sc32 = _mm512_castsi256_si512(sc16);
+    // w[k]'s 128-bit lane L is sub-block 4k + L; packs(w[2p]'s, w[2p + 1]'s) lane L: sub-blocks
+    // 8p + L and 8p + 4 + L.
+    __m512i pat[2];
+    for (int p = 0; p < 2; ++p) {
+        const short a0 = (short) (8 * p), b0 = (short) (8 * p + 4), a1 = (short) (8 * p + 1),
+                    b1 = (short) (8 * p + 5), a2 = (short) (8 * p + 2), b2 = (short) (8 * p + 6),
+                    a3 = (short) (8 * p + 3), b3 = (short) (8 * p + 7);
+        pat[p] = _mm512_permutexvar_epi16(
+            kq_two(_mm256_setr_epi16(a0, a0, a0, a0, b0, b0, b0, b0, a1, a1, a1, a1, b1, b1, b1, b1),
+                   _mm256_setr_epi16(a2, a2, a2, a2, b2, b2, b2, b2, a3, a3, a3, a3, b3, b3, b3, b3)),
+            sc32);
+    }
+    for (int c = 0; c < CN; ++c) {
+        const int8_t * y = ycol[c];
+        __m512i d[4];
+        for (int k = 0; k < 4; ++k) {
+            d[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[k], _mm512_loadu_si512((const void *) (y + 64 * k)));
+        }
+        const __m256i s = kq_fold(_mm512_add_epi32(_mm512_madd_epi16(_mm512_packs_epi32(d[0], d[1]), pat[0]),
+                                                   _mm512_madd_epi16(_mm512_packs_epi32(d[2], d[3]), pat[1])));
+        v[c] = _mm256_sub_epi32(s, _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs16[c]), 5));
+    }
+}
+
+#else
 
 // One Q4_K or Q5_K row's super-block x against CN columns: v[c] (sum: sumi), u[c] (sum: summ).
 // bs32[c]: column c's eight per-32 sums of the super-block as int16.
@@ -769,6 +894,8 @@ KQ_INLINE void kq_few_row_q6(const kq_block_q6k * x, const int8_t * const * ycol
     }
 }
 
+#endif
+
 // Rows m0 .. m0 + R - 1 (R <= 8) against the CN columns at q8 (column c's blocks at q8 + c * nb),
 // written to columns n0 .. n0 + CN - 1 of dst. Lanes past R repeat the last row, unstored.
 KQ_INLINE void kq_few_block(struct ggml_tensor * dst, const struct ggml_tensor * a, int64_t m0,
@@ -777,62 +904,80 @@ KQ_INLINE void kq_few_block(struct ggml_tensor * dst, const struct ggml_tensor *
                        : kind == KQ_Q5K ? sizeof(kq_block_q5k)
                                         : sizeof(kq_block_q6k);
     const char * rowp[8];
+    int32_t offs[8];
     for (int r = 0; r < 8; ++r) {
         rowp[r] = (const char *) a->data + (m0 + (r < R ? r : R - 1)) * a->nb[1];
+        offs[r] = (int32_t) ((r < R ? r : R - 1) * a->nb[1]);
     }
+    const char * rowp0 = rowp[0];
+    const __m256i rowoff = _mm256_loadu_si256((const __m256i *) offs);
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 acc[KQ_FEW_COLS];
     for (int c = 0; c < CN; ++c) {
         acc[c] = _mm256_setzero_ps();
     }
-    for (int i = 0; i < nb; ++i) {
-        const int8_t * ycol[KQ_FEW_COLS];
-        __m128i bs32[KQ_FEW_COLS];
-        __m256i bs16[KQ_FEW_COLS];
-        for (int c = 0; c < CN; ++c) {
-            const kq_block_q8k * y = q8 + (size_t) c * nb + i;
-            ycol[c] = y->qs;
-            bs16[c] = _mm256_loadu_si256((const __m256i *) y->bsums);
-            bs32[c] = _mm_hadd_epi16(_mm256_castsi256_si128(bs16[c]), _mm256_extracti128_si256(bs16[c], 1));
-        }
-        __m256i v[KQ_FEW_COLS][8];
-        __m128i u[KQ_FEW_COLS][8];
-        for (int r = 0; r < 8; ++r) {
-            const char * blk = rowp[r] + (size_t) i * bsz;
-            __m256i vr[KQ_FEW_COLS];
-            __m128i ur[KQ_FEW_COLS];
-            if (kind == KQ_Q6K) {
-                kq_few_row_q6((const kq_block_q6k *) blk, ycol, bs16, CN, vr);
-            } else {
-                kq_few_row_q45(blk, kind, ycol, bs32, CN, vr, ur);
-            }
+    for (int i0 = 0; i0 < nb; i0 += KQ_FEW_SB) {
+        const int ni = nb - i0 < KQ_FEW_SB ? nb - i0 : KQ_FEW_SB;
+        // The columns' per-16 and per-32 sums of these super-blocks.
+        __m256i bs16[KQ_FEW_SB][KQ_FEW_COLS];
+        __m128i bs32[KQ_FEW_SB][KQ_FEW_COLS];
+        for (int ii = 0; ii < ni; ++ii) {
             for (int c = 0; c < CN; ++c) {
-                v[c][r] = vr[c];
-                if (kind != KQ_Q6K) {
-                    u[c][r] = ur[c];
+                const kq_block_q8k * y = q8 + (size_t) c * nb + i0 + ii;
+                bs16[ii][c] = _mm256_loadu_si256((const __m256i *) y->bsums);
+                bs32[ii][c] = _mm_hadd_epi16(_mm256_castsi256_si128(bs16[ii][c]),
+                                             _mm256_extracti128_si256(bs16[ii][c], 1));
+            }
+        }
+        // Each row's super-blocks in memory order, then the float steps super-block by
+        // super-block over the eight rows.
+        __m256i v[KQ_FEW_SB][KQ_FEW_COLS][8];
+        __m128i u[KQ_FEW_SB][KQ_FEW_COLS][8];
+        for (int r = 0; r < 8; ++r) {
+            for (int ii = 0; ii < ni; ++ii) {
+                const int i = i0 + ii;
+                const int8_t * ycol[KQ_FEW_COLS];
+                for (int c = 0; c < CN; ++c) {
+                    ycol[c] = q8[(size_t) c * nb + i].qs;
+                }
+                const char * blk = rowp[r] + (size_t) i * bsz;
+                __m256i vr[KQ_FEW_COLS];
+                __m128i ur[KQ_FEW_COLS];
+                if (kind == KQ_Q6K) {
+                    kq_few_row_q6((const kq_block_q6k *) blk, ycol, bs16[ii], CN, vr);
+                } else {
+                    kq_few_row_q45(blk, kind, ycol, bs32[ii], CN, vr, ur);
+                }
+                for (int c = 0; c < CN; ++c) {
+                    v[ii][c][r] = vr[c];
+                    if (kind != KQ_Q6K) {
+                        u[ii][c][r] = ur[c];
+                    }
                 }
             }
         }
-        // The rows' d (and dmin), f16 at the block's start (Q6_K: its end).
-        const size_t doff = kind == KQ_Q6K ? offsetof(kq_block_q6k, d) : 0;
-#define KQ_H(r, o) kq_u16(rowp[r] + (size_t) i * bsz + (o))
-        const __m256 dv = kq_f16x8(_mm_setr_epi16(
-            (short) KQ_H(0, doff), (short) KQ_H(1, doff), (short) KQ_H(2, doff), (short) KQ_H(3, doff),
-            (short) KQ_H(4, doff), (short) KQ_H(5, doff), (short) KQ_H(6, doff), (short) KQ_H(7, doff)));
-        __m256 dmv = _mm256_setzero_ps();
-        if (kind != KQ_Q6K) {
-            dmv = _mm256_xor_ps(sign, kq_f16x8(_mm_setr_epi16(
-                (short) KQ_H(0, 2), (short) KQ_H(1, 2), (short) KQ_H(2, 2), (short) KQ_H(3, 2),
-                (short) KQ_H(4, 2), (short) KQ_H(5, 2), (short) KQ_H(6, 2), (short) KQ_H(7, 2))));
-        }
-#undef KQ_H
-        for (int c = 0; c < CN; ++c) {
-            const __m256 d8 = _mm256_set1_ps(q8[(size_t) c * nb + i].d);
-            const __m256i sumi = kq_hsum8(v[c]);
-            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dv, d8), _mm256_cvtepi32_ps(sumi), acc[c]);
+        for (int ii = 0; ii < ni; ++ii) {
+            const int i = i0 + ii;
+            // The rows' d and dmin (Q6_K: d), gathered as 32-bit words: Q4_K's and Q5_K's
+            // first (d low, dmin high), Q6_K's last (d high; it ends the block).
+            const size_t off = kind == KQ_Q6K ? sizeof(kq_block_q6k) - 4 : 0;
+            const __m256i g = _mm256_i32gather_epi32((const int *) (rowp0 + (size_t) i * bsz + off), rowoff, 1);
+            const __m256i dd = _mm256_permute4x64_epi64(
+                _mm256_packus_epi32(_mm256_and_si256(g, _mm256_set1_epi32(0xFFFF)), _mm256_srli_epi32(g, 16)),
+                0xD8);
+            const __m256 dv = kq_f16x8(kind == KQ_Q6K ? _mm256_extracti128_si256(dd, 1) : _mm256_castsi256_si128(dd));
+            __m256 dmv = _mm256_setzero_ps();
             if (kind != KQ_Q6K) {
-                const __m256i summ = kq_hsum4(u[c]);
-                acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dmv, d8), _mm256_cvtepi32_ps(summ), acc[c]);
+                dmv = _mm256_xor_ps(sign, kq_f16x8(_mm256_extracti128_si256(dd, 1)));
+            }
+            for (int c = 0; c < CN; ++c) {
+                const __m256 d8 = _mm256_set1_ps(q8[(size_t) c * nb + i].d);
+                const __m256i sumi = kq_hsum8(v[ii][c]);
+                acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dv, d8), _mm256_cvtepi32_ps(sumi), acc[c]);
+                if (kind != KQ_Q6K) {
+                    const __m256i summ = kq_hsum4(u[ii][c]);
+                    acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dmv, d8), _mm256_cvtepi32_ps(summ), acc[c]);
+                }
             }
         }
     }
@@ -885,6 +1030,11 @@ static void kq_mul_mat_few(struct ggml_tensor * dst, int ith, int nth, int kind)
         q8k->from_float((const float *) ((const char *) b->data + n * b->nb[1]), q8 + n * nb,
                         (int64_t) nb * KQ_SB);
     }
+#ifdef KQ_W16
+    if (kind != KQ_Q6K) {
+        kq_few_permute(q8, N * nb);
+    }
+#endif
     for (int64_t m = m0; m < m1; m += 8) {
         const int R = m1 - m < 8 ? (int) (m1 - m) : 8;
         for (int64_t n = 0; n < N; n += KQ_FEW_COLS) {
@@ -945,7 +1095,7 @@ static void kq_run(struct ggml_tensor * dst, int ith, int nth, enum ggml_type ty
     }
 #ifdef KQ_SIMD
     (void) type;
-    if (b->ne[1] < KQ_FEW_MAX) {
+    if (b->ne[1] < KQ_FEW_MAX && a->nb[1] <= INT32_MAX / 8) {
         kq_mul_mat_few(dst, ith, nth, kind);
     } else {
         kq_mul_mat(dst, ith, nth, kind);
