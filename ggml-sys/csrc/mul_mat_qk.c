@@ -523,10 +523,11 @@ static int kq_split(int64_t groups, int64_t M, int ith, int nth, int64_t * g0, i
     return *g0 < *g1 && *r0 < *r1;
 }
 
-static void kq_mul_mat(struct ggml_tensor * dst, int ith, int nth, int kind) {
+// Columns 0 .. N - 1.
+static void kq_mul_mat(struct ggml_tensor * dst, int ith, int nth, int kind, int64_t N) {
     const struct ggml_tensor * a = dst->src[0];
     const struct ggml_tensor * b = dst->src[1];
-    const int64_t M = a->ne[1], N = b->ne[1];
+    const int64_t M = a->ne[1];
     const int nb = (int) (a->ne[0] / KQ_SB);
     const int64_t groups = (N + W - 1) / W;
     int64_t g0, g1, r0, r1;
@@ -565,7 +566,7 @@ static void kq_mul_mat(struct ggml_tensor * dst, int ith, int nth, int kind) {
 
 // ---- The few-column path ----
 //
-// Under KQ_FEW_MAX columns the weights are read once per pass of up to KQ_FEW_COLS columns, and
+// Under kq_few_max columns the weights are read once per pass of up to KQ_FEW_COLS columns, and
 // one 256-bit vector lane holds one weight row instead of one column: per super-block, each row
 // of a block of eight has its integer sums computed within the row (any order: they are exact),
 // the eight rows' sums are gathered into the lanes of one vector, and the float steps are then
@@ -573,7 +574,15 @@ static void kq_mul_mat(struct ggml_tensor * dst, int ith, int nth, int kind) {
 // acc = fma(-dmin * d8, (float) summ, acc), over the super-blocks in order from acc = 0. So every
 // output gets the wide path's operations on the same integers: the same bits.
 
-#define KQ_FEW_MAX 16
+// Fewest columns the wide path takes (fewer, and a wide product's last partial group under this
+// many, take the few-column path): where a group of W costs less, measured on Zen 4.
+static inline int64_t kq_few_max(int kind) {
+#ifdef KQ_W16
+    return kind == KQ_Q6K ? 9 : 11;
+#else
+    return kind == KQ_Q6K ? 5 : 8;
+#endif
+}
 #define KQ_FEW_COLS 4
 // Super-blocks per row between the float steps.
 #define KQ_FEW_SB 8
@@ -616,8 +625,6 @@ static inline __m256i kq_hsum4(const __m128i * u) {
 
 // A pshufb control that makes 16-bit lanes of bytes: lane e gets byte idx, zero-extended.
 #define KQ_U16(idx) ((short) (0x8000 | (idx)))
-// ... or sign-extended after an arithmetic shift right by 8 (the byte lands in the high half).
-#define KQ_S16(idx) ((short) (((idx) << 8) | 0x80))
 
 // One row's integer sums for one super-block against CN columns: the eight 32-value vectors w[k]
 // (values 32k .. 32k + 31, unsigned), their scale patterns pat[] (see below) and the columns'
@@ -869,26 +876,32 @@ KQ_INLINE void kq_few_row_q6(const kq_block_q6k * x, const int8_t * const * ycol
         w[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
                                        _mm256_and_si256(_mm256_srli_epi16(hb, 2), two));
     }
-    const __m128i sb = _mm_loadu_si128((const __m128i *) x->scales);
-    const __m256i sb2 = _mm256_broadcastsi128_si256(sb);
+    // The scales as int16, sub-blocks 0..7 in both 128-bit lanes (lo), 8..15 (hi); pshufb
+    // picks 16-bit lanes from them (KQ_P16: the two bytes of lane j).
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *) x->scales));
+    const __m256i lo = _mm256_permute2x128_si256(sc16, sc16, 0x00);
+    const __m256i hi = _mm256_permute2x128_si256(sc16, sc16, 0x11);
+#define KQ_P16(j) ((short) (((2 * (j) + 1) << 8) | (2 * (j))))
     __m256i pat[8];
 #ifdef KQ_FEW_VNNI
     // packs of vectors 2p and 2p + 1: low lanes sub-blocks 4p and 4p + 2, high 4p + 1, 4p + 3.
     for (int p = 0; p < 4; ++p) {
-        const short a = KQ_S16(4 * p), b = KQ_S16(4 * p + 2), e = KQ_S16(4 * p + 1), f = KQ_S16(4 * p + 3);
-        pat[p] = _mm256_srai_epi16(
-            _mm256_shuffle_epi8(sb2, _mm256_setr_epi16(a, a, a, a, b, b, b, b, e, e, e, e, f, f, f, f)), 8);
+        const int j = (4 * p) % 8;
+        const short a = KQ_P16(j), b = KQ_P16(j + 2), e = KQ_P16(j + 1), f = KQ_P16(j + 3);
+        pat[p] = _mm256_shuffle_epi8(p < 2 ? lo : hi,
+                                     _mm256_setr_epi16(a, a, a, a, b, b, b, b, e, e, e, e, f, f, f, f));
     }
 #else
     // Vector k: sub-block 2k in the low lanes, 2k + 1 in the high.
     for (int k = 0; k < 8; ++k) {
-        const short a = KQ_S16(2 * k), b = KQ_S16(2 * k + 1);
-        pat[k] = _mm256_srai_epi16(
-            _mm256_shuffle_epi8(sb2, _mm256_setr_epi16(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b)), 8);
+        const int j = (2 * k) % 8;
+        const short a = KQ_P16(j), b = KQ_P16(j + 1);
+        pat[k] = _mm256_shuffle_epi8(k < 4 ? lo : hi,
+                                     _mm256_setr_epi16(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b));
     }
 #endif
+#undef KQ_P16
     kq_few_dots(w, pat, ycol, CN, v);
-    const __m256i sc16 = _mm256_cvtepi8_epi16(sb);
     for (int c = 0; c < CN; ++c) {
         v[c] = _mm256_sub_epi32(v[c], _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs16[c]), 5));
     }
@@ -1007,10 +1020,11 @@ static void kq_few_pass(struct ggml_tensor * dst, const struct ggml_tensor * a, 
 
 // The few-column product: the rows split between the threads in blocks of eight, every thread
 // quantizing every column.
-static void kq_mul_mat_few(struct ggml_tensor * dst, int ith, int nth, int kind) {
+static void kq_mul_mat_few(struct ggml_tensor * dst, int ith, int nth, int kind, int64_t n_lo,
+                           int64_t n_hi) {
     const struct ggml_tensor * a = dst->src[0];
     const struct ggml_tensor * b = dst->src[1];
-    const int64_t M = a->ne[1], N = b->ne[1];
+    const int64_t M = a->ne[1], N = n_hi - n_lo;
     const int nb = (int) (a->ne[0] / KQ_SB);
     const int64_t blocks = (M + 7) / 8, per = (blocks + nth - 1) / nth;
     const int64_t m0 = per * ith * 8;
@@ -1020,14 +1034,14 @@ static void kq_mul_mat_few(struct ggml_tensor * dst, int ith, int nth, int kind)
     }
     kq_block_q8k * q8 = (kq_block_q8k *) kq_reserve((size_t) N * nb * sizeof(kq_block_q8k));
     if (q8 == NULL) {
-        kq_fill_nan(dst, m0, m1, 0, N);
+        kq_fill_nan(dst, m0, m1, n_lo, n_hi);
         return;
     }
     // ggml's routine leaves an all-zero super-block's sums unwritten: zero them first.
     memset(q8, 0, (size_t) N * nb * sizeof(kq_block_q8k));
     const struct ggml_type_traits_cpu * q8k = ggml_get_type_traits_cpu(GGML_TYPE_Q8_K);
     for (int64_t n = 0; n < N; ++n) {
-        q8k->from_float((const float *) ((const char *) b->data + n * b->nb[1]), q8 + n * nb,
+        q8k->from_float((const float *) ((const char *) b->data + (n_lo + n) * b->nb[1]), q8 + n * nb,
                         (int64_t) nb * KQ_SB);
     }
 #ifdef KQ_W16
@@ -1039,7 +1053,7 @@ static void kq_mul_mat_few(struct ggml_tensor * dst, int ith, int nth, int kind)
         const int R = m1 - m < 8 ? (int) (m1 - m) : 8;
         for (int64_t n = 0; n < N; n += KQ_FEW_COLS) {
             const int CN = N - n < KQ_FEW_COLS ? (int) (N - n) : KQ_FEW_COLS;
-            kq_few_pass(dst, a, m, R, q8 + n * nb, nb, n, kind, CN);
+            kq_few_pass(dst, a, m, R, q8 + n * nb, nb, n_lo + n, kind, CN);
         }
     }
 }
@@ -1095,10 +1109,18 @@ static void kq_run(struct ggml_tensor * dst, int ith, int nth, enum ggml_type ty
     }
 #ifdef KQ_SIMD
     (void) type;
-    if (b->ne[1] < KQ_FEW_MAX && a->nb[1] <= INT32_MAX / 8) {
-        kq_mul_mat_few(dst, ith, nth, kind);
-    } else {
-        kq_mul_mat(dst, ith, nth, kind);
+    // Whole groups of W columns take the wide path, the rest (if fewer than kq_few_max) the
+    // few-column path: the same bits either way.
+    const int64_t N = b->ne[1], few = kq_few_max(kind);
+    int64_t wide = N;
+    if (a->nb[1] <= INT32_MAX / 8) {
+        wide = N < few ? 0 : N % W < few ? N - N % W : N;
+    }
+    if (wide > 0) {
+        kq_mul_mat(dst, ith, nth, kind, wide);
+    }
+    if (wide < N) {
+        kq_mul_mat_few(dst, ith, nth, kind, wide, N);
     }
 #else
     (void) kind;
