@@ -29,11 +29,28 @@
 // |sumi| <= 8*63*126,976 < 2^26; Q6_K |dot_j(u)| <= 16*63*128 = 129,024, |sum_j sc_j dot_j| <=
 // 16*128*129,024 < 2^28, |32 sc_j bsum_j| summed <= 16*32*128*2,048 < 2^28: all well inside int32.
 //
-// One vector lane holds one column: the columns are packed W to a group (16 with AVX-512 VNNI,
-// else 8), the four bytes of a super-block's element quad for all W columns side by side, so one
-// instruction multiplies-and-adds a broadcast weight quad into W column sums; conversion and
-// scaling come once per super-block for W columns. Without AVX2 and FMA the ops call ggml's own
-// dot product on the same q8_K columns (ggml's result, whose order differs from the above).
+// Two paths compute it, and every output gets the same integers and the same float operations in
+// the same order from either, so a column's bits never depend on how many columns the node has,
+// which group, lane or pass it lands in, or which path computes it, at every vector ISA level
+// (the q8_K routine is ggml's reference code, the same at every level; the only float product,
+// d * d8, is the multiplicand of a fused multiply-add, so no contraction can change the steps):
+//
+// - Wide (many columns): one vector lane holds one column: the columns are packed W to a group
+//   (16 with AVX-512 VNNI, else 8), the four bytes of a super-block's element quad for all W
+//   columns side by side, so one instruction multiplies-and-adds a broadcast weight quad into W
+//   column sums; conversion and scaling come once per super-block for W columns. Columns past
+//   N in a partial group are zero and never stored.
+// - Few columns (decoding, short items; under kq_few_max columns, and the columns past a wide
+//   product's last whole group when fewer than that): one vector lane holds one weight row.
+//   Each row's super-block sums are computed within the row (64 or 32 values per instruction,
+//   up to four columns per read of the weights), exactly, so in any order; the sums of eight
+//   rows are then gathered into the lanes of one vector and the float steps above run lane by
+//   lane, super-block by super-block from acc = 0.
+//
+// Without AVX2 and FMA the ops call ggml's own dot product on the same q8_K columns (ggml's
+// result, whose order differs from the above; per output, so also the same bits at any N).
+// ggml's q8_K routine leaves an all-zero super-block's sums unwritten: the buffers are zeroed
+// first (d8 = 0 then, so those terms are zero either way).
 
 #include <math.h>
 #include <stddef.h>
@@ -563,16 +580,18 @@ static void kq_mul_mat(struct ggml_tensor * dst, int ith, int nth, int kind, int
     }
 }
 
-
 // ---- The few-column path ----
 //
-// Under kq_few_max columns the weights are read once per pass of up to KQ_FEW_COLS columns, and
-// one 256-bit vector lane holds one weight row instead of one column: per super-block, each row
-// of a block of eight has its integer sums computed within the row (any order: they are exact),
-// the eight rows' sums are gathered into the lanes of one vector, and the float steps are then
-// the definition's, lane by lane: acc = fma(d * d8, (float) sumi, acc), then for Q4_K and Q5_K
-// acc = fma(-dmin * d8, (float) summ, acc), over the super-blocks in order from acc = 0. So every
-// output gets the wide path's operations on the same integers: the same bits.
+// The weights are read once per pass of up to KQ_FEW_COLS columns; per super-block each row of a
+// block of eight gets its integer sums within the row, the eight rows' sums are gathered into
+// the lanes of one 256-bit vector (kq_hsum8, exact) and the float steps are the definition's,
+// lane by lane: acc = fma(d * d8, (float) sumi, acc), then for Q4_K and Q5_K acc = fma(-dmin *
+// d8, (float) summ, acc), over the super-blocks in order from acc = 0: the wide path's
+// operations on the same integers, so the same bits.
+
+// Columns per read of the weights; super-blocks per row between the float steps.
+#define KQ_FEW_COLS 4
+#define KQ_FEW_SB 8
 
 // Fewest columns the wide path takes (fewer, and a wide product's last partial group under this
 // many, take the few-column path): where a group of W costs less, measured on Zen 4.
@@ -583,9 +602,6 @@ static inline int64_t kq_few_max(int kind) {
     return kind == KQ_Q6K ? 5 : 8;
 #endif
 }
-#define KQ_FEW_COLS 4
-// Super-blocks per row between the float steps.
-#define KQ_FEW_SB 8
 
 #if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
 #define KQ_FEW_VNNI 1
@@ -627,9 +643,8 @@ static inline __m256i kq_hsum4(const __m128i * u) {
 #define KQ_U16(idx) ((short) (0x8000 | (idx)))
 
 // One row's integer sums for one super-block against CN columns: the eight 32-value vectors w[k]
-// (values 32k .. 32k + 31, unsigned), their scale patterns pat[] (see below) and the columns'
-// int8 values y (column c's super-block at ycol[c]). Adds to v[c] lanes whose sum is
-// sum_j sc_j * dot_j. With VNNI each vector's four-product lane sums (|sum| <= 4 * 63 * 128 =
+// (values 32k .. 32k + 31, unsigned), their scale patterns pat[] and the columns' int8 values y
+// (column c's super-block at ycol[c]). Sets v[c] to lanes whose sum is sum_j sc_j * dot_j. With VNNI each vector's four-product lane sums (|sum| <= 4 * 63 * 128 =
 // 32,256, in int16 range) are packed two vectors to one and multiplied by the scales with madd,
 // pat[p] matching packs' lane order; without it maddubs makes 16-bit pair sums (|sum| <= 2 * 63
 // * 128) and pat[k] holds each one's scale.

@@ -6,7 +6,10 @@
 //! Column counts below, at and above the vector width (8 or 16 columns per group), odd row
 //! counts, one to four threads (columns split by group or rows split by thread), strided
 //! columns, and activations with a large common offset (a wrong minimum or -32 correction is
-//! then far outside the bound).
+//! then far outside the bound). And bit identity: every column the same bits alone, among a
+//! few columns (the few-column path), among many (the wide path, its partial group and its
+//! few-column tail), and, with the integer sums, the same bits as the kernels' definition
+//! evaluated here in f32, so the same on every CPU path.
 
 use ggml_sys::*;
 use std::ffi::c_int;
