@@ -91,8 +91,10 @@ pub mod kernels {
         /// `dst->src[0]` = `a`, q4_K `[k, m]`, and `dst->src[1]` = `b`, f32 `[k, n]` with
         /// contiguous rows; two-dimensional, `k` a multiple of 256 (else `dst` is NaN). The
         /// columns are quantized to q8_K and each super-block's products summed exactly in
-        /// integers first (see `csrc/mul_mat_qk.c`): ggml's result up to rounding. `userdata`
-        /// is unused.
+        /// integers first, then fixed float steps (see `csrc/mul_mat_qk.c`): ggml's result up
+        /// to rounding, and each column's bits the same whatever the number of columns (one
+        /// alone, a few, or many; a few-column path and a wide one give the same bits) and at
+        /// every ISA level with AVX2. `userdata` is unused.
         pub fn ggml_sys_mul_mat_q4_k(
             dst: *mut super::ggml_tensor,
             ith: ::core::ffi::c_int,
@@ -118,7 +120,8 @@ pub mod kernels {
 
         /// 1 when the k-quant kernels ([`ggml_sys_mul_mat_q4_k`] and its kin) were built with
         /// their integer sums (AVX2 and FMA), 0 when they call ggml's dot product per row and
-        /// column (correct, not faster than `ggml_mul_mat`).
+        /// column (correct, each column's bits still the same at any column count, not faster
+        /// than `ggml_mul_mat`).
         pub fn ggml_sys_mul_mat_qk_isum() -> ::core::ffi::c_int;
     }
 
