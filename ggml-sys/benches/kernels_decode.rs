@@ -98,7 +98,10 @@ fn bench_shape(c: &mut Criterion, ty: ggml_type, name: &str, kernel: Kernel, (k,
                 .iter()
                 .map(|v| v * 0.1)
                 .collect();
-            let dst = (*w).data.cast::<u8>().add(r as usize * ggml_row_size(ty, k));
+            let dst = (*w)
+                .data
+                .cast::<u8>()
+                .add(r as usize * ggml_row_size(ty, k));
             ggml_quantize_chunk(ty, slice.as_ptr(), dst.cast(), 0, n, k, std::ptr::null());
             r += n;
         }

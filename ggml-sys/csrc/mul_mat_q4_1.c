@@ -4,30 +4,45 @@
 // columns unpacks every weight block N times. The columns are quantized by ggml's own q8_1
 // routine, and each output comes from one of two definitions:
 //
-// ggml's (the columns past the count that `userdata` holds, all of them when it is under
-// Q41_ISUM_MIN_COLS): the same operations in the same order as ggml's x86 q4_1 x q8_1 dot
-// product (integer products summed per 32-bit lane, one fused multiply-add per block into
-// eight float lanes, the same horizontal sum, the scalar `m * s` sum added last), so
-// ggml_mul_mat's bits whatever the number of columns. The lane sums are one VNNI instruction
-// where the target has it, as in ggml. Without AVX2 the op calls ggml's dot product. Two
-// paths, with the same bits:
-// - few columns (decoding, short batches): two weight rows unpacked once per block for up to
-//   four columns (`rows_cols`);
+// ggml's (the columns past the count that `userdata` holds, all of them when it is 0): the same
+// operations in the same order as ggml's x86 q4_1 x q8_1 dot product (integer products summed
+// per 32-bit lane, one fused multiply-add per block into eight float lanes, the same
+// horizontal sum, the scalar `m * s` sum added last), so ggml_mul_mat's bits whatever the
+// number of columns. The lane sums are one VNNI instruction where the target has it, as in
+// ggml. Without AVX2 the op calls ggml's dot product. Two paths, with the same bits:
+// - few columns: two weight rows unpacked once per block for up to four columns
+//   (`rows_cols`);
 // - 16 columns or more: the columns packed eight to a group, their int8 values aligned and
 //   their scales and sums laid out as vectors, and one unpacked weight row run against a group
 //   at a time (`row_group`); the loop is left with the integer products, their conversion and
 //   the fused multiply-adds, one of each per block and column.
 //
-// Integer sums (the leading columns that `userdata` counts, when Q41_ISUM_MIN_COLS or more;
-// AVX2): each block's 32 products summed exactly in integers first, then, for row r and
-// column c over blocks i,
-//     acc = fma(d0_i * d1_i, (float) dot_i, acc),  sm = fma(m0_i, s1_i, sm),  out = acc + sm
-// (ggml's sum in another order: the results differ from ggml_mul_mat's by rounding). That
-// lets one vector lane hold one column: the columns are packed W to a group (16 with AVX-512
-// VNNI, else 8), the four bytes of a block's element quad for all W columns side by side, so
-// one instruction multiplies-and-adds a broadcast weight quad into W column sums, and the
-// conversion and scale multiply come once per block for W columns (`is_rows_group`): about
-// twice the speed of the path above.
+// Integer sums (the leading min(userdata, N) columns, any count from 1; AVX2): each block's 32
+// products summed exactly in integers first, then, for row r and column c over blocks i,
+//     dot_i = sum_j q_j * y_j                   (exactly, in 32-bit integers: q 0..15, y int8)
+//     acc   = fma(d0_i * d1_i, (float) dot_i, acc),  sm = fma(m0_i, s1_i, sm),  out = acc + sm
+// from acc = sm = 0, d0 * d1 rounded to f32, |dot_i| <= 32 * 15 * 127 < 2^24 (so the conversion
+// is exact). ggml's sum in another order: the results differ from ggml_mul_mat's by rounding.
+// Column c's bits depend on column c and the weights only, never on the number of columns or
+// where c lands, and are the same at every vector ISA level: the integers are exact whatever
+// the instructions, and the float operations are the same f32 product, conversion and fused
+// multiply-adds in the same order in every path. Two paths:
+// - up to FEW_MAX_COLS columns (decoding, short items; `mul_mat_few`): one vector lane per
+//   weight row. Eight rows' blocks are loaded side by side and transposed in registers (a 4x4
+//   transpose of 32-bit elements in each 128-bit half) so that lane r of vector k holds
+//   element quad k of row r, and their scales and minimums by the same transpose of the
+//   blocks' first 4 bytes; one multiply-add of a broadcast column quad into eight row sums per
+//   quad (`dpbusd` with VNNI, else `maddubs` pairs summed in 16 bits, |sum| <= 8 * 2 * 15 * 127
+//   < 2^15, then widened) gives the exact block sums of 8 rows, then one product d0 * d1, one
+//   conversion and one fused multiply-add per block as above; the columns four at a time.
+//   The tiles ahead are prefetched into L2 (a decoding step streams the weights once).
+// - more columns (`is_rows_group`): one vector lane per column: the columns are packed W to a
+//   group (16 with AVX-512 VNNI, else 8), the four bytes of a block's element quad for all W
+//   columns side by side, so one instruction multiplies-and-adds a broadcast weight quad into W
+//   column sums, and the conversion and scale multiply come once per block for W columns:
+//   about twice the speed of ggml's.
+// Both quantize the columns with ggml's q8_1 routine (`quantize_col`), so the same int8 values,
+// scales and sums.
 
 #include <math.h>
 #include <stdint.h>
@@ -619,12 +634,15 @@ Q41_INLINE void few_unpack(const q41_block * const * rp, int i, __m256i * X, __m
 // Lane r: the exact sum of row r's block (X) times the column's block y (32 int8).
 Q41_INLINE __m256i few_dots(const __m256i * X, const int8_t * y) {
 #ifdef FEW_DPBUSD
-    __m256i e = _mm256_setzero_si256(), o = _mm256_setzero_si256();
-    for (int k = 0; k < 8; k += 2) {
-        e = FEW_DPBUSD(e, X[k], _mm256_set1_epi32(load_i32(y + 4 * k)));
-        o = FEW_DPBUSD(o, X[k + 1], _mm256_set1_epi32(load_i32(y + 4 * k + 4)));
+    // Four short chains (the sums are exact in any order).
+    __m256i s[4];
+    for (int k = 0; k < 4; ++k) {
+        s[k] = FEW_DPBUSD(_mm256_setzero_si256(), X[k], _mm256_set1_epi32(load_i32(y + 4 * k)));
     }
-    return _mm256_add_epi32(e, o);
+    for (int k = 0; k < 4; ++k) {
+        s[k] = FEW_DPBUSD(s[k], X[k + 4], _mm256_set1_epi32(load_i32(y + 4 * k + 16)));
+    }
+    return _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]));
 #else
     // Pairs in 16 bits, a block's 8 quads summed there: |sum| <= 8 * 2 * 15 * 127 < 2^15.
     __m256i s = _mm256_setzero_si256();
@@ -899,8 +917,8 @@ static void mul_mat_exact(struct ggml_tensor * dst, int ith, int nth) {
 
 // dst[m, n] = sum_k a[k, m] * b[k, n]; a: q4_1 [K, M] (src 0), b: f32 [K, N] (src 1), dst: f32
 // [M, N], all two-dimensional, K a multiple of 32, rows of b contiguous. `userdata`, read as an
-// integer: how many leading columns may take the integer sums (when at least
-// Q41_ISUM_MIN_COLS); the other columns get ggml's bits.
+// integer: how many leading columns take the integer sums (any count; at most N); the other
+// columns get ggml's bits. Without AVX2 every column gets ggml's bits.
 void ggml_sys_mul_mat_q4_1(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
     const int64_t N = dst->src[1]->ne[1];
     const int64_t n_isum = (int64_t) ((uintptr_t) userdata < (uint64_t) N ? (uintptr_t) userdata : (uint64_t) N);

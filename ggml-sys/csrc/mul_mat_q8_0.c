@@ -1,7 +1,7 @@
 // Q4_0 and Q8_0 matrix products for ggml's CPU backend, run as ggml custom ops
 // (`ggml_custom_4d`): the integer-sum product that mul_mat_q4_1.c runs for q4_1, for the two
-// other common weight types. Every column of the node takes it; the engine gives these ops only
-// the leading columns that may take integer sums and ggml_mul_mat the others.
+// other common weight types. Every column of the node takes it, whatever their number; the
+// engine gives these ops the columns that take integer sums and ggml_mul_mat the others.
 //
 // Definition. The activation columns are quantized by ggml's own q8_0 routine (the type that
 // ggml's Q4_0 and Q8_0 dot products quantize them to, so the same int8 values y and scales d1).
@@ -15,24 +15,40 @@
 // differ by float rounding only, never in the integers. |dot_i| <= 32 * 128 * 128 = 2^19 <
 // 2^24, so the conversion to float is exact.
 //
-// How the integers are summed. One vector lane holds one column: the columns are packed W to a
-// group (16 with AVX-512 VNNI, else 8), the four bytes of a block's element quad for all W
-// columns side by side, so one multiply-add of a broadcast weight quad serves W columns, and
-// the conversion and scale come once per block for W columns. The multiply-add instructions
-// take one unsigned operand: the weights are unpacked unsigned, u = w + b with b = 8 (Q4_0: u is
-// the stored nibble q) or b = 128 (Q8_0: u = w xor 0x80, 0..255), and the block's sum starts at
-// -b * sum_j y_j, computed exactly in integers when the columns are packed (never from q8_1's
-// rounded f16 sum): sum_j u_j y_j - b * sum_j y_j = sum_j w_j y_j.
-// - AVX-512 VNNI / AVX-VNNI: `dpbusd` sums four u8 * s8 products into a 32-bit lane without
-//   saturation: |partial sums| <= 32 * 255 * 128 < 2^31, exact.
-// - AVX2 without VNNI: `maddubs` adds pairs of u8 * s8 products into 16 bits and saturates, so
-//   the unsigned bytes are kept to 0..15: Q4_0's nibbles as they are, Q8_0's u split into
-//   u = 16 * h + l (h, l in 0..15), two sums. A 16-bit lane adds a block's 8 quads' pairs:
-//   |sum| <= 8 * 2 * 15 * 128 = 30720 < 2^15, exact; then widened to 32 bits (`madd` by 1),
-//   and for Q8_0 16 * H + L.
-// - Neither: a plain C loop over the same packed layout with the same integer sums and the same
-//   float operations (fmaf), so the same bits, only slower; `ggml_sys_mul_mat_q4_0_isum` and
-//   `ggml_sys_mul_mat_q8_0_isum` then return 0 and the engine keeps ggml's product.
+// Column c's bits depend on column c and the weights only, never on the number of columns or
+// on where c lands (group, lane, tile, thread), whichever path below computes it.
+//
+// How the integers are summed. Two vector paths, and a plain C one; the same integers (exact)
+// and the same float operations in the same order in each, so the same bits.
+// - Up to FEW_MAX_COLS columns (decoding, short items; `mul_mat_few`): one vector lane per
+//   weight row. Eight rows' blocks are loaded side by side and transposed in registers (4x4
+//   transposes of 32-bit elements in each 128-bit half) so that lane r of vector k holds
+//   element quad k of row r, and their scales by the same transpose of the blocks' first 4
+//   bytes; one multiply-add of a broadcast column quad into eight row sums per quad, then one
+//   product d0 * d1, one conversion and one fused multiply-add per block; the columns four at
+//   a time. The tiles ahead are prefetched into L2 (a decoding step streams the weights once).
+//   With VNNI, as below: u = w + b and the column block's -b * sum(y) as the starting sum.
+//   AVX2 without VNNI: Q4_0's nibbles as below; Q8_0's w through their signs, `maddubs(|w|,
+//   sign(w) * y)`: |w| <= 128 and |y| <= 127 (q8_0 rounds to -127 .. 127), so a pair's sum is
+//   at most 2 * 128 * 127 < 2^15, exact, then widened per quad.
+// - More columns: one vector lane holds one column: the columns are packed W to a group (16
+//   with AVX-512 VNNI, else 8), the four bytes of a block's element quad for all W columns
+//   side by side, so one multiply-add of a broadcast weight quad serves W columns, and the
+//   conversion and scale come once per block for W columns. The multiply-add instructions take
+//   one unsigned operand: the weights are unpacked unsigned, u = w + b with b = 8 (Q4_0: u is
+//   the stored nibble q) or b = 128 (Q8_0: u = w xor 0x80, 0..255), and the block's sum starts
+//   at -b * sum_j y_j, computed exactly in integers when the columns are packed (never from
+//   q8_1's rounded f16 sum): sum_j u_j y_j - b * sum_j y_j = sum_j w_j y_j.
+//   - AVX-512 VNNI / AVX-VNNI: `dpbusd` sums four u8 * s8 products into a 32-bit lane without
+//     saturation: |partial sums| <= 32 * 255 * 128 < 2^31, exact.
+//   - AVX2 without VNNI: `maddubs` adds pairs of u8 * s8 products into 16 bits and saturates,
+//     so the unsigned bytes are kept to 0..15: Q4_0's nibbles as they are, Q8_0's u split into
+//     u = 16 * h + l (h, l in 0..15), two sums. A 16-bit lane adds a block's 8 quads' pairs:
+//     |sum| <= 8 * 2 * 15 * 128 = 30720 < 2^15, exact; then widened to 32 bits (`madd` by 1),
+//     and for Q8_0 16 * H + L.
+// - Neither: a plain C loop over the column groups' layout with the same integer sums and the
+//   same float operations (fmaf), so the same bits, only slower; `ggml_sys_mul_mat_q4_0_isum`
+//   and `ggml_sys_mul_mat_q8_0_isum` then return 0 and the engine keeps ggml's product.
 // The float step is the same instructions in every path (a product, a conversion, a fused
 // multiply-add per block and column), so the result is the same bits at every ISA level.
 
@@ -461,12 +477,17 @@ Q80_INLINE void few_unpack(int kind, const char * const * rp, int i, __m256i * X
 Q80_INLINE __m256i few_dots(int kind, const __m256i * X, const int8_t * y, int32_t start) {
 #ifdef FEW_DPBUSD
     (void) kind;
-    __m256i e = _mm256_set1_epi32(start), o = _mm256_setzero_si256();
-    for (int k = 0; k < 8; k += 2) {
-        e = FEW_DPBUSD(e, X[k], _mm256_set1_epi32(load_quad((const uint8_t *) y + 4 * k)));
-        o = FEW_DPBUSD(o, X[k + 1], _mm256_set1_epi32(load_quad((const uint8_t *) y + 4 * k + 4)));
+    // Four short chains (the sums are exact in any order).
+    __m256i s[4];
+    for (int k = 0; k < 4; ++k) {
+        s[k] = FEW_DPBUSD(k == 0 ? _mm256_set1_epi32(start) : _mm256_setzero_si256(), X[k],
+                          _mm256_set1_epi32(load_quad((const uint8_t *) y + 4 * k)));
     }
-    return _mm256_add_epi32(e, o);
+    for (int k = 0; k < 4; ++k) {
+        s[k] = FEW_DPBUSD(s[k], X[k + 4],
+                          _mm256_set1_epi32(load_quad((const uint8_t *) y + 4 * k + 16)));
+    }
+    return _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]));
 #else
     const __m256i ones = _mm256_set1_epi16(1);
     if (kind == KIND_Q4_0) {

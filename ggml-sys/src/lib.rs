@@ -29,10 +29,11 @@ pub mod kernels {
         /// A `ggml_custom_op_t` for `ggml_custom_4d`: `dst` (f32 `[m, n]`) = `a^T b` for
         /// `dst->src[0]` = `a`, q4_1 `[k, m]`, and `dst->src[1]` = `b`, f32 `[k, n]` with
         /// contiguous rows; two-dimensional, `k` a multiple of 32. `userdata` is read as an
-        /// integer, never dereferenced: when it is [`Q4_1_ISUM_MIN_COLS`] or more, that many
-        /// leading columns (at most `n`) sum each block exactly in integers first (about
-        /// twice as fast; ggml's result up to rounding; see `csrc/mul_mat_q4_1.c`). Every
-        /// other column equals `ggml_mul_mat`'s bit for bit, whatever the number of columns.
+        /// integer, never dereferenced: that many leading columns (any count, at most `n`) sum
+        /// each block exactly in integers first (ggml's result up to rounding; see
+        /// `csrc/mul_mat_q4_1.c`), each column's bits the same whatever the number of columns
+        /// (one column alone, a few, or many). Every other column equals `ggml_mul_mat`'s bit
+        /// for bit, whatever the number of columns.
         pub fn ggml_sys_mul_mat_q4_1(
             dst: *mut super::ggml_tensor,
             ith: ::core::ffi::c_int,
@@ -125,9 +126,6 @@ pub mod kernels {
         pub fn ggml_sys_mul_mat_qk_isum() -> ::core::ffi::c_int;
     }
 
-    /// Fewest columns for which [`ggml_sys_mul_mat_q4_1`] takes its integer-sum path.
-    pub const Q4_1_ISUM_MIN_COLS: i64 = 64;
-
     // Q4_0 and Q8_0 integer-sum products (`csrc/mul_mat_q8_0.c`).
     unsafe extern "C" {
         /// A `ggml_custom_op_t` for `ggml_custom_4d`: `dst` (f32 `[m, n]`) = `a^T b` for
@@ -135,7 +133,9 @@ pub mod kernels {
         /// contiguous rows; two-dimensional, `k` a multiple of 32. Every column: `b`
         /// quantized by ggml's q8_0 routine, each block's 32 products summed exactly in
         /// integers, then one fused multiply-add per block (ggml's result up to rounding; see
-        /// `csrc/mul_mat_q8_0.c`), the same bits at every ISA level. `userdata` is unused.
+        /// `csrc/mul_mat_q8_0.c`), the same bits at every ISA level and each column's bits the
+        /// same whatever the number of columns (one alone, a few, or many). `userdata` is
+        /// unused.
         pub fn ggml_sys_mul_mat_q4_0(
             dst: *mut super::ggml_tensor,
             ith: ::core::ffi::c_int,
