@@ -5,7 +5,7 @@
 //! against `ggml_mul_mat` within rounding; and with only the leading ones, each column its own
 //! way. For every column count (the narrow path takes columns four at a time; from 16 the wide
 //! paths take them in groups, split between threads by group or, with few groups, by row; the
-//! integer sums take up to 8 columns one row per vector lane), odd row counts, one to four
+//! integer sums take a few columns one weight row per vector lane), odd row counts, one to four
 //! threads, and strided columns. And the integer sums' batch invariance: each column of an
 //! N-column product has the bits of the same column computed alone and inside a 100-column
 //! product, whatever N, the thread count, or the group, lane or tile the column lands in.
