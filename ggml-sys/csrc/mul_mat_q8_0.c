@@ -404,10 +404,9 @@ static int split_work(int64_t groups, int64_t M, int ith, int nth, int64_t * g0,
 // The few-column path (see the top): one vector lane per weight row, FEW_ROWS rows per tile,
 // the columns FEW_CHUNK at a time.
 #define Q80_FEW 1
-#define FEW_ROWS 8
 #define FEW_CHUNK 4
-// Tiles ahead of the one computed whose weights are prefetched.
-#define FEW_PREFETCH 6
+// How far ahead of the tile computed its weights are prefetched, in rows (whole tiles).
+#define FEW_PREFETCH_ROWS 48
 // Most columns the few-column path takes; more go to the column groups (which cost the same
 // for 1 to W columns; measured on Zen 4, the few-column path is the faster up to about 12 of
 // 16 for Q8_0, 24 for Q4_0, whose weights it unpacks in fewer instructions).
@@ -417,90 +416,151 @@ static int split_work(int64_t groups, int64_t M, int ith, int nth, int64_t * g0,
 #define FEW_MAX_COLS(kind) ((kind) == KIND_Q4_0 ? 16 : 8)
 #endif
 
+// The few-column path's vectors: FEW_ROWS rows, 16 with AVX-512 VNNI (512 bits), else 8.
+#ifdef Q80_W16
+#define FEW_ROWS 16
+typedef __m512i fvi;
+typedef __m512 fvf;
+#define FI_ZERO() _mm512_setzero_si512()
+#define FI_SET1_8(v) _mm512_set1_epi8(v)
+#define FI_SET1_32(v) _mm512_set1_epi32(v)
+#define FI_AND(x, y) _mm512_and_si512(x, y)
+#define FI_XOR(x, y) _mm512_xor_si512(x, y)
+#define FI_SRLI16(x, n) _mm512_srli_epi16(x, n)
+#define FI_ADD32(x, y) _mm512_add_epi32(x, y)
+#define FI_UNPACKLO32(x, y) _mm512_unpacklo_epi32(x, y)
+#define FI_UNPACKHI32(x, y) _mm512_unpackhi_epi32(x, y)
+#define FI_UNPACKLO64(x, y) _mm512_unpacklo_epi64(x, y)
+#define FI_UNPACKHI64(x, y) _mm512_unpackhi_epi64(x, y)
+#define FEW_DPBUSD(acc, x, y) _mm512_dpbusd_epi32(acc, x, y)
+#define FF_ZERO() _mm512_setzero_ps()
+#define FF_BCST(p) _mm512_set1_ps(*(p))
+#define FF_MUL(x, y) _mm512_mul_ps(x, y)
+#define FF_FMA(x, y, z) _mm512_fmadd_ps(x, y, z)
+#define FF_CVT(x) _mm512_cvtepi32_ps(x)
+#else
+#define FEW_ROWS 8
+typedef __m256i fvi;
+typedef __m256 fvf;
+#define FI_ZERO() _mm256_setzero_si256()
+#define FI_SET1_8(v) _mm256_set1_epi8(v)
+#define FI_SET1_32(v) _mm256_set1_epi32(v)
+#define FI_AND(x, y) _mm256_and_si256(x, y)
+#define FI_XOR(x, y) _mm256_xor_si256(x, y)
+#define FI_SRLI16(x, n) _mm256_srli_epi16(x, n)
+#define FI_ADD32(x, y) _mm256_add_epi32(x, y)
+#define FI_UNPACKLO32(x, y) _mm256_unpacklo_epi32(x, y)
+#define FI_UNPACKHI32(x, y) _mm256_unpackhi_epi32(x, y)
+#define FI_UNPACKLO64(x, y) _mm256_unpacklo_epi64(x, y)
+#define FI_UNPACKHI64(x, y) _mm256_unpackhi_epi64(x, y)
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define FEW_DPBUSD(acc, x, y) _mm256_dpbusd_epi32(acc, x, y)
 #elif defined(__AVXVNNI__)
 #define FEW_DPBUSD(acc, x, y) _mm256_dpbusd_avx_epi32(acc, x, y)
 #endif
+#define FF_ZERO() _mm256_setzero_ps()
+#define FF_BCST(p) _mm256_broadcast_ss(p)
+#define FF_MUL(x, y) _mm256_mul_ps(x, y)
+#define FF_FMA(x, y, z) _mm256_fmadd_ps(x, y, z)
+#define FF_CVT(x) _mm256_cvtepi32_ps(x)
+#endif
 
-// A 4x4 transpose of 32-bit elements in each 128-bit half: lane j of P[k] in a half is
-// element k of Z[j] in that half.
-Q80_INLINE void transpose4(const __m256i * Z, __m256i * P) {
-    const __m256i t0 = _mm256_unpacklo_epi32(Z[0], Z[1]), t1 = _mm256_unpackhi_epi32(Z[0], Z[1]);
-    const __m256i t2 = _mm256_unpacklo_epi32(Z[2], Z[3]), t3 = _mm256_unpackhi_epi32(Z[2], Z[3]);
-    P[0] = _mm256_unpacklo_epi64(t0, t2);
-    P[1] = _mm256_unpackhi_epi64(t0, t2);
-    P[2] = _mm256_unpacklo_epi64(t1, t3);
-    P[3] = _mm256_unpackhi_epi64(t1, t3);
+// A 4x4 transpose of 32-bit elements in each 128-bit part of Z[0..3]: lane j of P[k] in a
+// part is element k of Z[j] in that part.
+Q80_INLINE void transpose4(const fvi * Z, fvi * P) {
+    const fvi t0 = FI_UNPACKLO32(Z[0], Z[1]), t1 = FI_UNPACKHI32(Z[0], Z[1]);
+    const fvi t2 = FI_UNPACKLO32(Z[2], Z[3]), t3 = FI_UNPACKHI32(Z[2], Z[3]);
+    P[0] = FI_UNPACKLO64(t0, t2);
+    P[1] = FI_UNPACKHI64(t0, t2);
+    P[2] = FI_UNPACKLO64(t1, t3);
+    P[3] = FI_UNPACKHI64(t1, t3);
 }
 
-// Rows j and j + 4 of the tile, 16 bytes from byte `off` of their block i, side by side.
-Q80_INLINE __m256i two_rows(const char * const * rp, int j, size_t off) {
-    return _mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *) (rp[j] + off))),
-        _mm_loadu_si128((const __m128i *) (rp[j + 4] + off)), 1);
+static inline __m128i load16(const char * p) {
+    return _mm_loadu_si128((const __m128i *) p);
 }
 
-// Block i of the tile's rows rp[0..7] transposed: lane r of X[k] holds quad k (elements 4k ..
-// 4k + 3) of row r: the unsigned u of the top comment, except Q8_0's signed w where `maddubs`
-// takes them through their signs; lane r of d0 its scale.
-Q80_INLINE void few_unpack(int kind, const char * const * rp, int i, __m256i * X, __m256 * d0) {
+// Rows j, j + 4 (, j + 8, j + 12) of the tile, 16 bytes from byte `off`, side by side:
+// 128-bit part p holds row j + 4p, so that after `transpose4` lane r is row r.
+Q80_INLINE fvi rows_side(const char * const * rp, int j, size_t off) {
+#ifdef Q80_W16
+    __m512i z = _mm512_castsi128_si512(load16(rp[j] + off));
+    z = _mm512_inserti32x4(z, load16(rp[j + 4] + off), 1);
+    z = _mm512_inserti32x4(z, load16(rp[j + 8] + off), 2);
+    return _mm512_inserti32x4(z, load16(rp[j + 12] + off), 3);
+#else
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(load16(rp[j] + off)),
+                                   load16(rp[j + 4] + off), 1);
+#endif
+}
+
+// The low 16 bits of each 32-bit lane of `v` (f16 values) as f32.
+Q80_INLINE fvf few_f16_low(fvi v) {
+#ifdef Q80_W16
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+#else
+    const __m256i p = _mm256_packus_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)),
+                                          _mm256_setzero_si256());
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08)));
+#endif
+}
+
+// Block i of the tile's rows rp[0 .. FEW_ROWS - 1] transposed: lane r of X[k] holds quad k
+// (elements 4k .. 4k + 3) of row r: the unsigned u of the top comment, except Q8_0's signed w
+// where `maddubs` takes them through their signs; lane r of d0 its scale.
+Q80_INLINE void few_unpack(int kind, const char * const * rp, int i, fvi * X, fvf * d0) {
     const size_t bb = kind == KIND_Q4_0 ? sizeof(q40_block) : sizeof(q80_block);
     const size_t at = (size_t) i * bb;
-    __m256i Z[4];
+    fvi Z[4];
     if (kind == KIND_Q4_0) {
         for (int j = 0; j < 4; ++j) {
-            Z[j] = two_rows(rp, j, at + 2);
+            Z[j] = rows_side(rp, j, at + 2);
         }
-        __m256i P[4];
+        fvi P[4];
         transpose4(Z, P);
         // Byte j's low nibble is element j, its high nibble element j + 16.
-        const __m256i low = _mm256_set1_epi8(0x0F);
+        const fvi low = FI_SET1_8(0x0F);
         for (int k = 0; k < 4; ++k) {
-            X[k] = _mm256_and_si256(P[k], low);
-            X[k + 4] = _mm256_and_si256(_mm256_srli_epi16(P[k], 4), low);
+            X[k] = FI_AND(P[k], low);
+            X[k + 4] = FI_AND(FI_SRLI16(P[k], 4), low);
         }
     } else {
         for (int h = 0; h < 2; ++h) {
             for (int j = 0; j < 4; ++j) {
-                Z[j] = two_rows(rp, j, at + 2 + 16 * h);
+                Z[j] = rows_side(rp, j, at + 2 + 16 * h);
             }
             transpose4(Z, X + 4 * h);
         }
 #ifdef FEW_DPBUSD
         for (int k = 0; k < 8; ++k) {
-            X[k] = _mm256_xor_si256(X[k], _mm256_set1_epi8((char) 0x80));
+            X[k] = FI_XOR(X[k], FI_SET1_8((char) 0x80));
         }
 #endif
     }
     // The blocks' first 4 bytes, lane r row r (the first column of the same transpose from
     // the blocks' starts); the scale is their low 16 bits.
     for (int j = 0; j < 4; ++j) {
-        Z[j] = two_rows(rp, j, at);
+        Z[j] = rows_side(rp, j, at);
     }
-    const __m256i first = _mm256_unpacklo_epi64(_mm256_unpacklo_epi32(Z[0], Z[1]),
-                                                _mm256_unpacklo_epi32(Z[2], Z[3]));
-    const __m256i p = _mm256_packus_epi32(_mm256_and_si256(first, _mm256_set1_epi32(0xFFFF)),
-                                          _mm256_setzero_si256());
-    *d0 = _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08)));
+    *d0 = few_f16_low(FI_UNPACKLO64(FI_UNPACKLO32(Z[0], Z[1]), FI_UNPACKLO32(Z[2], Z[3])));
 }
 
 // Lane r: the exact sum of the products w * y of row r's block (X) and the column's block y
 // (32 int8); `start` is the column block's -b * sum(y) where X holds u = w + b (else unused).
-Q80_INLINE __m256i few_dots(int kind, const __m256i * X, const int8_t * y, int32_t start) {
+Q80_INLINE fvi few_dots(int kind, const fvi * X, const int8_t * y, int32_t start) {
 #ifdef FEW_DPBUSD
     (void) kind;
     // Four short chains (the sums are exact in any order).
-    __m256i s[4];
+    fvi s[4];
     for (int k = 0; k < 4; ++k) {
-        s[k] = FEW_DPBUSD(k == 0 ? _mm256_set1_epi32(start) : _mm256_setzero_si256(), X[k],
-                          _mm256_set1_epi32(load_quad((const uint8_t *) y + 4 * k)));
+        s[k] = FEW_DPBUSD(k == 0 ? FI_SET1_32(start) : FI_ZERO(), X[k],
+                          FI_SET1_32(load_quad((const uint8_t *) y + 4 * k)));
     }
     for (int k = 0; k < 4; ++k) {
         s[k] = FEW_DPBUSD(s[k], X[k + 4],
-                          _mm256_set1_epi32(load_quad((const uint8_t *) y + 4 * k + 16)));
+                          FI_SET1_32(load_quad((const uint8_t *) y + 4 * k + 16)));
     }
-    return _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]));
+    return FI_ADD32(FI_ADD32(s[0], s[1]), FI_ADD32(s[2], s[3]));
 #else
     const __m256i ones = _mm256_set1_epi16(1);
     if (kind == KIND_Q4_0) {
@@ -525,29 +585,32 @@ Q80_INLINE __m256i few_dots(int kind, const __m256i * X, const int8_t * y, int32
 #endif
 }
 
-// One tile (rows rp[0..7], the first `rows` of them real) against NC columns (q8_0 blocks
-// y[c], scales d1[c][i] as f32, starting sums st[c][i]): out[c][r].
+// One tile (rows rp[0 .. FEW_ROWS - 1], the first `rows` of them real) against NC columns
+// (q8_0 blocks y[c], scales d1[c][i] as f32, starting sums st[c][i]): out[c][r].
 Q80_INLINE void few_tile(int kind, const char * const * rp, int nb, const char * pf,
                          int pf_lines, const q80_block * const * y, const float * const * d1,
                          const int32_t * const * st, int NC, float * const * out, int rows) {
-    __m256 acc[FEW_CHUNK];
+    fvf acc[FEW_CHUNK];
     for (int c = 0; c < NC; ++c) {
-        acc[c] = _mm256_setzero_ps();
+        acc[c] = FF_ZERO();
     }
     for (int i = 0; i < nb; ++i) {
         // The next tile's weights, a share of its cache lines per block.
         for (int l = 0; l < pf_lines; ++l) {
             _mm_prefetch(pf + ((size_t) i * pf_lines + l) * 64, _MM_HINT_T1);
         }
-        __m256i X[8];
-        __m256 d0;
+        fvi X[8];
+        fvf d0;
         few_unpack(kind, rp, i, X, &d0);
         for (int c = 0; c < NC; ++c) {
-            const __m256 xy = _mm256_cvtepi32_ps(few_dots(kind, X, y[c][i].qs, st[c][i]));
-            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d0, _mm256_broadcast_ss(d1[c] + i)), xy, acc[c]);
+            const fvf xy = FF_CVT(few_dots(kind, X, y[c][i].qs, st[c][i]));
+            acc[c] = FF_FMA(FF_MUL(d0, FF_BCST(d1[c] + i)), xy, acc[c]);
         }
     }
     for (int c = 0; c < NC; ++c) {
+#ifdef Q80_W16
+        _mm512_mask_storeu_ps(out[c], (__mmask16) ((1u << rows) - 1), acc[c]);
+#else
         if (rows == FEW_ROWS) {
             _mm256_storeu_ps(out[c], acc[c]);
         } else {
@@ -555,6 +618,7 @@ Q80_INLINE void few_tile(int kind, const char * const * rp, int nb, const char *
             _mm256_store_ps(tmp, acc[c]);
             memcpy(out[c], tmp, (size_t) rows * sizeof(float));
         }
+#endif
     }
 }
 
@@ -611,9 +675,9 @@ Q80_INLINE void mul_mat_few(int kind, struct ggml_tensor * dst, int ith, int nth
             rp[r] = (const char *) a->data + (m + (r < rows ? r : rows - 1)) * row_bytes;
         }
         // The weights stream from memory in tiles of rows, too short for the hardware to
-        // see: the tile FEW_PREFETCH ahead is fetched a share per block, with the first
+        // see: the tile FEW_PREFETCH_ROWS ahead is fetched a share per block, with the first
         // columns (the rows of a tensor follow one another).
-        const int64_t ahead = m + FEW_PREFETCH * FEW_ROWS;
+        const int64_t ahead = m + FEW_PREFETCH_ROWS;
         const char * pf = (const char *) a->data + (ahead < r1 ? ahead : 0) * (int64_t) a->nb[1];
         const int pf_all = ahead < r1 ? (int) ((FEW_ROWS * a->nb[1] + 63) / 64) : 0;
         for (int64_t n = 0; n < N; n += FEW_CHUNK) {
