@@ -573,6 +573,7 @@ Q41_INLINE void is_rows_groups(struct ggml_tensor * dst, int64_t m, int R, const
 typedef __m512i fvi;
 typedef __m512 fvf;
 #define FI_ZERO() _mm512_setzero_si512()
+#define FI_LOAD(p) _mm512_load_si512((const void *) (p))
 #define FI_SET1_8(v) _mm512_set1_epi8(v)
 #define FI_SET1_32(v) _mm512_set1_epi32(v)
 #define FI_AND(x, y) _mm512_and_si512(x, y)
@@ -594,6 +595,7 @@ typedef __m512 fvf;
 typedef __m256i fvi;
 typedef __m256 fvf;
 #define FI_ZERO() _mm256_setzero_si256()
+#define FI_LOAD(p) _mm256_load_si256((const __m256i *) (p))
 #define FI_SET1_8(v) _mm256_set1_epi8(v)
 #define FI_SET1_32(v) _mm256_set1_epi32(v)
 #define FI_AND(x, y) _mm256_and_si256(x, y)
@@ -669,8 +671,10 @@ Q41_INLINE fvi rows_side(const q41_block * const * rp, int j, int i, size_t off)
 }
 
 // Block i of the tile's rows rp[0 .. FEW_ROWS - 1] transposed: lane r of X[k] holds quad k
-// (elements 4k .. 4k + 3, values 0..15) of row r; lane r of d0 and m0 its scale and minimum.
-Q41_INLINE void few_unpack(const q41_block * const * rp, int i, fvi * X, fvf * d0, fvf * m0) {
+// (elements 4k .. 4k + 3, values 0..15) of row r; lane r of d0 and m0 its scale and minimum,
+// from the blocks' first 4 bytes copied to hd[i * FEW_ROWS + r].
+Q41_INLINE void few_unpack(const q41_block * const * rp, const uint32_t * hd, int i, fvi * X,
+                           fvf * d0, fvf * m0) {
     fvi Z[4], P[4];
     for (int j = 0; j < 4; ++j) {
         Z[j] = rows_side(rp, j, i, 4);
@@ -683,13 +687,7 @@ Q41_INLINE void few_unpack(const q41_block * const * rp, int i, fvi * X, fvf * d
         X[k] = FI_AND(P[k], low);
         X[k + 4] = FI_AND(FI_SRLI16(P[k], 4), low);
     }
-    // The blocks' first 4 bytes (scale and minimum), lane r row r: the first column of the
-    // same transpose from the blocks' starts.
-    for (int j = 0; j < 4; ++j) {
-        Z[j] = rows_side(rp, j, i, 0);
-    }
-    const fvi dm = FI_UNPACKLO64(FI_UNPACKLO32(Z[0], Z[1]), FI_UNPACKLO32(Z[2], Z[3]));
-    few_f16_pairs(dm, d0, m0);
+    few_f16_pairs(FI_LOAD(hd + (size_t) i * FEW_ROWS), d0, m0);
 }
 
 // Lane r: the exact sum of row r's block (X) times the column's block y (32 int8).
@@ -714,9 +712,20 @@ Q41_INLINE fvi few_dots(const fvi * X, const int8_t * y) {
 #endif
 }
 
-// One tile (rows rp[0 .. FEW_ROWS - 1], the first `rows` of them real) against NC columns
-// (q8_1 blocks y[c], scales d1[c][i] and sums s1[c][i] as f32): out[c][r].
-Q41_INLINE void few_tile(const q41_block * const * rp, int nb, const char * pf, int pf_lines,
+// The first 4 bytes of block i of rows rp[0 .. FEW_ROWS - 1] to hd[i * FEW_ROWS + r]: plain
+// copies, a tile ahead of their use (not a shuffle of vector registers, the path's bottleneck).
+Q41_INLINE void few_heads(const q41_block * const * rp, int i, uint32_t * hd) {
+    for (int r = 0; r < FEW_ROWS; ++r) {
+        memcpy(hd + (size_t) i * FEW_ROWS + r, rp[r] + i, 4);
+    }
+}
+
+// One tile (rows rp[0 .. FEW_ROWS - 1], the first `rows` of them real; their blocks' first
+// bytes in hd) against NC columns (q8_1 blocks y[c], scales d1[c][i] and sums s1[c][i] as
+// f32): out[c][r]. With `rn`, the next tile's rows, their blocks' first bytes go to hn.
+Q41_INLINE void few_tile(const q41_block * const * rp, const uint32_t * hd,
+                         const q41_block * const * rn, uint32_t * hn, int nb, const char * pf,
+                         int pf_lines,
                          const q81_block * const * y, const float * const * d1,
                          const float * const * s1, int NC, float * const * out, int rows) {
     fvf acc[FEW_CHUNK], sm[FEW_CHUNK];
@@ -729,9 +738,12 @@ Q41_INLINE void few_tile(const q41_block * const * rp, int nb, const char * pf, 
         for (int l = 0; l < pf_lines; ++l) {
             _mm_prefetch(pf + ((size_t) i * pf_lines + l) * 64, _MM_HINT_T1);
         }
+        if (rn != NULL) {
+            few_heads(rn, i, hn);
+        }
         fvi X[8];
         fvf d0, m0;
-        few_unpack(rp, i, X, &d0, &m0);
+        few_unpack(rp, hd, i, X, &d0, &m0);
         for (int c = 0; c < NC; ++c) {
             const fvf xy = FF_CVT(few_dots(X, y[c][i].qs));
             acc[c] = FF_FMA(FF_MUL(d0, FF_BCST(d1[c] + i)), xy, acc[c]);
@@ -768,7 +780,9 @@ static void mul_mat_few(struct ggml_tensor * dst, int ith, int nth) {
         return;
     }
     const int64_t r0 = t0 * FEW_ROWS, r1 = t1 * FEW_ROWS < M ? t1 * FEW_ROWS : M;
-    char * buf = q8_reserve((size_t) N * nb);
+    const size_t heads = (size_t) nb * FEW_ROWS;
+    const size_t q_bytes = align64((size_t) N * nb * (sizeof(q81_block) + 2 * sizeof(float)));
+    char * buf = wide_reserve(q_bytes + 2 * heads * sizeof(uint32_t));
     if (buf == NULL) {
         fill_nan(dst, r0, r1, 0, N);
         return;
@@ -776,6 +790,9 @@ static void mul_mat_few(struct ggml_tensor * dst, int ith, int nth) {
     q81_block * q8 = (q81_block *) buf;
     float * ds = (float *) (buf + (size_t) N * nb * sizeof(q81_block));
     float * ss = ds + (size_t) N * nb;
+    // The blocks' first bytes of this tile and of the next, swapped after each tile.
+    uint32_t * hd = (uint32_t *) (buf + q_bytes);
+    uint32_t * hn = hd + heads;
     for (int64_t n = 0; n < N; ++n) {
         quantize_col(b, n, nb, q8 + n * nb);
         for (int i = 0; i < nb; ++i) {
@@ -783,12 +800,22 @@ static void mul_mat_few(struct ggml_tensor * dst, int ith, int nth) {
             ss[n * nb + i] = f16_to_f32(q8[n * nb + i].s);
         }
     }
+    // Rows past the end repeat the last one; their lanes are never stored.
+    const q41_block * rn[FEW_ROWS];
+    for (int r = 0; r < FEW_ROWS; ++r) {
+        rn[r] = weight_row(a, r0 + r < r1 ? r0 + r : r1 - 1);
+    }
+    for (int i = 0; i < nb; ++i) {
+        few_heads(rn, i, hd);
+    }
     for (int64_t m = r0; m < r1; m += FEW_ROWS) {
         const int rows = r1 - m < FEW_ROWS ? (int) (r1 - m) : FEW_ROWS;
         const q41_block * rp[FEW_ROWS];
+        const int next = m + FEW_ROWS < r1;
         for (int r = 0; r < FEW_ROWS; ++r) {
-            // Rows past the end repeat the last one; their lanes are never stored.
-            rp[r] = weight_row(a, m + (r < rows ? r : rows - 1));
+            rp[r] = rn[r];
+            const int64_t n_row = m + FEW_ROWS + r;
+            rn[r] = weight_row(a, next ? (n_row < r1 ? n_row : r1 - 1) : m);
         }
         // The weights stream from memory in tiles of rows, too short for the hardware to
         // see: the tile FEW_PREFETCH_ROWS ahead is fetched a share per block, with the first
@@ -809,13 +836,20 @@ static void mul_mat_few(struct ggml_tensor * dst, int ith, int nth) {
                 s1[c] = ss + (n + c) * nb;
                 out[c] = out_at(dst, m, n + c);
             }
+            // The next tile's first bytes with the first columns.
+            const q41_block * const * rq = next && n == 0 ? rn : NULL;
             switch (NC) {
-                case 1: few_tile(rp, nb, pf, pf_lines, y, d1, s1, 1, out, rows); break;
-                case 2: few_tile(rp, nb, pf, pf_lines, y, d1, s1, 2, out, rows); break;
-                case 3: few_tile(rp, nb, pf, pf_lines, y, d1, s1, 3, out, rows); break;
-                default: few_tile(rp, nb, pf, pf_lines, y, d1, s1, FEW_CHUNK, out, rows); break;
+#define FEW_TILE(nc) few_tile(rp, hd, rq, hn, nb, pf, pf_lines, y, d1, s1, nc, out, rows)
+                case 1: FEW_TILE(1); break;
+                case 2: FEW_TILE(2); break;
+                case 3: FEW_TILE(3); break;
+                default: FEW_TILE(FEW_CHUNK); break;
+#undef FEW_TILE
             }
         }
+        uint32_t * t = hd;
+        hd = hn;
+        hn = t;
     }
 }
 #endif

@@ -422,6 +422,7 @@ static int split_work(int64_t groups, int64_t M, int ith, int nth, int64_t * g0,
 typedef __m512i fvi;
 typedef __m512 fvf;
 #define FI_ZERO() _mm512_setzero_si512()
+#define FI_LOAD(p) _mm512_load_si512((const void *) (p))
 #define FI_SET1_8(v) _mm512_set1_epi8(v)
 #define FI_SET1_32(v) _mm512_set1_epi32(v)
 #define FI_AND(x, y) _mm512_and_si512(x, y)
@@ -443,6 +444,7 @@ typedef __m512 fvf;
 typedef __m256i fvi;
 typedef __m256 fvf;
 #define FI_ZERO() _mm256_setzero_si256()
+#define FI_LOAD(p) _mm256_load_si256((const __m256i *) (p))
 #define FI_SET1_8(v) _mm256_set1_epi8(v)
 #define FI_SET1_32(v) _mm256_set1_epi32(v)
 #define FI_AND(x, y) _mm256_and_si256(x, y)
@@ -507,8 +509,10 @@ Q80_INLINE fvf few_f16_low(fvi v) {
 
 // Block i of the tile's rows rp[0 .. FEW_ROWS - 1] transposed: lane r of X[k] holds quad k
 // (elements 4k .. 4k + 3) of row r: the unsigned u of the top comment, except Q8_0's signed w
-// where `maddubs` takes them through their signs; lane r of d0 its scale.
-Q80_INLINE void few_unpack(int kind, const char * const * rp, int i, fvi * X, fvf * d0) {
+// where `maddubs` takes them through their signs; lane r of d0 its scale, from the blocks'
+// first 4 bytes copied to hd[i * FEW_ROWS + r].
+Q80_INLINE void few_unpack(int kind, const char * const * rp, const uint32_t * hd, int i, fvi * X,
+                           fvf * d0) {
     const size_t bb = kind == KIND_Q4_0 ? sizeof(q40_block) : sizeof(q80_block);
     const size_t at = (size_t) i * bb;
     fvi Z[4];
@@ -537,12 +541,8 @@ Q80_INLINE void few_unpack(int kind, const char * const * rp, int i, fvi * X, fv
         }
 #endif
     }
-    // The blocks' first 4 bytes, lane r row r (the first column of the same transpose from
-    // the blocks' starts); the scale is their low 16 bits.
-    for (int j = 0; j < 4; ++j) {
-        Z[j] = rows_side(rp, j, at);
-    }
-    *d0 = few_f16_low(FI_UNPACKLO64(FI_UNPACKLO32(Z[0], Z[1]), FI_UNPACKLO32(Z[2], Z[3])));
+    // The scale is the low 16 bits of the block's first 4.
+    *d0 = few_f16_low(FI_LOAD(hd + (size_t) i * FEW_ROWS));
 }
 
 // Lane r: the exact sum of the products w * y of row r's block (X) and the column's block y
@@ -585,9 +585,20 @@ Q80_INLINE fvi few_dots(int kind, const fvi * X, const int8_t * y, int32_t start
 #endif
 }
 
-// One tile (rows rp[0 .. FEW_ROWS - 1], the first `rows` of them real) against NC columns
-// (q8_0 blocks y[c], scales d1[c][i] as f32, starting sums st[c][i]): out[c][r].
-Q80_INLINE void few_tile(int kind, const char * const * rp, int nb, const char * pf,
+// The first 4 bytes of block i of rows rp[0 .. FEW_ROWS - 1] to hd[i * FEW_ROWS + r]: plain
+// copies, a tile ahead of their use (not a shuffle of vector registers, the path's bottleneck).
+Q80_INLINE void few_heads(int kind, const char * const * rp, int i, uint32_t * hd) {
+    const size_t at = (size_t) i * (kind == KIND_Q4_0 ? sizeof(q40_block) : sizeof(q80_block));
+    for (int r = 0; r < FEW_ROWS; ++r) {
+        memcpy(hd + (size_t) i * FEW_ROWS + r, rp[r] + at, 4);
+    }
+}
+
+// One tile (rows rp[0 .. FEW_ROWS - 1], the first `rows` of them real; their blocks' first
+// bytes in hd) against NC columns (q8_0 blocks y[c], scales d1[c][i] as f32, starting sums
+// st[c][i]): out[c][r]. With `rn`, the next tile's rows, their blocks' first bytes go to hn.
+Q80_INLINE void few_tile(int kind, const char * const * rp, const uint32_t * hd,
+                         const char * const * rn, uint32_t * hn, int nb, const char * pf,
                          int pf_lines, const q80_block * const * y, const float * const * d1,
                          const int32_t * const * st, int NC, float * const * out, int rows) {
     fvf acc[FEW_CHUNK];
@@ -599,9 +610,12 @@ Q80_INLINE void few_tile(int kind, const char * const * rp, int nb, const char *
         for (int l = 0; l < pf_lines; ++l) {
             _mm_prefetch(pf + ((size_t) i * pf_lines + l) * 64, _MM_HINT_T1);
         }
+        if (rn != NULL) {
+            few_heads(kind, rn, i, hn);
+        }
         fvi X[8];
         fvf d0;
-        few_unpack(kind, rp, i, X, &d0);
+        few_unpack(kind, rp, hd, i, X, &d0);
         for (int c = 0; c < NC; ++c) {
             const fvf xy = FF_CVT(few_dots(kind, X, y[c][i].qs, st[c][i]));
             acc[c] = FF_FMA(FF_MUL(d0, FF_BCST(d1[c] + i)), xy, acc[c]);
@@ -639,7 +653,8 @@ Q80_INLINE void mul_mat_few(int kind, struct ggml_tensor * dst, int ith, int nth
     const size_t cells = (size_t) N * nb;
     const size_t q_bytes = align64(cells * sizeof(q80_block));
     const size_t f_bytes = align64(cells * sizeof(float));
-    char * buf = reserve(q_bytes + 2 * f_bytes);
+    const size_t heads = (size_t) nb * FEW_ROWS;
+    char * buf = reserve(q_bytes + 2 * f_bytes + 2 * heads * sizeof(uint32_t));
     if (buf == NULL) {
         fill_nan(dst, r0, r1, 0, N);
         return;
@@ -647,6 +662,9 @@ Q80_INLINE void mul_mat_few(int kind, struct ggml_tensor * dst, int ith, int nth
     q80_block * q8 = (q80_block *) buf;
     float * ds = (float *) (buf + q_bytes);
     int32_t * starts = (int32_t *) (buf + q_bytes + f_bytes);
+    // The blocks' first bytes of this tile and of the next, swapped after each tile.
+    uint32_t * hd = (uint32_t *) (buf + q_bytes + 2 * f_bytes);
+    uint32_t * hn = hd + heads;
 #ifdef FEW_DPBUSD
     const int32_t bias = kind == KIND_Q4_0 ? 8 : 128;
 #else
@@ -667,12 +685,22 @@ Q80_INLINE void mul_mat_few(int kind, struct ggml_tensor * dst, int ith, int nth
         }
     }
     const size_t row_bytes = a->nb[1];
+    // Rows past the end repeat the last one; their lanes are never stored.
+    const char * rn[FEW_ROWS];
+    for (int r = 0; r < FEW_ROWS; ++r) {
+        rn[r] = (const char *) a->data + (r0 + r < r1 ? r0 + r : r1 - 1) * row_bytes;
+    }
+    for (int i = 0; i < nb; ++i) {
+        few_heads(kind, rn, i, hd);
+    }
     for (int64_t m = r0; m < r1; m += FEW_ROWS) {
         const int rows = r1 - m < FEW_ROWS ? (int) (r1 - m) : FEW_ROWS;
         const char * rp[FEW_ROWS];
+        const int next = m + FEW_ROWS < r1;
         for (int r = 0; r < FEW_ROWS; ++r) {
-            // Rows past the end repeat the last one; their lanes are never stored.
-            rp[r] = (const char *) a->data + (m + (r < rows ? r : rows - 1)) * row_bytes;
+            rp[r] = rn[r];
+            const int64_t n_row = m + FEW_ROWS + r;
+            rn[r] = (const char *) a->data + (next ? (n_row < r1 ? n_row : r1 - 1) : m) * row_bytes;
         }
         // The weights stream from memory in tiles of rows, too short for the hardware to
         // see: the tile FEW_PREFETCH_ROWS ahead is fetched a share per block, with the first
@@ -693,13 +721,20 @@ Q80_INLINE void mul_mat_few(int kind, struct ggml_tensor * dst, int ith, int nth
                 st[c] = starts + (n + c) * nb;
                 out[c] = out_at(dst, m, n + c);
             }
+            // The next tile's first bytes with the first columns.
+            const char * const * rq = next && n == 0 ? rn : NULL;
             switch (NC) {
-                case 1: few_tile(kind, rp, nb, pf, pf_lines, y, d1, st, 1, out, rows); break;
-                case 2: few_tile(kind, rp, nb, pf, pf_lines, y, d1, st, 2, out, rows); break;
-                case 3: few_tile(kind, rp, nb, pf, pf_lines, y, d1, st, 3, out, rows); break;
-                default: few_tile(kind, rp, nb, pf, pf_lines, y, d1, st, FEW_CHUNK, out, rows); break;
+#define FEW_TILE(nc) few_tile(kind, rp, hd, rq, hn, nb, pf, pf_lines, y, d1, st, nc, out, rows)
+                case 1: FEW_TILE(1); break;
+                case 2: FEW_TILE(2); break;
+                case 3: FEW_TILE(3); break;
+                default: FEW_TILE(FEW_CHUNK); break;
+#undef FEW_TILE
             }
         }
+        uint32_t * t = hd;
+        hd = hn;
+        hn = t;
     }
 }
 #endif
