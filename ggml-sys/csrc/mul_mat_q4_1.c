@@ -28,14 +28,16 @@
 // the instructions, and the float operations are the same f32 product, conversion and fused
 // multiply-adds in the same order in every path. Two paths:
 // - up to FEW_MAX_COLS columns (decoding, short items; `mul_mat_few`): one vector lane per
-//   weight row. Eight rows' blocks are loaded side by side and transposed in registers (a 4x4
-//   transpose of 32-bit elements in each 128-bit half) so that lane r of vector k holds
-//   element quad k of row r, and their scales and minimums by the same transpose of the
-//   blocks' first 4 bytes; one multiply-add of a broadcast column quad into eight row sums per
-//   quad (`dpbusd` with VNNI, else `maddubs` pairs summed in 16 bits, |sum| <= 8 * 2 * 15 * 127
-//   < 2^15, then widened) gives the exact block sums of 8 rows, then one product d0 * d1, one
-//   conversion and one fused multiply-add per block as above; the columns four at a time.
-//   The tiles ahead are prefetched into L2 (a decoding step streams the weights once).
+//   weight row, FEW_ROWS rows to a tile (16 in 512 bits with AVX-512 VNNI, else 8 in 256).
+//   The tile's blocks are loaded 16 bytes a row side by side and transposed in registers (a
+//   4x4 transpose of 32-bit elements in each 128-bit part) so that lane r of vector k holds
+//   element quad k of row r; their scales and minimums (the blocks' first 4 bytes) are copied
+//   to a buffer a tile ahead and read as one vector per block. One multiply-add of a broadcast
+//   column quad into the rows' sums per quad (`dpbusd` with VNNI, else `maddubs` pairs summed
+//   in 16 bits, |sum| <= 8 * 2 * 15 * 127 < 2^15, then widened) gives the exact block sums of
+//   the tile's rows, then one product d0 * d1, one conversion and one fused multiply-add per
+//   block as above; the columns four at a time. The tiles ahead are prefetched into L2 (a
+//   decoding step streams the weights once).
 // - more columns (`is_rows_group`): one vector lane per column: the columns are packed W to a
 //   group (16 with AVX-512 VNNI, else 8), the four bytes of a block's element quad for all W
 //   columns side by side, so one instruction multiplies-and-adds a broadcast weight quad into W

@@ -21,13 +21,17 @@
 // How the integers are summed. Two vector paths, and a plain C one; the same integers (exact)
 // and the same float operations in the same order in each, so the same bits.
 // - Up to FEW_MAX_COLS columns (decoding, short items; `mul_mat_few`): one vector lane per
-//   weight row. Eight rows' blocks are loaded side by side and transposed in registers (4x4
-//   transposes of 32-bit elements in each 128-bit half) so that lane r of vector k holds
-//   element quad k of row r, and their scales by the same transpose of the blocks' first 4
-//   bytes; one multiply-add of a broadcast column quad into eight row sums per quad, then one
-//   product d0 * d1, one conversion and one fused multiply-add per block; the columns four at
-//   a time. The tiles ahead are prefetched into L2 (a decoding step streams the weights once).
-//   With VNNI, as below: u = w + b and the column block's -b * sum(y) as the starting sum.
+//   weight row, FEW_ROWS rows to a tile (16 in 512 bits with AVX-512 VNNI, else 8 in 256).
+//   The tile's blocks are loaded side by side and transposed in registers (4x4 transposes of
+//   32-bit elements in each 128-bit part) so that lane r of vector k holds element quad k of
+//   row r; their scales (the blocks' first bytes) are copied to a buffer a tile ahead and read
+//   as one vector per block. One multiply-add of a broadcast column quad into the rows' sums
+//   per quad, then one product d0 * d1, one conversion and one fused multiply-add per block;
+//   the columns four at a time. The tiles ahead are prefetched into L2 (a decoding step
+//   streams the weights once). With VNNI, as below: u = w + b and the column block's
+//   -b * sum(y) as the starting sum; Q8_0's 32-byte blocks are loaded whole and each half of
+//   the rows transposed on its own, so a vector holds quads k and k + 4 of its rows, met by a
+//   column vector of quad k and quad k + 4 laid out to match, the two parts added after.
 //   AVX2 without VNNI: Q4_0's nibbles as below; Q8_0's w through their signs, `maddubs(|w|,
 //   sign(w) * y)`: |w| <= 128 and |y| <= 127 (q8_0 rounds to -127 .. 127), so a pair's sum is
 //   at most 2 * 128 * 127 < 2^15, exact, then widened per quad.
@@ -418,6 +422,9 @@ static int split_work(int64_t groups, int64_t M, int ith, int nth, int64_t * g0,
 
 // The few-column path's vectors: FEW_ROWS rows, 16 with AVX-512 VNNI (512 bits), else 8.
 #ifdef Q80_W16
+#define FEW_W16 1
+#endif
+#ifdef FEW_W16
 #define FEW_ROWS 16
 typedef __m512i fvi;
 typedef __m512 fvf;
@@ -485,7 +492,7 @@ static inline __m128i load16(const char * p) {
 // Rows j, j + 4 (, j + 8, j + 12) of the tile, 16 bytes from byte `off`, side by side:
 // 128-bit part p holds row j + 4p, so that after `transpose4` lane r is row r.
 Q80_INLINE fvi rows_side(const char * const * rp, int j, size_t off) {
-#ifdef Q80_W16
+#ifdef FEW_W16
     __m512i z = _mm512_castsi128_si512(load16(rp[j] + off));
     z = _mm512_inserti32x4(z, load16(rp[j + 4] + off), 1);
     z = _mm512_inserti32x4(z, load16(rp[j + 8] + off), 2);
@@ -496,9 +503,21 @@ Q80_INLINE fvi rows_side(const char * const * rp, int j, size_t off) {
 #endif
 }
 
+// Row r's 32 bytes from byte `off` (with 512 bits, then row r + 4's): 128-bit parts hold
+// quads 0-3 and 4-7 of row r (then of row r + 4).
+Q80_INLINE fvi rows_whole(const char * const * rp, int r, size_t off) {
+#ifdef FEW_W16
+    return _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) (rp[r] + off))),
+        _mm256_loadu_si256((const __m256i *) (rp[r + 4] + off)), 1);
+#else
+    return _mm256_loadu_si256((const __m256i *) (rp[r] + off));
+#endif
+}
+
 // The low 16 bits of each 32-bit lane of `v` (f16 values) as f32.
 Q80_INLINE fvf few_f16_low(fvi v) {
-#ifdef Q80_W16
+#ifdef FEW_W16
     return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
 #else
     const __m256i p = _mm256_packus_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)),
@@ -529,15 +548,22 @@ Q80_INLINE void few_unpack(int kind, const char * const * rp, const uint32_t * h
             X[k + 4] = FI_AND(FI_SRLI16(P[k], 4), low);
         }
     } else {
+#ifdef FEW_DPBUSD
+        // Whole blocks side by side, u = w xor 0x80, each half of the rows transposed on its
+        // own: X[4h + k] holds quads k and k + 4 of rows h * FEW_ROWS / 2 on (see few_dots).
+        for (int h = 0; h < 2; ++h) {
+            for (int j = 0; j < 4; ++j) {
+                Z[j] = FI_XOR(rows_whole(rp, h * (FEW_ROWS / 2) + j, at + 2),
+                              FI_SET1_8((char) 0x80));
+            }
+            transpose4(Z, X + 4 * h);
+        }
+#else
         for (int h = 0; h < 2; ++h) {
             for (int j = 0; j < 4; ++j) {
                 Z[j] = rows_side(rp, j, at + 2 + 16 * h);
             }
             transpose4(Z, X + 4 * h);
-        }
-#ifdef FEW_DPBUSD
-        for (int k = 0; k < 8; ++k) {
-            X[k] = FI_XOR(X[k], FI_SET1_8((char) 0x80));
         }
 #endif
     }
@@ -547,9 +573,31 @@ Q80_INLINE void few_unpack(int kind, const char * const * rp, const uint32_t * h
 
 // Lane r: the exact sum of the products w * y of row r's block (X) and the column's block y
 // (32 int8); `start` is the column block's -b * sum(y) where X holds u = w + b (else unused).
-Q80_INLINE fvi few_dots(int kind, const fvi * X, const int8_t * y, int32_t start) {
+// Q8_0 with VNNI reads `pat` instead of y: for each k < 4, 16 int32 (64 bytes), y's quad k
+// four times, quad k + 4 four times, and again, matching X's halves.
+Q80_INLINE fvi few_dots(int kind, const fvi * X, const int8_t * y, const int32_t * pat,
+                        int32_t start) {
 #ifdef FEW_DPBUSD
-    (void) kind;
+    if (kind == KIND_Q8_0) {
+        fvi D[2];
+        for (int h = 0; h < 2; ++h) {
+            fvi e = FEW_DPBUSD(FI_ZERO(), X[4 * h], FI_LOAD(pat));
+            fvi o = FEW_DPBUSD(FI_ZERO(), X[4 * h + 1], FI_LOAD(pat + 16));
+            e = FEW_DPBUSD(e, X[4 * h + 2], FI_LOAD(pat + 32));
+            o = FEW_DPBUSD(o, X[4 * h + 3], FI_LOAD(pat + 48));
+            D[h] = FI_ADD32(e, o);
+        }
+        // D[h]'s 128-bit parts: its rows' sums over quads 0-3, then over quads 4-7 (and again
+        // for the next four rows): the two added, the halves' rows in order.
+#ifdef FEW_W16
+        const fvi lo = _mm512_shuffle_i32x4(D[0], D[1], _MM_SHUFFLE(2, 0, 2, 0));
+        const fvi hi = _mm512_shuffle_i32x4(D[0], D[1], _MM_SHUFFLE(3, 1, 3, 1));
+#else
+        const fvi lo = _mm256_permute2x128_si256(D[0], D[1], 0x20);
+        const fvi hi = _mm256_permute2x128_si256(D[0], D[1], 0x31);
+#endif
+        return FI_ADD32(FI_ADD32(lo, hi), FI_SET1_32(start));
+    }
     // Four short chains (the sums are exact in any order).
     fvi s[4];
     for (int k = 0; k < 4; ++k) {
@@ -562,6 +610,7 @@ Q80_INLINE fvi few_dots(int kind, const fvi * X, const int8_t * y, int32_t start
     }
     return FI_ADD32(FI_ADD32(s[0], s[1]), FI_ADD32(s[2], s[3]));
 #else
+    (void) pat;
     const __m256i ones = _mm256_set1_epi16(1);
     if (kind == KIND_Q4_0) {
         // Pairs of nibble-by-int8 products in 16 bits: |sum| <= 8 * 2 * 15 * 128 < 2^15.
@@ -599,7 +648,8 @@ Q80_INLINE void few_heads(int kind, const char * const * rp, int i, uint32_t * h
 // st[c][i]): out[c][r]. With `rn`, the next tile's rows, their blocks' first bytes go to hn.
 Q80_INLINE void few_tile(int kind, const char * const * rp, const uint32_t * hd,
                          const char * const * rn, uint32_t * hn, int nb, const char * pf,
-                         int pf_lines, const q80_block * const * y, const float * const * d1,
+                         int pf_lines, const q80_block * const * y, const int32_t * const * pt,
+                         const float * const * d1,
                          const int32_t * const * st, int NC, float * const * out, int rows) {
     fvf acc[FEW_CHUNK];
     for (int c = 0; c < NC; ++c) {
@@ -617,12 +667,12 @@ Q80_INLINE void few_tile(int kind, const char * const * rp, const uint32_t * hd,
         fvf d0;
         few_unpack(kind, rp, hd, i, X, &d0);
         for (int c = 0; c < NC; ++c) {
-            const fvf xy = FF_CVT(few_dots(kind, X, y[c][i].qs, st[c][i]));
+            const fvf xy = FF_CVT(few_dots(kind, X, y[c][i].qs, pt[c] + (size_t) i * 64, st[c][i]));
             acc[c] = FF_FMA(FF_MUL(d0, FF_BCST(d1[c] + i)), xy, acc[c]);
         }
     }
     for (int c = 0; c < NC; ++c) {
-#ifdef Q80_W16
+#ifdef FEW_W16
         _mm512_mask_storeu_ps(out[c], (__mmask16) ((1u << rows) - 1), acc[c]);
 #else
         if (rows == FEW_ROWS) {
@@ -654,7 +704,13 @@ Q80_INLINE void mul_mat_few(int kind, struct ggml_tensor * dst, int ith, int nth
     const size_t q_bytes = align64(cells * sizeof(q80_block));
     const size_t f_bytes = align64(cells * sizeof(float));
     const size_t heads = (size_t) nb * FEW_ROWS;
-    char * buf = reserve(q_bytes + 2 * f_bytes + 2 * heads * sizeof(uint32_t));
+    const size_t h_bytes = align64(2 * heads * sizeof(uint32_t));
+#ifdef FEW_DPBUSD
+    const size_t p_bytes = kind == KIND_Q8_0 ? cells * 64 * sizeof(int32_t) : 0;
+#else
+    const size_t p_bytes = 0;
+#endif
+    char * buf = reserve(q_bytes + 2 * f_bytes + h_bytes + p_bytes);
     if (buf == NULL) {
         fill_nan(dst, r0, r1, 0, N);
         return;
@@ -665,6 +721,8 @@ Q80_INLINE void mul_mat_few(int kind, struct ggml_tensor * dst, int ith, int nth
     // The blocks' first bytes of this tile and of the next, swapped after each tile.
     uint32_t * hd = (uint32_t *) (buf + q_bytes + 2 * f_bytes);
     uint32_t * hn = hd + heads;
+    // Q8_0 with VNNI: each column block's quads as few_dots reads them.
+    int32_t * pats = (int32_t *) (buf + q_bytes + 2 * f_bytes + h_bytes);
 #ifdef FEW_DPBUSD
     const int32_t bias = kind == KIND_Q4_0 ? 8 : 128;
 #else
@@ -682,6 +740,14 @@ Q80_INLINE void mul_mat_few(int kind, struct ggml_tensor * dst, int ith, int nth
             }
             ds[n * nb + i] = ggml_fp16_to_fp32(blk->d);
             starts[n * nb + i] = -bias * sum;
+            if (p_bytes != 0) {
+                int32_t * pat = pats + (n * nb + i) * 64;
+                for (int k = 0; k < 4; ++k) {
+                    for (int e = 0; e < 16; ++e) {
+                        pat[k * 16 + e] = load_quad((const uint8_t *) blk->qs + 4 * k + 16 * ((e / 4) % 2));
+                    }
+                }
+            }
         }
     }
     const size_t row_bytes = a->nb[1];
@@ -714,17 +780,19 @@ Q80_INLINE void mul_mat_few(int kind, struct ggml_tensor * dst, int ith, int nth
             const q80_block * y[FEW_CHUNK];
             const float * d1[FEW_CHUNK];
             const int32_t * st[FEW_CHUNK];
+            const int32_t * pt[FEW_CHUNK];
             float * out[FEW_CHUNK];
             for (int c = 0; c < NC; ++c) {
                 y[c] = q8 + (n + c) * nb;
                 d1[c] = ds + (n + c) * nb;
                 st[c] = starts + (n + c) * nb;
+                pt[c] = pats + (n + c) * nb * 64;
                 out[c] = out_at(dst, m, n + c);
             }
             // The next tile's first bytes with the first columns.
             const char * const * rq = next && n == 0 ? rn : NULL;
             switch (NC) {
-#define FEW_TILE(nc) few_tile(kind, rp, hd, rq, hn, nb, pf, pf_lines, y, d1, st, nc, out, rows)
+#define FEW_TILE(nc) few_tile(kind, rp, hd, rq, hn, nb, pf, pf_lines, y, pt, d1, st, nc, out, rows)
                 case 1: FEW_TILE(1); break;
                 case 2: FEW_TILE(2); break;
                 case 3: FEW_TILE(3); break;
