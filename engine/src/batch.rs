@@ -211,7 +211,7 @@ pub(crate) struct Plan {
 impl Plan {
     /// Plans `items` over a pool of `n_cells` cells. Each token attends to the cells of its own
     /// sequence at positions up to its own; with `invariant`, no attention op has 64 queries or
-    /// more (see [`ContextParams::batch_invariant`](crate::ContextParams::batch_invariant)),
+    /// more (see [`Evaluation`](crate::Evaluation)),
     /// and, with `gather` too (a cache of a float type, which a gather copies exactly), a
     /// sequence whose pages do not ascend in the pool attends through a gathered window
     /// ([`SeqAttention::gather`]). With `window`, each attention also gets the mask of
@@ -219,10 +219,11 @@ impl Plan {
     pub(crate) fn new(
         items: &[PlanItem<'_>],
         n_cells: usize,
-        invariant: bool,
+        mode: PlanMode,
         gather: bool,
         window: Option<usize>,
     ) -> Plan {
+        let invariant = mode != PlanMode::Fast;
         let n: usize = items.iter().map(|i| i.tokens.len()).sum();
         let mut plan = Plan {
             tokens: Vec::with_capacity(n),
@@ -323,7 +324,11 @@ impl Plan {
                 }
             }
             plan.attention.push(SeqAttention {
-                ours: !invariant && ours(m, item.start + m),
+                ours: match mode {
+                    PlanMode::Fast => ours(m, item.start + m),
+                    PlanMode::PerQuery => false,
+                    PlanMode::Kernel => true,
+                },
                 rows: row..row + m,
                 first_cell,
                 n_kv,
@@ -337,11 +342,11 @@ impl Plan {
             plan.item_rows[index] = first_out..plan.out_rows.len();
         }
         let mut parts = std::mem::take(&mut plan.attention);
-        if invariant {
+        if mode == PlanMode::PerQuery {
             parts = split_large(parts);
         }
         plan.attention = group_small(parts, n_cells);
-        if invariant {
+        if mode == PlanMode::PerQuery {
             for a in &mut plan.attention {
                 if a.rows.len() == 1 && a.n_kv >= KV_SPLIT {
                     a.dup = true;
@@ -352,6 +357,23 @@ impl Plan {
         }
         plan
     }
+}
+
+/// How a [`Plan`] chooses its attention kernels (from the context's
+/// [`Evaluation`](crate::Evaluation) and whether ggml-sys's attention runs on its cache).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PlanMode {
+    /// Each sequence by its own queries and length (see [`ours`]); items of [`QUERY_TILE`]
+    /// tokens or more first, their rows counted in [`Plan::integer_sum_rows`].
+    Fast,
+    /// Batch-invariant through ggml's kernel: every query on its own (parts of fewer than
+    /// [`QUERY_TILE`] queries, a lone query over a long window given twice), windows out of
+    /// position order gathered.
+    PerQuery,
+    /// Batch-invariant through ggml-sys's kernel for every shape (its tiles are pages, so a
+    /// row's bits depend on its own sequence's pages alone); windows out of position order
+    /// gathered.
+    Kernel,
 }
 
 /// Below this many queries, ggml's CPU flash attention computes each query on its own (above,
@@ -514,9 +536,9 @@ mod tests {
             tokens: &[5],
             logits: Logits::Last,
         }];
-        let plain = Plan::new(&items, 1024, true, false, None);
+        let plain = Plan::new(&items, 1024, PlanMode::PerQuery, false, None);
         assert!(plain.attention[0].gather.is_none());
-        let plan = Plan::new(&items, 1024, true, true, None);
+        let plan = Plan::new(&items, 1024, PlanMode::PerQuery, true, None);
         let a = &plan.attention[0];
         let cells: Vec<i32> = a
             .gather
@@ -540,9 +562,11 @@ mod tests {
             tokens: &[5],
             logits: Logits::Last,
         }];
-        assert!(Plan::new(&items, 1024, true, true, None).attention[0]
-            .gather
-            .is_none());
+        assert!(
+            Plan::new(&items, 1024, PlanMode::PerQuery, true, None).attention[0]
+                .gather
+                .is_none()
+        );
     }
 
     #[test]
@@ -585,7 +609,7 @@ mod tests {
                 logits: Logits::Last,
             },
         ];
-        let plan = Plan::new(&items, 40 * PAGE_TOKENS, false, false, None);
+        let plan = Plan::new(&items, 40 * PAGE_TOKENS, PlanMode::Fast, false, None);
         let chosen: Vec<(usize, bool)> = plan
             .attention
             .iter()
@@ -611,16 +635,24 @@ mod tests {
             let alone = Plan::new(
                 std::slice::from_ref(item),
                 40 * PAGE_TOKENS,
-                false,
+                PlanMode::Fast,
                 false,
                 None,
             );
             assert_eq!(alone.attention[0].ours, want);
         }
         // Batch-invariant plans keep ggml's per-query path.
-        let inv = Plan::new(&items, 40 * PAGE_TOKENS, true, false, None);
+        let inv = Plan::new(&items, 40 * PAGE_TOKENS, PlanMode::PerQuery, false, None);
         assert!(inv.attention.iter().all(|a| !a.ours));
         assert_eq!(inv.integer_sum_rows, 0);
+        // The invariant plan through ggml-sys's kernel takes it for every sequence, whole.
+        let kernel = Plan::new(&items, 40 * PAGE_TOKENS, PlanMode::Kernel, false, None);
+        assert!(kernel.attention.iter().all(|a| a.ours && !a.dup));
+        assert_eq!(kernel.integer_sum_rows, 0);
+        assert_eq!(
+            kernel.attention.iter().map(|a| a.rows.len()).sum::<usize>(),
+            items.iter().map(|i| i.tokens.len()).sum::<usize>()
+        );
     }
 
     #[test]
@@ -641,7 +673,7 @@ mod tests {
                 logits: Logits::Last,
             },
         ];
-        let plan = Plan::new(&items, 1024, false, false, None);
+        let plan = Plan::new(&items, 1024, PlanMode::Fast, false, None);
         let rows: Vec<_> = plan.attention.iter().map(|a| a.rows.clone()).collect();
         assert_eq!(
             rows,
@@ -670,7 +702,7 @@ mod tests {
                 logits: Logits::None,
             },
         ];
-        let plan = Plan::new(&items, 1024, false, false, None);
+        let plan = Plan::new(&items, 1024, PlanMode::Fast, false, None);
         // Three queries: one attention over the union of both windows.
         assert_eq!(plan.attention.len(), 1);
         let a = &plan.attention[0];

@@ -12,13 +12,15 @@ use std::sync::Arc;
 use ckptfmt::{BlockId, ChainRoot, Fingerprint};
 
 use crate::arch;
-use crate::batch::{Batch, BatchOutput, Logits, Plan, PlanItem};
+use crate::batch::{Batch, BatchOutput, Logits, Plan, PlanItem, PlanMode};
 use crate::error::{Error, Result};
-use crate::ggml::{Compute, KvTensors};
+use crate::ggml::IntegerSums;
+use crate::ggml::{kernel_takes_model, Compute, KvTensors};
 use crate::kv::{KvLayout, KvStats, KvType, PagePool, PAGE_TOKENS};
 use crate::model::Model;
 use crate::namespace::Namespace;
 pub use crate::params::ContextParams;
+use crate::params::Evaluation;
 
 /// A sequence of a [`Context`]. Ids are never reused, so a stale id is an error, not another
 /// sequence.
@@ -451,6 +453,29 @@ impl Context {
     }
 
     /// Copies the first `rows` rows of `from` into `to`, in every layer.
+    /// How this context's plans choose attention kernels: [`Evaluation::Invariant`] takes
+    /// ggml-sys's kernel for every shape where it runs on every layer (an f16 cache the CPU
+    /// reads, flash attention on, a head size it takes), and ggml's per-query path otherwise.
+    fn plan_mode(&self) -> PlanMode {
+        match self.params.evaluation {
+            Evaluation::Fast => PlanMode::Fast,
+            Evaluation::LlamaCpp => PlanMode::PerQuery,
+            Evaluation::Invariant => {
+                let hp = self.model.hparams();
+                let kernel = self.params.flash_attn
+                    && self.layout.type_k == KvType::F16
+                    && self.layout.type_v == KvType::F16
+                    && (0..hp.n_layer).all(|l| self.kv.cpu_readable(l))
+                    && kernel_takes_model(hp.head_dim, hp.attn_softcap);
+                if kernel {
+                    PlanMode::Kernel
+                } else {
+                    PlanMode::PerQuery
+                }
+            }
+        }
+    }
+
     pub(crate) fn copy_page(&mut self, from: u32, to: u32, rows: usize) {
         for l in 0..self.layout.n_layers {
             for (value, bytes) in [
@@ -544,7 +569,7 @@ impl Context {
         let mut plan = Plan::new(
             &plan_items,
             self.pool.n_pages() * PAGE_TOKENS,
-            self.params.batch_invariant,
+            self.plan_mode(),
             self.layout.type_k == KvType::F16 && self.layout.type_v == KvType::F16,
             self.model.hparams().sliding_window.as_ref().map(|w| w.size),
         );
@@ -563,9 +588,13 @@ impl Context {
         let kv = &mut self.kv;
         let flash_attn = self.params.flash_attn;
         let embeddings = batch.embeddings;
-        let integer_sums = plan.integer_sum_rows;
+        let integer_sums = match self.params.evaluation {
+            Evaluation::Invariant => IntegerSums::Everywhere,
+            Evaluation::LlamaCpp => IntegerSums::Leading(n_tokens, 0),
+            Evaluation::Fast => IntegerSums::Leading(n_tokens, plan.integer_sum_rows),
+        };
         let result = self.compute.run(|g| {
-            g.allow_integer_sums(n_tokens, integer_sums);
+            g.allow_integer_sums(integer_sums);
             arch::build(g, model, kv, &plan, flash_attn, embeddings)
         });
         let logits = match result {

@@ -377,6 +377,12 @@ pub enum Error {
         /// Tokens it holds.
         held: usize,
     },
+    /// An evaluation name that is not one of `invariant`, `llama-cpp`, `fast`.
+    #[error("unknown evaluation `{name}` (supported: invariant, llama-cpp, fast)")]
+    UnknownEvaluation {
+        /// The name given.
+        name: String,
+    },
     /// A KV cache type name that is not one of `f16`, `q8_0`.
     #[error("unknown KV cache type `{name}` (supported: f16, q8_0)")]
     UnknownKvType {

@@ -78,6 +78,7 @@ pub use model::{
 };
 pub use namespace::Namespace;
 pub use pages::ImportSummary;
+pub use params::Evaluation;
 pub use session::{GenerateParams, Generation, Session, StopReason};
 pub use stop::StopStrings;
 

@@ -389,8 +389,9 @@ impl Default for OffloadDevice {
     }
 }
 
-/// How a model is loaded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How a model is loaded (by default: every layer on the CPU, weights as the file lays them
+/// out).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ModelParams {
     /// Layers whose weights and KV live on the device, counted from the last (llama.cpp's
     /// `--n-gpu-layers`); more than the model has also puts the output head there. 0 keeps
@@ -399,21 +400,13 @@ pub struct ModelParams {
     /// The device that takes them.
     pub device: OffloadDevice,
     /// On the CPU alone, matrix weights of types ggml has an interleaved layout for (q4_0, q4_K,
-    /// iq4_nl on x86) are copied into it at load, as llama.cpp does by default (`--no-repack`
-    /// turns it off there): faster batched products and llama.cpp's own sums, at the cost of
-    /// RAM for the copies. Products over a repacked weight depend on how many rows a batch
-    /// has, so batch-invariant evaluation wants it off.
+    /// iq4_nl on x86) are copied into it at load, as llama.cpp does by default. Off by default:
+    /// products over a repacked weight stay ggml's, whose sums depend on how many rows a batch
+    /// has (so [`Evaluation::Invariant`](crate::Evaluation::Invariant) and
+    /// [`Evaluation::LlamaCpp`](crate::Evaluation::LlamaCpp) are no longer invariant over
+    /// them), and ggml-sys's integer-sum products over the file's layout are faster. On,
+    /// llama.cpp's own sums (its `--repack`), at the cost of RAM for the copies.
     pub repack: bool,
-}
-
-impl Default for ModelParams {
-    fn default() -> Self {
-        ModelParams {
-            n_gpu_layers: 0,
-            device: OffloadDevice::default(),
-            repack: true,
-        }
-    }
 }
 
 impl ModelParams {

@@ -2,6 +2,64 @@
 
 use crate::kv::KvType;
 
+/// Which kernels evaluate a batch, and what a token's logits may therefore depend on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Evaluation {
+    /// Batch-invariant at full speed (the default): every matrix product of a weight type
+    /// ggml-sys has an integer-sum kernel for (q4_0, q4_1, q8_0, q4_K, q6_K) takes it for every
+    /// row, and attention over an f16 cache takes ggml-sys's kernel for every shape, whose
+    /// tiles are the pages of a sequence. A token's logits are then the same bits whether its
+    /// prompt was one item or split, whether its prefix came from memory, from disk or was
+    /// computed, and whatever shares its batch. They differ from llama.cpp's by float rounding
+    /// (measured as llama.cpp compares its backends: perplexity, KL divergence; see
+    /// docs/BENCHMARKS.md). Where ggml-sys's attention cannot run (a quantized cache, a
+    /// device, a CPU without AVX2), attention is evaluated as [`Evaluation::LlamaCpp`] does,
+    /// which is invariant too but slower.
+    #[default]
+    Invariant,
+    /// llama.cpp's bits (ggml's kernels), batch-invariant: attention computes every query on
+    /// its own (never in ggml's tiles of 64 queries) and products keep ggml's sums at every
+    /// batch size. The greedy continuations of llama.cpp's own runs are reproduced; prefill
+    /// costs most of its speed (0.28x at 1,024 tokens; see docs/BENCHMARKS.md).
+    LlamaCpp,
+    /// Each item picks its kernels by its own size: items of 64 tokens or more take the
+    /// integer-sum products and ggml-sys's attention, shorter ones ggml's (llama.cpp's bits
+    /// for short prompts and decoding). A token's logits depend on how its prompt was split
+    /// into items, never on the other sequences of its batch. The fastest where the other two
+    /// cost something; kept to measure their price.
+    Fast,
+}
+
+impl std::str::FromStr for Evaluation {
+    type Err = crate::Error;
+
+    fn from_str(s: &str) -> crate::Result<Evaluation> {
+        match s.to_ascii_lowercase().as_str() {
+            "invariant" => Ok(Evaluation::Invariant),
+            "llama-cpp" | "llamacpp" => Ok(Evaluation::LlamaCpp),
+            "fast" => Ok(Evaluation::Fast),
+            _ => Err(crate::Error::UnknownEvaluation { name: s.to_owned() }),
+        }
+    }
+}
+
+impl std::fmt::Display for Evaluation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Evaluation::Invariant => "invariant",
+            Evaluation::LlamaCpp => "llama-cpp",
+            Evaluation::Fast => "fast",
+        })
+    }
+}
+
+impl Evaluation {
+    /// Whether a token's logits are independent of how its prompt was split into items.
+    pub fn batch_invariant(self) -> bool {
+        !matches!(self, Evaluation::Fast)
+    }
+}
+
 /// How a [`Context`](crate::Context) runs.
 #[derive(Clone, Debug)]
 pub struct ContextParams {
@@ -21,13 +79,9 @@ pub struct ContextParams {
     pub type_k: KvType,
     /// Element type of cached V (a quantized V needs `flash_attn`).
     pub type_v: KvType,
-    /// Batch-invariant evaluation: attention computes every query on its own (never in
-    /// ggml's tiles of 64 queries) and matrix products keep ggml's bits at every batch size
-    /// (never the integer-sum products of q4_1, Q4_0 or Q8_0 weights over 64 rows or more),
-    /// so a token's logits are the same bits whether it was evaluated alone, in a micro-batch
-    /// or beside other sequences. Costs most of the CPU's prefill speed (0.28x the default's
-    /// at 1,024 tokens; see docs/BENCHMARKS.md); off by default.
-    pub batch_invariant: bool,
+    /// Which kernels evaluate a batch, and so what a token's logits may depend on (see
+    /// [`Evaluation`]); [`Evaluation::Invariant`] by default.
+    pub evaluation: Evaluation,
     /// Bytes of KV the pool may keep in RAM; 0 for no budget. Past it, full pages leave RAM
     /// for block files of the store given with [`Context::spill_to`](crate::Context::spill_to), and attention reads
     /// them where they lie, with the same logits bit for bit (see `spill.rs`). Between
@@ -50,7 +104,7 @@ impl Default for ContextParams {
             flash_attn: true,
             type_k: KvType::F16,
             type_v: KvType::F16,
-            batch_invariant: false,
+            evaluation: Evaluation::default(),
             kv_ram: 0,
             past_train: false,
         }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use engine::gguf::{GgmlType, Gguf, GgufWriter};
 use engine::testing::TinyChatModel;
-use engine::{Batch, Context, ContextParams, Logits, Model};
+use engine::{Batch, Context, ContextParams, Evaluation, Logits, Model};
 use half::f16;
 
 /// `values` (rows of a multiple of 32) as Q8_0 blocks: scale `max |v| / 127` as f16, the
@@ -95,7 +95,7 @@ fn write_model(path: &Path) {
 /// The logits of every token of a 70-token and a 9-token item decoded in one batch (attention
 /// as separate products: ggml's flash attention takes 64 queries or more in tiles, with other
 /// rounding than the batch-invariant context's query by query).
-fn logits(model: &Arc<Model>, batch_invariant: bool) -> (Vec<f32>, Vec<f32>) {
+fn logits(model: &Arc<Model>, evaluation: Evaluation) -> (Vec<f32>, Vec<f32>) {
     let mut ctx = Context::new(
         Arc::clone(model),
         ContextParams {
@@ -104,7 +104,7 @@ fn logits(model: &Arc<Model>, batch_invariant: bool) -> (Vec<f32>, Vec<f32>) {
             n_threads: 2,
             n_batch: 128,
             flash_attn: false,
-            batch_invariant,
+            evaluation,
             ..ContextParams::default()
         },
     )
@@ -129,8 +129,8 @@ fn q4_0_and_q8_0_products_are_close_for_long_items_and_ggml_s_for_short_ones() {
     let path = dir.path().join("tiny-q.gguf");
     write_model(&path);
     let model = Model::load(&path).unwrap();
-    let (long, short) = logits(&model, false);
-    let (long_ggml, short_ggml) = logits(&model, true);
+    let (long, short) = logits(&model, Evaluation::Fast);
+    let (long_ggml, short_ggml) = logits(&model, Evaluation::LlamaCpp);
     assert_eq!(short.len(), short_ggml.len());
     let differing = short
         .iter()

@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{export_pages, import_pages};
-use engine::{ContextParams, Model, Session};
+use engine::{ContextParams, Evaluation, Model, Session};
 
 fn model() -> Option<Arc<Model>> {
     let path = common::real_model_path()?;
@@ -68,6 +68,8 @@ fn params() -> ContextParams {
         n_threads: 2,
         n_batch: 512,
         flash_attn: true,
+        // llama.cpp's kernels where its outputs are compared bit for bit.
+        evaluation: Evaluation::Fast,
         ..ContextParams::default()
     }
 }
@@ -162,6 +164,8 @@ fn golden_prompts_decoded_together_match_each_alone() {
             n_threads: 2,
             n_batch: n_prompt.max(cases.len()),
             flash_attn: true,
+            // llama.cpp's kernels where its outputs are compared bit for bit.
+            evaluation: Evaluation::Fast,
             ..ContextParams::default()
         },
     )
@@ -241,6 +245,8 @@ fn a_long_prompt_beside_short_ones_changes_neither() {
         n_threads: 2,
         n_batch: n_tokens,
         flash_attn: true,
+        // llama.cpp's kernels where its outputs are compared bit for bit.
+        evaluation: Evaluation::Fast,
         ..ContextParams::default()
     };
     let logits_of = |items: &[&[u32]]| -> Vec<Vec<f32>> {

@@ -44,10 +44,17 @@ struct Args {
     /// Compute attention without ggml's fused flash-attention kernel.
     #[arg(long)]
     no_flash_attn: bool,
-    /// Batch-invariant evaluation (`ContextParams::batch_invariant`, the server's
-    /// `--deterministic`).
+    /// Which kernels evaluate (`ContextParams::evaluation`, the server's `--evaluation`):
+    /// invariant (the default), llama-cpp or fast.
+    #[arg(long, default_value = "invariant")]
+    evaluation: engine::Evaluation,
+    /// `--evaluation llama-cpp` (the server's `--deterministic` before invariant evaluation
+    /// became the default).
     #[arg(long)]
     deterministic: bool,
+    /// Repacked weights (`ModelParams::repack`, llama.cpp's default; off by default here).
+    #[arg(long)]
+    repack: bool,
     /// The KV cache's element types.
     #[command(flatten)]
     kv: KvArgs,
@@ -108,6 +115,17 @@ struct Args {
     fingerprint: Option<usize>,
 }
 
+impl Args {
+    /// `--evaluation`, or llama.cpp's bits with `--deterministic`.
+    fn evaluation(&self) -> engine::Evaluation {
+        if self.deterministic {
+            engine::Evaluation::LlamaCpp
+        } else {
+            self.evaluation
+        }
+    }
+}
+
 fn argmax(logits: &[f32]) -> u32 {
     logits
         .iter()
@@ -151,7 +169,7 @@ fn batched(args: &Args, model: &std::sync::Arc<Model>) -> Result<serde_json::Val
                 flash_attn: !args.no_flash_attn,
                 type_k: args.kv.cache_type_k,
                 type_v: args.kv.cache_type_v,
-                batch_invariant: args.deterministic,
+                evaluation: args.evaluation(),
                 ..ContextParams::default()
             },
         )?;
@@ -194,6 +212,8 @@ fn batched(args: &Args, model: &std::sync::Arc<Model>) -> Result<serde_json::Val
         "n_gen": ng,
         "threads": args.model.threads,
         "cpu_path": engine::cpu_path().name,
+        "evaluation": args.evaluation().to_string(),
+        "repack": args.repack,
         "reps": args.reps,
         "prefill_tps": median(&mut prefill),
         "decode_tps": if decode.is_empty() { 0.0 } else { median(&mut decode) },
@@ -269,7 +289,7 @@ fn main() -> Result<()> {
         .kv
         .store(args.cache_type_stored, StoreConfig::default());
     let model = args.model.load_with(&engine::ModelParams {
-        repack: !args.deterministic,
+        repack: args.repack,
         ..args.model.params()
     })?;
     if let Some(dir) = &args.fill_store {
@@ -294,7 +314,7 @@ fn main() -> Result<()> {
         flash_attn: !args.no_flash_attn,
         type_k: args.kv.cache_type_k,
         type_v: args.kv.cache_type_v,
-        batch_invariant: args.deterministic,
+        evaluation: args.evaluation(),
         ..ContextParams::default()
     };
     let mut prefill = Vec::new();
@@ -365,6 +385,8 @@ fn main() -> Result<()> {
         "n_gen": args.gen_tokens,
         "threads": args.model.threads,
         "cpu_path": engine::cpu_path().name,
+        "evaluation": args.evaluation().to_string(),
+        "repack": args.repack,
         "reps": args.reps,
     });
     spill.report(&mut out)?;

@@ -11,10 +11,19 @@
 //   token's output therefore has the same bits whether it is evaluated alone or in a batch of
 //   any size, beside any other rows (batch invariance).
 //
-// Per row, over the keys in tiles of BK from the first: scores as a chain of fused multiply-adds
-// over the head dimension (the query scaled first), the mask added, then the online softmax
-// (running maximum and sum; the output rescaled when the maximum grows) and the output's
-// accumulation over the tile's keys in order.
+// Definition. Per row, the window's keys are taken in tiles of BK = 64 from its first (the
+// engine's pages: a window starts on a page, so a tile is always the same 64 positions of a
+// sequence). Per tile: the scores as a chain of fused multiply-adds over the head dimension
+// (the query scaled first), the mask added; the tile's own maximum; its exponentials, their
+// sum and its output (sum over the tile's keys in order) from that maximum; a tile that masks
+// every key for the row is nothing. Then the tiles are folded in window order (`fa_fold`: the
+// smaller maximum's side rescaled by one exponential, one fused multiply-add per element) and
+// the output divided by the sum. Since every tile starts from nothing, a row's bits depend only
+// on the keys of its own tiles, never on where the window starts (on a page), on tiles of other
+// sequences between them or on how the tiles are shared among threads: the split form
+// (`ggml_sys_flash_attn_f16_part`, each tile's state, then `_merge`, the same fold) gives the
+// same bits as the single node, so decoding may split a long window among the threads and
+// still give a prompt's row its bits.
 
 #include <math.h>
 #include <stdint.h>
@@ -288,20 +297,58 @@ static int fa_tile_open(const struct ggml_tensor * mask, int t_first, int t_last
     return 0;
 }
 
+// Folds one tile's state (unnormalised output ot, maximum tm > -inf, sum ts) into a row's
+// running state (O, M, S), the tiles taken in window order. Whichever maximum is smaller is
+// rescaled, by one exponential: the other factor is exactly 1, so it is not multiplied. The
+// single node and ggml_sys_flash_attn_f16_merge both call this, so a row's bits do not depend
+// on which of them folds its tiles.
+FA_INLINE void fa_fold(float * O, float * M, float * S, const float * ot, float tm, float ts, int D) {
+    if (*M == -INFINITY) {
+        memcpy(O, ot, (size_t) D * sizeof(float));
+        *M = tm;
+        *S = ts;
+        return;
+    }
+    // O = O * a + ot (the running state rescaled) or O = ot * b + O (the tile rescaled).
+    const int grow = tm > *M;
+    const float f = grow ? expf(*M - tm) : expf(tm - *M);
+    const float * x = grow ? O : ot;
+    const float * y = grow ? ot : O;
+    int d = 0;
+#ifdef FA_SIMD
+    const __m256 vf = _mm256_set1_ps(f);
+    for (; d + 8 <= D; d += 8) {
+        _mm256_storeu_ps(O + d, _mm256_fmadd_ps(_mm256_loadu_ps(x + d), vf, _mm256_loadu_ps(y + d)));
+    }
+#endif
+    for (; d < D; ++d) {
+        O[d] = fmaf(x[d], f, y[d]);
+    }
+    *S = grow ? fmaf(*S, f, ts) : fmaf(ts, f, *S);
+    if (grow) {
+        *M = tm;
+    }
+}
+
 // One block: rows j0..j0+rows-1 of KV head g's group (row j is token j / gqa of query head
-// g * gqa + j % gqa).
-// Keys ic0 .. ic1 - 1 only (ic0 a multiple of BK, ic1 one too or n_kv). With `part`, each
-// row's unnormalised output, running maximum and sum go to part[r * (D + 2) ..] instead.
+// g * gqa + j % gqa), over keys ic0 .. ic1 - 1 (ic0 a multiple of BK, ic1 one too or n_kv).
+// Each tile's softmax is taken from the tile's own maximum, then folded (fa_fold). Without
+// `part`, the folded rows, normalised, go to dst. With `part`, nothing is folded: tile ic's
+// state for row r (unnormalised output, maximum, sum; maximum -inf where every key of the tile
+// is masked for the row) goes to part + (ic / BK) * part_stride floats + r * (D + 2).
 static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, int ic0, int ic1,
-                     float * part) {
+                     float * part, size_t part_stride) {
     const int D = a->D;
     float * q = buf;                      // RB x D
     float * kt = q + (size_t) RB * D;     // D x BK
     float * vt = kt + (size_t) D * BK;    // BK x D
     float * p = vt + (size_t) BK * D;     // RB x BK
-    float * o = p + (size_t) RB * BK;     // RB x D
+    float * ot = p + (size_t) RB * BK;    // RB x D: the tile's output
+    float * o = ot + (size_t) RB * D;     // RB x D: the folded output
     float * mx = o + (size_t) RB * D;     // RB
     float * sum = mx + RB;                // RB
+    float * tmx = sum + RB;               // RB: the tile's maximum
+    float * tsum = tmx + RB;              // RB: the tile's sum
 
     for (int r = 0; r < rows; ++r) {
         const int j = j0 + r, t = j / a->gqa, h = g * a->gqa + j % a->gqa;
@@ -313,14 +360,20 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, in
         mx[r] = -INFINITY;
         sum[r] = 0.0f;
     }
-    memset(o, 0, (size_t) rows * D * sizeof(float));
     const int t_first = j0 / a->gqa, t_last = (j0 + rows - 1) / a->gqa;
 
     for (int ic = ic0; ic < ic1; ic += BK) {
         const int kv = a->n_kv - ic < BK ? a->n_kv - ic : BK;
+        float * tile_part = part != NULL ? part + (size_t) (ic / BK) * part_stride : NULL;
         // A tile that every token of the block masks is skipped (in a server's window most
         // tiles can belong to other sequences).
         if (!fa_tile_open(a->mask, t_first, t_last, ic, kv)) {
+            if (tile_part != NULL) {
+                for (int r = 0; r < rows; ++r) {
+                    tile_part[(size_t) r * (D + 2) + D] = -INFINITY;
+                    tile_part[(size_t) r * (D + 2) + D + 1] = 0.0f;
+                }
+            }
             continue;
         }
 
@@ -395,12 +448,11 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, in
         }
 #endif
 
-        // Mask, online softmax.
+        // Mask, the tile's own softmax.
         for (int r = 0; r < rows; ++r) {
             const int t = (j0 + r) / a->gqa;
             const uint16_t * mrow = fa_row(a->mask, t, 0) + ic;
             float * pr = p + (size_t) r * BK;
-            float * orow = o + (size_t) r * D;
 #ifdef FA_SIMD
             __m256 vmax = _mm256_set1_ps(-INFINITY);
             for (int k = 0; k < BK; k += 8) {
@@ -427,69 +479,78 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, in
                 tmax = pr[k] > tmax ? pr[k] : tmax;
             }
 #endif
+            tmx[r] = tmax;
             if (tmax == -INFINITY) {
                 // Every key of the tile masked for this row: it adds nothing.
                 memset(pr, 0, BK * sizeof(float));
+                tsum[r] = 0.0f;
                 continue;
             }
-            if (tmax > mx[r]) {
-                const float ms = expf(mx[r] - tmax);
-                for (int d = 0; d < D; ++d) {
-                    orow[d] *= ms;
-                }
-                sum[r] *= ms;
-                mx[r] = tmax;
-            }
 #ifdef FA_SIMD
-            const __m256 m = _mm256_set1_ps(mx[r]);
+            const __m256 m = _mm256_set1_ps(tmax);
             __m256 vs = _mm256_setzero_ps();
             for (int k = 0; k < BK; k += 8) {
                 const __m256 e = fa_exp8(_mm256_sub_ps(_mm256_load_ps(pr + k), m));
                 _mm256_store_ps(pr + k, e);
                 vs = _mm256_add_ps(vs, e);
             }
-            sum[r] += ggml_sys_hsum8(vs);
+            tsum[r] = ggml_sys_hsum8(vs);
 #else
             float s = 0.0f;
             for (int k = 0; k < BK; ++k) {
-                pr[k] = pr[k] == -INFINITY ? 0.0f : expf(pr[k] - mx[r]);
+                pr[k] = pr[k] == -INFINITY ? 0.0f : expf(pr[k] - tmax);
                 s += pr[k];
             }
-            sum[r] += s;
+            tsum[r] = s;
 #endif
         }
 
+        memset(ot, 0, (size_t) rows * D * sizeof(float));
 #ifdef FA_SIMD
-        fa_pv_rows(p, vt, D, o, rows);
+        fa_pv_rows(p, vt, D, ot, rows);
 #else
         for (int r = 0; r < rows; ++r) {
             for (int k = 0; k < BK; ++k) {
                 const float w = p[(size_t) r * BK + k];
                 for (int d = 0; d < D; ++d) {
-                    o[(size_t) r * D + d] = fmaf(w, vt[(size_t) k * D + d], o[(size_t) r * D + d]);
+                    ot[(size_t) r * D + d] = fmaf(w, vt[(size_t) k * D + d], ot[(size_t) r * D + d]);
                 }
             }
         }
 #endif
+        for (int r = 0; r < rows; ++r) {
+            if (tile_part != NULL) {
+                float * pr = tile_part + (size_t) r * (D + 2);
+                memcpy(pr, ot + (size_t) r * D, (size_t) D * sizeof(float));
+                pr[D] = tmx[r];
+                pr[D + 1] = tsum[r];
+            } else if (tmx[r] != -INFINITY) {
+                fa_fold(o + (size_t) r * D, &mx[r], &sum[r], ot + (size_t) r * D, tmx[r], tsum[r], D);
+            }
+        }
     }
 
     if (part != NULL) {
-        for (int r = 0; r < rows; ++r) {
-            float * pr = part + (size_t) r * (D + 2);
-            memcpy(pr, o + (size_t) r * D, (size_t) D * sizeof(float));
-            pr[D] = mx[r];
-            pr[D + 1] = sum[r];
-        }
         return;
     }
     for (int r = 0; r < rows; ++r) {
         const int j = j0 + r, t = j / a->gqa, h = g * a->gqa + j % a->gqa;
         float * out = (float *) ((char *) a->dst->data + h * a->dst->nb[1] + t * a->dst->nb[2]);
+        if (mx[r] == -INFINITY) {
+            // Every key masked: zeros, as ggml gives.
+            memset(out, 0, (size_t) D * sizeof(float));
+            continue;
+        }
         const float inv = sum[r] == 0.0f ? 0.0f : 1.0f / sum[r];
         for (int d = 0; d < D; ++d) {
             out[d] = o[(size_t) r * D + d] * inv;
         }
     }
+}
+
+// Scratch floats of one thread.
+static size_t fa_scratch_floats(int D) {
+    return (size_t) RB * D * 3 + (size_t) D * BK * 2 + (size_t) RB * BK + 4 * RB;
 }
 
 // dst (f32 [D, n_head, m]) = attention of q (src 0, f32 [D, m, n_head]) over k and v (src 1
@@ -524,14 +585,13 @@ void ggml_sys_flash_attn_f16(struct ggml_tensor * dst, int ith, int nth, void * 
     // never smaller than one token's heads: each block converts its group's K and V tiles, so
     // splitting a token's rows (decoding) would convert the same tiles twice for no gain.
     int rb = RB;
-    while ((rb + 1) / 2 >= a.gqa && n_head_kv * ((group_rows + rb - 1) / rb) < 2 * nth) {
+    while (rb > 1 && (rb + 1) / 2 >= a.gqa && n_head_kv * ((group_rows + rb - 1) / rb) < 2 * nth) {
         rb = (rb + 1) / 2;
     }
     const int per_group = (group_rows + rb - 1) / rb;
     const int units = n_head_kv * per_group;
 
-    const size_t floats = (size_t) RB * a.D * 2 + (size_t) a.D * BK * 2 + (size_t) RB * BK + 2 * RB;
-    float * buf = fa_reserve(floats);
+    float * buf = fa_reserve(fa_scratch_floats(a.D));
     for (int u = ith; u < units; u += nth) {
         const int g = u / per_group, j0 = (u % per_group) * rb;
         const int rows = group_rows - j0 < rb ? group_rows - j0 : rb;
@@ -546,89 +606,89 @@ void ggml_sys_flash_attn_f16(struct ggml_tensor * dst, int ith, int nth, void * 
             }
             continue;
         }
-        fa_block(&a, g, j0, rows, buf, 0, a.n_kv, NULL);
+        fa_block(&a, g, j0, rows, buf, 0, a.n_kv, NULL, 0);
     }
 }
 
-// Partial attention over a window split into chunks: dst (f32 [D + 2, gqa * m, n_head_kv *
-// n_chunks]) gets, for KV head g, chunk c and row j of g's group (token j / gqa of head g * gqa
-// + j % gqa), the unnormalised output, maximum and sum over chunk c's keys (tiles split evenly,
-// in order). q, k, v, mask and the scale as for ggml_sys_flash_attn_f16; gqa * m <= RB.
+// Per-tile attention states, for few rows over a long window: dst (f32 [D + 2, gqa * m,
+// n_head_kv * n_tiles], n_tiles the window's tiles of BK keys) gets, for KV head g, tile i and
+// row j of g's group (token j / gqa of head g * gqa + j % gqa), the unnormalised output,
+// maximum and sum over tile i's keys, at slice g * n_tiles + i. The threads share the tiles
+// in runs; how they are shared changes no bit. q, k, v, mask and the scale as for
+// ggml_sys_flash_attn_f16; gqa * m <= RB.
 void ggml_sys_flash_attn_f16_part(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
     const fa_args a = fa_args_of(dst, userdata);
     const int n_head_kv = (int) a.k->ne[2];
-    const int n_chunks = (int) (dst->ne[2] / n_head_kv);
     const int rows = a.gqa * a.m;
     const int tiles = (a.n_kv + BK - 1) / BK;
-    const int per = (tiles + n_chunks - 1) / n_chunks;
-    const size_t floats = (size_t) RB * a.D * 2 + (size_t) a.D * BK * 2 + (size_t) RB * BK + 2 * RB;
-    // Rows past one block's scratch: NaN, so that the misuse is visible, not an overflow.
-    float * buf = rows <= RB ? fa_reserve(floats) : NULL;
-    for (int u = ith; u < n_head_kv * n_chunks; u += nth) {
-        const int g = u / n_chunks, c = u % n_chunks;
-        float * part = (float *) ((char *) dst->data + (size_t) u * dst->nb[2]);
-        const int ic0 = c * per * BK < a.n_kv ? c * per * BK : a.n_kv;
-        const int ic1 = (c + 1) * per * BK < a.n_kv ? (c + 1) * per * BK : a.n_kv;
-        if (buf == NULL) {
-            for (int r = 0; r < rows; ++r) {
-                for (int d = 0; d < a.D + 2; ++d) {
-                    part[(size_t) r * (a.D + 2) + d] = NAN;
-                }
-            }
-            continue;
-        }
-        fa_block(&a, g, 0, rows, buf, ic0, ic1, part);
-    }
-}
-
-// Most chunks ggml_sys_flash_attn_f16_merge takes.
-#define FA_MAX_CHUNKS 64
-
-// dst (f32 [D, n_head, m]) from src 0, ggml_sys_flash_attn_f16_part's result with `userdata`
-// chunks (1 to FA_MAX_CHUNKS; otherwise dst is NaN): per row, the chunks' outputs rescaled to
-// the largest maximum and summed in chunk order, then divided by the sums, summed alike.
-void ggml_sys_flash_attn_f16_merge(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
-    const struct ggml_tensor * part = dst->src[0];
-    const uintptr_t chunks = (uintptr_t) userdata;
-    const int D = (int) dst->ne[0], n_head = (int) dst->ne[1];
-    if (chunks < 1 || chunks > FA_MAX_CHUNKS) {
+    // Runs of tiles: about four per thread, spread over the KV heads.
+    int runs = (4 * nth + n_head_kv - 1) / n_head_kv;
+    runs = runs < 1 ? 1 : (runs > tiles ? tiles : runs);
+    const int per = (tiles + runs - 1) / runs;
+    // Rows past one block's scratch, or a result of another shape: NaN, so that the misuse is
+    // visible, not an overflow.
+    const int ok = rows <= RB && dst->ne[2] == (int64_t) n_head_kv * tiles && dst->ne[1] == rows &&
+                   dst->ne[0] == a.D + 2;
+    float * buf = ok ? fa_reserve(fa_scratch_floats(a.D)) : NULL;
+    if (buf == NULL) {
         const int64_t n = dst->ne[0] * dst->ne[1] * dst->ne[2];
         for (int64_t i = ith; i < n; i += nth) {
             ((float *) dst->data)[i] = NAN;
         }
         return;
     }
-    const int n_chunks = (int) chunks;
+    const size_t stride = (size_t) (dst->nb[2] / sizeof(float));
+    for (int u = ith; u < n_head_kv * runs; u += nth) {
+        const int g = u / runs, c = u % runs;
+        float * part = (float *) ((char *) dst->data + (size_t) g * tiles * dst->nb[2]);
+        const int ic0 = c * per * BK < a.n_kv ? c * per * BK : a.n_kv;
+        const int ic1 = (c + 1) * per * BK < a.n_kv ? (c + 1) * per * BK : a.n_kv;
+        fa_block(&a, g, 0, rows, buf, ic0, ic1, part, stride);
+    }
+}
+
+// dst (f32 [D, n_head, m]) from src 0, ggml_sys_flash_attn_f16_part's result with `userdata`
+// tiles (at least 1; otherwise, or for another shape, dst is NaN): per row, the tiles folded in
+// order (fa_fold) and divided by the sum: the same bits as ggml_sys_flash_attn_f16.
+void ggml_sys_flash_attn_f16_merge(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const struct ggml_tensor * part = dst->src[0];
+    const uintptr_t tiles_u = (uintptr_t) userdata;
+    const int D = (int) dst->ne[0], n_head = (int) dst->ne[1];
+    const int ok = tiles_u >= 1 && tiles_u <= (uintptr_t) part->ne[2] && part->ne[0] == D + 2 &&
+                   part->ne[2] % (int64_t) tiles_u == 0 && D <= DMAX &&
+                   n_head % (int) (part->ne[2] / (int64_t) tiles_u) == 0 &&
+                   part->ne[1] == (int64_t) (n_head / (part->ne[2] / (int64_t) tiles_u)) * dst->ne[2];
+    if (!ok) {
+        const int64_t n = dst->ne[0] * dst->ne[1] * dst->ne[2];
+        for (int64_t i = ith; i < n; i += nth) {
+            ((float *) dst->data)[i] = NAN;
+        }
+        return;
+    }
+    const int tiles = (int) tiles_u;
     const int rows = (int) part->ne[1];
-    const int n_head_kv = (int) (part->ne[2] / n_chunks);
+    const int n_head_kv = (int) (part->ne[2] / tiles);
     const int gqa = n_head / n_head_kv;
+    float o[DMAX];
     for (int u = ith; u < n_head_kv * rows; u += nth) {
         const int g = u / rows, j = u % rows, t = j / gqa, h = g * gqa + j % gqa;
-        const float * pc[FA_MAX_CHUNKS];
-        float m = -INFINITY;
-        for (int c = 0; c < n_chunks; ++c) {
-            pc[c] = (const float *) ((const char *) part->data + (size_t) (g * n_chunks + c) * part->nb[2] +
-                                     (size_t) j * part->nb[1]);
-            m = pc[c][D] > m ? pc[c][D] : m;
+        float m = -INFINITY, sum = 0.0f;
+        for (int c = 0; c < tiles; ++c) {
+            const float * pc = (const float *) ((const char *) part->data +
+                                                (size_t) (g * tiles + c) * part->nb[2] +
+                                                (size_t) j * part->nb[1]);
+            if (pc[D] != -INFINITY) {
+                fa_fold(o, &m, &sum, pc, pc[D], pc[D + 1], D);
+            }
         }
         float * out = (float *) ((char *) dst->data + h * dst->nb[1] + t * dst->nb[2]);
-        float sum = 0.0f;
-        for (int d = 0; d < D; ++d) {
-            out[d] = 0.0f;
-        }
-        for (int c = 0; c < n_chunks; ++c) {
-            if (pc[c][D] == -INFINITY) {
-                continue;
-            }
-            const float w = expf(pc[c][D] - m);
-            sum += w * pc[c][D + 1];
-            for (int d = 0; d < D; ++d) {
-                out[d] += w * pc[c][d];
-            }
+        if (m == -INFINITY) {
+            memset(out, 0, (size_t) D * sizeof(float));
+            continue;
         }
         const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
         for (int d = 0; d < D; ++d) {
-            out[d] *= inv;
+            out[d] = o[d] * inv;
         }
     }
 }

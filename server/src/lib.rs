@@ -60,12 +60,11 @@ impl Server {
     /// Loads the model, opens the cache, starts the scheduler and binds the addresses.
     pub async fn bind(config: Config) -> Result<Server> {
         let args = &config.args;
-        // Repacked weights give sums that depend on a batch's row count: off when replies must
-        // not depend on batching.
+        // Repacked weights give sums that depend on a batch's row count: only when asked.
         let model = Model::load_with(
             &args.model,
             &engine::ModelParams {
-                repack: !args.deterministic && !args.no_repack,
+                repack: args.repack && !args.no_repack,
                 ..engine::ModelParams::gpu_layers(config.n_gpu_layers)
             },
         )?;
@@ -290,7 +289,7 @@ fn context_params(config: &Config, model: &Model) -> Result<ContextParams> {
         flash_attn: config.flash_attn,
         type_k: args.cache_type_k,
         type_v: args.cache_type_v,
-        batch_invariant: args.deterministic,
+        evaluation: args.evaluation,
         ..ContextParams::default()
     };
     Ok(ctx_params)

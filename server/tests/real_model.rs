@@ -50,21 +50,13 @@ async fn a_streamed_chat_on_the_real_model_answers_in_words() {
     srv.stop().await;
 }
 
-/// Starts a server on the real model with `cache` as its cache directory and 8 slots.
+/// Starts a server on the real model with `cache` as its cache directory and 8 slots, with no
+/// option on evaluation: batch invariance is the default.
 async fn real_server(model: &Path, cache: &Path) -> TestServer {
     common::start_on(
         model,
         cache,
-        &[
-            "-c",
-            "1024",
-            "-np",
-            "8",
-            "--kv-unified",
-            "-t",
-            "2",
-            "--deterministic",
-        ],
+        &["-c", "1024", "-np", "8", "--kv-unified", "-t", "2"],
     )
     .await
 }

@@ -45,9 +45,12 @@ pub(crate) struct CompareArgs {
     /// Both KV caches' type: `f16` or `q8_0`.
     #[arg(long, value_name = "TYPE", default_value = "f16")]
     pub(crate) cache_type: String,
-    /// Ours with batch-invariant evaluation (`bench --deterministic`).
+    /// Ours with ggml's kernels and llama.cpp's bits (`bench --evaluation llama-cpp`).
     #[arg(long)]
     pub(crate) deterministic: bool,
+    /// Our evaluation (`bench --evaluation`): invariant (the default), llama-cpp or fast.
+    #[arg(long, value_name = "KIND", default_value = "invariant")]
+    pub(crate) evaluation: String,
 }
 
 /// Parses a whole number; 0 counts as 1.
@@ -142,6 +145,7 @@ pub(crate) fn compare(o: &CompareArgs) -> Result<(), String> {
     ]
     .iter()
     .map(|s| s.to_string())
+    .chain(["--evaluation".to_string(), o.evaluation.clone()])
     .chain(o.deterministic.then(|| "--deterministic".to_string()))
     .collect();
     let (mut rp, mut rd, mut op, mut od) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -183,6 +187,7 @@ pub(crate) fn compare(o: &CompareArgs) -> Result<(), String> {
     let out = serde_json::json!({
         "prompt_tokens": o.prompt, "gen_tokens": o.gen, "threads": o.threads, "reps": o.reps,
         "sequences": o.sequences, "cache_type": o.cache_type, "deterministic": o.deterministic,
+        "evaluation": o.evaluation,
         "llama_cpp": { "prefill_tps": rp, "decode_tps": rd },
         "llama_hdd": { "prefill_tps": op, "decode_tps": od },
         "ratio": { "prefill": op / rp, "decode": od / rd },

@@ -340,6 +340,7 @@ fn compare_needs_refh_and_keeps_its_defaults() {
     );
     assert_eq!(o.cache_type, "f16");
     assert!(!o.deterministic);
+    assert_eq!(o.evaluation, "invariant");
     let Cmd::CompareLlamaCpp(o) =
         parse("cargo xtask compare-llama-cpp --deterministic --refh R --reps 0 --sequences 0")
     else {

@@ -126,7 +126,7 @@ impl Compute {
             ctx: &ctx,
             graph,
             inputs: Vec::new(),
-            integer_sums: (0, 0),
+            integer_sums: IntegerSums::Leading(0, 0),
             _brand: PhantomData,
             _owners: PhantomData,
         };
@@ -197,6 +197,18 @@ impl Compute {
 /// so tensors of two graphs never unify.
 type Invariant<'g> = PhantomData<fn(&'g ()) -> &'g ()>;
 
+/// Which columns of a graph's products over weights of an integer-sum type sum each block's
+/// products exactly in integers first (see [`Graph::allow_integer_sums`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IntegerSums {
+    /// Every column of every such product, whatever its count (decoding included): a column's
+    /// bits then never depend on the others ([`Evaluation::Invariant`](crate::Evaluation)).
+    Everywhere,
+    /// In a product over the batch's `.0` rows, the leading `.1` (when at least the kernel's
+    /// `min_rows`); every other column, and every other product, keeps ggml's bits.
+    Leading(usize, usize),
+}
+
 /// A product that sums each weight block's products exactly in integers, for one weight type
 /// (f32 activations): `kernel` computes every column of its node, and [`Graph::mul_mat`] gives
 /// it only the batch's leading rows that [`Graph::allow_integer_sums`] allows.
@@ -255,9 +267,8 @@ pub(crate) struct Graph<'g, 'w> {
     ctx: &'g Context<'g>,
     graph: NonNull<sys::ggml_cgraph>,
     inputs: Vec<(*mut sys::ggml_tensor, Vec<u8>)>,
-    /// Batch columns and how many leading ones may take integer sums (see
-    /// [`Graph::allow_integer_sums`]).
-    integer_sums: (usize, usize),
+    /// Which columns may take integer sums (see [`Graph::allow_integer_sums`]).
+    integer_sums: IntegerSums,
     _brand: Invariant<'g>,
     _owners: PhantomData<&'w ()>,
 }
@@ -319,6 +330,7 @@ macro_rules! op {
 }
 
 mod attention;
+pub(crate) use attention::kernel_takes_model;
 
 impl<'g, 'w> Graph<'g, 'w> {
     fn ctx(&self) -> *mut sys::ggml_context {
@@ -414,13 +426,21 @@ impl<'g, 'w> Graph<'g, 'w> {
     pub(crate) fn add(&mut self, a: Tensor<'g>, b: Tensor<'g>) -> Tensor<'g> {
         op!(self, sys::ggml_add(self.ctx(), a.raw, b.raw))
     }
-    /// Lets this graph's integer-sum products (q4_1, and the weight types of
-    /// [`INTEGER_SUM_KERNELS`]) over the batch's `n_rows` rows sum each block's products in
-    /// integers first for the leading `leading` rows (about twice as fast from 64 such rows;
-    /// ggml's result up to rounding). Other products, and the other rows, keep ggml's bits.
-    /// Not set: none.
-    pub(crate) fn allow_integer_sums(&mut self, n_rows: usize, leading: usize) {
-        self.integer_sums = (n_rows, leading);
+    /// Which columns of this graph's products over weights of an integer-sum type (q4_1, and
+    /// those of [`INTEGER_SUM_KERNELS`]) sum each block's products in integers first (ggml's
+    /// result up to rounding; about twice as fast from 64 columns). Not set: none.
+    pub(crate) fn allow_integer_sums(&mut self, sums: IntegerSums) {
+        self.integer_sums = sums;
+    }
+
+    /// How many leading columns of a product with `n` columns take integer sums, and whether
+    /// an [`INTEGER_SUM_KERNELS`] kernel with `min_rows` is worth running over them.
+    fn integer_sum_columns(&self, n: usize, min_rows: usize) -> (usize, bool) {
+        match self.integer_sums {
+            IntegerSums::Everywhere => (n, true),
+            IntegerSums::Leading(rows, lead) if n == rows => (lead.min(n), lead.min(n) >= min_rows),
+            IntegerSums::Leading(..) => (0, false),
+        }
     }
 
     /// `w` is `[k, m]`, `x` is `[k, n]`: the result is `[m, n]`. A two-dimensional product of
@@ -448,18 +468,14 @@ impl<'g, 'w> Graph<'g, 'w> {
             && x.nb(0) == 4
             && w.ne(0) == x.ne(0)
             && w.ne(0).is_multiple_of(32)
-            && x.ne(1) > 1
+            && (x.ne(1) > 1 || self.integer_sums == IntegerSums::Everywhere)
         {
             let (m, n) = (w.ne(1), x.ne(1));
             // The kernel reads `dst->src[0..2]` (the sources, which ggml copies into the node)
             // within the shapes checked above, and writes only `dst`. `userdata` counts the
-            // leading columns that may take integer sums: only a product over the batch's rows
-            // (not, say, its output rows) has them.
-            let leading = if n == self.integer_sums.0 {
-                self.integer_sums.1
-            } else {
-                0
-            };
+            // leading columns that take integer sums: every column, or only those of a
+            // product over the batch's rows (not, say, its output rows).
+            let (leading, _) = self.integer_sum_columns(n, 0);
             return self.custom(
                 [m, n, 1],
                 &mut [w.raw, x.raw],
@@ -476,8 +492,7 @@ impl<'g, 'w> Graph<'g, 'w> {
                 && x.nb(0) == 4
                 && w.ne(0) == x.ne(0)
                 && w.ne(0).is_multiple_of(e.block)
-                && x.ne(1) == self.integer_sums.0
-                && self.integer_sums.1.min(x.ne(1)) >= e.min_rows
+                && self.integer_sum_columns(x.ne(1), e.min_rows).1
                 // SAFETY: a plain query.
                 && unsafe { (e.vectorized)() } == 1
         }) {
@@ -496,7 +511,7 @@ impl<'g, 'w> Graph<'g, 'w> {
         x: Tensor<'g>,
     ) -> Tensor<'g> {
         let (k, m, n) = (x.ne(0), w.ne(1), x.ne(1));
-        let lead = self.integer_sums.1.min(n);
+        let (lead, _) = self.integer_sum_columns(n, entry.min_rows);
         let col = x.nb(1);
         let head = if lead == n {
             x

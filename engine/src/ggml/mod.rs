@@ -37,7 +37,9 @@ mod kv_tensors;
 pub(crate) mod stage;
 mod weights;
 
-pub(crate) use graph::{Compute, Graph, RopeParams, Tensor, TensorMut};
+pub(crate) use graph::{
+    kernel_takes_model, Compute, Graph, IntegerSums, RopeParams, Tensor, TensorMut,
+};
 pub(crate) use kv_tensors::{KvTensors, KvTensorsMut};
 pub(crate) use weights::{WeightSpec, Weights};
 

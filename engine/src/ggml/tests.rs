@@ -292,7 +292,7 @@ fn routed_product(ggml_type: GgmlType, k: usize, m: usize, n: usize, lead: usize
     let mut compute = Compute::cpu(2).expect("compute");
     compute
         .run(|g| {
-            g.allow_integer_sums(n, lead);
+            g.allow_integer_sums(crate::ggml::IntegerSums::Leading(n, lead));
             let w = g.lift(weights.get(0));
             let x = g.lift(weights.get(1));
             Ok(g.mul_mat(w, x))

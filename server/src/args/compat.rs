@@ -85,11 +85,6 @@ const NO_EFFECT: &[(&[&str], Arity, &str)] = &[
         Flag,
         "KV offload (offloaded layers keep their KV on the device)",
     ),
-    (
-        &["--repack"],
-        Flag,
-        "weight repacking (already on by default)",
-    ),
     (&["--no-host"], Flag, "host buffers"),
     (
         &["-dt", "--defrag-thold"],

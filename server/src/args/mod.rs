@@ -489,14 +489,23 @@ pub struct Args {
     /// a store written with q8_0 from an f16 session, and the other way round.
     #[arg(long = "cache-type-stored", value_name = "TYPE")]
     pub cache_type_stored: Option<engine::KvType>,
-    /// Batch-invariant evaluation: a reply is the same bits whether its prompt came from the
-    /// cache or was computed, alone or in a batch (attention never tiles queries; prefill at
-    /// about 0.4x and decoding at 0.6x the default's speed on the CPU).
+    /// Which kernels evaluate: `invariant` (the default: a reply is the same bits whether its
+    /// prompt came from the cache, memory or disk, or was computed, alone or in a batch, at
+    /// full speed), `llama-cpp` (ggml's kernels and llama.cpp's bits, invariant too, prefill
+    /// much slower) or `fast` (each request's kernels chosen by its own length; a cached
+    /// prompt may answer otherwise than the same prompt computed).
+    #[arg(long = "evaluation", value_name = "KIND", default_value = "invariant")]
+    pub evaluation: engine::Evaluation,
+    /// Batch-invariant evaluation, now the default (`--evaluation invariant`); accepted.
     #[arg(long = "deterministic")]
     pub deterministic: bool,
-    /// Keep matrix weights as the file lays them out rather than in llama.cpp's repacked CPU
-    /// layout (`-nr`; also off with `--deterministic`). `--repack`, the default, is accepted.
-    #[arg(long = "no-repack")]
+    /// Copy matrix weights into llama.cpp's repacked CPU layout (q4_0, q4_K, iq4_nl), as
+    /// llama-server does by default: llama.cpp's own sums over them, whose bits depend on a
+    /// batch's size, so replies are no longer batch-invariant. Off by default.
+    #[arg(long = "repack", overrides_with = "no_repack")]
+    pub repack: bool,
+    /// Keep matrix weights as the file lays them out (`-nr`; the default here).
+    #[arg(long = "no-repack", overrides_with = "repack")]
     pub no_repack: bool,
     /// Skip the warm-up at start (one token through the model, as llama-server evaluates, so
     /// that the first request does not pay for it). `--warmup`, the default, is accepted.

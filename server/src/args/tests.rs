@@ -255,11 +255,13 @@ fn no_warmup_turns_the_warm_up_off_and_warmup_is_accepted() {
 }
 
 #[test]
-fn no_repack_in_either_spelling_turns_repacking_off_and_repack_is_accepted() {
-    assert!(!parse(&[]).unwrap().no_repack);
+fn repacking_is_off_unless_asked_and_the_last_spelling_wins() {
+    assert!(!parse(&[]).unwrap().repack);
     assert!(parse(&["--no-repack"]).unwrap().no_repack);
     assert!(parse(&["-nr"]).unwrap().no_repack);
-    assert!(!parse(&["--repack"]).unwrap().no_repack);
+    assert!(parse(&["--repack"]).unwrap().repack);
+    assert!(!parse(&["--repack", "--no-repack"]).unwrap().repack);
+    assert!(!parse(&["-nr", "--repack"]).unwrap().no_repack);
 }
 
 #[test]

@@ -65,6 +65,19 @@ fn main() -> ExitCode {
                 " (this CPU cannot run the path LLAMA_HDD_CPU names; ignored)",
         }
     ));
+    say(format!(
+        "evaluation: {}{}",
+        config.args.evaluation,
+        match (
+            config.args.evaluation,
+            config.args.repack && !config.args.no_repack
+        ) {
+            (engine::Evaluation::Fast, _) =>
+                " (a reply may depend on what the cache held and on batching)",
+            (_, true) => " (weights repacked: products over them depend on batching)",
+            _ => " (a reply is the same bits cached or computed, alone or batched)",
+        }
+    ));
     if config.args.no_cache {
         say("prompt cache: in memory only (--no-cache)".to_owned());
     } else {

@@ -141,10 +141,11 @@ impl<'g, 'w> Graph<'g, 'w> {
         // never dereferenced.
         let scale_bits = scale.to_bits() as usize;
         if m * gqa <= SPLIT_ROWS && n_kv >= SPLIT_KV {
-            // Few rows over a long window (decoding): each KV head's window in chunks, so
-            // that every thread gets a share, then the chunks merged.
+            // Few rows over a long window (decoding): each tile's state, the tiles shared
+            // among the threads, then folded in order: the same bits as the single node.
+            let tiles = n_kv.div_ceil(KERNEL_TILE);
             let part = self.custom(
-                [head_dim + 2, m * gqa, k.ne(2) * SPLIT_CHUNKS],
+                [head_dim + 2, m * gqa, k.ne(2) * tiles],
                 args,
                 Some(sys::kernels::ggml_sys_flash_attn_f16_part),
                 scale_bits,
@@ -153,7 +154,7 @@ impl<'g, 'w> Graph<'g, 'w> {
                 [head_dim, q.ne(2), m],
                 &mut [part.raw],
                 Some(sys::kernels::ggml_sys_flash_attn_f16_merge),
-                SPLIT_CHUNKS,
+                tiles,
             );
         }
         self.custom(
@@ -177,14 +178,22 @@ impl<'g, 'w> Graph<'g, 'w> {
 }
 
 /// At most this many rows (queries times the heads of a KV head) over [`SPLIT_KV`] keys or
-/// more: our attention splits each KV head's window into [`SPLIT_CHUNKS`] chunks among the
-/// threads (a decoding step's three KV heads would otherwise leave a thread idle for a third
-/// of it on two threads), then merges them.
+/// more: our attention computes each tile's state apart, the tiles shared among the threads (a
+/// decoding step's three KV heads would otherwise leave a thread idle for a third of it on two
+/// threads), then folds them in order, with the same bits as one node.
 const SPLIT_ROWS: usize = 16;
 /// See [`SPLIT_ROWS`].
 const SPLIT_KV: usize = 1024;
-/// See [`SPLIT_ROWS`].
-const SPLIT_CHUNKS: usize = 4;
+/// Keys per tile of ggml-sys's attention (its `BK`, the engine's page).
+const KERNEL_TILE: usize = 64;
+
+/// Whether ggml-sys's attention kernel takes every attention of a model with heads of
+/// `head_dim` (keys and values alike) and no soft cap, over an f16 cache the CPU reads in
+/// place (the caller checks the cache): the condition of [`Graph::kernel_takes`] that a plan
+/// can know before the graph is built.
+pub(crate) fn kernel_takes_model(head_dim: usize, softcap: Option<f32>) -> bool {
+    kernel_attention() && head_dim.is_multiple_of(16) && head_dim <= 256 && softcap.is_none()
+}
 
 /// Whether ggml-sys's attention kernel runs: it was built with its vector code (else ggml's
 /// kernel is used: the plain loops are for correctness, not speed), and the environment does
