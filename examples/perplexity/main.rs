@@ -1,4 +1,5 @@
-//! Perplexity of a text, and how far another KV cache type moves the model from f16.
+//! Perplexity of a text, and how far another KV cache type or evaluation moves the model from
+//! f16 (or from ggml's kernels: `--base-evaluation llama-cpp`).
 //!
 //! The text is cut into chunks of `--ctx` tokens (the first token of each replaced by BOS where
 //! the model adds one); each chunk is evaluated from an empty cache and the second half of its
@@ -22,7 +23,7 @@ use anyhow::{bail, Context, Result};
 mod common_args;
 use clap::Parser;
 use common_args::ModelArgs;
-use engine::{ContextParams, KvType, Session};
+use engine::{ContextParams, Evaluation, KvType, Session};
 
 #[derive(Parser)]
 #[command(about = "Perplexity of a text and the KL divergence of one KV cache type from another")]
@@ -51,6 +52,13 @@ struct Args {
     /// V cache type of the base session.
     #[arg(long = "base-ctv", default_value = "f16")]
     base_ctv: KvType,
+    /// Evaluation of the tested session: invariant (the default), llama-cpp or fast.
+    #[arg(long, default_value = "invariant")]
+    evaluation: Evaluation,
+    /// Evaluation of the base session (`llama-cpp`: ggml's kernels, llama.cpp's sums, to
+    /// measure our kernels against them as llama.cpp compares its backends).
+    #[arg(long = "base-evaluation", default_value = "invariant")]
+    base_evaluation: Evaluation,
     /// Greedy tokens of the base session after each chunk, predicted by the tested one.
     #[arg(long, default_value_t = 0)]
     greedy: usize,
@@ -107,7 +115,7 @@ fn main() -> Result<()> {
             args.ctx
         );
     }
-    let session = |k, v| {
+    let session = |k, v, evaluation| {
         Session::new(
             model.clone(),
             ContextParams {
@@ -115,12 +123,13 @@ fn main() -> Result<()> {
                 n_threads: args.model.threads,
                 type_k: k,
                 type_v: v,
+                evaluation,
                 ..ContextParams::default()
             },
         )
     };
-    let mut base = session(args.base_ctk, args.base_ctv)?;
-    let mut test = session(args.cache_type_k, args.cache_type_v)?;
+    let mut base = session(args.base_ctk, args.base_ctv, args.base_evaluation)?;
+    let mut test = session(args.cache_type_k, args.cache_type_v, args.evaluation)?;
     let n_vocab = model.hparams().n_vocab;
     let first = args.ctx / 2;
     let mut t = Tally::default();
@@ -184,15 +193,15 @@ fn main() -> Result<()> {
     let same_top = t.same_top as f64 / n as f64;
     let greedy = (t.greedy_total > 0).then(|| t.greedy_same as f64 / t.greedy_total as f64);
     let (ppl_base, ppl_test) = (Tally::ppl(t.nll_base, n), Tally::ppl(t.nll_test, n));
-    let types = |k: KvType, v: KvType| format!("K {k} V {v}");
+    let types = |k: KvType, v: KvType, e: Evaluation| format!("K {k} V {v} {e}");
     if args.json {
         let out = serde_json::json!({
             "text_tokens": tokens.len(),
             "ctx": args.ctx,
             "chunks": n_chunks,
             "scored": n,
-            "base": types(args.base_ctk, args.base_ctv),
-            "test": types(args.cache_type_k, args.cache_type_v),
+            "base": types(args.base_ctk, args.base_ctv, args.base_evaluation),
+            "test": types(args.cache_type_k, args.cache_type_v, args.evaluation),
             "ppl_base": ppl_base,
             "ppl_test": ppl_test,
             "kld_mean": mean_kld,
@@ -210,8 +219,8 @@ fn main() -> Result<()> {
         );
         println!(
             "perplexity: {} {ppl_base:.4}, {} {ppl_test:.4}",
-            types(args.base_ctk, args.base_ctv),
-            types(args.cache_type_k, args.cache_type_v)
+            types(args.base_ctk, args.base_ctv, args.base_evaluation),
+            types(args.cache_type_k, args.cache_type_v, args.evaluation)
         );
         println!("KL divergence: mean {mean_kld:.6}, 99th percentile {p99:.6}");
         println!("same most likely token: {:.2}%", 100.0 * same_top);

@@ -345,6 +345,23 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
                 parts.push(out);
                 continue;
             }
+            // A window out of pool order that ggml-sys's kernel takes reads the pool's pages in
+            // position order through a page table: nothing is gathered.
+            let caches = [k_cache, v_cache];
+            if let Some(out) = self.paged_in_order(
+                g,
+                il,
+                a,
+                q,
+                [k_store, v_store],
+                caches,
+                mask,
+                scale,
+                softcap,
+            ) {
+                parts.push(out);
+                continue;
+            }
             let k = window(g, k_cache, k_store, 0);
             let v = window(g, v_cache, v_store, 1);
             let out = if self.flash_attn {
@@ -419,6 +436,60 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         let tables = [0, 1].map(|i| {
             let table = ops[i].page_table();
             g.input(DType::I64, &[table.len() / 8], table.to_vec())
+        });
+        Some(g.flash_attn_paged(q, k, v, mask, scale, tables))
+    }
+
+    /// Attention of the part `a` of layer `il` over a window gathered in position order
+    /// ([`SeqAttention::gather`](crate::batch::SeqAttention::gather)), through page tables
+    /// of the pool's rows, when ggml-sys's kernel takes it; `None` otherwise (the window is
+    /// then gathered). `stores` are the layer's K and V after this batch's rows were stored
+    /// (the kernel runs after them); `caches` the pool's tensors, whose rows the tables point
+    /// at: the same rows, in the same order, as the gathered copy.
+    #[allow(clippy::too_many_arguments)]
+    fn paged_in_order(
+        &self,
+        g: &mut Graph<'g, 'w>,
+        il: usize,
+        a: &crate::batch::SeqAttention,
+        q: Tensor<'g>,
+        stores: [Tensor<'g>; 2],
+        caches: [TensorMut<'g>; 2],
+        mask: Tensor<'g>,
+        scale: f32,
+        softcap: f32,
+    ) -> Option<Tensor<'g>> {
+        let cells = a.gather.as_ref()?;
+        let (hd, n_head_kv) = (self.hp.head_dim, self.hp.n_head_kv);
+        let fits = stores.iter().all(|t| a.n_kv <= t.ne(1));
+        if !(self.flash_attn
+            && a.ours
+            && self.kv_host[il]
+            && !a.dup
+            && fits
+            && a.n_kv.is_multiple_of(crate::PAGE_TOKENS))
+        {
+            return None;
+        }
+        let [k, v] = stores.map(|t| {
+            let row = t.nb(1);
+            g.view_3d(t, [hd, a.n_kv, n_head_kv], [row, row / n_head_kv], 0)
+        });
+        if !g.kernel_takes(q, k, v, mask, softcap) {
+            return None;
+        }
+        let tables = caches.map(|cache| {
+            // The pool's tensor lives in host memory (`kv_host`); its rows are `row` apart.
+            let base = cache.data_address();
+            let row = cache.as_tensor().nb(1);
+            let table: Vec<u8> = cells
+                .chunks(4 * crate::PAGE_TOKENS)
+                .flat_map(|page| {
+                    let first = i32::from_le_bytes([page[0], page[1], page[2], page[3]]);
+                    ((base + first.max(0) as usize * row) as i64).to_le_bytes()
+                })
+                .collect();
+            g.input(DType::I64, &[table.len() / 8], table)
         });
         Some(g.flash_attn_paged(q, k, v, mask, scale, tables))
     }

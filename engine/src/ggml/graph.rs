@@ -165,6 +165,11 @@ impl Compute {
                 });
             }
             for (t, bytes) in &inputs {
+                // An input no op of the graph reads (a gathered window's cells where the
+                // kernel reads the pool through a page table instead) was not allocated.
+                if (**t).buffer.is_null() {
+                    continue;
+                }
                 sys::ggml_backend_tensor_set(*t, bytes.as_ptr().cast(), 0, bytes.len());
             }
             let status = match self.alloc {
@@ -304,6 +309,14 @@ pub(crate) struct TensorMut<'g> {
 }
 
 impl<'g> TensorMut<'g> {
+    /// Address of the tensor's data (a KV tensor's, allocated with the pool and never moved),
+    /// for page tables that point ggml-sys's attention at its rows; meaningful only where the
+    /// pool lives in host memory.
+    pub(crate) fn data_address(&self) -> usize {
+        // SAFETY: the tensor is live for 'g; only its header is read.
+        unsafe { (*self.raw).data as usize }
+    }
+
     /// The same tensor as an operand (to read what the graph's stores wrote).
     pub(crate) fn as_tensor(self) -> Tensor<'g> {
         Tensor {
