@@ -258,6 +258,13 @@ pub(crate) const INTEGER_SUM_KERNELS: &[IntegerSumKernel] = &[
         vectorized: sys::kernels::ggml_sys_mul_mat_qk_isum,
     },
     IntegerSumKernel {
+        w_type: sys::GGML_TYPE_Q5_K,
+        block: 256,
+        min_rows: 64,
+        kernel: sys::kernels::ggml_sys_mul_mat_q5_k,
+        vectorized: sys::kernels::ggml_sys_mul_mat_qk_isum,
+    },
+    IntegerSumKernel {
         w_type: sys::GGML_TYPE_Q6_K,
         block: 256,
         min_rows: 64,
