@@ -452,7 +452,6 @@ impl Context {
         grow + usize::from(copy)
     }
 
-    /// Copies the first `rows` rows of `from` into `to`, in every layer.
     /// How this context's plans choose attention kernels: [`Evaluation::Invariant`] takes
     /// ggml-sys's kernel for every shape where it runs on every layer (an f16 cache the CPU
     /// reads, flash attention on, a head size it takes), and ggml's per-query path otherwise.
@@ -476,6 +475,7 @@ impl Context {
         }
     }
 
+    /// Copies the first `rows` rows of `from` into `to`, in every layer.
     pub(crate) fn copy_page(&mut self, from: u32, to: u32, rows: usize) {
         for l in 0..self.layout.n_layers {
             for (value, bytes) in [
