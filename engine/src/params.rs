@@ -6,7 +6,7 @@ use crate::kv::KvType;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Evaluation {
     /// Batch-invariant at full speed (the default): every matrix product of a weight type
-    /// ggml-sys has an integer-sum kernel for (q4_0, q4_1, q8_0, q4_K, q6_K) takes it for every
+    /// ggml-sys has an integer-sum kernel for (q4_0, q4_1, q8_0, q4_K, q5_K, q6_K) takes it for every
     /// row, and attention over an f16 cache takes ggml-sys's kernel for every shape, whose
     /// tiles are the pages of a sequence. A token's logits are then the same bits whether its
     /// prompt was one item or split, whether its prefix came from memory, from disk or was
@@ -25,8 +25,9 @@ pub enum Evaluation {
     /// Each item picks its kernels by its own size: items of 64 tokens or more take the
     /// integer-sum products and ggml-sys's attention, shorter ones ggml's (llama.cpp's bits
     /// for short prompts and decoding). A token's logits depend on how its prompt was split
-    /// into items, never on the other sequences of its batch. The fastest where the other two
-    /// cost something; kept to measure their price.
+    /// into items, never on the other sequences of its batch. Kept to measure the price of
+    /// invariance (none measured: prefill the same, decoding slower than
+    /// [`Evaluation::Invariant`]; see docs/BENCHMARKS.md).
     Fast,
 }
 
