@@ -454,15 +454,14 @@ impl Context {
 
     /// How this context's plans choose attention kernels: [`Evaluation::Invariant`] takes
     /// ggml-sys's kernel for every shape where it runs on every layer (an f16 cache the CPU
-    /// reads, flash attention on, a head size it takes), and ggml's per-query path otherwise.
+    /// reads, a head size it takes), and ggml's per-query path otherwise.
     fn plan_mode(&self) -> PlanMode {
         match self.params.evaluation {
             Evaluation::Fast => PlanMode::Fast,
             Evaluation::LlamaCpp => PlanMode::PerQuery,
             Evaluation::Invariant => {
                 let hp = self.model.hparams();
-                let kernel = self.params.flash_attn
-                    && self.layout.type_k == KvType::F16
+                let kernel = self.layout.type_k == KvType::F16
                     && self.layout.type_v == KvType::F16
                     && (0..hp.n_layer).all(|l| self.kv.cpu_readable(l))
                     && kernel_takes_model(hp.head_dim, hp.attn_softcap);
@@ -584,9 +583,10 @@ impl Context {
             // The graph needs an output: compute the last row's logits and drop them.
             plan.out_rows.push(n_tokens as i32 - 1);
         }
+        // Always fused when invariant: unfused attention's bits depend on the batch's window.
+        let flash_attn = self.params.flash_attn || self.params.evaluation == Evaluation::Invariant;
         let model = &self.model;
         let kv = &mut self.kv;
-        let flash_attn = self.params.flash_attn;
         let embeddings = batch.embeddings;
         let integer_sums = match self.params.evaluation {
             Evaluation::Invariant => IntegerSums::Everywhere,

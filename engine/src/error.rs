@@ -357,6 +357,9 @@ pub enum Error {
         /// The first position whose rows are missing.
         position: usize,
     },
+    /// A draft model's vocabulary differs from its target's.
+    #[error("the draft model's vocabulary differs from the target's: {0}")]
+    DraftVocab(String),
     /// Chain roots handed to an import are out of order or past the block after the last
     /// full one.
     #[error("chain roots at blocks {roots:?} do not fit a sequence of {n_blocks} full blocks")]

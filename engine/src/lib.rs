@@ -58,6 +58,7 @@ mod params;
 pub mod sampling;
 mod session;
 mod shift;
+pub mod speculative;
 mod spill;
 mod stop;
 pub mod store;

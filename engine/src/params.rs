@@ -74,7 +74,9 @@ pub struct ContextParams {
     /// Most tokens one [`Context::decode`] evaluates.
     pub n_batch: usize,
     /// Attention through ggml's fused flash-attention kernel (the default, and faster here:
-    /// see docs/BENCHMARKS.md) or as separate matrix products and a softmax.
+    /// see docs/BENCHMARKS.md) or as separate matrix products and a softmax. Under
+    /// [`Evaluation::Invariant`] attention is always fused (the separate products' bits
+    /// depend on the batch), so `false` matters only to the other evaluations.
     pub flash_attn: bool,
     /// Element type of cached K.
     pub type_k: KvType,

@@ -160,6 +160,8 @@ fn q8_0_key_cache_works_without_flash_attention() {
     let toks = tokens(80);
     let unfused = |k| ContextParams {
         flash_attn: false,
+        // The batch-invariant default always fuses attention.
+        evaluation: engine::Evaluation::Fast,
         ..typed(32, k, KvType::F16)
     };
     let want = Session::new(model.clone(), unfused(KvType::F16))

@@ -36,6 +36,8 @@ fn unfused_attention_matches_reference_too() {
     let want = reference(&c, &w, &toks);
     let mut p = params(16);
     p.flash_attn = false;
+    // The batch-invariant default always fuses attention.
+    p.evaluation = engine::Evaluation::Fast;
     let mut s = Session::new(model, p).unwrap();
     let all = s.feed_all_logits(&toks).unwrap();
     for (i, row) in all.chunks(c.n_vocab).enumerate() {

@@ -95,6 +95,7 @@ impl Server {
             Some(dir) => Some(Arc::new(SessionStore::open(dir, &model, store_config)?)),
             None => store.clone(),
         };
+        let spec = speculation(&config, &model, &ctx_params)?;
         let mut ctx = Context::new(Arc::clone(&model), ctx_params)?;
         spill_to_store(&mut ctx, store.as_deref())?;
         if !args.no_warmup {
@@ -124,6 +125,7 @@ impl Server {
                     .ok()
                     .map(std::time::Duration::from_secs),
                 wake: tx.downgrade(),
+                spec,
             },
             rx,
         );
@@ -246,6 +248,44 @@ impl Server {
 /// The context's parameters, as llama-server sizes it: the whole context (`-c`, 0 for the
 /// model's) split among the slots unless unified, and a page pool for every slot's context and
 /// as much again for finished prompts kept resident.
+/// Speculative decoding's state, with the draft model loaded into a context of its own (the
+/// target's settings, `-cd` for its length).
+fn speculation(
+    config: &Config,
+    model: &Model,
+    ctx_params: &ContextParams,
+) -> Result<Option<scheduler::Speculation>> {
+    let Some(spec) = config.spec.clone() else {
+        return Ok(None);
+    };
+    let draft = match &spec.draft_model {
+        None => None,
+        Some(path) => {
+            let bad = |reason: String| ServerError::BadOption {
+                option: "--spec-draft-model",
+                reason,
+            };
+            let draft = Model::load(path).map_err(|e| bad(e.to_string()))?;
+            let n_ctx = if spec.draft_ctx == 0 {
+                ctx_params.n_ctx
+            } else {
+                spec.draft_ctx
+            };
+            let params = ContextParams {
+                n_ctx,
+                kv_tokens: ctx_params.kv_tokens.max(n_ctx),
+                kv_ram: 0,
+                ..ctx_params.clone()
+            };
+            Some(
+                engine::speculative::DraftModel::new(draft, model, params)
+                    .map_err(|e| bad(e.to_string()))?,
+            )
+        }
+    };
+    Ok(Some(scheduler::Speculation::new(spec, draft)))
+}
+
 fn context_params(config: &Config, model: &Model) -> Result<ContextParams> {
     let args = &config.args;
     let n_train = model.hparams().n_ctx_train.max(2);

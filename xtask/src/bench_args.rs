@@ -36,6 +36,8 @@ pub(crate) enum Workload {
     MultiRound,
     /// Our server on caches of growing size (`bench_growth`).
     Growth,
+    /// Speculative decoding: plain decoding against n-gram drafts, both servers (`bench_spec`).
+    Spec,
 }
 
 /// The options every benchmark of the servers shares (`bench-server`, `bench-remote`).
@@ -59,7 +61,8 @@ pub(crate) struct ServerArgs {
     /// Repetitions of the time-to-first-token measurement.
     #[arg(long, value_name = "N", default_value_t = 3, value_parser = positive)]
     pub(crate) reps: usize,
-    /// Repeated requests per repetition (their median is reported).
+    /// Repeated requests per repetition (their median is reported) [spec: rounds, every server
+    /// started afresh in each].
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = positive)]
     pub(crate) repeats: usize,
     /// Size of the shared system prompt, in tokens [default: 1000; agent: 3000].
@@ -74,7 +77,7 @@ pub(crate) struct ServerArgs {
     /// Concurrent clients of the trace or multi-round workload (and server slots).
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = positive)]
     pub(crate) clients: usize,
-    /// `max_tokens` of each reply [default: 32; agent: 64].
+    /// `max_tokens` of each reply [default: 32; agent: 64; spec: the tasks' own, at most this].
     #[arg(long, value_name = "N", value_parser = positive)]
     pub(crate) gen_tokens: Option<usize>,
     /// Where the servers' caches and logs go.
@@ -231,6 +234,13 @@ pub(crate) struct MultiRound {
     pub(crate) cache_ram_mib: usize,
 }
 
+/// What `--workload spec` alone reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Spec {
+    /// `--gen-tokens`: the most `n_predict` of any task (a smoke run); `None`: each task's own.
+    pub(crate) max_predict: Option<usize>,
+}
+
 /// What `bench-server` runs, with its settings.
 #[derive(Clone, Debug)]
 pub(crate) enum Plan {
@@ -242,6 +252,8 @@ pub(crate) enum Plan {
     MultiRound(Options, MultiRound),
     /// `--workload growth`, with `--sizes`.
     Growth(Options, Vec<usize>),
+    /// `--workload spec`.
+    Spec(Options, Spec),
 }
 
 impl BenchServerArgs {
@@ -326,6 +338,12 @@ impl BenchServerArgs {
             Some(Workload::Growth) => Plan::Growth(
                 self.server.options(DEFAULTS),
                 self.sizes.clone().unwrap_or_else(|| vec![10, 1000, 10000]),
+            ),
+            Some(Workload::Spec) => Plan::Spec(
+                self.server.options(DEFAULTS),
+                Spec {
+                    max_predict: self.server.gen_tokens,
+                },
             ),
         })
     }

@@ -575,6 +575,7 @@ pub(crate) fn bench_server(args: &BenchServerArgs) -> Result<(), String> {
         Plan::Agent(o, a) => return crate::bench_agent::bench_agent(&o, &a),
         Plan::MultiRound(o, m) => return crate::bench_multiround::bench_multiround(&o, &m),
         Plan::Growth(o, sizes) => return crate::bench_growth::bench_growth(&o, &sizes),
+        Plan::Spec(o, s) => return crate::bench_spec::bench_spec(&o, &s),
     };
     let servers = servers(&o)?;
     let mut report = serde_json::Map::new();

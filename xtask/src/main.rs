@@ -47,6 +47,7 @@ mod bench_growth;
 mod bench_multiround;
 mod bench_remote;
 mod bench_server;
+mod bench_spec;
 #[cfg(feature = "bindgen")]
 mod bindings;
 mod clients;

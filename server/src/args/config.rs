@@ -55,4 +55,6 @@ pub struct Config {
     pub pooling: super::Pooling,
     /// DRY's sequence breakers (`None`: llama-server's defaults).
     pub dry_breakers: Option<Vec<String>>,
+    /// Speculative decoding, when asked for.
+    pub spec: Option<super::SpecConfig>,
 }

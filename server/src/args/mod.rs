@@ -14,6 +14,7 @@ mod embed;
 mod gcp;
 pub mod memory;
 mod remote;
+mod spec;
 
 pub use config::Config;
 
@@ -21,6 +22,7 @@ pub use defaults::{default_disk_budget, default_kv_ram};
 pub use embed::{EmbeddingArgs, Pooling};
 pub use gcp::{Gcp, GcpArgs};
 pub use remote::{remote_config, RemoteArgs};
+pub use spec::{SpecArgs, SpecConfig};
 
 use std::path::PathBuf;
 
@@ -527,6 +529,9 @@ pub struct Args {
     /// Google Cloud Vertex AI's variables (`AIP_MODE`, `AIP_HTTP_PORT`, ...).
     #[command(flatten)]
     pub gcp: GcpArgs,
+    /// Speculative decoding.
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// llama-server options accepted that tune nothing here (filled by the parser).
     #[arg(skip)]
     pub no_effect: Vec<NoEffect>,
@@ -696,6 +701,7 @@ impl Args {
             return Err(bad("--host", "no address given".into()));
         }
         let sampler = self.sampler()?;
+        let spec = self.spec.config().map_err(|e| bad("--spec-type", e))?;
         let dry_breakers = match self.dry_sequence_breaker.as_slice() {
             [] => None,
             [none] if none == "none" => Some(Vec::new()),
@@ -724,6 +730,7 @@ impl Args {
             sampler,
             dry_breakers,
             pooling,
+            spec,
             args: self,
         })
     }

@@ -99,6 +99,13 @@ struct Sampling {
     response_fields: Option<Vec<String>>,
     timings_per_token: Option<bool>,
     return_progress: Option<bool>,
+    /// llama-server's per-request speculative settings.
+    #[serde(rename = "speculative.n_max")]
+    spec_n_max: Option<i64>,
+    #[serde(rename = "speculative.n_min")]
+    spec_n_min: Option<i64>,
+    #[serde(rename = "speculative.p_min")]
+    spec_p_min: Option<f32>,
     t_max_predict_ms: Option<i64>,
     n_indent: Option<i64>,
     n_keep: Option<i64>,

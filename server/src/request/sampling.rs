@@ -111,6 +111,14 @@ pub(super) fn gen_params(
             .clone()
             .or_else(|| limits.dry_breakers.clone()),
         warm: false,
+        speculative: crate::scheduler::SpecRequest {
+            n_max: s.spec_n_max.map(|n| usize::try_from(n).unwrap_or(0)),
+            n_min: s.spec_n_min.map(|n| usize::try_from(n).unwrap_or(0)),
+            p_min: s
+                .spec_p_min
+                .filter(|p| p.is_finite())
+                .map(|p| p.clamp(0.0, 1.0)),
+        },
     })
 }
 

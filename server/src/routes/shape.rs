@@ -91,7 +91,7 @@ pub fn timings(f: &Finish) -> Value {
     };
     let (p_tok, p_sec) = per(f.prompt_n, f.prompt_ms);
     let (g_tok, g_sec) = per(f.predicted_n.saturating_sub(1), f.predicted_ms);
-    json!({
+    let mut t = json!({
         "cache_n": f.cache_n,
         "prompt_n": f.prompt_n,
         "prompt_ms": f.prompt_ms,
@@ -101,7 +101,13 @@ pub fn timings(f: &Finish) -> Value {
         "predicted_ms": f.predicted_ms,
         "predicted_per_token_ms": g_tok,
         "predicted_per_second": g_sec,
-    })
+    });
+    // As llama-server: only when drafts were verified.
+    if f.drafts.drafted > 0 {
+        t["draft_n"] = json!(f.drafts.drafted);
+        t["draft_n_accepted"] = json!(f.drafts.accepted);
+    }
+    t
 }
 
 /// llama-server's `prompt_progress`.

@@ -186,6 +186,7 @@ impl Scheduler {
         Metrics::add(&m.prompt_tokens_computed, (prompt.len() - cache_n) as u64);
         self.tickets += 1;
         let stops = engine::StopStrings::new(&job.params.stop);
+        let synth_rng = super::spec::SynthRng::new(job.params.sampler.seed);
         Ok(Active {
             events: job.events,
             sampler: Sampler::new(job.params.sampler.clone()),
@@ -215,6 +216,10 @@ impl Scheduler {
             moved: shifted,
             thinking: 0,
             forced: VecDeque::new(),
+            spec_hold: None,
+            drafts: Default::default(),
+            synth_rng,
+            spec_k: 0,
         })
     }
 }

@@ -35,7 +35,9 @@ mod sample;
 mod shift;
 mod sleep;
 mod slots;
+mod spec;
 pub use slots::{slot_file, SlotScope};
+pub use spec::{DraftCounts, SpecRequest, Speculation};
 mod step;
 mod stream;
 mod types;
@@ -101,6 +103,16 @@ struct Active {
     thinking: usize,
     /// Tokens to feed next instead of sampling (a reasoning budget's end tag).
     forced: VecDeque<u32>,
+    /// Inside a verified draft: the length the sequence would hold without speculation
+    /// (what it is cut to if the request ends there).
+    spec_hold: Option<usize>,
+    /// Draft tokens verified and accepted.
+    drafts: DraftCounts,
+    /// `--spec-synth-rates`' random stream.
+    synth_rng: spec::SynthRng,
+    /// Most draft tokens worth verifying next (0: the settings' most): a little over twice
+    /// what the last draft had accepted, so that drafts that miss stay short.
+    spec_k: usize,
 }
 
 /// A slot: at most one active request, and the sequence it last ran.
@@ -139,6 +151,8 @@ struct Scheduler {
     /// `--sleep-idle-seconds`: the idle time before sleeping, and while asleep the parameters
     /// of the context to build again.
     sleep: Option<(std::time::Duration, Option<engine::ContextParams>)>,
+    /// Speculative decoding, when on.
+    spec: Option<Speculation>,
 }
 
 /// Starts the scheduler thread; it ends (after finishing or cancelling its work and flushing
@@ -169,6 +183,7 @@ pub fn spawn(parts: Parts, rx: mpsc::UnboundedReceiver<Command>) -> std::thread:
         work: 0,
         closing: false,
         sleep: parts.sleep_after.map(|d| (d, None)),
+        spec: parts.spec,
     };
     std::thread::Builder::new()
         .name("scheduler".into())

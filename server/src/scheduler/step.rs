@@ -24,13 +24,27 @@ impl Scheduler {
             let mut batch = Batch::new();
             // (slot, prompt tokens fed by the item, whether logits were asked for)
             let mut items: Vec<(usize, usize, bool)> = Vec::new();
+            let n_decoding = self
+                .slots
+                .iter()
+                .filter(|s| s.active.as_ref().is_some_and(|a| a.pending.is_some()))
+                .count();
+            let mut drafts = self.drafts(n_batch.saturating_sub(n_decoding));
             let mut budget = n_batch;
             for (i, slot) in self.slots.iter().enumerate() {
                 if let Some(a) = &slot.active {
                     if let Some(t) = a.pending {
-                        batch.add(a.seq, &[t], Logits::Last);
+                        let draft = &drafts[i];
+                        if draft.is_empty() {
+                            batch.add(a.seq, &[t], Logits::Last);
+                        } else {
+                            let mut run = Vec::with_capacity(draft.len() + 1);
+                            run.push(t);
+                            run.extend_from_slice(draft);
+                            batch.add(a.seq, &run, Logits::All);
+                        }
                         items.push((i, 0, true));
-                        budget -= 1;
+                        budget -= 1 + draft.len();
                     }
                 }
             }
@@ -87,6 +101,11 @@ impl Scheduler {
                             let history = self.ctx.tokens(a.seq).unwrap_or(&[]);
                             // `ignore_eos` reaches the sampler as a ban of those tokens.
                             let logits = out.logits(item);
+                            if n_prompt == 0 && !drafts[slot].is_empty() {
+                                let draft = std::mem::take(&mut drafts[slot]);
+                                self.verify(slot, &draft, logits);
+                                continue;
+                            }
                             // A reasoning budget's end tag goes in as it is, not sampled.
                             if let Some(token) = a.forced.pop_front() {
                                 self.on_token(slot, token, None);

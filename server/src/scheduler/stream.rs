@@ -126,6 +126,7 @@ impl Scheduler {
             let end = a.text.len();
             flush_text(&mut a, end);
         }
+        self.remember(&a);
         let now = Instant::now();
         let first = a.first_token.unwrap_or(now);
         let finish = Finish {
@@ -141,6 +142,7 @@ impl Scheduler {
             stopping_word: std::mem::take(&mut a.stopping_word),
             probs: std::mem::take(&mut a.probs),
             truncated: a.truncated,
+            drafts: a.drafts,
         };
         // The gauges first: a client that reads them once it has its answer sees this request
         // done.
@@ -160,6 +162,10 @@ impl Scheduler {
         );
         let _ = a.events.send(Event::Done(Box::new(finish)));
         Metrics::add(&self.metrics.requests_finished, 1);
+        // Ended inside a verified draft: the tokens after the one it ended at go.
+        if let Some(len) = a.spec_hold {
+            let _ = self.ctx.truncate(a.seq, len);
+        }
         if a.truncated || a.moved {
             let _ = self.ctx.remove_sequence(a.seq);
         } else {

@@ -67,6 +67,8 @@ pub struct GenParams {
     /// a prefix with rather than taking that sequence over, so the conversation as generated
     /// stays cached too.
     pub warm: bool,
+    /// The request's own speculative settings (the server's where unset).
+    pub speculative: super::SpecRequest,
 }
 
 /// A request for the scheduler.
@@ -173,6 +175,8 @@ pub struct Finish {
     pub probs: Vec<TokenProbs>,
     /// The context was shifted: older tokens were dropped to go on.
     pub truncated: bool,
+    /// Draft tokens verified and accepted.
+    pub drafts: super::DraftCounts,
 }
 
 /// A `/slots/{id}` action.
@@ -278,4 +282,6 @@ pub struct Parts {
     /// The scheduler's own command channel, for the loader to wake it (weak: it does not keep
     /// the scheduler running).
     pub wake: mpsc::WeakUnboundedSender<Command>,
+    /// Speculative decoding, when the server was started with it.
+    pub spec: Option<super::Speculation>,
 }
