@@ -179,6 +179,7 @@ fn greedy_tokens_are_the_same_with_every_drafter() {
                 context: c,
                 n_max: k.min(4),
                 p_min: 0.0,
+                namespace: None,
             }])
             .unwrap()
             .remove(0)
@@ -342,4 +343,59 @@ fn argmax(l: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// A draft model with a store finds a conversation's prefix on disk in a new context (as after
+/// a restart), and drafts the same tokens from it as from computing it.
+#[test]
+fn a_draft_models_prefix_comes_back_from_its_store() {
+    let c = common::cfg(common::Shape::Llama, false);
+    let (dir, model, _) = common::build(&c, 11);
+    let store_dir = dir.path().join("store");
+    let open = || {
+        Arc::new(
+            engine::store::SessionStore::open(
+                &store_dir,
+                &model,
+                engine::store::StoreConfig::default(),
+            )
+            .unwrap(),
+        )
+    };
+    let context = common::tokens(100);
+    let ns = Some(engine::Namespace::new(&[b"tenant"]));
+    let req = |ns| DraftRequest {
+        key: 3,
+        context: &context,
+        n_max: 5,
+        p_min: 0.0,
+        namespace: ns,
+    };
+    let mut first = DraftModel::new(Arc::clone(&model), &model, common::params(64))
+        .unwrap()
+        .with_store(open());
+    let want = first.draft(&[req(ns)]).unwrap().remove(0);
+    assert_eq!(want.len(), 5);
+    assert_eq!(first.restored_tokens(), 0, "nothing stored yet");
+    first.save(3).unwrap();
+    first.flush().unwrap();
+    drop(first);
+
+    let mut again = DraftModel::new(Arc::clone(&model), &model, common::params(64))
+        .unwrap()
+        .with_store(open());
+    let got = again.draft(&[req(ns)]).unwrap().remove(0);
+    assert_eq!(got, want, "the same draft from the stored prefix");
+    assert_eq!(
+        again.restored_tokens(),
+        64,
+        "the full block came from the store"
+    );
+
+    // Another namespace finds nothing of it.
+    let mut other = DraftModel::new(Arc::clone(&model), &model, common::params(64))
+        .unwrap()
+        .with_store(open());
+    other.draft(&[req(None)]).unwrap();
+    assert_eq!(other.restored_tokens(), 0);
 }

@@ -92,15 +92,16 @@ impl Server {
             )?))
         };
         let slot_store = match &args.slot_save_path {
-            Some(dir) => Some(Arc::new(SessionStore::open(dir, &model, store_config)?)),
+            Some(dir) => Some(Arc::new(SessionStore::open(
+                dir,
+                &model,
+                store_config.clone(),
+            )?)),
             None => store.clone(),
         };
-        let spec = speculation(&config, &model, &ctx_params)?;
+        let spec = speculation(&config, &model, &ctx_params, &store_config)?;
         let mut ctx = Context::new(Arc::clone(&model), ctx_params)?;
         spill_to_store(&mut ctx, store.as_deref())?;
-        if !args.no_warmup {
-            scheduler::warm_up(&mut ctx);
-        }
         let n_ctx = ctx.params().n_ctx;
         let template = chat_template(&config, &model)?;
         let metrics = Arc::new(Metrics::default());
@@ -114,6 +115,7 @@ impl Server {
         Metrics::set(&metrics.kv_ram_budget, budget.0 as u64);
         metrics.log(budget.1);
         let (tx, rx) = mpsc::unbounded_channel();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let scheduler = scheduler::spawn(
             Parts {
                 ctx,
@@ -126,9 +128,12 @@ impl Server {
                     .map(std::time::Duration::from_secs),
                 wake: tx.downgrade(),
                 spec,
+                warm_up: (!args.no_warmup).then_some(ready_tx),
             },
             rx,
         );
+        // Answer nothing before the warm-up is done, as llama-server.
+        let _ = ready_rx.await;
         let mut listeners = Vec::with_capacity(config.hosts.len());
         for host in &config.hosts {
             // `[::1]` and `::1` alike.
@@ -245,15 +250,13 @@ impl Server {
     }
 }
 
-/// The context's parameters, as llama-server sizes it: the whole context (`-c`, 0 for the
-/// model's) split among the slots unless unified, and a page pool for every slot's context and
-/// as much again for finished prompts kept resident.
 /// Speculative decoding's state, with the draft model loaded into a context of its own (the
 /// target's settings, `-cd` for its length).
 fn speculation(
     config: &Config,
     model: &Model,
     ctx_params: &ContextParams,
+    store_config: &StoreConfig,
 ) -> Result<Option<scheduler::Speculation>> {
     let Some(spec) = config.spec.clone() else {
         return Ok(None);
@@ -277,15 +280,22 @@ fn speculation(
                 kv_ram: 0,
                 ..ctx_params.clone()
             };
-            Some(
-                engine::speculative::DraftModel::new(draft, model, params)
-                    .map_err(|e| bad(e.to_string()))?,
-            )
+            let mut dm = engine::speculative::DraftModel::new(Arc::clone(&draft), model, params)
+                .map_err(|e| bad(e.to_string()))?;
+            // The draft's KV is cached like any model's, under its own fingerprint.
+            if !config.args.no_cache {
+                let store = SessionStore::open(&config.cache_dir, &draft, store_config.clone())?;
+                dm = dm.with_store(Arc::new(store));
+            }
+            Some(dm)
         }
     };
     Ok(Some(scheduler::Speculation::new(spec, draft)))
 }
 
+/// The context's parameters, as llama-server sizes it: the whole context (`-c`, 0 for the
+/// model's) split among the slots unless unified, and a page pool for every slot's context and
+/// as much again for finished prompts kept resident.
 fn context_params(config: &Config, model: &Model) -> Result<ContextParams> {
     let args = &config.args;
     let n_train = model.hparams().n_ctx_train.max(2);

@@ -4,11 +4,19 @@
 //! calls: a call keeps the longest prefix the sequence shares with the caller's context,
 //! feeds the rest, then drafts one token a step for every caller at once. Rejected draft
 //! tokens are cut at the next call, as any other difference is.
+//!
+//! With a store ([`DraftModel::with_store`], the draft model's own, under its fingerprint), a
+//! caller's new sequence starts from the longest prefix stored in its namespace, and
+//! [`DraftModel::save`] stores a sequence's full blocks: after a restart the draft model finds
+//! its prefixes on disk, as the target does.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::{Batch, Context, ContextParams, Error, Logits, Model, Result, SeqId};
+use crate::store::SessionStore;
+use crate::{
+    Batch, Context, ContextParams, Error, Logits, Model, Namespace, Result, SeqId, PAGE_TOKENS,
+};
 
 /// One caller's part of [`DraftModel::draft`].
 #[derive(Clone, Copy, Debug)]
@@ -21,6 +29,8 @@ pub struct DraftRequest<'a> {
     pub n_max: usize,
     /// Drafting stops before a token whose probability under the draft model is below this.
     pub p_min: f32,
+    /// The caller's prompt-cache namespace: a stored prefix is taken from it only.
+    pub namespace: Option<Namespace>,
 }
 
 /// A draft model and its context.
@@ -29,6 +39,10 @@ pub struct DraftModel {
     seqs: HashMap<u64, SeqId>,
     /// Keys in order of last use, least recent first (dropped first when pages run short).
     recent: Vec<u64>,
+    /// Where the draft's KV is kept, if anywhere.
+    store: Option<Arc<SessionStore>>,
+    /// Tokens taken from the store so far.
+    restored: usize,
 }
 
 impl DraftModel {
@@ -54,7 +68,39 @@ impl DraftModel {
             ctx: Context::new(model, params)?,
             seqs: HashMap::new(),
             recent: Vec::new(),
+            store: None,
+            restored: 0,
         })
+    }
+
+    /// Keeps the draft's KV in `store`, which must have been opened for the draft model.
+    pub fn with_store(mut self, store: Arc<SessionStore>) -> DraftModel {
+        self.store = Some(store);
+        self
+    }
+
+    /// Tokens whose KV came from the store rather than being computed.
+    pub fn restored_tokens(&self) -> usize {
+        self.restored
+    }
+
+    /// Makes what [`DraftModel::save`] put durable.
+    pub fn flush(&self) -> Result<()> {
+        match &self.store {
+            Some(s) => s.flush(),
+            None => Ok(()),
+        }
+    }
+
+    /// Puts the full blocks of `key`'s sequence that the store lacks into it (its RAM tier;
+    /// on disk at its next spill or flush). Nothing without a store or a sequence.
+    pub fn save(&mut self, key: u64) -> Result<()> {
+        let (Some(store), Some(&seq)) = (&self.store, self.seqs.get(&key)) else {
+            return Ok(());
+        };
+        let blocks = store.prompt_cache().new_blocks(&self.ctx, seq, 0)?;
+        store.prompt_cache().put_blocks(blocks)?;
+        Ok(())
     }
 
     /// The draft context (its model, parameters and statistics).
@@ -74,7 +120,7 @@ impl DraftModel {
             if r.n_max == 0 || r.context.is_empty() || r.context.len() + r.n_max > n_ctx {
                 continue;
             }
-            let seq = self.sync(r.key, r.context)?;
+            let seq = self.sync(r.key, r.context, r.namespace)?;
             live.push((i, seq));
         }
         if live.is_empty() {
@@ -154,28 +200,57 @@ impl DraftModel {
     }
 
     /// `key`'s sequence, cut to the longest prefix it shares with `context`, less one token
-    /// when it holds all of `context` (so that the last token is fed again for its logits).
-    fn sync(&mut self, key: u64, context: &[u32]) -> Result<SeqId> {
+    /// when it holds all of `context` (so that the last token is fed again for its logits);
+    /// started again from the store when that holds a page more of `context` in `ns`.
+    fn sync(&mut self, key: u64, context: &[u32], ns: Option<Namespace>) -> Result<SeqId> {
         self.recent.retain(|&k| k != key);
         self.recent.push(key);
+        let usable = &context[..context.len() - 1];
+        let mut common = 0;
         if let Some(&seq) = self.seqs.get(&key) {
             let held = self.ctx.tokens(seq)?;
-            let common = held
-                .iter()
-                .zip(context)
-                .take_while(|(a, b)| a == b)
-                .count()
-                .min(context.len() - 1);
+            common = crate::common_prefix_len(held, usable);
+            let same_ns = self.ctx.namespace(seq)? == ns;
             match self.ctx.truncate(seq, common) {
-                Ok(()) => return Ok(seq),
+                Ok(()) if same_ns => {
+                    // Most calls: the context grew by a token or two since the last one.
+                    if self.store.is_none() || common + PAGE_TOKENS >= usable.len() {
+                        return Ok(seq);
+                    }
+                }
+                Ok(()) => common = 0,
                 // A sliding window's released rows: start again.
-                Err(Error::WindowReleased { .. }) => self.forget(key),
+                Err(Error::WindowReleased { .. }) => common = 0,
                 Err(e) => return Err(e),
             }
-            self.recent.push(key);
+        }
+        let found = self
+            .store
+            .as_ref()
+            .map(|s| s.prompt_cache().find_prefix(usable, ns));
+        if let Some(&seq) = self.seqs.get(&key) {
+            if common > 0
+                && found
+                    .as_ref()
+                    .is_none_or(|f| f.tokens < common + PAGE_TOKENS)
+            {
+                return Ok(seq);
+            }
+            let _ = self.ctx.remove_sequence(seq);
+            self.seqs.remove(&key);
         }
         let seq = self.ctx.new_sequence();
+        self.ctx.set_namespace(seq, ns)?;
         self.seqs.insert(key, seq);
+        if let (Some(store), Some(found)) = (&self.store, found.filter(|f| f.tokens > 0)) {
+            // Only a cache: a prefix that cannot be read is computed instead.
+            if let Ok(n) = store
+                .prompt_cache()
+                .restore_found(&mut self.ctx, seq, usable, &found)
+            {
+                self.restored += n;
+            }
+        }
         Ok(seq)
     }
 

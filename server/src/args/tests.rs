@@ -99,7 +99,10 @@ fn the_test_suites_launch_lines_are_read_as_llama_server_reads_them() {
 fn capabilities_it_lacks_are_refused_by_name() {
     for (argv, capability) in [
         (&["--lora", "x.gguf"][..], "LoRA"),
-        (&["--spec-draft-ngl", "9"], "speculative decoding on a device"),
+        (
+            &["--spec-draft-ngl", "9"],
+            "speculative decoding on a device",
+        ),
         (&["-hf", "org/repo"], "download"),
         (&["--mmproj", "p.gguf"], "multimodal"),
         (&["--grp-attn-n", "4"], "self-extend"),

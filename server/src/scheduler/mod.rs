@@ -185,9 +185,16 @@ pub fn spawn(parts: Parts, rx: mpsc::UnboundedReceiver<Command>) -> std::thread:
         sleep: parts.sleep_after.map(|d| (d, None)),
         spec: parts.spec,
     };
+    let warm = parts.warm_up;
     std::thread::Builder::new()
         .name("scheduler".into())
-        .spawn(move || sched.run(rx))
+        .spawn(move || {
+            if let Some(ready) = warm {
+                warm_up(&mut sched.ctx);
+                let _ = ready.send(());
+            }
+            sched.run(rx)
+        })
         .expect("spawning the scheduler thread")
 }
 
@@ -287,6 +294,9 @@ impl Scheduler {
         // after that would write the collected blocks' RAM copies again).
         if let Some(w) = self.writer.take() {
             w.finish();
+        }
+        if let Some(d) = self.spec.as_ref().and_then(|s| s.draft.as_ref()) {
+            let _ = d.flush();
         }
     }
 

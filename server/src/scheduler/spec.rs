@@ -52,6 +52,21 @@ impl Speculation {
     }
 }
 
+/// A generating request that may draft this step.
+struct Want {
+    slot: usize,
+    /// Its tokens, the pending one last.
+    context: Vec<u32>,
+    /// Most draft tokens.
+    k: usize,
+    /// Fewest draft tokens worth verifying.
+    n_min: usize,
+    /// The draft model's probability floor.
+    p_min: f32,
+    /// Its namespace.
+    ns: Option<engine::Namespace>,
+}
+
 /// Counts of a request's drafts, for its `timings`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DraftCounts {
@@ -70,8 +85,7 @@ impl Scheduler {
             return out;
         };
         let n_ctx = self.ctx.params().n_ctx;
-        // (slot, context with the pending token, most tokens, fewest tokens, p_min)
-        let mut wants: Vec<(usize, Vec<u32>, usize, usize, f32)> = Vec::new();
+        let mut wants: Vec<Want> = Vec::new();
         for (i, slot) in self.slots.iter().enumerate() {
             let Some(a) = &slot.active else { continue };
             let Some(pending) = a.pending else { continue };
@@ -98,27 +112,39 @@ impl Scheduler {
             context.push(pending);
             let n_min = own.n_min.unwrap_or(spec.config.n_min).max(1);
             let p_min = own.p_min.unwrap_or(spec.config.p_min);
-            wants.push((i, context, k, n_min, p_min));
+            let ns = a.params.namespace;
+            wants.push(Want {
+                slot: i,
+                context,
+                k,
+                n_min,
+                p_min,
+                ns,
+            });
         }
         let mut for_model = Vec::new();
-        for (i, context, k, n_min, p_min) in wants {
+        for w in wants {
+            let Want {
+                slot: i,
+                ref context,
+                k,
+                n_min,
+                ..
+            } = w;
             let mut draft = Vec::new();
             if let Some(params) = spec.config.ngram {
                 // The longer match wins: the context's own, or the namespace's history.
                 let k = k.min(spec.config.ngram_n_max);
-                let own = speculative::ngram::draft_from_context(&context, &params, k);
-                let ns = self.slots[i]
-                    .active
-                    .as_ref()
-                    .and_then(|a| a.params.namespace);
-                let earlier = spec.history.as_ref().map(|h| h.draft(ns, &context, k));
+                let own = speculative::ngram::draft_from_context(context, &params, k);
+                let earlier = spec.history.as_ref().map(|h| h.draft(w.ns, context, k));
                 draft = match earlier {
                     Some(e) if e.matched > own.matched => e.tokens,
                     _ => own.tokens,
                 };
             }
             if draft.is_empty() && spec.draft.is_some() {
-                for_model.push((i, context, k.min(spec.config.n_max), n_min, p_min));
+                let k = k.min(spec.config.n_max);
+                for_model.push(Want { k, ..w });
                 continue;
             }
             if draft.len() >= n_min {
@@ -128,18 +154,19 @@ impl Scheduler {
         if let Some(model) = spec.draft.as_mut().filter(|_| !for_model.is_empty()) {
             let reqs: Vec<DraftRequest> = for_model
                 .iter()
-                .map(|(i, context, k, _, p_min)| DraftRequest {
-                    key: *i as u64,
-                    context,
-                    n_max: *k,
-                    p_min: *p_min,
+                .map(|w| DraftRequest {
+                    key: w.slot as u64,
+                    context: &w.context,
+                    n_max: w.k,
+                    p_min: w.p_min,
+                    namespace: w.ns,
                 })
                 .collect();
             // A draft model that fails (its pool too small) drafts nothing this step.
             if let Ok(drafts) = model.draft(&reqs) {
-                for ((i, _, _, n_min, _), d) in for_model.iter().zip(drafts) {
-                    if d.len() >= *n_min {
-                        out[*i] = d;
+                for (w, d) in for_model.iter().zip(drafts) {
+                    if d.len() >= w.n_min {
+                        out[w.slot] = d;
                     }
                 }
             }
@@ -249,13 +276,21 @@ impl SynthRng {
 impl Scheduler {
     /// Keeps a finished request's tokens (prompt and reply) for later n-gram drafts in its
     /// namespace.
-    pub(super) fn remember(&mut self, a: &Active) {
-        let Some(h) = self.spec.as_mut().and_then(|s| s.history.as_mut()) else {
+    pub(super) fn remember(&mut self, slot: usize, a: &Active) {
+        let Some(spec) = self.spec.as_mut() else {
             return;
         };
         if a.params.warm {
             return;
         }
+        // The draft model's blocks of this conversation, for the next request or run (only
+        // a cache: a failure loses nothing).
+        if let Some(d) = spec.draft.as_mut() {
+            let _ = d.save(slot as u64);
+        }
+        let Some(h) = spec.history.as_mut() else {
+            return;
+        };
         let mut tokens = Vec::with_capacity(a.prompt.len() + a.generated.len());
         tokens.extend_from_slice(&a.prompt);
         tokens.extend_from_slice(&a.generated);

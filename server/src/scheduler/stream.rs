@@ -126,7 +126,7 @@ impl Scheduler {
             let end = a.text.len();
             flush_text(&mut a, end);
         }
-        self.remember(&a);
+        self.remember(slot, &a);
         let now = Instant::now();
         let first = a.first_token.unwrap_or(now);
         let finish = Finish {

@@ -284,4 +284,9 @@ pub struct Parts {
     pub wake: mpsc::WeakUnboundedSender<Command>,
     /// Speculative decoding, when the server was started with it.
     pub spec: Option<super::Speculation>,
+    /// Warm up on the scheduler thread first, then say so here. On the thread that evaluates
+    /// every batch: ggml's OpenMP workers spin between operations only while no more threads
+    /// exist than cores, and a second thread that once ran a graph keeps its own idle workers,
+    /// so a warm-up elsewhere halved decoding speed on two cores.
+    pub warm_up: Option<oneshot::Sender<()>>,
 }
