@@ -99,7 +99,10 @@ impl Server {
             )?)),
             None => store.clone(),
         };
-        let spec = speculation(&config, &model, &ctx_params, &store_config)?;
+        let mut spec = speculation(&config, &model, &ctx_params, &store_config)?;
+        if let (Some(spec), Some(store)) = (spec.as_mut(), &store) {
+            spec.seed(store);
+        }
         let mut ctx = Context::new(Arc::clone(&model), ctx_params)?;
         spill_to_store(&mut ctx, store.as_deref())?;
         let n_ctx = ctx.params().n_ctx;

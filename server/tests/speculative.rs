@@ -60,15 +60,23 @@ fn drafted(t: &Value) -> (u64, u64) {
     )
 }
 
-/// The replies of every prompt, greedy and seeded, and the greedy replies' drafts counted.
+/// The replies of every prompt, greedy, seeded and seeded under a grammar, and the greedy
+/// replies' drafts counted.
 async fn replies(srv: &TestServer) -> (Vec<Vec<u64>>, u64, u64) {
     let mut out = Vec::new();
     let (mut n, mut acc) = (0, 0);
     for p in prompts() {
-        for seed in [None, Some(7)] {
-            let (tokens, t) = complete(srv, request(&p, 40, seed)).await;
-            assert_eq!(tokens.len(), 40, "n_predict is never passed");
-            assert_eq!(t["predicted_n"], 40);
+        for (seed, grammar) in [(None, false), (Some(7), false), (Some(9), true)] {
+            let mut body = request(&p, 40, seed);
+            if grammar {
+                body["grammar"] = json!("root ::= [a-e ]+");
+            }
+            let (tokens, t) = complete(srv, body).await;
+            // A grammar may end the reply sooner.
+            assert!(tokens.len() <= 40, "n_predict is never passed");
+            if !grammar {
+                assert_eq!(tokens.len(), 40);
+            }
             if seed.is_none() {
                 let (d, a) = drafted(&t);
                 n += d;
@@ -134,7 +142,7 @@ async fn drafts_never_change_a_reply() {
     );
     let got = [got.0 .0, got.1 .0, got.2 .0, got.3 .0];
     for (i, g) in got.iter().enumerate() {
-        assert_eq!(g, &want[2 * i], "prompt {i}, four at once");
+        assert_eq!(g, &want[3 * i], "prompt {i}, four at once");
     }
     srv.stop().await;
 }
@@ -179,9 +187,27 @@ async fn a_draft_stays_inside_the_context() {
 
 const ALPHA: &str = "alpha";
 
+/// 100 bytes without a repeated 3-gram (the tiny model's tokens are bytes): more than a
+/// block, so that the cache stores it.
+fn unrepeated() -> String {
+    let mut x: u32 = 12345;
+    let mut s = String::new();
+    while s.len() < 100 {
+        x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        let c = char::from(b'!' + ((x >> 16) % 90) as u8);
+        s.push(c);
+        let b = s.as_bytes();
+        let n = b.len();
+        if n >= 3 && (0..n - 3).any(|i| b[i..i + 3] == b[n - 3..]) {
+            s.pop();
+        }
+    }
+    s
+}
+
 /// A prompt without repetition, asked as `key`: the reply's tokens and its drafts.
 async fn ask(srv: &TestServer, key: &str) -> (Value, (u64, u64)) {
-    let body = json!({"prompt": "Qk7!vR2#mT9$wL4", "temperature": 0.0, "n_predict": 32,
+    let body = json!({"prompt": unrepeated(), "temperature": 0.0, "n_predict": 32,
         "return_tokens": true});
     let (status, r) = srv
         .send_as(key, Method::POST, "/completion", Some(&body))
@@ -216,6 +242,53 @@ async fn history_drafts_stay_with_their_key() {
     assert!(
         by_history.1 > alone.1,
         "the same key drafts its earlier reply: {by_history:?} against {alone:?}"
+    );
+    let (other, other_drafts) = ask(&srv, "beta").await;
+    assert_eq!(other, want);
+    assert_eq!(
+        other_drafts, alone,
+        "another key drafts nothing from alpha's history"
+    );
+    srv.stop().await;
+}
+
+/// After a restart on the same cache directory, a key drafts from the conversations it had
+/// before (the history is read back from the cached prompts), and another key still does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_drafts_survive_a_restart() {
+    let env = Env::new();
+    let args = [
+        "--api-key",
+        "alpha",
+        "--api-key",
+        "beta",
+        "--spec-type",
+        "ngram-simple",
+    ];
+    let fresh = Env::new();
+    let baseline = fresh
+        .start(&[
+            "--no-cache",
+            "--api-key",
+            "alpha",
+            "--spec-type",
+            "ngram-simple",
+        ])
+        .await;
+    let (want, alone) = ask(&baseline, ALPHA).await;
+    baseline.stop().await;
+
+    let srv = env.start(&args).await;
+    let (first, _) = ask(&srv, ALPHA).await;
+    assert_eq!(first, want);
+    srv.stop().await;
+
+    let srv = env.start(&args).await;
+    let (again, by_history) = ask(&srv, ALPHA).await;
+    assert_eq!(again, want);
+    assert!(
+        by_history.1 > alone.1,
+        "after a restart the key drafts its earlier reply: {by_history:?} against {alone:?}"
     );
     let (other, other_drafts) = ask(&srv, "beta").await;
     assert_eq!(other, want);

@@ -206,6 +206,45 @@ impl PromptCache<'_> {
         Ok(())
     }
 
+    /// The tokens of the prompts cached most recently, newest last, with their namespaces:
+    /// those of the tail checkpoints, read while they come to at most `max_tokens` tokens and
+    /// `max_prompts` prompts (for n-gram drafts from what each namespace wrote before). A tail
+    /// that cannot be read is passed over.
+    pub fn recent_prompts(
+        &self,
+        max_tokens: usize,
+        max_prompts: usize,
+    ) -> Result<Vec<(Option<Namespace>, Vec<u32>)>> {
+        let mut tails: Vec<_> = self
+            .store
+            .handle
+            .checkpoints()
+            .ours()?
+            .into_iter()
+            .filter(|c| c.name.starts_with(TAIL_PREFIX))
+            .collect();
+        tails.sort_by_key(|c| std::cmp::Reverse(c.last_used_unix));
+        let mut out = Vec::new();
+        let mut total = 0;
+        for c in tails.into_iter().take(max_prompts) {
+            if total + c.n_tokens > max_tokens {
+                break;
+            }
+            let Ok(m) = self.store.handle.read_manifest(&c.name) else {
+                continue;
+            };
+            let ns = m
+                .chain_roots
+                .iter()
+                .find(|r| r.block == 0)
+                .map(|r| Namespace::from_root(r.id));
+            total += m.tokens.len();
+            out.push((ns, m.tokens));
+        }
+        out.reverse();
+        Ok(out)
+    }
+
     /// The longest prefix of `tokens` the store holds in namespace `ns`: leading full blocks
     /// (from any conversation or process of that namespace; then from the remote tier, if
     /// any, which keeps what it brings), then the tokens of the tail checkpoint that continues

@@ -110,8 +110,9 @@ struct Active {
     drafts: DraftCounts,
     /// `--spec-synth-rates`' random stream.
     synth_rng: spec::SynthRng,
-    /// Most draft tokens worth verifying next (0: the settings' most): a little over twice
-    /// what the last draft had accepted, so that drafts that miss stay short.
+    /// Most draft tokens worth verifying next (0: the settings' most): one more than twice
+    /// what the last draft had accepted, so that drafts that miss stay at one token (a
+    /// verified row costs a fraction of a step) and drafts that hit double.
     spec_k: usize,
 }
 

@@ -67,6 +67,26 @@ struct Want {
     ns: Option<engine::Namespace>,
 }
 
+impl Speculation {
+    /// Records the prompts `store` cached most recently (with their replies, as the cache
+    /// keeps them) into the n-gram history: after a restart each namespace drafts from its
+    /// earlier conversations as before. At most 4,096 prompts are read.
+    pub fn seed(&mut self, store: &engine::store::SessionStore) {
+        let Some(h) = self.history.as_mut() else {
+            return;
+        };
+        // Only a cache: a store that cannot be listed seeds nothing.
+        if let Ok(prompts) = store
+            .prompt_cache()
+            .recent_prompts(self.config.history_tokens, 4096)
+        {
+            for (ns, tokens) in prompts {
+                h.record(ns, &tokens);
+            }
+        }
+    }
+}
+
 /// Counts of a request's drafts, for its `timings`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DraftCounts {
@@ -232,7 +252,7 @@ impl Scheduler {
         let m = accepted.len() - 1;
         a.drafts.drafted += draft.len();
         a.drafts.accepted += m;
-        a.spec_k = 2 * m + 2;
+        a.spec_k = 2 * m + 1;
         let seq = a.seq;
         if let Err(e) = self.ctx.truncate(seq, base + 1 + m) {
             self.fail(slot, ServerError::Busy(e.to_string()));
