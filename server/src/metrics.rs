@@ -63,6 +63,14 @@ pub struct Metrics {
     pub predicted_us: AtomicU64,
     /// Batches evaluated.
     pub n_decode: AtomicU64,
+    /// Draft tokens verified (speculative decoding).
+    pub draft_tokens: AtomicU64,
+    /// Draft tokens accepted.
+    pub draft_accepted: AtomicU64,
+    /// Drafts verified.
+    pub drafts: AtomicU64,
+    /// Tokens of the draft model's KV read from the store rather than computed.
+    pub draft_tokens_from_store: AtomicU64,
     /// Requests (slots) in those batches, summed.
     pub n_busy_slots: AtomicU64,
     /// Most tokens one request has held (prompt and reply).
@@ -269,20 +277,20 @@ impl Metrics {
             (
                 "spec_decode_num_draft_tokens_total",
                 "counter",
-                "Draft tokens proposed (no speculative decoding here).",
-                0.0,
+                "Draft tokens verified (speculative decoding).",
+                get(&self.draft_tokens) as f64,
             ),
             (
                 "spec_decode_num_accepted_tokens_total",
                 "counter",
-                "Draft tokens accepted (no speculative decoding here).",
-                0.0,
+                "Draft tokens accepted by the model.",
+                get(&self.draft_accepted) as f64,
             ),
             (
                 "spec_decode_num_drafts_total",
                 "counter",
-                "Drafts made (no speculative decoding here).",
-                0.0,
+                "Drafts verified.",
+                get(&self.drafts) as f64,
             ),
             (
                 "prompt_tokens_seconds",
@@ -467,8 +475,9 @@ impl Metrics {
     }
 
     /// The replies evaluated ahead as clients send them back without their reasoning
-    /// (`routes/warm.rs`), and the tokens that took.
-    fn warm_rows(&self) -> [(&'static str, &'static str, &'static str, u64); 2] {
+    /// (`routes/warm.rs`) and the tokens that took; the draft model's tokens taken from the
+    /// store.
+    fn warm_rows(&self) -> [(&'static str, &'static str, &'static str, u64); 3] {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         [
             (
@@ -482,6 +491,12 @@ impl Metrics {
                 "counter",
                 "Prompt tokens those warm-ups evaluated (in prompt_tokens_computed_total too).",
                 get(&self.reply_warm_tokens),
+            ),
+            (
+                "draft_tokens_from_store_total",
+                "counter",
+                "Tokens of the draft model's KV restored from the store.",
+                get(&self.draft_tokens_from_store),
             ),
         ]
     }

@@ -99,6 +99,7 @@ async fn drafts_never_change_a_reply() {
     let srv = env
         .start(&[
             "--no-cache",
+            "--metrics",
             "--spec-type",
             "ngram-simple",
             "--spec-ngram-min-match",
@@ -109,6 +110,30 @@ async fn drafts_never_change_a_reply() {
     assert_eq!(got, want, "n-gram drafts");
     assert!(n > 0, "the repeated prompts give n-gram drafts");
     assert!(acc <= n);
+    // `/metrics` counts every request's drafts (the seeded ones too).
+    let text = reqwest::get(format!("{}/metrics", srv.url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let counter = |name: &str| -> u64 {
+        let line = format!("llamacpp:spec_decode_num_{name}_total ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {name} counter in {text}")) as u64
+    };
+    let (drafted, accepted, steps) = (
+        counter("draft_tokens"),
+        counter("accepted_tokens"),
+        counter("drafts"),
+    );
+    assert!(
+        drafted >= n && accepted >= acc && accepted <= drafted,
+        "{drafted} {accepted}"
+    );
+    assert!(steps > 0 && steps <= drafted);
     srv.stop().await;
 
     let model = env.model.display().to_string();
@@ -295,6 +320,57 @@ async fn history_drafts_survive_a_restart() {
     assert_eq!(
         other_drafts, alone,
         "another key drafts nothing from alpha's history"
+    );
+    srv.stop().await;
+}
+
+/// With a draft model, a conversation's draft KV is stored under the draft model's own
+/// fingerprint: after a restart the draft model reads its prefix back instead of computing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_draft_models_prefix_survives_a_restart() {
+    let env = Env::new();
+    // Another model of the same vocabulary (other weights): another fingerprint, so the
+    // draft's blocks are its own, not the target's.
+    let draft = env.cache().with_file_name("draft.gguf");
+    engine::testing::TinyChatModel {
+        n_ff: 64,
+        context_length: 4096,
+        seed: 99,
+        ..engine::testing::TinyChatModel::default()
+    }
+    .write(&draft)
+    .unwrap();
+    let model = draft.display().to_string();
+    let args = [
+        "--metrics",
+        "-md",
+        model.as_str(),
+        "--spec-draft-n-max",
+        "4",
+    ];
+    let body = json!({"prompt": unrepeated(), "temperature": 0.0, "n_predict": 16});
+    let restored = |srv: &TestServer| {
+        let url = srv.url.clone();
+        async move { common::metric(&url, "draft_tokens_from_store_total").await }
+    };
+    let srv = env.start(&args).await;
+    let (status, first) = srv.post("/completion", &body).await;
+    assert_eq!(status, 200, "{first}");
+    assert!(first["timings"]["draft_n"].as_u64().unwrap() > 0);
+    assert_eq!(
+        restored(&srv).await,
+        0,
+        "nothing stored before the first request"
+    );
+    srv.stop().await;
+
+    let srv = env.start(&args).await;
+    let (status, again) = srv.post("/completion", &body).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["content"], first["content"]);
+    assert!(
+        restored(&srv).await >= 64,
+        "the draft model's first block came from the store"
     );
     srv.stop().await;
 }

@@ -15,6 +15,7 @@ use super::sample::pick;
 use super::{Active, Scheduler};
 use crate::args::SpecConfig;
 use crate::error::ServerError;
+use crate::metrics::Metrics;
 
 /// A request's own speculative settings (llama-server's `speculative.*` fields).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -183,7 +184,12 @@ impl Scheduler {
                 })
                 .collect();
             // A draft model that fails (its pool too small) drafts nothing this step.
-            if let Ok(drafts) = model.draft(&reqs) {
+            let got = model.draft(&reqs);
+            Metrics::set(
+                &self.metrics.draft_tokens_from_store,
+                model.restored_tokens() as u64,
+            );
+            if let Ok(drafts) = got {
                 for (w, d) in for_model.iter().zip(drafts) {
                     if d.len() >= w.n_min {
                         out[w.slot] = d;
@@ -252,6 +258,9 @@ impl Scheduler {
         let m = accepted.len() - 1;
         a.drafts.drafted += draft.len();
         a.drafts.accepted += m;
+        Metrics::add(&self.metrics.draft_tokens, draft.len() as u64);
+        Metrics::add(&self.metrics.draft_accepted, m as u64);
+        Metrics::add(&self.metrics.drafts, 1);
         a.spec_k = 2 * m + 1;
         let seq = a.seq;
         if let Err(e) = self.ctx.truncate(seq, base + 1 + m) {
