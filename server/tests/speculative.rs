@@ -197,6 +197,10 @@ async fn a_draft_stays_inside_the_context() {
         (&["--spec-type", "draft-eagle3"][..], "draft-eagle3"),
         (&["--spec-type", "ngram-fancy"], "ngram-fancy"),
         (&["--spec-type", "draft-simple"], "-md"),
+        (
+            &["--spec-synth-rates", "0.5"],
+            "--spec-synth-rates needs drafts",
+        ),
     ] {
         let mut full = vec!["llama-hdd-server", "-m", "x.gguf"];
         full.extend_from_slice(argv);
@@ -241,6 +245,16 @@ async fn ask(srv: &TestServer, key: &str) -> (Value, (u64, u64)) {
     (r["tokens"].clone(), drafted(&r["timings"]))
 }
 
+/// Key beta gets alpha's reply and drafts only what the prompt drafts alone.
+async fn another_key_drafts_alone(srv: &TestServer, want: &Value, alone: (u64, u64)) {
+    let (other, other_drafts) = ask(srv, "beta").await;
+    assert_eq!(&other, want);
+    assert_eq!(
+        other_drafts, alone,
+        "another key drafts nothing from alpha's history"
+    );
+}
+
 /// A conversation's reply drafts its repeat for the same key, never for another key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_drafts_stay_with_their_key() {
@@ -268,12 +282,7 @@ async fn history_drafts_stay_with_their_key() {
         by_history.1 > alone.1,
         "the same key drafts its earlier reply: {by_history:?} against {alone:?}"
     );
-    let (other, other_drafts) = ask(&srv, "beta").await;
-    assert_eq!(other, want);
-    assert_eq!(
-        other_drafts, alone,
-        "another key drafts nothing from alpha's history"
-    );
+    another_key_drafts_alone(&srv, &want, alone).await;
     srv.stop().await;
 }
 
@@ -315,12 +324,7 @@ async fn history_drafts_survive_a_restart() {
         by_history.1 > alone.1,
         "after a restart the key drafts its earlier reply: {by_history:?} against {alone:?}"
     );
-    let (other, other_drafts) = ask(&srv, "beta").await;
-    assert_eq!(other, want);
-    assert_eq!(
-        other_drafts, alone,
-        "another key drafts nothing from alpha's history"
-    );
+    another_key_drafts_alone(&srv, &want, alone).await;
     srv.stop().await;
 }
 

@@ -116,6 +116,9 @@ impl SpecArgs {
             return Err("--spec-type draft-simple needs a draft model (-md FILE)".into());
         }
         if !ngram && !draft {
+            if !self.synth_rates.is_empty() {
+                return Err("--spec-synth-rates needs drafts: give --spec-type or -md".into());
+            }
             return Ok(None);
         }
         if self.ngram_min_match == 0 || self.ngram_min_match > self.ngram_size_n {
