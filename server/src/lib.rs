@@ -21,6 +21,7 @@
 
 pub mod args;
 pub mod cache;
+pub mod conversations;
 pub mod error;
 pub mod metrics;
 pub mod request;
@@ -40,6 +41,7 @@ use tokio::sync::mpsc;
 pub use args::{Args, Config};
 pub use error::{Result, ServerError};
 
+use crate::conversations::Conversations;
 use crate::metrics::Metrics;
 use crate::routes::AppState;
 use crate::scheduler::{Command, Parts};
@@ -47,6 +49,9 @@ use crate::texts::TextIndex;
 
 /// Conversations the chat text index remembers.
 const TEXT_INDEX_ENTRIES: usize = 1024;
+
+/// Conversations the web page's list keeps (all tenants together).
+const CONVERSATIONS_LISTED: usize = 1024;
 
 /// A server bound to its addresses, its model loaded and its scheduler running.
 pub struct Server {
@@ -150,15 +155,22 @@ impl Server {
             listeners.push(listener);
         }
         // The text index lives beside the blocks it names, per model.
-        let texts = match &store {
-            Some(_) => {
-                let fp: String = model.fingerprint()[..16]
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect();
-                TextIndex::open(config.cache_dir.join("texts").join(fp), TEXT_INDEX_ENTRIES)
-            }
-            None => TextIndex::new(TEXT_INDEX_ENTRIES),
+        let fp: String = model.fingerprint()[..16]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let (texts, conversations) = match &store {
+            Some(_) => (
+                TextIndex::open(config.cache_dir.join("texts").join(&fp), TEXT_INDEX_ENTRIES),
+                Conversations::open(
+                    config.cache_dir.join("conversations").join(&fp),
+                    CONVERSATIONS_LISTED,
+                ),
+            ),
+            None => (
+                TextIndex::new(TEXT_INDEX_ENTRIES),
+                Conversations::new(CONVERSATIONS_LISTED),
+            ),
         };
         let state = Arc::new(AppState {
             tx,
@@ -169,6 +181,7 @@ impl Server {
             cache_dir: store.as_ref().map(|_| config.cache_dir.clone()),
             store,
             texts: Mutex::new(texts),
+            conversations: Mutex::new(conversations),
             started_unix: kvstore::unix_now(),
             template,
             vocab: std::sync::OnceLock::new(),

@@ -25,7 +25,12 @@ const SCRIPTS: &[&str] = &[
     "openai_client.py",
     "anthropic_client.py",
     "ollama_client.py",
+    "webui_browser.py",
 ];
+
+/// The browser the web page's script drives, and its driver (Debian's `chromium` and
+/// `chromium-driver` packages).
+const BROWSER: [&str; 2] = ["/usr/bin/chromium", "/usr/bin/chromedriver"];
 
 /// Where the default server binary is built, under the target directory.
 const DEFAULT_SERVER: &str = "debug/llama-hdd-server";
@@ -92,6 +97,9 @@ pub(crate) fn clients(o: &ClientsArgs) -> Result<(), String> {
 
     let mut failed = Vec::new();
     for script in SCRIPTS {
+        if *script == "webui_browser.py" && !browser_present()? {
+            continue;
+        }
         let dir = scratch.join(script.trim_end_matches(".py"));
         let path = root.join(DIR).join(script);
         let args = [&path, &server, &o.model, &dir].map(|p| p.to_string_lossy().into_owned());
@@ -101,6 +109,7 @@ pub(crate) fn clients(o: &ClientsArgs) -> Result<(), String> {
             .args(&args)
             .current_dir(&root)
             .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env("WEBUI_SCREENSHOTS", target_dir().join("webui-screenshots"))
             .status()
             .map_err(|e| format!("clients: could not run {python}: {e}"))?;
         let secs = t0.elapsed().as_secs_f64();
@@ -123,11 +132,32 @@ pub(crate) fn clients(o: &ClientsArgs) -> Result<(), String> {
     }
 }
 
+/// Whether Chromium and its driver are installed; without them the browser check is skipped
+/// with a warning, except in CI (`CI` set), where that is an error.
+fn browser_present() -> Result<bool, String> {
+    let missing: Vec<&str> = BROWSER
+        .into_iter()
+        .filter(|p| !Path::new(p).is_file())
+        .collect();
+    if missing.is_empty() {
+        return Ok(true);
+    }
+    let e = format!(
+        "clients: no {} (install Debian's chromium and chromium-driver)",
+        missing.join(" nor ")
+    );
+    if std::env::var_os("CI").is_some() {
+        return Err(e);
+    }
+    eprintln!("warning: {e}; the web page's browser check is skipped");
+    Ok(false)
+}
+
 /// Imports the packages and prints their versions (`ollama` has no `__version__`: pip's
 /// record of it is read).
-const IMPORT_CHECK: &str = "import openai, anthropic, ollama, importlib.metadata as m; \
+const IMPORT_CHECK: &str = "import openai, anthropic, ollama, selenium, importlib.metadata as m; \
     print('openai', openai.__version__, '/ anthropic', anthropic.__version__, \
-    '/ ollama', m.version('ollama'))";
+    '/ ollama', m.version('ollama'), '/ selenium', selenium.__version__)";
 
 /// The packages import, or an error that says how to install them; prints their versions.
 fn check_packages(python: &str) -> Result<(), String> {

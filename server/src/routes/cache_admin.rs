@@ -166,8 +166,9 @@ fn ckptfmt_name_ok(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-/// `GET /cache`: bytes and blocks in RAM and on disk, the disk budget, the request's key's
-/// pins, and where prompt tokens came from since the start.
+/// `GET /cache`: bytes and blocks in RAM and on disk, the disk budget, evictions (blocks
+/// dropped from RAM, blocks and bytes collected from disk), the remote tier's traffic (null
+/// without one), the request's key's pins, and where prompt tokens came from since the start.
 pub async fn show(
     State(st): State<Arc<AppState>>,
     Extension(client): Extension<ClientKey>,
@@ -210,6 +211,15 @@ pub async fn show(
             "dir": st.cache_dir,
         },
         "hits": { "ram": s.ram_hits, "disk": s.disk_hits, "misses": s.misses },
+        "evictions": { "ram_blocks": s.evictions, "disk_blocks": s.gc_blocks, "disk_bytes": s.gc_bytes },
+        "remote": store.remote_figures().map(|r| json!({
+            "up": r.up,
+            "hits": r.hits,
+            "misses": r.misses,
+            "bytes_read": r.bytes_read,
+            "bytes_written": r.bytes_written,
+            "errors": r.errors,
+        })),
         "pins": pins.collect::<Vec<_>>(),
         "prompt_tokens": prompts,
     })))

@@ -3,6 +3,7 @@
 
 mod anthropic;
 mod cache_admin;
+mod conversations;
 mod cors;
 mod embeddings;
 mod gcp;
@@ -61,6 +62,8 @@ pub struct AppState {
     pub cache_dir: Option<PathBuf>,
     /// Chat texts and the tokens they were evaluated as.
     pub texts: Mutex<TextIndex>,
+    /// The finished conversations the web page lists, per tenant.
+    pub conversations: Mutex<crate::conversations::Conversations>,
     /// When the server started (Unix seconds).
     pub started_unix: u64,
     /// The chat template given on the command line, if one was.
@@ -79,7 +82,6 @@ pub fn router(state: Arc<AppState>) -> Router {
         .trim_end_matches('/')
         .to_owned();
     let routes = Router::new()
-        .route("/", get(ui::page))
         .route("/health", get(info::health))
         .route("/v1/health", get(info::health))
         .route("/v1/models", get(info::models))
@@ -105,6 +107,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/cache/pin", post(cache_admin::pin))
         .route("/cache/clear", post(cache_admin::clear))
         .route("/cache/pin/{id}", axum::routing::delete(cache_admin::unpin))
+        .route("/cache/conversations", get(conversations::list))
+        .route(
+            "/cache/conversations/{id}",
+            axum::routing::delete(conversations::forget),
+        )
         .route("/slots", get(slots::list))
         .route("/slots/{id}", post(slots::action))
         .route("/metrics", get(slots::metrics))
@@ -128,6 +135,11 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(responses::fetch).delete(responses::remove),
         )
         .merge(ollama::routes());
+    let routes = if state.config.ui {
+        routes.merge(ui::assets())
+    } else {
+        routes
+    };
     let routes = if prefix.is_empty() {
         routes
     } else {

@@ -131,7 +131,8 @@ impl Turn {
 
     /// Remembers the tokens of prompt and reply, so that the next turn of the conversation
     /// keeps them (as the chat endpoint does), and starts the reply's warm-up for clients that
-    /// send it back without its reasoning ([`super::warm`]), in `client`'s cache.
+    /// send it back without its reasoning ([`super::warm`]), in `client`'s cache; the turn is
+    /// listed among `client`'s conversations ([`super::conversations`]).
     pub fn remember(&self, st: &Arc<AppState>, client: &super::ClientKey, reply: &str, f: &Finish) {
         if matches!(
             f.reason,
@@ -140,6 +141,8 @@ impl Turn {
             let mut tokens = self.prompt.clone();
             tokens.extend_from_slice(&f.tokens);
             super::generate::remember_text(st, format!("{}{reply}", self.text), tokens);
+            let content = self.read(reply).content;
+            super::conversations::record(st, client, &self.chat.messages, &content, f);
             super::warm::after_reply(st, client, self, reply);
         }
     }
