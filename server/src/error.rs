@@ -80,7 +80,10 @@ pub enum ServerError {
     /// The prompt cache could not do what an operator asked (pin, clear).
     #[error("prompt cache: {0}")]
     Cache(String),
-    /// The server is shutting down.
+    /// Router mode: the named model's process could not be started or ended.
+    #[error("{0}")]
+    ModelUnavailable(String),
+    /// The server is stopping.
     #[error("the server is shutting down")]
     ShuttingDown,
     /// The engine failed (model, KV cache, store).
@@ -125,7 +128,9 @@ impl ServerError {
             ServerError::NotEnabled { .. } | ServerError::Unsupported(_) => {
                 StatusCode::NOT_IMPLEMENTED
             }
-            ServerError::Busy(_) | ServerError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ServerError::Busy(_) | ServerError::ShuttingDown | ServerError::ModelUnavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ServerError::Engine(engine::Error::ContextFull { .. }) => StatusCode::BAD_REQUEST,
             ServerError::Engine(_)
             | ServerError::Cache(_)

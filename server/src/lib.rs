@@ -25,6 +25,7 @@ pub mod conversations;
 pub mod error;
 pub mod metrics;
 pub mod request;
+pub mod router;
 mod routes;
 pub mod scheduler;
 mod serve;

@@ -285,11 +285,6 @@ const NO_EFFECT: &[(&[&str], Arity, &str)] = &[
         "the llama.cpp web UI's MCP proxy",
     ),
     (
-        &["--no-models-autoload", "--models-autoload"],
-        Flag,
-        "the router's model loading",
-    ),
-    (
         &["--skip-chat-parsing", "--no-skip-chat-parsing"],
         Flag,
         "chat output parsing",
@@ -486,11 +481,6 @@ const UNSUPPORTED: &[(&[&str], Arity, &str)] = &[
         &["--ssl-key-file", "--ssl-cert-file"],
         One,
         "TLS (put a TLS proxy in front)",
-    ),
-    (
-        &["--models-dir", "--models-preset", "--models-max"],
-        One,
-        "the multi-model router",
     ),
     (
         &["--reasoning-effort", "--reasoning-budget-message"],

@@ -14,6 +14,7 @@ mod embed;
 mod gcp;
 pub mod memory;
 mod remote;
+mod router;
 mod spec;
 
 pub use config::Config;
@@ -22,6 +23,7 @@ pub use defaults::{default_disk_budget, default_kv_ram};
 pub use embed::{EmbeddingArgs, Pooling};
 pub use gcp::{Gcp, GcpArgs};
 pub use remote::{remote_config, RemoteArgs};
+pub use router::RouterArgs;
 pub use spec::{SpecArgs, SpecConfig};
 
 use std::path::PathBuf;
@@ -32,6 +34,11 @@ use crate::error::{Result, ServerError};
 
 pub use compat::NoEffect;
 
+/// A path, empty allowed (an empty `-m` is router mode).
+fn any_path(s: &str) -> std::result::Result<PathBuf, std::convert::Infallible> {
+    Ok(PathBuf::from(s))
+}
+
 /// An OpenAI-, Anthropic- and llama-server-compatible HTTP server whose prompt cache survives
 /// restarts.
 ///
@@ -41,11 +48,15 @@ pub use compat::NoEffect;
 #[derive(Clone, Debug, Parser)]
 #[command(name = "llama-hdd-server", version, args_override_self = true)]
 pub struct Args {
-    /// Model file (GGUF).
+    /// Model file (GGUF). Without one the server is a router over several models
+    /// (`--models-dir`, `--models-preset`, the hub cache), each run by a process of its own.
     #[arg(
         short = 'm',
         long = "model",
         value_name = "FNAME",
+        default_value = "",
+        hide_default_value = true,
+        value_parser = any_path,
         env = "LLAMA_ARG_MODEL"
     )]
     pub model: PathBuf,
@@ -532,6 +543,9 @@ pub struct Args {
     /// Speculative decoding.
     #[command(flatten)]
     pub spec: SpecArgs,
+    /// Router mode (no `-m`).
+    #[command(flatten)]
+    pub router: RouterArgs,
     /// llama-server options accepted that tune nothing here (filled by the parser).
     #[arg(skip)]
     pub no_effect: Vec<NoEffect>,
@@ -597,6 +611,14 @@ impl Args {
         let size = |option: &'static str, text: &str| {
             kvstore::parse_size(text).map_err(|e| bad(option, e.to_string()))
         };
+        if !self.model.as_os_str().is_empty() {
+            if self.router.models_dir.is_some() {
+                return Err(bad("--models-dir", "router mode is without -m".into()));
+            }
+            if self.router.models_preset.is_some() {
+                return Err(bad("--models-preset", "router mode is without -m".into()));
+            }
+        }
         let (n_slots, kv_unified) = self.slots()?;
         self.check_sampling_ranges()?;
         if self.ctx_size == 1 {

@@ -88,6 +88,9 @@ fn main() -> ExitCode {
             config.cache_disk.map_or_else(|| "none".to_owned(), human),
         ));
     }
+    if config.args.model.as_os_str().is_empty() {
+        return route(&runtime, config, log);
+    }
     let result = runtime.block_on(async {
         let mut server = Server::bind(config).await?;
         if let Some(lines) = server.log_lines() {
@@ -101,7 +104,57 @@ fn main() -> ExitCode {
         for addr in server.local_addrs() {
             say(format!("llama-hdd-server listening on http://{addr}"));
         }
-        server.run_until(shutdown_signal()).await
+        // A router's model process says where it listens, on its own line of output.
+        if std::env::var_os(server::router::CHILD_ENV).is_some() {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{}", server::router::ready_line(server.local_addr()));
+            let _ = out.flush();
+        }
+        if std::env::var_os(server::router::CHILD_ENV).is_some() {
+            server.run_until(router_gone_or_signal()).await
+        } else {
+            server.run_until(shutdown_signal()).await
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            log.say(&format!("error: {e}"));
+            if log.quiet {
+                eprintln!("error: {e}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Router mode (no `-m`): serves the models of `--models-dir`, `--models-preset` and the hub
+/// cache, each in a process of this binary.
+fn route(
+    runtime: &tokio::runtime::Runtime,
+    config: server::Config,
+    log: std::sync::Arc<Log>,
+) -> ExitCode {
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            log.say(&format!("error: finding this program's file: {e}"));
+            return ExitCode::FAILURE;
+        }
+    };
+    let shared = server::router::child_args(std::env::args().skip(1));
+    let say = {
+        let log = std::sync::Arc::clone(&log);
+        std::sync::Arc::new(move |line: String| log.say(&line))
+    };
+    let result = runtime.block_on(async {
+        let router = server::router::RouterServer::bind(config, exe, shared, say).await?;
+        for addr in router.local_addrs() {
+            log.say(&format!("llama-hdd-server listening on http://{addr}"));
+        }
+        log.say("router mode: each model runs in a process of its own, loaded on demand");
+        router.run_until(shutdown_signal()).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -173,6 +226,22 @@ impl Log {
 }
 
 /// SIGINT or SIGTERM.
+/// A router's model process ends when the router does: its standard input, a pipe from the
+/// router, reaches its end (also when the router was killed), or a signal comes.
+async fn router_gone_or_signal() {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        let mut sink = [0u8; 64];
+        let mut stdin = std::io::stdin().lock();
+        while matches!(std::io::Read::read(&mut stdin, &mut sink), Ok(n) if n > 0) {}
+        let _ = tx.send(());
+    });
+    tokio::select! {
+        _ = rx => eprintln!("the router is gone: shutting down"),
+        () = shutdown_signal() => {},
+    }
+}
+
 async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;

@@ -14,6 +14,11 @@ use super::AppState;
 
 /// Answers preflights and marks responses with the origin they may be read from.
 pub async fn layer(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    answer(&st.config.args, req, next).await
+}
+
+/// [`layer`]'s work under the options `args`.
+pub(crate) async fn answer(args: &crate::Args, req: Request, next: Next) -> Response {
     let origin = req
         .headers()
         .get(header::ORIGIN)
@@ -25,7 +30,6 @@ pub async fn layer(State(st): State<Arc<AppState>>, req: Request, next: Next) ->
     } else {
         next.run(req).await
     };
-    let args = &st.config.args;
     let allowed = origin.filter(|o| allows(&args.cors_origins, o));
     let headers = resp.headers_mut();
     if let Some(value) = allowed.and_then(|o| HeaderValue::from_str(&o).ok()) {

@@ -9,7 +9,7 @@ mod embeddings;
 mod gcp;
 mod generate;
 mod info;
-mod ollama;
+pub(crate) mod ollama;
 mod responses;
 mod shape;
 
@@ -193,48 +193,62 @@ impl AppState {
 
 pub use gcp::conflict as gcp_conflict;
 
+pub(crate) use cors::answer as cors_answer;
+
+/// The web page's routes, which router mode serves too.
+pub(crate) fn ui_assets<S: Clone + Send + Sync + 'static>() -> Router<S> {
+    ui::assets()
+}
+
 /// Paths served without an API key, as llama-server serves them (after `--api-prefix`).
 const PUBLIC_PATHS: &[&str] = &["/", "/health", "/v1/health", "/models", "/v1/models"];
 
 /// Refuses requests without one of the API keys (when keys are set), comparing in constant
 /// time. The key comes as `Authorization: Bearer KEY` or as Anthropic's `x-api-key`.
 async fn require_key(State(st): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
-    let keys = &st.config.api_keys;
-    let mut client = ClientKey::default();
-    if !keys.is_empty() {
-        let path = req.uri().path();
-        let path = path
-            .strip_prefix(st.config.args.api_prefix.trim_end_matches('/'))
-            .unwrap_or(path);
-        if !PUBLIC_PATHS.contains(&path) {
-            let headers = req.headers();
-            let given = headers
-                .get("authorization")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
-                .unwrap_or("");
-            // Every key is compared, so the time says nothing about which one nearly matched.
-            let mut matched = None;
-            for key in keys {
-                if bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
-                    matched = Some(key);
-                }
-            }
-            client = ClientKey(matched.map(|k| *blake3::hash(k.as_bytes()).as_bytes()));
-            if matched.is_none() {
-                if anthropic::is_anthropic_path(path) {
-                    return anthropic::unauthorized();
-                }
-                if ollama::is_ollama_path(path) {
-                    return ollama::unauthorized();
-                }
-                return ServerError::Unauthorized.into_response();
-            }
+    match check_key(&st.config, &req) {
+        Ok(client) => {
+            req.extensions_mut().insert(client);
+            next.run(req).await
+        }
+        Err(refusal) => *refusal,
+    }
+}
+
+/// The client a request's API key names, or the refusal (in the dialect its path speaks) when
+/// keys are set and it has none of them.
+pub(crate) fn check_key(config: &crate::Config, req: &Request) -> Result<ClientKey, Box<Response>> {
+    let keys = &config.api_keys;
+    if keys.is_empty() {
+        return Ok(ClientKey::default());
+    }
+    let path = req.uri().path();
+    let path = path
+        .strip_prefix(config.args.api_prefix.trim_end_matches('/'))
+        .unwrap_or(path);
+    if PUBLIC_PATHS.contains(&path) {
+        return Ok(ClientKey::default());
+    }
+    let headers = req.headers();
+    let given = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .unwrap_or("");
+    // Every key is compared, so the time says nothing about which one nearly matched.
+    let mut matched = None;
+    for key in keys {
+        if bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
+            matched = Some(key);
         }
     }
-    req.extensions_mut().insert(client);
-    next.run(req).await
+    match matched {
+        Some(k) => Ok(ClientKey(Some(*blake3::hash(k.as_bytes()).as_bytes()))),
+        None if anthropic::is_anthropic_path(path) => Err(Box::new(anthropic::unauthorized())),
+        None if ollama::is_ollama_path(path) => Err(Box::new(ollama::unauthorized())),
+        None => Err(Box::new(ServerError::Unauthorized.into_response())),
+    }
 }
 
 /// A request body's bytes; a body over the limit is 413, as an OpenAI-style error. The

@@ -341,7 +341,7 @@ fn rfc3339_now() -> String {
 }
 
 /// `since_epoch` as RFC 3339 in UTC with microseconds.
-fn rfc3339(since_epoch: Duration) -> String {
+pub(crate) fn rfc3339(since_epoch: Duration) -> String {
     let secs = since_epoch.as_secs() as i64;
     let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     let (y, m, d) = civil_from_days(days);
