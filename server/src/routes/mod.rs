@@ -17,7 +17,7 @@ pub(crate) use kvstore::unix_now;
 mod slots;
 mod sse;
 mod turn;
-mod ui;
+pub(crate) mod ui;
 mod warm;
 
 use std::path::PathBuf;
