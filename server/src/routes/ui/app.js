@@ -41,6 +41,23 @@
     return response;
   }
 
+  // With several models (router mode), the calls that name no model in a body name the chosen
+  // one in the query, without loading it.
+  function routed(path) {
+    const model = state.models.length > 1 && $('model').value;
+    if (!model) return path;
+    return path + (path.includes('?') ? '&' : '?') + 'model=' + encodeURIComponent(model) + '&autoload=false';
+  }
+
+  // Whether the chosen model runs (always, with one model).
+  function chosenLoaded() {
+    if (state.models.length < 2) return true;
+    const m = state.models.find((x) => modelId(x) === $('model').value);
+    return !m || !m.status || m.status.value === 'loaded';
+  }
+
+  function modelId(m) { return m.id || m.model || m.name; }
+
   async function errorText(response) {
     try {
       const v = await response.json();
@@ -363,15 +380,24 @@
     } else {
       state.messages.pop();
     }
-    if (!failed) await loadConversations(true);
+    if (!failed) {
+      if (state.models.length > 1) await loadModels();
+      await loadConversations(true);
+    }
   }
 
   // ---------------------------------------------------------------------------------------
   // The server's conversations.
 
   async function loadConversations(followNewest) {
+    if (!chosenLoaded()) {
+      state.conversations = [];
+      renderList();
+      $('list-status').textContent = 'The conversations of ' + $('model').value + ' are listed once it is loaded (send it a message).';
+      return;
+    }
     try {
-      const response = await api('/cache/conversations');
+      const response = await api(routed('/cache/conversations'));
       if (!response.ok) {
         $('list-status').textContent = 'The list is not available: ' + await errorText(response);
         return;
@@ -439,7 +465,7 @@
 
   async function forgetConversation(c) {
     try {
-      const response = await api('/cache/conversations/' + encodeURIComponent(c.id), { method: 'DELETE' });
+      const response = await api(routed('/cache/conversations/' + encodeURIComponent(c.id)), { method: 'DELETE' });
       if (!response.ok) $('list-status').textContent = await errorText(response);
       if (c.id === state.conversationId) state.conversationId = null;
     } catch (_) { /* said by the key dialog */ }
@@ -463,7 +489,7 @@
     select.replaceChildren();
     for (const m of state.models) {
       const option = document.createElement('option');
-      option.value = m.id || m.model || m.name;
+      option.value = modelId(m);
       const status = m.status && m.status.value;
       option.textContent = option.value + (status ? ' (' + status + ')' : '');
       select.appendChild(option);
@@ -478,9 +504,13 @@
 
   async function sampleCache() {
     if (document.hidden) return;
+    if (!chosenLoaded()) {
+      $('cache-status').textContent = $('model').value + ' is not loaded: its cache is shown once it is.';
+      return;
+    }
     let v;
     try {
-      const response = await api('/cache');
+      const response = await api(routed('/cache'));
       if (!response.ok) {
         $('cache-status').textContent = await errorText(response);
         return;
@@ -653,6 +683,11 @@
     else if (e.key === 'Escape') closePanels();
   });
   $('stop').addEventListener('click', stop);
+  $('model').addEventListener('change', () => {
+    state.samples = [];
+    loadConversations(false);
+    sampleCache();
+  });
   $('new-chat').addEventListener('click', newChat);
   $('key-button').addEventListener('click', () => askKey(''));
   $('key-form').addEventListener('submit', (e) => {
@@ -665,9 +700,10 @@
   $('toggle-cache').addEventListener('click', () => togglePanel($('toggle-cache'), $('cache-panel')));
   document.addEventListener('visibilitychange', () => { if (!document.hidden) sampleCache(); });
 
-  loadModels();
-  loadConversations(false);
-  sampleCache();
+  loadModels().then(() => {
+    loadConversations(false);
+    sampleCache();
+  });
   setInterval(sampleCache, POLL_MS);
   setInterval(() => { if (!document.hidden) loadModels(); }, 5 * POLL_MS);
 })();
