@@ -38,6 +38,8 @@ pub(crate) enum Workload {
     Growth,
     /// Speculative decoding: plain decoding against n-gram drafts, both servers (`bench_spec`).
     Spec,
+    /// A reasoning conversation whose client drops `reasoning_content` (`bench_reasoning`).
+    Reasoning,
 }
 
 /// The options every benchmark of the servers shares (`bench-server`, `bench-remote`).
@@ -61,23 +63,24 @@ pub(crate) struct ServerArgs {
     /// Repetitions of the time-to-first-token measurement.
     #[arg(long, value_name = "N", default_value_t = 3, value_parser = positive)]
     pub(crate) reps: usize,
-    /// Repeated requests per repetition (their median is reported) [spec: rounds, every server
-    /// started afresh in each].
+    /// Repeated requests per repetition (their median is reported) [spec, reasoning: rounds,
+    /// every server started afresh in each].
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = positive)]
     pub(crate) repeats: usize,
-    /// Size of the shared system prompt, in tokens [default: 1000; agent: 3000].
+    /// Size of the shared system prompt, in tokens [default: 1000; agent: 3000; reasoning: 200].
     #[arg(long, value_name = "N", value_parser = positive)]
     pub(crate) system_tokens: Option<usize>,
     /// Conversations of the trace.
     #[arg(long, value_name = "N", default_value_t = 8, value_parser = positive)]
     pub(crate) conversations: usize,
-    /// Turns per conversation [default: 6; agent: 20].
+    /// Turns per conversation [default: 6; agent: 20; reasoning: 10].
     #[arg(long, value_name = "N", value_parser = positive)]
     pub(crate) turns: Option<usize>,
     /// Concurrent clients of the trace or multi-round workload (and server slots).
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = positive)]
     pub(crate) clients: usize,
-    /// `max_tokens` of each reply [default: 32; agent: 64; spec: the tasks' own, at most this].
+    /// `max_tokens` of each reply [default: 32; agent: 64; reasoning: 128; spec: the tasks' own,
+    /// at most this].
     #[arg(long, value_name = "N", value_parser = positive)]
     pub(crate) gen_tokens: Option<usize>,
     /// Where the servers' caches and logs go.
@@ -254,6 +257,8 @@ pub(crate) enum Plan {
     Growth(Options, Vec<usize>),
     /// `--workload spec`.
     Spec(Options, Spec),
+    /// `--workload reasoning`.
+    Reasoning(Options),
 }
 
 impl BenchServerArgs {
@@ -345,6 +350,11 @@ impl BenchServerArgs {
                     max_predict: self.server.gen_tokens,
                 },
             ),
+            Some(Workload::Reasoning) => Plan::Reasoning(self.server.options(Defaults {
+                system_tokens: 200,
+                turns: 10,
+                gen_tokens: 128,
+            })),
         })
     }
 }

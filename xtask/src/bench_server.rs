@@ -13,7 +13,8 @@
 //!   time to first token, and aggregate generated tokens per second over the trace.
 //!
 //! - With `--workload agent`, instead: one tool-calling conversation with a restart in the middle
-//!   (see `bench_agent`).
+//!   (see `bench_agent`); `--workload reasoning`: a reasoning conversation whose client drops
+//!   `reasoning_content` (see `bench_reasoning`).
 //!
 //! The texts are generated from a fixed seed, so both servers see the same requests.
 
@@ -576,6 +577,7 @@ pub(crate) fn bench_server(args: &BenchServerArgs) -> Result<(), String> {
         Plan::MultiRound(o, m) => return crate::bench_multiround::bench_multiround(&o, &m),
         Plan::Growth(o, sizes) => return crate::bench_growth::bench_growth(&o, &sizes),
         Plan::Spec(o, s) => return crate::bench_spec::bench_spec(&o, &s),
+        Plan::Reasoning(o) => return crate::bench_reasoning::bench_reasoning(&o),
     };
     let servers = servers(&o)?;
     let mut report = serde_json::Map::new();

@@ -45,6 +45,7 @@ mod bench_args;
 mod bench_beyond_ram;
 mod bench_growth;
 mod bench_multiround;
+mod bench_reasoning;
 mod bench_remote;
 mod bench_server;
 mod bench_spec;
