@@ -6,6 +6,7 @@
 //! model's fingerprint, so a model unloaded and loaded again finds its conversations on disk.
 
 mod catalog;
+mod conv;
 mod pool;
 mod proxy;
 
@@ -92,6 +93,8 @@ struct RouterState {
     pool: Arc<Pool>,
     client: proxy::HttpClient,
     started_unix: u64,
+    /// Which model serves each conversation stream (`X-Conversation-Id`).
+    convs: conv::Conversations,
 }
 
 /// A router bound to its addresses.
@@ -151,6 +154,7 @@ impl RouterServer {
                 pool,
                 client: proxy::client(),
                 started_unix: kvstore::since_epoch().as_secs(),
+                convs: conv::Conversations::default(),
             }),
         })
     }
@@ -203,6 +207,8 @@ fn app(state: Arc<RouterState>) -> Router {
         .route("/models/load", post(load))
         .route("/models/unload", post(unload))
         .route("/props", get(props))
+        .route("/v1/stream", get(conv::resume).delete(conv::stop))
+        .route("/stream", get(conv::resume).delete(conv::stop))
         .route("/api/tags", get(tags))
         .route("/api/ps", get(ps))
         .route("/api/version", get(version));
@@ -478,7 +484,47 @@ async fn forward(State(st): State<Arc<RouterState>>, req: Request) -> Response {
     let Some(entry) = st.pool.resolve(&name) else {
         return ServerError::BadRequest(format!("model '{name}' not found")).into_response();
     };
-    let lease = match st.pool.acquire(&entry.name, query.autoload(&st)).await {
+    let autoload = query.autoload(&st);
+    let conv_id = parts
+        .headers
+        .get(conv::HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned);
+    let Some(conv_id) = conv_id else {
+        return pass(&st, &entry.name, autoload, parts, body).await;
+    };
+    // A conversation's stream is recorded by the model process for a later resume: the
+    // request goes on when its client leaves (a page reloaded during a load), and only a stop
+    // (`DELETE /v1/stream`) cancels it.
+    let stopped = st.convs.remember(&conv_id, &entry.name);
+    let task = tokio::spawn({
+        let st = Arc::clone(&st);
+        let name = entry.name.clone();
+        async move {
+            tokio::select! {
+                r = pass(&st, &name, autoload, parts, body) => r,
+                () = stopped.wait() => ServerError::BadRequest(
+                    "request cancelled by a stop while the model was loading".into(),
+                )
+                .into_response(),
+            }
+        }
+    });
+    task.await.unwrap_or_else(|_| {
+        ServerError::ModelUnavailable("the request's task failed".into()).into_response()
+    })
+}
+
+/// Takes a place in `name`'s process and passes the request on.
+async fn pass(
+    st: &RouterState,
+    name: &str,
+    autoload: bool,
+    parts: axum::http::request::Parts,
+    body: Bytes,
+) -> Response {
+    let lease = match st.pool.acquire(name, autoload).await {
         Ok(l) => l,
         Err(e) => return e.into_response(),
     };

@@ -1,0 +1,201 @@
+//! Conversation streams through the router: a streamed request with `X-Conversation-Id` is
+//! recorded by the model process that serves it, and `GET /v1/stream?conv_id=` (resume) or
+//! `DELETE /v1/stream?conv_id=` (stop) must reach that process. The router remembers which model
+//! each conversation went to; while that model loads, a resume is told to retry (503) and a stop
+//! cancels the request that waits for it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use tokio::sync::watch;
+
+use super::pool::Status;
+use super::RouterState;
+use crate::error::ServerError;
+
+/// The header naming a request's conversation.
+pub const HEADER: &str = "x-conversation-id";
+
+/// Conversations remembered at most; past it the oldest is forgotten (its stream then answers
+/// 404 through the router, as an expired one does).
+const MAX_CONVERSATIONS: usize = 4096;
+
+struct Conv {
+    model: String,
+    ticket: u64,
+    stop: watch::Sender<bool>,
+}
+
+/// A request's news of a stop of its conversation.
+pub struct Stopped(watch::Receiver<bool>);
+
+impl Stopped {
+    /// Completes when the request is stopped (never, once a newer request of the conversation
+    /// took its place).
+    pub async fn wait(mut self) {
+        if self.0.wait_for(|&s| s).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Which model serves each conversation, and the stops asked of requests still waiting.
+#[derive(Default)]
+pub struct Conversations {
+    map: Mutex<HashMap<String, Conv>>,
+    next: AtomicU64,
+}
+
+impl Conversations {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Conv>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records that conversation `id`'s newest request goes to `model`; what tells that
+    /// request it was stopped.
+    pub fn remember(&self, id: &str, model: &str) -> Stopped {
+        let ticket = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut map = self.lock();
+        if map.len() >= MAX_CONVERSATIONS && !map.contains_key(id) {
+            if let Some(oldest) = map
+                .iter()
+                .min_by_key(|(_, c)| c.ticket)
+                .map(|(k, _)| k.clone())
+            {
+                map.remove(&oldest);
+            }
+        }
+        let (stop, rx) = watch::channel(false);
+        map.insert(
+            id.to_owned(),
+            Conv {
+                model: model.to_owned(),
+                ticket,
+                stop,
+            },
+        );
+        Stopped(rx)
+    }
+
+    fn model(&self, id: &str) -> Option<String> {
+        self.lock().get(id).map(|c| c.model.clone())
+    }
+
+    /// Forgets conversation `id`, stopping its request if it still waits; its model.
+    fn forget(&self, id: &str) -> Option<String> {
+        let c = self.lock().remove(id)?;
+        c.stop.send_replace(true);
+        Some(c.model)
+    }
+}
+
+fn conv_id(req: &Request) -> Option<String> {
+    req.uri()
+        .query()
+        .and_then(|q| {
+            q.split('&').find_map(|kv| {
+                let (k, v) = kv.split_once('=')?;
+                (k == "conv_id").then(|| percent_decode(v))
+            })
+        })
+        .filter(|id| !id.is_empty())
+}
+
+/// `%XX` and `+` of a query value decoded (bytes that do not form UTF-8 are replaced).
+fn percent_decode(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(h << 4 | l);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            x => out.push(x),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn missing() -> Response {
+    ServerError::BadRequest("Missing conversation id in path".into()).into_response()
+}
+
+fn not_found() -> Response {
+    ServerError::NotFound("Stream not found or expired".into()).into_response()
+}
+
+/// `GET /v1/stream?conv_id=ID&from=N`: passed on to the process serving the conversation.
+pub async fn resume(State(st): State<Arc<RouterState>>, req: Request) -> Response {
+    let Some(id) = conv_id(&req) else {
+        return missing();
+    };
+    let Some(model) = st.convs.model(&id) else {
+        return not_found();
+    };
+    match st.pool.status(&model) {
+        Status::Loaded(_) => {
+            let (parts, _) = req.into_parts();
+            super::pass(&st, &model, false, parts, Default::default()).await
+        }
+        Status::Loading => {
+            ServerError::ModelUnavailable("Stream owner model is loading, retry later".into())
+                .into_response()
+        }
+        _ => not_found(),
+    }
+}
+
+/// `DELETE /v1/stream?conv_id=ID`: stops the conversation's generation, in its process or
+/// while it waits for its model.
+pub async fn stop(State(st): State<Arc<RouterState>>, req: Request) -> Response {
+    let Some(id) = conv_id(&req) else {
+        return missing();
+    };
+    let Some(model) = st.convs.forget(&id) else {
+        return not_found();
+    };
+    if let Status::Loaded(_) = st.pool.status(&model) {
+        let (parts, _) = req.into_parts();
+        return super::pass(&st, &model, false, parts, Default::default()).await;
+    }
+    StatusCode::NO_CONTENT.into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_values_are_decoded() {
+        assert_eq!(
+            percent_decode("conv%3A%3Aorg%2Fm%3AQ8_0"),
+            "conv::org/m:Q8_0"
+        );
+        assert_eq!(percent_decode("a+b%2"), "a b%2");
+    }
+
+    #[tokio::test]
+    async fn a_stop_reaches_the_waiting_request_only() {
+        let c = Conversations::default();
+        let old = c.remember("x", "m");
+        let new = c.remember("x", "m");
+        assert_eq!(c.forget("x").as_deref(), Some("m"));
+        new.wait().await;
+        // The older request was replaced: it is never told.
+        assert!(!*old.0.borrow());
+        assert_eq!(c.forget("x"), None);
+    }
+}
