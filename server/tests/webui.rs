@@ -145,6 +145,14 @@ async fn a_finished_chat_is_listed_after_a_restart_and_continues() {
     assert_eq!(listed[0]["timings"]["cache_n"].as_u64(), Some(cache_n));
     assert!(listed[0]["tokens"].as_u64().unwrap() > tokens);
 
+    // The cache panel's figures.
+    let (status, cache) = srv.get("/cache").await;
+    assert_eq!(status, 200, "{cache}");
+    assert!(cache["evictions"]["ram_blocks"].is_u64(), "{cache}");
+    assert!(cache["evictions"]["disk_blocks"].is_u64(), "{cache}");
+    assert!(cache["remote"].is_null(), "no remote tier: {cache}");
+    assert!(cache["prompt_tokens"]["from_store"].as_u64().unwrap() >= cache_n);
+
     // Taken off the list, it is gone there (after a restart too).
     let (status, body) = srv
         .send_as(
