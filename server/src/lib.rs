@@ -186,6 +186,7 @@ impl Server {
             started_unix: kvstore::unix_now(),
             template,
             vocab: std::sync::OnceLock::new(),
+            streams: Default::default(),
             config,
         });
         // The grammars' token trie is built and the template renderer started before the

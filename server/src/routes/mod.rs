@@ -16,6 +16,7 @@ mod shape;
 pub(crate) use kvstore::unix_now;
 mod slots;
 mod sse;
+mod stream;
 mod turn;
 pub(crate) mod ui;
 mod warm;
@@ -70,6 +71,8 @@ pub struct AppState {
     pub template: Option<Arc<engine::chat::ChatTemplate>>,
     /// The vocabulary's token trie for grammars, built at the first request with one.
     pub vocab: std::sync::OnceLock<Result<Arc<engine::constraint::Vocab>, String>>,
+    /// Recorded conversation streams (`X-Conversation-Id`), per tenant.
+    pub streams: stream::Streams,
 }
 
 /// The router of every endpoint, under `--api-prefix` when one is given.
@@ -134,6 +137,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/responses/{id}",
             get(responses::fetch).delete(responses::remove),
         )
+        .route("/v1/stream", get(stream::resume).delete(stream::stop))
+        .route("/stream", get(stream::resume).delete(stream::stop))
+        .route("/v1/streams/lookup", post(stream::lookup))
+        .route("/streams/lookup", post(stream::lookup))
         .merge(ollama::routes());
     let routes = if state.config.ui {
         routes.merge(ui::assets())
@@ -147,6 +154,10 @@ pub fn router(state: Arc<AppState>) -> Router {
     };
     let routes = gcp::mount(routes.fallback(not_found), &state, &prefix);
     routes
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            stream::record,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
             require_key,
