@@ -40,6 +40,9 @@ pub(crate) enum Workload {
     Spec,
     /// A reasoning conversation whose client drops `reasoning_content` (`bench_reasoning`).
     Reasoning,
+    /// Two models behind one router, one place: a model unloaded and loaded again
+    /// (`bench_router`).
+    Router,
 }
 
 /// The options every benchmark of the servers shares (`bench-server`, `bench-remote`).
@@ -259,6 +262,8 @@ pub(crate) enum Plan {
     Spec(Options, Spec),
     /// `--workload reasoning`.
     Reasoning(Options),
+    /// `--workload router`.
+    Router(Options),
 }
 
 impl BenchServerArgs {
@@ -355,6 +360,7 @@ impl BenchServerArgs {
                 turns: 10,
                 gen_tokens: 128,
             })),
+            Some(Workload::Router) => Plan::Router(self.server.options(DEFAULTS)),
         })
     }
 }

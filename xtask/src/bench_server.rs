@@ -578,6 +578,7 @@ pub(crate) fn bench_server(args: &BenchServerArgs) -> Result<(), String> {
         Plan::Growth(o, sizes) => return crate::bench_growth::bench_growth(&o, &sizes),
         Plan::Spec(o, s) => return crate::bench_spec::bench_spec(&o, &s),
         Plan::Reasoning(o) => return crate::bench_reasoning::bench_reasoning(&o),
+        Plan::Router(o) => return crate::bench_router::bench_router(&o),
     };
     let servers = servers(&o)?;
     let mut report = serde_json::Map::new();

@@ -47,6 +47,7 @@ mod bench_growth;
 mod bench_multiround;
 mod bench_reasoning;
 mod bench_remote;
+mod bench_router;
 mod bench_server;
 mod bench_spec;
 #[cfg(feature = "bindgen")]
