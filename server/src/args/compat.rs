@@ -275,16 +275,6 @@ const NO_EFFECT: &[(&[&str], Arity, &str)] = &[
         "the llama.cpp web UI's settings",
     ),
     (
-        &[
-            "--ui-mcp-proxy",
-            "--webui-mcp-proxy",
-            "--no-ui-mcp-proxy",
-            "--no-webui-mcp-proxy",
-        ],
-        Flag,
-        "the llama.cpp web UI's MCP proxy",
-    ),
-    (
         &["--skip-chat-parsing", "--no-skip-chat-parsing"],
         Flag,
         "chat output parsing",

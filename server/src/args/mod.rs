@@ -334,6 +334,14 @@ pub struct Args {
     /// Serve no web page (404 at `/`).
     #[arg(long = "no-ui", visible_aliases = ["no-webui"], action = ArgAction::SetTrue, overrides_with = "ui")]
     pub no_ui: bool,
+    /// Serve `/cors-proxy` (llama-server's proxy for the web page's MCP servers): a request's
+    /// `url` (plain `http`) fetched with only the headers sent as
+    /// `x-llama-server-proxy-header-NAME`. Off: 403.
+    #[arg(long = "ui-mcp-proxy", visible_aliases = ["webui-mcp-proxy"], action = ArgAction::SetTrue, overrides_with = "no_ui_mcp_proxy", env = "LLAMA_ARG_UI_MCP_PROXY")]
+    pub ui_mcp_proxy: bool,
+    /// No `/cors-proxy` (the default).
+    #[arg(long = "no-ui-mcp-proxy", visible_aliases = ["no-webui-mcp-proxy"], action = ArgAction::SetTrue, overrides_with = "ui_mcp_proxy")]
+    pub no_ui_mcp_proxy: bool,
     /// Seconds a request may wait on its client before it is dropped (`-to`).
     #[arg(
         long = "timeout",

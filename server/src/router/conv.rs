@@ -105,28 +105,8 @@ fn conv_id(req: &Request) -> Option<String> {
         .filter(|id| !id.is_empty())
 }
 
-/// `%XX` and `+` of a query value decoded (bytes that do not form UTF-8 are replaced).
 fn percent_decode(v: &str) -> String {
-    let b = v.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    while i < b.len() {
-        match b[i] {
-            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
-                (Some(h), Some(l)) => {
-                    out.push(h << 4 | l);
-                    i += 3;
-                    continue;
-                }
-                _ => out.push(b'%'),
-            },
-            b'+' => out.push(b' '),
-            x => out.push(x),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    crate::routes::decode_query_value(v)
 }
 
 fn missing() -> Response {

@@ -207,6 +207,7 @@ fn app(state: Arc<RouterState>) -> Router {
         .route("/models/load", post(load))
         .route("/models/unload", post(unload))
         .route("/props", get(props))
+        .route("/cors-proxy", get(cors_proxy).post(cors_proxy))
         .route("/v1/stream", get(conv::resume).delete(conv::stop))
         .route("/stream", get(conv::resume).delete(conv::stop))
         .route("/api/tags", get(tags))
@@ -243,6 +244,10 @@ async fn require_key(State(st): State<Arc<RouterState>>, req: Request, next: Nex
 
 async fn cors(State(st): State<Arc<RouterState>>, req: Request, next: Next) -> Response {
     crate::routes::cors_answer(&st.config.args, req, next).await
+}
+
+async fn cors_proxy(State(st): State<Arc<RouterState>>, req: Request) -> Response {
+    crate::routes::cors_proxy_answer(st.config.args.ui_mcp_proxy, st.config.max_body, req).await
 }
 
 async fn health() -> Json<Value> {

@@ -5,6 +5,7 @@ mod anthropic;
 mod cache_admin;
 mod conversations;
 mod cors;
+mod cors_proxy;
 mod embeddings;
 mod gcp;
 mod generate;
@@ -86,6 +87,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .to_owned();
     let routes = Router::new()
         .route("/health", get(info::health))
+        .route("/cors-proxy", get(cors_proxy).post(cors_proxy))
         .route("/v1/health", get(info::health))
         .route("/v1/models", get(info::models))
         .route("/models", get(info::models))
@@ -170,6 +172,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
+/// `/cors-proxy`, with `--ui-mcp-proxy`.
+async fn cors_proxy(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    cors_proxy::answer(st.config.args.ui_mcp_proxy, st.config.max_body, req).await
+}
+
 async fn not_found() -> Response {
     let body = serde_json::json!({
         "error": { "message": "no such endpoint", "type": "not_found_error", "code": 404 }
@@ -205,6 +212,7 @@ impl AppState {
 pub use gcp::conflict as gcp_conflict;
 
 pub(crate) use cors::answer as cors_answer;
+pub(crate) use cors_proxy::{answer as cors_proxy_answer, decode as decode_query_value};
 
 /// The web page's routes, which router mode serves too.
 pub(crate) fn ui_assets<S: Clone + Send + Sync + 'static>() -> Router<S> {

@@ -1,0 +1,138 @@
+//! `/cors-proxy` (with `--ui-mcp-proxy`): llama-server's proxy through which its web page reaches
+//! MCP servers that send no CORS headers. `GET` or `POST /cors-proxy?url=URL` fetches `URL` with
+//! the request's body and only the headers the page names explicitly, as
+//! `x-llama-server-proxy-header-NAME: VALUE` (sent as `NAME: VALUE`): the page's own cookies,
+//! API key and proxy credentials never reach the target. Plain `http` only (no TLS client here).
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::json;
+
+use crate::error::ServerError;
+
+/// The prefix of the headers passed on, less the prefix.
+const PREFIX: &str = "x-llama-server-proxy-header-";
+
+/// The proxy's answer to `req`, or 403 when `enabled` is false; a body over `max_body` is 413.
+pub async fn answer(enabled: bool, max_body: usize, req: Request) -> Response {
+    if !enabled {
+        let body =
+            json!({"error": {"message": "this feature is disabled", "type": "feature_disabled"}});
+        return (StatusCode::FORBIDDEN, Json(body)).into_response();
+    }
+    match fetch(max_body, req).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn fetch(max_body: usize, req: Request) -> Result<Response, ServerError> {
+    let (parts, body) = req.into_parts();
+    if parts.method != Method::GET && parts.method != Method::POST {
+        return Err(ServerError::BadRequest(
+            "only GET and POST are proxied".into(),
+        ));
+    }
+    let url = parts
+        .uri
+        .query()
+        .and_then(|q| {
+            q.split('&').find_map(|kv| {
+                kv.split_once('=')
+                    .filter(|(k, _)| *k == "url")
+                    .map(|(_, v)| v)
+            })
+        })
+        .map(decode)
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| ServerError::BadRequest("the url parameter is missing".into()))?;
+    let target: axum::http::Uri = url
+        .parse()
+        .map_err(|e| ServerError::BadRequest(format!("url {url:?}: {e}")))?;
+    match target.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return Err(ServerError::Unsupported(
+                "https targets: this server has no TLS client (reach the MCP server over http)"
+                    .into(),
+            ))
+        }
+        other => {
+            return Err(ServerError::BadRequest(format!(
+                "unsupported URL scheme in target URL: {}",
+                other.unwrap_or("none")
+            )))
+        }
+    }
+    if target.host().is_none_or(str::is_empty) {
+        return Err(ServerError::BadRequest("the url has no host".into()));
+    }
+    if target.authority().is_some_and(|a| a.as_str().contains('@')) {
+        return Err(ServerError::BadRequest(
+            "credentials in the url are refused".into(),
+        ));
+    }
+    let body = axum::body::to_bytes(body, max_body)
+        .await
+        .map_err(|_| ServerError::BodyTooLarge { limit: max_body })?;
+    let mut out = axum::http::Request::builder()
+        .method(parts.method.clone())
+        .uri(target);
+    for (name, value) in &parts.headers {
+        if let Some(n) = name.as_str().strip_prefix(PREFIX) {
+            if let Ok(n) = HeaderName::from_bytes(n.as_bytes()) {
+                out = out.header(n, value);
+            }
+        }
+    }
+    let out = out
+        .header(header::CONTENT_LENGTH, HeaderValue::from(body.len()))
+        .body(Body::from(body))
+        .map_err(|e| ServerError::BadRequest(e.to_string()))?;
+    let client: Client<HttpConnector, Body> = Client::builder(TokioExecutor::new()).build_http();
+    let resp = client
+        .request(out)
+        .await
+        .map_err(|e| ServerError::ModelUnavailable(format!("the target did not answer: {e}")))?;
+    let (rparts, incoming) = resp.into_parts();
+    let mut answer = Response::builder().status(rparts.status);
+    for name in [header::CONTENT_TYPE, header::CACHE_CONTROL] {
+        if let Some(v) = rparts.headers.get(&name) {
+            answer = answer.header(name, v);
+        }
+    }
+    answer
+        .body(Body::from_stream(incoming.into_data_stream()))
+        .map_err(|e| ServerError::BadRequest(e.to_string()))
+}
+
+/// `%XX` and `+` of a query value decoded (bytes that are not UTF-8 replaced).
+pub(crate) fn decode(v: &str) -> String {
+    let b = v.as_bytes();
+    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                    out.push(h << 4 | l);
+                    i += 3;
+                    continue;
+                }
+                out.push(b'%');
+            }
+            b'+' => out.push(b' '),
+            x => out.push(x),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
