@@ -558,3 +558,71 @@ pub(super) async fn lookup(
     }
     Json(Value::Array(found)).into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finished(id: &str, bytes: usize, ago: Duration) -> Arc<Session> {
+        let s = Arc::new(Session::new(id.to_owned()));
+        s.append(Bytes::from(vec![b'x'; bytes]));
+        let at = Instant::now().checked_sub(ago).unwrap();
+        lock(&s.log).ended = Some((at, 0));
+        s
+    }
+
+    #[test]
+    fn a_session_keeps_the_last_bytes_of_its_stream() {
+        let s = Session::new("a".into());
+        let chunk: Vec<u8> = (0..=255).collect();
+        let n = SESSION_BYTES / chunk.len() + 10;
+        for _ in 0..n {
+            s.append(Bytes::from(chunk.clone()));
+        }
+        let total = n * chunk.len();
+        let first = total - SESSION_BYTES;
+        assert!(s.lost(first - 1));
+        assert!(!s.lost(first));
+        let (kept, ended) = s.read(first).ok().unwrap();
+        assert!(!ended);
+        let kept: Vec<u8> = kept.concat();
+        assert_eq!(kept.len(), SESSION_BYTES);
+        assert!(kept
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == ((first + i) % 256) as u8));
+        let (tail, _) = s.read(total - 3).ok().unwrap();
+        assert_eq!(tail.concat(), [253, 254, 255]);
+        s.finish();
+        s.append(Bytes::from_static(b"late"));
+        assert_eq!(s.info()["total_bytes"], total);
+    }
+
+    #[test]
+    fn finished_sessions_go_by_age_count_and_bytes_and_live_ones_stay() {
+        let mut map = HashMap::new();
+        let live = Arc::new(Session::new("live".into()));
+        map.insert((None, "live".to_owned()), Arc::clone(&live));
+        map.insert((None, "old".to_owned()), finished("old", 1, KEEP_FINISHED));
+        for i in 0..MAX_SESSIONS + 4 {
+            let ago = Duration::from_secs(100) - Duration::from_millis(i as u64);
+            map.insert((None, format!("s{i}")), finished("s", 1, ago));
+        }
+        prune(&mut map);
+        assert_eq!(map.len(), MAX_SESSIONS);
+        assert!(!map.contains_key(&(None, "old".to_owned())));
+        assert!(map.contains_key(&(None, "live".to_owned())));
+        // The earliest finished went first.
+        assert!(!map.contains_key(&(None, "s4".to_owned())));
+        assert!(map.contains_key(&(None, "s5".to_owned())));
+
+        let mut map = HashMap::new();
+        for i in 0..20 {
+            let ago = Duration::from_secs(100 - i);
+            map.insert((None, format!("b{i}")), finished("b", 4 << 20, ago));
+        }
+        prune(&mut map);
+        assert_eq!(map.len(), TOTAL_BYTES / (4 << 20));
+        assert!(map.contains_key(&(None, "b19".to_owned())));
+    }
+}
