@@ -347,3 +347,47 @@ async fn one_key_never_reaches_another_keys_stream() {
     assert_eq!(resume(&srv, None, "shared-id", 0).await.0, 401);
     srv.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_request_of_a_conversation_replaces_its_stream() {
+    let env = Env::new();
+    let srv = env.start(&["-np", "2", "-c", "4096"]).await;
+    let long = json!({
+        "prompt": "go on and on",
+        "n_predict": 3000,
+        "stream": true,
+        "ignore_eos": true,
+    });
+    let mut first = send(
+        &srv,
+        reqwest::Method::POST,
+        "/completion",
+        None,
+        Some("again"),
+        Some(&long),
+    )
+    .await;
+    assert!(first.chunk().await.unwrap().is_some());
+    let resp = send(
+        &srv,
+        reqwest::Method::POST,
+        "/v1/chat/completions",
+        None,
+        Some("again"),
+        Some(&chat(8)),
+    )
+    .await;
+    let second = resp.text().await.unwrap();
+    // The older generation was stopped: its client's stream ends short of its end.
+    let mut rest = Vec::new();
+    while let Some(c) = first.chunk().await.unwrap() {
+        rest.extend_from_slice(&c);
+    }
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(
+        !rest.contains("\"stop\":true"),
+        "the replaced generation ran to its end"
+    );
+    assert_eq!(resume(&srv, None, "again", 0).await, (200, second));
+    srv.stop().await;
+}
