@@ -619,14 +619,7 @@ impl Args {
         let size = |option: &'static str, text: &str| {
             kvstore::parse_size(text).map_err(|e| bad(option, e.to_string()))
         };
-        if !self.model.as_os_str().is_empty() {
-            if self.router.models_dir.is_some() {
-                return Err(bad("--models-dir", "router mode is without -m".into()));
-            }
-            if self.router.models_preset.is_some() {
-                return Err(bad("--models-preset", "router mode is without -m".into()));
-            }
-        }
+        self.router.check(!self.model.as_os_str().is_empty())?;
         let (n_slots, kv_unified) = self.slots()?;
         self.check_sampling_ranges()?;
         if self.ctx_size == 1 {

@@ -40,6 +40,21 @@ pub struct RouterArgs {
 }
 
 impl RouterArgs {
+    /// Refuses the router's folders alongside `-m` (`with_model`).
+    pub(super) fn check(&self, with_model: bool) -> crate::error::Result<()> {
+        let bad = |option: &'static str| crate::error::ServerError::BadOption {
+            option,
+            reason: "router mode is without -m".into(),
+        };
+        if with_model && self.models_dir.is_some() {
+            return Err(bad("--models-dir"));
+        }
+        if with_model && self.models_preset.is_some() {
+            return Err(bad("--models-preset"));
+        }
+        Ok(())
+    }
+
     /// Whether a request loads the model it names.
     pub fn autoload(&self) -> bool {
         !self.no_models_autoload

@@ -376,3 +376,29 @@ fn the_default_kv_budget_is_half_of_what_the_model_and_cache_tier_leave() {
         assert!(n > 0);
     }
 }
+
+#[test]
+fn router_mode_is_without_a_model_and_its_folders_need_no_model() {
+    // `parse` adds `-m`: the router's folders beside it are refused by name.
+    let err = parse(&["--models-dir", "/m"]).unwrap().check().unwrap_err();
+    assert!(err.to_string().contains("--models-dir"), "{err}");
+    let err = parse(&["--models-preset", "/p.ini"])
+        .unwrap()
+        .check()
+        .unwrap_err();
+    assert!(err.to_string().contains("--models-preset"), "{err}");
+    // Without `-m`: router mode, its options read as llama-server's.
+    let args = Args::parse_from_argv([
+        "llama-hdd-server",
+        "--models-dir",
+        "/m",
+        "--models-max",
+        "2",
+        "--no-models-autoload",
+    ])
+    .unwrap();
+    assert!(args.model.as_os_str().is_empty());
+    assert_eq!(args.router.models_max, 2);
+    assert!(!args.router.autoload());
+    assert!(args.check().is_ok());
+}

@@ -109,6 +109,72 @@ fn percent_decode(v: &str) -> String {
     crate::routes::decode_query_value(v)
 }
 
+/// `POST /v1/streams/lookup` with `{"conversation_ids": [...]}`: each loaded model that serves
+/// some of the ids is asked about those, and the answers are joined.
+pub async fn lookup(State(st): State<Arc<RouterState>>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, st.config.max_body).await else {
+        return ServerError::BodyTooLarge {
+            limit: st.config.max_body,
+        }
+        .into_response();
+    };
+    let asked: Vec<String> = match serde_json::from_slice::<serde_json::Value>(&body) {
+        Ok(v) => v["conversation_ids"]
+            .as_array()
+            .map(|ids| {
+                ids.iter()
+                    .filter_map(|i| i.as_str())
+                    .filter(|i| !i.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default(),
+        Err(e) => return ServerError::BadRequest(format!("invalid body: {e}")).into_response(),
+    };
+    // The ids each model serves (an id also names its `ID::model` variants).
+    let mut by_model: HashMap<String, Vec<String>> = HashMap::new();
+    {
+        let map = st.convs.lock();
+        for id in &asked {
+            let variant = format!("{id}::");
+            for (conv, c) in map.iter() {
+                if conv == id || conv.starts_with(&variant) {
+                    let ids = by_model.entry(c.model.clone()).or_default();
+                    if !ids.contains(id) {
+                        ids.push(id.clone());
+                    }
+                }
+            }
+        }
+    }
+    let mut found = Vec::new();
+    for (model, ids) in by_model {
+        if !matches!(st.pool.status(&model), Status::Loaded(_)) {
+            continue;
+        }
+        let one = serde_json::json!({ "conversation_ids": ids }).to_string();
+        let mut ask = axum::http::Request::builder()
+            .method(parts.method.clone())
+            .uri(parts.uri.clone());
+        for (name, value) in &parts.headers {
+            ask = ask.header(name, value);
+        }
+        let Ok(ask) = ask.body(()) else { continue };
+        let (ask, ()) = ask.into_parts();
+        let resp = super::pass(&st, &model, false, ask, one.into()).await;
+        if resp.status() != StatusCode::OK {
+            continue;
+        }
+        if let Ok(bytes) = axum::body::to_bytes(resp.into_body(), usize::MAX).await {
+            if let Ok(serde_json::Value::Array(items)) = serde_json::from_slice(&bytes) {
+                found.extend(items);
+            }
+        }
+    }
+    axum::Json(serde_json::Value::Array(found)).into_response()
+}
+
 fn missing() -> Response {
     ServerError::BadRequest("Missing conversation id in path".into()).into_response()
 }

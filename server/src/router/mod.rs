@@ -210,6 +210,8 @@ fn app(state: Arc<RouterState>) -> Router {
         .route("/cors-proxy", get(cors_proxy).post(cors_proxy))
         .route("/v1/stream", get(conv::resume).delete(conv::stop))
         .route("/stream", get(conv::resume).delete(conv::stop))
+        .route("/v1/streams/lookup", post(conv::lookup))
+        .route("/streams/lookup", post(conv::lookup))
         .route("/api/tags", get(tags))
         .route("/api/ps", get(ps))
         .route("/api/version", get(version));
