@@ -177,6 +177,22 @@ async fn models_load_on_demand_make_room_and_come_back_with_their_cache() {
     assert_eq!(names, ["alpha", "beta", "broken"]);
     let (_, ps) = c.send("GET", "/api/ps", None).await;
     assert_eq!(ps["models"][0]["name"], "alpha", "{ps}");
+    // Ollama's requests reach the model they name, `:latest` or not, `model` or `name`.
+    let (status, chat) = c
+        .send(
+            "POST",
+            "/api/chat",
+            Some(json!({
+                "model": "alpha:latest", "stream": false, "options": {"num_predict": 4},
+                "messages": [{"role": "user", "content": "hi"}],
+            })),
+        )
+        .await;
+    assert_eq!((status, &chat["done"]), (200, &json!(true)), "{chat}");
+    let (status, show) = c
+        .send("POST", "/api/show", Some(json!({"name": "alpha"})))
+        .await;
+    assert_eq!(status, 200, "{show}");
 
     // One place: beta's request unloads alpha (its process ends before beta's starts).
     let (status, other) = c.complete("beta", "something else").await;

@@ -320,12 +320,15 @@ async fn download() -> Response {
     .into_response()
 }
 
+/// The `model` a JSON body names (or `name`, as Ollama's older `/api/show` and `/api/delete`
+/// bodies do).
 fn model_of(body: &Bytes) -> std::result::Result<String, ServerError> {
     let v: Value = serde_json::from_slice(body).map_err(|e| ServerError::BadJson {
         reason: e.to_string(),
     })?;
-    Ok(v.get("model")
-        .and_then(Value::as_str)
+    Ok(["model", "name"]
+        .iter()
+        .find_map(|k| v.get(*k).and_then(Value::as_str).filter(|m| !m.is_empty()))
         .unwrap_or_default()
         .to_owned())
 }
