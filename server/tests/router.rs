@@ -239,7 +239,7 @@ async fn models_load_on_demand_make_room_and_come_back_with_their_cache() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_autoload_only_load_starts_a_model_and_the_key_guards_it() {
+async fn without_autoload_only_load_starts_a_model_and_the_key_guards_it_under_a_prefix() {
     let dir = tempfile::tempdir().unwrap();
     let models = dir.path().join("models");
     std::fs::create_dir(&models).unwrap();
@@ -251,9 +251,13 @@ async fn without_autoload_only_load_starts_a_model_and_the_key_guards_it() {
         "--no-models-autoload",
         "--api-key",
         "secret",
+        "--api-prefix",
+        "/llm",
         "--cache-dir",
         cache.to_str().unwrap(),
     ]);
+    // Everything under the prefix, the models' own endpoints too.
+    let url = format!("{url}/llm");
     let anon = Client {
         url: url.clone(),
         http: reqwest::Client::new(),

@@ -154,9 +154,13 @@ pub async fn lookup(State(st): State<Arc<RouterState>>, req: Request) -> Respons
             continue;
         }
         let one = serde_json::json!({ "conversation_ids": ids }).to_string();
+        let uri = parts
+            .extensions
+            .get::<axum::extract::OriginalUri>()
+            .map_or(&parts.uri, |o| &o.0);
         let mut ask = axum::http::Request::builder()
             .method(parts.method.clone())
-            .uri(parts.uri.clone());
+            .uri(uri.clone());
         for (name, value) in &parts.headers {
             ask = ask.header(name, value);
         }

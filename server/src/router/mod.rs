@@ -542,11 +542,16 @@ async fn pass(
         // The model counts as busy meanwhile, as in llama-server's queue tests.
         tokio::time::sleep(FAKE_DELAY).await;
     }
+    // Under `--api-prefix` the router's nesting took the prefix off; the process has it too.
+    let uri = parts
+        .extensions
+        .get::<axum::extract::OriginalUri>()
+        .map_or(&parts.uri, |o| &o.0);
     proxy::forward(
         &st.client,
         lease,
-        parts.method,
-        &parts.uri,
+        parts.method.clone(),
+        uri,
         &parts.headers,
         body,
     )
