@@ -18,94 +18,35 @@
 //! report to stdout.
 
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use crate::bench_args::Options;
-use crate::bench_server::{self, percentile, Kind};
+use crate::bench_server::{self, percentile, Kind, Server};
 
 /// `-c` of every model process.
 const CTX: usize = 4096;
 
-/// A server process killed when dropped.
-struct Proc {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `bin` with `args` (and the common ones) on a free port; waits for `/health`.
-fn start(kind: Kind, bin: &Path, o: &Options, args: &[String], log: &Path) -> Result<Proc, String> {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| format!("no free port: {e}"))?
-        .port();
-    let out = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
-    let err = out.try_clone().map_err(|e| e.to_string())?;
-    let child = Command::new(bin)
-        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-        .args([
-            "-t",
-            &o.threads.to_string(),
-            "-np",
-            "1",
-            "-c",
-            &CTX.to_string(),
-        ])
-        .args(args)
-        .stdout(Stdio::from(out))
-        .stderr(Stdio::from(err))
-        .spawn()
-        .map_err(|e| format!("could not start {}: {e}", bin.display()))?;
-    let mut p = Proc {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-    };
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if let Ok(Some(s)) = p.child.try_wait() {
-            return Err(format!(
-                "{} exited ({s}); log: {}",
-                kind.name(),
-                log.display()
-            ));
-        }
-        if ureq::get(&format!("{}/health", p.base))
-            .timeout(Duration::from_secs(2))
-            .call()
-            .is_ok_and(|r| r.status() == 200)
-        {
-            return Ok(p);
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "{} did not start; log: {}",
-                kind.name(),
-                log.display()
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Starts `bin` with the workload's common options and `args`; waits for `/health`.
+fn start(
+    kind: Kind,
+    bin: &Path,
+    o: &Options,
+    args: &[String],
+    log: &Path,
+) -> Result<Server, String> {
+    let mut all = vec![
+        "-t".to_owned(),
+        o.threads.to_string(),
+        "-np".to_owned(),
+        "1".to_owned(),
+        "-c".to_owned(),
+        CTX.to_string(),
+    ];
+    all.extend(args.iter().cloned());
+    Server::launch(kind, bin, &all, log)
 }
 
 /// One `/completion`: the client's wall time (ms) and the reply.
@@ -199,7 +140,7 @@ pub(crate) fn bench_router(o: &Options) -> Result<(), String> {
                 Value::Array(steps.clone())
             );
             rounds.push(Value::Array(steps));
-            drop(router);
+            router.stop()?;
         }
         let overhead = proxy_cost(*kind, bin, o, &dir, &work)?;
         report.insert(
@@ -256,7 +197,7 @@ fn proxy_cost(
         &work.join(format!("{}-direct.log", kind.name())),
     )?;
     let d = measure(&direct.base, "a")?;
-    drop(direct);
+    direct.stop()?;
     let router = start(
         kind,
         bin,
@@ -265,7 +206,7 @@ fn proxy_cost(
         &work.join(format!("{}-proxy.log", kind.name())),
     )?;
     let r = measure(&router.base, "a")?;
-    drop(router);
+    router.stop()?;
     eprintln!(
         "{}: a 1-token request {:.1} ms direct, {:.1} ms through the router; 128 tokens {:.0} ms and {:.0} ms",
         kind.name(),

@@ -71,22 +71,33 @@ impl Server {
         log: &Path,
         extra: &[String],
     ) -> Result<Server, String> {
+        let mut args: Vec<String> = vec!["-m".into(), o.model.display().to_string()];
+        args.extend(["-t".into(), o.threads.to_string()]);
+        args.extend(["-np".into(), parallel.to_string()]);
+        // Both split `-c` among the slots, as llama-server does.
+        args.extend(["-c".into(), (ctx * parallel).to_string()]);
+        if let Kind::Ours = kind {
+            args.extend(["--cache-dir".into(), cache.display().to_string()]);
+        }
+        args.extend(extra.iter().cloned());
+        Server::launch(kind, bin, &args, log)
+    }
+
+    /// Starts `bin` on a free loopback port with `args` (no other options), its output in
+    /// `log`, and waits until `/health` answers.
+    pub(crate) fn launch(
+        kind: Kind,
+        bin: &Path,
+        args: &[String],
+        log: &Path,
+    ) -> Result<Server, String> {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map_err(|e| format!("no free port: {e}"))?
             .port();
         let mut c = Command::new(bin);
-        c.arg("-m")
-            .arg(&o.model)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(["-t", &o.threads.to_string()])
-            .args(["-np", &parallel.to_string()]);
-        // Both split `-c` among the slots, as llama-server does.
-        c.args(["-c", &(ctx * parallel).to_string()]);
-        if let Kind::Ours = kind {
-            c.arg("--cache-dir").arg(cache);
-        }
-        c.args(extra);
+        c.args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(args);
         let out = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
         let child = c
