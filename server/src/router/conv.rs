@@ -93,20 +93,16 @@ impl Conversations {
     }
 }
 
-fn conv_id(req: &Request) -> Option<String> {
-    req.uri()
-        .query()
-        .and_then(|q| {
-            q.split('&').find_map(|kv| {
-                let (k, v) = kv.split_once('=')?;
-                (k == "conv_id").then(|| percent_decode(v))
-            })
-        })
-        .filter(|id| !id.is_empty())
+#[derive(serde::Deserialize)]
+struct ConvQuery {
+    conv_id: Option<String>,
 }
 
-fn percent_decode(v: &str) -> String {
-    crate::routes::decode_query_value(v)
+fn conv_id(req: &Request) -> Option<String> {
+    axum::extract::Query::<ConvQuery>::try_from_uri(req.uri())
+        .ok()
+        .and_then(|q| q.0.conv_id)
+        .filter(|id| !id.is_empty())
 }
 
 /// `POST /v1/streams/lookup` with `{"conversation_ids": [...]}`: each loaded model that serves
@@ -229,12 +225,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn query_values_are_decoded() {
-        assert_eq!(
-            percent_decode("conv%3A%3Aorg%2Fm%3AQ8_0"),
-            "conv::org/m:Q8_0"
-        );
-        assert_eq!(percent_decode("a+b%2"), "a b%2");
+    fn the_conversation_id_is_read_decoded() {
+        let req = Request::get("/v1/stream?from=3&conv_id=conv%3A%3Aorg%2Fm%3AQ8_0+x")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        assert_eq!(conv_id(&req).as_deref(), Some("conv::org/m:Q8_0 x"));
+        let req = Request::get("/v1/stream?conv_id=")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        assert_eq!(conv_id(&req), None);
     }
 
     #[tokio::test]

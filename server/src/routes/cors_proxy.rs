@@ -33,6 +33,11 @@ pub async fn answer(enabled: bool, max_body: usize, req: Request) -> Response {
     }
 }
 
+#[derive(serde::Deserialize)]
+struct UrlQuery {
+    url: Option<String>,
+}
+
 async fn fetch(max_body: usize, req: Request) -> Result<Response, ServerError> {
     let (parts, body) = req.into_parts();
     if parts.method != Method::GET && parts.method != Method::POST {
@@ -40,17 +45,9 @@ async fn fetch(max_body: usize, req: Request) -> Result<Response, ServerError> {
             "only GET and POST are proxied".into(),
         ));
     }
-    let url = parts
-        .uri
-        .query()
-        .and_then(|q| {
-            q.split('&').find_map(|kv| {
-                kv.split_once('=')
-                    .filter(|(k, _)| *k == "url")
-                    .map(|(_, v)| v)
-            })
-        })
-        .map(decode)
+    let url = axum::extract::Query::<UrlQuery>::try_from_uri(&parts.uri)
+        .ok()
+        .and_then(|q| q.0.url)
         .filter(|u| !u.is_empty())
         .ok_or_else(|| ServerError::BadRequest("the url parameter is missing".into()))?;
     let target: axum::http::Uri = url
@@ -111,28 +108,4 @@ async fn fetch(max_body: usize, req: Request) -> Result<Response, ServerError> {
     answer
         .body(Body::from_stream(incoming.into_data_stream()))
         .map_err(|e| ServerError::BadRequest(e.to_string()))
-}
-
-/// `%XX` and `+` of a query value decoded (bytes that are not UTF-8 replaced).
-pub(crate) fn decode(v: &str) -> String {
-    let b = v.as_bytes();
-    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' if i + 2 < b.len() => {
-                if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
-                    out.push(h << 4 | l);
-                    i += 3;
-                    continue;
-                }
-                out.push(b'%');
-            }
-            b'+' => out.push(b' '),
-            x => out.push(x),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }

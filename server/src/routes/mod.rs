@@ -212,7 +212,7 @@ impl AppState {
 pub use gcp::conflict as gcp_conflict;
 
 pub(crate) use cors::answer as cors_answer;
-pub(crate) use cors_proxy::{answer as cors_proxy_answer, decode as decode_query_value};
+pub(crate) use cors_proxy::answer as cors_proxy_answer;
 
 /// The web page's routes, which router mode serves too.
 pub(crate) fn ui_assets<S: Clone + Send + Sync + 'static>() -> Router<S> {
