@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use super::pool::Status;
 use super::RouterState;
 use crate::error::ServerError;
+use crate::routes::ClientKey;
 
 /// The header naming a request's conversation.
 pub const HEADER: &str = "x-conversation-id";
@@ -46,21 +47,24 @@ impl Stopped {
 /// Which model serves each conversation, and the stops asked of requests still waiting.
 #[derive(Default)]
 pub struct Conversations {
-    map: Mutex<HashMap<String, Conv>>,
+    /// By the API key that sent the conversation (another key's are not its to resume or
+    /// stop), and the id.
+    map: Mutex<HashMap<(ClientKey, String), Conv>>,
     next: AtomicU64,
 }
 
 impl Conversations {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Conv>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(ClientKey, String), Conv>> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records that conversation `id`'s newest request goes to `model`; what tells that
-    /// request it was stopped.
-    pub fn remember(&self, id: &str, model: &str) -> Stopped {
+    /// Records that `client`'s conversation `id`'s newest request goes to `model`; what tells
+    /// that request it was stopped.
+    pub fn remember(&self, client: ClientKey, id: &str, model: &str) -> Stopped {
         let ticket = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let key = (client, id.to_owned());
         let mut map = self.lock();
-        if map.len() >= MAX_CONVERSATIONS && !map.contains_key(id) {
+        if map.len() >= MAX_CONVERSATIONS && !map.contains_key(&key) {
             if let Some(oldest) = map
                 .iter()
                 .min_by_key(|(_, c)| c.ticket)
@@ -71,7 +75,7 @@ impl Conversations {
         }
         let (stop, rx) = watch::channel(false);
         map.insert(
-            id.to_owned(),
+            key,
             Conv {
                 model: model.to_owned(),
                 ticket,
@@ -81,13 +85,15 @@ impl Conversations {
         Stopped(rx)
     }
 
-    fn model(&self, id: &str) -> Option<String> {
-        self.lock().get(id).map(|c| c.model.clone())
+    fn model(&self, client: ClientKey, id: &str) -> Option<String> {
+        self.lock()
+            .get(&(client, id.to_owned()))
+            .map(|c| c.model.clone())
     }
 
-    /// Forgets conversation `id`, stopping its request if it still waits; its model.
-    fn forget(&self, id: &str) -> Option<String> {
-        let c = self.lock().remove(id)?;
+    /// Forgets `client`'s conversation `id`, stopping its request if it still waits; its model.
+    fn forget(&self, client: ClientKey, id: &str) -> Option<String> {
+        let c = self.lock().remove(&(client, id.to_owned()))?;
         c.stop.send_replace(true);
         Some(c.model)
     }
@@ -109,6 +115,11 @@ fn conv_id(req: &Request) -> Option<String> {
 /// some of the ids is asked about those, and the answers are joined.
 pub async fn lookup(State(st): State<Arc<RouterState>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
+    let client = parts
+        .extensions
+        .get::<ClientKey>()
+        .copied()
+        .unwrap_or_default();
     let Ok(body) = axum::body::to_bytes(body, st.config.max_body).await else {
         return ServerError::BodyTooLarge {
             limit: st.config.max_body,
@@ -134,8 +145,8 @@ pub async fn lookup(State(st): State<Arc<RouterState>>, req: Request) -> Respons
         let map = st.convs.lock();
         for id in &asked {
             let variant = format!("{id}::");
-            for (conv, c) in map.iter() {
-                if conv == id || conv.starts_with(&variant) {
+            for ((key, conv), c) in map.iter() {
+                if *key == client && (conv == id || conv.starts_with(&variant)) {
                     let ids = by_model.entry(c.model.clone()).or_default();
                     if !ids.contains(id) {
                         ids.push(id.clone());
@@ -179,6 +190,14 @@ fn missing() -> Response {
     ServerError::BadRequest("Missing conversation id in path".into()).into_response()
 }
 
+/// The API key a request came with (as the router's key check found it).
+fn client_of(req: &Request) -> ClientKey {
+    req.extensions()
+        .get::<ClientKey>()
+        .copied()
+        .unwrap_or_default()
+}
+
 fn not_found() -> Response {
     ServerError::NotFound("Stream not found or expired".into()).into_response()
 }
@@ -188,7 +207,7 @@ pub async fn resume(State(st): State<Arc<RouterState>>, req: Request) -> Respons
     let Some(id) = conv_id(&req) else {
         return missing();
     };
-    let Some(model) = st.convs.model(&id) else {
+    let Some(model) = st.convs.model(client_of(&req), &id) else {
         return not_found();
     };
     match st.pool.status(&model) {
@@ -210,8 +229,9 @@ pub async fn stop(State(st): State<Arc<RouterState>>, req: Request) -> Response 
     let Some(id) = conv_id(&req) else {
         return missing();
     };
-    let Some(model) = st.convs.forget(&id) else {
-        return not_found();
+    // As llama-server's router: 204 whether or not the conversation is known.
+    let Some(model) = st.convs.forget(client_of(&req), &id) else {
+        return StatusCode::NO_CONTENT.into_response();
     };
     if let Status::Loaded(_) = st.pool.status(&model) {
         let (parts, _) = req.into_parts();
@@ -239,12 +259,19 @@ mod tests {
     #[tokio::test]
     async fn a_stop_reaches_the_waiting_request_only() {
         let c = Conversations::default();
-        let old = c.remember("x", "m");
-        let new = c.remember("x", "m");
-        assert_eq!(c.forget("x").as_deref(), Some("m"));
+        let me = ClientKey::default();
+        let old = c.remember(me, "x", "m");
+        let new = c.remember(me, "x", "m");
+        assert_eq!(c.forget(me, "x").as_deref(), Some("m"));
         new.wait().await;
         // The older request was replaced: it is never told.
         assert!(!*old.0.borrow());
-        assert_eq!(c.forget("x"), None);
+        assert_eq!(c.forget(me, "x"), None);
+        // Another key neither finds nor stops a conversation of the same id.
+        let theirs = c.remember(ClientKey::of("b"), "y", "m");
+        assert_eq!(c.forget(me, "y"), None);
+        assert_eq!(c.model(me, "y"), None);
+        assert!(!*theirs.0.borrow());
+        assert_eq!(c.model(ClientKey::of("b"), "y").as_deref(), Some("m"));
     }
 }

@@ -237,9 +237,12 @@ fn app(state: Arc<RouterState>) -> Router {
         .with_state(state)
 }
 
-async fn require_key(State(st): State<Arc<RouterState>>, req: Request, next: Next) -> Response {
+async fn require_key(State(st): State<Arc<RouterState>>, mut req: Request, next: Next) -> Response {
     match crate::routes::check_key(&st.config, &req) {
-        Ok(_) => next.run(req).await,
+        Ok(client) => {
+            req.extensions_mut().insert(client);
+            next.run(req).await
+        }
         Err(refusal) => *refusal,
     }
 }
@@ -507,7 +510,12 @@ async fn forward(State(st): State<Arc<RouterState>>, req: Request) -> Response {
     // A conversation's stream is recorded by the model process for a later resume: the
     // request goes on when its client leaves (a page reloaded during a load), and only a stop
     // (`DELETE /v1/stream`) cancels it.
-    let stopped = st.convs.remember(&conv_id, &entry.name);
+    let client = parts
+        .extensions
+        .get::<crate::routes::ClientKey>()
+        .copied()
+        .unwrap_or_default();
+    let stopped = st.convs.remember(client, &conv_id, &entry.name);
     let task = tokio::spawn({
         let st = Arc::clone(&st);
         let name = entry.name.clone();

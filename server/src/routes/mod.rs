@@ -186,8 +186,15 @@ async fn not_found() -> Response {
 
 /// The API key a request came with, as a hash (`None` when the server has no keys): what
 /// separates clients' cached prompts under `--cache-isolation key`.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ClientKey(Option<[u8; 32]>);
+
+impl ClientKey {
+    /// The client of API key `key`.
+    pub(crate) fn of(key: &str) -> ClientKey {
+        ClientKey(Some(*blake3::hash(key.as_bytes()).as_bytes()))
+    }
+}
 
 impl AppState {
     /// The prompt-cache namespace of a request from `client` with `salt`, per
@@ -263,7 +270,7 @@ pub(crate) fn check_key(config: &crate::Config, req: &Request) -> Result<ClientK
         }
     }
     match matched {
-        Some(k) => Ok(ClientKey(Some(*blake3::hash(k.as_bytes()).as_bytes()))),
+        Some(k) => Ok(ClientKey::of(k)),
         None if anthropic::is_anthropic_path(path) => Err(Box::new(anthropic::unauthorized())),
         None if ollama::is_ollama_path(path) => Err(Box::new(ollama::unauthorized())),
         None => Err(Box::new(ServerError::Unauthorized.into_response())),
