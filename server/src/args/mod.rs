@@ -606,6 +606,18 @@ impl Args {
         Ok(args)
     }
 
+    /// `--flash-attn` as a switch (`auto` is on).
+    fn flash_attn(&self) -> Result<bool> {
+        match self.flash_attn.as_str() {
+            "on" | "auto" | "1" | "true" => Ok(true),
+            "off" | "0" | "false" => Ok(false),
+            other => Err(ServerError::BadOption {
+                option: "--flash-attn",
+                reason: format!("{other:?} is not on, off or auto"),
+            }),
+        }
+    }
+
     /// Checks the options and reads the key file.
     pub fn check(mut self) -> Result<Config> {
         let bad = |option: &'static str, reason: String| ServerError::BadOption { option, reason };
@@ -619,7 +631,13 @@ impl Args {
         let size = |option: &'static str, text: &str| {
             kvstore::parse_size(text).map_err(|e| bad(option, e.to_string()))
         };
-        self.router.check(!self.model.as_os_str().is_empty())?;
+        self.router.check(
+            !self.model.as_os_str().is_empty(),
+            [
+                ("--alias", self.alias.is_some()),
+                ("--tags", self.tags.is_some()),
+            ],
+        )?;
         let (n_slots, kv_unified) = self.slots()?;
         self.check_sampling_ranges()?;
         if self.ctx_size == 1 {
@@ -641,16 +659,7 @@ impl Args {
                 "0 turns reasoning off, which --reasoning on contradicts".into(),
             ));
         }
-        let flash_attn = match self.flash_attn.as_str() {
-            "on" | "auto" | "1" | "true" => true,
-            "off" | "0" | "false" => false,
-            other => {
-                return Err(bad(
-                    "--flash-attn",
-                    format!("{other:?} is not on, off or auto"),
-                ))
-            }
-        };
+        let flash_attn = self.flash_attn()?;
         let n_gpu_layers = match self.n_gpu_layers.as_str() {
             "auto" if !cfg!(any(feature = "cuda", feature = "metal")) => 0,
             "auto" | "all" => usize::MAX,

@@ -40,17 +40,30 @@ pub struct RouterArgs {
 }
 
 impl RouterArgs {
-    /// Refuses the router's folders alongside `-m` (`with_model`).
-    pub(super) fn check(&self, with_model: bool) -> crate::error::Result<()> {
-        let bad = |option: &'static str| crate::error::ServerError::BadOption {
+    /// Refuses the router's folders alongside `-m` (`with_model`), and in router mode the
+    /// options of `naming` that are given (a model's names: router mode names each model after
+    /// its file or preset section).
+    pub(super) fn check(
+        &self,
+        with_model: bool,
+        naming: [(&'static str, bool); 2],
+    ) -> crate::error::Result<()> {
+        let bad = |option: &'static str, reason: &str| crate::error::ServerError::BadOption {
             option,
-            reason: "router mode is without -m".into(),
+            reason: reason.into(),
         };
+        let without_m = "router mode is without -m";
         if with_model && self.models_dir.is_some() {
-            return Err(bad("--models-dir"));
+            return Err(bad("--models-dir", without_m));
         }
         if with_model && self.models_preset.is_some() {
-            return Err(bad("--models-preset"));
+            return Err(bad("--models-preset", without_m));
+        }
+        if let Some((option, _)) = naming.iter().find(|(_, given)| !with_model && *given) {
+            return Err(bad(
+                option,
+                "router mode names each model after its file or preset section",
+            ));
         }
         Ok(())
     }

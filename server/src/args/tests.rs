@@ -401,4 +401,10 @@ fn router_mode_is_without_a_model_and_its_folders_need_no_model() {
     assert_eq!(args.router.models_max, 2);
     assert!(!args.router.autoload());
     assert!(args.check().is_ok());
+    // What router mode would not use is refused, not dropped.
+    let err = Args::parse_from_argv(["llama-hdd-server", "--alias", "x"])
+        .unwrap()
+        .check()
+        .unwrap_err();
+    assert!(err.to_string().contains("--alias"), "{err}");
 }
