@@ -44,29 +44,31 @@ pub struct Entry {
     pub hidden: bool,
     /// Loaded when the router starts (`load-on-startup = true`).
     pub load_on_startup: bool,
+    /// How long its process may take to finish when stopped before it is killed
+    /// (`stop-timeout = SECONDS`; `None`: the router's default).
+    pub stop_timeout: Option<std::time::Duration>,
 }
 
 /// Every model the router knows, by name.
 pub type Catalog = BTreeMap<String, Entry>;
 
 /// Reads the catalog from the options and the cache; a preset or folder that cannot be read is
-/// an error, a single unreadable entry is left out.
-pub fn load(args: &RouterArgs) -> Result<Catalog, String> {
+/// an error (with the option that names it), a single unreadable entry is left out.
+pub fn load(args: &RouterArgs) -> Result<Catalog, (&'static str, String)> {
     let mut out = Catalog::new();
     let cached = cache_models(&cache_dir());
     for e in &cached {
         out.insert(e.name.clone(), e.clone());
     }
     if let Some(dir) = &args.models_dir {
-        for e in dir_models(dir)? {
+        for e in dir_models(dir).map_err(|e| ("--models-dir", e))? {
             out.insert(e.name.clone(), e);
         }
     }
     if let Some(preset) = &args.models_preset {
-        let text = std::fs::read_to_string(preset)
-            .map_err(|e| format!("--models-preset {}: {e}", preset.display()))?;
-        let (entries, hide) = preset_models(&text, &cached)
-            .map_err(|e| format!("--models-preset {}: {e}", preset.display()))?;
+        let bad = |e: String| ("--models-preset", format!("{}: {e}", preset.display()));
+        let text = std::fs::read_to_string(preset).map_err(|e| bad(e.to_string()))?;
+        let (entries, hide) = preset_models(&text, &cached).map_err(bad)?;
         for name in hide {
             if let Some(e) = out.get_mut(&name) {
                 e.hidden = true;
@@ -176,6 +178,7 @@ pub fn cache_models(dir: &Path) -> Vec<Entry> {
                 args: Vec::new(),
                 hidden: false,
                 load_on_startup: false,
+                stop_timeout: None,
             });
         }
     }
@@ -202,8 +205,7 @@ fn collect_gguf(dir: &Path, out: &mut Vec<PathBuf>, depth: usize) {
 /// `.gguf`), and each subfolder holding one (named after the subfolder; of a split model, the
 /// first part).
 pub fn dir_models(dir: &Path) -> Result<Vec<Entry>, String> {
-    let entries =
-        std::fs::read_dir(dir).map_err(|e| format!("--models-dir {}: {e}", dir.display()))?;
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut out = Vec::new();
     for e in entries.flatten() {
         let path = e.path();
@@ -248,13 +250,16 @@ pub fn dir_models(dir: &Path) -> Result<Vec<Entry>, String> {
             args: Vec::new(),
             hidden: false,
             load_on_startup: false,
+            stop_timeout: None,
         });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
 }
 
-/// Keys of a preset section that the router reads itself rather than passing on.
+/// Keys of a preset section that the router reads itself rather than passing on (`host`,
+/// `port`, `alias` and `tags` it sets itself: a process listens where the router says, under
+/// its section's name).
 const ROUTER_KEYS: &[&str] = &[
     "model",
     "m",
@@ -347,6 +352,12 @@ pub fn preset_models(text: &str, cached: &[Entry]) -> Result<(Vec<Entry>, Vec<St
                 }
             }
         }
+        let stop_timeout = match get(&["stop-timeout"]) {
+            None => None,
+            Some(v) => Some(std::time::Duration::from_secs(v.parse().map_err(|_| {
+                format!("[{name}]: stop-timeout {v:?} is not a number of seconds")
+            })?)),
+        };
         let mut args = Vec::new();
         for (k, v) in own.iter().chain(global.iter()) {
             if ROUTER_KEYS.contains(&k.as_str()) || k == "spec-draft-hf" {
@@ -377,6 +388,7 @@ pub fn preset_models(text: &str, cached: &[Entry]) -> Result<(Vec<Entry>, Vec<St
             args,
             hidden: false,
             load_on_startup: get(&["load-on-startup"]).is_some_and(|v| truthy(&v)),
+            stop_timeout,
         });
     }
     Ok((models, hide))
@@ -411,6 +423,7 @@ mod tests {
             args: vec![],
             hidden: false,
             load_on_startup: false,
+            stop_timeout: None,
         }];
         let text = "[*]\nctx-size = 512\ndedup-cache-models = 1\n\n[a]\nhf-repo = org/repo\n\
                     no-warmup = true\n[b]\nmodel = /m/b.gguf\nctx-size = 1024\n";
@@ -420,6 +433,14 @@ mod tests {
         assert_eq!(models[0].args, ["--no-warmup", "--ctx-size", "512"]);
         assert_eq!(models[1].args, ["--ctx-size", "1024"]);
         assert!(preset_models("[c]\nhf-repo = other/x\n", &cached).is_err());
+        let (models, _) =
+            preset_models("[d]\nmodel = /d.gguf\nstop-timeout = 5\n", &cached).unwrap();
+        assert_eq!(
+            models[0].stop_timeout,
+            Some(std::time::Duration::from_secs(5))
+        );
+        assert!(models[0].args.is_empty());
+        assert!(preset_models("[d]\nmodel = /d.gguf\nstop-timeout = soon\n", &cached).is_err());
         assert!(preset_models("key = 1\n", &cached).is_err());
     }
 }

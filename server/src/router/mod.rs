@@ -112,11 +112,8 @@ impl RouterServer {
         shared: Vec<String>,
         say: Arc<dyn Fn(String) + Send + Sync>,
     ) -> Result<RouterServer> {
-        let catalog =
-            catalog::load(&config.args.router).map_err(|reason| ServerError::BadOption {
-                option: "--models-dir",
-                reason,
-            })?;
+        let catalog = catalog::load(&config.args.router)
+            .map_err(|(option, reason)| ServerError::BadOption { option, reason })?;
         say(format!("router: {} models", catalog.len()));
         for e in catalog.values() {
             say(format!(
@@ -280,7 +277,9 @@ async fn models(State(st): State<Arc<RouterState>>, Query(q): Query<ModelQuery>)
     if q.reload.as_deref().is_some_and(|r| !r.is_empty()) {
         match catalog::load(&st.config.args.router) {
             Ok(c) => st.pool.set_catalog(c),
-            Err(e) => return ServerError::BadRequest(e).into_response(),
+            Err((option, e)) => {
+                return ServerError::BadRequest(format!("{option} {e}")).into_response()
+            }
         }
     }
     let data: Vec<Value> = st

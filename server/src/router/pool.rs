@@ -22,7 +22,7 @@ use super::catalog::{Catalog, Entry};
 use crate::error::ServerError;
 
 /// How long a stopping process has to finish its requests and flush its cache before it is
-/// killed.
+/// killed, unless its preset says (`stop-timeout`).
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Where a model stands.
@@ -498,7 +498,7 @@ impl Pool {
             _ = &mut stop, if !asked => {
                 asked = true;
                 terminate(pid);
-                match tokio::time::timeout(STOP_TIMEOUT, child.wait()).await {
+                match tokio::time::timeout(entry.stop_timeout.unwrap_or(STOP_TIMEOUT), child.wait()).await {
                     Ok(s) => s,
                     Err(_) => {
                         let _ = child.start_kill();
