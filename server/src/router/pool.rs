@@ -239,6 +239,7 @@ impl Pool {
                 if st.closing {
                     return Err(ServerError::ShuttingDown);
                 }
+                let known = st.catalog.contains_key(name);
                 let inst = st
                     .instances
                     .entry(name.to_owned())
@@ -264,6 +265,12 @@ impl Pool {
                     }
                     Status::Unloaded => {
                         let first = *first_generation.get_or_insert(inst.generation);
+                        if !known {
+                            // Gone from the catalog (a reload) while it waited.
+                            return Err(ServerError::BadRequest(format!(
+                                "model '{name}' not found"
+                            )));
+                        }
                         // A load that began while this request waited, and failed.
                         if let Some(code) = inst.failed.filter(|_| inst.generation > first) {
                             return Err(ServerError::ModelUnavailable(format!(
