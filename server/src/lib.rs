@@ -23,6 +23,7 @@ pub mod args;
 pub mod cache;
 pub mod conversations;
 pub mod error;
+pub mod mcp;
 pub mod metrics;
 pub mod request;
 pub mod router;

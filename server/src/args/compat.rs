@@ -41,6 +41,8 @@ const SPELLINGS: &[(&str, &str)] = &[
     ("-rea", "--reasoning"),
     ("--embeddings", "--embedding"),
     ("--reranking", "--rerank"),
+    ("-ag", "--agent"),
+    ("-no-ag", "--no-agent"),
     ("--top-nsigma", "--top-n-sigma"),
     ("--usage", "--help"),
     ("-l", "--logit-bias"),
@@ -452,21 +454,6 @@ const UNSUPPORTED: &[(&[&str], Arity, &str)] = &[
     ),
     (&["--rerank"], Flag, "reranking"),
     (&["--path"], One, "serving static files"),
-    (
-        &[
-            "--tools",
-            "--tools-runtime",
-            "--mcp-servers-config",
-            "--mcp-servers-json",
-        ],
-        One,
-        "built-in agent tools and MCP servers",
-    ),
-    (
-        &["-ag", "--agent", "-no-ag", "--no-agent"],
-        Flag,
-        "built-in agent tools and MCP servers",
-    ),
     (
         &["--ssl-key-file", "--ssl-cert-file"],
         One,

@@ -16,6 +16,7 @@ pub mod memory;
 mod remote;
 mod router;
 mod spec;
+mod tools;
 
 pub use config::Config;
 
@@ -25,6 +26,7 @@ pub use gcp::{Gcp, GcpArgs};
 pub use remote::{remote_config, RemoteArgs};
 pub use router::RouterArgs;
 pub use spec::{SpecArgs, SpecConfig};
+pub use tools::ToolsArgs;
 
 use std::path::PathBuf;
 
@@ -554,6 +556,9 @@ pub struct Args {
     /// Router mode (no `-m`).
     #[command(flatten)]
     pub router: RouterArgs,
+    /// Built-in agent tools and MCP servers (`/tools`).
+    #[command(flatten)]
+    pub tools: ToolsArgs,
     /// llama-server options accepted that tune nothing here (filled by the parser).
     #[arg(skip)]
     pub no_effect: Vec<NoEffect>,
