@@ -227,6 +227,11 @@ impl Server {
             .collect()
     }
 
+    /// The counters its scheduler keeps.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        Arc::clone(&self.state.metrics)
+    }
+
     /// The first address it listens on (the port chosen when `--port 0`).
     pub fn local_addr(&self) -> SocketAddr {
         // A bound listener always has an address.

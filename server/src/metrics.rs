@@ -55,6 +55,8 @@ pub struct Metrics {
     pub last_cache_error: Mutex<Option<String>>,
     /// 1 while the scheduler sleeps (`--sleep-idle-seconds`), else 0.
     pub sleeping: AtomicU64,
+    /// Notified when [`Metrics::sleeping`] changes (a router's model process reports it).
+    pub sleep_changed: tokio::sync::Notify,
     /// Where [`Metrics::log`] sends lines ([`crate::Server::log_lines`] hands out the other end).
     pub log: Mutex<Option<std::sync::mpsc::Sender<String>>>,
     /// Microseconds spent evaluating prompts (admission to first token), over requests.

@@ -316,3 +316,39 @@ async fn without_autoload_only_load_starts_a_model_and_the_key_guards_it_under_a
         .await;
     assert_eq!(status, 404);
 }
+
+/// A model process that falls asleep (`--sleep-idle-seconds`) is listed as `sleeping`, still
+/// takes requests (which wake it) and is listed as `loaded` again once awake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleeping_model_is_listed_as_sleeping_and_wakes_for_a_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models");
+    std::fs::create_dir(&models).unwrap();
+    models_dir(&models);
+    let cache = dir.path().join("cache");
+    // Five idle seconds: long enough that a poll sees it awake between a request and the next
+    // sleep.
+    let (_router, url) = spawn(&[
+        "--models-dir",
+        models.to_str().unwrap(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--sleep-idle-seconds",
+        "5",
+    ]);
+    let c = Client {
+        url,
+        http: reqwest::Client::new(),
+        key: None,
+    };
+    let (status, first) = c.complete("alpha", "one two three").await;
+    assert_eq!(status, 200, "{first}");
+    c.wait_for("alpha", "sleeping").await;
+    // Ollama's running list still holds it: its process runs.
+    let (_, ps) = c.send("GET", "/api/ps", None).await;
+    assert_eq!(ps["models"][0]["name"], "alpha", "{ps}");
+    let (status, again) = c.complete("alpha", "one two three").await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["content"], first["content"]);
+    c.wait_for("alpha", "loaded").await;
+}

@@ -110,6 +110,26 @@ fn main() -> ExitCode {
             let mut out = std::io::stdout().lock();
             let _ = writeln!(out, "{}", server::router::ready_line(server.local_addr()));
             let _ = out.flush();
+            // ... and when it falls asleep or wakes up, for the router's `/models`.
+            let metrics = server.metrics();
+            tokio::spawn(async move {
+                let mut asleep = false;
+                loop {
+                    metrics.sleep_changed.notified().await;
+                    let now = metrics.sleeping.load(std::sync::atomic::Ordering::Relaxed) == 1;
+                    if now != asleep {
+                        asleep = now;
+                        let line = if now {
+                            server::router::SLEEPING_LINE
+                        } else {
+                            server::router::AWAKE_LINE
+                        };
+                        let mut out = std::io::stdout().lock();
+                        let _ = writeln!(out, "{line}");
+                        let _ = out.flush();
+                    }
+                }
+            });
         }
         if std::env::var_os(server::router::CHILD_ENV).is_some() {
             server.run_until(router_gone_or_signal()).await

@@ -157,7 +157,7 @@ pub async fn lookup(State(st): State<Arc<RouterState>>, req: Request) -> Respons
     }
     let mut found = Vec::new();
     for (model, ids) in by_model {
-        if !matches!(st.pool.status(&model), Status::Loaded(_)) {
+        if st.pool.status(&model).port().is_none() {
             continue;
         }
         let one = serde_json::json!({ "conversation_ids": ids }).to_string();
@@ -211,7 +211,7 @@ pub async fn resume(State(st): State<Arc<RouterState>>, req: Request) -> Respons
         return not_found();
     };
     match st.pool.status(&model) {
-        Status::Loaded(_) => {
+        Status::Loaded(_) | Status::Sleeping(_) => {
             let (parts, _) = req.into_parts();
             super::pass(&st, &model, false, parts, Default::default()).await
         }
@@ -233,7 +233,7 @@ pub async fn stop(State(st): State<Arc<RouterState>>, req: Request) -> Response 
     let Some(model) = st.convs.forget(client_of(&req), &id) else {
         return StatusCode::NO_CONTENT.into_response();
     };
-    if let Status::Loaded(_) = st.pool.status(&model) {
+    if st.pool.status(&model).port().is_some() {
         let (parts, _) = req.into_parts();
         return super::pass(&st, &model, false, parts, Default::default()).await;
     }

@@ -27,7 +27,7 @@ use serde_json::{json, Value};
 
 use crate::args::Config;
 use crate::error::{Result, ServerError};
-use pool::{Launch, Pool, Status};
+use pool::{Launch, Pool};
 
 pub use catalog::{Entry, Source};
 
@@ -56,6 +56,11 @@ const FAKE_DELAY: Duration = Duration::from_secs(2);
 fn fake_timing() -> bool {
     std::env::var_os(FAKE_TIMING_ENV).is_some_and(|v| !v.is_empty())
 }
+
+/// The line a model process prints when it falls asleep (`--sleep-idle-seconds`).
+pub const SLEEPING_LINE: &str = "sleeping";
+/// The line a model process prints when it wakes up again.
+pub const AWAKE_LINE: &str = "awake";
 
 /// The line a model process prints on standard output once it listens.
 pub fn ready_line(addr: SocketAddr) -> String {
@@ -436,7 +441,7 @@ async fn ps(State(st): State<Arc<RouterState>>) -> Json<Value> {
         .pool
         .list()
         .iter()
-        .filter(|(_, s, _)| matches!(s, Status::Loaded(_)))
+        .filter(|(_, s, _)| s.port().is_some())
         .map(|(e, _, _)| {
             let mut v = ollama_entry(e);
             v["expires_at"] = crate::routes::ollama::rfc3339(expires).into();

@@ -34,6 +34,9 @@ pub enum Status {
     Loading,
     /// Its process answers on this loopback port.
     Loaded(u16),
+    /// Its process answers on this port but has released its KV pool
+    /// (`--sleep-idle-seconds`); the next request wakes it.
+    Sleeping(u16),
     /// Its process is finishing.
     Stopping,
 }
@@ -45,8 +48,17 @@ impl Status {
             Status::Unloaded => "unloaded",
             Status::Loading => "loading",
             Status::Loaded(_) => "loaded",
+            Status::Sleeping(_) => "sleeping",
             // Still holding its place; llama-server says so until the process is gone.
             Status::Stopping => "loaded",
+        }
+    }
+
+    /// The port of a process that takes requests (loaded or sleeping).
+    pub fn port(self) -> Option<u16> {
+        match self {
+            Status::Loaded(port) | Status::Sleeping(port) => Some(port),
+            _ => None,
         }
     }
 
@@ -245,7 +257,7 @@ impl Pool {
                     .entry(name.to_owned())
                     .or_insert_with(Instance::new);
                 match inst.status {
-                    Status::Loaded(port) => {
+                    Status::Loaded(port) | Status::Sleeping(port) => {
                         inst.busy += 1;
                         inst.last_used = Instant::now();
                         drop(st);
@@ -324,7 +336,7 @@ impl Pool {
             .instances
             .iter()
             .filter(|(n, i)| {
-                matches!(i.status, Status::Loaded(_))
+                i.status.port().is_some()
                     && i.busy == 0
                     && st.wants.get(*n).copied().unwrap_or(0) == 0
             })
@@ -366,7 +378,7 @@ impl Pool {
     pub fn unload(&self, name: &str) -> Result<(), ServerError> {
         let mut st = self.lock();
         match st.instances.get(name).map(|i| i.status) {
-            Some(Status::Loaded(_) | Status::Loading) => {
+            Some(Status::Loaded(_) | Status::Sleeping(_) | Status::Loading) => {
                 Self::stop(&mut st, name);
                 drop(st);
                 self.bump();
@@ -496,9 +508,22 @@ impl Pool {
                 }
             });
         }
-        // Keep reading what it prints, so its pipe never fills.
+        // Keep reading what it prints, so its pipe never fills: it says when it falls asleep
+        // and wakes up.
         if let Some(mut l) = lines {
-            tokio::spawn(async move { while let Ok(Some(_)) = l.next_line().await {} });
+            let pool = Arc::clone(&self);
+            let name = name.clone();
+            tokio::spawn(async move {
+                while let Ok(Some(line)) = l.next_line().await {
+                    pool.set(&name, |i| {
+                        i.status = match (i.status, line.trim()) {
+                            (Status::Loaded(p), super::SLEEPING_LINE) => Status::Sleeping(p),
+                            (Status::Sleeping(p), super::AWAKE_LINE) => Status::Loaded(p),
+                            (s, _) => s,
+                        }
+                    });
+                }
+            });
         }
         let status = tokio::select! {
             s = child.wait() => s,

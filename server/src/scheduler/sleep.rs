@@ -56,6 +56,7 @@ impl Scheduler {
         drop(std::mem::replace(&mut self.ctx, small));
         self.sleep = Some((after, Some(params)));
         Metrics::set(&self.metrics.sleeping, 1);
+        self.metrics.sleep_changed.notify_one();
         self.metrics.log(format!(
             "sleeping after {} s idle: the KV pool is released",
             after.as_secs()
@@ -77,6 +78,7 @@ impl Scheduler {
                 drop(std::mem::replace(&mut self.ctx, c));
                 self.sleep = Some((after, None));
                 Metrics::set(&self.metrics.sleeping, 0);
+                self.metrics.sleep_changed.notify_one();
                 self.metrics.log("awake".to_owned());
             }
             Err(e) => self.metrics.log(format!(
