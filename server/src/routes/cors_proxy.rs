@@ -2,7 +2,8 @@
 //! MCP servers that send no CORS headers. `GET` or `POST /cors-proxy?url=URL` fetches `URL` with
 //! the request's body and only the headers the page names explicitly, as
 //! `x-llama-server-proxy-header-NAME: VALUE` (sent as `NAME: VALUE`): the page's own cookies,
-//! API key and proxy credentials never reach the target. Plain `http` only (no TLS client here).
+//! API key and proxy credentials never reach the target. `https` targets are checked against
+//! the system's certificate roots (`SSL_CERT_FILE` and `SSL_CERT_DIR` are honoured).
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -10,6 +11,7 @@ use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use http_body_util::BodyExt;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -54,13 +56,7 @@ async fn fetch(max_body: usize, req: Request) -> Result<Response, ServerError> {
         .parse()
         .map_err(|e| ServerError::BadRequest(format!("url {url:?}: {e}")))?;
     match target.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(ServerError::Unsupported(
-                "https targets: this server has no TLS client (reach the MCP server over http)"
-                    .into(),
-            ))
-        }
+        Some("http" | "https") => {}
         other => {
             return Err(ServerError::BadRequest(format!(
                 "unsupported URL scheme in target URL: {}",
@@ -93,8 +89,7 @@ async fn fetch(max_body: usize, req: Request) -> Result<Response, ServerError> {
         .header(header::CONTENT_LENGTH, HeaderValue::from(body.len()))
         .body(Body::from(body))
         .map_err(|e| ServerError::BadRequest(e.to_string()))?;
-    let client: Client<HttpConnector, Body> = Client::builder(TokioExecutor::new()).build_http();
-    let resp = client
+    let resp = client()?
         .request(out)
         .await
         .map_err(|e| ServerError::ModelUnavailable(format!("the target did not answer: {e}")))?;
@@ -108,4 +103,25 @@ async fn fetch(max_body: usize, req: Request) -> Result<Response, ServerError> {
     answer
         .body(Body::from_stream(incoming.into_data_stream()))
         .map_err(|e| ServerError::BadRequest(e.to_string()))
+}
+
+/// The proxy's HTTP and HTTPS client, built at its first use (the system's roots are read
+/// once); why it could not be built, if it could not.
+fn client() -> Result<&'static Client<HttpsConnector<HttpConnector>, Body>, ServerError> {
+    static CLIENT: std::sync::OnceLock<
+        Result<Client<HttpsConnector<HttpConnector>, Body>, String>,
+    > = std::sync::OnceLock::new();
+    let built = CLIENT.get_or_init(|| {
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_native_roots(provider)
+            .map_err(|e| format!("no certificate roots for https targets: {e}"))?
+            .https_or_http()
+            .enable_http1()
+            .build();
+        Ok(Client::builder(TokioExecutor::new()).build(https))
+    });
+    built
+        .as_ref()
+        .map_err(|e| ServerError::Unsupported(e.clone()))
 }
