@@ -81,7 +81,10 @@ async fn only_the_named_headers_reach_the_target() {
     // A scheme other than http and https is refused by name.
     let resp = server
         .client
-        .get(format!("{}/cors-proxy?url=ftp://example.invalid/", server.url))
+        .get(format!(
+            "{}/cors-proxy?url=ftp://example.invalid/",
+            server.url
+        ))
         .header("authorization", "Bearer k1")
         .send()
         .await
