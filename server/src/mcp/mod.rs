@@ -193,6 +193,12 @@ impl McpHub {
         tools.iter().map(entry).collect()
     }
 
+    /// Whether some server has the tool `name` (`SERVER_TOOL`).
+    pub fn has_tool(&self, name: &str) -> bool {
+        let tools = self.tools.read().unwrap_or_else(|e| e.into_inner());
+        tools.iter().any(|t| t.full_name == name)
+    }
+
     /// Calls `name` (`SERVER_TOOL`) with `params`: the `POST /tools` answer's body
     /// (`plain_text_response`, or `error` when the call failed), or `None` when no server
     /// has that tool.

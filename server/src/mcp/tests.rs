@@ -136,6 +136,7 @@ async fn a_well_behaved_server_lists_and_answers() {
         a["error"].as_str().expect("an error").contains("object"),
         "{a}"
     );
+    assert!(hub.has_tool("fk_echo") && !hub.has_tool("fk_nothing"));
     assert!(hub.call("fk_nothing", json!({})).await.is_none());
     assert!(hub.call("echo", json!({})).await.is_none());
     hub.shutdown().await;
