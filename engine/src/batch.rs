@@ -23,6 +23,19 @@ pub enum Logits {
     All,
 }
 
+/// What the rows a batch asks for hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Output {
+    /// Logits, `n_vocab` floats a row.
+    #[default]
+    Logits,
+    /// The final norm's output, `n_embd` floats a row.
+    Embeddings,
+    /// The rank pooling's output: the final norm's row through the classifier head
+    /// ([`crate::Context::rank`]).
+    Rank,
+}
+
 /// Tokens of one sequence in a [`Batch`].
 #[derive(Clone, Debug)]
 pub(crate) struct BatchItem {
@@ -40,8 +53,8 @@ pub(crate) struct BatchItem {
 #[derive(Clone, Debug, Default)]
 pub struct Batch {
     pub(crate) items: Vec<BatchItem>,
-    /// Rows asked for are embeddings (the final norm's output) rather than logits.
-    pub(crate) embeddings: bool,
+    /// What the rows asked for hold.
+    pub(crate) output: Output,
 }
 
 impl Batch {
@@ -94,17 +107,20 @@ impl Batch {
     /// model's final norm, before the output head: llama.cpp's embeddings of a causal model),
     /// instead of logits. The sequences keep no logits from such a batch.
     pub fn set_embeddings(&mut self, embeddings: bool) {
-        self.embeddings = embeddings;
+        self.output = match embeddings {
+            true => Output::Embeddings,
+            false => Output::Logits,
+        };
     }
 }
 
 /// The logits a [`Context::decode`](crate::Context::decode) produced.
 #[derive(Clone, Debug)]
 pub struct BatchOutput {
-    /// Floats per row: `n_vocab`, or `n_embd` for embeddings.
+    /// Floats per row: `n_vocab`, `n_embd` for embeddings, the head's outputs for a rank.
     pub(crate) n_vocab: usize,
-    /// Whether the rows are embeddings.
-    pub(crate) embeddings: bool,
+    /// What the rows hold.
+    pub(crate) output: Output,
     pub(crate) logits: Vec<f32>,
     /// Output rows of each item, in batch order.
     pub(crate) rows: Vec<Range<usize>>,
@@ -114,7 +130,7 @@ impl BatchOutput {
     /// Logits of item `item` (as returned by [`Batch::add`]): `n_vocab` per row asked for (none,
     /// the last token's, or every token's); empty for an unknown item or an embeddings batch.
     pub fn logits(&self, item: usize) -> &[f32] {
-        if self.embeddings {
+        if self.output != Output::Logits {
             return &[];
         }
         self.rows(item)
@@ -123,7 +139,7 @@ impl BatchOutput {
     /// Embeddings of item `item` of a batch made with [`Batch::set_embeddings`]: `n_embd` per
     /// row asked for; empty for an unknown item or a logits batch.
     pub fn embeddings(&self, item: usize) -> &[f32] {
-        if !self.embeddings {
+        if self.output == Output::Logits {
             return &[];
         }
         self.rows(item)

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use ckptfmt::{BlockId, ChainRoot, Fingerprint};
 
 use crate::arch;
-use crate::batch::{Batch, BatchOutput, Logits, Plan, PlanItem, PlanMode};
+use crate::batch::{Batch, BatchOutput, Logits, Output, Plan, PlanItem, PlanMode};
 use crate::error::{Error, Result};
 use crate::ggml::IntegerSums;
 use crate::ggml::{kernel_takes_model, Compute, KvTensors};
@@ -587,7 +587,7 @@ impl Context {
         let flash_attn = self.params.flash_attn || self.params.evaluation == Evaluation::Invariant;
         let model = &self.model;
         let kv = &mut self.kv;
-        let embeddings = batch.embeddings;
+        let output = batch.output;
         let integer_sums = match self.params.evaluation {
             Evaluation::Invariant => IntegerSums::Everywhere,
             Evaluation::LlamaCpp => IntegerSums::Leading(n_tokens, 0),
@@ -595,7 +595,7 @@ impl Context {
         };
         let result = self.compute.run(|g| {
             g.allow_integer_sums(integer_sums);
-            arch::build(g, model, kv, &plan, flash_attn, embeddings)
+            arch::build(g, model, kv, &plan, flash_attn, output)
         });
         let logits = match result {
             Ok(logits) => logits,
@@ -611,11 +611,7 @@ impl Context {
         for p in replaced {
             self.pool.release(p);
         }
-        let n_vocab = if embeddings {
-            self.model.hparams().n_embd
-        } else {
-            self.model.hparams().n_vocab
-        };
+        let n_vocab = crate::rank::row_width(&self.model, output);
         for ((item, table), rows) in batch.items.iter().zip(tables).zip(&plan.item_rows) {
             let fingerprint = self.fingerprint;
             let s = self.seqs.get_mut(&item.seq).expect("checked above");
@@ -631,7 +627,7 @@ impl Context {
                 self.pool.index(s.pages[i], id);
                 s.ids.push(id);
             }
-            s.logits = if rows.is_empty() || discard_output || embeddings {
+            s.logits = if rows.is_empty() || discard_output || output != Output::Logits {
                 None
             } else {
                 Some(logits[(rows.end - 1) * n_vocab..rows.end * n_vocab].to_vec())
@@ -643,7 +639,7 @@ impl Context {
         let _ = self.make_room(self.params.n_batch.div_ceil(PAGE_TOKENS));
         Ok(BatchOutput {
             n_vocab,
-            embeddings,
+            output,
             logits,
             rows: plan.item_rows,
         })
@@ -762,7 +758,7 @@ impl Context {
 
     /// Whether `tokens` can be appended to `seq` as a whole: the sequence exists, the ids are
     /// in the vocabulary, the context holds them and the pool has the pages.
-    fn check_append(&self, seq: SeqId, tokens: &[u32]) -> Result<()> {
+    pub(crate) fn check_append(&self, seq: SeqId, tokens: &[u32]) -> Result<()> {
         let s = self.seq(seq)?;
         self.check_tokens(tokens)?;
         let needed = s.tokens.len() + tokens.len();

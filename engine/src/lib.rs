@@ -55,6 +55,7 @@ mod model;
 mod namespace;
 mod pages;
 mod params;
+mod rank;
 pub mod sampling;
 mod session;
 mod shift;
@@ -74,8 +75,8 @@ pub use ggml::{cpu_path, CpuPath, CpuRequest};
 pub use ingest::{IngestParams, IngestReport, Progress};
 pub use kv::{KvLayout, KvStats, KvType, PAGE_TOKENS};
 pub use model::{
-    Arch, Experts, FingerprintOrigin, HParams, Model, ModelParams, OffloadDevice, RopeScaling,
-    SlidingWindow, FINGERPRINT_VERSION,
+    Arch, Experts, FingerprintOrigin, HParams, Model, ModelParams, OffloadDevice, PoolingType,
+    Ranking, RopeScaling, SlidingWindow, FINGERPRINT_VERSION,
 };
 pub use namespace::Namespace;
 pub use pages::ImportSummary;

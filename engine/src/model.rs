@@ -17,9 +17,12 @@ use crate::ggml::{self, Device, RawTensor, WeightSpec, Weights};
 use crate::gguf::{GgmlType, Gguf};
 use crate::tokenizer::Tokenizer;
 
+mod classifier;
 mod fingerprint;
 mod hparams;
 mod layer;
+
+pub use classifier::{PoolingType, Ranking};
 
 pub(crate) use fingerprint::records_bytes;
 pub use fingerprint::FINGERPRINT_VERSION;
@@ -443,6 +446,8 @@ pub struct Model {
     output: usize,
     rope_freqs: Option<usize>,
     layers: Vec<LayerWeights>,
+    /// Reranking: the classifier head's tensors and what the file says about ranking.
+    ranking: Ranking,
     /// The weights, which own the mapped file their tensors point into.
     weights: Weights,
 }
@@ -524,6 +529,7 @@ impl Model {
         for l in 0..hp.n_layer {
             layer_idx.push(layer_weights(&mut specs, &hp, l)?);
         }
+        let ranking = classifier::load(&mut specs, &gguf, &hp)?;
         // As llama.cpp: a tensor the forward pass does not read means a variant of the
         // architecture this engine does not run (a bias, an extra projection); its weights
         // would be ignored, so the file is refused rather than answered wrongly.
@@ -583,6 +589,7 @@ impl Model {
             output,
             rope_freqs,
             layers: layer_idx,
+            ranking,
             hparams: hp,
             tokenizer,
             chat_template,

@@ -11,7 +11,7 @@
 mod gemma;
 mod llama;
 
-use crate::batch::Plan;
+use crate::batch::{Output, Plan};
 use crate::error::Result;
 use crate::ggml::{
     DType, Graph, KvTensors, KvTensorsMut, RawTensor, RopeParams, Tensor, TensorMut,
@@ -20,16 +20,16 @@ use crate::model::{Arch, Ffn, HParams, Model, Qkv, RopeScaling, SharedExpert};
 
 /// Builds the graph evaluating the batch `plan` describes: each token's K and V are written
 /// into its cell of the page pool, each token attends to the cells its mask allows; returns the
-/// logits tensor (`[n_vocab, plan.out_rows.len()]`), or with `embeddings` the final norm's
-/// output (`[n_embd, plan.out_rows.len()]`, what llama.cpp calls the embeddings of a causal
-/// model). The KV pool is borrowed mutably for the graph's life: the graph writes its cells.
+/// logits tensor (`[n_vocab, plan.out_rows.len()]`), or for [`Output::Embeddings`] the final
+/// norm's output (`[n_embd, plan.out_rows.len()]`, what llama.cpp calls the embeddings of a
+/// causal model), or for [`Output::Rank`] that output through the classifier head. The KV pool is borrowed mutably for the graph's life: the graph writes its cells.
 pub(crate) fn build<'g, 'w>(
     g: &mut Graph<'g, 'w>,
     model: &'w Model,
     kv: &'w mut KvTensors,
     plan: &Plan,
     flash_attn: bool,
-    embeddings: bool,
+    output: Output,
 ) -> Result<Tensor<'g>> {
     let mut f = Forward::new(g, model, kv, plan, flash_attn);
     let x = match model.hparams().arch {
@@ -38,7 +38,7 @@ pub(crate) fn build<'g, 'w>(
         }
         Arch::Gemma3 | Arch::Gemma2 => gemma::blocks(g, &mut f),
     };
-    Ok(f.head(g, x, embeddings))
+    Ok(f.head(g, x, output))
 }
 
 /// What the layers of one forward pass share: the model, the KV pool and the batch's inputs.
@@ -617,13 +617,15 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         g.mul(out, gate)
     }
 
-    /// The final norm and the output head (soft-capped if the family says so), or with
-    /// `embeddings` the final norm's output.
-    fn head(&self, g: &mut Graph<'g, 'w>, x: Tensor<'g>, embeddings: bool) -> Tensor<'g> {
+    /// The final norm and the output head (soft-capped if the family says so), or the final
+    /// norm's output, or that through the classifier head, as `output` says.
+    fn head(&self, g: &mut Graph<'g, 'w>, x: Tensor<'g>, output: Output) -> Tensor<'g> {
         let x = self.norm(g, x, self.model.output_norm());
         debug_assert_eq!(x.ne(0), self.hp.n_embd);
-        if embeddings {
-            return x;
+        match output {
+            Output::Logits => {}
+            Output::Embeddings => return x,
+            Output::Rank => return self.rank_head(g, x),
         }
         let logits = self.project(g, x, self.model.output(), None);
         match self.hp.final_softcap {
@@ -634,6 +636,28 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
             }
             None => logits,
         }
+    }
+}
+
+impl<'g, 'w> Forward<'_, 'g, 'w> {
+    /// llama.cpp's rank pooling after the pooled rows are chosen (`build_pooling`): the
+    /// classifier `cls` (plus bias) and `tanh`, then `cls.output` (plus bias), each where the
+    /// file has it; qwen3's outputs (a Qwen3 reranker's "yes" and "no" logits) through a
+    /// softmax. Without a head, the final norm's rows as they are.
+    fn rank_head(&self, g: &mut Graph<'g, 'w>, x: Tensor<'g>) -> Tensor<'g> {
+        let h = self.model.head_weights();
+        let mut x = x;
+        if let Some(w) = h.cls {
+            x = self.project(g, x, w, h.cls_b);
+            x = g.tanh(x);
+        }
+        if let Some(w) = h.out {
+            x = self.project(g, x, w, h.out_b);
+        }
+        if self.hp.arch == Arch::Qwen3 {
+            x = g.soft_max_plain(x);
+        }
+        x
     }
 }
 

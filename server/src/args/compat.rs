@@ -452,7 +452,6 @@ const UNSUPPORTED: &[(&[&str], Arity, &str)] = &[
         Flag,
         "multimodal input (images, audio, video)",
     ),
-    (&["--rerank"], Flag, "reranking"),
     (&["--path"], One, "serving static files"),
     (
         &["--ssl-key-file", "--ssl-cert-file"],

@@ -112,9 +112,26 @@ fn capabilities_it_lacks_are_refused_by_name() {
     }
     // An option no llama-server has is still a mistake.
     assert!(parse(&["--no-such-option"]).is_err());
-    // Parsed, but what it asks for is not built: refused at the check, not ignored.
-    let e = parse(&["--pooling", "rank"]).unwrap().check().unwrap_err();
-    assert!(e.to_string().contains("reranking"), "{e}");
+    // Reranking: `--rerank` (or `--reranking`) pools by rank and serves `/rerank`, as
+    // `--embedding --pooling rank` does; `--pooling rank` alone serves neither, and another
+    // pooling beside `--rerank` is a contradiction, refused at the check.
+    for argv in [
+        &["--rerank"][..],
+        &["--reranking"],
+        &["--embedding", "--pooling", "rank"],
+        &["--rerank", "--pooling", "rank"],
+    ] {
+        let c = parse(argv).unwrap().check().unwrap();
+        assert_eq!(c.pooling, Pooling::Rank, "{argv:?}");
+        assert!(c.args.embeddings.reranking(), "{argv:?}");
+    }
+    let c = parse(&["--pooling", "rank"]).unwrap().check().unwrap();
+    assert!(!c.args.embeddings.reranking());
+    let e = parse(&["--rerank", "--pooling", "mean"])
+        .unwrap()
+        .check()
+        .unwrap_err();
+    assert!(e.to_string().contains("--rerank"), "{e}");
     // What is built is accepted: context shift, reasoning budgets, embeddings, POST /props,
     // sleeping, cache reuse, a log file.
     for argv in [

@@ -109,6 +109,13 @@ fn parse(st: &AppState, bytes: &[u8]) -> Result<Map<String, Value>> {
             how: "start the server with --embedding",
         });
     }
+    if st.config.pooling == Pooling::Rank {
+        return Err(ServerError::BadRequest(
+            "pooling 'rank' gives relevance scores, not embeddings: POST /rerank, or start the \
+             server with --pooling mean, cls or last"
+                .into(),
+        ));
+    }
     match serde_json::from_slice(bytes) {
         Ok(Value::Object(map)) => Ok(map),
         Ok(_) => Err(ServerError::BadRequest(
@@ -221,7 +228,8 @@ pub(super) fn pool(rows: &[f32], n_embd: usize, pooling: Pooling, normalize: i32
     let v = match pooling {
         Pooling::None => return (0..n).map(row).collect(),
         Pooling::Cls => row(0),
-        Pooling::Last => row(n - 1),
+        // Rank is refused before pooling (`parse`); its pooled row is the last token's.
+        Pooling::Last | Pooling::Rank => row(n - 1),
         Pooling::Mean => {
             let mut sum = vec![0f32; n_embd];
             for r in rows.chunks_exact(n_embd) {

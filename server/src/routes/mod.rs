@@ -11,6 +11,7 @@ mod gcp;
 mod generate;
 mod info;
 pub(crate) mod ollama;
+mod rerank;
 mod responses;
 mod shape;
 
@@ -123,6 +124,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/embedding", post(embeddings::native))
         .route("/embeddings", post(embeddings::native))
         .route("/v1/embeddings", post(embeddings::openai))
+        .route("/rerank", post(rerank::rerank))
+        .route("/v1/rerank", post(rerank::rerank))
+        .route("/reranking", post(rerank::rerank))
+        .route("/v1/reranking", post(rerank::rerank))
         .route("/v1/messages", post(anthropic::messages))
         .route("/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))

@@ -304,7 +304,11 @@ impl Scheduler {
     fn command(&mut self, cmd: Command) {
         if matches!(
             cmd,
-            Command::Generate(_) | Command::Embed { .. } | Command::Slot { .. } | Command::Rouse(_)
+            Command::Generate(_)
+                | Command::Embed { .. }
+                | Command::Rank { .. }
+                | Command::Slot { .. }
+                | Command::Rouse(_)
         ) {
             self.wake();
         }
@@ -331,7 +335,10 @@ impl Scheduler {
                 let _ = reply.send(self.slot_action(id, action, scope));
             }
             Command::Embed { inputs, reply } => {
-                let _ = reply.send(self.embed(&inputs));
+                let _ = reply.send(self.embed(&inputs, engine::Context::embed));
+            }
+            Command::Rank { inputs, reply } => {
+                let _ = reply.send(self.embed(&inputs, engine::Context::rank));
             }
             Command::Pin {
                 id,
@@ -354,16 +361,20 @@ impl Scheduler {
         }
     }
 
-    /// Every token's embedding of each input; the prompt cache gives way when the pool is
-    /// short of pages.
-    fn embed(&mut self, inputs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+    /// Each input evaluated in a sequence of its own by `eval` (every token's embedding, or the
+    /// rank pooling's outputs); the prompt cache gives way when the pool is short of pages.
+    fn embed(
+        &mut self,
+        inputs: &[Vec<u32>],
+        eval: fn(&mut engine::Context, engine::SeqId, &[u32]) -> engine::Result<Vec<f32>>,
+    ) -> Result<Vec<Vec<f32>>> {
         let mut out = Vec::with_capacity(inputs.len());
         for tokens in inputs {
             let seq = self.ctx.new_sequence();
-            let mut got = self.ctx.embed(seq, tokens);
+            let mut got = eval(&mut self.ctx, seq, tokens);
             if let Err(engine::Error::OutOfPages { needed, .. }) = got {
                 if self.make_room(needed) {
-                    got = self.ctx.embed(seq, tokens);
+                    got = eval(&mut self.ctx, seq, tokens);
                 }
             }
             let _ = self.ctx.remove_sequence(seq);

@@ -227,6 +227,14 @@ pub enum Command {
         /// The embeddings, an input at a time.
         reply: oneshot::Sender<Result<Vec<Vec<f32>>>>,
     },
+    /// Each input's rank pooling (`engine::Context::rank`: the classifier head's outputs, the
+    /// first being the relevance score), evaluated as [`Command::Embed`]'s inputs are.
+    Rank {
+        /// The prompts' tokens, each within a slot's context.
+        inputs: Vec<Vec<u32>>,
+        /// The outputs, an input at a time.
+        reply: oneshot::Sender<Result<Vec<Vec<f32>>>>,
+    },
     /// Pin the full blocks of `tokens`, which a finished sequence of `namespace` holds (a
     /// request computed them), as pin `id` ([`engine::store::prompt_cache::PromptCache::pin`]).
     Pin {

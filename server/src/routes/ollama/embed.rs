@@ -152,10 +152,10 @@ fn check(st: &AppState, body: &Map<String, Value>) -> Result<(), OllamaError> {
         }
         .into());
     }
-    if st.config.pooling == Pooling::None {
+    if matches!(st.config.pooling, Pooling::None | Pooling::Rank) {
         return Err(OllamaError::bad(
-            "pooling 'none' gives one vector a token, which Ollama's embeddings cannot carry: \
-             start the server with --pooling mean, cls or last",
+            "pooling 'none' (one vector a token) and 'rank' (relevance scores) give nothing \
+             Ollama's embeddings carry: start the server with --pooling mean, cls or last",
         ));
     }
     options::apply(st, body, &mut Map::new())?;

@@ -159,7 +159,9 @@ fn capabilities(st: &AppState, template: &str) -> Vec<&'static str> {
     {
         out.push("thinking");
     }
-    if st.config.args.embeddings.embedding && st.config.pooling != Pooling::None {
+    if st.config.args.embeddings.embedding
+        && !matches!(st.config.pooling, Pooling::None | Pooling::Rank)
+    {
         out.push("embedding");
     }
     out
