@@ -83,6 +83,12 @@ pub enum ServerError {
     /// Router mode: the named model's process could not be started or ended.
     #[error("{0}")]
     ModelUnavailable(String),
+    /// Refused by policy (a path outside `--tools-root`).
+    #[error("{0}")]
+    Forbidden(String),
+    /// A tool's runtime (`x-tool-runtime`, `--tools-runtime`) that cannot be used.
+    #[error("{0}")]
+    ToolRuntime(String),
     /// The server is stopping.
     #[error("the server is shutting down")]
     ShuttingDown,
@@ -123,6 +129,7 @@ impl ServerError {
             | ServerError::BadFilename { .. } => StatusCode::BAD_REQUEST,
             ServerError::Unauthorized => StatusCode::UNAUTHORIZED,
             ServerError::Conflict(_) => StatusCode::CONFLICT,
+            ServerError::Forbidden(_) => StatusCode::FORBIDDEN,
             ServerError::NotFound(_) => StatusCode::NOT_FOUND,
             ServerError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ServerError::NotEnabled { .. } | ServerError::Unsupported(_) => {
@@ -134,6 +141,7 @@ impl ServerError {
             ServerError::Engine(engine::Error::ContextFull { .. }) => StatusCode::BAD_REQUEST,
             ServerError::Engine(_)
             | ServerError::Cache(_)
+            | ServerError::ToolRuntime(_)
             | ServerError::BadOption { .. }
             | ServerError::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }

@@ -31,6 +31,7 @@ mod routes;
 pub mod scheduler;
 mod serve;
 pub mod texts;
+pub mod tools;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -144,6 +145,7 @@ impl Server {
         );
         // Answer nothing before the warm-up is done, as llama-server.
         let _ = ready_rx.await;
+        let tools = start_tools(&config.args, &metrics).await?;
         let mut listeners = Vec::with_capacity(config.hosts.len());
         for host in &config.hosts {
             // `[::1]` and `::1` alike.
@@ -188,6 +190,7 @@ impl Server {
             template,
             vocab: std::sync::OnceLock::new(),
             streams: Default::default(),
+            tools,
             config,
         });
         // The grammars' token trie is built and the template renderer started before the
@@ -254,10 +257,15 @@ impl Server {
             ..
         } = self;
         let tx = state.tx.clone();
+        let tools = state.tools.clone();
         let app = routes::router(state);
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             shutdown.await;
+            // Tool commands and MCP calls in flight end now, not after the connections drain.
+            if let Some(tools) = tools {
+                tools.shutdown().await;
+            }
             let _ = stop_tx.send(true);
         });
         let serving: Vec<_> = listeners
@@ -272,6 +280,16 @@ impl Server {
         let _ = tokio::task::spawn_blocking(move || scheduler.join()).await;
         Ok(())
     }
+}
+
+/// The agent tools (`/tools`), their MCP servers started before the server listens, and the
+/// warning that says they are on.
+async fn start_tools(args: &Args, metrics: &Metrics) -> Result<Option<Arc<tools::Tools>>> {
+    let tools = tools::Tools::start(&args.tools).await?;
+    if let Some(t) = &tools {
+        metrics.log(t.warning());
+    }
+    Ok(tools)
 }
 
 /// Speculative decoding's state, with the draft model loaded into a context of its own (the

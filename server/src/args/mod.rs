@@ -304,14 +304,14 @@ pub struct Args {
     /// Model tags shown by `/v1/models`, comma-separated.
     #[arg(long, value_name = "TAGS", env = "LLAMA_ARG_TAGS")]
     pub tags: Option<String>,
-    /// Origins allowed by CORS, comma-separated; `*` allows any.
+    /// Origins allowed by CORS, comma-separated; `*` allows any, `localhost` pages of this
+    /// machine [default: `*`, or `localhost` when tools or MCP servers are on].
     #[arg(
         long = "cors-origins",
         value_name = "ORIGINS",
-        default_value = "*",
         env = "LLAMA_ARG_CORS_ORIGINS"
     )]
-    pub cors_origins: String,
+    pub cors_origins: Option<String>,
     /// Methods allowed by CORS.
     #[arg(
         long = "cors-methods",

@@ -86,5 +86,15 @@ impl RouterArgs {
         ("-a", true),
         ("--alias", true),
         ("--tags", true),
+        // The router serves `/tools` itself: its model processes start no tools.
+        ("--tools", true),
+        ("--tools-runtime", true),
+        ("--tools-root", true),
+        ("--mcp-servers-config", true),
+        ("--mcp-servers-json", true),
+        ("-ag", false),
+        ("--agent", false),
+        ("-no-ag", false),
+        ("--no-agent", false),
     ];
 }

@@ -42,6 +42,12 @@ pub struct ToolsArgs {
         env = "LLAMA_ARG_MCP_SERVERS_JSON"
     )]
     pub mcp_servers_json: Option<String>,
+    /// Confines the file tools to DIR (not llama-server's): every path they open, list or
+    /// create must lie inside it once symbolic links are resolved, `x-tool-cwd` too, and
+    /// `x-tool-runtime` is refused. `exec_shell_command` is not confined by it. Default: none,
+    /// where paths are the client's, relative ones from the working directory.
+    #[arg(long = "tools-root", value_name = "DIR", env = "LLAMA_ARG_TOOLS_ROOT")]
+    pub tools_root: Option<PathBuf>,
     /// Every built-in tool and `/cors-proxy` (`--tools all --ui-mcp-proxy`).
     #[arg(long = "agent", action = ArgAction::SetTrue, overrides_with = "no_agent")]
     pub agent: bool,
@@ -51,9 +57,14 @@ pub struct ToolsArgs {
 }
 
 impl ToolsArgs {
+    /// Whether `-ag`/`--agent` is on (every tool and `/cors-proxy`).
+    pub fn agent_on(&self) -> bool {
+        self.agent && !self.no_agent
+    }
+
     /// The built-in tools asked for (`all` expanded by the tools module), `--agent` included.
     pub fn builtin(&self) -> Vec<String> {
-        if self.agent && !self.no_agent {
+        if self.agent_on() {
             return vec!["all".into()];
         }
         self.tools

@@ -45,6 +45,11 @@ const ROUTER_ENV: &[&str] = &[
     "LLAMA_ARG_HOST",
     "LLAMA_ARG_PORT",
     "LLAMA_ARG_ALIAS",
+    "LLAMA_ARG_TOOLS",
+    "LLAMA_ARG_TOOLS_RUNTIME",
+    "LLAMA_ARG_TOOLS_ROOT",
+    "LLAMA_ARG_MCP_SERVERS_CONFIG",
+    "LLAMA_ARG_MCP_SERVERS_JSON",
 ];
 
 /// llama-server's test knob, honoured with the same meaning: when the variable is set, each
@@ -100,6 +105,8 @@ struct RouterState {
     started_unix: u64,
     /// Which model serves each conversation stream (`X-Conversation-Id`).
     convs: conv::Conversations,
+    /// The agent tools at `/tools`, served by the router itself.
+    tools: Option<Arc<crate::tools::Tools>>,
 }
 
 /// A router bound to its addresses.
@@ -133,6 +140,10 @@ impl RouterServer {
             .filter(|e| e.load_on_startup)
             .map(|e| e.name.clone())
             .collect();
+        let tools = crate::tools::Tools::start(&config.args.tools).await?;
+        if let Some(t) = &tools {
+            say(t.warning());
+        }
         let max = config.args.router.models_max;
         let pool = Pool::new(catalog, Launch { exe, shared }, max, say);
         let mut listeners = Vec::new();
@@ -157,6 +168,7 @@ impl RouterServer {
                 client: proxy::client(),
                 started_unix: kvstore::since_epoch().as_secs(),
                 convs: conv::Conversations::default(),
+                tools,
             }),
         })
     }
@@ -176,8 +188,13 @@ impl RouterServer {
     {
         let app = app(Arc::clone(&self.state));
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let tools = self.state.tools.clone();
         tokio::spawn(async move {
             shutdown.await;
+            // Tool commands and MCP calls in flight end now, not after the connections drain.
+            if let Some(tools) = tools {
+                tools.shutdown().await;
+            }
             let _ = stop_tx.send(true);
         });
         let serving: Vec<_> = self
@@ -216,7 +233,8 @@ fn app(state: Arc<RouterState>) -> Router {
         .route("/streams/lookup", post(conv::lookup))
         .route("/api/tags", get(tags))
         .route("/api/ps", get(ps))
-        .route("/api/version", get(version));
+        .route("/api/version", get(version))
+        .merge(crate::tools::routes(state.tools.clone()));
     if state.config.ui {
         routes = routes.merge(crate::routes::ui_assets());
     }
@@ -254,7 +272,8 @@ async fn cors(State(st): State<Arc<RouterState>>, req: Request, next: Next) -> R
 }
 
 async fn cors_proxy(State(st): State<Arc<RouterState>>, req: Request) -> Response {
-    crate::routes::cors_proxy_answer(st.config.args.ui_mcp_proxy, st.config.max_body, req).await
+    let on = st.config.args.ui_mcp_proxy || st.config.args.tools.agent_on();
+    crate::routes::cors_proxy_answer(on, st.config.max_body, req).await
 }
 
 async fn health() -> Json<Value> {

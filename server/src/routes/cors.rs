@@ -1,7 +1,9 @@
 //! CORS as llama-server answers it: preflight requests get the allowed methods and headers
 //! without needing the API key, and every response names the allowed origin. `--cors-origins`
 //! is `*` (any origin, reflected so credentials work), `localhost` (only pages served from
-//! this machine: `localhost`, `127.0.0.1`, `[::1]`) or a comma-separated list.
+//! this machine: `localhost`, `127.0.0.1`, `[::1]`) or a comma-separated list; when it is not
+//! given, `*`, or `localhost` when agent tools or MCP servers are on (a page from anywhere
+//! could otherwise drive them).
 
 use std::sync::Arc;
 
@@ -30,7 +32,7 @@ pub(crate) async fn answer(args: &crate::Args, req: Request, next: Next) -> Resp
     } else {
         next.run(req).await
     };
-    let allowed = origin.filter(|o| allows(&args.cors_origins, o));
+    let allowed = origin.filter(|o| allows(rule(args), o));
     let headers = resp.headers_mut();
     if let Some(value) = allowed.and_then(|o| HeaderValue::from_str(&o).ok()) {
         headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, value);
@@ -51,6 +53,15 @@ pub(crate) async fn answer(args: &crate::Args, req: Request, next: Next) -> Resp
         }
     }
     resp
+}
+
+/// The origins `--cors-origins` allows, or its default.
+fn rule(args: &crate::Args) -> &str {
+    match &args.cors_origins {
+        Some(rule) => rule,
+        None if args.tools.enabled() => "localhost",
+        None => "*",
+    }
 }
 
 /// Whether `--cors-origins` `rule` allows `origin`.

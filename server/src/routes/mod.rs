@@ -75,6 +75,8 @@ pub struct AppState {
     pub vocab: std::sync::OnceLock<Result<Arc<engine::constraint::Vocab>, String>>,
     /// Recorded conversation streams (`X-Conversation-Id`), per tenant.
     pub streams: stream::Streams,
+    /// The agent tools at `/tools` (`None`: off, 403).
+    pub tools: Option<Arc<crate::tools::Tools>>,
 }
 
 /// The router of every endpoint, under `--api-prefix` when one is given.
@@ -148,7 +150,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/stream", get(stream::resume).delete(stream::stop))
         .route("/v1/streams/lookup", post(stream::lookup))
         .route("/streams/lookup", post(stream::lookup))
-        .merge(ollama::routes());
+        .merge(ollama::routes())
+        .merge(crate::tools::routes(state.tools.clone()));
     let routes = if state.config.ui {
         routes.merge(ui::assets())
     } else {
@@ -177,9 +180,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// `/cors-proxy`, with `--ui-mcp-proxy`.
+/// `/cors-proxy`, with `--ui-mcp-proxy` (or `--agent`).
 async fn cors_proxy(State(st): State<Arc<AppState>>, req: Request) -> Response {
-    cors_proxy::answer(st.config.args.ui_mcp_proxy, st.config.max_body, req).await
+    let on = st.config.args.ui_mcp_proxy || st.config.args.tools.agent_on();
+    cors_proxy::answer(on, st.config.max_body, req).await
 }
 
 async fn not_found() -> Response {
