@@ -284,10 +284,12 @@ impl Server {
 
 /// The agent tools (`/tools`), their MCP servers started before the server listens, and the
 /// warning that says they are on.
-async fn start_tools(args: &Args, metrics: &Metrics) -> Result<Option<Arc<tools::Tools>>> {
+async fn start_tools(args: &Args, metrics: &Arc<Metrics>) -> Result<Option<Arc<tools::Tools>>> {
     let tools = tools::Tools::start(&args.tools).await?;
     if let Some(t) = &tools {
         metrics.log(t.warning());
+        let metrics = Arc::clone(metrics);
+        t.set_log(move |line| metrics.log(line));
     }
     Ok(tools)
 }

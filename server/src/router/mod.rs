@@ -143,6 +143,8 @@ impl RouterServer {
         let tools = crate::tools::Tools::start(&config.args.tools).await?;
         if let Some(t) = &tools {
             say(t.warning());
+            let say = Arc::clone(&say);
+            t.set_log(move |line| say(line));
         }
         let max = config.args.router.models_max;
         let pool = Pool::new(catalog, Launch { exe, shared }, max, say);

@@ -188,6 +188,13 @@ impl Tools {
         })))
     }
 
+    /// Where the MCP servers' log lines go (those of their warmup included).
+    pub fn set_log(&self, log: impl Fn(String) + Send + Sync + 'static) {
+        if let Some(hub) = &self.mcp {
+            hub.set_log(log);
+        }
+    }
+
     /// The start-up line saying what is on and that it is not for untrusted networks.
     pub fn warning(&self) -> String {
         let mut on = Vec::new();
@@ -259,14 +266,10 @@ impl Tools {
             self.io(call).await?;
             return Ok(());
         }
-        let listed = match &self.mcp {
-            Some(hub) => hub
-                .list()
-                .await
-                .iter()
-                .any(|e| e["tool"] == call.tool.as_str()),
-            None => false,
-        };
+        let listed = self
+            .mcp
+            .as_ref()
+            .is_some_and(|hub| hub.has_tool(&call.tool));
         match listed {
             true if call.stream => Err(unsupported()),
             true => Ok(()),
