@@ -352,3 +352,48 @@ async fn a_sleeping_model_is_listed_as_sleeping_and_wakes_for_a_request() {
     assert_eq!(again["content"], first["content"]);
     c.wait_for("alpha", "loaded").await;
 }
+
+/// `/rerank` names its model like any request and reaches that model's process, which the
+/// router started with `--rerank` (an option the router passes on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rerank_reaches_the_model_it_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models");
+    std::fs::create_dir(&models).unwrap();
+    models_dir(&models);
+    let cache = dir.path().join("cache");
+    let (_router, url) = spawn(&[
+        "--models-dir",
+        models.to_str().unwrap(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--rerank",
+    ]);
+    let c = Client {
+        url,
+        http: reqwest::Client::new(),
+        key: None,
+    };
+    let documents = ["a cat sat", "the dog ran far away", "cats"];
+    let (status, body) = c
+        .send(
+            "POST",
+            "/v1/rerank",
+            Some(json!({"model": "beta", "query": "cat", "documents": documents, "top_n": 2})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let results = body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "{body}");
+    let scores: Vec<f64> = results
+        .iter()
+        .map(|r| r["relevance_score"].as_f64().unwrap())
+        .collect();
+    assert!(scores[0] >= scores[1], "{body}");
+    assert!(
+        body["usage"]["prompt_tokens"].as_u64().unwrap() > 0,
+        "{body}"
+    );
+    assert_eq!(c.status_of("beta").await, "loaded");
+    assert_eq!(c.status_of("alpha").await, "unloaded");
+}
