@@ -4,8 +4,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{metric, Env, Killed};
@@ -13,29 +12,23 @@ use serde_json::{json, Value};
 
 /// Starts the binary on port 0 and reads the address it listens on.
 fn spawn(env: &Env) -> (Killed, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_llama-hdd-server"))
-        .arg("-m")
-        .arg(&env.model)
-        .arg("--cache-dir")
-        .arg(env.cache())
-        .args([
-            "--port",
-            "0",
-            "-t",
-            "1",
-            "-c",
-            "512",
-            "--kv-unified",
-            "--metrics",
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = common::listening_url(&mut lines);
-    // Keep draining its standard error so it never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    (Killed(child), url)
+    common::spawn_listening(
+        Command::new(env!("CARGO_BIN_EXE_llama-hdd-server"))
+            .arg("-m")
+            .arg(&env.model)
+            .arg("--cache-dir")
+            .arg(env.cache())
+            .args([
+                "--port",
+                "0",
+                "-t",
+                "1",
+                "-c",
+                "512",
+                "--kv-unified",
+                "--metrics",
+            ]),
+    )
 }
 
 async fn post(url: &str, body: &Value) -> Value {

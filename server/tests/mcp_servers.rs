@@ -6,9 +6,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::Killed;
@@ -53,15 +52,7 @@ impl Setup {
     /// Starts the binary with `servers` as `--mcp-servers-json`; it and its URL.
     fn start(&self, servers: Value) -> (Killed, String) {
         let json = json!({ "mcpServers": servers }).to_string();
-        let mut child = self
-            .command(&["--mcp-servers-json", &json])
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let url = common::listening_url(&mut lines);
-        std::thread::spawn(move || for _ in lines {});
-        (Killed(child), url)
+        common::spawn_listening(&mut self.command(&["--mcp-servers-json", &json]))
     }
 }
 
@@ -103,17 +94,6 @@ fn until(what: &str, mut cond: impl FnMut() -> bool) {
     while !cond() {
         assert!(start.elapsed() < Duration::from_secs(10), "never: {what}");
         std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Whether process `pid` is gone (or a zombie).
-fn gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit(')')
-            .next()
-            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
     }
 }
 
@@ -242,8 +222,8 @@ async fn stopping_is_prompt_with_a_slow_call_and_a_grandchild_on_the_pipes() {
     if let Ok(resp) = slow.await.unwrap() {
         assert!(resp.status().as_u16() >= 200);
     }
-    until("the MCP server is killed", || gone(child));
-    until("its grandchild is killed", || gone(grandchild));
+    until("the MCP server is killed", || common::ended(child));
+    until("its grandchild is killed", || common::ended(grandchild));
 }
 
 #[test]

@@ -5,9 +5,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::Killed;
@@ -32,18 +31,32 @@ fn models_dir(dir: &Path) {
 
 /// Starts the binary as a router on port 0; its URL.
 fn spawn(args: &[&str]) -> (Killed, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_llama-hdd-server"))
-        .args(["--port", "0", "-t", "1", "-c", "1024"])
-        .args(args)
-        .env_remove("LLAMA_CACHE")
-        .env("HF_HUB_CACHE", "/nonexistent")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = common::listening_url(&mut lines);
-    std::thread::spawn(move || for _ in lines {});
-    (Killed(child), url)
+    common::spawn_listening(
+        Command::new(env!("CARGO_BIN_EXE_llama-hdd-server"))
+            .args(["--port", "0", "-t", "1", "-c", "1024"])
+            .args(args)
+            .env_remove("LLAMA_CACHE")
+            .env("HF_HUB_CACHE", "/nonexistent"),
+    )
+}
+
+/// A router over [`models_dir`]'s models in a temporary folder, with a cache of its own and
+/// `extra` options: the folder (keep it alive), the process and its URL.
+fn router(extra: &[&str]) -> (tempfile::TempDir, Killed, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models");
+    std::fs::create_dir(&models).unwrap();
+    models_dir(&models);
+    let cache = dir.path().join("cache");
+    let mut args = vec![
+        "--models-dir",
+        models.to_str().unwrap(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let (process, url) = spawn(&args);
+    (dir, process, url)
 }
 
 struct Client {
@@ -129,19 +142,7 @@ impl Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn models_load_on_demand_make_room_and_come_back_with_their_cache() {
-    let dir = tempfile::tempdir().unwrap();
-    let models = dir.path().join("models");
-    std::fs::create_dir(&models).unwrap();
-    models_dir(&models);
-    let cache = dir.path().join("cache");
-    let (_router, url) = spawn(&[
-        "--models-dir",
-        models.to_str().unwrap(),
-        "--models-max",
-        "1",
-        "--cache-dir",
-        cache.to_str().unwrap(),
-    ]);
+    let (_dir, _router, url) = router(&["--models-max", "1"]);
     let c = Client {
         url,
         http: reqwest::Client::new(),
@@ -240,21 +241,12 @@ async fn models_load_on_demand_make_room_and_come_back_with_their_cache() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_autoload_only_load_starts_a_model_and_the_key_guards_it_under_a_prefix() {
-    let dir = tempfile::tempdir().unwrap();
-    let models = dir.path().join("models");
-    std::fs::create_dir(&models).unwrap();
-    models_dir(&models);
-    let cache = dir.path().join("cache");
-    let (_router, url) = spawn(&[
-        "--models-dir",
-        models.to_str().unwrap(),
+    let (_dir, _router, url) = router(&[
         "--no-models-autoload",
         "--api-key",
         "secret",
         "--api-prefix",
         "/llm",
-        "--cache-dir",
-        cache.to_str().unwrap(),
     ]);
     // Everything under the prefix, the models' own endpoints too.
     let url = format!("{url}/llm");
@@ -321,21 +313,9 @@ async fn without_autoload_only_load_starts_a_model_and_the_key_guards_it_under_a
 /// takes requests (which wake it) and is listed as `loaded` again once awake.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sleeping_model_is_listed_as_sleeping_and_wakes_for_a_request() {
-    let dir = tempfile::tempdir().unwrap();
-    let models = dir.path().join("models");
-    std::fs::create_dir(&models).unwrap();
-    models_dir(&models);
-    let cache = dir.path().join("cache");
     // Five idle seconds: long enough that a poll sees it awake between a request and the next
     // sleep.
-    let (_router, url) = spawn(&[
-        "--models-dir",
-        models.to_str().unwrap(),
-        "--cache-dir",
-        cache.to_str().unwrap(),
-        "--sleep-idle-seconds",
-        "5",
-    ]);
+    let (_dir, _router, url) = router(&["--sleep-idle-seconds", "5"]);
     let c = Client {
         url,
         http: reqwest::Client::new(),
@@ -357,18 +337,7 @@ async fn a_sleeping_model_is_listed_as_sleeping_and_wakes_for_a_request() {
 /// router started with `--rerank` (an option the router passes on).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rerank_reaches_the_model_it_names() {
-    let dir = tempfile::tempdir().unwrap();
-    let models = dir.path().join("models");
-    std::fs::create_dir(&models).unwrap();
-    models_dir(&models);
-    let cache = dir.path().join("cache");
-    let (_router, url) = spawn(&[
-        "--models-dir",
-        models.to_str().unwrap(),
-        "--cache-dir",
-        cache.to_str().unwrap(),
-        "--rerank",
-    ]);
+    let (_dir, _router, url) = router(&["--rerank"]);
     let c = Client {
         url,
         http: reqwest::Client::new(),

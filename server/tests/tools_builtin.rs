@@ -9,9 +9,9 @@ mod tools_common;
 
 use std::time::{Duration, Instant};
 
-use common::Env;
+use common::{ended, Env};
 use serde_json::{json, Value};
-use tools_common::{call, ended, fails, ok, read_pid, spawn, text, wait_until};
+use tools_common::{call, fails, ok, read_pid, spawn, text, wait_until};
 
 #[tokio::test]
 async fn tools_off_answer_403() {

@@ -300,6 +300,29 @@ pub async fn metric(url: &str, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Starts `cmd` (a server binary) with its standard error piped, reads it up to the line saying
+/// where it listens and drains the rest in a thread of its own (so the process never blocks on a
+/// full pipe); the process, killed when dropped, and its URL.
+pub fn spawn_listening(cmd: &mut std::process::Command) -> (Killed, String) {
+    use std::io::BufRead;
+    let mut child = cmd.stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = listening_url(&mut lines);
+    std::thread::spawn(move || for _ in lines {});
+    (Killed(child), url)
+}
+
+/// Whether process `pid` has ended (gone, or a zombie waiting for its parent).
+pub fn ended(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
 /// Reads a server binary's standard error up to the line saying where it listens; its URL.
 pub fn listening_url(lines: &mut impl Iterator<Item = std::io::Result<String>>) -> String {
     loop {

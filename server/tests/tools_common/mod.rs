@@ -3,9 +3,8 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -76,17 +75,6 @@ pub async fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool
     cond()
 }
 
-/// Whether process `pid` has ended (gone, or a zombie waiting for its parent).
-pub fn ended(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit(')')
-            .next()
-            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
-    }
-}
-
 pub fn read_pid(path: &Path) -> Option<u32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
@@ -99,14 +87,8 @@ pub fn spawn(args: &[&str], path_first: Option<&Path>) -> (Killed, String) {
         let path = std::env::var("PATH").unwrap_or_default();
         cmd.env("PATH", format!("{}:{path}", dir.display()));
     }
-    let mut child = cmd
-        .env_remove("LLAMA_CACHE")
-        .env("HF_HUB_CACHE", "/nonexistent")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = crate::common::listening_url(&mut lines);
-    std::thread::spawn(move || for _ in lines {});
-    (Killed(child), url)
+    crate::common::spawn_listening(
+        cmd.env_remove("LLAMA_CACHE")
+            .env("HF_HUB_CACHE", "/nonexistent"),
+    )
 }
