@@ -113,10 +113,21 @@ impl Tools {
     /// The tools the options ask for, checked, the MCP servers started and `--tools-runtime`'s
     /// container running; `None` when `/tools` is off.
     pub async fn start(args: &ToolsArgs) -> Result<Option<Arc<Tools>>> {
+        let bad = |option: &'static str, reason: String| ServerError::BadOption { option, reason };
         if !args.enabled() {
+            // Options about the tools, with no tool to apply them to, are refused, not dropped.
+            let given = [
+                ("--tools-runtime", args.tools_runtime.is_some()),
+                ("--tools-root", args.tools_root.is_some()),
+            ];
+            if let Some((option, _)) = given.iter().find(|(_, on)| *on) {
+                return Err(bad(
+                    option,
+                    "no tools are on (--tools or MCP servers)".into(),
+                ));
+            }
             return Ok(None);
         }
-        let bad = |option: &'static str, reason: String| ServerError::BadOption { option, reason };
         let mut builtin = Vec::new();
         for name in args.builtin() {
             if name == "all" {
@@ -379,5 +390,37 @@ impl<'a> Params<'a> {
             .get(key)
             .and_then(Value::as_array)
             .ok_or_else(|| CallError::BadParams(format!("\"{key}\" must be an array")))
+    }
+}
+
+#[cfg(test)]
+mod start_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn tool_options_without_tools_are_refused() {
+        let none = ToolsArgs::default();
+        assert!(Tools::start(&none).await.unwrap().is_none());
+        for (args, option) in [
+            (
+                ToolsArgs {
+                    tools_runtime: Some("ssh:host".into()),
+                    ..ToolsArgs::default()
+                },
+                "--tools-runtime",
+            ),
+            (
+                ToolsArgs {
+                    tools_root: Some(std::env::temp_dir()),
+                    ..ToolsArgs::default()
+                },
+                "--tools-root",
+            ),
+        ] {
+            match Tools::start(&args).await {
+                Err(ServerError::BadOption { option: o, .. }) => assert_eq!(o, option),
+                other => panic!("{option}: {:?}", other.map(|t| t.is_some())),
+            }
+        }
     }
 }
