@@ -12,6 +12,10 @@ pub const MAX_TOKENS_PER_BLOCK: u32 = 65536;
 pub const MAX_BYTES_PER_TOKEN_PER_LAYER: u32 = 1 << 24;
 /// Largest block payload accepted (16 GiB).
 pub const MAX_BLOCK_BYTES: u64 = 1 << 34;
+/// Most bytes of recurrent state one layer may have.
+pub const MAX_STATE_BYTES_PER_LAYER: u32 = 1 << 30;
+/// Largest recurrent state of all layers together (16 GiB).
+pub const MAX_STATE_BYTES: u64 = 1 << 34;
 
 /// Element type of the KV cache tensors.
 ///
@@ -106,11 +110,18 @@ pub struct LayerSpan {
 }
 
 /// The KV geometry of a store: fixed for every block and checkpoint in it.
+///
+/// A hybrid model's recurrent (or convolutional) layers also carry a state of
+/// fixed size per sequence rather than per token: [`Geometry::with_state`]
+/// records each layer's state bytes, which state records and a manifest's
+/// tail state hold (FORMAT.md §4.1, §5.2).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Geometry {
     layers: Vec<LayerGeometry>,
     elem: ElemType,
     tokens_per_block: u32,
+    /// Per layer, bytes of recurrent state; empty when no layer has any.
+    state: Vec<u32>,
 }
 
 /// Default tokens per block (see FORMAT.md, "Choice of block size").
@@ -154,6 +165,7 @@ impl Geometry {
             layers,
             elem,
             tokens_per_block,
+            state: Vec::new(),
         };
         if g.bytes_per_token() == 0 {
             return Err(FormatError::invalid("geometry", "zero bytes per token"));
@@ -165,6 +177,31 @@ impl Geometry {
                 limit: MAX_BLOCK_BYTES,
             });
         }
+        Ok(g)
+    }
+
+    /// A geometry whose layers carry K and V per token and recurrent state
+    /// (`state[i]` bytes in layer `i`). Unlike [`Geometry::new`], the K and V of
+    /// every layer may be zero (a purely recurrent model) as long as some
+    /// layer has state.
+    pub fn new_hybrid(
+        layers: Vec<LayerGeometry>,
+        elem: ElemType,
+        tokens_per_block: u32,
+        state: Vec<u32>,
+    ) -> Result<Self> {
+        let n = layers.len();
+        let kv_free = layers
+            .iter()
+            .all(|l| l.k_bytes_per_token == 0 && l.v_bytes_per_token == 0);
+        // Validated with a placeholder K byte where there is none, then restored.
+        let mut probe = layers.clone();
+        if kv_free && n > 0 {
+            probe[0].k_bytes_per_token = 2;
+        }
+        let mut g = Geometry::new(probe, elem, tokens_per_block)?.with_state(state)?;
+        debug_assert_eq!(g.layers.len(), n);
+        g.layers = layers;
         Ok(g)
     }
 
@@ -205,6 +242,82 @@ impl Geometry {
     /// Tokens per block.
     pub fn tokens_per_block(&self) -> u32 {
         self.tokens_per_block
+    }
+
+    /// The same geometry whose layers carry `state[i]` bytes of recurrent state
+    /// each (one entry per layer, zero for a layer without state, at least one
+    /// not zero). A layer may have state and no K or V (a recurrent layer of a
+    /// hybrid model).
+    pub fn with_state(mut self, state: Vec<u32>) -> Result<Self> {
+        if state.len() != self.layers.len() {
+            return Err(FormatError::invalid(
+                "geometry state",
+                format!(
+                    "{} state sizes for {} layers",
+                    state.len(),
+                    self.layers.len()
+                ),
+            ));
+        }
+        if let Some(&b) = state.iter().find(|&&b| b > MAX_STATE_BYTES_PER_LAYER) {
+            return Err(FormatError::OutOfBounds {
+                what: "geometry state bytes of a layer",
+                value: u64::from(b),
+                limit: u64::from(MAX_STATE_BYTES_PER_LAYER),
+            });
+        }
+        let total: u64 = state.iter().map(|&b| u64::from(b)).sum();
+        if total == 0 {
+            return Err(FormatError::invalid(
+                "geometry state",
+                "every layer has zero bytes",
+            ));
+        }
+        if total > MAX_STATE_BYTES {
+            return Err(FormatError::AbsurdLength {
+                what: "geometry state bytes",
+                len: total,
+                limit: MAX_STATE_BYTES,
+            });
+        }
+        self.state = state;
+        Ok(self)
+    }
+
+    /// Whether any layer carries recurrent state.
+    pub fn has_state(&self) -> bool {
+        !self.state.is_empty()
+    }
+
+    /// Per layer, bytes of recurrent state (empty when no layer has any).
+    pub fn state_layers(&self) -> &[u32] {
+        &self.state
+    }
+
+    /// Bytes of recurrent state over all layers (0 when none).
+    pub fn state_bytes(&self) -> u64 {
+        self.state.iter().map(|&b| u64::from(b)).sum()
+    }
+
+    /// Splits a state (every layer's state in layer order, [`Geometry::state_bytes`]
+    /// long) into each layer's bytes, without copying.
+    pub fn split_state<'a>(&self, state: &'a [u8]) -> Result<Vec<&'a [u8]>> {
+        if state.len() as u64 != self.state_bytes() {
+            return Err(FormatError::invalid(
+                "state",
+                format!("{} bytes, expected {}", state.len(), self.state_bytes()),
+            ));
+        }
+        let mut off = 0usize;
+        Ok(self
+            .state
+            .iter()
+            .map(|&b| {
+                let part = &state[off..off + b as usize];
+                off += b as usize;
+                part
+            })
+            .collect())
     }
 
     /// K plus V bytes of one token over all layers.
@@ -318,10 +431,18 @@ impl Geometry {
         out.extend_from_slice(&(self.layers.len() as u32).to_le_bytes());
         out.extend_from_slice(&self.tokens_per_block.to_le_bytes());
         out.push(self.elem.code());
-        out.extend_from_slice(&[0u8; 7]);
+        out.push(if self.has_state() {
+            crate::layout::GEOMETRY_FLAG_HAS_STATE
+        } else {
+            0
+        });
+        out.extend_from_slice(&[0u8; 6]);
         for l in &self.layers {
             out.extend_from_slice(&l.k_bytes_per_token.to_le_bytes());
             out.extend_from_slice(&l.v_bytes_per_token.to_le_bytes());
+        }
+        for b in &self.state {
+            out.extend_from_slice(&b.to_le_bytes());
         }
         out
     }
@@ -344,7 +465,8 @@ impl Geometry {
         let n_layers = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
         let tpb = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
         let elem = ElemType::from_code(bytes[8])?;
-        if bytes[9..16].iter().any(|&b| b != 0) {
+        let has_state = bytes[9] == crate::layout::GEOMETRY_FLAG_HAS_STATE;
+        if (bytes[9] != 0 && !has_state) || bytes[10..16].iter().any(|&b| b != 0) {
             return Err(FormatError::invalid(
                 "geometry record",
                 "reserved bytes not zero",
@@ -357,7 +479,8 @@ impl Geometry {
                 limit: MAX_LAYERS as u64,
             });
         }
-        let total = 16 + 8 * n_layers;
+        let table = 16 + 8 * n_layers;
+        let total = table + if has_state { 4 * n_layers } else { 0 };
         need(total)?;
         if bytes.len() != total {
             return Err(FormatError::invalid(
@@ -370,14 +493,21 @@ impl Geometry {
                 ),
             ));
         }
-        let layers = bytes[16..total]
+        let layers: Vec<LayerGeometry> = bytes[16..table]
             .chunks_exact(8)
             .map(|c| LayerGeometry {
                 k_bytes_per_token: u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
                 v_bytes_per_token: u32::from_le_bytes([c[4], c[5], c[6], c[7]]),
             })
             .collect();
-        Geometry::new(layers, elem, tpb)
+        if !has_state {
+            return Geometry::new(layers, elem, tpb);
+        }
+        let state = bytes[table..total]
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        Geometry::new_hybrid(layers, elem, tpb, state)
     }
 
     /// BLAKE3 digest of the canonical encoding: block records carry it so a
@@ -402,6 +532,12 @@ impl Geometry {
             format!(
                 "{} tokens per block vs {}",
                 self.tokens_per_block, other.tokens_per_block
+            )
+        } else if self.state != other.state {
+            format!(
+                "recurrent state of {} bytes vs {}",
+                self.state_bytes(),
+                other.state_bytes()
             )
         } else {
             let i = self

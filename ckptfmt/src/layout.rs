@@ -23,6 +23,12 @@
 //! 252 header_crc u32               0 kind u32   4 flags u32      ExportIndexEntry (48 B)
 //!                                  8 offset u64 16 len u64         0 block_id [32]
 //!                                 24 crc u32   28 reserved u32    32 offset u64  40 len u64
+//!
+//! StateHeader (256 B)
+//!   0 magic "CKPTSTA\0"   8 version u16   10 reserved u16   12 n_layers u32
+//!  16 n_tokens u64       24 payload_len u64  32 payload_crc u32  36 flags u32
+//!  40 fingerprint [32]   72 block_id [32]   104 geometry_digest [32]
+//! 136 reserved [116]    252 header_crc u32
 //! ```
 
 use zerocopy::byteorder::little_endian::{U16, U32, U64};
@@ -42,13 +48,27 @@ pub const BLOCK_MAGIC: [u8; 8] = *b"CKPTBLK\0";
 pub const MANIFEST_MAGIC: [u8; 8] = *b"CKPTMAN\0";
 /// Magic of an export.
 pub const EXPORT_MAGIC: [u8; 8] = *b"CKPTEXP\0";
+/// Magic of a state record.
+pub const STATE_MAGIC: [u8; 8] = *b"CKPTSTA\0";
 
 /// Block record version written and read by this crate.
 pub const BLOCK_VERSION: u16 = 1;
-/// Manifest version written and read by this crate.
-pub const MANIFEST_VERSION: u16 = 1;
+/// Newest manifest version read by this crate. Writers write version 2 only
+/// for a geometry with recurrent state (it has a TAIL_STATE section), and
+/// version 1, byte for byte as before, for every other manifest.
+pub const MANIFEST_VERSION: u16 = 2;
+/// Manifest version of a geometry without recurrent state.
+pub const MANIFEST_VERSION_PLAIN: u16 = 1;
 /// Export version written and read by this crate.
 pub const EXPORT_VERSION: u16 = 1;
+/// State record version written and read by this crate.
+pub const STATE_VERSION: u16 = 1;
+/// Bytes before a state record's payload (the header, then zero padding).
+pub const STATE_HEADER_LEN: u64 = ALIGN;
+
+/// Geometry record flag (byte 9): per-layer recurrent state sizes follow the
+/// layer table.
+pub const GEOMETRY_FLAG_HAS_STATE: u8 = 1;
 
 /// Block flag: the record has a previous block (`prev_id` is meaningful).
 pub const BLOCK_FLAG_HAS_PREV: u32 = 1;
@@ -78,6 +98,9 @@ pub mod section {
     /// Chain roots: per root, the block index (u64 LE) and the 32-byte id that
     /// block chains from. Written only when there is a root.
     pub const CHAIN_ROOTS: u32 = 8;
+    /// The recurrent state after the last token (offset aligned to 4096).
+    /// Present exactly when the geometry has state; only in version 2.
+    pub const TAIL_STATE: u32 = 9;
 }
 
 /// Fixed header of a block record. Followed by the token ids (u32 LE) and
@@ -209,6 +232,41 @@ pub struct ExportHeader {
     pub header_crc: U32,
 }
 
+/// Fixed header of a state record: the recurrent state of every stateful
+/// layer after the last token of one block. Followed by zero padding up to
+/// [`STATE_HEADER_LEN`], the payload and zero padding to a multiple of
+/// [`ALIGN`].
+#[derive(Debug, Clone, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+pub struct StateHeader {
+    /// [`STATE_MAGIC`].
+    pub magic: [u8; 8],
+    /// [`STATE_VERSION`].
+    pub version: U16,
+    /// Zero.
+    pub reserved0: U16,
+    /// Layers in the geometry.
+    pub n_layers: U32,
+    /// Tokens the state has consumed: the end of the block, `(j + 1) × tokens_per_block`.
+    pub n_tokens: U64,
+    /// Bytes of the payload (the geometry's state bytes).
+    pub payload_len: U64,
+    /// CRC32 of the payload.
+    pub payload_crc: U32,
+    /// Zero.
+    pub flags: U32,
+    /// Model fingerprint.
+    pub fingerprint: [u8; 32],
+    /// Id of the block after whose last token the state was taken.
+    pub block_id: [u8; 32],
+    /// BLAKE3 digest of the canonical geometry.
+    pub geometry_digest: [u8; 32],
+    /// Zero.
+    pub reserved: [u8; 116],
+    /// CRC32 of bytes 0..252 then bytes 256..4096 (the padding).
+    pub header_crc: U32,
+}
+
 /// One entry of an export's block index.
 #[derive(Debug, Clone, FromBytes, IntoBytes, KnownLayout, Immutable)]
 #[repr(C)]
@@ -224,6 +282,7 @@ pub struct ExportIndexEntry {
 const _: () = assert!(std::mem::size_of::<BlockHeader>() == HEADER_SIZE);
 const _: () = assert!(std::mem::size_of::<ManifestHeader>() == HEADER_SIZE);
 const _: () = assert!(std::mem::size_of::<ExportHeader>() == HEADER_SIZE);
+const _: () = assert!(std::mem::size_of::<StateHeader>() == HEADER_SIZE);
 const _: () = assert!(std::mem::size_of::<SectionEntry>() == 32);
 const _: () = assert!(std::mem::size_of::<ExportIndexEntry>() == 48);
 

@@ -19,6 +19,9 @@
 //! - Checkpoints: [`Manifest`] (tokens, positions, block ids, tail KV,
 //!   sampler state, [`Metadata`]); `encode()` / `decode()`, or
 //!   [`ManifestView::parse`] for a borrowed tail.
+//! - State records (hybrid models): [`encode_state`] → bytes;
+//!   [`StateView::parse`] verifies and borrows (`state()`, `block_id()`,
+//!   `n_tokens()`); a manifest's `tail_state` is the state after its last token.
 //! - Exports: [`write_export`] / [`Export::read`] / `Export::map` (unsafe) →
 //!   [`ExportView`] (`manifest()`, `block(i)`, `verify_all()`).
 //!
@@ -29,6 +32,9 @@
 //!   `has_block(&id)`, `read_block(&id)` → [`OwnedBlock`],
 //!   `unsafe map_block(&id)` → [`MappedBlock`] (borrowed payload),
 //!   `delete_block(&id)`, `list_blocks()`, `gc()`.
+//! - Recurrent state at block boundaries: `put_state(&id, n_tokens, &state)`,
+//!   `has_state(&id)`, `read_state(&id)` → [`OwnedState`], `delete_state(&id)`,
+//!   `list_states()`.
 //! - Checkpoints: `save(&manifest, |block_idx| kv, Encoding)` writes only
 //!   the missing blocks then the manifest (the commit point);
 //!   `write_manifest`, `read_manifest(name)`, `verify_checkpoint(name)`,
@@ -77,6 +83,7 @@ pub mod manifest;
 pub mod mmap;
 pub mod quant;
 pub mod sharing;
+pub mod state;
 pub mod store;
 pub mod vfs;
 
@@ -88,8 +95,9 @@ pub use fault::{CrashMode, FaultFs, FaultMode};
 pub use geometry::{ElemType, Geometry, LayerGeometry, LayerSpan, DEFAULT_TOKENS_PER_BLOCK};
 pub use ids::{BlockId, ChainRoot, Fingerprint};
 pub use manifest::{Manifest, ManifestView, Metadata};
+pub use state::{encode_state, StateView};
 pub use store::{
-    BadBlock, BlockInput, CheckpointHealth, MappedBlock, OwnedBlock, SaveReport, Store,
+    BadBlock, BlockInput, CheckpointHealth, MappedBlock, OwnedBlock, OwnedState, SaveReport, Store,
 };
 pub use vfs::{create_dir_durable, FileLock, FileStamp, LockMode, StdFs, Vfs, VfsFile};
 

@@ -13,7 +13,7 @@ use crate::ids::{BlockId, ChainRoot, Fingerprint};
 use crate::layout::{
     align_up, crc_parts, section, ManifestHeader, SectionEntry, ALIGN, HEADER_CRC_OFFSET,
     HEADER_SIZE, MANIFEST_FLAG_HAS_SAMPLER, MANIFEST_MAGIC, MANIFEST_VERSION,
-    SECTION_FLAG_REQUIRED,
+    MANIFEST_VERSION_PLAIN, SECTION_FLAG_REQUIRED,
 };
 
 /// Most sections a manifest may have.
@@ -61,6 +61,11 @@ pub struct Manifest {
     /// KV bytes of the partial tail (`tokens.len() % tokens_per_block`
     /// tokens), laid out like a block (see [`Geometry::layer_spans`]).
     pub tail_kv: Vec<u8>,
+    /// The recurrent state after the last token, every stateful layer's bytes
+    /// in layer order: exactly [`Geometry::state_bytes`] long (empty for a
+    /// geometry without state, and for a manifest without tokens, whose state
+    /// is the initial one, all zeros).
+    pub tail_state: Vec<u8>,
     /// Optional opaque sampler / RNG state.
     pub sampler_state: Option<Vec<u8>>,
     /// Descriptive metadata.
@@ -68,7 +73,8 @@ pub struct Manifest {
 }
 
 impl Manifest {
-    /// Builds a manifest, computing the block ids from the tokens.
+    /// Builds a manifest, computing the block ids from the tokens. A geometry
+    /// with recurrent state also needs [`Manifest::with_tail_state`].
     pub fn new(
         fingerprint: Fingerprint,
         geometry: Geometry,
@@ -86,11 +92,24 @@ impl Manifest {
             block_ids,
             chain_roots: Vec::new(),
             tail_kv,
+            tail_state: Vec::new(),
             sampler_state: None,
             meta,
         };
-        m.validate()?;
+        // A geometry with state is completed by `with_tail_state`.
+        m.validate_body()?;
+        if m.tail_state_bytes() == 0 {
+            m.validate()?;
+        }
         Ok(m)
+    }
+
+    /// Sets the recurrent state after the last token (a geometry with state
+    /// needs it: [`Manifest::validate`] refuses a manifest without it).
+    pub fn with_tail_state(mut self, state: Vec<u8>) -> Result<Self> {
+        self.tail_state = state;
+        self.validate()?;
+        Ok(self)
     }
 
     /// Sets the chain roots and recomputes the block ids from them (see
@@ -131,6 +150,32 @@ impl Manifest {
 
     /// Checks the internal consistency rules of FORMAT.md.
     pub fn validate(&self) -> Result<()> {
+        self.validate_body()?;
+        if self.tail_state.len() as u64 != self.tail_state_bytes() {
+            return Err(FormatError::invalid(
+                "manifest tail state",
+                format!(
+                    "{} bytes, expected {}",
+                    self.tail_state.len(),
+                    self.tail_state_bytes()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Bytes the tail state must have: the geometry's state bytes, or none
+    /// before the first token (the initial state is zero by definition).
+    pub fn tail_state_bytes(&self) -> u64 {
+        if self.tokens.is_empty() {
+            0
+        } else {
+            self.geometry.state_bytes()
+        }
+    }
+
+    /// Every rule of [`Manifest::validate`] but the tail state's length.
+    fn validate_body(&self) -> Result<()> {
         let tpb = self.geometry.tokens_per_block() as usize;
         if self.positions.len() != self.tokens.len() {
             return Err(FormatError::invalid(
@@ -251,7 +296,8 @@ impl Manifest {
         if let Some(s) = &self.sampler_state {
             sections.push((section::SAMPLER, s.clone()));
         }
-        let n_sections = sections.len() + 1;
+        let has_state = self.geometry.has_state();
+        let n_sections = sections.len() + 1 + usize::from(has_state);
         let table_end = HEADER_SIZE + 32 * n_sections;
         let mut out = vec![0u8; table_end];
         let mut entries = Vec::with_capacity(n_sections);
@@ -265,6 +311,16 @@ impl Manifest {
         out.resize(tail_off, 0);
         out.extend_from_slice(&self.tail_kv);
         entries.push(entry(section::TAIL_KV, tail_off as u64, &self.tail_kv));
+        if has_state {
+            let state_off = align_up(out.len() as u64) as usize;
+            out.resize(state_off, 0);
+            out.extend_from_slice(&self.tail_state);
+            entries.push(entry(
+                section::TAIL_STATE,
+                state_off as u64,
+                &self.tail_state,
+            ));
+        }
         let file_len = align_up(out.len() as u64);
         out.resize(file_len as usize, 0);
         for (i, e) in entries.iter().enumerate() {
@@ -274,7 +330,11 @@ impl Manifest {
         let tpb = u64::from(self.geometry.tokens_per_block());
         let mut h = ManifestHeader {
             magic: MANIFEST_MAGIC,
-            version: U16::new(MANIFEST_VERSION),
+            version: U16::new(if has_state {
+                MANIFEST_VERSION
+            } else {
+                MANIFEST_VERSION_PLAIN
+            }),
             reserved0: U16::new(0),
             n_sections: U32::new(n_sections as u32),
             file_len: U64::new(file_len),
@@ -435,6 +495,7 @@ pub struct ManifestView<'a> {
     block_ids: &'a [[u8; 32]],
     chain_roots: Vec<ChainRoot>,
     tail_kv: &'a [u8],
+    tail_state: &'a [u8],
     sampler: Option<&'a [u8]>,
     meta: Metadata,
 }
@@ -510,6 +571,43 @@ impl<'a> ManifestView<'a> {
                 format!("{} bytes for {} tail tokens", tail_kv.len(), n_tokens % tpb),
             ));
         }
+        // A geometry with state comes only in version 2, and always with its
+        // tail state; no other manifest has one.
+        let tail_state = found[section::TAIL_STATE as usize];
+        let want_state = if n_tokens == 0 {
+            0
+        } else {
+            geometry.state_bytes()
+        };
+        match (geometry.has_state(), tail_state) {
+            (true, Some(s)) if s.len() as u64 == want_state => {}
+            (true, Some(s)) => {
+                return Err(FormatError::invalid(
+                    "manifest tail state",
+                    format!("{} bytes, expected {want_state}", s.len()),
+                ))
+            }
+            (true, None) => {
+                return Err(FormatError::invalid(
+                    "manifest",
+                    "missing tail state section",
+                ))
+            }
+            (false, Some(_)) => {
+                return Err(FormatError::invalid(
+                    "manifest",
+                    "tail state section without state in the geometry",
+                ))
+            }
+            (false, None) => {}
+        }
+        if geometry.has_state() && header.version.get() < MANIFEST_VERSION {
+            return Err(FormatError::invalid(
+                "manifest",
+                "recurrent state in a version 1 manifest",
+            ));
+        }
+        let tail_state = tail_state.unwrap_or(&[]);
         let has_sampler = header.flags.get() & MANIFEST_FLAG_HAS_SAMPLER != 0;
         let sampler = found[section::SAMPLER as usize];
         if sampler.is_some() != has_sampler {
@@ -532,6 +630,7 @@ impl<'a> ManifestView<'a> {
             block_ids,
             chain_roots,
             tail_kv,
+            tail_state,
             sampler,
             meta,
         };
@@ -617,8 +716,8 @@ impl<'a> ManifestView<'a> {
         table: &[SectionEntry],
         table_end: usize,
         file_len: u64,
-    ) -> Result<[Option<&'a [u8]>; 9]> {
-        let mut found: [Option<&'a [u8]>; 9] = [None; 9];
+    ) -> Result<[Option<&'a [u8]>; 10]> {
+        let mut found: [Option<&'a [u8]>; 10] = [None; 10];
         let mut ranges: Vec<(u64, u64)> = Vec::with_capacity(table.len());
         for (i, e) in table.iter().enumerate() {
             let (kind, off, len) = (e.kind.get(), e.offset.get(), e.len.get());
@@ -636,7 +735,11 @@ impl<'a> ManifestView<'a> {
                     limit: table_end as u64,
                 });
             }
-            let align = if kind == section::TAIL_KV { ALIGN } else { 8 };
+            let align = if kind == section::TAIL_KV || kind == section::TAIL_STATE {
+                ALIGN
+            } else {
+                8
+            };
             if off % align != 0
                 || e.reserved.get() != 0
                 || e.flags.get() & !SECTION_FLAG_REQUIRED != 0
@@ -658,7 +761,7 @@ impl<'a> ManifestView<'a> {
             }
             ranges.push((off, end));
             match kind {
-                1..=8 => {
+                1..=9 => {
                     let slot = &mut found[kind as usize];
                     if slot.is_some() {
                         return Err(FormatError::invalid(
@@ -765,6 +868,11 @@ impl<'a> ManifestView<'a> {
         self.tail_kv
     }
 
+    /// The recurrent state after the last token (empty without state).
+    pub fn tail_state(&self) -> &'a [u8] {
+        self.tail_state
+    }
+
     /// Sampler state, borrowed.
     pub fn sampler_state(&self) -> Option<&'a [u8]> {
         self.sampler
@@ -785,6 +893,7 @@ impl<'a> ManifestView<'a> {
             block_ids: self.block_ids(),
             chain_roots: self.chain_roots.clone(),
             tail_kv: self.tail_kv.to_vec(),
+            tail_state: self.tail_state.to_vec(),
             sampler_state: self.sampler.map(<[u8]>::to_vec),
             meta: self.meta.clone(),
         }

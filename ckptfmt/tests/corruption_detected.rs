@@ -181,7 +181,7 @@ fn wrong_magic_and_newer_version_are_typed() {
 
     // A newer version with a valid checksum: refused as unsupported.
     let mut m = manifest_bytes();
-    m[8] = 2;
+    m[8] = 3;
     let table_end = 256 + 32 * u32::from_le_bytes([m[12], m[13], m[14], m[15]]) as usize;
     let mut h = crc32fast::Hasher::new();
     h.update(&m[..252]);
@@ -192,8 +192,8 @@ fn wrong_magic_and_newer_version_are_typed() {
         Manifest::decode(&m),
         Err(FormatError::UnsupportedVersion {
             what: "manifest",
-            found: 2,
-            supported: 1
+            found: 3,
+            supported: 2
         })
     ));
 }

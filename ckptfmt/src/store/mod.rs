@@ -36,6 +36,7 @@ use crate::ids::{BlockId, Fingerprint};
 use crate::manifest::{Manifest, Metadata};
 use crate::mmap::Mapped;
 use crate::sharing::{self, Owner, DEFAULT_LOCK_TIMEOUT};
+use crate::state::{encode_state, StateView};
 use crate::vfs::{create_dir_durable, FileLock, LockMode, StdFs, Vfs};
 
 /// File name of the store descriptor.
@@ -46,6 +47,8 @@ pub const BLOCKS_DIR: &str = "blocks";
 pub const MANIFESTS_DIR: &str = "manifests";
 /// Suffix of block files.
 pub const BLOCK_SUFFIX: &str = ".blk";
+/// Suffix of state records (in the block directory, named by their block's id).
+pub const STATE_SUFFIX: &str = ".sta";
 /// Suffix of manifest files.
 pub const MANIFEST_SUFFIX: &str = ".ckpt";
 /// Directory of quarantined block files.
@@ -90,6 +93,24 @@ pub struct SaveReport {
     pub blocks_reused: usize,
     /// Bytes written to files (blocks and manifest).
     pub bytes_written: u64,
+}
+
+/// A state record read into memory and verified.
+#[derive(Debug, Clone)]
+pub struct OwnedState {
+    bytes: Vec<u8>,
+}
+
+impl OwnedState {
+    /// The verified view of the record.
+    pub fn view(&self) -> Result<StateView<'_>> {
+        StateView::parse(&self.bytes)
+    }
+
+    /// The record's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
 }
 
 /// A block read into memory and verified.
@@ -516,6 +537,65 @@ impl<V: Vfs> Store<V> {
         self.remove_durably(&self.block_path(id), &self.blocks_dir)
     }
 
+    /// Path of the state record taken at the end of block `id`.
+    pub fn state_path(&self, id: &BlockId) -> PathBuf {
+        self.blocks_dir
+            .join(format!("{}{STATE_SUFFIX}", id.to_hex()))
+    }
+
+    /// Whether the store holds the state at the end of block `id` (a committed
+    /// file; not verified).
+    pub fn has_state(&self, id: &BlockId) -> Result<bool> {
+        let p = self.state_path(id);
+        self.vfs
+            .exists(&p)
+            .map_err(|e| FormatError::io("stat", &p, e))
+    }
+
+    /// Writes the recurrent state after the last token of block `id` (the
+    /// sequence's first `n_tokens` tokens) durably, unless present, with the
+    /// protocol of a block (FORMAT.md §9.1). Returns whether it was written.
+    pub fn put_state(&self, id: &BlockId, n_tokens: u64, state: &[u8]) -> Result<bool> {
+        self.owner("put_state")?;
+        if self.has_state(id)? {
+            return Ok(false);
+        }
+        let record = encode_state(&self.fingerprint, &self.geometry, id, n_tokens, state)?;
+        let name = format!("{}{STATE_SUFFIX}", id.to_hex());
+        self.write_file_durable(&self.blocks_dir, &name, &[&record])?;
+        Ok(true)
+    }
+
+    /// Reads the state at the end of block `id` and verifies it completely
+    /// (checksums, owner, geometry, block id).
+    pub fn read_state(&self, id: &BlockId) -> Result<OwnedState> {
+        let p = self.state_path(id);
+        let bytes = self.vfs.read(&p).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => FormatError::NotFound {
+                what: "state record",
+                name: id.to_hex(),
+            },
+            _ => FormatError::io("read", &p, e),
+        })?;
+        StateView::parse(&bytes)?.check_owner(&self.fingerprint, &self.geometry, id)?;
+        Ok(OwnedState { bytes })
+    }
+
+    /// Deletes the state at the end of block `id` durably.
+    pub fn delete_state(&self, id: &BlockId) -> Result<()> {
+        self.owner("delete_state")?;
+        self.remove_durably(&self.state_path(id), &self.blocks_dir)
+    }
+
+    /// Ids of the blocks whose end has a committed state record.
+    pub fn list_states(&self) -> Result<Vec<BlockId>> {
+        Ok(self
+            .list_stems(&self.blocks_dir, STATE_SUFFIX)?
+            .iter()
+            .filter_map(|h| BlockId::from_hex(h).ok())
+            .collect())
+    }
+
     /// Ids of all committed blocks.
     pub fn list_blocks(&self) -> Result<Vec<BlockId>> {
         Ok(self
@@ -681,8 +761,9 @@ impl<V: Vfs> Store<V> {
         Ok(out)
     }
 
-    /// Deletes blocks referenced by no checkpoint, and temporary files of
-    /// dead writers. Returns how many blocks. Holds the exclusive store lock,
+    /// Deletes blocks referenced by no checkpoint, the state records of such
+    /// blocks, and temporary files of dead writers. Returns how many blocks
+    /// (state records not counted). Holds the exclusive store lock,
     /// so no save in any process is between its presence checks and its
     /// commit (FORMAT.md §9.2); a damaged manifest stops the collection.
     pub fn gc(&self) -> Result<usize> {
@@ -693,6 +774,7 @@ impl<V: Vfs> Store<V> {
             live.extend(self.read_manifest(&name)?.block_ids);
         }
         let mut n = 0;
+        let mut removed = 0;
         for id in self.list_blocks()? {
             if !live.contains(&id) {
                 let p = self.block_path(&id);
@@ -702,7 +784,17 @@ impl<V: Vfs> Store<V> {
                 n += 1;
             }
         }
-        if n > 0 {
+        removed += n;
+        for id in self.list_states()? {
+            if !live.contains(&id) {
+                let p = self.state_path(&id);
+                self.vfs
+                    .remove(&p)
+                    .map_err(|e| FormatError::io("remove", &p, e))?;
+                removed += 1;
+            }
+        }
+        if removed > 0 {
             self.vfs
                 .sync_dir(&self.blocks_dir)
                 .map_err(|e| FormatError::io("fsync", &self.blocks_dir, e))?;
