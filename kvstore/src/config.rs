@@ -48,6 +48,9 @@ pub struct Config {
     pub verify: VerifyLevel,
     /// A tier below the disk shared by several machines ([`crate::remote`]); `None`: none.
     pub remote: Option<crate::remote::Remote>,
+    /// Bytes of recurrent-state snapshots (hybrid models' state records) each model keeps on
+    /// disk: a write that passes it deletes the snapshots used longest ago.
+    pub state_budget: u64,
 }
 
 impl Default for Config {
@@ -64,6 +67,7 @@ impl Default for Config {
             encoding: Encoding::Raw,
             verify: VerifyLevel::default(),
             remote: None,
+            state_budget: 2 << 30,
         }
     }
 }

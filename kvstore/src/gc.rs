@@ -366,6 +366,9 @@ impl<V: BlockIo> Shared<V> {
                     removed.insert(v.id);
                     dirs.insert(v.pos);
                     pass.index(v.pos).remove_block(&v.id);
+                    // The block's recurrent-state snapshot, if any, goes with it: it can
+                    // never serve a resume without the block.
+                    let _ = self.io.remove(&models[v.pos].1.store.state_path(&v.id));
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     pass.index(v.pos).remove_block(&v.id);
@@ -627,6 +630,7 @@ impl<V: BlockIo> Shared<V> {
                         gone = true;
                         removed_any = true;
                         index.remove_block(id);
+                        let _ = self.io.remove(&info.store.state_path(id));
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                         index.remove_block(id);

@@ -25,6 +25,10 @@
 //!     are quarantined), `longest_prefix` ([`PrefixMatch`]), `prefetch`
 //!     ([`Prefetch`]), `collect_dropping` (a collection that may delete the
 //!     given checkpoints, in order, as far as a budget needs).
+//!   - recurrent state of hybrid models (`ckptfmt` state records at block
+//!     boundaries, within [`Config::state_budget`]): `put_state`, `get_state`,
+//!     `has_state`, `states`, `resume_point` ([`StateMatch`]: the last
+//!     boundary of the longest stored prefix that has a snapshot).
 //! - Store-wide: `flush`, `gc`, `gc_to(bytes)` ([`GcReport`]), `metrics`
 //!   ([`Metrics`]), `recovery_report` ([`RecoveryReport`]), `close`.
 //! - A remote tier shared by several machines ([`remote`]: [`RemoteTier`], Redis with the
@@ -97,6 +101,7 @@ pub mod records;
 mod recovery;
 pub mod remote;
 pub mod size;
+mod snapshots;
 mod state;
 pub mod store;
 mod tier;
@@ -119,6 +124,7 @@ pub use metrics::Metrics;
 pub use policy::{EvictionPolicy, Lru, PolicyKind, S3Fifo};
 pub use remote::{Remote, RemoteConfig, RemoteFetch, RemoteFigures, RemoteTier};
 pub use size::{format_size, parse_size};
+pub use snapshots::StateMatch;
 pub use store::{KvStore, SharedDropOrder};
 
 /// Metadata key of a checkpoint's expiry (seconds since the epoch, in decimal): once it has
