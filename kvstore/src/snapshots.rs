@@ -82,25 +82,37 @@ impl<V: BlockIo> ModelStore<V> {
     /// Where `tokens` (chained from `roots`, as in [`ModelStore::longest_prefix`]) can
     /// resume: the longest prefix of stored blocks, cut back to its last boundary whose
     /// snapshot reads back verified. Damaged snapshots on the way are deleted and passed.
+    ///
+    /// With a remote tier, a later boundary's snapshot that only the tier holds is
+    /// fetched (verified, and kept locally): see [`ModelStore::fetch_remote_state`].
     pub fn resume_point(&self, tokens: &[u32], roots: &[ChainRoot]) -> Result<StateMatch> {
         let prefix = self.longest_prefix(tokens, roots);
         let tpb = self.info.geometry.tokens_per_block() as usize;
+        let mut local = None;
         for n in (1..=prefix.block_ids.len()).rev() {
             let id = prefix.block_ids[n - 1];
             if !self.has_state(&id) {
                 continue;
             }
             if let Some(state) = self.get_state(&id)? {
-                let mut block_ids = prefix.block_ids;
-                block_ids.truncate(n);
-                return Ok(StateMatch {
-                    block_ids,
-                    n_tokens: n * tpb,
-                    state,
-                });
+                local = Some((n, state));
+                break;
             }
         }
-        Ok(StateMatch::default())
+        let from = local.as_ref().map_or(0, |(n, _)| *n);
+        let remote = self
+            .fetch_remote_state(&prefix.block_ids, from)
+            .map(|(i, state)| (i + 1, state));
+        let Some((n, state)) = remote.or(local) else {
+            return Ok(StateMatch::default());
+        };
+        let mut block_ids = prefix.block_ids;
+        block_ids.truncate(n);
+        Ok(StateMatch {
+            block_ids,
+            n_tokens: n * tpb,
+            state,
+        })
     }
 
     /// The model's snapshots: each block id with its record's bytes on disk.

@@ -170,5 +170,77 @@ fn collection_removes_the_snapshots_of_collected_blocks() {
     model.delete("chat").unwrap();
     store.gc().unwrap();
     assert!(!model.block_files().has_block(&ids[1]).unwrap());
-    assert!(!model.has_state(&ids[1]), "the snapshot went with its block");
+    assert!(
+        !model.has_state(&ids[1]),
+        "the snapshot went with its block"
+    );
+}
+
+#[test]
+fn a_snapshot_written_on_one_host_resumes_another_through_the_remote_tier() {
+    use kvstore::remote::testing::RedisServer;
+    let redis = RedisServer::start();
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let host = |dir: &std::path::Path| {
+        let ram = Config::default().ram_budget;
+        let remote = kvstore::RemoteConfig::new(redis.url());
+        common::remote_host(dir, remote, ram, &fp(), hybrid())
+    };
+    let (_sa, ma) = host(a.path());
+    let (_sb, mb) = host(b.path());
+    let tokens: Vec<u32> = (200..214).collect();
+    let ids = put_blocks(&ma, &tokens);
+    let tpb = TPB as usize;
+    let blocks: Vec<Vec<u8>> = (0..3)
+        .map(|i| vec![i as u8; hybrid().block_bytes() as usize])
+        .collect();
+    let inputs: Vec<ckptfmt::store::BlockInput<'_>> = (0..3)
+        .map(|i: usize| ckptfmt::store::BlockInput {
+            prev: i.checked_sub(1).map(|p| &ids[p]),
+            tokens: &tokens[i * tpb..(i + 1) * tpb],
+            kv: &blocks[i],
+        })
+        .collect();
+    assert_eq!(ma.push_remote(&inputs).unwrap(), 3);
+    ma.put_state(&ids[0], 4, &state_of(0)).unwrap();
+    ma.put_state(&ids[2], 12, &state_of(2)).unwrap();
+    assert!(ma.push_remote_state(&ids[0]).unwrap());
+    assert!(ma.push_remote_state(&ids[2]).unwrap());
+    assert!(
+        !ma.push_remote_state(&ids[2]).unwrap(),
+        "held: not sent again"
+    );
+    assert!(!ma.push_remote_state(&ids[1]).unwrap(), "no snapshot there");
+
+    // The other host holds nothing: blocks and the latest snapshot come from the tier.
+    let hit = mb.resume_point(&tokens, &[]).unwrap();
+    assert_eq!(hit.n_tokens, 12);
+    assert_eq!(hit.block_ids, ids);
+    assert_eq!(hit.state, state_of(2));
+    assert!(mb.has_state(&ids[2]), "kept locally");
+
+    // A damaged value in the tier is refused (counted), never used.
+    let key = ma.remote().unwrap().state_key(&fp(), &hybrid(), &ids[2]);
+    let mut conn = redis.connection();
+    let mut bad = ma
+        .block_files()
+        .read_state(&ids[2])
+        .unwrap()
+        .as_bytes()
+        .to_vec();
+    bad[4096 + 3] ^= 0x40;
+    kvstore::remote::testing::redis::cmd("SET")
+        .arg(&key)
+        .arg(bad)
+        .exec(&mut conn)
+        .unwrap();
+    let c = tempfile::tempdir().unwrap();
+    let (_sc, mc) = host(c.path());
+    let hit = mc.resume_point(&tokens, &[]).unwrap();
+    assert_eq!(
+        hit.n_tokens, 0,
+        "the latest snapshot the tier holds is damaged"
+    );
+    assert!(!mc.has_state(&ids[2]));
+    assert_eq!(mc.remote().unwrap().metrics().figures().rejected, 1);
 }

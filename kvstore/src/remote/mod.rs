@@ -162,6 +162,11 @@ impl Remote {
         format!("{}:b:{}", self.model_prefix(fp, geometry), id.to_hex())
     }
 
+    /// The key of the recurrent-state snapshot at the end of block `id` of a model.
+    pub fn state_key(&self, fp: &Fingerprint, geometry: &Geometry, id: &BlockId) -> String {
+        format!("{}:s:{}", self.model_prefix(fp, geometry), id.to_hex())
+    }
+
     /// The key of checkpoint `name` of a model.
     pub fn manifest_key(&self, fp: &Fingerprint, geometry: &Geometry, name: &str) -> String {
         format!("{}:m:{name}", self.model_prefix(fp, geometry))

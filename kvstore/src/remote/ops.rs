@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 
 use ckptfmt::store::BlockInput;
-use ckptfmt::{encode_block, BlockId, BlockView, Manifest};
+use ckptfmt::{encode_block, BlockId, BlockView, Manifest, StateView};
 
 use super::{Remote, RemoteMetrics};
 use crate::bytes::KvBytes;
@@ -306,5 +306,73 @@ impl<V: BlockIo> ModelStore<V> {
         }
         self.save(&manifest)?;
         Ok(true)
+    }
+
+    /// Writes the snapshot at the end of block `id` (read from the local store, verified) to
+    /// the remote tier unless the tier holds it. Returns whether it was written; `Ok(false)`
+    /// too when there is no tier or no local snapshot.
+    pub fn push_remote_state(&self, id: &BlockId) -> Result<bool> {
+        let Some(remote) = self.remote() else {
+            return Ok(false);
+        };
+        let store = &self.info.store;
+        let record = match store.read_state(id) {
+            Ok(r) => r,
+            Err(ckptfmt::FormatError::NotFound { .. }) => return Ok(false),
+            Err(e) => return Err(crate::StoreError::format(store.root(), e)),
+        };
+        let key = remote.state_key(&self.info.fp, &self.info.geometry, id);
+        if remote.tier().exists_many(std::slice::from_ref(&key))? == [true] {
+            return Ok(false);
+        }
+        let bytes = record.as_bytes();
+        remote.tier().put_many(&[(key, bytes)])?;
+        RemoteMetrics::add(&remote.metrics().bytes_written, bytes.len() as u64);
+        Ok(true)
+    }
+
+    /// The latest end-of-block snapshot of `ids[after..]` (`ids` a chain's blocks from the
+    /// first, in order) that the remote tier holds and that verifies as this model's (one
+    /// round trip asks which it holds, one more reads that one): its block's index in `ids`
+    /// and the state, kept in the local store too. `None` without a tier, when it holds none,
+    /// or on any failure (counted).
+    pub fn fetch_remote_state(&self, ids: &[BlockId], after: usize) -> Option<(usize, Vec<u8>)> {
+        let remote = self.remote()?;
+        if after >= ids.len() || self.shared.access == Access::ReadOnly {
+            return None;
+        }
+        let (fp, geometry) = (&self.info.fp, &self.info.geometry);
+        let keys: Vec<String> = ids[after..]
+            .iter()
+            .map(|id| remote.state_key(fp, geometry, id))
+            .collect();
+        let held = remote.tier().exists_many(&keys).ok()?;
+        let m = remote.metrics();
+        let Some(k) = held.iter().rposition(|&h| h) else {
+            RemoteMetrics::add(&m.misses, 1);
+            return None;
+        };
+        let i = after + k;
+        let bytes = remote
+            .tier()
+            .get_many(std::slice::from_ref(&keys[k]))
+            .ok()?
+            .pop()
+            .flatten()?;
+        RemoteMetrics::add(&m.bytes_read, bytes.len() as u64);
+        let tpb = u64::from(geometry.tokens_per_block());
+        let state = StateView::parse(&bytes)
+            .ok()
+            .filter(|v| {
+                v.check_owner(fp, geometry, &ids[i]).is_ok() && v.n_tokens() == (i as u64 + 1) * tpb
+            })
+            .map(|v| v.state().to_vec());
+        let Some(state) = state else {
+            m.reject("a state snapshot");
+            return None;
+        };
+        RemoteMetrics::add(&m.hits, 1);
+        let _ = self.put_state(&ids[i], (i as u64 + 1) * tpb, &state);
+        Some((i, state))
     }
 }
