@@ -5,7 +5,7 @@
 #
 #   gpu-check.sh [MODEL]
 #
-# Run it from the bundle (target/gpu-check): bin/, this script, golden_visible.jsonl. MODEL is
+# Run it from the bundle (target/gpu-check): bin.tar.xz, this script, golden_visible.jsonl. MODEL is
 # SmolLM2-135M-Instruct.Q4_1.gguf (default: next to this script, else ../../models/). The CUDA
 # runtime and cuBLAS 13 are taken from CUDA_PATH, /usr/local/cuda or the loader's path.
 # Each step prints PASS or FAIL; the exit status is the number of failed steps.
@@ -21,16 +21,32 @@ for d in "${CUDA_PATH:-}" /usr/local/cuda /usr/local/cuda-13.0 /usr/local/cuda-1
         [ -n "$d" ] && [ -d "$lib" ] && export LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}"
     done
 done
+# Python's CUDA packages (nvidia-cublas, nvidia-cuda-runtime) carry the same libraries where no
+# toolkit is installed: their folders come after the toolkit's.
+if command -v python3 > /dev/null; then
+    while IFS= read -r lib; do
+        [ -n "$lib" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$lib"
+    done < <(python3 - <<'PY' 2>/dev/null
+import glob, os, sys
+seen = []
+for root in sys.path:
+    for lib in glob.glob(os.path.join(root, "nvidia", "*", "lib")):
+        if glob.glob(os.path.join(lib, "libcu*.so.13*")) and lib not in seen:
+            seen.append(lib)
+print("\n".join(seen))
+PY
+)
+fi
 bin=$here/bin
-# The binaries arrive xz-compressed (cargo xtask cuda-build); unpack each once.
-for packed in "$bin"/*.xz; do
-    [ -e "$packed" ] || continue
-    exe=${packed%.xz}
-    [ -x "$exe" ] && continue
-    if command -v xz > /dev/null; then xz -dkc "$packed" > "$exe"
-    else python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$packed" "$exe"
-    fi
-    chmod +x "$exe"
+# The binaries arrive as one xz-compressed tar (cargo xtask cuda-build); unpacked once.
+if [ -f "$here/bin.tar.xz" ] && [ ! -d "$bin" ]; then
+    if command -v xz > /dev/null; then xz -dc "$here/bin.tar.xz" | tar -C "$here" -xf -
+    else python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' "$here/bin.tar.xz" "$here"
+    fi || { echo "could not unpack $here/bin.tar.xz"; exit 2; }
+fi
+for exe in "$bin"/*; do
+    missing=$(ldd "$exe" 2>/dev/null | grep "not found")
+    [ -n "$missing" ] && echo "$(basename "$exe"): libraries not found: $missing"
 done
 out=${GPU_CHECK_OUT:-$here/out}
 mkdir -p "$out"
