@@ -1,5 +1,6 @@
 //! The forward pass as a ggml graph: one module per family of architectures (`llama.rs`:
-//! llama, qwen2, qwen3, phi3, qwen3moe, qwen2moe; `gemma.rs`: gemma2, gemma3) over the building
+//! llama, qwen2, qwen3, phi3, qwen3moe, qwen2moe; `gemma.rs`: gemma2, gemma3; `gemma4.rs`;
+//! `mistral3.rs`) over the building
 //! blocks here, which every family shares: the batch's inputs, RMSNorm, projections, attention
 //! over the page pool, the gated feed-forward network (or a mixture of experts) and the output
 //! head.

@@ -424,7 +424,7 @@ fn gemma4_params(
             ),
         ));
     }
-    if let Some(il) = (0..n_layer).find(|&il| n_head % n_head_kv[il] != 0) {
+    if let Some(il) = (0..n_layer).find(|&il| !n_head.is_multiple_of(n_head_kv[il])) {
         return Err(invalid(
             &k.key("attention.head_count_kv"),
             n_head_kv[il],
