@@ -106,7 +106,8 @@ impl Context {
         let n_pages = kv_tokens.div_ceil(PAGE_TOKENS).max(1);
         params.kv_tokens = n_pages * PAGE_TOKENS;
         let layout = KvLayout::with_types(model.hparams(), params.type_k, params.type_v)?;
-        let dims = vec![model.hparams().n_embd_kv(); model.hparams().n_layer];
+        let hp = model.hparams();
+        let dims: Vec<usize> = (0..hp.n_layer).map(|il| hp.n_embd_kv_at(il)).collect();
         // The KV of offloaded layers lives on their device, and graphs run under the scheduler.
         let placement = model.placement();
         let kv = KvTensors::placed(
@@ -464,7 +465,8 @@ impl Context {
                 let kernel = self.layout.type_k == KvType::F16
                     && self.layout.type_v == KvType::F16
                     && (0..hp.n_layer).all(|l| self.kv.cpu_readable(l))
-                    && kernel_takes_model(hp.head_dim, hp.attn_softcap);
+                    && (0..hp.n_layer)
+                        .all(|l| kernel_takes_model(hp.head_dim_at(l), hp.attn_softcap));
                 if kernel {
                     PlanMode::Kernel
                 } else {

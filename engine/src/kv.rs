@@ -168,22 +168,28 @@ impl KvLayout {
         type_k: KvType,
         type_v: KvType,
     ) -> crate::Result<KvLayout> {
-        let per_token = |t: KvType| {
-            t.row_bytes(hparams.head_dim)
-                .map(|head| head * hparams.n_head_kv)
+        let per_token = |t: KvType, il: usize| {
+            let head_dim = hparams.head_dim_at(il);
+            t.row_bytes(head_dim)
+                .map(|head| head * hparams.n_head_kv_at(il))
                 .ok_or(crate::Error::KvTypeHeadDim {
                     kv_type: t,
                     block: t.block_elems(),
-                    head_dim: hparams.head_dim,
+                    head_dim,
                 })
         };
-        let (k, v) = (per_token(type_k)?, per_token(type_v)?);
+        let layers = 0..hparams.n_layer;
         Ok(KvLayout {
             type_k,
             type_v,
             n_layers: hparams.n_layer,
-            k_bytes_per_token: vec![k; hparams.n_layer],
-            v_bytes_per_token: vec![v; hparams.n_layer],
+            k_bytes_per_token: layers
+                .clone()
+                .map(|il| per_token(type_k, il))
+                .collect::<crate::Result<_>>()?,
+            v_bytes_per_token: layers
+                .map(|il| per_token(type_v, il))
+                .collect::<crate::Result<_>>()?,
         })
     }
 

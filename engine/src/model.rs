@@ -19,6 +19,7 @@ use crate::tokenizer::Tokenizer;
 
 mod classifier;
 mod fingerprint;
+mod gemma4;
 mod hparams;
 mod layer;
 
@@ -26,6 +27,7 @@ pub use classifier::{PoolingType, Ranking};
 
 pub(crate) use fingerprint::records_bytes;
 pub use fingerprint::FINGERPRINT_VERSION;
+pub(crate) use gemma4::{GateUp, Gemma4Layer};
 pub(crate) use layer::{Ffn, LayerWeights, Qkv, SharedExpert};
 
 /// The model families this engine runs.
@@ -56,6 +58,15 @@ pub enum Arch {
     /// mixture of experts (softmax routing, the chosen experts' weights not normalised) plus a
     /// shared expert, a SwiGLU network whose output is gated by a sigmoid of the input.
     Qwen2Moe,
+    /// `gemma4`: Gemma 4's text model: gemma3's blocks with unscaled attention over
+    /// RMS-normalised Q, K and V, head sizes and RoPE per layer kind, the last layers reusing
+    /// earlier layers' KV, per-layer token inputs, a per-layer output scale, and optionally a
+    /// GELU mixture of experts beside each dense network.
+    Gemma4,
+    /// `mistral3`: Ministral 3 and Mistral Small 3.x text models: llama's blocks with YaRN's
+    /// own parameters from the file and, when `attention.temperature_scale` is set, Q scaled
+    /// by a factor growing with the log of the position (Llama 4's attention temperature).
+    Mistral3,
 }
 
 impl Arch {
@@ -69,6 +80,8 @@ impl Arch {
             "phi3" => Ok(Arch::Phi3),
             "qwen3moe" => Ok(Arch::Qwen3Moe),
             "qwen2moe" => Ok(Arch::Qwen2Moe),
+            "gemma4" => Ok(Arch::Gemma4),
+            "mistral3" => Ok(Arch::Mistral3),
             other => Err(Error::UnsupportedArchitecture {
                 arch: other.to_owned(),
             }),
@@ -86,6 +99,8 @@ impl Arch {
             Arch::Phi3 => "phi3",
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Qwen2Moe => "qwen2moe",
+            Arch::Gemma4 => "gemma4",
+            Arch::Mistral3 => "mistral3",
         }
     }
 }
@@ -150,8 +165,47 @@ pub struct HParams {
     /// Attention scores soft-capped the same way, before the softmax (gemma2).
     pub attn_softcap: Option<f32>,
     /// Mixture-of-experts feed-forward networks (qwen3moe, qwen2moe; llama files with experts,
-    /// such as Mixtral).
+    /// such as Mixtral; gemma4).
     pub experts: Option<Experts>,
+    /// Gemma 4's per-layer shapes, KV sharing and per-layer inputs.
+    pub gemma4: Option<Gemma4Params>,
+    /// Mistral 3's YaRN parameters and attention temperature.
+    pub mistral3: Option<Mistral3Params>,
+}
+
+/// Mistral 3's hyperparameters beyond llama's, as llama.cpp reads them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mistral3Params {
+    /// YaRN's `beta_fast` and `beta_slow` (`rope.scaling.yarn_beta_fast`, `_slow`; 32 and 1).
+    pub yarn_beta_fast: f32,
+    /// See `yarn_beta_fast`.
+    pub yarn_beta_slow: f32,
+    /// The factor RoPE scales magnitudes by (YaRN's, with `rope.scaling.yarn_log_multiplier`,
+    /// times `rope.scaling.attn_factor`), as passed to ggml.
+    pub rope_attn_factor: f32,
+    /// `attention.temperature_scale`: Q at position `p` is multiplied by
+    /// `1 + scale * ln(floor(p / attn_temp_floor) + 1)`; `None` when absent or 0.
+    pub attn_temp_scale: Option<f32>,
+    /// The positions per step of the temperature (the original context length).
+    pub attn_temp_floor: usize,
+}
+
+/// Gemma 4's hyperparameters beyond the common ones (see [`HParams::head_dim_at`] and its
+/// siblings for the per-layer values they give).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gemma4Params {
+    /// Head dimension of the windowed layers (the others': [`HParams::head_dim`]).
+    pub head_dim_swa: usize,
+    /// Rotated dimensions per head in the windowed layers.
+    pub rope_dims_swa: usize,
+    /// Key/value heads per layer.
+    pub n_head_kv: Vec<usize>,
+    /// Dense feed-forward width per layer.
+    pub n_ff: Vec<usize>,
+    /// Layers with their own KV cache (the first ones); the others reuse one.
+    pub n_layer_kv: usize,
+    /// Width of each layer's per-layer token input (0: none).
+    pub n_embd_per_layer: usize,
 }
 
 /// A mixture of experts in place of each block's feed-forward network.
@@ -234,23 +288,39 @@ fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Result<LayerW
     // finetunes carry them).
     let bias = |specs: &mut Specs<'_>, name: &str, dim: usize| match hp.arch {
         Arch::Qwen2 | Arch::Qwen2Moe => specs.require(&n(name), &[dim], Role::Vector).map(Some),
-        Arch::Llama | Arch::Qwen3 | Arch::Gemma3 | Arch::Gemma2 | Arch::Phi3 | Arch::Qwen3Moe => {
-            specs.find(&n(name), &[dim], Role::Vector)
-        }
+        Arch::Llama
+        | Arch::Qwen3
+        | Arch::Gemma3
+        | Arch::Gemma2
+        | Arch::Phi3
+        | Arch::Qwen3Moe
+        | Arch::Gemma4
+        | Arch::Mistral3 => specs.find(&n(name), &[dim], Role::Vector),
     };
     // qwen3 and gemma3 normalise each head of Q and K.
     let head_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
         Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe => specs
             .require(&n(name), &[hp.head_dim], Role::Vector)
             .map(Some),
-        Arch::Llama | Arch::Qwen2 | Arch::Gemma2 | Arch::Phi3 | Arch::Qwen2Moe => Ok(None),
+        Arch::Llama
+        | Arch::Qwen2
+        | Arch::Gemma2
+        | Arch::Phi3
+        | Arch::Qwen2Moe
+        | Arch::Gemma4
+        | Arch::Mistral3 => Ok(None),
     };
     // gemma2 and gemma3 normalise the outputs of attention and of the feed-forward network.
     let post_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
         Arch::Gemma3 | Arch::Gemma2 => specs.require(&n(name), &[e], Role::Vector).map(Some),
-        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe | Arch::Qwen2Moe => {
-            Ok(None)
-        }
+        Arch::Llama
+        | Arch::Qwen2
+        | Arch::Qwen3
+        | Arch::Phi3
+        | Arch::Qwen3Moe
+        | Arch::Qwen2Moe
+        | Arch::Gemma4
+        | Arch::Mistral3 => Ok(None),
     };
     let (m, v) = (Role::Matrix, Role::Vector);
     // phi3 may fuse Q, K and V into one matrix, and always fuses gate and up.
@@ -319,6 +389,7 @@ fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Result<LayerW
         post_ffn_norm: post_norm(specs, "post_ffw_norm.weight")?,
         ffn_norm: specs.require(&n("ffn_norm.weight"), &[e], v)?,
         ffn,
+        gemma4: None,
     })
 }
 
@@ -445,6 +516,8 @@ pub struct Model {
     output_norm: usize,
     output: usize,
     rope_freqs: Option<usize>,
+    /// Gemma 4's per-layer token table, its projection and its norm.
+    per_layer_inputs: Option<[usize; 3]>,
     layers: Vec<LayerWeights>,
     /// Reranking: the classifier head's tensors and what the file says about ranking.
     ranking: Ranking,
@@ -524,10 +597,20 @@ impl Model {
                 .find("output.weight", &[e, hp.n_vocab], Role::Matrix)?
                 .unwrap_or(tok_embd),
         };
-        let rope_freqs = specs.find("rope_freqs.weight", &[hp.rope_dims / 2], Role::Vector)?;
+        let rope_freqs = match hp.arch {
+            // gemma4's global layers rotate through it (required when there is one).
+            Arch::Gemma4 if (0..hp.n_layer).any(|il| !hp.is_swa(il)) => {
+                Some(specs.require("rope_freqs.weight", &[hp.head_dim / 2], Role::Vector)?)
+            }
+            _ => specs.find("rope_freqs.weight", &[hp.rope_dims / 2], Role::Vector)?,
+        };
+        let per_layer_inputs = gemma4::globals(&mut specs, &hp)?;
         let mut layer_idx = Vec::with_capacity(hp.n_layer);
         for l in 0..hp.n_layer {
-            layer_idx.push(layer_weights(&mut specs, &hp, l)?);
+            layer_idx.push(match hp.arch {
+                Arch::Gemma4 => gemma4::layer_weights(&mut specs, &hp, l)?,
+                _ => layer_weights(&mut specs, &hp, l)?,
+            });
         }
         let ranking = classifier::load(&mut specs, &gguf, &hp)?;
         // As llama.cpp: a tensor the forward pass does not read means a variant of the
@@ -588,6 +671,7 @@ impl Model {
             output_norm,
             output,
             rope_freqs,
+            per_layer_inputs,
             layers: layer_idx,
             ranking,
             hparams: hp,
@@ -633,6 +717,12 @@ impl Model {
     /// RoPE frequency factors, when the file has them.
     pub(crate) fn rope_freqs(&self) -> Option<RawTensor<'_>> {
         self.rope_freqs.map(|i| self.weights.get(i))
+    }
+
+    /// Gemma 4's per-layer token table, its projection from the embeddings and its norm.
+    pub(crate) fn per_layer_inputs(&self) -> Option<[RawTensor<'_>; 3]> {
+        self.per_layer_inputs
+            .map(|t| t.map(|i| self.weights.get(i)))
     }
 
     /// Block `il`'s tensors.

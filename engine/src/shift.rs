@@ -210,7 +210,6 @@ pub(crate) fn build<'g, 'w>(
 ) -> Result<Tensor<'g>> {
     let hp = model.hparams();
     let m = plan.n_rows;
-    let n_embd_kv = hp.n_embd_kv();
     let src = g.input(DType::I32, &[m], plan.src_cells.clone());
     let dst = g.input(DType::I64, &[m], plan.dst_cells.clone());
     let delta = g.input(DType::I32, &[m], plan.deltas.clone());
@@ -221,15 +220,20 @@ pub(crate) fn build<'g, 'w>(
         let k_cache = g.lift_mut(kv.k(il));
         let v_cache = g.lift_mut(kv.v(il));
         let k = g.get_rows(k_cache.as_tensor(), src);
-        let k = g.reshape_3d(k, hp.head_dim, hp.n_head_kv, m);
+        let k = g.reshape_3d(k, hp.head_dim_at(il), hp.n_head_kv_at(il), m);
         let mut rope = crate::arch::rope_params(model, il);
-        if let (RopeScaling::Yarn { .. }, false) = (hp.rope_scaling, hp.is_swa(il)) {
+        // (mistral3's factor already is llama.cpp's own, which its K-shift uses as it is.)
+        if let (RopeScaling::Yarn { .. }, false, None) =
+            (hp.rope_scaling, hp.is_swa(il), &hp.mistral3)
+        {
             // YaRN scales magnitudes by its mscale on every rotation; a shift rotates rows that
             // were scaled once already, so it undoes the factor (as llama.cpp's K-shift does).
             rope.attn_factor = 1.0 / (1.0 + 0.1 * (1.0 / rope.freq_scale).ln());
         }
-        let k = g.rope(k, delta, freq_factors, &rope);
-        let k = g.reshape_2d(k, n_embd_kv, m);
+        // gemma4's windowed layers rotate without the factors.
+        let factors = freq_factors.filter(|_| hp.gemma4.is_none() || !hp.is_swa(il));
+        let k = g.rope(k, delta, factors, &rope);
+        let k = g.reshape_2d(k, hp.n_embd_kv_at(il), m);
         let k_store = g.set_rows(k_cache, k, dst);
         g.expand(k_store);
         let v = g.get_rows(v_cache.as_tensor(), src);

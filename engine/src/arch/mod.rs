@@ -1,5 +1,6 @@
 //! The forward pass as a ggml graph: one module per family of architectures (`llama.rs`:
-//! llama, qwen2, qwen3, phi3, qwen3moe, qwen2moe; `gemma.rs`: gemma2, gemma3) over the building
+//! llama, qwen2, qwen3, phi3, qwen3moe, qwen2moe; `gemma.rs`: gemma2, gemma3; `gemma4.rs`;
+//! `mistral3.rs`) over the building
 //! blocks here, which every family shares: the batch's inputs, RMSNorm, projections, attention
 //! over the page pool, the gated feed-forward network (or a mixture of experts) and the output
 //! head.
@@ -9,7 +10,9 @@
 //! attends on its own window of the pool (see [`Plan`]).
 
 mod gemma;
+mod gemma4;
 mod llama;
+mod mistral3;
 
 use crate::batch::{Output, Plan};
 use crate::error::Result;
@@ -37,6 +40,8 @@ pub(crate) fn build<'g, 'w>(
             llama::blocks(g, &mut f)
         }
         Arch::Gemma3 | Arch::Gemma2 => gemma::blocks(g, &mut f),
+        Arch::Gemma4 => gemma4::blocks(g, &mut f),
+        Arch::Mistral3 => mistral3::blocks(g, &mut f),
     };
     Ok(f.head(g, x, output))
 }
@@ -223,15 +228,15 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
     ) -> (Tensor<'g>, Tensor<'g>, Tensor<'g>) {
         let lw = self.model.layer(il);
         let hp = self.hp;
-        let (hd, n) = (hp.head_dim, self.n);
+        let (hd, n, n_head_kv) = (hp.head_dim_at(il), self.n, hp.n_head_kv_at(il));
         match lw.qkv {
             Qkv::Split { wq, wk, wv } => {
                 let q = self.project(g, x, wq, lw.bq);
                 let k = self.project(g, x, wk, lw.bk);
                 let v = self.project(g, x, wv, lw.bv);
                 let q = g.reshape_3d(q, hd, hp.n_head, n);
-                let k = g.reshape_3d(k, hd, hp.n_head_kv, n);
-                let v = g.reshape_3d(v, hd, hp.n_head_kv, n);
+                let k = g.reshape_3d(k, hd, n_head_kv, n);
+                let v = g.reshape_3d(v, hd, n_head_kv, n);
                 (q, k, v)
             }
             Qkv::Fused(w) => {
@@ -250,8 +255,8 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
                     }
                 };
                 let q = part(hp.n_head, 0, lw.bq);
-                let k = part(hp.n_head_kv, n_q, lw.bk);
-                let v = part(hp.n_head_kv, n_q + hp.n_embd_kv(), lw.bv);
+                let k = part(n_head_kv, n_q, lw.bk);
+                let v = part(n_head_kv, n_q + hd * n_head_kv, lw.bv);
                 let v = g.cont(v);
                 (q, k, v)
             }
@@ -261,7 +266,16 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
     /// The RoPE parameters of layer `il`.
     pub fn rope(&self, g: &mut Graph<'g, 'w>, x: Tensor<'g>, il: usize) -> Tensor<'g> {
         let p = rope_params(self.model, il);
-        g.rope(x, self.pos, self.freq_factors, &p)
+        g.rope(x, self.pos, self.rope_factors(il), &p)
+    }
+
+    /// The RoPE frequency factors of layer `il`: the model's, except in gemma4's windowed
+    /// layers, which have none.
+    pub fn rope_factors(&self, il: usize) -> Option<Tensor<'g>> {
+        match self.hp.gemma4.is_some() && self.hp.is_swa(il) {
+            true => None,
+            false => self.freq_factors,
+        }
     }
 
     /// In the last layer only the rows that produce logits matter: `x` keeps those rows there.
@@ -285,20 +299,56 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         v: Tensor<'g>,
         scale: f32,
     ) -> Tensor<'g> {
+        self.attend(g, il, q, Some((k, v)), scale)
+    }
+
+    /// Attention of layer `il`, which has no KV of its own, over the cache of layer
+    /// [`HParams::kv_layer`] (gemma4's shared KV): as [`Forward::attention`] without the stores.
+    pub fn attention_shared(
+        &self,
+        g: &mut Graph<'g, 'w>,
+        il: usize,
+        q: Tensor<'g>,
+        scale: f32,
+    ) -> Tensor<'g> {
+        self.attend(g, il, q, None, scale)
+    }
+
+    /// [`Forward::attention`], this batch's K and V stored first when given; the cache read is
+    /// that of layer `kv_layer(il)`.
+    fn attend(
+        &self,
+        g: &mut Graph<'g, 'w>,
+        il: usize,
+        q: Tensor<'g>,
+        kv: Option<(Tensor<'g>, Tensor<'g>)>,
+        scale: f32,
+    ) -> Tensor<'g> {
         let hp = self.hp;
-        let (head_dim, n_head, n_head_kv, n) = (hp.head_dim, hp.n_head, hp.n_head_kv, self.n);
-        // Store this batch's K and V in their cells (converted to the cache's type). The stores
-        // join the graph before the attention that reads the cache, so they run first.
+        let (head_dim, n_head, n_head_kv, n) =
+            (hp.head_dim_at(il), hp.n_head, hp.n_head_kv_at(il), self.n);
+        let layer = il;
+        // The cache this layer reads (its own, unless it reuses an earlier layer's).
+        let il = hp.kv_layer(il);
         let k_cache = g.lift_mut(self.kv.k(il));
         let v_cache = g.lift_mut(self.kv.v(il));
-        let k_rows = g.reshape_2d(k, hp.n_embd_kv(), n);
-        let v_rows = g.reshape_2d(v, hp.n_embd_kv(), n);
-        let k_store = g.set_rows(k_cache, k_rows, self.cells);
-        let v_store = g.set_rows(v_cache, v_rows, self.cells);
-        g.expand(k_store);
-        g.expand(v_store);
+        // Store this batch's K and V in their cells (converted to the cache's type). The stores
+        // join the graph before the attention that reads the cache, so they run first. A layer
+        // reusing a cache reads it after the stores of the earlier layer that owns it.
+        let (k_store, v_store) = match kv {
+            Some((k, v)) => {
+                let k_rows = g.reshape_2d(k, hp.n_embd_kv_at(il), n);
+                let v_rows = g.reshape_2d(v, hp.n_embd_kv_at(il), n);
+                let k_store = g.set_rows(k_cache, k_rows, self.cells);
+                let v_store = g.set_rows(v_cache, v_rows, self.cells);
+                g.expand(k_store);
+                g.expand(v_store);
+                (k_store, v_store)
+            }
+            None => (k_cache.as_tensor(), v_cache.as_tensor()),
+        };
 
-        let windowed = hp.is_swa(il);
+        let windowed = hp.is_swa(layer);
         // Each sequence attends on its own, over the window of cells holding its pages.
         // Per sequence, q: [head_dim, m, n_head]; cached k, v: [head_dim, n_kv, n_head_kv].
         let mut parts = Vec::with_capacity(self.plan.attention.len());
@@ -415,7 +465,7 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         softcap: f32,
     ) -> Option<Tensor<'g>> {
         let ops = &a.staged.as_ref()?[il];
-        let (hd, n_head_kv) = (self.hp.head_dim, self.hp.n_head_kv);
+        let (hd, n_head_kv) = (self.hp.head_dim_at(il), self.hp.n_head_kv_at(il));
         let fits = stores.iter().all(|t| a.n_kv <= t.ne(1));
         if !(self.flash_attn && a.ours && self.kv_host[il] && !a.dup && fits)
             || ops.iter().any(|op| op.page_table().is_empty())
@@ -460,7 +510,7 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         softcap: f32,
     ) -> Option<Tensor<'g>> {
         let cells = a.gather.as_ref()?;
-        let (hd, n_head_kv) = (self.hp.head_dim, self.hp.n_head_kv);
+        let (hd, n_head_kv) = (self.hp.head_dim_at(il), self.hp.n_head_kv_at(il));
         let fits = stores.iter().all(|t| a.n_kv <= t.ne(1));
         if !(self.flash_attn
             && a.ours
@@ -696,16 +746,17 @@ pub(crate) fn rope_params(model: &Model, il: usize) -> RopeParams {
         RopeScaling::Yarn { factor, n_ctx_orig } => (1.0 / factor, 1.0, n_ctx_orig),
     };
     let mut p = RopeParams {
-        n_dims: hp.rope_dims,
+        n_dims: hp.rope_dims_at(il),
         mode: match hp.arch {
-            Arch::Llama => 0,
+            Arch::Llama | Arch::Mistral3 => 0,
             Arch::Qwen2
             | Arch::Qwen3
             | Arch::Gemma3
             | Arch::Gemma2
             | Arch::Phi3
             | Arch::Qwen3Moe
-            | Arch::Qwen2Moe => 2,
+            | Arch::Qwen2Moe
+            | Arch::Gemma4 => 2,
         },
         n_ctx_orig,
         freq_base: hp.rope_freq_base,
@@ -715,6 +766,11 @@ pub(crate) fn rope_params(model: &Model, il: usize) -> RopeParams {
         beta_fast: 32.0,
         beta_slow: 1.0,
     };
+    if let Some(m) = &hp.mistral3 {
+        p.beta_fast = m.yarn_beta_fast;
+        p.beta_slow = m.yarn_beta_slow;
+        p.attn_factor = m.rope_attn_factor;
+    }
     if let (true, Some(w)) = (hp.is_swa(il), &hp.sliding_window) {
         p.freq_base = w.rope_freq_base;
         p.freq_scale = 1.0;

@@ -716,6 +716,24 @@ impl<'g, 'w> Graph<'g, 'w> {
     pub(crate) fn silu(&mut self, x: Tensor<'g>) -> Tensor<'g> {
         op!(self, sys::ggml_silu(self.ctx(), x.raw))
     }
+    /// GELU (tanh approximation, as ggml computes it), element-wise.
+    pub(crate) fn gelu(&mut self, x: Tensor<'g>) -> Tensor<'g> {
+        op!(self, sys::ggml_gelu(self.ctx(), x.raw))
+    }
+    /// `x` repeated to the shape `ne` (each dimension a multiple of `x`'s).
+    pub(crate) fn repeat_4d(&mut self, x: Tensor<'g>, ne: [usize; 4]) -> Tensor<'g> {
+        op!(
+            self,
+            sys::ggml_repeat_4d(
+                self.ctx(),
+                x.raw,
+                ne[0] as i64,
+                ne[1] as i64,
+                ne[2] as i64,
+                ne[3] as i64
+            )
+        )
+    }
     pub(crate) fn tanh(&mut self, x: Tensor<'g>) -> Tensor<'g> {
         op!(self, sys::ggml_tanh(self.ctx(), x.raw))
     }

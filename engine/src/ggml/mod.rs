@@ -46,6 +46,7 @@ pub(crate) use weights::{WeightSpec, Weights};
 /// Element types the engine creates tensors of, mapped to ggml's type ids.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum DType {
+    F32,
     F16,
     I32,
     I64,
@@ -54,6 +55,7 @@ pub(crate) enum DType {
 impl DType {
     fn raw(self) -> sys::ggml_type {
         match self {
+            DType::F32 => sys::GGML_TYPE_F32,
             DType::F16 => sys::GGML_TYPE_F16,
             DType::I32 => sys::GGML_TYPE_I32,
             DType::I64 => sys::GGML_TYPE_I64,

@@ -49,6 +49,8 @@ mod tag {
     pub const ATTN_SOFTCAP: u8 = 22;
     pub const EXPERTS: u8 = 23;
     pub const SHARED_EXPERT: u8 = 24;
+    pub const GEMMA4: u8 = 25;
+    pub const MISTRAL3: u8 = 26;
     pub const TENSORS: u8 = 0x20;
     pub const VOCAB: u8 = 0x30;
 }
@@ -219,6 +221,8 @@ fn encode(
         final_softcap,
         attn_softcap,
         ref experts,
+        ref gemma4,
+        ref mistral3,
     } = *hp;
     let mut field = |tag: u8, value: u64| {
         h.update(&[tag]);
@@ -233,6 +237,8 @@ fn encode(
         Arch::Phi3 => 5,
         Arch::Qwen3Moe => 6,
         Arch::Qwen2Moe => 7,
+        Arch::Gemma4 => 8,
+        Arch::Mistral3 => 9,
     };
     let (kind, factor, n_ctx_orig) = match rope_scaling {
         RopeScaling::None => (0, 0.0f32, 0),
@@ -291,6 +297,31 @@ fn encode(
         }
         if let Some(ff) = x.n_ff_shared {
             field(tag::SHARED_EXPERT, ff as u64);
+        }
+    }
+
+    if let Some(g) = gemma4 {
+        let mut values = vec![
+            g.head_dim_swa as u64,
+            g.rope_dims_swa as u64,
+            g.n_layer_kv as u64,
+            g.n_embd_per_layer as u64,
+        ];
+        values.extend(g.n_head_kv.iter().chain(&g.n_ff).map(|&v| v as u64));
+        for v in values {
+            field(tag::GEMMA4, v);
+        }
+    }
+
+    if let Some(m) = mistral3 {
+        for v in [
+            m.yarn_beta_fast.to_bits().into(),
+            m.yarn_beta_slow.to_bits().into(),
+            m.rope_attn_factor.to_bits().into(),
+            m.attn_temp_scale.map_or(0, |s| u64::from(s.to_bits()) + 1),
+            m.attn_temp_floor as u64,
+        ] {
+            field(tag::MISTRAL3, v);
         }
     }
 

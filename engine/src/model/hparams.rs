@@ -27,7 +27,7 @@
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 
-use super::{Arch, Experts, HParams, RopeScaling, SlidingWindow};
+use super::{Arch, Experts, Gemma4Params, HParams, Mistral3Params, RopeScaling, SlidingWindow};
 
 /// Largest width (embedding, feed-forward, heads × head dimension) accepted.
 pub(crate) const MAX_WIDTH: usize = 1 << 20;
@@ -87,6 +87,34 @@ impl Keys<'_> {
         Ok(v)
     }
 
+    /// A required integer in `lo..=hi`, or an array of one such integer per layer.
+    fn per_layer(&self, name: &str, lo: usize, hi: usize, n_layer: usize) -> Result<Vec<usize>> {
+        let key = self.key(name);
+        let Some(values) = self.gguf.get(&key).and_then(|v| v.as_array()) else {
+            return Ok(vec![self.int(name, lo, hi)?; n_layer]);
+        };
+        if values.len() != n_layer {
+            return Err(invalid(
+                &key,
+                format!("{} values", values.len()),
+                format!("must hold one value per layer ({n_layer})"),
+            ));
+        }
+        (0..n_layer)
+            .map(|il| {
+                let v = values.get(il).and_then(|v| v.as_u64());
+                match v {
+                    Some(v) if (lo as u64..=hi as u64).contains(&v) => Ok(v as usize),
+                    _ => Err(invalid(
+                        &key,
+                        format!("{v:?}"),
+                        format!("must be in {lo}..={hi}"),
+                    )),
+                }
+            })
+            .collect()
+    }
+
     fn opt_positive(&self, name: &str, hi: f32) -> Result<Option<f32>> {
         match self.present(name) {
             true => self.positive(name, hi).map(Some),
@@ -105,11 +133,27 @@ impl HParams {
         };
         let n_embd = k.int("embedding_length", 1, MAX_WIDTH)?;
         let n_layer = k.int("block_count", 1, MAX_LAYERS)?;
-        let n_ff = k.int("feed_forward_length", 1, MAX_WIDTH)?;
+        // gemma4 may give the feed-forward width and the KV heads per layer.
+        let per_layer_ok = arch == Arch::Gemma4;
+        let n_ff = match per_layer_ok {
+            true => *k
+                .per_layer("feed_forward_length", 1, MAX_WIDTH, n_layer)?
+                .iter()
+                .max()
+                .unwrap_or(&1),
+            false => k.int("feed_forward_length", 1, MAX_WIDTH)?,
+        };
         let n_head = k.int("attention.head_count", 1, MAX_WIDTH)?;
-        let n_head_kv = k
-            .opt_int("attention.head_count_kv", 1, n_head)?
-            .unwrap_or(n_head);
+        let n_head_kv = match (per_layer_ok, k.present("attention.head_count_kv")) {
+            (true, true) => *k
+                .per_layer("attention.head_count_kv", 1, n_head, n_layer)?
+                .iter()
+                .max()
+                .unwrap_or(&n_head),
+            _ => k
+                .opt_int("attention.head_count_kv", 1, n_head)?
+                .unwrap_or(n_head),
+        };
         if n_head % n_head_kv != 0 {
             return Err(invalid(
                 &k.key("attention.head_count_kv"),
@@ -178,7 +222,33 @@ impl HParams {
         let mut attn_scale = 1.0 / (head_dim as f32).sqrt();
         let (mut embd_scale, mut sliding_window, mut final_softcap) = (None, None, None);
         let mut attn_softcap = None;
+        let mut gemma4 = None;
+        let mut mistral3 = None;
         match arch {
+            Arch::Mistral3 => mistral3 = Some(mistral3_params(&k, n_ctx_train, rope_scaling)?),
+            Arch::Gemma4 => {
+                embd_scale = Some((n_embd as f32).sqrt());
+                // Q and K are RMS-normalised per head: no further scaling of the scores.
+                attn_scale = 1.0;
+                final_softcap = k.opt_positive("final_logit_softcapping", f32::INFINITY)?;
+                let pattern = k.key("attention.sliding_window_pattern");
+                if k.gguf.get(&pattern).and_then(|v| v.as_array()).is_none() {
+                    return Err(invalid(
+                        &pattern,
+                        "absent or not an array",
+                        "must hold a flag per layer",
+                    ));
+                }
+                k.int("attention.sliding_window", 1, MAX_POSITIONS)?;
+                sliding_window = sliding(&k, n_layer, None, 0, 10_000.0)?;
+                gemma4 = Some(gemma4_params(
+                    &k,
+                    n_layer,
+                    n_head,
+                    rope_dims,
+                    sliding_window.as_ref(),
+                )?);
+            }
             Arch::Gemma3 => {
                 embd_scale = Some((n_embd as f32).sqrt());
                 // Gemma 3 27B scales by the model width per head rather than the head size.
@@ -233,6 +303,8 @@ impl HParams {
             final_softcap,
             attn_softcap,
             experts,
+            gemma4,
+            mistral3,
         })
     }
 
@@ -240,6 +312,185 @@ impl HParams {
     pub fn n_embd_kv(&self) -> usize {
         self.head_dim * self.n_head_kv
     }
+
+    /// Head dimension of layer `il` (gemma4's windowed layers have their own).
+    pub fn head_dim_at(&self, il: usize) -> usize {
+        match &self.gemma4 {
+            Some(g) if self.is_swa(il) => g.head_dim_swa,
+            _ => self.head_dim,
+        }
+    }
+
+    /// Key/value heads of layer `il`.
+    pub fn n_head_kv_at(&self, il: usize) -> usize {
+        match &self.gemma4 {
+            Some(g) => g.n_head_kv.get(il).copied().unwrap_or(self.n_head_kv),
+            None => self.n_head_kv,
+        }
+    }
+
+    /// K (and V) elements per token of layer `il`.
+    pub fn n_embd_kv_at(&self, il: usize) -> usize {
+        self.head_dim_at(il) * self.n_head_kv_at(il)
+    }
+
+    /// Rotated dimensions per head of layer `il`.
+    pub fn rope_dims_at(&self, il: usize) -> usize {
+        match &self.gemma4 {
+            Some(g) if self.is_swa(il) => g.rope_dims_swa,
+            _ => self.rope_dims,
+        }
+    }
+
+    /// Hidden width of layer `il`'s dense feed-forward network.
+    pub fn n_ff_at(&self, il: usize) -> usize {
+        match &self.gemma4 {
+            Some(g) => g.n_ff.get(il).copied().unwrap_or(self.n_ff),
+            None => self.n_ff,
+        }
+    }
+
+    /// The layer whose KV cache layer `il` attends to: itself, or for gemma4's layers past
+    /// the last with its own KV, the last earlier layer of the same kind (windowed or not).
+    pub fn kv_layer(&self, il: usize) -> usize {
+        match &self.gemma4 {
+            Some(g) if il >= g.n_layer_kv => g.n_layer_kv - if self.is_swa(il) { 2 } else { 1 },
+            _ => il,
+        }
+    }
+}
+
+/// Gemma 4's per-layer shapes, KV sharing and per-layer inputs, as llama.cpp reads them:
+/// `attention.key_length_swa` / `value_length_swa` (equal), `rope.dimension_count_swa`,
+/// `attention.shared_kv_layers` (the last layers reuse the KV of the last earlier layer of
+/// their kind; at least two layers keep their own, the last windowed then the last global),
+/// `embedding_length_per_layer_input` (0: no per-layer inputs), and per-layer
+/// `feed_forward_length` and `attention.head_count_kv` arrays.
+fn gemma4_params(
+    k: &Keys<'_>,
+    n_layer: usize,
+    n_head: usize,
+    rope_dims: usize,
+    window: Option<&SlidingWindow>,
+) -> Result<Gemma4Params> {
+    let head_dim_swa = k.int("attention.key_length_swa", 2, MAX_WIDTH)?;
+    let v_swa = k.int("attention.value_length_swa", 1, MAX_WIDTH)?;
+    if v_swa != head_dim_swa || head_dim_swa % 2 != 0 || head_dim_swa * n_head > MAX_WIDTH {
+        return Err(invalid(
+            &k.key("attention.value_length_swa"),
+            v_swa,
+            format!("must equal attention.key_length_swa ({head_dim_swa}), even, heads × length ≤ {MAX_WIDTH}"),
+        ));
+    }
+    let rope_dims_swa = k
+        .opt_int("rope.dimension_count_swa", 2, head_dim_swa)?
+        .unwrap_or(rope_dims);
+    if rope_dims_swa % 2 != 0 || rope_dims_swa > head_dim_swa {
+        return Err(invalid(
+            &k.key("rope.dimension_count_swa"),
+            rope_dims_swa,
+            format!("must be even and at most attention.key_length_swa ({head_dim_swa}) (absent: rope.dimension_count)"),
+        ));
+    }
+    let shared = k
+        .opt_int("attention.shared_kv_layers", 0, n_layer)?
+        .unwrap_or(0);
+    let n_layer_kv = n_layer - shared;
+    let swa = |il: usize| window.is_some_and(|w| w.layers.get(il).copied().unwrap_or(false));
+    if n_layer_kv < 2
+        || (n_layer_kv..n_layer).any(|il| swa(il) != swa(n_layer_kv - if swa(il) { 2 } else { 1 }))
+    {
+        return Err(invalid(
+            &k.key("attention.shared_kv_layers"),
+            shared,
+            "must leave at least two layers with their own KV, the last windowed then the last global",
+        ));
+    }
+    let n_head_kv = match k.present("attention.head_count_kv") {
+        true => k.per_layer("attention.head_count_kv", 1, n_head, n_layer)?,
+        false => vec![n_head; n_layer],
+    };
+    let source = |il: usize| match il >= n_layer_kv {
+        true => n_layer_kv - if swa(il) { 2 } else { 1 },
+        false => il,
+    };
+    if let Some(il) = (0..n_layer).find(|&il| n_head_kv[il] != n_head_kv[source(il)]) {
+        return Err(invalid(
+            &k.key("attention.head_count_kv"),
+            n_head_kv[il],
+            format!(
+                "must equal that of layer {}, whose KV layer {il} reuses",
+                source(il)
+            ),
+        ));
+    }
+    if let Some(il) = (0..n_layer).find(|&il| !n_head.is_multiple_of(n_head_kv[il])) {
+        return Err(invalid(
+            &k.key("attention.head_count_kv"),
+            n_head_kv[il],
+            format!("must divide attention.head_count ({n_head}) in layer {il}"),
+        ));
+    }
+    Ok(Gemma4Params {
+        head_dim_swa,
+        rope_dims_swa,
+        n_head_kv,
+        n_ff: k.per_layer("feed_forward_length", 1, MAX_WIDTH, n_layer)?,
+        n_layer_kv,
+        n_embd_per_layer: k.int("embedding_length_per_layer_input", 0, MAX_WIDTH)?,
+    })
+}
+
+/// Mistral 3's YaRN parameters and attention temperature (see [`Mistral3Params`]); the
+/// factor ggml's RoPE gets is llama.cpp's: under YaRN `mscale(1) / mscale(log_mul)` (or
+/// `mscale(1)` without a log multiplier) divided by the `1 + 0.1 ln(factor)` ggml applies
+/// itself, times `rope.scaling.attn_factor`.
+fn mistral3_params(
+    k: &Keys<'_>,
+    n_ctx_train: usize,
+    scaling: RopeScaling,
+) -> Result<Mistral3Params> {
+    // An optional float, finite and at least 0.
+    let opt = |name: &str| -> Result<Option<f32>> {
+        let key = k.key(name);
+        match k.present(name) {
+            false => Ok(None),
+            true => {
+                let v = k.gguf.get_f32(&key)?;
+                match v.is_finite() && v >= 0.0 {
+                    true => Ok(Some(v)),
+                    false => Err(invalid(&key, v, "must be finite and >= 0")),
+                }
+            }
+        }
+    };
+    let log_mul = opt("rope.scaling.yarn_log_multiplier")?.unwrap_or(0.0);
+    let mut attn_factor = 1.0f32;
+    if let RopeScaling::Yarn { factor, .. } = scaling {
+        // As llama.cpp: the factor is the inverse of the frequency scale it keeps.
+        let factor = 1.0 / (1.0 / factor);
+        let mscale = |m: f32| match factor <= 1.0 {
+            true => 1.0,
+            false => 0.1 * m * factor.ln() + 1.0,
+        };
+        attn_factor = match log_mul != 0.0 {
+            true => mscale(1.0) / mscale(log_mul),
+            false => mscale(1.0),
+        };
+        attn_factor *= 1.0 / (1.0 + 0.1 * factor.ln());
+    }
+    attn_factor *= k
+        .opt_positive("rope.scaling.attn_factor", f32::INFINITY)?
+        .unwrap_or(1.0);
+    Ok(Mistral3Params {
+        yarn_beta_fast: opt("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
+        yarn_beta_slow: opt("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
+        rope_attn_factor: attn_factor,
+        attn_temp_scale: opt("attention.temperature_scale")?.filter(|&s| s != 0.0),
+        attn_temp_floor: k
+            .opt_int("rope.scaling.original_context_length", 1, MAX_POSITIONS)?
+            .unwrap_or(n_ctx_train),
+    })
 }
 
 /// The sliding window, if `attention.sliding_window` (else `default_size`) is present and not
@@ -341,7 +592,10 @@ fn experts(k: &Keys<'_>, arch: Arch, n_ff: usize) -> Result<Option<Experts>> {
         None | Some(0) => return Ok(None),
         Some(n) => n,
     };
-    if !matches!(arch, Arch::Llama | Arch::Qwen3Moe | Arch::Qwen2Moe) {
+    if !matches!(
+        arch,
+        Arch::Llama | Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::Gemma4 | Arch::Mistral3
+    ) {
         return Err(invalid(
             &k.key("expert_count"),
             n_expert,
@@ -351,6 +605,7 @@ fn experts(k: &Keys<'_>, arch: Arch, n_ff: usize) -> Result<Option<Experts>> {
     let n_used = k.int("expert_used_count", 1, n_expert)?;
     // llama (Mixtral) experts are `feed_forward_length` wide, as llama.cpp reads them.
     let n_ff_exp = match arch {
+        Arch::Gemma4 => k.int("expert_feed_forward_length", 1, MAX_WIDTH)?,
         Arch::Qwen3Moe | Arch::Qwen2Moe => k
             .opt_int("expert_feed_forward_length", 0, MAX_WIDTH)?
             .filter(|&w| w > 0)

@@ -21,6 +21,8 @@ pub(crate) struct LayerWeights<T = usize> {
     pub post_ffn_norm: Option<T>,
     pub ffn_norm: T,
     pub ffn: Ffn<T>,
+    /// Gemma 4's further tensors and facts.
+    pub gemma4: Option<super::gemma4::Gemma4Layer<T>>,
 }
 
 /// The feed-forward network of a block.
@@ -157,6 +159,7 @@ impl LayerWeights<usize> {
             .into_iter()
             .flatten(),
         );
+        all.extend(self.gemma4.iter().flat_map(|x| x.all()));
         all
     }
 }
@@ -177,6 +180,7 @@ impl<T: Copy> LayerWeights<T> {
             post_ffn_norm: self.post_ffn_norm.map(&f),
             ffn_norm: f(self.ffn_norm),
             ffn: self.ffn.map(&f),
+            gemma4: self.gemma4.as_ref().map(|x| x.map(&f)),
         }
     }
 }

@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+pub mod gemma4;
+pub mod mistral3;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
