@@ -21,12 +21,13 @@ mod classifier;
 mod fingerprint;
 mod hparams;
 mod layer;
+mod qwen35;
 
 pub use classifier::{PoolingType, Ranking};
 
 pub(crate) use fingerprint::records_bytes;
 pub use fingerprint::FINGERPRINT_VERSION;
-pub(crate) use layer::{Ffn, LayerWeights, Qkv, SharedExpert};
+pub(crate) use layer::{DeltaNetWeights, Ffn, LayerWeights, Qkv, SharedExpert};
 
 /// The model families this engine runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +57,10 @@ pub enum Arch {
     /// mixture of experts (softmax routing, the chosen experts' weights not normalised) plus a
     /// shared expert, a SwiGLU network whose output is gated by a sigmoid of the input.
     Qwen2Moe,
+    /// `qwen35`: Qwen3.5, a hybrid: most blocks are gated delta-nets (a short causal
+    /// convolution and a matrix state per head, kept per sequence), every few a gated
+    /// attention (Q's projection also gives a sigmoid gate; head norms; partial M-RoPE).
+    Qwen35,
 }
 
 impl Arch {
@@ -69,6 +74,7 @@ impl Arch {
             "phi3" => Ok(Arch::Phi3),
             "qwen3moe" => Ok(Arch::Qwen3Moe),
             "qwen2moe" => Ok(Arch::Qwen2Moe),
+            "qwen35" => Ok(Arch::Qwen35),
             other => Err(Error::UnsupportedArchitecture {
                 arch: other.to_owned(),
             }),
@@ -86,6 +92,7 @@ impl Arch {
             Arch::Phi3 => "phi3",
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Qwen2Moe => "qwen2moe",
+            Arch::Qwen35 => "qwen35",
         }
     }
 }
@@ -152,6 +159,46 @@ pub struct HParams {
     /// Mixture-of-experts feed-forward networks (qwen3moe, qwen2moe; llama files with experts,
     /// such as Mixtral).
     pub experts: Option<Experts>,
+    /// The gated delta-net layers of a hybrid (qwen35); `None` for attention-only families.
+    pub delta_net: Option<DeltaNet>,
+}
+
+/// The recurrent (gated delta-net) layers of a hybrid model and their sizes, as llama.cpp
+/// reads them from `ssm.*` keys.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeltaNet {
+    /// Per layer: whether it is a delta-net (the others are attention layers).
+    pub layers: Vec<bool>,
+    /// Width of the causal convolution (`ssm.conv_kernel`); its state keeps `conv_kernel - 1`
+    /// inputs.
+    pub conv_kernel: usize,
+    /// Key (and query) heads (`ssm.group_count`).
+    pub n_k_heads: usize,
+    /// Value heads (`ssm.time_step_rank`), a multiple of the key heads: value head `h` reads
+    /// key head `h % n_k_heads`.
+    pub n_v_heads: usize,
+    /// Dimension of a key and of a value head (`ssm.state_size`).
+    pub head_dim: usize,
+    /// The attention layers' M-RoPE sections (`rope.dimension_sections`).
+    pub rope_sections: [i32; 4],
+}
+
+impl DeltaNet {
+    /// Channels of the convolution: queries, keys, then values.
+    pub fn conv_channels(&self) -> usize {
+        self.head_dim * (2 * self.n_k_heads + self.n_v_heads)
+    }
+
+    /// f32 values of one sequence's convolution state in one layer.
+    pub fn conv_state_len(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_channels()
+    }
+
+    /// f32 values of one sequence's delta-net state in one layer (a square matrix per value
+    /// head).
+    pub fn ssm_state_len(&self) -> usize {
+        self.head_dim * self.head_dim * self.n_v_heads
+    }
 }
 
 /// A mixture of experts in place of each block's feed-forward network.
@@ -185,6 +232,13 @@ pub struct SlidingWindow {
 }
 
 impl HParams {
+    /// Whether layer `il` is a gated delta-net (a recurrent layer of a hybrid).
+    pub fn is_recurrent(&self, il: usize) -> bool {
+        self.delta_net
+            .as_ref()
+            .is_some_and(|d| d.layers.get(il).copied().unwrap_or(false))
+    }
+
     /// Whether layer `il` attends through the sliding window.
     pub fn is_swa(&self, il: usize) -> bool {
         self.sliding_window
@@ -234,13 +288,17 @@ fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Result<LayerW
     // finetunes carry them).
     let bias = |specs: &mut Specs<'_>, name: &str, dim: usize| match hp.arch {
         Arch::Qwen2 | Arch::Qwen2Moe => specs.require(&n(name), &[dim], Role::Vector).map(Some),
-        Arch::Llama | Arch::Qwen3 | Arch::Gemma3 | Arch::Gemma2 | Arch::Phi3 | Arch::Qwen3Moe => {
-            specs.find(&n(name), &[dim], Role::Vector)
-        }
+        Arch::Llama
+        | Arch::Qwen3
+        | Arch::Gemma3
+        | Arch::Gemma2
+        | Arch::Phi3
+        | Arch::Qwen3Moe
+        | Arch::Qwen35 => specs.find(&n(name), &[dim], Role::Vector),
     };
     // qwen3 and gemma3 normalise each head of Q and K.
     let head_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
-        Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe => specs
+        Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe | Arch::Qwen35 => specs
             .require(&n(name), &[hp.head_dim], Role::Vector)
             .map(Some),
         Arch::Llama | Arch::Qwen2 | Arch::Gemma2 | Arch::Phi3 | Arch::Qwen2Moe => Ok(None),
@@ -248,9 +306,13 @@ fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Result<LayerW
     // gemma2 and gemma3 normalise the outputs of attention and of the feed-forward network.
     let post_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
         Arch::Gemma3 | Arch::Gemma2 => specs.require(&n(name), &[e], Role::Vector).map(Some),
-        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe | Arch::Qwen2Moe => {
-            Ok(None)
-        }
+        Arch::Llama
+        | Arch::Qwen2
+        | Arch::Qwen3
+        | Arch::Phi3
+        | Arch::Qwen3Moe
+        | Arch::Qwen2Moe
+        | Arch::Qwen35 => Ok(None),
     };
     let (m, v) = (Role::Matrix, Role::Vector);
     // phi3 may fuse Q, K and V into one matrix, and always fuses gate and up.
@@ -319,6 +381,7 @@ fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Result<LayerW
         post_ffn_norm: post_norm(specs, "post_ffw_norm.weight")?,
         ffn_norm: specs.require(&n("ffn_norm.weight"), &[e], v)?,
         ffn,
+        delta: None,
     })
 }
 
@@ -527,7 +590,10 @@ impl Model {
         let rope_freqs = specs.find("rope_freqs.weight", &[hp.rope_dims / 2], Role::Vector)?;
         let mut layer_idx = Vec::with_capacity(hp.n_layer);
         for l in 0..hp.n_layer {
-            layer_idx.push(layer_weights(&mut specs, &hp, l)?);
+            layer_idx.push(match &hp.delta_net {
+                Some(d) => qwen35::layer_weights(&mut specs, &hp, d, l)?,
+                None => layer_weights(&mut specs, &hp, l)?,
+            });
         }
         let ranking = classifier::load(&mut specs, &gguf, &hp)?;
         // As llama.cpp: a tensor the forward pass does not read means a variant of the

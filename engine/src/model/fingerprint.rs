@@ -49,6 +49,7 @@ mod tag {
     pub const ATTN_SOFTCAP: u8 = 22;
     pub const EXPERTS: u8 = 23;
     pub const SHARED_EXPERT: u8 = 24;
+    pub const DELTA_NET: u8 = 25;
     pub const TENSORS: u8 = 0x20;
     pub const VOCAB: u8 = 0x30;
 }
@@ -219,6 +220,7 @@ fn encode(
         final_softcap,
         attn_softcap,
         ref experts,
+        ref delta_net,
     } = *hp;
     let mut field = |tag: u8, value: u64| {
         h.update(&[tag]);
@@ -233,6 +235,7 @@ fn encode(
         Arch::Phi3 => 5,
         Arch::Qwen3Moe => 6,
         Arch::Qwen2Moe => 7,
+        Arch::Qwen35 => 8,
     };
     let (kind, factor, n_ctx_orig) = match rope_scaling {
         RopeScaling::None => (0, 0.0f32, 0),
@@ -291,6 +294,15 @@ fn encode(
         }
         if let Some(ff) = x.n_ff_shared {
             field(tag::SHARED_EXPERT, ff as u64);
+        }
+    }
+    if let Some(d) = delta_net {
+        let sizes = [d.conv_kernel, d.n_k_heads, d.n_v_heads, d.head_dim];
+        for v in sizes.into_iter().chain(d.rope_sections.map(|s| s as usize)) {
+            field(tag::DELTA_NET, v as u64);
+        }
+        for (il, _) in d.layers.iter().enumerate().filter(|(_, &r)| r) {
+            field(tag::DELTA_NET, il as u64);
         }
     }
 
