@@ -59,7 +59,7 @@ pub fn qwen35_cfg() -> Qwen35Cfg {
 impl Qwen35Cfg {
     /// Whether block `l` is a delta-net.
     pub fn recurrent(&self, l: usize) -> bool {
-        (l + 1) % self.interval != 0
+        !(l + 1).is_multiple_of(self.interval)
     }
     fn channels(&self) -> usize {
         self.ssm_head * (2 * self.n_k_heads + self.n_v_heads)
