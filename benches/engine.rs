@@ -55,7 +55,7 @@ fn bench(c: &mut Criterion) {
         s.feed(&prompt).unwrap();
         b.iter(|| {
             s.feed(&[42]).unwrap();
-            s.truncate(128);
+            s.truncate(128).unwrap();
         })
     });
     g.finish();

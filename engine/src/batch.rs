@@ -216,6 +216,8 @@ pub(crate) struct Plan {
     pub out_rows: Vec<i32>,
     /// Output rows of each item.
     pub item_rows: Vec<Range<usize>>,
+    /// Batch rows of each item's tokens (items are not in batch order: see `Plan::new`).
+    pub token_rows: Vec<Range<usize>>,
     /// Leading batch rows whose integer-sum products (q4_1, Q4_0, Q8_0 weights) may sum
     /// blocks in integers (see
     /// [`Graph::allow_integer_sums`](crate::ggml::graph::Graph::allow_integer_sums)): the
@@ -248,6 +250,7 @@ impl Plan {
             attention: Vec::with_capacity(items.len()),
             out_rows: Vec::new(),
             item_rows: vec![0..0; items.len()],
+            token_rows: vec![0..0; items.len()],
             integer_sum_rows: 0,
         };
         // Items of QUERY_TILE tokens or more first (outside invariant plans), each group in
@@ -354,6 +357,7 @@ impl Plan {
                 gather: gathered,
                 staged: None,
             });
+            plan.token_rows[index] = row..row + m;
             row += m;
             plan.item_rows[index] = first_out..plan.out_rows.len();
         }

@@ -70,6 +70,8 @@ pub struct Context {
     session_seq: Option<SeqId>,
     /// Where pages past `params.kv_ram` go (see `spill.rs`).
     pub(crate) spill: Option<crate::spill::Spill>,
+    /// The recurrent layers' per-sequence state, for a hybrid model (see `recurrent.rs`).
+    pub(crate) recurrent: Option<crate::recurrent::Recurrent>,
 }
 
 impl std::fmt::Debug for Context {
@@ -110,6 +112,12 @@ impl Context {
         let dims: Vec<usize> = (0..hp.n_layer).map(|il| hp.n_embd_kv_at(il)).collect();
         // The KV of offloaded layers lives on their device, and graphs run under the scheduler.
         let placement = model.placement();
+        if placement.is_some() && model.hparams().delta_net.is_some() {
+            return Err(Error::Recurrent {
+                what: "offloading the layers of a hybrid model".into(),
+            });
+        }
+        let recurrent = crate::recurrent::Recurrent::new(model.hparams())?;
         let kv = KvTensors::placed(
             &dims,
             &dims,
@@ -133,6 +141,7 @@ impl Context {
             next_seq: 0,
             session_seq: None,
             spill: None,
+            recurrent,
             layout,
             params,
             model,
@@ -210,6 +219,16 @@ impl Context {
                 len: s.tokens.len(),
             });
         }
+        // A recurrent state is known only after every token of `src` (or before the first).
+        let state = match &self.recurrent {
+            Some(_) if len > 0 && len < s.tokens.len() => {
+                return Err(Error::Recurrent {
+                    what: format!("forking {src} at {len} of its {} tokens", s.tokens.len()),
+                })
+            }
+            Some(_) if len > 0 => self.recurrent_state(src)?,
+            _ => None,
+        };
         let pages = s.pages[..len.div_ceil(PAGE_TOKENS)].to_vec();
         self.check_window(src, &pages, len)?;
         // The fork's last page, cut inside, is written again: back from its file first.
@@ -234,6 +253,12 @@ impl Context {
         }
         let id = self.new_sequence();
         self.seqs.insert(id, fork);
+        if let Some(state) = state {
+            if let Err(e) = self.set_recurrent_state(id, &state) {
+                let _ = self.remove_sequence(id);
+                return Err(e);
+            }
+        }
         Ok(id)
     }
 
@@ -272,6 +297,10 @@ impl Context {
     /// The ids and pool pages of the longest run of `tokens`' leading full blocks resident in
     /// the pool, in namespace `ns`.
     fn resident_pages(&self, tokens: &[u32], ns: Option<Namespace>) -> (Vec<BlockId>, Vec<u32>) {
+        // Pages hold no recurrent state: a hybrid model's sequence cannot start from them.
+        if self.recurrent.is_some() {
+            return (Vec::new(), Vec::new());
+        }
         let root = ns.map(Namespace::root);
         let mut ids = Vec::new();
         let mut pages = Vec::new();
@@ -308,6 +337,9 @@ impl Context {
             .ok_or(Error::UnknownSequence { seq })?;
         for p in s.pages {
             self.pool.release(p);
+        }
+        if let Some(r) = self.recurrent.as_mut() {
+            r.remove(seq);
         }
         Ok(())
     }
@@ -367,12 +399,24 @@ impl Context {
         if len >= s.tokens.len() {
             return Ok(());
         }
+        if self.recurrent.is_some() && len > 0 {
+            return Err(Error::Recurrent {
+                what: format!(
+                    "cutting {seq} back to {len} of its {} tokens",
+                    s.tokens.len()
+                ),
+            });
+        }
         if let Some(position) = self.window_gap(&self.seqs[&seq].pages, len) {
             return Err(Error::WindowReleased { seq, position });
         }
         // A page cut inside is written again: back from its file first, when spilled.
         if !len.is_multiple_of(PAGE_TOKENS) {
             self.unspill_page(self.seqs[&seq].pages[len / PAGE_TOKENS])?;
+        }
+        // Cleared to nothing: the next batch starts from a zeroed state.
+        if let Some(r) = self.recurrent.as_mut() {
+            r.remove(seq);
         }
         let s = self.seqs.get_mut(&seq).expect("checked above");
         s.tokens.truncate(len);
@@ -422,6 +466,30 @@ impl Context {
     /// The namespace of `seq` ([`Context::set_namespace`]).
     pub fn namespace(&self, seq: SeqId) -> Result<Option<Namespace>> {
         Ok(self.seq(seq)?.namespace.map(Namespace::from_root))
+    }
+
+    /// `seq`'s recurrent state as bytes (see `recurrent.rs`): `None` for a model without
+    /// recurrent layers, or a sequence holding no tokens.
+    pub(crate) fn recurrent_state(&self, seq: SeqId) -> Result<Option<Vec<u8>>> {
+        self.seq(seq)?;
+        Ok(self.recurrent.as_ref().and_then(|r| r.read(seq)))
+    }
+
+    /// Sets the recurrent state of `seq`, which holds tokens, from bytes that
+    /// [`Context::recurrent_state`] gave for the same tokens. [`Error::Recurrent`] for a model
+    /// without recurrent layers, an empty sequence or bytes of the wrong size.
+    pub(crate) fn set_recurrent_state(&mut self, seq: SeqId, bytes: &[u8]) -> Result<()> {
+        if self.seq(seq)?.tokens.is_empty() {
+            return Err(Error::Recurrent {
+                what: format!("a state for {seq}, which holds no tokens"),
+            });
+        }
+        match self.recurrent.as_mut() {
+            Some(r) => r.write(seq, bytes),
+            None => Err(Error::Recurrent {
+                what: "a recurrent state for a model without recurrent layers".into(),
+            }),
+        }
     }
 
     pub(crate) fn seq(&self, seq: SeqId) -> Result<&Sequence> {
@@ -580,6 +648,26 @@ impl Context {
                 kv.host_address(l, value)
             });
         }
+        // The recurrent layers' slots: read each sequence's state, write a fresh slot.
+        let slots = match self.recurrent.as_mut() {
+            Some(r) => {
+                let items: Vec<(SeqId, usize)> = batch
+                    .items
+                    .iter()
+                    .map(|item| (item.seq, self.seqs[&item.seq].tokens.len()))
+                    .collect();
+                match r.prepare(&items) {
+                    Ok(slots) => slots,
+                    Err(e) => {
+                        for p in fresh {
+                            self.pool.release(p);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            None => Vec::new(),
+        };
         let discard_output = plan.out_rows.is_empty();
         if discard_output {
             // The graph needs an output: compute the last row's logits and drop them.
@@ -589,6 +677,7 @@ impl Context {
         let flash_attn = self.params.flash_attn || self.params.evaluation == Evaluation::Invariant;
         let model = &self.model;
         let kv = &mut self.kv;
+        let state = self.recurrent.as_mut().map(|r| r.batch(&slots));
         let output = batch.output;
         let integer_sums = match self.params.evaluation {
             Evaluation::Invariant => IntegerSums::Everywhere,
@@ -597,7 +686,7 @@ impl Context {
         };
         let result = self.compute.run(|g| {
             g.allow_integer_sums(integer_sums);
-            arch::build(g, model, kv, &plan, flash_attn, output)
+            arch::build(g, model, kv, state, &plan, flash_attn, output)
         });
         let logits = match result {
             Ok(logits) => logits,
@@ -605,9 +694,15 @@ impl Context {
                 for p in fresh {
                     self.pool.release(p);
                 }
+                if let Some(r) = self.recurrent.as_mut() {
+                    r.abort(&slots);
+                }
                 return Err(e);
             }
         };
+        if let Some(r) = self.recurrent.as_mut() {
+            r.commit(batch.items.iter().map(|item| item.seq), &slots);
+        }
 
         // Commit.
         for p in replaced {

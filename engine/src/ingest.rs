@@ -202,7 +202,7 @@ pub fn ingest(
     } else {
         let n = store.restore_prefix(session, tokens)?;
         let aligned = grid_floor(n, n_ubatch, interval);
-        session.truncate(aligned);
+        session.truncate(aligned)?;
         (aligned, 0)
     };
 

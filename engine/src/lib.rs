@@ -56,6 +56,7 @@ mod namespace;
 mod pages;
 mod params;
 mod rank;
+mod recurrent;
 pub mod sampling;
 mod session;
 mod shift;
@@ -75,8 +76,8 @@ pub use ggml::{cpu_path, CpuPath, CpuRequest};
 pub use ingest::{IngestParams, IngestReport, Progress};
 pub use kv::{KvLayout, KvStats, KvType, PAGE_TOKENS};
 pub use model::{
-    Arch, Experts, FingerprintOrigin, HParams, Model, ModelParams, OffloadDevice, PoolingType,
-    Ranking, RopeScaling, SlidingWindow, FINGERPRINT_VERSION,
+    Arch, DeltaNet, Experts, FingerprintOrigin, HParams, Model, ModelParams, OffloadDevice,
+    PoolingType, Ranking, RopeScaling, SlidingWindow, FINGERPRINT_VERSION,
 };
 pub use namespace::Namespace;
 pub use pages::ImportSummary;

@@ -22,13 +22,14 @@ mod fingerprint;
 mod gemma4;
 mod hparams;
 mod layer;
+mod qwen35;
 
 pub use classifier::{PoolingType, Ranking};
 
 pub(crate) use fingerprint::records_bytes;
 pub use fingerprint::FINGERPRINT_VERSION;
 pub(crate) use gemma4::{GateUp, Gemma4Layer};
-pub(crate) use layer::{Ffn, LayerWeights, Qkv, SharedExpert};
+pub(crate) use layer::{DeltaNetWeights, Ffn, LayerWeights, Qkv, SharedExpert};
 
 /// The model families this engine runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,6 +68,10 @@ pub enum Arch {
     /// own parameters from the file and, when `attention.temperature_scale` is set, Q scaled
     /// by a factor growing with the log of the position (Llama 4's attention temperature).
     Mistral3,
+    /// `qwen35`: Qwen3.5, a hybrid: most blocks are gated delta-nets (a short causal
+    /// convolution and a matrix state per head, kept per sequence), every few a gated
+    /// attention (Q's projection also gives a sigmoid gate; head norms; partial M-RoPE).
+    Qwen35,
 }
 
 impl Arch {
@@ -82,6 +87,7 @@ impl Arch {
             "qwen2moe" => Ok(Arch::Qwen2Moe),
             "gemma4" => Ok(Arch::Gemma4),
             "mistral3" => Ok(Arch::Mistral3),
+            "qwen35" => Ok(Arch::Qwen35),
             other => Err(Error::UnsupportedArchitecture {
                 arch: other.to_owned(),
             }),
@@ -101,6 +107,7 @@ impl Arch {
             Arch::Qwen2Moe => "qwen2moe",
             Arch::Gemma4 => "gemma4",
             Arch::Mistral3 => "mistral3",
+            Arch::Qwen35 => "qwen35",
         }
     }
 }
@@ -171,6 +178,46 @@ pub struct HParams {
     pub gemma4: Option<Gemma4Params>,
     /// Mistral 3's YaRN parameters and attention temperature.
     pub mistral3: Option<Mistral3Params>,
+    /// The gated delta-net layers of a hybrid (qwen35); `None` for attention-only families.
+    pub delta_net: Option<DeltaNet>,
+}
+
+/// The recurrent (gated delta-net) layers of a hybrid model and their sizes, as llama.cpp
+/// reads them from `ssm.*` keys.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeltaNet {
+    /// Per layer: whether it is a delta-net (the others are attention layers).
+    pub layers: Vec<bool>,
+    /// Width of the causal convolution (`ssm.conv_kernel`); its state keeps `conv_kernel - 1`
+    /// inputs.
+    pub conv_kernel: usize,
+    /// Key (and query) heads (`ssm.group_count`).
+    pub n_k_heads: usize,
+    /// Value heads (`ssm.time_step_rank`), a multiple of the key heads: value head `h` reads
+    /// key head `h % n_k_heads`.
+    pub n_v_heads: usize,
+    /// Dimension of a key and of a value head (`ssm.state_size`).
+    pub head_dim: usize,
+    /// The attention layers' M-RoPE sections (`rope.dimension_sections`).
+    pub rope_sections: [i32; 4],
+}
+
+impl DeltaNet {
+    /// Channels of the convolution: queries, keys, then values.
+    pub fn conv_channels(&self) -> usize {
+        self.head_dim * (2 * self.n_k_heads + self.n_v_heads)
+    }
+
+    /// f32 values of one sequence's convolution state in one layer.
+    pub fn conv_state_len(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_channels()
+    }
+
+    /// f32 values of one sequence's delta-net state in one layer (a square matrix per value
+    /// head).
+    pub fn ssm_state_len(&self) -> usize {
+        self.head_dim * self.head_dim * self.n_v_heads
+    }
 }
 
 /// Mistral 3's hyperparameters beyond llama's, as llama.cpp reads them.
@@ -239,6 +286,13 @@ pub struct SlidingWindow {
 }
 
 impl HParams {
+    /// Whether layer `il` is a gated delta-net (a recurrent layer of a hybrid).
+    pub fn is_recurrent(&self, il: usize) -> bool {
+        self.delta_net
+            .as_ref()
+            .is_some_and(|d| d.layers.get(il).copied().unwrap_or(false))
+    }
+
     /// Whether layer `il` attends through the sliding window.
     pub fn is_swa(&self, il: usize) -> bool {
         self.sliding_window
@@ -295,11 +349,12 @@ fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Result<LayerW
         | Arch::Phi3
         | Arch::Qwen3Moe
         | Arch::Gemma4
-        | Arch::Mistral3 => specs.find(&n(name), &[dim], Role::Vector),
+        | Arch::Mistral3
+        | Arch::Qwen35 => specs.find(&n(name), &[dim], Role::Vector),
     };
     // qwen3 and gemma3 normalise each head of Q and K.
     let head_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
-        Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe => specs
+        Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe | Arch::Qwen35 => specs
             .require(&n(name), &[hp.head_dim], Role::Vector)
             .map(Some),
         Arch::Llama
@@ -320,7 +375,8 @@ fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Result<LayerW
         | Arch::Qwen3Moe
         | Arch::Qwen2Moe
         | Arch::Gemma4
-        | Arch::Mistral3 => Ok(None),
+        | Arch::Mistral3
+        | Arch::Qwen35 => Ok(None),
     };
     let (m, v) = (Role::Matrix, Role::Vector);
     // phi3 may fuse Q, K and V into one matrix, and always fuses gate and up.
@@ -390,6 +446,7 @@ fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Result<LayerW
         ffn_norm: specs.require(&n("ffn_norm.weight"), &[e], v)?,
         ffn,
         gemma4: None,
+        delta: None,
     })
 }
 
@@ -607,9 +664,10 @@ impl Model {
         let per_layer_inputs = gemma4::globals(&mut specs, &hp)?;
         let mut layer_idx = Vec::with_capacity(hp.n_layer);
         for l in 0..hp.n_layer {
-            layer_idx.push(match hp.arch {
-                Arch::Gemma4 => gemma4::layer_weights(&mut specs, &hp, l)?,
-                _ => layer_weights(&mut specs, &hp, l)?,
+            layer_idx.push(match (&hp.delta_net, hp.arch) {
+                (Some(d), _) => qwen35::layer_weights(&mut specs, &hp, d, l)?,
+                (None, Arch::Gemma4) => gemma4::layer_weights(&mut specs, &hp, l)?,
+                (None, _) => layer_weights(&mut specs, &hp, l)?,
             });
         }
         let ranking = classifier::load(&mut specs, &gguf, &hp)?;

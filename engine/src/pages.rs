@@ -292,6 +292,12 @@ impl Context {
     {
         self.seq(seq)?;
         self.check_tokens(tokens)?;
+        // Checkpoints hold KV pages only: a hybrid model's sequence would lack its state.
+        if self.recurrent.is_some() && !tokens.is_empty() {
+            return Err(Error::Recurrent {
+                what: format!("importing {} tokens of KV into {seq}", tokens.len()),
+            });
+        }
         let n_blocks = (tokens.len() / PAGE_TOKENS) as u64;
         if roots.windows(2).any(|w| w[0].block >= w[1].block)
             || roots.last().is_some_and(|r| r.block > n_blocks)

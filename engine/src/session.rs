@@ -230,10 +230,11 @@ impl Session {
         })
     }
 
-    /// Forgets every token at or after position `len`.
-    pub fn truncate(&mut self, len: usize) {
-        // The session's own sequence always exists.
-        let _ = self.ctx.truncate(self.seq, len);
+    /// Forgets every token at or after position `len` (see [`Context::truncate`]): a
+    /// recurrent model's session can only be cleared ([`Error::Recurrent`](crate::Error)
+    /// otherwise, the session unchanged).
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        self.ctx.truncate(self.seq, len)
     }
 
     /// Context shift: keeps the first `n_keep` tokens, discards the `n_discard` after them
@@ -246,7 +247,8 @@ impl Session {
 
     /// Forgets everything.
     pub fn clear(&mut self) {
-        self.truncate(0);
+        // Cutting the session's own sequence to nothing always succeeds.
+        let _ = self.truncate(0);
     }
 
     /// The byte layout of this session's KV cache.

@@ -76,6 +76,11 @@ impl Context {
         if n_discard == 0 {
             return Ok(());
         }
+        if self.recurrent.is_some() {
+            return Err(Error::Recurrent {
+                what: format!("shifting {seq} (discarding {n_discard} tokens)"),
+            });
+        }
         let new_len = len - n_discard;
         let first = n_keep / PAGE_TOKENS;
         let n_new = new_len.div_ceil(PAGE_TOKENS) - first;

@@ -426,7 +426,7 @@ fn generate(
     max_tokens: usize,
     cost: &mut Cost,
 ) -> (String, bool) {
-    r.session.truncate(0);
+    r.session.truncate(0).unwrap();
     let mut logits = r.session.feed_text(prompt).unwrap().to_vec();
     let mut c = Constraint::new(&r.vocab, grammar).unwrap();
     let mut out = Vec::new();

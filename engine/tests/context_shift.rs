@@ -168,7 +168,7 @@ fn shared_pages_stay_and_ids_do_not_collide() {
 
     // Truncated back into the kept prefix, it is an unshifted sequence again.
     assert_eq!(a.context().chain_roots(seq).unwrap().len(), 1);
-    a.truncate(64);
+    a.truncate(64).unwrap();
     assert!(a.context().chain_roots(seq).unwrap().is_empty());
     let store =
         SessionStore::open(&dir.path().join("store"), &model, StoreConfig::default()).unwrap();

@@ -139,7 +139,7 @@ fn truncate_then_refeed_matches_fresh_evaluation() {
     let toks = tokens(30);
     let mut s = Session::new(model.clone(), params(512)).unwrap();
     s.feed(&toks).unwrap();
-    s.truncate(10);
+    s.truncate(10).unwrap();
     assert_eq!(s.tokens(), &toks[..10]);
     let other: Vec<u32> = (0..5).map(|i| (i * 3 + 1) as u32).collect();
     let got = s.feed(&other).unwrap().to_vec();

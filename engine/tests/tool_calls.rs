@@ -445,7 +445,7 @@ fn real_model_required_tool_call_greedy() {
         let grammar = tool_grammar(&tools, choice.clone(), parallel, format).unwrap();
         let mut c = Constraint::new(&vocab, &grammar).unwrap();
         let mut sampler = Sampler::new(SamplerParams::greedy());
-        session.truncate(0);
+        session.truncate(0).unwrap();
         let mut logits = session.feed_text(&prompt).unwrap().to_vec();
         let tok = model.tokenizer();
         let mut out = Vec::new();

@@ -359,7 +359,7 @@ fn main() -> Result<()> {
             let saved = store.save(&session, "bench", &CheckpointMeta::default())?;
             turn_ms.push(t.elapsed().as_secs_f64() * 1e3);
             turn_bytes = saved.bytes_written;
-            session.truncate(args.prompt_tokens);
+            session.truncate(args.prompt_tokens)?;
         }
         // After the checkpoint's extra turn was cut off again, the logits are recomputed here,
         // outside the timing.

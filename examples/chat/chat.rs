@@ -304,7 +304,7 @@ impl Chat {
             let ids = tok.encode(&prompt, true, true)?;
             let common = engine::common_prefix_len(self.session.tokens(), &ids)
                 .min(ids.len().saturating_sub(1));
-            self.session.truncate(common);
+            self.session.truncate(common)?;
             (common, ids[common..].to_vec())
         };
         eprintln!("(prompt: {kept} tokens kept, {} new)", ids.len());
@@ -505,7 +505,7 @@ impl Chat {
             return Ok(());
         };
         let keep = self.turns.last().copied().unwrap_or(0);
-        self.session.truncate(keep);
+        self.session.truncate(keep)?;
         // Drop the reply and the message it answered.
         while let Some(m) = self.messages.pop() {
             if m.role == "user" {

@@ -13,6 +13,7 @@ mod gemma;
 mod gemma4;
 mod llama;
 mod mistral3;
+mod qwen35;
 
 use crate::batch::{Output, Plan};
 use crate::error::Result;
@@ -20,21 +21,25 @@ use crate::ggml::{
     DType, Graph, KvTensors, KvTensorsMut, RawTensor, RopeParams, Tensor, TensorMut,
 };
 use crate::model::{Arch, Ffn, HParams, Model, Qkv, RopeScaling, SharedExpert};
+use crate::recurrent::StateBatch;
 
 /// Builds the graph evaluating the batch `plan` describes: each token's K and V are written
 /// into its cell of the page pool, each token attends to the cells its mask allows; returns the
 /// logits tensor (`[n_vocab, plan.out_rows.len()]`), or for [`Output::Embeddings`] the final
 /// norm's output (`[n_embd, plan.out_rows.len()]`, what llama.cpp calls the embeddings of a
 /// causal model), or for [`Output::Rank`] that output through the classifier head. The KV pool is borrowed mutably for the graph's life: the graph writes its cells.
+/// A hybrid model's recurrent layers read and write the slots `state` gives per item.
 pub(crate) fn build<'g, 'w>(
     g: &mut Graph<'g, 'w>,
     model: &'w Model,
     kv: &'w mut KvTensors,
+    state: Option<StateBatch<'w>>,
     plan: &Plan,
     flash_attn: bool,
     output: Output,
 ) -> Result<Tensor<'g>> {
     let mut f = Forward::new(g, model, kv, plan, flash_attn);
+    f.state = state;
     let x = match model.hparams().arch {
         Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe | Arch::Qwen2Moe => {
             llama::blocks(g, &mut f)
@@ -42,6 +47,7 @@ pub(crate) fn build<'g, 'w>(
         Arch::Gemma3 | Arch::Gemma2 => gemma::blocks(g, &mut f),
         Arch::Gemma4 => gemma4::blocks(g, &mut f),
         Arch::Mistral3 => mistral3::blocks(g, &mut f),
+        Arch::Qwen35 => qwen35::blocks(g, &mut f)?,
     };
     Ok(f.head(g, x, output))
 }
@@ -68,6 +74,8 @@ pub(super) struct Forward<'p, 'g, 'w> {
     out_ids: Option<Tensor<'g>>,
     /// Llama-3-style RoPE frequency factors, if the model has them.
     pub freq_factors: Option<Tensor<'g>>,
+    /// A hybrid model's recurrent state and each item's slots.
+    pub state: Option<StateBatch<'w>>,
 }
 
 impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
@@ -146,6 +154,7 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
             gathers,
             out_ids,
             freq_factors,
+            state: None,
         }
     }
 
@@ -757,6 +766,8 @@ pub(crate) fn rope_params(model: &Model, il: usize) -> RopeParams {
             | Arch::Qwen3Moe
             | Arch::Qwen2Moe
             | Arch::Gemma4 => 2,
+            // Interleaved M-RoPE (`GGML_ROPE_TYPE_IMROPE`), through `Graph::rope_multi`.
+            Arch::Qwen35 => 40,
         },
         n_ctx_orig,
         freq_base: hp.rope_freq_base,

@@ -35,12 +35,14 @@ use crate::error::{Error, Result};
 mod graph;
 mod kv_tensors;
 pub(crate) mod stage;
+mod state_tensors;
 mod weights;
 
 pub(crate) use graph::{
     kernel_takes_model, Compute, Graph, IntegerSums, RopeParams, Tensor, TensorMut,
 };
 pub(crate) use kv_tensors::{KvTensors, KvTensorsMut};
+pub(crate) use state_tensors::{StateTensors, StateTensorsMut};
 pub(crate) use weights::{WeightSpec, Weights};
 
 /// Element types the engine creates tensors of, mapped to ggml's type ids.

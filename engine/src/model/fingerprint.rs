@@ -51,6 +51,7 @@ mod tag {
     pub const SHARED_EXPERT: u8 = 24;
     pub const GEMMA4: u8 = 25;
     pub const MISTRAL3: u8 = 26;
+    pub const DELTA_NET: u8 = 27;
     pub const TENSORS: u8 = 0x20;
     pub const VOCAB: u8 = 0x30;
 }
@@ -223,6 +224,7 @@ fn encode(
         ref experts,
         ref gemma4,
         ref mistral3,
+        ref delta_net,
     } = *hp;
     let mut field = |tag: u8, value: u64| {
         h.update(&[tag]);
@@ -239,6 +241,7 @@ fn encode(
         Arch::Qwen2Moe => 7,
         Arch::Gemma4 => 8,
         Arch::Mistral3 => 9,
+        Arch::Qwen35 => 10,
     };
     let (kind, factor, n_ctx_orig) = match rope_scaling {
         RopeScaling::None => (0, 0.0f32, 0),
@@ -297,6 +300,15 @@ fn encode(
         }
         if let Some(ff) = x.n_ff_shared {
             field(tag::SHARED_EXPERT, ff as u64);
+        }
+    }
+    if let Some(d) = delta_net {
+        let sizes = [d.conv_kernel, d.n_k_heads, d.n_v_heads, d.head_dim];
+        for v in sizes.into_iter().chain(d.rope_sections.map(|s| s as usize)) {
+            field(tag::DELTA_NET, v as u64);
+        }
+        for (il, _) in d.layers.iter().enumerate().filter(|(_, &r)| r) {
+            field(tag::DELTA_NET, il as u64);
         }
     }
 

@@ -220,5 +220,6 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
             per_layer,
             moe,
         }),
+        delta: None,
     })
 }

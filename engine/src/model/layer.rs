@@ -23,6 +23,52 @@ pub(crate) struct LayerWeights<T = usize> {
     pub ffn: Ffn<T>,
     /// Gemma 4's further tensors and facts.
     pub gemma4: Option<super::gemma4::Gemma4Layer<T>>,
+    /// A gated delta-net block (qwen35): then `qkv` is `Fused` (the convolution's input
+    /// projection), `wo` the output projection and `ffn_norm` the norm after the mixer.
+    pub delta: Option<DeltaNetWeights<T>>,
+}
+
+/// The tensors of a gated delta-net besides its input and output projections.
+#[derive(Clone, Copy)]
+pub(crate) struct DeltaNetWeights<T> {
+    /// `z`, the output gate's projection (`attn_gate`, `[n_embd, inner]`).
+    pub gate: T,
+    /// The convolution's kernel (`ssm_conv1d`, `[conv_kernel, channels]`, f32).
+    pub conv: T,
+    /// Bias added to `alpha` before the softplus (`ssm_dt.bias`, `[n_v_heads]`).
+    pub dt_bias: T,
+    /// `-exp(A_log)` per value head (`ssm_a`, `[n_v_heads]`).
+    pub a: T,
+    /// Projections giving beta and alpha per value head (`[n_embd, n_v_heads]`).
+    pub beta: T,
+    pub alpha: T,
+    /// RMSNorm weights of each value head's output (`ssm_norm`, `[head_dim]`).
+    pub norm: T,
+}
+
+impl<T: Copy> DeltaNetWeights<T> {
+    fn all(self) -> [T; 7] {
+        [
+            self.gate,
+            self.conv,
+            self.dt_bias,
+            self.a,
+            self.beta,
+            self.alpha,
+            self.norm,
+        ]
+    }
+    fn map<U>(self, f: impl Fn(T) -> U) -> DeltaNetWeights<U> {
+        DeltaNetWeights {
+            gate: f(self.gate),
+            conv: f(self.conv),
+            dt_bias: f(self.dt_bias),
+            a: f(self.a),
+            beta: f(self.beta),
+            alpha: f(self.alpha),
+            norm: f(self.norm),
+        }
+    }
 }
 
 /// The feed-forward network of a block.
@@ -160,6 +206,7 @@ impl LayerWeights<usize> {
             .flatten(),
         );
         all.extend(self.gemma4.iter().flat_map(|x| x.all()));
+        all.extend(self.delta.into_iter().flat_map(DeltaNetWeights::all));
         all
     }
 }
@@ -181,6 +228,7 @@ impl<T: Copy> LayerWeights<T> {
             ffn_norm: f(self.ffn_norm),
             ffn: self.ffn.map(&f),
             gemma4: self.gemma4.as_ref().map(|x| x.map(&f)),
+            delta: self.delta.map(|d| d.map(&f)),
         }
     }
 }

@@ -12,6 +12,8 @@ use std::sync::Arc;
 use engine::gguf::{GgmlType, GgufWriter};
 use engine::testing::SplitMix64;
 use engine::{ContextParams, Model};
+
+pub mod qwen35;
 use half::f16;
 
 #[derive(Clone, Copy, PartialEq, Debug)]

@@ -1,0 +1,73 @@
+//! The tensors of a qwen35 block, as llama.cpp's loader names and shapes them: a gated
+//! delta-net (input projection `attn_qkv`, output gate `attn_gate`, convolution `ssm_conv1d`,
+//! `ssm_dt.bias`, `ssm_a`, `ssm_beta`, `ssm_alpha`, `ssm_norm`, output `ssm_out`) or a gated
+//! attention (`attn_q` twice as wide as the heads: each head's query, then its gate; `attn_k`,
+//! `attn_v`, per-head norms, `attn_output`), then `post_attention_norm` and a SwiGLU network.
+
+use super::{DeltaNet, DeltaNetWeights, Ffn, HParams, LayerWeights, Qkv, Role, Specs};
+use crate::error::Result;
+
+/// Layer `l`'s weights, registered in `specs` with the shapes `hp` and `d` imply.
+pub(super) fn layer_weights(
+    specs: &mut Specs<'_>,
+    hp: &HParams,
+    d: &DeltaNet,
+    l: usize,
+) -> Result<LayerWeights> {
+    let (e, kv, q) = (hp.n_embd, hp.n_embd_kv(), hp.head_dim * hp.n_head);
+    let n = |s: &str| format!("blk.{l}.{s}");
+    let (m, v) = (Role::Matrix, Role::Vector);
+    let attn_norm = specs.require(&n("attn_norm.weight"), &[e], v)?;
+    let (qkv, wo, q_norm, k_norm, delta) = if d.layers[l] {
+        let inner = d.head_dim * d.n_v_heads;
+        let qkv = Qkv::Fused(specs.require(&n("attn_qkv.weight"), &[e, d.conv_channels()], m)?);
+        let delta = DeltaNetWeights {
+            gate: specs.require(&n("attn_gate.weight"), &[e, inner], m)?,
+            conv: specs.require(
+                &n("ssm_conv1d.weight"),
+                &[d.conv_kernel, d.conv_channels()],
+                v,
+            )?,
+            dt_bias: specs.require(&n("ssm_dt.bias"), &[d.n_v_heads], v)?,
+            a: specs.require(&n("ssm_a"), &[d.n_v_heads], v)?,
+            beta: specs.require(&n("ssm_beta.weight"), &[e, d.n_v_heads], m)?,
+            alpha: specs.require(&n("ssm_alpha.weight"), &[e, d.n_v_heads], m)?,
+            norm: specs.require(&n("ssm_norm.weight"), &[d.head_dim], v)?,
+        };
+        let wo = specs.require(&n("ssm_out.weight"), &[inner, e], m)?;
+        (qkv, wo, None, None, Some(delta))
+    } else {
+        let qkv = Qkv::Split {
+            wq: specs.require(&n("attn_q.weight"), &[e, 2 * q], m)?,
+            wk: specs.require(&n("attn_k.weight"), &[e, kv], m)?,
+            wv: specs.require(&n("attn_v.weight"), &[e, kv], m)?,
+        };
+        let wo = specs.require(&n("attn_output.weight"), &[q, e], m)?;
+        let q_norm = specs.require(&n("attn_q_norm.weight"), &[hp.head_dim], v)?;
+        let k_norm = specs.require(&n("attn_k_norm.weight"), &[hp.head_dim], v)?;
+        (qkv, wo, Some(q_norm), Some(k_norm), None)
+    };
+    let ffn_norm = specs.require(&n("post_attention_norm.weight"), &[e], v)?;
+    let ffn = Ffn::Dense {
+        gate: Some(specs.require(&n("ffn_gate.weight"), &[e, hp.n_ff], m)?),
+        up: specs.require(&n("ffn_up.weight"), &[e, hp.n_ff], m)?,
+        down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e], m)?,
+    };
+    Ok(LayerWeights {
+        attn_norm,
+        qkv,
+        wo,
+        bo: None,
+        bq: None,
+        bk: None,
+        bv: None,
+        q_norm,
+        k_norm,
+        post_attn_norm: None,
+        post_ffn_norm: None,
+        ffn_norm,
+        ffn,
+        gemma4: None,
+        delta,
+    })
+}

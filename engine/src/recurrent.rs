@@ -1,0 +1,239 @@
+//! The per-sequence state of a hybrid model's recurrent (gated delta-net) layers.
+//!
+//! The attention layers keep their K and V in the page pool; the recurrent layers keep, per
+//! live sequence, one slot in [`StateTensors`]: per recurrent layer a convolution state (the
+//! last `conv_kernel - 1` inputs) and a delta-net state (a square matrix per value head), all
+//! f32. A slot summarises every position of its sequence, so:
+//!
+//! - a sequence's first batch (position 0) starts from a zeroed slot;
+//! - a batch reads each sequence's slot and writes the state after its tokens into a fresh
+//!   slot, which the sequence takes only when the graph succeeded (its old slot is then freed):
+//!   a failed batch leaves every state as it was;
+//! - removing a sequence, or clearing it to no tokens, frees its slot; cutting it back to a
+//!   shorter, non-empty prefix is refused ([`Error::Recurrent`]), as is anything that would need
+//!   the state of a prefix (a fork shorter than its source, a context shift, KV imported
+//!   without a state); a fork of the whole sequence copies the slot.
+//!
+//! [`Recurrent::read`] and [`Recurrent::write`] give a sequence's state as bytes (each
+//! recurrent layer's convolution state, then its delta-net state, in layer order), for a
+//! checkpoint to keep beside the KV.
+
+use std::collections::BTreeMap;
+
+use crate::context::SeqId;
+use crate::error::{Error, Result};
+use crate::ggml::{StateTensors, StateTensorsMut};
+use crate::model::HParams;
+
+/// Slots allocated first; the tensors double when they run out.
+const FIRST_SLOTS: usize = 4;
+
+/// The recurrent layers' state of every live sequence of a context.
+pub(crate) struct Recurrent {
+    /// Per layer: its index among the recurrent layers, if it is one.
+    index: Vec<Option<usize>>,
+    n_recurrent: usize,
+    conv_len: usize,
+    ssm_len: usize,
+    tensors: StateTensors,
+    /// Free slots.
+    free: Vec<usize>,
+    /// The slot of each sequence that has one (every sequence holding tokens).
+    slots: BTreeMap<SeqId, usize>,
+}
+
+/// Where one batch item's state comes from and goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SlotPair {
+    /// The slot read (the item's own, or a zeroed one at position 0).
+    pub src: usize,
+    /// The slot written.
+    pub dst: usize,
+}
+
+/// What a graph needs of the state: the tensors, borrowed mutably, and per batch item its
+/// slots.
+#[derive(Clone, Copy)]
+pub(crate) struct StateBatch<'a> {
+    pub tensors: StateTensorsMut<'a>,
+    pub slots: &'a [SlotPair],
+    /// Per layer: its index among the recurrent layers.
+    pub index: &'a [Option<usize>],
+}
+
+impl Recurrent {
+    /// The state of a model with recurrent layers; `None` for one without.
+    pub(crate) fn new(hp: &HParams) -> Result<Option<Recurrent>> {
+        let Some(d) = &hp.delta_net else {
+            return Ok(None);
+        };
+        let mut n_recurrent = 0;
+        let index = d
+            .layers
+            .iter()
+            .map(|&r| {
+                r.then(|| {
+                    n_recurrent += 1;
+                    n_recurrent - 1
+                })
+            })
+            .collect();
+        let (conv_len, ssm_len) = (d.conv_state_len(), d.ssm_state_len());
+        Ok(Some(Recurrent {
+            index,
+            n_recurrent,
+            conv_len,
+            ssm_len,
+            tensors: StateTensors::new(n_recurrent, conv_len, ssm_len, FIRST_SLOTS)?,
+            free: (0..FIRST_SLOTS).rev().collect(),
+            slots: BTreeMap::new(),
+        }))
+    }
+
+    /// Bytes of one sequence's state ([`Recurrent::read`]).
+    pub(crate) fn state_bytes(&self) -> usize {
+        self.n_recurrent * 4 * (self.conv_len + self.ssm_len)
+    }
+
+    /// A free slot (the lowest), the tensors doubled when none is left; zeroed.
+    fn alloc(&mut self) -> Result<usize> {
+        if self.free.is_empty() {
+            let old = self.tensors.n_slots();
+            let mut grown =
+                StateTensors::new(self.n_recurrent, self.conv_len, self.ssm_len, 2 * old)?;
+            for r in 0..self.n_recurrent {
+                for ssm in [false, true] {
+                    let mut row = vec![0u8; self.tensors.row_bytes(r, ssm)];
+                    for slot in 0..old {
+                        self.tensors.read(r, ssm, slot, &mut row);
+                        grown.write(r, ssm, slot, &row);
+                    }
+                }
+            }
+            self.tensors = grown;
+            self.free.extend((old..2 * old).rev());
+        }
+        let slot = self.free.pop().expect("a free slot after growing");
+        for r in 0..self.n_recurrent {
+            for ssm in [false, true] {
+                let zeros = vec![0u8; self.tensors.row_bytes(r, ssm)];
+                self.tensors.write(r, ssm, slot, &zeros);
+            }
+        }
+        Ok(slot)
+    }
+
+    fn release(&mut self, slot: usize) {
+        self.free.push(slot);
+        // Lowest first.
+        self.free.sort_unstable_by(|a, b| b.cmp(a));
+    }
+
+    /// The slots of a batch whose items are `(sequence, tokens it holds before the batch)`:
+    /// at position 0 a zeroed slot read and written, else the sequence's slot read and a fresh
+    /// one written. A sequence with tokens but no state (KV imported alone) is refused.
+    pub(crate) fn prepare(&mut self, items: &[(SeqId, usize)]) -> Result<Vec<SlotPair>> {
+        let mut pairs: Vec<SlotPair> = Vec::with_capacity(items.len());
+        for &(seq, start) in items {
+            let src = match (start, self.slots.get(&seq)) {
+                (0, _) => None,
+                (_, Some(&slot)) => Some(slot),
+                (_, None) => {
+                    self.abort(&pairs);
+                    return Err(Error::Recurrent {
+                        what: format!("{seq} holds {start} tokens without their state"),
+                    });
+                }
+            };
+            let dst = match self.alloc() {
+                Ok(slot) => slot,
+                Err(e) => {
+                    self.abort(&pairs);
+                    return Err(e);
+                }
+            };
+            pairs.push(SlotPair {
+                src: src.unwrap_or(dst),
+                dst,
+            });
+        }
+        Ok(pairs)
+    }
+
+    /// Undoes [`Recurrent::prepare`] after a failed batch.
+    pub(crate) fn abort(&mut self, pairs: &[SlotPair]) {
+        for p in pairs {
+            self.release(p.dst);
+        }
+    }
+
+    /// After a batch that succeeded: each sequence takes the slot written for it.
+    pub(crate) fn commit(&mut self, seqs: impl IntoIterator<Item = SeqId>, pairs: &[SlotPair]) {
+        for (seq, p) in seqs.into_iter().zip(pairs) {
+            if let Some(old) = self.slots.insert(seq, p.dst) {
+                self.release(old);
+            }
+        }
+    }
+
+    /// Forgets `seq`'s state (removed, or cleared to no tokens).
+    pub(crate) fn remove(&mut self, seq: SeqId) {
+        if let Some(slot) = self.slots.remove(&seq) {
+            self.release(slot);
+        }
+    }
+
+    /// `seq`'s state as bytes (see the module's docs); `None` when it has none (no tokens).
+    pub(crate) fn read(&self, seq: SeqId) -> Option<Vec<u8>> {
+        let slot = *self.slots.get(&seq)?;
+        let mut out = Vec::with_capacity(self.state_bytes());
+        for r in 0..self.n_recurrent {
+            for ssm in [false, true] {
+                let mut row = vec![0u8; self.tensors.row_bytes(r, ssm)];
+                self.tensors.read(r, ssm, slot, &mut row);
+                out.extend_from_slice(&row);
+            }
+        }
+        Some(out)
+    }
+
+    /// Sets `seq`'s state from `bytes` (as [`Recurrent::read`] gives them), taking a slot if
+    /// it has none. Wrong sizes are [`Error::Recurrent`], changing nothing.
+    pub(crate) fn write(&mut self, seq: SeqId, bytes: &[u8]) -> Result<()> {
+        if bytes.len() != self.state_bytes() {
+            return Err(Error::Recurrent {
+                what: format!(
+                    "a state of {} bytes for {seq}, which takes {}",
+                    bytes.len(),
+                    self.state_bytes()
+                ),
+            });
+        }
+        let slot = match self.slots.get(&seq) {
+            Some(&slot) => slot,
+            None => {
+                let slot = self.alloc()?;
+                self.slots.insert(seq, slot);
+                slot
+            }
+        };
+        let mut at = 0;
+        for r in 0..self.n_recurrent {
+            for ssm in [false, true] {
+                let n = self.tensors.row_bytes(r, ssm);
+                self.tensors.write(r, ssm, slot, &bytes[at..at + n]);
+                at += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// The tensors and a batch's slots, for its graph.
+    pub(crate) fn batch<'a>(&'a mut self, slots: &'a [SlotPair]) -> StateBatch<'a> {
+        StateBatch {
+            tensors: self.tensors.tensors_mut(),
+            slots,
+            index: &self.index,
+        }
+    }
+}
