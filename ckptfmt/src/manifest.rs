@@ -123,7 +123,8 @@ impl Manifest {
             &roots,
         );
         self.chain_roots = roots;
-        self.validate()?;
+        // The tail state, if the geometry has one, may come after ([`Manifest::with_tail_state`]).
+        self.validate_body()?;
         Ok(self)
     }
 

@@ -468,6 +468,13 @@ impl Context {
         Ok(self.seq(seq)?.namespace.map(Namespace::from_root))
     }
 
+    /// Whether the model has recurrent layers (a hybrid, such as Qwen3.5): its sequences carry
+    /// a state beside their KV, saved in checkpoints with it, and cannot be cut back or resumed
+    /// from KV blocks alone.
+    pub fn is_hybrid(&self) -> bool {
+        self.recurrent.is_some()
+    }
+
     /// `seq`'s recurrent state as bytes (see `recurrent.rs`): `None` for a model without
     /// recurrent layers, or a sequence holding no tokens.
     pub(crate) fn recurrent_state(&self, seq: SeqId) -> Result<Option<Vec<u8>>> {

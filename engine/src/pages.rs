@@ -285,6 +285,24 @@ impl Context {
         tokens: &[u32],
         roots: &[ChainRoot],
         tail: &[u8],
+        read: F,
+    ) -> Result<ImportSummary>
+    where
+        F: FnMut(usize, &BlockId, &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()>,
+    {
+        self.import_with_state(seq, tokens, roots, tail, None, read)
+    }
+
+    /// As [`Context::import_chained`], with the recurrent state after `tokens` for a hybrid
+    /// model (a checkpoint's tail state): KV without it cannot continue such a sequence and is
+    /// refused ([`Error::Recurrent`]), as is a state of the wrong size, before anything changes.
+    pub(crate) fn import_with_state<F>(
+        &mut self,
+        seq: SeqId,
+        tokens: &[u32],
+        roots: &[ChainRoot],
+        tail: &[u8],
+        state: Option<&[u8]>,
         mut read: F,
     ) -> Result<ImportSummary>
     where
@@ -292,11 +310,29 @@ impl Context {
     {
         self.seq(seq)?;
         self.check_tokens(tokens)?;
-        // Checkpoints hold KV pages only: a hybrid model's sequence would lack its state.
-        if self.recurrent.is_some() && !tokens.is_empty() {
-            return Err(Error::Recurrent {
-                what: format!("importing {} tokens of KV into {seq}", tokens.len()),
-            });
+        match (&self.recurrent, state) {
+            // Checkpoints of KV alone: a hybrid model's sequence would lack its state.
+            (Some(_), None) if !tokens.is_empty() => {
+                return Err(Error::Recurrent {
+                    what: format!("importing {} tokens of KV into {seq}", tokens.len()),
+                });
+            }
+            (Some(r), Some(s)) if s.len() != r.state_bytes() || tokens.is_empty() => {
+                return Err(Error::Recurrent {
+                    what: format!(
+                        "a state of {} bytes after {} tokens for {seq}, which takes {}",
+                        s.len(),
+                        tokens.len(),
+                        r.state_bytes()
+                    ),
+                });
+            }
+            (None, Some(_)) => {
+                return Err(Error::Recurrent {
+                    what: "a recurrent state for a model without recurrent layers".into(),
+                });
+            }
+            _ => {}
         }
         let n_blocks = (tokens.len() / PAGE_TOKENS) as u64;
         if roots.windows(2).any(|w| w[0].block >= w[1].block)
@@ -428,6 +464,14 @@ impl Context {
         }
         for p in old {
             self.pool.release(p);
+        }
+        // The sequence's recurrent state follows its new tokens: the checkpoint's, or none (an
+        // empty sequence starts from zero). Its size was checked above.
+        if let Some(r) = self.recurrent.as_mut() {
+            r.remove(seq);
+            if let Some(state) = state {
+                r.write(seq, state)?;
+            }
         }
         Ok(summary)
     }

@@ -23,6 +23,25 @@ pub fn geometry(layout: &KvLayout) -> Result<Geometry> {
     Geometry::new(layers, elem, TOKENS_PER_BLOCK).ours()
 }
 
+/// The checkpoint geometry of `layout` for a model with `hp`: [`geometry`], and for a hybrid
+/// model each recurrent layer's state bytes (ckptfmt's format version 2: a checkpoint then
+/// carries the state after its last token beside the KV).
+pub(super) fn model_geometry(layout: &KvLayout, hp: &crate::model::HParams) -> Result<Geometry> {
+    let g = geometry(layout)?;
+    let Some(d) = &hp.delta_net else {
+        return Ok(g);
+    };
+    // The layout of `Context::recurrent_state`: per recurrent layer, its convolution state
+    // then its delta-net state, as f32.
+    let per_layer = 4 * (d.conv_state_len() + d.ssm_state_len());
+    let state = d
+        .layers
+        .iter()
+        .map(|&r| if r { per_layer as u32 } else { 0 })
+        .collect();
+    g.with_state(state).ours()
+}
+
 /// Refuses a session layout whose KV element types differ from the stored geometry's, naming
 /// both ([`Error::KvTypeMismatch`]).
 pub(super) fn check_kv_types(stored: &Geometry, layout: &KvLayout) -> Result<()> {

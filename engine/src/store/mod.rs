@@ -30,8 +30,8 @@ mod remote;
 
 // The remote tier's settings and figures are kvstore's, re-exported on purpose: they are
 // plain data a user of the store fills in and reads.
-use convert::check_kv_types;
 pub use convert::geometry;
+use convert::{check_kv_types, model_geometry};
 pub use kvstore::remote::LATENCY_BOUNDS_US as REMOTE_LATENCY_BOUNDS_US;
 pub use kvstore::{RemoteConfig, RemoteFigures};
 pub use legacy::LegacyStore;
@@ -202,7 +202,9 @@ impl SessionStore {
         if let Some(existing) = store.existing_model(&fingerprint) {
             check_kv_types(existing.geometry(), &stored)?;
         }
-        let handle = store.model(fingerprint, geometry(&stored)?).ours()?;
+        let handle = store
+            .model(fingerprint, model_geometry(&stored, model.hparams())?)
+            .ours()?;
         // When a write must make room and unreferenced blocks are not enough, the least
         // recently used cached prompts (tails) go at once. Named conversations go only through
         // `keep_budget`, which holds their claims for its whole pass (a writer's reservation
@@ -345,6 +347,10 @@ impl SessionStore {
             )));
         }
         manifest.sampler_state = meta.sampler_state.clone();
+        // A hybrid model's recurrent state after the last token goes beside the KV.
+        if let Some(state) = ctx.recurrent_state(seq)? {
+            manifest = manifest.with_tail_state(state).ours()?;
+        }
         summary.bytes_written += manifest.tail_kv.len() as u64;
         self.handle.save(&manifest).ours()?;
         self.note_stored(name);
@@ -409,7 +415,8 @@ impl SessionStore {
         }
         let (tokens, roots) = (&manifest.tokens, &manifest.chain_roots);
         let tail = self.stored_to_session(&conversion, &manifest.tail_kv)?;
-        ctx.import_chained(seq, tokens, roots, &tail, |i, id, sink| {
+        let state = (!manifest.tail_state.is_empty()).then_some(&manifest.tail_state[..]);
+        ctx.import_with_state(seq, tokens, roots, &tail, state, |i, id, sink| {
             if manifest.block_ids.get(i) != Some(id) {
                 return Err(Error::checkpoint(ckptfmt::FormatError::invalid(
                     "checkpoint manifest",
@@ -443,6 +450,10 @@ impl SessionStore {
         seq: SeqId,
         tokens: &[u32],
     ) -> Result<usize> {
+        // A hybrid model resumes only where a recurrent state was kept: not from blocks alone.
+        if ctx.is_hybrid() {
+            return Ok(0);
+        }
         let usable = tokens.len().saturating_sub(1).min(ctx.params().n_ctx);
         let held = self.handle.longest_prefix(&tokens[..usable], &[]);
         let blocks = held.block_ids.len();

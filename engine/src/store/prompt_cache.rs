@@ -151,8 +151,11 @@ impl PromptCache<'_> {
         let full = len / PAGE_TOKENS;
         // A shifted sequence's blocks are not found by prompt tokens alone: no tail for it.
         // Nor is a page whose sliding-window rows were released.
+        // A hybrid model's tail would need the recurrent state at `len`, which the context
+        // keeps only for its end: none (its prompts are not resumed from the cache yet).
         if full == 0
             || len % PAGE_TOKENS == 0
+            || ctx.is_hybrid()
             || ctx.is_shifted(seq)?
             || ctx.page_released(seq, full)?
         {
@@ -250,7 +253,16 @@ impl PromptCache<'_> {
     /// any, which keeps what it brings), then the tokens of the tail checkpoint that continues
     /// them (local, else remote). A tail that cannot be read or belongs to another model
     /// is ignored: it is only a cache.
+    ///
+    /// For a hybrid model (recurrent layers) nothing is found: blocks alone cannot resume its
+    /// sequences ([`Context::is_hybrid`]).
     pub fn find_prefix(&self, tokens: &[u32], ns: Option<Namespace>) -> StoredPrefix {
+        if self.store.handle.geometry().has_state() {
+            return StoredPrefix {
+                namespace: ns,
+                ..StoredPrefix::default()
+            };
+        }
         let held = self
             .store
             .handle

@@ -1,0 +1,136 @@
+//! A hybrid model's checkpoint (ckptfmt's format version 2): the recurrent state after the
+//! last token is saved beside the KV, and a sequence restored from it, in a new context of a
+//! new process's store handle, continues bit for bit as the uninterrupted one. A damaged state
+//! is refused, never used; the prompt cache does not resume a hybrid from blocks alone.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::qwen35::build_qwen35;
+use engine::store::{CheckpointMeta, SessionStore, StoreConfig};
+use engine::{ContextParams, Evaluation, Model, Session, StoreErrorKind};
+
+fn session(model: &Arc<Model>) -> Session {
+    Session::new(
+        model.clone(),
+        ContextParams {
+            n_ctx: 256,
+            kv_tokens: 1024,
+            n_threads: 2,
+            evaluation: Evaluation::Invariant,
+            ..ContextParams::default()
+        },
+    )
+    .unwrap()
+}
+
+/// 150 tokens: two full blocks of 64 and a tail of 22.
+fn prompt() -> Vec<u32> {
+    (0..150).map(|i| ((i * 37 + 11) % 97) as u32).collect()
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    v.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map_or(0, |(i, _)| i as u32)
+}
+
+/// Greedy continuation of `s` for `n` tokens: every step's logits.
+fn continue_greedy(s: &mut Session, first: &[f32], n: usize) -> Vec<Vec<f32>> {
+    let mut logits = first.to_vec();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let next = argmax(&logits);
+        logits = s.feed(&[next]).unwrap().to_vec();
+        out.push(logits.clone());
+    }
+    out
+}
+
+#[test]
+fn a_restored_hybrid_sequence_continues_bit_for_bit() {
+    let (_models, model) = build_qwen35(2026);
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = prompt();
+
+    // Uninterrupted: the prompt, then 12 greedy tokens.
+    let mut a = session(&model);
+    let after_prompt = a.feed(&tokens).unwrap().to_vec();
+    let reference = continue_greedy(&mut a, &after_prompt, 12);
+
+    // Saved after the prompt plus one token, restored into a new context through a store
+    // opened anew, and continued from there.
+    let mut b = session(&model);
+    let first = b.feed(&tokens).unwrap().to_vec();
+    assert_eq!(first, after_prompt);
+    let next = argmax(&first);
+    let l1 = b.feed(&[next]).unwrap().to_vec();
+    assert_eq!(l1, reference[0]);
+    {
+        let store = SessionStore::open(dir.path(), &model, StoreConfig::default()).unwrap();
+        store
+            .save(&b, "hybrid", &CheckpointMeta::default())
+            .unwrap();
+    }
+    drop(b);
+    let store = SessionStore::open(dir.path(), &model, StoreConfig::default()).unwrap();
+    let mut c = session(&model);
+    store.restore(&mut c, "hybrid").unwrap();
+    assert_eq!(c.tokens().len(), tokens.len() + 1);
+    // Continue: the next token after `l1`, and on; each step identical to the reference.
+    let rest = continue_greedy(&mut c, &l1, 11);
+    for (i, (got, want)) in rest.iter().zip(&reference[1..]).enumerate() {
+        assert!(got == want, "step {} after the restore differs", i + 1);
+    }
+
+    // The manifest carries the state: format version 2.
+    let manifest = std::fs::read(
+        dir.path()
+            .join(kvstore::store::MODELS_DIR)
+            .read_dir()
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path()
+            .join("manifests/hybrid.ckpt"),
+    )
+    .unwrap();
+    assert_eq!(u16::from_le_bytes([manifest[8], manifest[9]]), 2);
+
+    // Without a state a hybrid sequence cannot be resumed from KV: nothing from the prompt
+    // cache, and no prefix from blocks.
+    let mut d = session(&model);
+    let n = store.restore_prefix(&mut d, &tokens).unwrap();
+    assert_eq!(n, 0);
+    assert_eq!(store.prompt_cache().find_prefix(&tokens, None).tokens, 0);
+}
+
+#[test]
+fn a_damaged_state_is_refused_and_the_session_kept() {
+    let (_models, model) = build_qwen35(7);
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = prompt();
+    let store = SessionStore::open(dir.path(), &model, StoreConfig::default()).unwrap();
+    let mut a = session(&model);
+    a.feed(&tokens).unwrap();
+    store.save(&a, "x", &CheckpointMeta::default()).unwrap();
+
+    // Flip one bit of the manifest's tail state: its last section, so its last non-zero
+    // byte (the padding after it is zero).
+    let models = dir.path().join(kvstore::store::MODELS_DIR);
+    let fp_dir = models.read_dir().unwrap().next().unwrap().unwrap().path();
+    let path = fp_dir.join("manifests/x.ckpt");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes.iter().rposition(|&b| b != 0).unwrap();
+    bytes[at] ^= 0x01;
+    std::fs::write(&path, bytes).unwrap();
+
+    let mut b = session(&model);
+    b.feed(&[1, 2, 3]).unwrap();
+    let err = store.restore(&mut b, "x").unwrap_err();
+    assert_eq!(err.store_kind(), Some(StoreErrorKind::Corrupt), "{err:?}");
+    assert_eq!(b.tokens(), &[1, 2, 3], "the session is left as it was");
+}
