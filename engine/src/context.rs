@@ -468,6 +468,14 @@ impl Context {
         Ok(self.seq(seq)?.namespace.map(Namespace::from_root))
     }
 
+    /// A hybrid sequence's state at the last page boundary it reached at the end of a batch
+    /// (tokens, state bytes), if it still holds those tokens.
+    pub(crate) fn boundary_state(&self, seq: SeqId) -> Option<(usize, Vec<u8>)> {
+        let len = self.seqs.get(&seq)?.tokens.len();
+        let (n, state) = self.recurrent.as_ref()?.last_snapshot(seq)?;
+        (*n > 0 && *n <= len).then(|| (*n, state.clone()))
+    }
+
     /// Whether the model has recurrent layers (a hybrid, such as Qwen3.5): its sequences carry
     /// a state beside their KV, saved in checkpoints with it, and cannot be cut back or resumed
     /// from KV blocks alone.
@@ -737,6 +745,16 @@ impl Context {
                 Some(logits[(rows.end - 1) * n_vocab..rows.end * n_vocab].to_vec())
             };
         }
+        // A hybrid sequence that ends this batch on a page boundary keeps its state there: a
+        // save stores it as that block's snapshot, where an edited prompt can resume.
+        if let Some(r) = self.recurrent.as_mut() {
+            for item in &batch.items {
+                let len = self.seqs[&item.seq].tokens.len();
+                if len.is_multiple_of(PAGE_TOKENS) {
+                    r.snapshot(item.seq, len);
+                }
+            }
+        }
         let logits = if discard_output { Vec::new() } else { logits };
         // Back within the RAM budget, with room for the next batch. A failure is not this
         // batch's (it was evaluated): the pages stay, and the next batch's room reports it.
@@ -824,9 +842,20 @@ impl Context {
     pub fn feed(&mut self, seq: SeqId, tokens: &[u32], logits: Logits) -> Result<Vec<f32>> {
         self.check_append(seq, tokens)?;
         let mut all = Vec::new();
-        let chunks = tokens.chunks(self.params.n_batch);
+        // A hybrid model's micro-batches end at the last page boundary the tokens cross, so the
+        // sequence's state there is known (see `Recurrent::snapshot`).
+        let start = self.seqs[&seq].tokens.len();
+        let split = match self.recurrent {
+            Some(_) => ((start + tokens.len()) / PAGE_TOKENS * PAGE_TOKENS).saturating_sub(start),
+            None => 0,
+        };
+        let (head, rest) = tokens.split_at(split.min(tokens.len()));
+        let chunks: Vec<&[u32]> = head
+            .chunks(self.params.n_batch)
+            .chain(rest.chunks(self.params.n_batch))
+            .collect();
         let n_chunks = chunks.len();
-        for (i, chunk) in chunks.enumerate() {
+        for (i, chunk) in chunks.into_iter().enumerate() {
             let want = match logits {
                 Logits::All => Logits::All,
                 _ if i + 1 == n_chunks => logits,

@@ -471,6 +471,9 @@ impl Context {
             r.remove(seq);
             if let Some(state) = state {
                 r.write(seq, state)?;
+                if tokens.len().is_multiple_of(PAGE_TOKENS) {
+                    r.snapshot(seq, tokens.len());
+                }
             }
         }
         Ok(summary)

@@ -40,6 +40,9 @@ pub(crate) struct Recurrent {
     free: Vec<usize>,
     /// The slot of each sequence that has one (every sequence holding tokens).
     slots: BTreeMap<SeqId, usize>,
+    /// Per sequence, its state at the last page boundary it reached in a batch of its own
+    /// ending there (tokens, state bytes): what a save stores as the snapshot of that block.
+    snapshots: BTreeMap<SeqId, (usize, Vec<u8>)>,
 }
 
 /// Where one batch item's state comes from and goes to.
@@ -87,6 +90,7 @@ impl Recurrent {
             tensors: StateTensors::new(n_recurrent, conv_len, ssm_len, FIRST_SLOTS)?,
             free: (0..FIRST_SLOTS).rev().collect(),
             slots: BTreeMap::new(),
+            snapshots: BTreeMap::new(),
         }))
     }
 
@@ -178,9 +182,22 @@ impl Recurrent {
 
     /// Forgets `seq`'s state (removed, or cleared to no tokens).
     pub(crate) fn remove(&mut self, seq: SeqId) {
+        self.snapshots.remove(&seq);
         if let Some(slot) = self.slots.remove(&seq) {
             self.release(slot);
         }
+    }
+
+    /// Keeps `seq`'s present state as its snapshot after `len` tokens (a page boundary).
+    pub(crate) fn snapshot(&mut self, seq: SeqId, len: usize) {
+        if let Some(state) = self.read(seq) {
+            self.snapshots.insert(seq, (len, state));
+        }
+    }
+
+    /// `seq`'s last snapshot: the tokens it follows and the state bytes.
+    pub(crate) fn last_snapshot(&self, seq: SeqId) -> Option<&(usize, Vec<u8>)> {
+        self.snapshots.get(&seq)
     }
 
     /// `seq`'s state as bytes (see the module's docs); `None` when it has none (no tokens).

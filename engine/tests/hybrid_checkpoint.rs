@@ -1,6 +1,7 @@
 //! A hybrid model's checkpoint (ckptfmt's format version 2): the recurrent state after the
 //! last token is saved beside the KV, and a sequence restored from it, in a new context of a
-//! new process's store handle, continues bit for bit as the uninterrupted one. A damaged state
+//! new process's store handle, continues bit for bit as the uninterrupted one; the state at the
+//! last block boundary is kept too, so a prompt edited after it resumes there. A damaged state
 //! is refused, never used; the prompt cache does not resume a hybrid from blocks alone.
 
 mod common;
@@ -100,11 +101,29 @@ fn a_restored_hybrid_sequence_continues_bit_for_bit() {
     .unwrap();
     assert_eq!(u16::from_le_bytes([manifest[8], manifest[9]]), 2);
 
-    // Without a state a hybrid sequence cannot be resumed from KV: nothing from the prompt
-    // cache, and no prefix from blocks.
+    // A prompt edited after the last block boundary (token 140 of 150) resumes from the
+    // snapshot the save kept there (128 tokens) and gives the logits of the edited prompt
+    // computed from scratch (fed the same way: a hybrid's batches end at the last boundary).
+    let mut edited = tokens[..140].to_vec();
+    edited.extend((0..10).map(|i| (i * 7 + 3) % 97));
     let mut d = session(&model);
-    let n = store.restore_prefix(&mut d, &tokens).unwrap();
-    assert_eq!(n, 0);
+    let n = store.restore_prefix(&mut d, &edited).unwrap();
+    assert_eq!(n, 128);
+    let resumed = d.feed(&edited[n..]).unwrap().to_vec();
+    let mut fresh = session(&model);
+    let cold = fresh.feed(&edited).unwrap().to_vec();
+    assert!(
+        resumed == cold,
+        "the resumed edit differs from the cold run"
+    );
+    // One edited inside the first block shares no boundary with a snapshot: nothing resumed.
+    let mut early = tokens.clone();
+    early[10] = (early[10] + 1) % 97;
+    assert_eq!(
+        store.restore_prefix(&mut session(&model), &early).unwrap(),
+        0
+    );
+    // The prompt cache does not resume a hybrid from blocks (it keeps no states yet).
     assert_eq!(store.prompt_cache().find_prefix(&tokens, None).tokens, 0);
 }
 

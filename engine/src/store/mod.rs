@@ -353,6 +353,13 @@ impl SessionStore {
         }
         summary.bytes_written += manifest.tail_kv.len() as u64;
         self.handle.save(&manifest).ours()?;
+        // And its state at the last page boundary it reached, under that block's id: where a
+        // prompt that parts from this one after the boundary resumes.
+        if let Some((n, state)) = ctx.boundary_state(seq) {
+            if let Some(id) = manifest.block_ids.get(n / PAGE_TOKENS - 1) {
+                self.handle.put_state(id, n as u64, &state).ours()?;
+            }
+        }
         self.note_stored(name);
         self.push_saved(&manifest);
         // Without a budget a save collects nothing (expired checkpoints wait for the next
@@ -450,11 +457,34 @@ impl SessionStore {
         seq: SeqId,
         tokens: &[u32],
     ) -> Result<usize> {
-        // A hybrid model resumes only where a recurrent state was kept: not from blocks alone.
-        if ctx.is_hybrid() {
-            return Ok(0);
-        }
         let usable = tokens.len().saturating_sub(1).min(ctx.params().n_ctx);
+        // A hybrid model resumes only where a recurrent state was kept: the last block boundary
+        // of the stored prefix with a snapshot (blocks alone cannot continue it).
+        if ctx.is_hybrid() {
+            let conversion = self.conversion(ctx.kv_layout())?;
+            let at = self.handle.resume_point(&tokens[..usable], &[]).ours()?;
+            if at.n_tokens == 0 {
+                return Ok(0);
+            }
+            let ids = &at.block_ids;
+            ctx.import_with_state(
+                seq,
+                &tokens[..at.n_tokens],
+                &[],
+                &[],
+                Some(&at.state),
+                |i, id, sink| {
+                    if ids.get(i) != Some(id) {
+                        return Err(Error::checkpoint(ckptfmt::FormatError::invalid(
+                            "snapshot prefix",
+                            format!("block {i} id does not chain from its tokens"),
+                        )));
+                    }
+                    self.read_block(&conversion, id, sink)
+                },
+            )?;
+            return Ok(at.n_tokens);
+        }
         let held = self.handle.longest_prefix(&tokens[..usable], &[]);
         let blocks = held.block_ids.len();
         let found = StoredPrefix {
