@@ -471,6 +471,14 @@ fn log_store(store: &Arc<SessionStore>, metrics: &Arc<Metrics>) {
     if let Some(old) = store.legacy_store() {
         metrics.log(format!("prompt cache: note: {old}"));
     }
+    if store.is_hybrid() {
+        metrics.log(
+            "prompt cache: limited to saved slots for this model: it is a hybrid whose \
+             recurrent layers keep a state that cannot be cut back to a shared prefix, so \
+             prompts are computed in full; /slots saves and restores keep the state"
+                .to_owned(),
+        );
+    }
     let log = Arc::clone(metrics);
     store.set_remote_log(move |line| log.log(line));
 }

@@ -235,6 +235,13 @@ impl SessionStore {
         })
     }
 
+    /// Whether the store's model is a hybrid (recurrent layers): its checkpoints carry the
+    /// recurrent state, and its prompts are resumed only at block boundaries with a kept state
+    /// ([`SessionStore::restore_prefix`]), never by the prompt cache from blocks alone.
+    pub fn is_hybrid(&self) -> bool {
+        self.handle.geometry().has_state()
+    }
+
     /// Whether opening the store hashed the model file or found its fingerprint recorded.
     pub fn fingerprint_origin(&self) -> crate::FingerprintOrigin {
         self.origin
@@ -358,6 +365,10 @@ impl SessionStore {
         if let Some((n, state)) = ctx.boundary_state(seq) {
             if let Some(id) = manifest.block_ids.get(n / PAGE_TOKENS - 1) {
                 self.handle.put_state(id, n as u64, &state).ours()?;
+                if self.has_remote() {
+                    // Best effort, as the checkpoint's own push.
+                    let _ = self.handle.push_remote_state(id);
+                }
             }
         }
         self.note_stored(name);
