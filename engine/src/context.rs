@@ -454,7 +454,7 @@ impl Context {
 
     /// How this context's plans choose attention kernels: [`Evaluation::Invariant`] takes
     /// ggml-sys's kernel for every shape where it runs on every layer (an f16 cache the CPU
-    /// reads, a head size it takes), and ggml's per-query path otherwise.
+    /// reads, a head size it takes, no attention sinks), and ggml's per-query path otherwise.
     fn plan_mode(&self) -> PlanMode {
         match self.params.evaluation {
             Evaluation::Fast => PlanMode::Fast,
@@ -464,7 +464,9 @@ impl Context {
                 let kernel = self.layout.type_k == KvType::F16
                     && self.layout.type_v == KvType::F16
                     && (0..hp.n_layer).all(|l| self.kv.cpu_readable(l))
-                    && kernel_takes_model(hp.head_dim, hp.attn_softcap);
+                    && kernel_takes_model(hp.head_dim, hp.attn_softcap)
+                    // ggml-sys's kernel has no attention sinks (gpt-oss).
+                    && !hp.has_attn_sinks();
                 if kernel {
                     PlanMode::Kernel
                 } else {

@@ -26,7 +26,7 @@ pub use classifier::{PoolingType, Ranking};
 
 pub(crate) use fingerprint::records_bytes;
 pub use fingerprint::FINGERPRINT_VERSION;
-pub(crate) use layer::{Ffn, LayerWeights, Qkv, SharedExpert};
+pub(crate) use layer::{ExpertBiases, Ffn, LayerWeights, Qkv, SharedExpert};
 
 /// The model families this engine runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +56,12 @@ pub enum Arch {
     /// mixture of experts (softmax routing, the chosen experts' weights not normalised) plus a
     /// shared expert, a SwiGLU network whose output is gated by a sigmoid of the input.
     Qwen2Moe,
+    /// `gpt-oss`: OpenAI's gpt-oss (llama.cpp's `openai-moe` graph): biases on Q, K, V and the
+    /// output projection, NeoX RoPE with YaRN on every layer, a learned per-head attention sink
+    /// (a term in each softmax's denominator), every other layer windowed (the first of each
+    /// pair), and mixtures of experts with biases everywhere: the router's chosen logits through
+    /// a softmax, each expert a clamped SwiGLU (`swiglu_oai`).
+    GptOss,
 }
 
 impl Arch {
@@ -69,6 +75,7 @@ impl Arch {
             "phi3" => Ok(Arch::Phi3),
             "qwen3moe" => Ok(Arch::Qwen3Moe),
             "qwen2moe" => Ok(Arch::Qwen2Moe),
+            "gpt-oss" => Ok(Arch::GptOss),
             other => Err(Error::UnsupportedArchitecture {
                 arch: other.to_owned(),
             }),
@@ -86,6 +93,7 @@ impl Arch {
             Arch::Phi3 => "phi3",
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Qwen2Moe => "qwen2moe",
+            Arch::GptOss => "gpt-oss",
         }
     }
 }
@@ -149,12 +157,14 @@ pub struct HParams {
     pub final_softcap: Option<f32>,
     /// Attention scores soft-capped the same way, before the softmax (gemma2).
     pub attn_softcap: Option<f32>,
-    /// Mixture-of-experts feed-forward networks (qwen3moe, qwen2moe; llama files with experts,
-    /// such as Mixtral).
+    /// Mixture-of-experts feed-forward networks (qwen3moe, qwen2moe, gpt-oss; llama files with
+    /// experts, such as Mixtral).
     pub experts: Option<Experts>,
 }
 
-/// A mixture of experts in place of each block's feed-forward network.
+/// A mixture of experts in place of each block's feed-forward network. The router's softmax
+/// runs over every expert's logit, except in gpt-oss, where it runs over the chosen experts'
+/// logits only (llama.cpp's `SOFTMAX_WEIGHT` gating).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Experts {
     /// Experts per block.
@@ -180,8 +190,11 @@ pub struct SlidingWindow {
     pub size: usize,
     /// Per layer: whether it is windowed (the others attend to every position).
     pub layers: Vec<bool>,
-    /// RoPE base frequency of the windowed layers (unscaled).
+    /// RoPE base frequency of the windowed layers.
     pub rope_freq_base: f32,
+    /// The windowed layers' RoPE is scaled as the others' ([`HParams::rope_scaling`]; gpt-oss);
+    /// otherwise it is unscaled (gemma).
+    pub rope_scaled: bool,
 }
 
 impl HParams {
@@ -190,6 +203,12 @@ impl HParams {
         self.sliding_window
             .as_ref()
             .is_some_and(|w| w.layers.get(il).copied().unwrap_or(false))
+    }
+
+    /// Whether each attention head has a learned sink (`attn_sinks`, gpt-oss): a logit that
+    /// takes part in the softmax's denominator and attends to nothing.
+    pub fn has_attn_sinks(&self) -> bool {
+        self.arch == Arch::GptOss
     }
 }
 
@@ -230,28 +249,39 @@ impl Role {
 fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Result<LayerWeights> {
     let (e, kv, q) = (hp.n_embd, hp.n_embd_kv(), hp.head_dim * hp.n_head);
     let n = |s: &str| format!("blk.{l}.{s}");
-    // qwen2 and qwen2moe have Q/K/V biases; for llama and qwen3 they are optional (some
-    // finetunes carry them).
+    // qwen2 and qwen2moe have Q/K/V biases; for the others they are optional (some finetunes
+    // carry them; gpt-oss files have them, which llama.cpp does not require).
     let bias = |specs: &mut Specs<'_>, name: &str, dim: usize| match hp.arch {
         Arch::Qwen2 | Arch::Qwen2Moe => specs.require(&n(name), &[dim], Role::Vector).map(Some),
-        Arch::Llama | Arch::Qwen3 | Arch::Gemma3 | Arch::Gemma2 | Arch::Phi3 | Arch::Qwen3Moe => {
-            specs.find(&n(name), &[dim], Role::Vector)
-        }
+        Arch::Llama
+        | Arch::Qwen3
+        | Arch::Gemma3
+        | Arch::Gemma2
+        | Arch::Phi3
+        | Arch::Qwen3Moe
+        | Arch::GptOss => specs.find(&n(name), &[dim], Role::Vector),
     };
     // qwen3 and gemma3 normalise each head of Q and K.
     let head_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
         Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe => specs
             .require(&n(name), &[hp.head_dim], Role::Vector)
             .map(Some),
-        Arch::Llama | Arch::Qwen2 | Arch::Gemma2 | Arch::Phi3 | Arch::Qwen2Moe => Ok(None),
+        Arch::Llama | Arch::Qwen2 | Arch::Gemma2 | Arch::Phi3 | Arch::Qwen2Moe | Arch::GptOss => {
+            Ok(None)
+        }
     };
     // gemma2 and gemma3 normalise the outputs of attention and of the feed-forward network.
     let post_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
         Arch::Gemma3 | Arch::Gemma2 => specs.require(&n(name), &[e], Role::Vector).map(Some),
-        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe | Arch::Qwen2Moe => {
-            Ok(None)
-        }
+        Arch::Llama
+        | Arch::Qwen2
+        | Arch::Qwen3
+        | Arch::Phi3
+        | Arch::Qwen3Moe
+        | Arch::Qwen2Moe
+        | Arch::GptOss => Ok(None),
     };
+    let gpt_oss = hp.arch == Arch::GptOss;
     let (m, v) = (Role::Matrix, Role::Vector);
     // phi3 may fuse Q, K and V into one matrix, and always fuses gate and up.
     let qkv = match specs.find(&n("attn_qkv.weight"), &[e, q + 2 * kv], m)? {
@@ -287,6 +317,16 @@ fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Result<LayerW
                 }),
                 None => None,
             },
+            // gpt-oss: a bias on the router and on each expert's products.
+            biases: match gpt_oss {
+                true => Some(ExpertBiases {
+                    gate_inp: specs.require(&n("ffn_gate_inp.bias"), &[x.n_expert], v)?,
+                    gate: specs.require(&n("ffn_gate_exps.bias"), &[x.n_ff_exp, x.n_expert], v)?,
+                    up: specs.require(&n("ffn_up_exps.bias"), &[x.n_ff_exp, x.n_expert], v)?,
+                    down: specs.require(&n("ffn_down_exps.bias"), &[e, x.n_expert], v)?,
+                }),
+                false => None,
+            },
         },
         (None, Arch::Phi3) => Ffn::Dense {
             gate: None,
@@ -309,15 +349,27 @@ fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Result<LayerW
         attn_norm: specs.require(&n("attn_norm.weight"), &[e], v)?,
         qkv,
         wo: specs.require(&n("attn_output.weight"), &[q, e], m)?,
-        bo: specs.find(&n("attn_output.bias"), &[e], v)?,
+        // Required for gpt-oss (as llama.cpp), optional for the others (phi3 files may have one).
+        bo: match gpt_oss {
+            true => Some(specs.require(&n("attn_output.bias"), &[e], v)?),
+            false => specs.find(&n("attn_output.bias"), &[e], v)?,
+        },
         bq: bias(specs, "attn_q.bias", q)?,
         bk: bias(specs, "attn_k.bias", kv)?,
         bv: bias(specs, "attn_v.bias", kv)?,
         q_norm: head_norm(specs, "attn_q_norm.weight")?,
         k_norm: head_norm(specs, "attn_k_norm.weight")?,
+        attn_sinks: match gpt_oss {
+            true => Some(specs.require(&n("attn_sinks.weight"), &[hp.n_head], v)?),
+            false => None,
+        },
         post_attn_norm: post_norm(specs, "post_attention_norm.weight")?,
         post_ffn_norm: post_norm(specs, "post_ffw_norm.weight")?,
-        ffn_norm: specs.require(&n("ffn_norm.weight"), &[e], v)?,
+        // gpt-oss names its feed-forward network's norm after the attention it follows.
+        ffn_norm: match gpt_oss {
+            true => specs.require(&n("post_attention_norm.weight"), &[e], v)?,
+            false => specs.require(&n("ffn_norm.weight"), &[e], v)?,
+        },
         ffn,
     })
 }
@@ -517,9 +569,11 @@ impl Model {
         )?;
         let output_norm = specs.require("output_norm.weight", &[e], Role::Vector)?;
         // Models with tied embeddings have no output matrix and reuse the embedding table
-        // (qwen2moe always has one, as llama.cpp requires).
+        // (qwen2moe and gpt-oss always have one, as llama.cpp requires).
         let output = match hp.arch {
-            Arch::Qwen2Moe => specs.require("output.weight", &[e, hp.n_vocab], Role::Matrix)?,
+            Arch::Qwen2Moe | Arch::GptOss => {
+                specs.require("output.weight", &[e, hp.n_vocab], Role::Matrix)?
+            }
             _ => specs
                 .find("output.weight", &[e, hp.n_vocab], Role::Matrix)?
                 .unwrap_or(tok_embd),

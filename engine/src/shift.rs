@@ -223,9 +223,10 @@ pub(crate) fn build<'g, 'w>(
         let k = g.get_rows(k_cache.as_tensor(), src);
         let k = g.reshape_3d(k, hp.head_dim, hp.n_head_kv, m);
         let mut rope = crate::arch::rope_params(model, il);
-        if let (RopeScaling::Yarn { .. }, false) = (hp.rope_scaling, hp.is_swa(il)) {
+        if let RopeScaling::Yarn { .. } = hp.rope_scaling {
             // YaRN scales magnitudes by its mscale on every rotation; a shift rotates rows that
             // were scaled once already, so it undoes the factor (as llama.cpp's K-shift does).
+            // Windowed layers that rotate unscaled (gemma) get 1: no factor to undo.
             rope.attn_factor = 1.0 / (1.0 + 0.1 * (1.0 / rope.freq_scale).ln());
         }
         let k = g.rope(k, delta, freq_factors, &rope);

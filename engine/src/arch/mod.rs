@@ -1,14 +1,16 @@
 //! The forward pass as a ggml graph: one module per family of architectures (`llama.rs`:
-//! llama, qwen2, qwen3, phi3, qwen3moe, qwen2moe; `gemma.rs`: gemma2, gemma3) over the building
-//! blocks here, which every family shares: the batch's inputs, RMSNorm, projections, attention
-//! over the page pool, the gated feed-forward network (or a mixture of experts) and the output
-//! head.
+//! llama, qwen2, qwen3, phi3, qwen3moe, qwen2moe; `gemma.rs`: gemma2, gemma3; `gpt_oss.rs`:
+//! gpt-oss) over the building blocks here, which every family shares: the batch's inputs,
+//! RMSNorm, projections, attention over the page pool, the gated feed-forward network (or a
+//! mixture of experts) and the output head.
 //!
 //! Attention uses ggml's fused flash-attention kernel over the KV cache (f16 or q8_0) with a
 //! causal mask, or with the sliding window's mask in the layers that have one; each sequence
-//! attends on its own window of the pool (see [`Plan`]).
+//! attends on its own window of the pool (see [`Plan`]). Layers with attention sinks (gpt-oss)
+//! always take ggml's kernels, which add the sinks; ggml-sys's kernel has none.
 
 mod gemma;
+mod gpt_oss;
 mod llama;
 
 use crate::batch::{Output, Plan};
@@ -16,7 +18,7 @@ use crate::error::Result;
 use crate::ggml::{
     DType, Graph, KvTensors, KvTensorsMut, RawTensor, RopeParams, Tensor, TensorMut,
 };
-use crate::model::{Arch, Ffn, HParams, Model, Qkv, RopeScaling, SharedExpert};
+use crate::model::{Arch, ExpertBiases, Ffn, HParams, Model, Qkv, RopeScaling, SharedExpert};
 
 /// Builds the graph evaluating the batch `plan` describes: each token's K and V are written
 /// into its cell of the page pool, each token attends to the cells its mask allows; returns the
@@ -37,6 +39,7 @@ pub(crate) fn build<'g, 'w>(
             llama::blocks(g, &mut f)
         }
         Arch::Gemma3 | Arch::Gemma2 => gemma::blocks(g, &mut f),
+        Arch::GptOss => gpt_oss::blocks(g, &mut f),
     };
     Ok(f.head(g, x, output))
 }
@@ -275,7 +278,8 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
     /// Attention of layer `il`: stores this batch's `k` and `v` (`[head_dim, n_head_kv, n]`,
     /// already rotated) in their cells, then each sequence's queries `q` (`[head_dim, n_head,
     /// n]`) attend to its window of the cache, scores scaled by `scale`, through the sliding
-    /// window's mask in windowed layers. Returns `[head_dim * n_head, n]`.
+    /// window's mask in windowed layers, with the layer's attention sinks where it has them
+    /// (ggml's kernels then, whatever the plan chose). Returns `[head_dim * n_head, n]`.
     pub fn attention(
         &self,
         g: &mut Graph<'g, 'w>,
@@ -299,6 +303,7 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         g.expand(v_store);
 
         let windowed = hp.is_swa(il);
+        let sinks = self.model.layer(il).attn_sinks.map(|s| g.lift(s));
         // Each sequence attends on its own, over the window of cells holding its pages.
         // Per sequence, q: [head_dim, m, n_head]; cached k, v: [head_dim, n_kv, n_head_kv].
         let mut parts = Vec::with_capacity(self.plan.attention.len());
@@ -366,7 +371,8 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
             let v = window(g, v_cache, v_store, 1);
             let out = if self.flash_attn {
                 // Result: [head_dim, n_head, m].
-                g.flash_attn(q, k, v, mask, scale, softcap, a.ours && self.kv_host[il])
+                let ours = a.ours && self.kv_host[il];
+                g.flash_attn(q, k, v, mask, scale, softcap, sinks, ours)
             } else {
                 // Unfused: scores [n_kv, m, n_head], softmax, then V transposed to
                 // [n_kv, head_dim, n_head_kv] (a copy, since the cache stores V token-major).
@@ -380,7 +386,7 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
                     }
                     None => kq,
                 };
-                let kq = g.soft_max(kq, mask, scale);
+                let kq = g.soft_max_sinks(kq, mask, scale, sinks);
                 let v_t = g.permute(v, [1, 0, 2, 3]);
                 let v_t = g.cont(v_t);
                 let kqv = g.mul_mat(v_t, kq);
@@ -417,7 +423,8 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         let ops = &a.staged.as_ref()?[il];
         let (hd, n_head_kv) = (self.hp.head_dim, self.hp.n_head_kv);
         let fits = stores.iter().all(|t| a.n_kv <= t.ne(1));
-        if !(self.flash_attn && a.ours && self.kv_host[il] && !a.dup && fits)
+        let sinks = self.hp.has_attn_sinks();
+        if !(self.flash_attn && a.ours && !sinks && self.kv_host[il] && !a.dup && fits)
             || ops.iter().any(|op| op.page_table().is_empty())
         {
             return None;
@@ -464,6 +471,7 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         let fits = stores.iter().all(|t| a.n_kv <= t.ne(1));
         if !(self.flash_attn
             && a.ours
+            && !self.hp.has_attn_sinks()
             && self.kv_host[il]
             && !a.dup
             && fits
@@ -506,8 +514,9 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
                 up,
                 down,
                 shared,
+                biases,
             } => {
-                let routed = self.experts(g, x, gate_inp, [gate, up, down]);
+                let routed = self.experts(g, x, gate_inp, [gate, up, down], biases, act);
                 match shared {
                     Some(s) => {
                         let shared = self.shared_expert(g, x, s);
@@ -530,32 +539,32 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         act: Gate,
     ) -> Tensor<'g> {
         let up = self.project(g, x, up, None);
-        let h = match (gate, act) {
-            (Some(gate), Gate::Silu) => {
+        let h = match gate {
+            Some(gate) => {
                 let gate = self.project(g, x, gate, None);
-                g.swiglu(gate, up)
-            }
-            (Some(gate), Gate::Gelu) => {
-                let gate = self.project(g, x, gate, None);
-                g.geglu(gate, up)
+                act.apply(g, gate, up)
             }
             // Gate and up in one product, the gate's rows first.
-            (None, _) => g.swiglu_fused(up),
+            None => g.swiglu_fused(up),
         };
         self.project(g, h, down, None)
     }
 
     /// A mixture of experts on `x` (`[n_embd, n]`), as llama.cpp's `build_moe_ffn` with softmax
     /// routing: the router's probabilities, the `n_used` largest per token (normalised to sum 1
-    /// except in qwen2moe, and scaled, as the file says), each chosen expert's SwiGLU network
-    /// through `mul_mat_id`, its output weighted, and the weighted outputs added in the order
-    /// chosen.
+    /// except in qwen2moe, and scaled, as the file says), each chosen expert's gated network
+    /// (`act`) through `mul_mat_id`, its output weighted, and the weighted outputs added in the
+    /// order chosen. gpt-oss chooses by the router's logits and weighs by their softmax over
+    /// the chosen ones alone, and adds `biases` to the router's and each expert's products.
+    #[allow(clippy::too_many_arguments)]
     fn experts(
         &self,
         g: &mut Graph<'g, 'w>,
         x: Tensor<'g>,
         gate_inp: RawTensor<'w>,
         [gate, up, down]: [RawTensor<'w>; 3],
+        biases: Option<ExpertBiases<RawTensor<'w>>>,
+        act: Gate,
     ) -> Tensor<'g> {
         let spec = self
             .hp
@@ -563,11 +572,21 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
             .as_ref()
             .unwrap_or_else(|| unreachable!("expert tensors are loaded only with experts"));
         let (n_embd, n, k) = (self.hp.n_embd, x.ne(1), spec.n_used);
-        let logits = self.project(g, x, gate_inp, None);
-        let probs = g.soft_max_plain(logits);
+        let logits = self.project(g, x, gate_inp, biases.map(|b| b.gate_inp));
+        // gpt-oss (llama.cpp's `SOFTMAX_WEIGHT` gating): the softmax comes after the choice.
+        let softmax_chosen = self.hp.arch == Arch::GptOss;
+        let probs = match softmax_chosen {
+            true => logits,
+            false => g.soft_max_plain(logits),
+        };
         let chosen = g.argsort_top_k(probs, k);
         let probs = g.reshape_3d(probs, 1, spec.n_expert, n);
         let mut weights = g.get_rows(probs, chosen);
+        if softmax_chosen {
+            let w = g.reshape_2d(weights, k, n);
+            let w = g.soft_max_plain(w);
+            weights = g.reshape_3d(w, 1, k, n);
+        }
         if spec.norm_weights {
             let w = g.reshape_2d(weights, k, n);
             let sum = g.sum_rows(w);
@@ -581,10 +600,21 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         }
         let x = g.reshape_3d(x, n_embd, 1, n);
         let (gate, up, down) = (g.lift(gate), g.lift(up), g.lift(down));
+        // Each chosen expert's bias on its product's rows, where the mixture has them.
+        let bias = |g: &mut Graph<'g, 'w>, y: Tensor<'g>, b: Option<RawTensor<'w>>| match b {
+            Some(b) => {
+                let b = g.lift(b);
+                g.add_id(y, b, chosen)
+            }
+            None => y,
+        };
         let up = g.mul_mat_id(up, x, chosen);
+        let up = bias(g, up, biases.map(|b| b.up));
         let gate = g.mul_mat_id(gate, x, chosen);
-        let h = g.swiglu(gate, up);
+        let gate = bias(g, gate, biases.map(|b| b.gate));
+        let h = act.apply(g, gate, up);
         let out = g.mul_mat_id(down, h, chosen);
+        let out = bias(g, out, biases.map(|b| b.down));
         let out = g.mul(out, weights);
         // Sum over the chosen experts: [n_embd, n] views, added in order.
         let row = out.nb(1);
@@ -668,7 +698,27 @@ pub(super) enum Gate {
     Silu,
     /// GELU, tanh approximation (GeGLU): gemma.
     Gelu,
+    /// gpt-oss's clamped SwiGLU (ggml's `swiglu_oai`, with [`SWIGLU_OAI_ALPHA`] and
+    /// [`SWIGLU_OAI_LIMIT`]): `min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u,
+    /// -limit, limit) + 1)`.
+    SwigluOai,
 }
+
+impl Gate {
+    /// `act(gate) * up`, as this activation combines them.
+    fn apply<'g>(self, g: &mut Graph<'g, '_>, gate: Tensor<'g>, up: Tensor<'g>) -> Tensor<'g> {
+        match self {
+            Gate::Silu => g.swiglu(gate, up),
+            Gate::Gelu => g.geglu(gate, up),
+            Gate::SwigluOai => g.swiglu_oai(gate, up, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT),
+        }
+    }
+}
+
+/// The sigmoid's slope in gpt-oss's activation (llama.cpp's constant for `openai-moe`).
+const SWIGLU_OAI_ALPHA: f32 = 1.702;
+/// The clamp of gpt-oss's activation (llama.cpp's constant for `openai-moe`).
+const SWIGLU_OAI_LIMIT: f32 = 7.0;
 
 /// Joins `[head_dim, n_head, m_i]` tensors along the token dimension, pairwise so that each
 /// row is copied about log2(parts) times.
@@ -687,13 +737,24 @@ fn concat_tokens<'g>(g: &mut Graph<'g, '_>, mut parts: Vec<Tensor<'g>>) -> Tenso
 }
 
 /// RoPE of layer `il`: the model's, except in sliding-window layers, which rotate with their
-/// own base frequency and no scaling (as llama.cpp does).
+/// own base frequency and, unless the window says they are scaled (gpt-oss), no scaling (as
+/// llama.cpp does).
 pub(crate) fn rope_params(model: &Model, il: usize) -> RopeParams {
     let hp = model.hparams();
     let (freq_scale, ext_factor, n_ctx_orig) = match hp.rope_scaling {
         RopeScaling::None => (1.0, 0.0, hp.n_ctx_train),
         RopeScaling::Linear { factor } => (1.0 / factor, 0.0, hp.n_ctx_train),
         RopeScaling::Yarn { factor, n_ctx_orig } => (1.0 / factor, 1.0, n_ctx_orig),
+    };
+    // YaRN: ggml's rotation multiplies by `1 + 0.1 ln(factor)` itself, so llama.cpp's
+    // attention factor (that same magnitude) is divided by it: 1 up to rounding, computed as
+    // llama.cpp does so that the rounding is the same.
+    let attn_factor = match hp.rope_scaling {
+        RopeScaling::Yarn { factor, .. } => {
+            let mscale = 0.1 * factor.ln() + 1.0;
+            mscale * (1.0 / (1.0 + 0.1 * factor.ln()))
+        }
+        RopeScaling::None | RopeScaling::Linear { .. } => 1.0,
     };
     let mut p = RopeParams {
         n_dims: hp.rope_dims,
@@ -705,19 +766,22 @@ pub(crate) fn rope_params(model: &Model, il: usize) -> RopeParams {
             | Arch::Gemma2
             | Arch::Phi3
             | Arch::Qwen3Moe
-            | Arch::Qwen2Moe => 2,
+            | Arch::Qwen2Moe
+            | Arch::GptOss => 2,
         },
         n_ctx_orig,
         freq_base: hp.rope_freq_base,
         freq_scale,
         ext_factor,
-        attn_factor: 1.0,
+        attn_factor,
         beta_fast: 32.0,
         beta_slow: 1.0,
     };
     if let (true, Some(w)) = (hp.is_swa(il), &hp.sliding_window) {
         p.freq_base = w.rope_freq_base;
-        p.freq_scale = 1.0;
+        if !w.rope_scaled {
+            p.freq_scale = 1.0;
+        }
     }
     p
 }

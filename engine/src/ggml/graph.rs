@@ -350,6 +350,7 @@ macro_rules! op {
 }
 
 mod attention;
+mod experts;
 pub(crate) use attention::kernel_takes_model;
 
 impl<'g, 'w> Graph<'g, 'w> {

@@ -65,7 +65,8 @@ const LEGACY_SAMPLE: usize = 4096;
 ///
 /// 1. `DOMAIN` and [`FINGERPRINT_VERSION`] (`u32` LE);
 /// 2. each hyperparameter as `tag: u8, value: u64 LE`, tags 1..=15 in order: architecture
-///    (0 llama, 1 qwen2, 2 qwen3, 3 gemma3, 4 gemma2, 5 phi3, 6 qwen3moe, 7 qwen2moe),
+///    (0 llama, 1 qwen2, 2 qwen3, 3 gemma3, 4 gemma2, 5 phi3, 6 qwen3moe, 7 qwen2moe, 8
+///    gpt-oss),
 ///    vocabulary size, training context, embedding width, blocks, heads, KV heads, head
 ///    dimension, feed-forward width, RMS epsilon (f32 bits), RoPE base (f32 bits), RoPE
 ///    dimensions, RoPE scaling kind (0 none, 1 linear, 2 yarn), its factor (f32 bits, 0 when
@@ -233,6 +234,7 @@ fn encode(
         Arch::Phi3 => 5,
         Arch::Qwen3Moe => 6,
         Arch::Qwen2Moe => 7,
+        Arch::GptOss => 8,
     };
     let (kind, factor, n_ctx_orig) = match rope_scaling {
         RopeScaling::None => (0, 0.0f32, 0),
@@ -272,6 +274,7 @@ fn encode(
             field(tag::SWA_LAYERS, il as u64);
         }
         field(tag::SWA_ROPE_FREQ_BASE, w.rope_freq_base.to_bits().into());
+        // `w.rope_scaled` follows from the architecture (gpt-oss alone), encoded above.
     }
     if let Some(c) = final_softcap {
         field(tag::FINAL_SOFTCAP, c.to_bits().into());

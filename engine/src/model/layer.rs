@@ -1,6 +1,6 @@
 //! The tensors of one transformer block, as indices into the model's weights or as handles
-//! borrowed from them: the attention's projections (split or fused), the norms each family
-//! has, and the feed-forward network (dense or a mixture of experts).
+//! borrowed from them: the attention's projections (split or fused) and sinks, the norms each
+//! family has, and the feed-forward network (dense or a mixture of experts).
 
 /// One block's tensors: indices into the model's weights, or handles borrowed from them.
 pub(crate) struct LayerWeights<T = usize> {
@@ -16,6 +16,8 @@ pub(crate) struct LayerWeights<T = usize> {
     /// Per-head RMSNorm weights of Q and K (qwen3).
     pub q_norm: Option<T>,
     pub k_norm: Option<T>,
+    /// Each query head's learned attention sink (`attn_sinks`, f32 `[n_head]`; gpt-oss).
+    pub attn_sinks: Option<T>,
     /// RMSNorm weights after attention and after the feed-forward network (gemma3).
     pub post_attn_norm: Option<T>,
     pub post_ffn_norm: Option<T>,
@@ -31,14 +33,39 @@ pub(crate) enum Ffn<T> {
     Dense { gate: Option<T>, up: T, down: T },
     /// Mixture of experts: `gate_inp` scores the experts (`[n_embd, n_expert]`), the best few
     /// run, each a dense SwiGLU network, stacked in `[.., .., n_expert]` tensors; with a shared
-    /// expert every token also runs (qwen2moe).
+    /// expert every token also runs (qwen2moe); with biases, each product has one (gpt-oss).
     Experts {
         gate_inp: T,
         gate: T,
         up: T,
         down: T,
         shared: Option<SharedExpert<T>>,
+        biases: Option<ExpertBiases<T>>,
     },
+}
+
+/// The biases of a mixture's products (gpt-oss), f32: the router's (`[n_expert]`), and each
+/// expert's gate and up (`[n_ff_exp, n_expert]`) and down (`[n_embd, n_expert]`) biases.
+#[derive(Clone, Copy)]
+pub(crate) struct ExpertBiases<T> {
+    pub gate_inp: T,
+    pub gate: T,
+    pub up: T,
+    pub down: T,
+}
+
+impl<T: Copy> ExpertBiases<T> {
+    fn all(self) -> [T; 4] {
+        [self.gate_inp, self.gate, self.up, self.down]
+    }
+    fn map<U>(self, f: impl Fn(T) -> U) -> ExpertBiases<U> {
+        ExpertBiases {
+            gate_inp: f(self.gate_inp),
+            gate: f(self.gate),
+            up: f(self.up),
+            down: f(self.down),
+        }
+    }
 }
 
 /// The shared expert of a mixture (qwen2moe): a dense SwiGLU network (`gate`, `up`: `[n_embd,
@@ -80,9 +107,11 @@ impl<T: Copy> Ffn<T> {
                 up,
                 down,
                 shared,
+                biases,
             } => {
                 let mut v = vec![gate_inp, gate, up, down];
                 v.extend(shared.into_iter().flat_map(SharedExpert::all));
+                v.extend(biases.into_iter().flat_map(ExpertBiases::all));
                 v
             }
         }
@@ -100,12 +129,14 @@ impl<T: Copy> Ffn<T> {
                 up,
                 down,
                 shared,
+                biases,
             } => Ffn::Experts {
                 gate_inp: f(gate_inp),
                 gate: f(gate),
                 up: f(up),
                 down: f(down),
                 shared: shared.map(|s| s.map(&f)),
+                biases: biases.map(|b| b.map(&f)),
             },
         }
     }
@@ -151,6 +182,7 @@ impl LayerWeights<usize> {
                 self.bv,
                 self.q_norm,
                 self.k_norm,
+                self.attn_sinks,
                 self.post_attn_norm,
                 self.post_ffn_norm,
             ]
@@ -173,6 +205,7 @@ impl<T: Copy> LayerWeights<T> {
             bv: self.bv.map(&f),
             q_norm: self.q_norm.map(&f),
             k_norm: self.k_norm.map(&f),
+            attn_sinks: self.attn_sinks.map(&f),
             post_attn_norm: self.post_attn_norm.map(&f),
             post_ffn_norm: self.post_ffn_norm.map(&f),
             ffn_norm: f(self.ffn_norm),
