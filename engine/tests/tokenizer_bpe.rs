@@ -257,3 +257,61 @@ fn unknown_pre_tokenizer_is_an_error() {
     let e = Tokenizer::from_gguf(&g).unwrap_err();
     assert!(e.to_string().contains("no-such-thing"), "{e}");
 }
+
+/// A vocabulary of the byte alphabet after `specials` (control tokens), no merges.
+fn with_specials(specials: &[&str]) -> Vocab {
+    let mut texts: Vec<String> = specials.iter().map(|t| t.to_string()).collect();
+    let mut types = vec![3; specials.len()];
+    for b in 0..=255u8 {
+        texts.push(byte_char(b).to_string());
+        types.push(1);
+    }
+    let mut w = GgufWriter::new();
+    w.add_str("tokenizer.ggml.model", "gpt2")
+        .add_str("tokenizer.ggml.pre", "gpt2")
+        .add_str_array("tokenizer.ggml.tokens", &texts)
+        .add_i32_array("tokenizer.ggml.token_type", &types)
+        .add_str_array::<&str>("tokenizer.ggml.merges", &[])
+        .add_u32("tokenizer.ggml.eos_token_id", 0);
+    let g = Gguf::from_bytes(w.to_bytes().unwrap()).unwrap();
+    Vocab {
+        tok: Tokenizer::from_gguf(&g).unwrap(),
+        texts,
+    }
+}
+
+#[test]
+fn harmony_ends_generation_at_return_and_call_and_shows_its_markers() {
+    // gpt-oss's tokens, as llama.cpp treats them: `<|end|>` closes one message of a reply (the
+    // reasoning), so it does not end generation where `<|return|>` and `<|call|>` do.
+    let v = with_specials(&[
+        "<|endoftext|>",
+        "<|start|>",
+        "<|channel|>",
+        "<|message|>",
+        "<|constrain|>",
+        "<|end|>",
+        "<|return|>",
+        "<|call|>",
+    ]);
+    for (text, ends) in [("<|return|>", true), ("<|call|>", true), ("<|end|>", false)] {
+        assert_eq!(v.tok.is_eog(v.id(text)), ends, "{text}");
+    }
+    // The markers and `<|end|>` are in the reply's text, for the harmony parser to read.
+    let ids = v.ids(&[
+        "<|channel|>",
+        "a",
+        "<|message|>",
+        "b",
+        "<|end|>",
+        "<|start|>",
+    ]);
+    assert_eq!(
+        v.tok.decode(&ids),
+        "<|channel|>a<|message|>b<|end|><|start|>"
+    );
+    assert_eq!(v.tok.decode(&v.ids(&["<|return|>"])), "");
+    // Without `<|call|>` (not a harmony vocabulary), `<|end|>` ends generation as before.
+    let other = with_specials(&["<|endoftext|>", "<|end|>", "<|return|>"]);
+    assert!(other.tok.is_eog(other.id("<|end|>")));
+}
