@@ -6,6 +6,8 @@
 //! and sample. [`Session`](crate::Session) is the single-sequence convenience over the same
 //! calls.
 
+mod feed;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -468,45 +470,6 @@ impl Context {
         Ok(self.seq(seq)?.namespace.map(Namespace::from_root))
     }
 
-    /// A hybrid sequence's state at the last page boundary it reached at the end of a batch
-    /// (tokens, state bytes), if it still holds those tokens.
-    pub(crate) fn boundary_state(&self, seq: SeqId) -> Option<(usize, Vec<u8>)> {
-        let len = self.seqs.get(&seq)?.tokens.len();
-        let (n, state) = self.recurrent.as_ref()?.last_snapshot(seq)?;
-        (*n > 0 && *n <= len).then(|| (*n, state.clone()))
-    }
-
-    /// Whether the model has recurrent layers (a hybrid, such as Qwen3.5): its sequences carry
-    /// a state beside their KV, saved in checkpoints with it, and cannot be cut back or resumed
-    /// from KV blocks alone.
-    pub fn is_hybrid(&self) -> bool {
-        self.recurrent.is_some()
-    }
-
-    /// `seq`'s recurrent state as bytes (see `recurrent.rs`): `None` for a model without
-    /// recurrent layers, or a sequence holding no tokens.
-    pub(crate) fn recurrent_state(&self, seq: SeqId) -> Result<Option<Vec<u8>>> {
-        self.seq(seq)?;
-        Ok(self.recurrent.as_ref().and_then(|r| r.read(seq)))
-    }
-
-    /// Sets the recurrent state of `seq`, which holds tokens, from bytes that
-    /// [`Context::recurrent_state`] gave for the same tokens. [`Error::Recurrent`] for a model
-    /// without recurrent layers, an empty sequence or bytes of the wrong size.
-    pub(crate) fn set_recurrent_state(&mut self, seq: SeqId, bytes: &[u8]) -> Result<()> {
-        if self.seq(seq)?.tokens.is_empty() {
-            return Err(Error::Recurrent {
-                what: format!("a state for {seq}, which holds no tokens"),
-            });
-        }
-        match self.recurrent.as_mut() {
-            Some(r) => r.write(seq, bytes),
-            None => Err(Error::Recurrent {
-                what: "a recurrent state for a model without recurrent layers".into(),
-            }),
-        }
-    }
-
     pub(crate) fn seq(&self, seq: SeqId) -> Result<&Sequence> {
         self.seqs.get(&seq).ok_or(Error::UnknownSequence { seq })
     }
@@ -538,7 +501,7 @@ impl Context {
 
     /// How this context's plans choose attention kernels: [`Evaluation::Invariant`] takes
     /// ggml-sys's kernel for every shape where it runs on every layer (an f16 cache the CPU
-    /// reads, a head size it takes), and ggml's per-query path otherwise.
+    /// reads, a head size it takes, no attention sinks), and ggml's per-query path otherwise.
     fn plan_mode(&self) -> PlanMode {
         match self.params.evaluation {
             Evaluation::Fast => PlanMode::Fast,
@@ -549,7 +512,9 @@ impl Context {
                     && self.layout.type_v == KvType::F16
                     && (0..hp.n_layer).all(|l| self.kv.cpu_readable(l))
                     && (0..hp.n_layer)
-                        .all(|l| kernel_takes_model(hp.head_dim_at(l), hp.attn_softcap));
+                        .all(|l| kernel_takes_model(hp.head_dim_at(l), hp.attn_softcap))
+                    // ggml-sys's kernel has no attention sinks (gpt-oss).
+                    && !hp.has_attn_sinks();
                 if kernel {
                     PlanMode::Kernel
                 } else {
@@ -597,40 +562,7 @@ impl Context {
                 n_batch: self.params.n_batch,
             });
         }
-        let mut needed = 0;
-        for (i, item) in batch.items.iter().enumerate() {
-            if batch.items[..i].iter().any(|o| o.seq == item.seq) {
-                return Err(Error::DuplicateSequence { seq: item.seq });
-            }
-            let s = self.seq(item.seq)?;
-            let len = s.tokens.len();
-            if let Some(pos) = item.pos.filter(|&p| p != len) {
-                return Err(Error::PositionGap {
-                    seq: item.seq,
-                    expected: len,
-                    found: pos,
-                });
-            }
-            if item.tokens.is_empty() {
-                return Err(Error::EmptyBatch);
-            }
-            self.check_tokens(&item.tokens)?;
-            self.check_window(item.seq, &s.pages, len)?;
-            if len + item.tokens.len() > self.params.n_ctx {
-                return Err(Error::ContextFull {
-                    needed: len + item.tokens.len(),
-                    n_ctx: self.params.n_ctx,
-                });
-            }
-            needed += self.pages_needed(s, item.tokens.len());
-        }
-        if needed > self.pool.n_free() {
-            return Err(Error::OutOfPages {
-                needed,
-                free: self.pool.n_free(),
-                total: self.pool.n_pages(),
-            });
-        }
+        let needed = self.check_batch(batch)?;
 
         // Room within the RAM budget, and the spilled pages attended to mapped (see
         // `spill.rs`); a failure here changes no sequence.
@@ -745,16 +677,7 @@ impl Context {
                 Some(logits[(rows.end - 1) * n_vocab..rows.end * n_vocab].to_vec())
             };
         }
-        // A hybrid sequence that ends this batch on a page boundary keeps its state there: a
-        // save stores it as that block's snapshot, where an edited prompt can resume.
-        if let Some(r) = self.recurrent.as_mut() {
-            for item in &batch.items {
-                let len = self.seqs[&item.seq].tokens.len();
-                if len.is_multiple_of(PAGE_TOKENS) {
-                    r.snapshot(item.seq, len);
-                }
-            }
-        }
+        self.keep_snapshots(batch);
         let logits = if discard_output { Vec::new() } else { logits };
         // Back within the RAM budget, with room for the next batch. A failure is not this
         // batch's (it was evaluated): the pages stay, and the next batch's room reports it.
@@ -834,82 +757,17 @@ impl Context {
         Ok((tables, fresh, replaced))
     }
 
-    /// Appends `tokens` to `seq` in micro-batches of `n_batch` and returns the logits after the
-    /// last one (every token's when `logits` is [`Logits::All`]).
-    ///
-    /// Checked first as a whole (sequence, vocabulary, context, pages); a failure in a later
-    /// micro-batch leaves the earlier ones evaluated.
-    pub fn feed(&mut self, seq: SeqId, tokens: &[u32], logits: Logits) -> Result<Vec<f32>> {
-        self.check_append(seq, tokens)?;
-        let mut all = Vec::new();
-        // A hybrid model's micro-batches end at the last page boundary the tokens cross, so the
-        // sequence's state there is known (see `Recurrent::snapshot`).
-        let start = self.seqs[&seq].tokens.len();
-        let split = match self.recurrent {
-            Some(_) => ((start + tokens.len()) / PAGE_TOKENS * PAGE_TOKENS).saturating_sub(start),
-            None => 0,
-        };
-        let (head, rest) = tokens.split_at(split.min(tokens.len()));
-        let chunks: Vec<&[u32]> = head
-            .chunks(self.params.n_batch)
-            .chain(rest.chunks(self.params.n_batch))
-            .collect();
-        let n_chunks = chunks.len();
-        for (i, chunk) in chunks.into_iter().enumerate() {
-            let want = match logits {
-                Logits::All => Logits::All,
-                _ if i + 1 == n_chunks => logits,
-                _ => Logits::None,
-            };
-            let mut batch = Batch::new();
-            batch.add(seq, chunk, want);
-            let out = self.decode(&batch)?;
-            if logits == Logits::All {
-                all.extend_from_slice(out.logits(0));
-            } else if i + 1 == n_chunks {
-                all = out.logits(0).to_vec();
+    /// After a batch: each hybrid sequence that ends it on a page boundary keeps its state
+    /// there (a save stores it as that block's snapshot, where an edited prompt can resume).
+    fn keep_snapshots(&mut self, batch: &Batch) {
+        if let Some(r) = self.recurrent.as_mut() {
+            for item in &batch.items {
+                let len = self.seqs[&item.seq].tokens.len();
+                if len.is_multiple_of(PAGE_TOKENS) {
+                    r.snapshot(item.seq, len);
+                }
             }
         }
-        Ok(all)
-    }
-
-    /// Appends `tokens` to `seq` in micro-batches of `n_batch`, like [`Context::feed`], and
-    /// returns every token's embedding (`n_embd` floats each, in order; see
-    /// [`Batch::set_embeddings`]).
-    pub fn embed(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.check_append(seq, tokens)?;
-        let mut all = Vec::with_capacity(tokens.len() * self.model.hparams().n_embd);
-        for chunk in tokens.chunks(self.params.n_batch) {
-            let mut batch = Batch::new();
-            batch.set_embeddings(true);
-            batch.add(seq, chunk, Logits::All);
-            let out = self.decode(&batch)?;
-            all.extend_from_slice(out.embeddings(0));
-        }
-        Ok(all)
-    }
-
-    /// Whether `tokens` can be appended to `seq` as a whole: the sequence exists, the ids are
-    /// in the vocabulary, the context holds them and the pool has the pages.
-    pub(crate) fn check_append(&self, seq: SeqId, tokens: &[u32]) -> Result<()> {
-        let s = self.seq(seq)?;
-        self.check_tokens(tokens)?;
-        let needed = s.tokens.len() + tokens.len();
-        if needed > self.params.n_ctx {
-            return Err(Error::ContextFull {
-                needed,
-                n_ctx: self.params.n_ctx,
-            });
-        }
-        let pages = self.pages_needed(s, tokens.len());
-        if pages > self.pool.n_free() {
-            return Err(Error::OutOfPages {
-                needed: pages,
-                free: self.pool.n_free(),
-                total: self.pool.n_pages(),
-            });
-        }
-        Ok(())
     }
 }
 

@@ -357,9 +357,8 @@ pub enum Error {
         /// The first position whose rows are missing.
         position: usize,
     },
-    /// What was asked cannot be done to a recurrent (hybrid) model's sequence: its per-sequence
-    /// state summarises every position, so it cannot be cut back to a shorter prefix (only
-    /// cleared to none), shifted, or filled from KV pages alone.
+    /// Not possible with a hybrid model's per-sequence recurrent state, which summarises every
+    /// position: cutting back (only clearing), shifting, filling from KV pages alone.
     #[error("{what}: not possible with a recurrent model's per-sequence state")]
     Recurrent {
         /// What was asked.

@@ -29,7 +29,8 @@ pub use classifier::{PoolingType, Ranking};
 pub(crate) use fingerprint::records_bytes;
 pub use fingerprint::FINGERPRINT_VERSION;
 pub(crate) use gemma4::{GateUp, Gemma4Layer};
-pub(crate) use layer::{DeltaNetWeights, Ffn, LayerWeights, Qkv, SharedExpert};
+use layer::layer_weights;
+pub(crate) use layer::{DeltaNetWeights, ExpertBiases, Ffn, LayerWeights, Qkv, SharedExpert};
 
 /// The model families this engine runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +73,12 @@ pub enum Arch {
     /// convolution and a matrix state per head, kept per sequence), every few a gated
     /// attention (Q's projection also gives a sigmoid gate; head norms; partial M-RoPE).
     Qwen35,
+    /// `gpt-oss`: OpenAI's gpt-oss (llama.cpp's `openai-moe` graph): biases on Q, K, V and the
+    /// output projection, NeoX RoPE with YaRN on every layer, a learned per-head attention sink
+    /// (a term in each softmax's denominator), every other layer windowed (the first of each
+    /// pair), and mixtures of experts with biases everywhere: the router's chosen logits through
+    /// a softmax, each expert a clamped SwiGLU (`swiglu_oai`).
+    GptOss,
 }
 
 impl Arch {
@@ -88,6 +95,7 @@ impl Arch {
             "gemma4" => Ok(Arch::Gemma4),
             "mistral3" => Ok(Arch::Mistral3),
             "qwen35" => Ok(Arch::Qwen35),
+            "gpt-oss" => Ok(Arch::GptOss),
             other => Err(Error::UnsupportedArchitecture {
                 arch: other.to_owned(),
             }),
@@ -108,6 +116,7 @@ impl Arch {
             Arch::Gemma4 => "gemma4",
             Arch::Mistral3 => "mistral3",
             Arch::Qwen35 => "qwen35",
+            Arch::GptOss => "gpt-oss",
         }
     }
 }
@@ -171,8 +180,8 @@ pub struct HParams {
     pub final_softcap: Option<f32>,
     /// Attention scores soft-capped the same way, before the softmax (gemma2).
     pub attn_softcap: Option<f32>,
-    /// Mixture-of-experts feed-forward networks (qwen3moe, qwen2moe; llama files with experts,
-    /// such as Mixtral; gemma4).
+    /// Mixture-of-experts feed-forward networks (qwen3moe, qwen2moe, gpt-oss; llama files with
+    /// experts, such as Mixtral; gemma4).
     pub experts: Option<Experts>,
     /// Gemma 4's per-layer shapes, KV sharing and per-layer inputs.
     pub gemma4: Option<Gemma4Params>,
@@ -255,7 +264,9 @@ pub struct Gemma4Params {
     pub n_embd_per_layer: usize,
 }
 
-/// A mixture of experts in place of each block's feed-forward network.
+/// A mixture of experts in place of each block's feed-forward network. The router's softmax
+/// runs over every expert's logit, except in gpt-oss, where it runs over the chosen experts'
+/// logits only (llama.cpp's `SOFTMAX_WEIGHT` gating).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Experts {
     /// Experts per block.
@@ -281,8 +292,11 @@ pub struct SlidingWindow {
     pub size: usize,
     /// Per layer: whether it is windowed (the others attend to every position).
     pub layers: Vec<bool>,
-    /// RoPE base frequency of the windowed layers (unscaled).
+    /// RoPE base frequency of the windowed layers.
     pub rope_freq_base: f32,
+    /// The windowed layers' RoPE is scaled as the others' ([`HParams::rope_scaling`]; gpt-oss);
+    /// otherwise it is unscaled (gemma).
+    pub rope_scaled: bool,
 }
 
 impl HParams {
@@ -298,6 +312,12 @@ impl HParams {
         self.sliding_window
             .as_ref()
             .is_some_and(|w| w.layers.get(il).copied().unwrap_or(false))
+    }
+
+    /// Whether each attention head has a learned sink (`attn_sinks`, gpt-oss): a logit that
+    /// takes part in the softmax's denominator and attends to nothing.
+    pub fn has_attn_sinks(&self) -> bool {
+        self.arch == Arch::GptOss
     }
 }
 
@@ -331,123 +351,6 @@ impl Role {
             Role::Vector => "a norm, bias or RoPE factor vector (f32 only)",
         }
     }
-}
-
-/// The weights of layer `l`, looked up (and registered in `specs`) in the order the forward
-/// pass reads them, with the shapes `hp` implies for its architecture.
-fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Result<LayerWeights> {
-    let (e, kv, q) = (hp.n_embd, hp.n_embd_kv(), hp.head_dim * hp.n_head);
-    let n = |s: &str| format!("blk.{l}.{s}");
-    // qwen2 and qwen2moe have Q/K/V biases; for llama and qwen3 they are optional (some
-    // finetunes carry them).
-    let bias = |specs: &mut Specs<'_>, name: &str, dim: usize| match hp.arch {
-        Arch::Qwen2 | Arch::Qwen2Moe => specs.require(&n(name), &[dim], Role::Vector).map(Some),
-        Arch::Llama
-        | Arch::Qwen3
-        | Arch::Gemma3
-        | Arch::Gemma2
-        | Arch::Phi3
-        | Arch::Qwen3Moe
-        | Arch::Gemma4
-        | Arch::Mistral3
-        | Arch::Qwen35 => specs.find(&n(name), &[dim], Role::Vector),
-    };
-    // qwen3 and gemma3 normalise each head of Q and K.
-    let head_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
-        Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe | Arch::Qwen35 => specs
-            .require(&n(name), &[hp.head_dim], Role::Vector)
-            .map(Some),
-        Arch::Llama
-        | Arch::Qwen2
-        | Arch::Gemma2
-        | Arch::Phi3
-        | Arch::Qwen2Moe
-        | Arch::Gemma4
-        | Arch::Mistral3 => Ok(None),
-    };
-    // gemma2 and gemma3 normalise the outputs of attention and of the feed-forward network.
-    let post_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
-        Arch::Gemma3 | Arch::Gemma2 => specs.require(&n(name), &[e], Role::Vector).map(Some),
-        Arch::Llama
-        | Arch::Qwen2
-        | Arch::Qwen3
-        | Arch::Phi3
-        | Arch::Qwen3Moe
-        | Arch::Qwen2Moe
-        | Arch::Gemma4
-        | Arch::Mistral3
-        | Arch::Qwen35 => Ok(None),
-    };
-    let (m, v) = (Role::Matrix, Role::Vector);
-    // phi3 may fuse Q, K and V into one matrix, and always fuses gate and up.
-    let qkv = match specs.find(&n("attn_qkv.weight"), &[e, q + 2 * kv], m)? {
-        Some(w) => Qkv::Fused(w),
-        None => Qkv::Split {
-            wq: specs.require(&n("attn_q.weight"), &[e, q], m)?,
-            wk: specs.require(&n("attn_k.weight"), &[e, kv], m)?,
-            wv: specs.require(&n("attn_v.weight"), &[e, kv], m)?,
-        },
-    };
-    let ffn = match (&hp.experts, hp.arch) {
-        (Some(x), _) => Ffn::Experts {
-            gate_inp: specs.require(&n("ffn_gate_inp.weight"), &[e, x.n_expert], m)?,
-            gate: specs.require(&n("ffn_gate_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
-            up: specs.require(&n("ffn_up_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
-            down: specs.require(&n("ffn_down_exps.weight"), &[x.n_ff_exp, e, x.n_expert], m)?,
-            shared: match x.n_ff_shared {
-                Some(ff) => Some(SharedExpert {
-                    gate_inp: {
-                        // `[n_embd]`, or `[n_embd, 1]` as some converters write it
-                        // (llama.cpp accepts both: trailing dimensions of 1).
-                        let name = n("ffn_gate_inp_shexp.weight");
-                        let column = specs
-                            .gguf
-                            .tensor(&name)
-                            .is_some_and(|t| t.shape == [e as u64, 1]);
-                        let shape: &[usize] = if column { &[e, 1] } else { &[e] };
-                        specs.require(&name, shape, m)?
-                    },
-                    gate: specs.require(&n("ffn_gate_shexp.weight"), &[e, ff], m)?,
-                    up: specs.require(&n("ffn_up_shexp.weight"), &[e, ff], m)?,
-                    down: specs.require(&n("ffn_down_shexp.weight"), &[ff, e], m)?,
-                }),
-                None => None,
-            },
-        },
-        (None, Arch::Phi3) => Ffn::Dense {
-            gate: None,
-            up: specs.require(&n("ffn_up.weight"), &[e, 2 * hp.n_ff], m)?,
-            down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e], m)?,
-        },
-        (None, _) => Ffn::Dense {
-            gate: Some(specs.require(&n("ffn_gate.weight"), &[e, hp.n_ff], m)?),
-            up: specs.require(&n("ffn_up.weight"), &[e, hp.n_ff], m)?,
-            down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e], m)?,
-        },
-    };
-    if hp.arch == Arch::Phi3 && specs.gguf.tensor("rope_factors_long.weight").is_some() {
-        return Err(Error::BadTensor {
-            name: "rope_factors_long.weight".into(),
-            reason: "LongRoPE (Phi-3 128k, Phi-3.5) is not supported yet".into(),
-        });
-    }
-    Ok(LayerWeights {
-        attn_norm: specs.require(&n("attn_norm.weight"), &[e], v)?,
-        qkv,
-        wo: specs.require(&n("attn_output.weight"), &[q, e], m)?,
-        bo: specs.find(&n("attn_output.bias"), &[e], v)?,
-        bq: bias(specs, "attn_q.bias", q)?,
-        bk: bias(specs, "attn_k.bias", kv)?,
-        bv: bias(specs, "attn_v.bias", kv)?,
-        q_norm: head_norm(specs, "attn_q_norm.weight")?,
-        k_norm: head_norm(specs, "attn_k_norm.weight")?,
-        post_attn_norm: post_norm(specs, "post_attention_norm.weight")?,
-        post_ffn_norm: post_norm(specs, "post_ffw_norm.weight")?,
-        ffn_norm: specs.require(&n("ffn_norm.weight"), &[e], v)?,
-        ffn,
-        gemma4: None,
-        delta: None,
-    })
 }
 
 /// The weight tensors a model needs, checked against the file and collected for mapping.
@@ -647,9 +550,11 @@ impl Model {
         )?;
         let output_norm = specs.require("output_norm.weight", &[e], Role::Vector)?;
         // Models with tied embeddings have no output matrix and reuse the embedding table
-        // (qwen2moe always has one, as llama.cpp requires).
+        // (qwen2moe and gpt-oss always have one, as llama.cpp requires).
         let output = match hp.arch {
-            Arch::Qwen2Moe => specs.require("output.weight", &[e, hp.n_vocab], Role::Matrix)?,
+            Arch::Qwen2Moe | Arch::GptOss => {
+                specs.require("output.weight", &[e, hp.n_vocab], Role::Matrix)?
+            }
             _ => specs
                 .find("output.weight", &[e, hp.n_vocab], Role::Matrix)?
                 .unwrap_or(tok_embd),

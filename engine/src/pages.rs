@@ -293,21 +293,16 @@ impl Context {
         self.import_with_state(seq, tokens, roots, tail, None, read)
     }
 
-    /// As [`Context::import_chained`], with the recurrent state after `tokens` for a hybrid
-    /// model (a checkpoint's tail state): KV without it cannot continue such a sequence and is
-    /// refused ([`Error::Recurrent`]), as is a state of the wrong size, before anything changes.
-    pub(crate) fn import_with_state<F>(
-        &mut self,
+    /// The checks of an import before anything changes: the sequence, the tokens, a hybrid
+    /// model's state (present, of its size), the roots, the context and the tail's size.
+    fn check_import(
+        &self,
         seq: SeqId,
         tokens: &[u32],
         roots: &[ChainRoot],
         tail: &[u8],
         state: Option<&[u8]>,
-        mut read: F,
-    ) -> Result<ImportSummary>
-    where
-        F: FnMut(usize, &BlockId, &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()>,
-    {
+    ) -> Result<()> {
         self.seq(seq)?;
         self.check_tokens(tokens)?;
         match (&self.recurrent, state) {
@@ -349,7 +344,6 @@ impl Context {
                 n_ctx: self.params().n_ctx,
             });
         }
-        let n_full = tokens.len() / PAGE_TOKENS;
         let n_tail = tokens.len() % PAGE_TOKENS;
         if tail.len() != self.span_bytes(n_tail) {
             return Err(Error::KvBytes {
@@ -358,6 +352,27 @@ impl Context {
                 found: tail.len(),
             });
         }
+        Ok(())
+    }
+
+    /// As [`Context::import_chained`], with the recurrent state after `tokens` for a hybrid
+    /// model (a checkpoint's tail state): KV without it cannot continue such a sequence and is
+    /// refused ([`Error::Recurrent`]), as is a state of the wrong size, before anything changes.
+    pub(crate) fn import_with_state<F>(
+        &mut self,
+        seq: SeqId,
+        tokens: &[u32],
+        roots: &[ChainRoot],
+        tail: &[u8],
+        state: Option<&[u8]>,
+        mut read: F,
+    ) -> Result<ImportSummary>
+    where
+        F: FnMut(usize, &BlockId, &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()>,
+    {
+        self.check_import(seq, tokens, roots, tail, state)?;
+        let n_full = tokens.len() / PAGE_TOKENS;
+        let n_tail = tokens.len() % PAGE_TOKENS;
         let ids = BlockId::chain_all_rooted(&self.fingerprint(), tokens, PAGE_TOKENS as u32, roots);
         // A resident page is shared unless the window of the sequence's end reaches it and its
         // rows in sliding-window layers were released: then the block is read again.

@@ -254,3 +254,44 @@ impl Recurrent {
         }
     }
 }
+
+impl crate::context::Context {
+    /// A hybrid sequence's state at the last page boundary it reached at the end of a batch
+    /// (tokens, state bytes), if it still holds those tokens.
+    pub(crate) fn boundary_state(&self, seq: SeqId) -> Option<(usize, Vec<u8>)> {
+        let len = self.seqs.get(&seq)?.tokens.len();
+        let (n, state) = self.recurrent.as_ref()?.last_snapshot(seq)?;
+        (*n > 0 && *n <= len).then(|| (*n, state.clone()))
+    }
+
+    /// Whether the model has recurrent layers (a hybrid, such as Qwen3.5): its sequences carry
+    /// a state beside their KV, saved in checkpoints with it, and cannot be cut back or resumed
+    /// from KV blocks alone.
+    pub fn is_hybrid(&self) -> bool {
+        self.recurrent.is_some()
+    }
+
+    /// `seq`'s recurrent state as bytes (see `recurrent.rs`): `None` for a model without
+    /// recurrent layers, or a sequence holding no tokens.
+    pub(crate) fn recurrent_state(&self, seq: SeqId) -> Result<Option<Vec<u8>>> {
+        self.seq(seq)?;
+        Ok(self.recurrent.as_ref().and_then(|r| r.read(seq)))
+    }
+
+    /// Sets the recurrent state of `seq`, which holds tokens, from bytes that
+    /// [`Context::recurrent_state`] gave for the same tokens. [`Error::Recurrent`] for a model
+    /// without recurrent layers, an empty sequence or bytes of the wrong size.
+    pub(crate) fn set_recurrent_state(&mut self, seq: SeqId, bytes: &[u8]) -> Result<()> {
+        if self.seq(seq)?.tokens.is_empty() {
+            return Err(Error::Recurrent {
+                what: format!("a state for {seq}, which holds no tokens"),
+            });
+        }
+        match self.recurrent.as_mut() {
+            Some(r) => r.write(seq, bytes),
+            None => Err(Error::Recurrent {
+                what: "a recurrent state for a model without recurrent layers".into(),
+            }),
+        }
+    }
+}

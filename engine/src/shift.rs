@@ -228,11 +228,10 @@ pub(crate) fn build<'g, 'w>(
         let k = g.reshape_3d(k, hp.head_dim_at(il), hp.n_head_kv_at(il), m);
         let mut rope = crate::arch::rope_params(model, il);
         // (mistral3's factor already is llama.cpp's own, which its K-shift uses as it is.)
-        if let (RopeScaling::Yarn { .. }, false, None) =
-            (hp.rope_scaling, hp.is_swa(il), &hp.mistral3)
-        {
+        if let (RopeScaling::Yarn { .. }, None) = (hp.rope_scaling, &hp.mistral3) {
             // YaRN scales magnitudes by its mscale on every rotation; a shift rotates rows that
             // were scaled once already, so it undoes the factor (as llama.cpp's K-shift does).
+            // Windowed layers that rotate unscaled (gemma) get 1: no factor to undo.
             rope.attn_factor = 1.0 / (1.0 + 0.1 * (1.0 / rope.freq_scale).ln());
         }
         // gemma4's windowed layers rotate without the factors.

@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! LLAMA_HDD_TINY_OUT=DIR cargo test -p engine --test arch_golden -- --ignored
-//! for a in llama qwen2 qwen3 gemma3 gemma2 phi3 qwen3moe llama-moe qwen2moe; do
+//! for a in llama qwen2 qwen3 gemma3 gemma2 phi3 qwen3moe llama-moe qwen2moe gpt-oss; do
 //!   refh golden DIR/$a.gguf DIR/prompts.txt 32 | sed "s/^{/{\"arch\":\"$a\",/"
 //! done > engine/tests/fixtures/tiny_arch_golden.jsonl
 //! ```
@@ -22,6 +22,7 @@ mod common;
 
 use std::path::Path;
 
+use common::gpt_oss;
 use common::*;
 use engine::gguf::GgmlType;
 use engine::{ContextParams, Evaluation, Model, Session};
@@ -52,6 +53,20 @@ fn arch_cfg(arch: &str) -> Cfg {
     cfg(shape(arch), arch == "gemma2")
 }
 
+/// The tiny model of `arch` (gpt-oss's is its own: `common::gpt_oss`), loaded.
+fn tiny(arch: &str) -> (tempfile::TempDir, std::sync::Arc<Model>) {
+    match arch {
+        "gpt-oss" => {
+            let (dir, model, _) = gpt_oss::build(SEED);
+            (dir, model)
+        }
+        _ => {
+            let (dir, model, _) = build(&arch_cfg(arch), SEED);
+            (dir, model)
+        }
+    }
+}
+
 fn argmax(v: &[f32]) -> u32 {
     v.iter()
         .enumerate()
@@ -67,7 +82,7 @@ fn every_architecture_matches_llama_cpp_on_the_same_file() {
         let want: Value = serde_json::from_str(line).unwrap();
         let arch = want["arch"].as_str().unwrap();
         seen.insert(arch.to_owned());
-        let (_dir, model, _) = build(&arch_cfg(arch), SEED);
+        let (_dir, model) = tiny(arch);
         let prompt = want["prompt"].as_str().unwrap();
         let ids: Vec<u32> = model.tokenizer().encode(prompt, true, false).unwrap();
         let want_ids: Vec<u32> = serde_json::from_value(want["prompt_ids"].clone()).unwrap();
@@ -110,6 +125,7 @@ fn every_architecture_matches_llama_cpp_on_the_same_file() {
         [
             "gemma2",
             "gemma3",
+            "gpt-oss",
             "llama",
             "llama-moe",
             "phi3",
@@ -144,6 +160,7 @@ fn write_the_tiny_models_for_llama_cpp() {
         let mut w = make_weights(&c, SEED);
         write_model(&c, &mut w, &out.join(format!("{arch}.gguf")));
     }
+    gpt_oss::write_model(&gpt_oss::make_weights(SEED), &out.join("gpt-oss.gguf"));
     std::fs::write(out.join("prompts.txt"), PROMPTS.join("\n") + "\n").unwrap();
 }
 

@@ -495,6 +495,35 @@ fn variables_kwargs_and_content_parts() {
 }
 
 #[test]
+fn harmony_templates_read_the_reasoning_as_thinking() {
+    // As llama-server for gpt-oss: `reasoning_content` is copied to `thinking`; a message with
+    // tool calls then has no content.
+    let t = template(
+        "{# <|channel|> #}{% for m in messages %}{{ m.role }}:{{ m.thinking }}:\
+         {{ m.content is defined }};{% endfor %}",
+    );
+    let mut messages = tool_conversation();
+    messages[1]["reasoning_content"] = json!("Need the weather.");
+    messages.push(json!({"role": "assistant", "content": "Sunny.", "reasoning_content": "Easy."}));
+    let req = request(messages.clone(), None, Reasoning::Auto);
+    let got = t.render_request(&req).unwrap();
+    assert!(
+        got.contains("assistant:Need the weather.:False;")
+            && got.ends_with("assistant:Easy.:True;"),
+        "{got}"
+    );
+    // Other templates see the messages as sent.
+    let plain = template(
+        "{% for m in messages %}{{ m.role }}:{{ m.thinking is defined }}:\
+         {{ m.content is defined }};{% endfor %}",
+    );
+    let got = plain
+        .render_request(&request(messages, None, Reasoning::Auto))
+        .unwrap();
+    assert!(got.contains("assistant:False:True;"), "{got}");
+}
+
+#[test]
 fn template_errors_are_errors() {
     let t = template("{{ raise_exception('no tools here') }}");
     let req = request(vec![user("Hi")], None, Reasoning::Auto);

@@ -12,6 +12,7 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
+use common::gpt_oss;
 use common::*;
 use engine::{
     Batch, Context, ContextParams, Error, Logits, Model, ModelParams, OffloadDevice, Session,
@@ -77,6 +78,26 @@ fn offloaded_layers_compute_what_the_cpu_computes() {
             let next = s.feed(&[3]).unwrap().to_vec();
             same(&next, &base_next, &what);
         }
+    }
+}
+
+#[test]
+fn offloaded_gpt_oss_computes_what_the_cpu_computes() {
+    // MXFP4 experts with their biases (`mul_mat_id`, `add_id`, `swiglu_oai`) and attention
+    // sinks, where the scheduler puts the layers.
+    let (dir, plain, w) = gpt_oss::build(31);
+    let path = dir.path().join("gpt-oss.gguf");
+    let toks = tokens(100);
+    let want = gpt_oss::reference(&w, &toks, gpt_oss::Attention::Fused);
+    let mut base = Session::new(plain, params(32)).unwrap();
+    let base_logits = base.feed_all_logits(&toks).unwrap();
+    for ngl in [1, gpt_oss::N_LAYER + 1] {
+        let mut s = Session::new(load(&path, ngl), params(32)).unwrap();
+        let got = s.feed_all_logits(&toks).unwrap();
+        let what = format!("gpt-oss ngl {ngl}");
+        same(&got, &base_logits, &what);
+        let last = &got[(toks.len() - 1) * gpt_oss::N_VOCAB..];
+        assert_close(last, want.last().unwrap(), 5e-2, &what);
     }
 }
 

@@ -257,3 +257,105 @@ fn unknown_pre_tokenizer_is_an_error() {
     let e = Tokenizer::from_gguf(&g).unwrap_err();
     assert!(e.to_string().contains("no-such-thing"), "{e}");
 }
+
+/// A vocabulary of `specials` (control tokens), the byte alphabet, then the tokens the merge
+/// rules `merges` make (in rank order, each "left right").
+fn small_vocab(pre: &str, specials: &[&str], merges: &[&str]) -> Vocab {
+    let mut texts: Vec<String> = specials.iter().map(|t| t.to_string()).collect();
+    let mut types = vec![3; specials.len()];
+    for b in 0..=255u8 {
+        texts.push(byte_char(b).to_string());
+        types.push(1);
+    }
+    for m in merges {
+        texts.push(m.replace(' ', ""));
+        types.push(1);
+    }
+    let mut w = GgufWriter::new();
+    w.add_str("tokenizer.ggml.model", "gpt2")
+        .add_str("tokenizer.ggml.pre", pre)
+        .add_str_array("tokenizer.ggml.tokens", &texts)
+        .add_i32_array("tokenizer.ggml.token_type", &types)
+        .add_str_array("tokenizer.ggml.merges", merges)
+        .add_u32("tokenizer.ggml.eos_token_id", 0);
+    let g = Gguf::from_bytes(w.to_bytes().unwrap()).unwrap();
+    Vocab {
+        tok: Tokenizer::from_gguf(&g).unwrap(),
+        texts,
+    }
+}
+
+#[test]
+fn harmony_ends_generation_at_return_and_call_and_shows_its_markers() {
+    // gpt-oss's tokens, as llama.cpp treats them: `<|end|>` closes one message of a reply (the
+    // reasoning), so it does not end generation where `<|return|>` and `<|call|>` do.
+    let v = small_vocab(
+        "gpt2",
+        &[
+            "<|endoftext|>",
+            "<|start|>",
+            "<|channel|>",
+            "<|message|>",
+            "<|constrain|>",
+            "<|end|>",
+            "<|return|>",
+            "<|call|>",
+        ],
+        &[],
+    );
+    for (text, ends) in [("<|return|>", true), ("<|call|>", true), ("<|end|>", false)] {
+        assert_eq!(v.tok.is_eog(v.id(text)), ends, "{text}");
+    }
+    // The markers and `<|end|>` are in the reply's text, for the harmony parser to read.
+    let ids = v.ids(&[
+        "<|channel|>",
+        "a",
+        "<|message|>",
+        "b",
+        "<|end|>",
+        "<|start|>",
+    ]);
+    assert_eq!(
+        v.tok.decode(&ids),
+        "<|channel|>a<|message|>b<|end|><|start|>"
+    );
+    assert_eq!(v.tok.decode(&v.ids(&["<|return|>"])), "");
+    // Without `<|call|>` (not a harmony vocabulary), `<|end|>` ends generation as before.
+    let other = small_vocab("gpt2", &["<|endoftext|>", "<|end|>", "<|return|>"], &[]);
+    assert!(other.tok.is_eog(other.id("<|end|>")));
+}
+
+#[test]
+fn gpt_4o_pre_tokenizer_splits_words_at_case_and_numbers_by_three() {
+    // gpt-oss's (o200k) pre-tokenizer, as llama.cpp runs it: a word is its capitals then its
+    // lower-case letters ("o" and "Wab" in "oWab", so "o W" cannot merge), optional contraction
+    // after; numbers in groups of three ("121", "2"); no space clean-up.
+    let merges = ["o W", "a b", "1 2", "2 1"];
+    let v = small_vocab("gpt-4o", &["<|endoftext|>"], &merges);
+    assert_eq!(
+        v.tok.encode("oWab", false, false).unwrap(),
+        v.ids(&["o", "W", "ab"])
+    );
+    assert_eq!(
+        v.tok.encode("1212", false, false).unwrap(),
+        v.ids(&["12", "1", "2"])
+    );
+    // GPT-2's regex keeps both whole: "oW" merges, and "12" twice.
+    let gpt2 = small_vocab("gpt2", &["<|endoftext|>"], &merges);
+    assert_eq!(
+        gpt2.tok.encode("oWab", false, false).unwrap(),
+        gpt2.ids(&["oW", "ab"])
+    );
+    assert_eq!(
+        gpt2.tok.encode("1212", false, false).unwrap(),
+        gpt2.ids(&["12", "12"])
+    );
+    for name in ["gpt-4o", "llama4"] {
+        let v = small_vocab(name, &["<|endoftext|>"], &merges);
+        let text = "It's 2024 ab , x";
+        assert_eq!(
+            v.tok.decode(&v.tok.encode(text, false, false).unwrap()),
+            text
+        );
+    }
+}

@@ -1,16 +1,18 @@
 //! The forward pass as a ggml graph: one module per family of architectures (`llama.rs`:
 //! llama, qwen2, qwen3, phi3, qwen3moe, qwen2moe; `gemma.rs`: gemma2, gemma3; `gemma4.rs`;
-//! `mistral3.rs`) over the building
-//! blocks here, which every family shares: the batch's inputs, RMSNorm, projections, attention
-//! over the page pool, the gated feed-forward network (or a mixture of experts) and the output
-//! head.
+//! `mistral3.rs`; `qwen35.rs`; `gpt_oss.rs`: gpt-oss) over the building blocks here, which
+//! every family shares: the batch's inputs, RMSNorm, projections, attention over the page
+//! pool, the gated feed-forward network (or a mixture of experts) and the output head.
 //!
 //! Attention uses ggml's fused flash-attention kernel over the KV cache (f16 or q8_0) with a
 //! causal mask, or with the sliding window's mask in the layers that have one; each sequence
-//! attends on its own window of the pool (see [`Plan`]).
+//! attends on its own window of the pool (see [`Plan`]). Layers with attention sinks (gpt-oss)
+//! always take ggml's kernels, which add the sinks; ggml-sys's kernel has none.
 
+mod ffn;
 mod gemma;
 mod gemma4;
+mod gpt_oss;
 mod llama;
 mod mistral3;
 mod qwen35;
@@ -20,7 +22,7 @@ use crate::error::Result;
 use crate::ggml::{
     DType, Graph, KvTensors, KvTensorsMut, RawTensor, RopeParams, Tensor, TensorMut,
 };
-use crate::model::{Arch, Ffn, HParams, Model, Qkv, RopeScaling, SharedExpert};
+use crate::model::{Arch, HParams, Model, Qkv, RopeScaling};
 use crate::recurrent::StateBatch;
 
 /// Builds the graph evaluating the batch `plan` describes: each token's K and V are written
@@ -48,6 +50,7 @@ pub(crate) fn build<'g, 'w>(
         Arch::Gemma4 => gemma4::blocks(g, &mut f),
         Arch::Mistral3 => mistral3::blocks(g, &mut f),
         Arch::Qwen35 => qwen35::blocks(g, &mut f)?,
+        Arch::GptOss => gpt_oss::blocks(g, &mut f),
     };
     Ok(f.head(g, x, output))
 }
@@ -298,7 +301,8 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
     /// Attention of layer `il`: stores this batch's `k` and `v` (`[head_dim, n_head_kv, n]`,
     /// already rotated) in their cells, then each sequence's queries `q` (`[head_dim, n_head,
     /// n]`) attend to its window of the cache, scores scaled by `scale`, through the sliding
-    /// window's mask in windowed layers. Returns `[head_dim * n_head, n]`.
+    /// window's mask in windowed layers, with the layer's attention sinks where it has them
+    /// (ggml's kernels then, whatever the plan chose). Returns `[head_dim * n_head, n]`.
     pub fn attention(
         &self,
         g: &mut Graph<'g, 'w>,
@@ -358,6 +362,7 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         };
 
         let windowed = hp.is_swa(layer);
+        let sinks = self.model.layer(layer).attn_sinks.map(|s| g.lift(s));
         // Each sequence attends on its own, over the window of cells holding its pages.
         // Per sequence, q: [head_dim, m, n_head]; cached k, v: [head_dim, n_kv, n_head_kv].
         let mut parts = Vec::with_capacity(self.plan.attention.len());
@@ -425,7 +430,8 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
             let v = window(g, v_cache, v_store, 1);
             let out = if self.flash_attn {
                 // Result: [head_dim, n_head, m].
-                g.flash_attn(q, k, v, mask, scale, softcap, a.ours && self.kv_host[il])
+                let ours = a.ours && self.kv_host[il];
+                g.flash_attn(q, k, v, mask, scale, softcap, sinks, ours)
             } else {
                 // Unfused: scores [n_kv, m, n_head], softmax, then V transposed to
                 // [n_kv, head_dim, n_head_kv] (a copy, since the cache stores V token-major).
@@ -439,7 +445,7 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
                     }
                     None => kq,
                 };
-                let kq = g.soft_max(kq, mask, scale);
+                let kq = g.soft_max_sinks(kq, mask, scale, sinks);
                 let v_t = g.permute(v, [1, 0, 2, 3]);
                 let v_t = g.cont(v_t);
                 let kqv = g.mul_mat(v_t, kq);
@@ -476,7 +482,8 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         let ops = &a.staged.as_ref()?[il];
         let (hd, n_head_kv) = (self.hp.head_dim_at(il), self.hp.n_head_kv_at(il));
         let fits = stores.iter().all(|t| a.n_kv <= t.ne(1));
-        if !(self.flash_attn && a.ours && self.kv_host[il] && !a.dup && fits)
+        let sinks = self.hp.has_attn_sinks();
+        if !(self.flash_attn && a.ours && !sinks && self.kv_host[il] && !a.dup && fits)
             || ops.iter().any(|op| op.page_table().is_empty())
         {
             return None;
@@ -523,6 +530,7 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         let fits = stores.iter().all(|t| a.n_kv <= t.ne(1));
         if !(self.flash_attn
             && a.ours
+            && !self.hp.has_attn_sinks()
             && self.kv_host[il]
             && !a.dup
             && fits
@@ -551,129 +559,6 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
             g.input(DType::I64, &[table.len() / 8], table)
         });
         Some(g.flash_attn_paged(q, k, v, mask, scale, tables))
-    }
-
-    /// The feed-forward network of layer `il` on `x`: the gated network
-    /// `down · (act(gate · x) * up · x)`, or a mixture of experts ([`Forward::experts`]) plus,
-    /// where the layer has one, its shared expert ([`Forward::shared_expert`]).
-    pub fn ffn(&self, g: &mut Graph<'g, 'w>, il: usize, x: Tensor<'g>, act: Gate) -> Tensor<'g> {
-        match self.model.layer(il).ffn {
-            Ffn::Dense { gate, up, down } => self.dense(g, x, gate, [up, down], act),
-            Ffn::Experts {
-                gate_inp,
-                gate,
-                up,
-                down,
-                shared,
-            } => {
-                let routed = self.experts(g, x, gate_inp, [gate, up, down]);
-                match shared {
-                    Some(s) => {
-                        let shared = self.shared_expert(g, x, s);
-                        g.add(routed, shared)
-                    }
-                    None => routed,
-                }
-            }
-        }
-    }
-
-    /// A dense gated network on `x`: `down · (act(gate · x) * up · x)`; with no `gate`, `up`
-    /// holds the gate's rows, then the up projection's (SwiGLU).
-    fn dense(
-        &self,
-        g: &mut Graph<'g, 'w>,
-        x: Tensor<'g>,
-        gate: Option<RawTensor<'w>>,
-        [up, down]: [RawTensor<'w>; 2],
-        act: Gate,
-    ) -> Tensor<'g> {
-        let up = self.project(g, x, up, None);
-        let h = match (gate, act) {
-            (Some(gate), Gate::Silu) => {
-                let gate = self.project(g, x, gate, None);
-                g.swiglu(gate, up)
-            }
-            (Some(gate), Gate::Gelu) => {
-                let gate = self.project(g, x, gate, None);
-                g.geglu(gate, up)
-            }
-            // Gate and up in one product, the gate's rows first.
-            (None, _) => g.swiglu_fused(up),
-        };
-        self.project(g, h, down, None)
-    }
-
-    /// A mixture of experts on `x` (`[n_embd, n]`), as llama.cpp's `build_moe_ffn` with softmax
-    /// routing: the router's probabilities, the `n_used` largest per token (normalised to sum 1
-    /// except in qwen2moe, and scaled, as the file says), each chosen expert's SwiGLU network
-    /// through `mul_mat_id`, its output weighted, and the weighted outputs added in the order
-    /// chosen.
-    fn experts(
-        &self,
-        g: &mut Graph<'g, 'w>,
-        x: Tensor<'g>,
-        gate_inp: RawTensor<'w>,
-        [gate, up, down]: [RawTensor<'w>; 3],
-    ) -> Tensor<'g> {
-        let spec = self
-            .hp
-            .experts
-            .as_ref()
-            .unwrap_or_else(|| unreachable!("expert tensors are loaded only with experts"));
-        let (n_embd, n, k) = (self.hp.n_embd, x.ne(1), spec.n_used);
-        let logits = self.project(g, x, gate_inp, None);
-        let probs = g.soft_max_plain(logits);
-        let chosen = g.argsort_top_k(probs, k);
-        let probs = g.reshape_3d(probs, 1, spec.n_expert, n);
-        let mut weights = g.get_rows(probs, chosen);
-        if spec.norm_weights {
-            let w = g.reshape_2d(weights, k, n);
-            let sum = g.sum_rows(w);
-            // As llama.cpp: no division by less than f16's smallest normal number.
-            let sum = g.clamp(sum, 6.103_515_6e-5, f32::INFINITY);
-            let w = g.div(w, sum);
-            weights = g.reshape_3d(w, 1, k, n);
-        }
-        if spec.weights_scale != 1.0 {
-            weights = g.scale(weights, spec.weights_scale);
-        }
-        let x = g.reshape_3d(x, n_embd, 1, n);
-        let (gate, up, down) = (g.lift(gate), g.lift(up), g.lift(down));
-        let up = g.mul_mat_id(up, x, chosen);
-        let gate = g.mul_mat_id(gate, x, chosen);
-        let h = g.swiglu(gate, up);
-        let out = g.mul_mat_id(down, h, chosen);
-        let out = g.mul(out, weights);
-        // Sum over the chosen experts: [n_embd, n] views, added in order.
-        let row = out.nb(1);
-        let plane = out.nb(2);
-        let mut sum = g.view_2d(out, n_embd, n, plane, 0);
-        for i in 1..k {
-            let part = g.view_2d(out, n_embd, n, plane, i * row);
-            sum = g.add(sum, part);
-        }
-        if k == 1 {
-            sum = g.cont(sum);
-        }
-        sum
-    }
-
-    /// The shared expert of a mixture (qwen2moe) on `x` (`[n_embd, n]`): a SwiGLU network whose
-    /// output is multiplied by each token's `sigmoid(gate_inp · x)`. As llama.cpp's graph, the
-    /// sigmoid is computed as `silu(z) / z`, and the gate's product before the network's.
-    fn shared_expert(
-        &self,
-        g: &mut Graph<'g, 'w>,
-        x: Tensor<'g>,
-        s: SharedExpert<RawTensor<'w>>,
-    ) -> Tensor<'g> {
-        // One logit per token: `[1, n]`, broadcast over the rows of the network's output.
-        let z = self.project(g, x, s.gate_inp, None);
-        let silu = g.silu(z);
-        let gate = g.div(silu, z);
-        let out = self.dense(g, x, Some(s.gate), [s.up, s.down], Gate::Silu);
-        g.mul(out, gate)
     }
 
     /// The final norm and the output head (soft-capped if the family says so), or the final
@@ -727,7 +612,16 @@ pub(super) enum Gate {
     Silu,
     /// GELU, tanh approximation (GeGLU): gemma.
     Gelu,
+    /// gpt-oss's clamped SwiGLU (ggml's `swiglu_oai`, with [`SWIGLU_OAI_ALPHA`] and
+    /// [`SWIGLU_OAI_LIMIT`]): `min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u,
+    /// -limit, limit) + 1)`.
+    SwigluOai,
 }
+
+/// The sigmoid's slope in gpt-oss's activation (llama.cpp's constant for `openai-moe`).
+const SWIGLU_OAI_ALPHA: f32 = 1.702;
+/// The clamp of gpt-oss's activation (llama.cpp's constant for `openai-moe`).
+const SWIGLU_OAI_LIMIT: f32 = 7.0;
 
 /// Joins `[head_dim, n_head, m_i]` tensors along the token dimension, pairwise so that each
 /// row is copied about log2(parts) times.
@@ -746,13 +640,24 @@ fn concat_tokens<'g>(g: &mut Graph<'g, '_>, mut parts: Vec<Tensor<'g>>) -> Tenso
 }
 
 /// RoPE of layer `il`: the model's, except in sliding-window layers, which rotate with their
-/// own base frequency and no scaling (as llama.cpp does).
+/// own base frequency and, unless the window says they are scaled (gpt-oss), no scaling (as
+/// llama.cpp does).
 pub(crate) fn rope_params(model: &Model, il: usize) -> RopeParams {
     let hp = model.hparams();
     let (freq_scale, ext_factor, n_ctx_orig) = match hp.rope_scaling {
         RopeScaling::None => (1.0, 0.0, hp.n_ctx_train),
         RopeScaling::Linear { factor } => (1.0 / factor, 0.0, hp.n_ctx_train),
         RopeScaling::Yarn { factor, n_ctx_orig } => (1.0 / factor, 1.0, n_ctx_orig),
+    };
+    // YaRN: ggml's rotation multiplies by `1 + 0.1 ln(factor)` itself, so llama.cpp's
+    // attention factor (that same magnitude) is divided by it: 1 up to rounding, computed as
+    // llama.cpp does so that the rounding is the same.
+    let attn_factor = match hp.rope_scaling {
+        RopeScaling::Yarn { factor, .. } => {
+            let mscale = 0.1 * factor.ln() + 1.0;
+            mscale * (1.0 / (1.0 + 0.1 * factor.ln()))
+        }
+        RopeScaling::None | RopeScaling::Linear { .. } => 1.0,
     };
     let mut p = RopeParams {
         n_dims: hp.rope_dims_at(il),
@@ -765,7 +670,8 @@ pub(crate) fn rope_params(model: &Model, il: usize) -> RopeParams {
             | Arch::Phi3
             | Arch::Qwen3Moe
             | Arch::Qwen2Moe
-            | Arch::Gemma4 => 2,
+            | Arch::Gemma4
+            | Arch::GptOss => 2,
             // Interleaved M-RoPE (`GGML_ROPE_TYPE_IMROPE`), through `Graph::rope_multi`.
             Arch::Qwen35 => 40,
         },
@@ -773,7 +679,7 @@ pub(crate) fn rope_params(model: &Model, il: usize) -> RopeParams {
         freq_base: hp.rope_freq_base,
         freq_scale,
         ext_factor,
-        attn_factor: 1.0,
+        attn_factor,
         beta_fast: 32.0,
         beta_slow: 1.0,
     };
@@ -784,7 +690,9 @@ pub(crate) fn rope_params(model: &Model, il: usize) -> RopeParams {
     }
     if let (true, Some(w)) = (hp.is_swa(il), &hp.sliding_window) {
         p.freq_base = w.rope_freq_base;
-        p.freq_scale = 1.0;
+        if !w.rope_scaled {
+            p.freq_scale = 1.0;
+        }
     }
     p
 }

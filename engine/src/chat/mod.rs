@@ -11,7 +11,7 @@
 //! llama-server does: tools, tool calls and results, `chat_template_kwargs`, reasoning on or off,
 //! assistant prefill. [`ChatTemplate::builtin`] gives llama-server's named templates
 //! ([`builtin_names`]); [`split_reasoning`] and [`ReasoningStream`] split the reasoning out of
-//! a reply.
+//! a reply, and [`harmony`] reads gpt-oss's replies (reasoning, content and tool calls).
 //!
 //! Templates come from model files, which are untrusted: rendering is bounded. Each render gets
 //! fuel (minijinja instructions) and an output budget that grow with the conversation
@@ -37,6 +37,7 @@ use crate::{Error, Result};
 
 mod builtin;
 mod clock;
+pub mod harmony;
 mod reasoning;
 mod render;
 pub mod sandbox;

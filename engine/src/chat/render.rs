@@ -239,8 +239,10 @@ fn tool_call_value(call: &Json, any: &mut bool) -> Value {
 
 /// Messages as templates expect them: text parts joined into one string (with newlines, as
 /// llama-server does), `""` for the missing or null content of a message with tool calls, and
-/// the `developer` role as `system` (except for GPT-OSS's Harmony templates, which know it).
-fn normalize(messages: &[Json], keep_developer: bool) -> Vec<Json> {
+/// the `developer` role as `system`, except for GPT-OSS's Harmony templates (`harmony`), which
+/// know it, and which read an assistant's reasoning as `thinking`: llama-server copies
+/// `reasoning_content` there, and drops the content of such a message with tool calls.
+fn normalize(messages: &[Json], harmony: bool) -> Vec<Json> {
     messages
         .iter()
         .map(|m| {
@@ -254,9 +256,19 @@ fn normalize(messages: &[Json], keep_developer: bool) -> Vec<Json> {
                 if has_calls && fields.get("content").is_none_or(Json::is_null) {
                     fields.insert("content".into(), Json::String(String::new()));
                 }
-                if !keep_developer && fields.get("role").and_then(Json::as_str) == Some("developer")
-                {
+                if !harmony && fields.get("role").and_then(Json::as_str) == Some("developer") {
                     fields.insert("role".into(), Json::String("system".into()));
+                }
+                if let (true, Some(Json::String(r))) = (harmony, fields.get("reasoning_content")) {
+                    let thinking = Json::String(r.clone());
+                    fields.insert("thinking".into(), thinking);
+                    if fields
+                        .get("tool_calls")
+                        .and_then(Json::as_array)
+                        .is_some_and(|c| !c.is_empty())
+                    {
+                        fields.remove("content");
+                    }
                 }
             }
             m
@@ -279,8 +291,8 @@ impl ChatTemplate {
     /// Renders `req` in this process, bounded by fuel and output only (see
     /// [`render_request`](Self::render_request)).
     pub fn render_request_here(&self, req: &RenderRequest) -> Result<String> {
-        let keep_developer = self.source.contains("<|channel|>");
-        let mut messages = normalize(&req.messages, keep_developer);
+        let harmony = super::harmony::is_harmony(&self.source);
+        let mut messages = normalize(&req.messages, harmony);
         let continuing = req.continue_final_message
             && messages.last().and_then(|m| m["role"].as_str()) == Some("assistant");
         let mut marker = MARKER.to_string();

@@ -350,6 +350,7 @@ macro_rules! op {
 }
 
 mod attention;
+mod experts;
 mod recurrent;
 pub(crate) use attention::kernel_takes_model;
 

@@ -67,6 +67,12 @@ impl GgufWriter {
         self
     }
 
+    /// Removes the tensor `name` (nothing happens if it is absent).
+    pub fn remove_tensor(&mut self, name: &str) -> &mut Self {
+        self.tensors.retain(|t| t.0 != name);
+        self
+    }
+
     /// Adds a string.
     pub fn add_str(&mut self, key: &str, value: &str) -> &mut Self {
         self.add(key, MetaValue::Str(value.to_string()))

@@ -68,7 +68,8 @@ const LEGACY_SAMPLE: usize = 4096;
 ///
 /// 1. `DOMAIN` and [`FINGERPRINT_VERSION`] (`u32` LE);
 /// 2. each hyperparameter as `tag: u8, value: u64 LE`, tags 1..=15 in order: architecture
-///    (0 llama, 1 qwen2, 2 qwen3, 3 gemma3, 4 gemma2, 5 phi3, 6 qwen3moe, 7 qwen2moe),
+///    (0 llama, 1 qwen2, 2 qwen3, 3 gemma3, 4 gemma2, 5 phi3, 6 qwen3moe, 7 qwen2moe, 8
+///    gpt-oss),
 ///    vocabulary size, training context, embedding width, blocks, heads, KV heads, head
 ///    dimension, feed-forward width, RMS epsilon (f32 bits), RoPE base (f32 bits), RoPE
 ///    dimensions, RoPE scaling kind (0 none, 1 linear, 2 yarn), its factor (f32 bits, 0 when
@@ -242,6 +243,7 @@ fn encode(
         Arch::Gemma4 => 8,
         Arch::Mistral3 => 9,
         Arch::Qwen35 => 10,
+        Arch::GptOss => 11,
     };
     let (kind, factor, n_ctx_orig) = match rope_scaling {
         RopeScaling::None => (0, 0.0f32, 0),
@@ -281,6 +283,7 @@ fn encode(
             field(tag::SWA_LAYERS, il as u64);
         }
         field(tag::SWA_ROPE_FREQ_BASE, w.rope_freq_base.to_bits().into());
+        // `w.rope_scaled` follows from the architecture (gpt-oss alone), encoded above.
     }
     if let Some(c) = final_softcap {
         field(tag::FINAL_SOFTCAP, c.to_bits().into());
@@ -302,6 +305,24 @@ fn encode(
             field(tag::SHARED_EXPERT, ff as u64);
         }
     }
+    families(
+        &mut field,
+        gemma4.as_ref(),
+        mistral3.as_ref(),
+        delta_net.as_ref(),
+    );
+    contents(&mut h, gguf, tokenizer, &mut data)?;
+    Some(*h.finalize().as_bytes())
+}
+
+/// The fields of the families with hyper-parameters of their own (gemma4, mistral3, and the
+/// delta-net layers of qwen35), each under its tag.
+fn families(
+    field: &mut impl FnMut(u8, u64),
+    gemma4: Option<&super::Gemma4Params>,
+    mistral3: Option<&super::Mistral3Params>,
+    delta_net: Option<&super::DeltaNet>,
+) {
     if let Some(d) = delta_net {
         let sizes = [d.conv_kernel, d.n_k_heads, d.n_v_heads, d.head_dim];
         for v in sizes.into_iter().chain(d.rope_sections.map(|s| s as usize)) {
@@ -336,7 +357,15 @@ fn encode(
             field(tag::MISTRAL3, v);
         }
     }
+}
 
+/// The tensors' names, types and shapes (and what `data` adds of each), then the vocabulary.
+fn contents(
+    h: &mut blake3::Hasher,
+    gguf: &Gguf,
+    tokenizer: &Tokenizer,
+    data: &mut impl FnMut(&mut blake3::Hasher, &TensorInfo) -> Option<()>,
+) -> Option<()> {
     h.update(&[tag::TENSORS]);
     h.update(&(gguf.tensors().len() as u64).to_le_bytes());
     for t in gguf.tensors() {
@@ -347,7 +376,7 @@ fn encode(
         for d in &t.shape {
             h.update(&d.to_le_bytes());
         }
-        data(&mut h, t)?;
+        data(h, t)?;
     }
 
     h.update(&[tag::VOCAB]);
@@ -357,7 +386,7 @@ fn encode(
         h.update(&(piece.len() as u32).to_le_bytes());
         h.update(piece);
     }
-    Some(*h.finalize().as_bytes())
+    Some(())
 }
 
 /// Directory, inside a cache directory, of the fingerprints remembered per model file.

@@ -221,5 +221,6 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
             moe,
         }),
         delta: None,
+        attn_sinks: None,
     })
 }

@@ -18,11 +18,11 @@
 //! | `rope.freq_base`, `attention.layer_norm_rms_epsilon` | finite, > 0 (ε < 1) | NaN logits otherwise |
 //! | `rope.scaling.type` / `.factor` / `.original_context_length` | none, linear or yarn; factor finite > 0; length ≥ 1 | |
 //! | `context_length`, vocabulary size | 1..=i32::MAX | positions and token ids are `i32` in the graph |
-//! | `attention.sliding_window` (gemma3) | 1..=i32::MAX, or 0 for none | the mask of windowed layers |
+//! | `attention.sliding_window` (gemma3; gpt-oss, required) | 1..=i32::MAX, or 0 for none (gemma) | the mask of windowed layers |
 //! | `attention.sliding_window_pattern` | 0..=4096 (0: every layer windowed) | which layers are windowed |
 //! | `rope.freq_base_swa`, `final_logit_softcapping`, `attn_logit_softcapping` | finite, > 0 | NaN logits otherwise |
 //! | `expert_count`, `expert_used_count` | 1..=512, 1..=count | the router's top-k |
-//! | `expert_feed_forward_length`, `expert_shared_feed_forward_length` | 0..=2^20 (0: the default) | expert widths |
+//! | `expert_feed_forward_length`, `expert_shared_feed_forward_length` | 0..=2^20 (0: the default); gpt-oss: required, 1..=2^20 | expert widths |
 //! | `ssm.conv_kernel` (qwen35) | 2..=64 | the convolution keeps `kernel - 1` inputs |
 //! | `ssm.group_count`, `ssm.time_step_rank` (qwen35) | 1..=4096, the second a multiple of the first | `ggml_gated_delta_net` broadcasts key heads over value heads |
 //! | `ssm.state_size`, `ssm.inner_size` (qwen35) | inner = state × `time_step_rank`, width ≤ 2^20 | key and value heads of one size (the kernel's square state) |
@@ -140,13 +140,16 @@ impl HParams {
         let n_layer = k.int("block_count", 1, MAX_LAYERS)?;
         // gemma4 may give the feed-forward width and the KV heads per layer.
         let per_layer_ok = arch == Arch::Gemma4;
-        let n_ff = match per_layer_ok {
-            true => *k
+        let n_ff = match (per_layer_ok, arch, k.present("feed_forward_length")) {
+            (true, _, _) => *k
                 .per_layer("feed_forward_length", 1, MAX_WIDTH, n_layer)?
                 .iter()
                 .max()
                 .unwrap_or(&1),
-            false => k.int("feed_forward_length", 1, MAX_WIDTH)?,
+            // gpt-oss files may leave the dense width out (llama.cpp does not need it): its
+            // experts' width then stands in.
+            (false, Arch::GptOss, false) => k.int("expert_feed_forward_length", 1, MAX_WIDTH)?,
+            (false, _, _) => k.int("feed_forward_length", 1, MAX_WIDTH)?,
         };
         let n_head = k.int("attention.head_count", 1, MAX_WIDTH)?;
         let n_head_kv = match (per_layer_ok, k.present("attention.head_count_kv")) {
@@ -224,76 +227,8 @@ impl HParams {
             .opt_positive("rope.freq_base", f32::INFINITY)?
             .unwrap_or(10_000.0);
         let rope_scaling = rope_scaling(&k, n_ctx_train)?;
-        let mut attn_scale = 1.0 / (head_dim as f32).sqrt();
-        let (mut embd_scale, mut sliding_window, mut final_softcap) = (None, None, None);
-        let mut attn_softcap = None;
-        let mut gemma4 = None;
-        let mut mistral3 = None;
-        match arch {
-            Arch::Mistral3 => mistral3 = Some(mistral3_params(&k, n_ctx_train, rope_scaling)?),
-            Arch::Gemma4 => {
-                embd_scale = Some((n_embd as f32).sqrt());
-                // Q and K are RMS-normalised per head: no further scaling of the scores.
-                attn_scale = 1.0;
-                final_softcap = k.opt_positive("final_logit_softcapping", f32::INFINITY)?;
-                let pattern = k.key("attention.sliding_window_pattern");
-                if k.gguf.get(&pattern).and_then(|v| v.as_array()).is_none() {
-                    return Err(invalid(
-                        &pattern,
-                        "absent or not an array",
-                        "must hold a flag per layer",
-                    ));
-                }
-                k.int("attention.sliding_window", 1, MAX_POSITIONS)?;
-                sliding_window = sliding(&k, n_layer, None, 0, 10_000.0)?;
-                gemma4 = Some(gemma4_params(
-                    &k,
-                    n_layer,
-                    n_head,
-                    rope_dims,
-                    sliding_window.as_ref(),
-                )?);
-            }
-            Arch::Gemma3 => {
-                embd_scale = Some((n_embd as f32).sqrt());
-                // Gemma 3 27B scales by the model width per head rather than the head size.
-                if n_layer == 62 {
-                    attn_scale = 1.0 / ((n_embd / n_head) as f32).sqrt();
-                }
-                final_softcap = k.opt_positive("final_logit_softcapping", f32::INFINITY)?;
-                sliding_window = sliding(&k, n_layer, None, 6, 10_000.0)?;
-            }
-            Arch::Gemma2 => {
-                embd_scale = Some((n_embd as f32).sqrt());
-                // Gemma 2 27B likewise.
-                if n_layer == 46 {
-                    attn_scale = 1.0 / ((n_embd / n_head) as f32).sqrt();
-                }
-                // Soft-capping is always on, with Gemma 2's values unless the file says.
-                final_softcap = Some(
-                    k.opt_positive("final_logit_softcapping", f32::INFINITY)?
-                        .unwrap_or(30.0),
-                );
-                attn_softcap = Some(
-                    k.opt_positive("attn_logit_softcapping", f32::INFINITY)?
-                        .unwrap_or(50.0),
-                );
-                sliding_window = sliding(&k, n_layer, Some(4096), 2, rope_freq_base)?;
-            }
-            Arch::Llama
-            | Arch::Qwen2
-            | Arch::Qwen3
-            | Arch::Phi3
-            | Arch::Qwen3Moe
-            | Arch::Qwen2Moe
-            | Arch::Qwen35 => {}
-        }
         let experts = experts(&k, arch, n_ff)?;
-        let delta_net = match arch {
-            Arch::Qwen35 => Some(delta_net(&k, n_layer, rope_dims)?),
-            _ => None,
-        };
-        Ok(HParams {
+        let mut hp = HParams {
             arch,
             n_vocab,
             n_ctx_train,
@@ -307,16 +242,18 @@ impl HParams {
             rope_freq_base,
             rope_dims,
             rope_scaling,
-            attn_scale,
-            embd_scale,
-            sliding_window,
-            final_softcap,
-            attn_softcap,
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            embd_scale: None,
+            sliding_window: None,
+            final_softcap: None,
+            attn_softcap: None,
             experts,
-            gemma4,
-            mistral3,
-            delta_net,
-        })
+            gemma4: None,
+            mistral3: None,
+            delta_net: None,
+        };
+        family(&k, &mut hp)?;
+        Ok(hp)
     }
 
     /// K (and V) elements per token per layer: `head_dim * n_head_kv`.
@@ -504,6 +441,81 @@ fn mistral3_params(
     })
 }
 
+/// What each family sets beyond the common keys: scales, soft-caps and the sliding window.
+fn family(k: &Keys<'_>, hp: &mut HParams) -> Result<()> {
+    let (n_embd, n_head, n_layer) = (hp.n_embd, hp.n_head, hp.n_layer);
+    match hp.arch {
+        Arch::Gemma3 => {
+            hp.embd_scale = Some((n_embd as f32).sqrt());
+            // Gemma 3 27B scales by the model width per head rather than the head size.
+            if n_layer == 62 {
+                hp.attn_scale = 1.0 / ((n_embd / n_head) as f32).sqrt();
+            }
+            hp.final_softcap = k.opt_positive("final_logit_softcapping", f32::INFINITY)?;
+            hp.sliding_window = sliding(k, n_layer, None, 6, 10_000.0)?;
+        }
+        Arch::Gemma2 => {
+            hp.embd_scale = Some((n_embd as f32).sqrt());
+            // Gemma 2 27B likewise.
+            if n_layer == 46 {
+                hp.attn_scale = 1.0 / ((n_embd / n_head) as f32).sqrt();
+            }
+            // Soft-capping is always on, with Gemma 2's values unless the file says.
+            hp.final_softcap = Some(
+                k.opt_positive("final_logit_softcapping", f32::INFINITY)?
+                    .unwrap_or(30.0),
+            );
+            hp.attn_softcap = Some(
+                k.opt_positive("attn_logit_softcapping", f32::INFINITY)?
+                    .unwrap_or(50.0),
+            );
+            hp.sliding_window = sliding(k, n_layer, Some(4096), 2, hp.rope_freq_base)?;
+        }
+        Arch::GptOss => {
+            // As llama.cpp's graph: scores scaled by the rotated dimensions.
+            hp.attn_scale = 1.0 / (hp.rope_dims as f32).sqrt();
+            // The window is required (as llama.cpp reads it); the first of every two layers
+            // is windowed, rotating as the others do unless the file gives the windowed
+            // layers their own base.
+            let size = k.int("attention.sliding_window", 1, MAX_POSITIONS)?;
+            hp.sliding_window =
+                sliding(k, n_layer, Some(size), 2, hp.rope_freq_base)?.map(|w| SlidingWindow {
+                    rope_scaled: true,
+                    ..w
+                });
+        }
+        Arch::Mistral3 => {
+            hp.mistral3 = Some(mistral3_params(k, hp.n_ctx_train, hp.rope_scaling)?);
+        }
+        Arch::Gemma4 => {
+            hp.embd_scale = Some((n_embd as f32).sqrt());
+            // Q and K are RMS-normalised per head: no further scaling of the scores.
+            hp.attn_scale = 1.0;
+            hp.final_softcap = k.opt_positive("final_logit_softcapping", f32::INFINITY)?;
+            let pattern = k.key("attention.sliding_window_pattern");
+            if k.gguf.get(&pattern).and_then(|v| v.as_array()).is_none() {
+                return Err(invalid(
+                    &pattern,
+                    "absent or not an array",
+                    "must hold a flag per layer",
+                ));
+            }
+            k.int("attention.sliding_window", 1, MAX_POSITIONS)?;
+            hp.sliding_window = sliding(k, n_layer, None, 0, 10_000.0)?;
+            hp.gemma4 = Some(gemma4_params(
+                k,
+                n_layer,
+                n_head,
+                hp.rope_dims,
+                hp.sliding_window.as_ref(),
+            )?);
+        }
+        Arch::Qwen35 => hp.delta_net = Some(delta_net(k, n_layer, hp.rope_dims)?),
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe | Arch::Qwen2Moe => {}
+    }
+    Ok(())
+}
+
 /// The sliding window, if `attention.sliding_window` (else `default_size`) is present and not
 /// 0: every layer but the last of each `pattern` consecutive ones is windowed
 /// (`attention.sliding_window_pattern`, a period or a flag per layer, else `default_pattern`; 0
@@ -559,6 +571,7 @@ fn sliding(
         size,
         layers,
         rope_freq_base,
+        rope_scaled: false,
     }))
 }
 
@@ -583,15 +596,16 @@ fn vocab_size(k: &Keys<'_>) -> Result<usize> {
 /// Most experts a block may have (llama.cpp's limit).
 const MAX_EXPERTS: usize = 512;
 
-/// The mixture of experts, when `expert_count` is present and not 0 (required for qwen3moe and
-/// qwen2moe): `expert_used_count` of them run per token, each `feed_forward_length` wide
-/// (llama), or `expert_feed_forward_length` (absent or 0: the feed-forward length divided among
-/// the used experts; qwen3moe, qwen2moe), as llama.cpp reads them. qwen2moe adds a shared expert
-/// `expert_shared_feed_forward_length` wide (absent or 0: the feed-forward length) and, as
-/// llama.cpp's graph, does not normalise the chosen experts' weights. As llama.cpp, none of
-/// these architectures reads `expert_weights_scale`.
+/// The mixture of experts, when `expert_count` is present and not 0 (required for qwen3moe,
+/// qwen2moe and gpt-oss): `expert_used_count` of them run per token, each `feed_forward_length`
+/// wide (llama), or `expert_feed_forward_length` (absent or 0: the feed-forward length divided
+/// among the used experts; qwen3moe, qwen2moe; required for gpt-oss), as llama.cpp reads them.
+/// qwen2moe adds a shared expert `expert_shared_feed_forward_length` wide (absent or 0: the
+/// feed-forward length) and, as llama.cpp's graph, does not normalise the chosen experts'
+/// weights, nor does gpt-oss (its softmax over the chosen logits sums to 1). As llama.cpp, none
+/// of these architectures reads `expert_weights_scale`.
 fn experts(k: &Keys<'_>, arch: Arch, n_ff: usize) -> Result<Option<Experts>> {
-    let required = matches!(arch, Arch::Qwen3Moe | Arch::Qwen2Moe);
+    let required = matches!(arch, Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::GptOss);
     let n_expert = match k.opt_int("expert_count", 0, MAX_EXPERTS)? {
         None | Some(0) if required => {
             return Err(invalid(
@@ -605,7 +619,12 @@ fn experts(k: &Keys<'_>, arch: Arch, n_ff: usize) -> Result<Option<Experts>> {
     };
     if !matches!(
         arch,
-        Arch::Llama | Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::Gemma4 | Arch::Mistral3
+        Arch::Llama
+            | Arch::Qwen3Moe
+            | Arch::Qwen2Moe
+            | Arch::Gemma4
+            | Arch::Mistral3
+            | Arch::GptOss
     ) {
         return Err(invalid(
             &k.key("expert_count"),
@@ -616,7 +635,8 @@ fn experts(k: &Keys<'_>, arch: Arch, n_ff: usize) -> Result<Option<Experts>> {
     let n_used = k.int("expert_used_count", 1, n_expert)?;
     // llama (Mixtral) experts are `feed_forward_length` wide, as llama.cpp reads them.
     let n_ff_exp = match arch {
-        Arch::Gemma4 => k.int("expert_feed_forward_length", 1, MAX_WIDTH)?,
+        // Required for gemma4 and gpt-oss, as llama.cpp reads it.
+        Arch::Gemma4 | Arch::GptOss => k.int("expert_feed_forward_length", 1, MAX_WIDTH)?,
         Arch::Qwen3Moe | Arch::Qwen2Moe => k
             .opt_int("expert_feed_forward_length", 0, MAX_WIDTH)?
             .filter(|&w| w > 0)
@@ -636,7 +656,9 @@ fn experts(k: &Keys<'_>, arch: Arch, n_ff: usize) -> Result<Option<Experts>> {
         n_expert,
         n_used,
         n_ff_exp,
-        norm_weights: !qwen2moe,
+        // qwen2moe leaves the chosen experts' weights as the router gave them; gpt-oss's are
+        // a softmax over the chosen logits, which sums to 1 already.
+        norm_weights: !qwen2moe && arch != Arch::GptOss,
         // llama.cpp reads `expert_weights_scale` for none of these architectures (it stays
         // 0, no scaling, whatever the file says): neither does this.
         weights_scale: 1.0,

@@ -1,6 +1,9 @@
 //! The tensors of one transformer block, as indices into the model's weights or as handles
-//! borrowed from them: the attention's projections (split or fused), the norms each family
-//! has, and the feed-forward network (dense or a mixture of experts).
+//! borrowed from them: the attention's projections (split or fused) and sinks, the norms each
+//! family has, and the feed-forward network (dense or a mixture of experts).
+
+use super::{Arch, HParams, Role, Specs};
+use crate::error::{Error, Result};
 
 /// One block's tensors: indices into the model's weights, or handles borrowed from them.
 pub(crate) struct LayerWeights<T = usize> {
@@ -16,6 +19,8 @@ pub(crate) struct LayerWeights<T = usize> {
     /// Per-head RMSNorm weights of Q and K (qwen3).
     pub q_norm: Option<T>,
     pub k_norm: Option<T>,
+    /// Each query head's learned attention sink (`attn_sinks`, f32 `[n_head]`; gpt-oss).
+    pub attn_sinks: Option<T>,
     /// RMSNorm weights after attention and after the feed-forward network (gemma3).
     pub post_attn_norm: Option<T>,
     pub post_ffn_norm: Option<T>,
@@ -79,14 +84,39 @@ pub(crate) enum Ffn<T> {
     Dense { gate: Option<T>, up: T, down: T },
     /// Mixture of experts: `gate_inp` scores the experts (`[n_embd, n_expert]`), the best few
     /// run, each a dense SwiGLU network, stacked in `[.., .., n_expert]` tensors; with a shared
-    /// expert every token also runs (qwen2moe).
+    /// expert every token also runs (qwen2moe); with biases, each product has one (gpt-oss).
     Experts {
         gate_inp: T,
         gate: T,
         up: T,
         down: T,
         shared: Option<SharedExpert<T>>,
+        biases: Option<ExpertBiases<T>>,
     },
+}
+
+/// The biases of a mixture's products (gpt-oss), f32: the router's (`[n_expert]`), and each
+/// expert's gate and up (`[n_ff_exp, n_expert]`) and down (`[n_embd, n_expert]`) biases.
+#[derive(Clone, Copy)]
+pub(crate) struct ExpertBiases<T> {
+    pub gate_inp: T,
+    pub gate: T,
+    pub up: T,
+    pub down: T,
+}
+
+impl<T: Copy> ExpertBiases<T> {
+    fn all(self) -> [T; 4] {
+        [self.gate_inp, self.gate, self.up, self.down]
+    }
+    fn map<U>(self, f: impl Fn(T) -> U) -> ExpertBiases<U> {
+        ExpertBiases {
+            gate_inp: f(self.gate_inp),
+            gate: f(self.gate),
+            up: f(self.up),
+            down: f(self.down),
+        }
+    }
 }
 
 /// The shared expert of a mixture (qwen2moe): a dense SwiGLU network (`gate`, `up`: `[n_embd,
@@ -128,9 +158,11 @@ impl<T: Copy> Ffn<T> {
                 up,
                 down,
                 shared,
+                biases,
             } => {
                 let mut v = vec![gate_inp, gate, up, down];
                 v.extend(shared.into_iter().flat_map(SharedExpert::all));
+                v.extend(biases.into_iter().flat_map(ExpertBiases::all));
                 v
             }
         }
@@ -148,12 +180,14 @@ impl<T: Copy> Ffn<T> {
                 up,
                 down,
                 shared,
+                biases,
             } => Ffn::Experts {
                 gate_inp: f(gate_inp),
                 gate: f(gate),
                 up: f(up),
                 down: f(down),
                 shared: shared.map(|s| s.map(&f)),
+                biases: biases.map(|b| b.map(&f)),
             },
         }
     }
@@ -199,6 +233,7 @@ impl LayerWeights<usize> {
                 self.bv,
                 self.q_norm,
                 self.k_norm,
+                self.attn_sinks,
                 self.post_attn_norm,
                 self.post_ffn_norm,
             ]
@@ -223,6 +258,7 @@ impl<T: Copy> LayerWeights<T> {
             bv: self.bv.map(&f),
             q_norm: self.q_norm.map(&f),
             k_norm: self.k_norm.map(&f),
+            attn_sinks: self.attn_sinks.map(&f),
             post_attn_norm: self.post_attn_norm.map(&f),
             post_ffn_norm: self.post_ffn_norm.map(&f),
             ffn_norm: f(self.ffn_norm),
@@ -231,4 +267,147 @@ impl<T: Copy> LayerWeights<T> {
             delta: self.delta.map(|d| d.map(&f)),
         }
     }
+}
+
+/// The weights of layer `l`, looked up (and registered in `specs`) in the order the forward
+/// pass reads them, with the shapes `hp` implies for its architecture.
+pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Result<LayerWeights> {
+    let (e, kv, q) = (hp.n_embd, hp.n_embd_kv(), hp.head_dim * hp.n_head);
+    let n = |s: &str| format!("blk.{l}.{s}");
+    // qwen2 and qwen2moe have Q/K/V biases; for the others they are optional (some finetunes
+    // carry them; gpt-oss files have them, which llama.cpp does not require).
+    let bias = |specs: &mut Specs<'_>, name: &str, dim: usize| match hp.arch {
+        Arch::Qwen2 | Arch::Qwen2Moe => specs.require(&n(name), &[dim], Role::Vector).map(Some),
+        Arch::Llama
+        | Arch::Qwen3
+        | Arch::Gemma3
+        | Arch::Gemma2
+        | Arch::Phi3
+        | Arch::Qwen3Moe
+        | Arch::Gemma4
+        | Arch::Mistral3
+        | Arch::Qwen35
+        | Arch::GptOss => specs.find(&n(name), &[dim], Role::Vector),
+    };
+    // qwen3 and gemma3 normalise each head of Q and K.
+    let head_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
+        Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe | Arch::Qwen35 => specs
+            .require(&n(name), &[hp.head_dim], Role::Vector)
+            .map(Some),
+        Arch::Llama
+        | Arch::Qwen2
+        | Arch::Gemma2
+        | Arch::Phi3
+        | Arch::Qwen2Moe
+        | Arch::Gemma4
+        | Arch::Mistral3
+        | Arch::GptOss => Ok(None),
+    };
+    // gemma2 and gemma3 normalise the outputs of attention and of the feed-forward network.
+    let post_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
+        Arch::Gemma3 | Arch::Gemma2 => specs.require(&n(name), &[e], Role::Vector).map(Some),
+        Arch::Llama
+        | Arch::Qwen2
+        | Arch::Qwen3
+        | Arch::Phi3
+        | Arch::Qwen3Moe
+        | Arch::Qwen2Moe
+        | Arch::Gemma4
+        | Arch::Mistral3
+        | Arch::Qwen35
+        | Arch::GptOss => Ok(None),
+    };
+    let gpt_oss = hp.arch == Arch::GptOss;
+    let (m, v) = (Role::Matrix, Role::Vector);
+    // phi3 may fuse Q, K and V into one matrix, and always fuses gate and up.
+    let qkv = match specs.find(&n("attn_qkv.weight"), &[e, q + 2 * kv], m)? {
+        Some(w) => Qkv::Fused(w),
+        None => Qkv::Split {
+            wq: specs.require(&n("attn_q.weight"), &[e, q], m)?,
+            wk: specs.require(&n("attn_k.weight"), &[e, kv], m)?,
+            wv: specs.require(&n("attn_v.weight"), &[e, kv], m)?,
+        },
+    };
+    let ffn = match (&hp.experts, hp.arch) {
+        (Some(x), _) => Ffn::Experts {
+            gate_inp: specs.require(&n("ffn_gate_inp.weight"), &[e, x.n_expert], m)?,
+            gate: specs.require(&n("ffn_gate_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
+            up: specs.require(&n("ffn_up_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
+            down: specs.require(&n("ffn_down_exps.weight"), &[x.n_ff_exp, e, x.n_expert], m)?,
+            shared: match x.n_ff_shared {
+                Some(ff) => Some(SharedExpert {
+                    gate_inp: {
+                        // `[n_embd]`, or `[n_embd, 1]` as some converters write it
+                        // (llama.cpp accepts both: trailing dimensions of 1).
+                        let name = n("ffn_gate_inp_shexp.weight");
+                        let column = specs
+                            .gguf
+                            .tensor(&name)
+                            .is_some_and(|t| t.shape == [e as u64, 1]);
+                        let shape: &[usize] = if column { &[e, 1] } else { &[e] };
+                        specs.require(&name, shape, m)?
+                    },
+                    gate: specs.require(&n("ffn_gate_shexp.weight"), &[e, ff], m)?,
+                    up: specs.require(&n("ffn_up_shexp.weight"), &[e, ff], m)?,
+                    down: specs.require(&n("ffn_down_shexp.weight"), &[ff, e], m)?,
+                }),
+                None => None,
+            },
+            // gpt-oss: a bias on the router and on each expert's products.
+            biases: match gpt_oss {
+                true => Some(ExpertBiases {
+                    gate_inp: specs.require(&n("ffn_gate_inp.bias"), &[x.n_expert], v)?,
+                    gate: specs.require(&n("ffn_gate_exps.bias"), &[x.n_ff_exp, x.n_expert], v)?,
+                    up: specs.require(&n("ffn_up_exps.bias"), &[x.n_ff_exp, x.n_expert], v)?,
+                    down: specs.require(&n("ffn_down_exps.bias"), &[e, x.n_expert], v)?,
+                }),
+                false => None,
+            },
+        },
+        (None, Arch::Phi3) => Ffn::Dense {
+            gate: None,
+            up: specs.require(&n("ffn_up.weight"), &[e, 2 * hp.n_ff], m)?,
+            down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e], m)?,
+        },
+        (None, _) => Ffn::Dense {
+            gate: Some(specs.require(&n("ffn_gate.weight"), &[e, hp.n_ff], m)?),
+            up: specs.require(&n("ffn_up.weight"), &[e, hp.n_ff], m)?,
+            down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e], m)?,
+        },
+    };
+    if hp.arch == Arch::Phi3 && specs.gguf.tensor("rope_factors_long.weight").is_some() {
+        return Err(Error::BadTensor {
+            name: "rope_factors_long.weight".into(),
+            reason: "LongRoPE (Phi-3 128k, Phi-3.5) is not supported yet".into(),
+        });
+    }
+    Ok(LayerWeights {
+        attn_norm: specs.require(&n("attn_norm.weight"), &[e], v)?,
+        qkv,
+        wo: specs.require(&n("attn_output.weight"), &[q, e], m)?,
+        // Required for gpt-oss (as llama.cpp), optional for the others (phi3 files may have one).
+        bo: match gpt_oss {
+            true => Some(specs.require(&n("attn_output.bias"), &[e], v)?),
+            false => specs.find(&n("attn_output.bias"), &[e], v)?,
+        },
+        bq: bias(specs, "attn_q.bias", q)?,
+        bk: bias(specs, "attn_k.bias", kv)?,
+        bv: bias(specs, "attn_v.bias", kv)?,
+        q_norm: head_norm(specs, "attn_q_norm.weight")?,
+        k_norm: head_norm(specs, "attn_k_norm.weight")?,
+        attn_sinks: match gpt_oss {
+            true => Some(specs.require(&n("attn_sinks.weight"), &[hp.n_head], v)?),
+            false => None,
+        },
+        post_attn_norm: post_norm(specs, "post_attention_norm.weight")?,
+        post_ffn_norm: post_norm(specs, "post_ffw_norm.weight")?,
+        // gpt-oss names its feed-forward network's norm after the attention it follows.
+        ffn_norm: match gpt_oss {
+            true => specs.require(&n("post_attention_norm.weight"), &[e], v)?,
+            false => specs.require(&n("ffn_norm.weight"), &[e], v)?,
+        },
+        ffn,
+        gemma4: None,
+        delta: None,
+    })
 }

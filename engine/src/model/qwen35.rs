@@ -67,6 +67,7 @@ pub(super) fn layer_weights(
         post_ffn_norm: None,
         ffn_norm,
         ffn,
+        attn_sinks: None,
         gemma4: None,
         delta,
     })

@@ -17,6 +17,11 @@ const RE_LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[d
 /// The Qwen2 pre-tokenizer regex: like Llama 3 but one digit per piece.
 const RE_QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// The GPT-4o (o200k: gpt-oss, Llama 4) pre-tokenizer regex as llama.cpp runs it: a word's
+/// capitals, then its lower-case letters (a letter outside ASCII counts as either), optional
+/// contraction; numbers by three; punctuation with trailing newlines or slashes.
+const RE_GPT4O: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// Pre-tokenizer settings for a `tokenizer.ggml.pre` value: regexes, whether a word that is
 /// already a token skips merging, whether BOS is added by default, and whether decoding cleans up
 /// spaces before punctuation.
@@ -53,6 +58,7 @@ impl PreTokenizer {
             }
             "qwen2" | "deepseek-r1-qwen" => pre(&[RE_QWEN2], false, false, false),
             "stablelm2" => pre(&[RE_QWEN2], false, false, true),
+            "gpt-4o" | "llama4" | "kanana2" | "talkie" => pre(&[RE_GPT4O], false, false, false),
             "smollm" | "command-r" => pre(&[r"\p{N}", RE_GPT2], false, false, false),
             "starcoder" | "refact" | "codeshell" | "exaone" | "minerva-7b" => {
                 pre(&[r"\p{N}", RE_GPT2], false, false, true)

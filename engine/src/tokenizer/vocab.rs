@@ -379,5 +379,34 @@ fn end_of_generation(
     eog.extend([eos, *eot, *eom].into_iter().flatten());
     eog.sort_unstable();
     eog.dedup();
+    harmony(tokens, token_to_id, &mut eog);
     Ok(eog)
+}
+
+/// gpt-oss's harmony tokens, as llama.cpp treats them: the channel markers (`<|channel|>`,
+/// `<|message|>`, `<|start|>`, `<|constrain|>`) are rendered in the reply's text (user-defined
+/// tokens), and where `<|return|>` and `<|call|>` end generation (or `<|calls|>` and
+/// `<|flush|>`), `<|end|>` does not: it closes one message of a reply (the reasoning, before
+/// the final answer) and is rendered too.
+fn harmony(tokens: &mut [TokenData], token_to_id: &HashMap<String, u32>, eog: &mut Vec<u32>) {
+    for marker in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
+        if let Some(&id) = token_to_id.get(marker) {
+            tokens[id as usize].attr = attr::USER_DEFINED;
+        }
+    }
+    let ends = |text: &str| {
+        token_to_id
+            .get(text)
+            .is_some_and(|id| eog.binary_search(id).is_ok())
+    };
+    let call = ends("<|call|>") || ends("<|calls|>");
+    if !(call && (ends("<|return|>") || ends("<|flush|>"))) {
+        return;
+    }
+    if let Some(&end) = token_to_id.get("<|end|>") {
+        if let Ok(i) = eog.binary_search(&end) {
+            eog.remove(i);
+            tokens[end as usize].attr = attr::USER_DEFINED;
+        }
+    }
 }

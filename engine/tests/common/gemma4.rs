@@ -50,6 +50,17 @@ pub fn write(path: &Path, seed: u64, variant: Variant) {
     let mut r = SplitMix64(seed);
     let n_layer = SWA.len();
     let mut g = GgufWriter::new();
+    metadata(&mut g, variant, n_layer);
+    globals(&mut g, &mut r, variant, n_layer);
+    for (l, &swa) in SWA.iter().enumerate() {
+        attention(&mut g, &mut r, l, swa);
+        feed_forward(&mut g, &mut r, l);
+    }
+    g.write(path).unwrap();
+}
+
+/// The file's keys and vocabulary.
+fn metadata(g: &mut GgufWriter, variant: Variant, n_layer: usize) {
     let k = |s: &str| format!("gemma4.{s}");
     g.add_str("general.architecture", "gemma4");
     g.add_u32(&k("context_length"), 256);
@@ -80,209 +91,189 @@ pub fn write(path: &Path, seed: u64, variant: Variant) {
     g.add_u32(&k("expert_count"), n_x as u32);
     g.add_u32(&k("expert_used_count"), n_used as u32);
     g.add_u32(&k("expert_feed_forward_length"), ff_x as u32);
-    vocab(&mut g, N_VOCAB);
+    vocab(g, N_VOCAB);
+}
 
+fn f32t(g: &mut GgufWriter, name: &str, shape: &[u64], w: Vec<f32>) {
+    g.add_tensor(name, shape, GgmlType::F32, f32_bytes(&w));
+}
+
+fn f16t(g: &mut GgufWriter, name: &str, shape: &[u64], w: Vec<f32>) {
+    g.add_tensor(name, shape, GgmlType::F16, f16_bytes(&w));
+}
+
+/// Norm weights around 1.
+fn norm(r: &mut SplitMix64, n: usize) -> Vec<f32> {
+    r.f32_vec(n, 0.5).iter().map(|x| 1.0 + x).collect()
+}
+
+/// The tensors outside the blocks.
+fn globals(g: &mut GgufWriter, r: &mut SplitMix64, variant: Variant, n_layer: usize) {
     let (e, v) = (N_EMBD as u64, N_VOCAB as u64);
-    let f32t = |g: &mut GgufWriter, name: &str, shape: &[u64], w: Vec<f32>| {
-        g.add_tensor(name, shape, GgmlType::F32, f32_bytes(&w));
-    };
-    let f16t = |g: &mut GgufWriter, name: &str, shape: &[u64], w: Vec<f32>| {
-        g.add_tensor(name, shape, GgmlType::F16, f16_bytes(&w));
-    };
-    let norm = |r: &mut SplitMix64, n: usize| -> Vec<f32> {
-        r.f32_vec(n, 0.5).iter().map(|x| 1.0 + x).collect()
-    };
     f32t(
-        &mut g,
+        g,
         "token_embd.weight",
         &[e, v],
         r.f32_vec(N_EMBD * N_VOCAB, 1.0),
     );
-    f32t(&mut g, "output_norm.weight", &[e], norm(&mut r, N_EMBD));
+    f32t(g, "output_norm.weight", &[e], norm(r, N_EMBD));
     // Proportional RoPE: factors from 1 to 4 over the global heads' pairs.
     let factors: Vec<f32> = r
         .f32_vec(HEAD_DIM / 2, 1.5)
         .iter()
         .map(|x| 2.5 + x)
         .collect();
-    f32t(&mut g, "rope_freqs.weight", &[HEAD_DIM as u64 / 2], factors);
+    f32t(g, "rope_freqs.weight", &[HEAD_DIM as u64 / 2], factors);
     let all = (N_PL * n_layer) as u64;
     if !variant.no_per_layer_table {
         f16t(
-            &mut g,
+            g,
             "per_layer_token_embd.weight",
             &[all, v],
             r.f32_vec(N_PL * n_layer * N_VOCAB, 1.0),
         );
     }
     f32t(
-        &mut g,
+        g,
         "per_layer_model_proj.weight",
         &[e, all],
         r.f32_vec(N_EMBD * N_PL * n_layer, 0.5),
     );
     f32t(
-        &mut g,
+        g,
         "per_layer_proj_norm.weight",
         &[N_PL as u64],
-        norm(&mut r, N_PL),
+        norm(r, N_PL),
     );
     if variant.vision_tensor {
-        f32t(&mut g, "v.patch_embd.weight", &[e], norm(&mut r, N_EMBD));
+        f32t(g, "v.patch_embd.weight", &[e], norm(r, N_EMBD));
     }
+}
 
-    for (l, &swa) in SWA.iter().enumerate() {
-        let n = |s: &str| format!("blk.{l}.{s}");
-        let hd = if swa { HEAD_DIM_SWA } else { HEAD_DIM };
-        let (q, kv) = ((hd * N_HEAD) as u64, (hd * N_HEAD_KV) as u64);
-        f32t(&mut g, &n("attn_norm.weight"), &[e], norm(&mut r, N_EMBD));
-        let wq = r.f32_vec(N_EMBD * q as usize, 0.3);
-        let wk = r.f32_vec(N_EMBD * kv as usize, 0.3);
-        let wv = r.f32_vec(N_EMBD * kv as usize, 0.3);
-        match l {
-            0 => {
-                let fused: Vec<f32> = wq.iter().chain(&wk).chain(&wv).copied().collect();
-                f32t(&mut g, &n("attn_qkv.weight"), &[e, q + 2 * kv], fused);
-            }
-            // No V: K's projection serves.
-            2 => {
-                f32t(&mut g, &n("attn_q.weight"), &[e, q], wq);
-                f32t(&mut g, &n("attn_k.weight"), &[e, kv], wk);
-            }
-            // Reuses layer 1's KV: Q alone.
-            3 => f32t(&mut g, &n("attn_q.weight"), &[e, q], wq),
-            _ => {
-                f32t(&mut g, &n("attn_q.weight"), &[e, q], wq);
-                f32t(&mut g, &n("attn_k.weight"), &[e, kv], wk);
-                f32t(&mut g, &n("attn_v.weight"), &[e, kv], wv);
-            }
+/// Layer `l`'s attention tensors (and norms, output scale).
+fn attention(g: &mut GgufWriter, r: &mut SplitMix64, l: usize, swa: bool) {
+    let e = N_EMBD as u64;
+    let n = |s: &str| format!("blk.{l}.{s}");
+    let hd = if swa { HEAD_DIM_SWA } else { HEAD_DIM };
+    let (q, kv) = ((hd * N_HEAD) as u64, (hd * N_HEAD_KV) as u64);
+    f32t(g, &n("attn_norm.weight"), &[e], norm(r, N_EMBD));
+    let wq = r.f32_vec(N_EMBD * q as usize, 0.3);
+    let wk = r.f32_vec(N_EMBD * kv as usize, 0.3);
+    let wv = r.f32_vec(N_EMBD * kv as usize, 0.3);
+    match l {
+        0 => {
+            let fused: Vec<f32> = wq.iter().chain(&wk).chain(&wv).copied().collect();
+            f32t(g, &n("attn_qkv.weight"), &[e, q + 2 * kv], fused);
         }
-        f32t(
-            &mut g,
-            &n("attn_output.weight"),
-            &[q, e],
-            r.f32_vec(N_EMBD * q as usize, 0.3),
-        );
-        f32t(
-            &mut g,
-            &n("attn_q_norm.weight"),
-            &[hd as u64],
-            norm(&mut r, hd),
-        );
-        let k_norm = norm(&mut r, hd);
-        if l != 3 {
-            f32t(&mut g, &n("attn_k_norm.weight"), &[hd as u64], k_norm);
+        // No V: K's projection serves.
+        2 => {
+            f32t(g, &n("attn_q.weight"), &[e, q], wq);
+            f32t(g, &n("attn_k.weight"), &[e, kv], wk);
         }
-        f32t(
-            &mut g,
-            &n("post_attention_norm.weight"),
-            &[e],
-            norm(&mut r, N_EMBD),
-        );
-        let scale = r.f32_vec(1, 0.3)[0] + 0.9;
-        if l == 0 || l == 2 {
-            f32t(&mut g, &n("layer_output_scale.weight"), &[1], vec![scale]);
+        // Reuses layer 1's KV: Q alone.
+        3 => f32t(g, &n("attn_q.weight"), &[e, q], wq),
+        _ => {
+            f32t(g, &n("attn_q.weight"), &[e, q], wq);
+            f32t(g, &n("attn_k.weight"), &[e, kv], wk);
+            f32t(g, &n("attn_v.weight"), &[e, kv], wv);
         }
-        let ff = N_FF[l];
-        f32t(&mut g, &n("ffn_norm.weight"), &[e], norm(&mut r, N_EMBD));
-        f16t(
-            &mut g,
-            &n("ffn_gate.weight"),
-            &[e, ff as u64],
-            r.f32_vec(N_EMBD * ff, 0.3),
-        );
-        f16t(
-            &mut g,
-            &n("ffn_up.weight"),
-            &[e, ff as u64],
-            r.f32_vec(N_EMBD * ff, 0.3),
-        );
-        f16t(
-            &mut g,
-            &n("ffn_down.weight"),
-            &[ff as u64, e],
-            r.f32_vec(N_EMBD * ff, 0.3),
-        );
-        f32t(
-            &mut g,
-            &n("post_ffw_norm.weight"),
-            &[e],
-            norm(&mut r, N_EMBD),
-        );
-        if l == 1 || l == 4 {
-            let (nx, fx) = (n_x as u64, ff_x as u64);
-            f32t(
-                &mut g,
-                &n("ffn_gate_inp.weight"),
-                &[e, nx],
-                r.f32_vec(N_EMBD * n_x, 2.0),
-            );
-            f32t(&mut g, &n("ffn_gate_inp.scale"), &[e], norm(&mut r, N_EMBD));
-            f32t(
-                &mut g,
-                &n("pre_ffw_norm_2.weight"),
-                &[e],
-                norm(&mut r, N_EMBD),
-            );
-            f32t(
-                &mut g,
-                &n("post_ffw_norm_1.weight"),
-                &[e],
-                norm(&mut r, N_EMBD),
-            );
-            f32t(
-                &mut g,
-                &n("post_ffw_norm_2.weight"),
-                &[e],
-                norm(&mut r, N_EMBD),
-            );
-            let gate = r.f32_vec(N_EMBD * ff_x * n_x, 0.3);
-            let up = r.f32_vec(N_EMBD * ff_x * n_x, 0.3);
-            if l == 1 {
-                f16t(&mut g, &n("ffn_gate_exps.weight"), &[e, fx, nx], gate);
-                f16t(&mut g, &n("ffn_up_exps.weight"), &[e, fx, nx], up);
-            } else {
-                // Per expert: the gate's rows, then up's.
-                let per = N_EMBD * ff_x;
-                let fused: Vec<f32> = (0..n_x)
-                    .flat_map(|x| {
-                        gate[x * per..(x + 1) * per]
-                            .iter()
-                            .chain(&up[x * per..(x + 1) * per])
-                            .copied()
-                            .collect::<Vec<_>>()
-                    })
-                    .collect();
-                f16t(
-                    &mut g,
-                    &n("ffn_gate_up_exps.weight"),
-                    &[e, 2 * fx, nx],
-                    fused,
-                );
-            }
-            let down = r.f32_vec(N_EMBD * ff_x * n_x, 0.3);
-            f16t(&mut g, &n("ffn_down_exps.weight"), &[fx, e, nx], down);
-            if l == 4 {
-                let s: Vec<f32> = r.f32_vec(n_x, 0.5).iter().map(|x| 1.0 + x).collect();
-                f32t(&mut g, &n("ffn_down_exps.scale"), &[nx], s);
-            }
-        }
-        let pl = N_PL as u64;
-        f32t(
-            &mut g,
-            &n("inp_gate.weight"),
-            &[e, pl],
-            r.f32_vec(N_EMBD * N_PL, 0.5),
-        );
-        f32t(
-            &mut g,
-            &n("proj.weight"),
-            &[pl, e],
-            r.f32_vec(N_EMBD * N_PL, 0.5),
-        );
-        f32t(&mut g, &n("post_norm.weight"), &[e], norm(&mut r, N_EMBD));
     }
-    g.write(path).unwrap();
+    f32t(
+        g,
+        &n("attn_output.weight"),
+        &[q, e],
+        r.f32_vec(N_EMBD * q as usize, 0.3),
+    );
+    f32t(g, &n("attn_q_norm.weight"), &[hd as u64], norm(r, hd));
+    let k_norm = norm(r, hd);
+    if l != 3 {
+        f32t(g, &n("attn_k_norm.weight"), &[hd as u64], k_norm);
+    }
+    f32t(g, &n("post_attention_norm.weight"), &[e], norm(r, N_EMBD));
+    let scale = r.f32_vec(1, 0.3)[0] + 0.9;
+    if l == 0 || l == 2 {
+        f32t(g, &n("layer_output_scale.weight"), &[1], vec![scale]);
+    }
+}
+
+/// Layer `l`'s feed-forward network, experts and per-layer input.
+fn feed_forward(g: &mut GgufWriter, r: &mut SplitMix64, l: usize) {
+    let e = N_EMBD as u64;
+    let n = |s: &str| format!("blk.{l}.{s}");
+    let (n_x, _, ff_x) = EXPERTS;
+    let ff = N_FF[l];
+    f32t(g, &n("ffn_norm.weight"), &[e], norm(r, N_EMBD));
+    f16t(
+        g,
+        &n("ffn_gate.weight"),
+        &[e, ff as u64],
+        r.f32_vec(N_EMBD * ff, 0.3),
+    );
+    f16t(
+        g,
+        &n("ffn_up.weight"),
+        &[e, ff as u64],
+        r.f32_vec(N_EMBD * ff, 0.3),
+    );
+    f16t(
+        g,
+        &n("ffn_down.weight"),
+        &[ff as u64, e],
+        r.f32_vec(N_EMBD * ff, 0.3),
+    );
+    f32t(g, &n("post_ffw_norm.weight"), &[e], norm(r, N_EMBD));
+    if l == 1 || l == 4 {
+        let (nx, fx) = (n_x as u64, ff_x as u64);
+        f32t(
+            g,
+            &n("ffn_gate_inp.weight"),
+            &[e, nx],
+            r.f32_vec(N_EMBD * n_x, 2.0),
+        );
+        f32t(g, &n("ffn_gate_inp.scale"), &[e], norm(r, N_EMBD));
+        f32t(g, &n("pre_ffw_norm_2.weight"), &[e], norm(r, N_EMBD));
+        f32t(g, &n("post_ffw_norm_1.weight"), &[e], norm(r, N_EMBD));
+        f32t(g, &n("post_ffw_norm_2.weight"), &[e], norm(r, N_EMBD));
+        let gate = r.f32_vec(N_EMBD * ff_x * n_x, 0.3);
+        let up = r.f32_vec(N_EMBD * ff_x * n_x, 0.3);
+        if l == 1 {
+            f16t(g, &n("ffn_gate_exps.weight"), &[e, fx, nx], gate);
+            f16t(g, &n("ffn_up_exps.weight"), &[e, fx, nx], up);
+        } else {
+            // Per expert: the gate's rows, then up's.
+            let per = N_EMBD * ff_x;
+            let fused: Vec<f32> = (0..n_x)
+                .flat_map(|x| {
+                    gate[x * per..(x + 1) * per]
+                        .iter()
+                        .chain(&up[x * per..(x + 1) * per])
+                        .copied()
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            f16t(g, &n("ffn_gate_up_exps.weight"), &[e, 2 * fx, nx], fused);
+        }
+        let down = r.f32_vec(N_EMBD * ff_x * n_x, 0.3);
+        f16t(g, &n("ffn_down_exps.weight"), &[fx, e, nx], down);
+        if l == 4 {
+            let s: Vec<f32> = r.f32_vec(n_x, 0.5).iter().map(|x| 1.0 + x).collect();
+            f32t(g, &n("ffn_down_exps.scale"), &[nx], s);
+        }
+    }
+    let pl = N_PL as u64;
+    f32t(
+        g,
+        &n("inp_gate.weight"),
+        &[e, pl],
+        r.f32_vec(N_EMBD * N_PL, 0.5),
+    );
+    f32t(
+        g,
+        &n("proj.weight"),
+        &[pl, e],
+        r.f32_vec(N_EMBD * N_PL, 0.5),
+    );
+    f32t(g, &n("post_norm.weight"), &[e], norm(r, N_EMBD));
 }
 
 /// The tiny models' vocabulary (as the other tiny models'): `n` tokens of single characters

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod gemma4;
+pub mod gpt_oss;
 pub mod mistral3;
 
 use std::path::{Path, PathBuf};
@@ -269,20 +270,7 @@ pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
         g.add_u32(&k("attention.sliding_window_pattern"), 2);
         g.add_f32(&k("rope.freq_base_swa"), 100.0);
     }
-    // A byte-level vocabulary of single characters, no merges.
-    let tokens: Vec<String> = (0..c.n_vocab)
-        .map(|i| {
-            char::from(b'!' + (i % 90) as u8)
-                .to_string()
-                .repeat(1 + i / 90)
-        })
-        .collect();
-    g.add_str("tokenizer.ggml.model", "gpt2");
-    g.add_str("tokenizer.ggml.pre", "default");
-    g.add_str_array("tokenizer.ggml.tokens", &tokens);
-    g.add_i32_array("tokenizer.ggml.token_type", &vec![1; c.n_vocab]);
-    g.add_str_array::<&str>("tokenizer.ggml.merges", &[]);
-    g.add_u32("tokenizer.ggml.eos_token_id", 0);
+    add_tiny_vocab(&mut g, c.n_vocab);
 
     let (e, v) = (c.n_embd as u64, c.n_vocab as u64);
     g.add_tensor(
@@ -317,6 +305,24 @@ pub fn write_model(c: &Cfg, w: &mut Weights, path: &Path) {
         write_layer(&mut g, c, l, lw);
     }
     g.write(path).unwrap();
+}
+
+/// Adds the tiny models' vocabulary of `n_vocab` tokens to `g`: byte-level, single characters
+/// (then doubled, tripled, ...), no merges, token 0 the end of text.
+pub fn add_tiny_vocab(g: &mut GgufWriter, n_vocab: usize) {
+    let tokens: Vec<String> = (0..n_vocab)
+        .map(|i| {
+            char::from(b'!' + (i % 90) as u8)
+                .to_string()
+                .repeat(1 + i / 90)
+        })
+        .collect();
+    g.add_str("tokenizer.ggml.model", "gpt2");
+    g.add_str("tokenizer.ggml.pre", "default");
+    g.add_str_array("tokenizer.ggml.tokens", &tokens);
+    g.add_i32_array("tokenizer.ggml.token_type", &vec![1; n_vocab]);
+    g.add_str_array::<&str>("tokenizer.ggml.merges", &[]);
+    g.add_u32("tokenizer.ggml.eos_token_id", 0);
 }
 
 /// Adds layer `l`'s tensors to `g` in the shape's layout, and leaves in `lw` what the model

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use axum::response::Response;
+use engine::chat::harmony::{self, HarmonyStream};
 use engine::chat::tools::{
     detect_tool_format, tool_grammar, ToolCall, ToolCallEvent, ToolCallStream, ToolChoice,
     ToolFormat,
@@ -33,6 +34,9 @@ pub(super) struct Turn {
     opened: bool,
     /// How tool calls are written, when the reply is parsed for them.
     tools: Option<ToolFormat>,
+    /// The template writes gpt-oss's harmony messages: the reply is read as them (reasoning,
+    /// content and calls alike, [`HarmonyStream`]).
+    harmony: bool,
     /// The conversation rendered (for the reply's warm-up, see [`super::warm`]).
     pub chat: crate::request::Chat,
 }
@@ -49,6 +53,16 @@ pub(super) async fn prepare(st: &Arc<AppState>, req: &ChatRequest) -> Result<Tur
         })?,
     };
     let format = detect_tool_format(st.template().source());
+    let harmony = harmony::is_harmony(st.template().source());
+    if harmony && matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
+        // No grammar of harmony calls yet: refused rather than constrained to another
+        // family's syntax that the reply is not read in.
+        return Err(ServerError::BadRequest(
+            "\"tool_choice\" \"required\" or a named function is not supported with this \
+             model's harmony (gpt-oss) format yet; use \"auto\""
+                .into(),
+        ));
+    }
     let tools = match (&chat.tools, &choice) {
         (None, _) | (_, ToolChoice::None) => None,
         (Some(_), _) => Some(format),
@@ -88,14 +102,27 @@ pub(super) async fn prepare(st: &Arc<AppState>, req: &ChatRequest) -> Result<Tur
     // A grammar decides every token itself: the budget's end tag is not forced into it.
     if let Ok(tokens) = usize::try_from(st.config.args.reasoning_budget) {
         if tokens > 0 && params.grammar.is_none() {
-            let close = st
-                .model
-                .tokenizer()
-                .encode(engine::chat::THINK_END, false, true)?;
+            // Harmony's reasoning is an `analysis` message: closed by ending it and opening
+            // the final answer's.
+            let (start, end, close) = match harmony {
+                true => (
+                    harmony::ANALYSIS_START,
+                    harmony::END,
+                    harmony::CLOSE_ANALYSIS,
+                ),
+                false => (
+                    engine::chat::THINK_START,
+                    engine::chat::THINK_END,
+                    engine::chat::THINK_END,
+                ),
+            };
+            let close = st.model.tokenizer().encode(close, false, true)?;
             params.reasoning_budget = Some(crate::scheduler::ReasoningBudget {
                 tokens,
                 close,
                 opened,
+                start,
+                end,
             });
         }
     }
@@ -110,6 +137,7 @@ pub(super) async fn prepare(st: &Arc<AppState>, req: &ChatRequest) -> Result<Tur
         prompt,
         params,
         tools,
+        harmony,
         chat: chat.clone(),
     })
 }
@@ -186,9 +214,15 @@ impl Turn {
 
     /// A reader for the reply as it streams.
     pub fn reader(&self) -> Reader {
+        let parse = match self.harmony {
+            true => Parse::Harmony(HarmonyStream::new(self.reasoning, self.tools.is_some())),
+            false => Parse::Think {
+                reasoning: ReasoningStream::new(self.reasoning, self.opened),
+                tools: self.tools.map(ToolCallStream::new),
+            },
+        };
         Reader {
-            reasoning: ReasoningStream::new(self.reasoning, self.opened),
-            tools: self.tools.map(ToolCallStream::new),
+            parse,
             text: String::new(),
         }
     }
@@ -215,26 +249,47 @@ pub(super) enum Piece {
     Reply(ToolCallEvent),
 }
 
-/// Reads a reply as it streams: reasoning first split out, then tool calls out of the rest.
+/// Reads a reply as it streams: reasoning first split out, then tool calls out of the rest;
+/// or a harmony reply's messages.
 pub(super) struct Reader {
-    reasoning: ReasoningStream,
-    tools: Option<ToolCallStream>,
+    parse: Parse,
     /// The reply's text fed so far.
     text: String,
+}
+
+/// How a [`Reader`] reads.
+enum Parse {
+    /// `<think>` reasoning split out, then tool calls (when read) out of the rest.
+    Think {
+        reasoning: ReasoningStream,
+        tools: Option<ToolCallStream>,
+    },
+    /// gpt-oss's harmony messages.
+    Harmony(HarmonyStream),
 }
 
 impl Reader {
     /// The pieces a delta settles.
     pub fn feed(&mut self, delta: &str) -> Vec<Piece> {
         self.text.push_str(delta);
-        let (r, c) = self.reasoning.feed(delta);
-        self.pieces(r, c, false)
+        match &mut self.parse {
+            Parse::Think { reasoning, .. } => {
+                let (r, c) = reasoning.feed(delta);
+                self.pieces(r, c, false)
+            }
+            Parse::Harmony(h) => harmony_pieces(h.feed(delta)),
+        }
     }
 
     /// The pieces held back until the end.
     pub fn finish(&mut self) -> Vec<Piece> {
-        let (r, c) = self.reasoning.finish();
-        self.pieces(r, c, true)
+        match &mut self.parse {
+            Parse::Think { reasoning, .. } => {
+                let (r, c) = reasoning.finish();
+                self.pieces(r, c, true)
+            }
+            Parse::Harmony(h) => harmony_pieces(h.finish()),
+        }
     }
 
     /// The reply's text fed so far.
@@ -244,10 +299,13 @@ impl Reader {
 
     /// The calls read so far.
     pub fn calls(&self) -> Vec<ToolCall> {
-        self.tools
-            .as_ref()
-            .map(|t| t.calls().to_vec())
-            .unwrap_or_default()
+        match &self.parse {
+            Parse::Think { tools, .. } => tools
+                .as_ref()
+                .map(|t| t.calls().to_vec())
+                .unwrap_or_default(),
+            Parse::Harmony(h) => h.calls().to_vec(),
+        }
     }
 
     fn pieces(&mut self, reasoning: String, content: String, end: bool) -> Vec<Piece> {
@@ -255,7 +313,10 @@ impl Reader {
         if !reasoning.is_empty() {
             out.push(Piece::Reasoning(reasoning));
         }
-        let Some(tools) = &mut self.tools else {
+        let Parse::Think {
+            tools: Some(tools), ..
+        } = &mut self.parse
+        else {
             if !content.is_empty() {
                 out.push(Piece::Reply(ToolCallEvent::Content(content)));
             }
@@ -269,6 +330,17 @@ impl Reader {
         out.extend(events.into_iter().filter(|e| !empty(e)).map(Piece::Reply));
         out
     }
+}
+
+/// The pieces of what a harmony reader settled: its reasoning, then its content and calls.
+fn harmony_pieces((reasoning, events): (String, Vec<ToolCallEvent>)) -> Vec<Piece> {
+    let mut out = Vec::new();
+    if !reasoning.is_empty() {
+        out.push(Piece::Reasoning(reasoning));
+    }
+    let empty = |e: &ToolCallEvent| matches!(e, ToolCallEvent::Content(s) if s.is_empty());
+    out.extend(events.into_iter().filter(|e| !empty(e)).map(Piece::Reply));
+    out
 }
 
 /// A reply streamed as an API's named events, output blocks or items opened, filled and closed
@@ -366,4 +438,68 @@ pub(super) fn chat_request(st: &AppState, mut body: Value) -> Result<ChatRequest
         req.chat.messages.clear();
     }
     Ok(req)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reader of harmony replies, as a turn of a gpt-oss template makes it.
+    fn harmony_reader(tools: bool) -> Reader {
+        Reader {
+            parse: Parse::Harmony(HarmonyStream::new(ReasoningFormat::Auto, tools)),
+            text: String::new(),
+        }
+    }
+
+    /// `reply` fed to `r` in pieces of 5 bytes: its reasoning, its content and the names of
+    /// the calls that started.
+    fn read(r: &mut Reader, reply: &str) -> (String, String, Vec<String>) {
+        let mut pieces = Vec::new();
+        for chunk in reply.as_bytes().chunks(5) {
+            pieces.extend(r.feed(std::str::from_utf8(chunk).unwrap()));
+        }
+        pieces.extend(r.finish());
+        let (mut reasoning, mut content, mut calls) = (String::new(), String::new(), Vec::new());
+        for p in pieces {
+            match p {
+                Piece::Reasoning(s) => reasoning.push_str(&s),
+                Piece::Reply(ToolCallEvent::Content(s)) => {
+                    assert!(!s.is_empty(), "an empty content piece");
+                    content.push_str(&s)
+                }
+                Piece::Reply(ToolCallEvent::CallStart { name, .. }) => calls.push(name),
+                Piece::Reply(ToolCallEvent::Arguments { .. }) => {}
+            }
+        }
+        (reasoning, content, calls)
+    }
+
+    #[test]
+    fn a_harmony_reply_reads_as_reasoning_content_and_calls() {
+        let answer = "<|channel|>analysis<|message|>A greeting.<|end|>\
+                      <|start|>assistant<|channel|>final<|message|>Hello!";
+        let mut r = harmony_reader(false);
+        let (reasoning, content, calls) = read(&mut r, answer);
+        assert_eq!(
+            (reasoning.as_str(), content.as_str()),
+            ("A greeting.", "Hello!")
+        );
+        assert!(calls.is_empty());
+        assert_eq!(r.text(), answer);
+
+        let call = "<|channel|>analysis<|message|>Need the weather.<|end|>\
+                    <|start|>assistant<|channel|>commentary to=functions.get_weather \
+                    <|constrain|>json<|message|>{\"city\":\"Paris\"}";
+        let mut r = harmony_reader(true);
+        let (reasoning, content, calls) = read(&mut r, call);
+        assert_eq!(
+            (reasoning.as_str(), content.as_str()),
+            ("Need the weather.", "")
+        );
+        assert_eq!(calls, ["get_weather"]);
+        let read_calls = r.calls();
+        assert_eq!(read_calls.len(), 1);
+        assert_eq!(read_calls[0].arguments, "{\"city\":\"Paris\"}");
+    }
 }

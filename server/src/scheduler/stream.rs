@@ -12,8 +12,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use engine::chat::{THINK_END, THINK_START};
-
 use super::sample::flush_text;
 use super::{Event, Finish, FinishReason, Scheduler, TokenProbs};
 use crate::error::ServerError;
@@ -65,7 +63,7 @@ impl Scheduler {
         if let Some(b) = &a.params.reasoning_budget {
             // Inside the thinking block (opened by the prompt or by the reply, not closed):
             // count, and close it once the budget is spent.
-            let inside = (b.opened || a.text.contains(THINK_START)) && !a.text.contains(THINK_END);
+            let inside = (b.opened || a.text.contains(b.start)) && !a.text.contains(b.end);
             if inside && a.forced.is_empty() {
                 a.thinking += 1;
                 if a.thinking >= b.tokens {

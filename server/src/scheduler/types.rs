@@ -271,6 +271,11 @@ pub struct ReasoningBudget {
     pub close: Vec<u32>,
     /// The prompt left a thinking block open (the reply starts inside it).
     pub opened: bool,
+    /// The text that opens a thinking block in the reply (`<think>`; harmony's analysis
+    /// header).
+    pub start: &'static str,
+    /// The text that ends it (`</think>`; harmony's `<|end|>`).
+    pub end: &'static str,
 }
 
 /// What the scheduler needs besides its context.

@@ -31,6 +31,7 @@ mod stream;
 mod tests;
 
 pub use grammar::tool_grammar;
+pub(crate) use stream::call_id;
 pub use stream::ToolCallStream;
 
 /// How a model family writes tool calls.

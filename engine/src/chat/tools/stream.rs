@@ -87,17 +87,7 @@ impl ToolCallStream {
     }
 
     fn next_id(&mut self) -> String {
-        const ALNUM: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-        (0..9)
-            .map(|_| {
-                self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-                let mut z = self.rng;
-                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-                z ^= z >> 31;
-                ALNUM[(z % ALNUM.len() as u64) as usize] as char
-            })
-            .collect()
+        call_id(&mut self.rng)
     }
 
     fn step(&mut self, eof: bool) -> Vec<ToolCallEvent> {
@@ -156,4 +146,20 @@ impl ToolCallStream {
         }
         events
     }
+}
+
+/// A tool call's id: 9 letters and digits drawn from the generator state `rng` (Mistral's
+/// templates require 9).
+pub(crate) fn call_id(rng: &mut u64) -> String {
+    const ALNUM: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    (0..9)
+        .map(|_| {
+            *rng = rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = *rng;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            ALNUM[(z % ALNUM.len() as u64) as usize] as char
+        })
+        .collect()
 }

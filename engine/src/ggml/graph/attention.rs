@@ -37,11 +37,12 @@ impl<'g, 'w> Graph<'g, 'w> {
 
     /// Fused attention. `q`: `[head_dim, n_tokens, n_head]`, `k`/`v`: `[head_dim, n_kv,
     /// n_head_kv]` (f16), `mask`: f16 `[n_kv, n_tokens]`; scores are scaled, then soft-capped
-    /// to `softcap * tanh(s / softcap)` unless `softcap` is 0. The result is `[head_dim,
+    /// to `softcap * tanh(s / softcap)` unless `softcap` is 0; with `sinks` (f32 `[n_head]`),
+    /// each head's sink takes part in its softmax's denominator. The result is `[head_dim,
     /// n_head, n_tokens]`. With `ours` (the plan's choice, for `k` and `v` the CPU can read
-    /// in place), f16 `k` and `v`, no soft cap and a head size it takes, ggml-sys's attention
-    /// kernel runs it (the query heads of a group share each converted K and V tile);
-    /// otherwise ggml's.
+    /// in place), f16 `k` and `v`, no soft cap, no sinks and a head size it takes, ggml-sys's
+    /// attention kernel runs it (the query heads of a group share each converted K and V
+    /// tile); otherwise ggml's.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn flash_attn(
         &mut self,
@@ -51,9 +52,10 @@ impl<'g, 'w> Graph<'g, 'w> {
         mask: Tensor<'g>,
         scale: f32,
         softcap: f32,
+        sinks: Option<Tensor<'g>>,
         ours: bool,
     ) -> Tensor<'g> {
-        if ours && self.kernel_takes(q, k, v, mask, softcap) {
+        if ours && sinks.is_none() && self.kernel_takes(q, k, v, mask, softcap) {
             return self.kernel_attention(&mut [q.raw, k.raw, v.raw, mask.raw], q, k, scale);
         }
         let t = op!(
@@ -69,8 +71,32 @@ impl<'g, 'w> Graph<'g, 'w> {
                 softcap
             )
         );
-        // SAFETY: live flash-attention node.
-        unsafe { sys::ggml_flash_attn_ext_set_prec(t.raw, sys::GGML_PREC_F32) };
+        // SAFETY: live flash-attention node; `sinks` is a live tensor of this graph (or a
+        // lifted weight), which ggml records as the node's fifth source.
+        unsafe {
+            sys::ggml_flash_attn_ext_set_prec(t.raw, sys::GGML_PREC_F32);
+            if let Some(s) = sinks {
+                sys::ggml_flash_attn_ext_add_sinks(t.raw, s.raw);
+            }
+        }
+        t
+    }
+
+    /// `softmax(x * scale + mask)` over `ne[0]`, as [`Graph::soft_max`], with each head's sink
+    /// (f32 `[n_head]`, `x`'s dimension 2) in its denominator when there are `sinks`.
+    pub(crate) fn soft_max_sinks(
+        &mut self,
+        x: Tensor<'g>,
+        mask: Tensor<'g>,
+        scale: f32,
+        sinks: Option<Tensor<'g>>,
+    ) -> Tensor<'g> {
+        let t = self.soft_max(x, mask, scale);
+        if let Some(s) = sinks {
+            // SAFETY: live soft_max node and tensor of this graph (or a lifted weight), which
+            // ggml records as the node's third source.
+            unsafe { sys::ggml_soft_max_add_sinks(t.raw, s.raw) };
+        }
         t
     }
 
