@@ -21,7 +21,6 @@ use std::path::Path;
 
 use common::mistral3::write;
 use engine::{ContextParams, Evaluation, Model, Session};
-use serde_json::Value;
 
 const SEED: u64 = 2026;
 
@@ -29,13 +28,6 @@ const SEED: u64 = 2026;
 const TEMPERATURE: f32 = 0.5;
 
 const PROMPTS: &[&str] = &["The_quick~brown|fox", "0123456789", "a"];
-
-fn argmax(v: &[f32]) -> u32 {
-    v.iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .map_or(0, |(i, _)| i as u32)
-}
 
 fn load(temperature: f32) -> (tempfile::TempDir, std::sync::Arc<Model>) {
     let dir = tempfile::tempdir().unwrap();
@@ -64,35 +56,8 @@ fn mistral3_matches_llama_cpp_on_the_same_file() {
     let text = include_str!("fixtures/tiny_mistral3_golden.jsonl");
     let mut n = 0;
     for line in text.lines() {
-        let want: Value = serde_json::from_str(line).unwrap();
-        let prompt = want["prompt"].as_str().unwrap();
-        let ids: Vec<u32> = model.tokenizer().encode(prompt, true, false).unwrap();
-        let want_ids: Vec<u32> = serde_json::from_value(want["prompt_ids"].clone()).unwrap();
-        assert_eq!(ids, want_ids, "{prompt:?}: token ids");
         let mut s = session(model.clone());
-        let logits = s.feed(&ids).unwrap().to_vec();
-        let mut worst = 0f64;
-        for pair in want["top10"].as_array().unwrap() {
-            let (id, logit) = (
-                pair[0].as_u64().unwrap() as usize,
-                pair[1].as_f64().unwrap(),
-            );
-            let got = f64::from(logits[id]);
-            worst = worst.max((got - logit).abs());
-            assert!(
-                (got - logit).abs() <= 1e-3,
-                "{prompt:?}: logit of {id} is {got}, llama.cpp {logit}"
-            );
-        }
-        eprintln!("{prompt:?}: largest logit difference {worst:.2e}");
-        let want_greedy: Vec<u32> = serde_json::from_value(want["greedy"].clone()).unwrap();
-        let mut greedy = Vec::new();
-        let mut next = argmax(&logits);
-        for _ in 0..want_greedy.len() {
-            greedy.push(next);
-            next = argmax(s.feed(&[next]).unwrap());
-        }
-        assert_eq!(greedy, want_greedy, "{prompt:?}: greedy tokens");
+        common::check_golden_line(&model, &mut s, line);
         n += 1;
     }
     assert_eq!(n, PROMPTS.len(), "a fixture line per prompt");

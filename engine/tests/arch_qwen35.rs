@@ -24,19 +24,11 @@ use std::sync::Arc;
 
 use common::qwen35::*;
 use engine::{Batch, Context, ContextParams, Error, Evaluation, Logits, Model, SeqId, Session};
-use serde_json::Value;
 
 /// The seed of the tiny model.
 const SEED: u64 = 2026;
 
 const PROMPTS: &[&str] = &["The_quick~brown|fox", "0123456789", "a"];
-
-fn argmax(v: &[f32]) -> u32 {
-    v.iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .map_or(0, |(i, _)| i as u32)
-}
 
 fn context(model: &Arc<Model>, n_batch: usize) -> Context {
     Context::new(
@@ -78,13 +70,7 @@ fn qwen35_matches_llama_cpp_on_the_same_file() {
     let (_dir, model) = build_qwen35(SEED);
     let mut n = 0;
     for line in text.lines() {
-        let want: Value = serde_json::from_str(line).unwrap();
-        assert_eq!(want["arch"], "qwen35");
-        let prompt = want["prompt"].as_str().unwrap();
-        let ids: Vec<u32> = model.tokenizer().encode(prompt, true, false).unwrap();
-        let want_ids: Vec<u32> = serde_json::from_value(want["prompt_ids"].clone()).unwrap();
-        assert_eq!(ids, want_ids, "{prompt:?}: token ids");
-
+        assert!(line.contains("\"arch\":\"qwen35\""), "a qwen35 line");
         let mut s = Session::new(
             model.clone(),
             ContextParams {
@@ -95,29 +81,7 @@ fn qwen35_matches_llama_cpp_on_the_same_file() {
             },
         )
         .unwrap();
-        let logits = s.feed(&ids).unwrap().to_vec();
-        let mut worst = 0f64;
-        for pair in want["top10"].as_array().unwrap() {
-            let (id, logit) = (
-                pair[0].as_u64().unwrap() as usize,
-                pair[1].as_f64().unwrap(),
-            );
-            let got = f64::from(logits[id]);
-            worst = worst.max((got - logit).abs());
-            assert!(
-                (got - logit).abs() <= 1e-3,
-                "{prompt:?}: logit of {id} is {got}, llama.cpp {logit}"
-            );
-        }
-        eprintln!("{prompt:?}: largest logit difference {worst:.2e}");
-        let want_greedy: Vec<u32> = serde_json::from_value(want["greedy"].clone()).unwrap();
-        let mut greedy = Vec::new();
-        let mut next = argmax(&logits);
-        for _ in 0..want_greedy.len() {
-            greedy.push(next);
-            next = argmax(s.feed(&[next]).unwrap());
-        }
-        assert_eq!(greedy, want_greedy, "{prompt:?}: greedy tokens");
+        common::check_golden_line(&model, &mut s, line);
         n += 1;
     }
     assert_eq!(n, PROMPTS.len(), "a fixture line per prompt");

@@ -290,11 +290,18 @@ impl<V: BlockIo> ModelStore<V> {
         let Ok(path) = self.manifest_path(name) else {
             return false;
         };
-        std::fs::File::options()
-            .write(true)
-            .open(path)
-            .and_then(|f| f.set_modified(std::time::SystemTime::now()))
-            .is_ok()
+        self.touch(&path)
+    }
+
+    /// Sets the modification time of `path` (a file of this model) to now: the use the
+    /// store's least-recently-used policies read. Never on a read-only store (false).
+    pub(crate) fn touch(&self, path: &std::path::Path) -> bool {
+        self.shared.access != crate::store::Access::ReadOnly
+            && std::fs::File::options()
+                .write(true)
+                .open(path)
+                .and_then(|f| f.set_modified(std::time::SystemTime::now()))
+                .is_ok()
     }
 
     /// Path of block `id`'s file (whether or not it exists).

@@ -172,11 +172,8 @@ impl<V: BlockIo> ModelStore<V> {
     }
 
     /// Marks the snapshot of block `id` as used now (best effort, as
-    /// [`ModelStore::touch_manifest`]).
+    /// [`ModelStore::touch_manifest`]; never on a read-only store).
     fn touch_state(&self, id: &BlockId) {
-        let _ = std::fs::File::options()
-            .write(true)
-            .open(self.info.store.state_path(id))
-            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+        self.touch(&self.info.store.state_path(id));
     }
 }

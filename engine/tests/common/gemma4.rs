@@ -91,7 +91,7 @@ fn metadata(g: &mut GgufWriter, variant: Variant, n_layer: usize) {
     g.add_u32(&k("expert_count"), n_x as u32);
     g.add_u32(&k("expert_used_count"), n_used as u32);
     g.add_u32(&k("expert_feed_forward_length"), ff_x as u32);
-    vocab(g, N_VOCAB);
+    super::add_tiny_vocab(g, N_VOCAB);
 }
 
 fn f32t(g: &mut GgufWriter, name: &str, shape: &[u64], w: Vec<f32>) {
@@ -274,22 +274,4 @@ fn feed_forward(g: &mut GgufWriter, r: &mut SplitMix64, l: usize) {
         r.f32_vec(N_EMBD * N_PL, 0.5),
     );
     f32t(g, &n("post_norm.weight"), &[e], norm(r, N_EMBD));
-}
-
-/// The tiny models' vocabulary (as the other tiny models'): `n` tokens of single characters
-/// and their repeats, a byte-level BPE without merges.
-pub fn vocab(g: &mut GgufWriter, n: usize) {
-    let tokens: Vec<String> = (0..n)
-        .map(|i| {
-            char::from(b'!' + (i % 90) as u8)
-                .to_string()
-                .repeat(1 + i / 90)
-        })
-        .collect();
-    g.add_str("tokenizer.ggml.model", "gpt2");
-    g.add_str("tokenizer.ggml.pre", "default");
-    g.add_str_array("tokenizer.ggml.tokens", &tokens);
-    g.add_i32_array("tokenizer.ggml.token_type", &vec![1; n]);
-    g.add_str_array::<&str>("tokenizer.ggml.merges", &[]);
-    g.add_u32("tokenizer.ggml.eos_token_id", 0);
 }

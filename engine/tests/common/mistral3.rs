@@ -41,7 +41,7 @@ pub fn write(path: &Path, seed: u64, temperature: f32) {
     if temperature != 0.0 {
         g.add_f32(&k("attention.temperature_scale"), temperature);
     }
-    super::gemma4::vocab(&mut g, N_VOCAB);
+    super::add_tiny_vocab(&mut g, N_VOCAB);
 
     let (e, v) = (N_EMBD as u64, N_VOCAB as u64);
     let hd = N_EMBD / N_HEAD;
