@@ -51,7 +51,7 @@ fn gemma4_matches_llama_cpp_on_the_same_file() {
             },
         )
         .unwrap();
-        common::check_golden_line(&model, &mut s, line);
+        common::golden::check_golden_line(&model, &mut s, line);
         n += 1;
     }
     assert_eq!(n, PROMPTS.len(), "a fixture line per prompt");

@@ -57,7 +57,7 @@ fn mistral3_matches_llama_cpp_on_the_same_file() {
     let mut n = 0;
     for line in text.lines() {
         let mut s = session(model.clone());
-        common::check_golden_line(&model, &mut s, line);
+        common::golden::check_golden_line(&model, &mut s, line);
         n += 1;
     }
     assert_eq!(n, PROMPTS.len(), "a fixture line per prompt");
