@@ -221,12 +221,22 @@ impl Context {
                 len: s.tokens.len(),
             });
         }
-        // A recurrent state is known only after every token of `src` (or before the first).
+        // A recurrent state is known only after every token of `src` (or before the first),
+        // and at the page boundaries where it kept one.
         let state = match &self.recurrent {
-            Some(_) if len > 0 && len < s.tokens.len() => {
-                return Err(Error::Recurrent {
-                    what: format!("forking {src} at {len} of its {} tokens", s.tokens.len()),
-                })
+            Some(r) if len > 0 && len < s.tokens.len() => {
+                let kept = r.snapshots(src).iter().find(|k| k.len == len);
+                match kept {
+                    Some(k) => Some(k.state.clone()),
+                    None => {
+                        return Err(Error::Recurrent {
+                            what: format!(
+                                "forking {src} at {len} of its {} tokens, where it kept no state",
+                                s.tokens.len()
+                            ),
+                        })
+                    }
+                }
             }
             Some(_) if len > 0 => self.recurrent_state(src)?,
             _ => None,
@@ -401,11 +411,11 @@ impl Context {
         if len >= s.tokens.len() {
             return Ok(());
         }
-        if self.recurrent.is_some() && len > 0 {
+        let held = s.tokens.len();
+        if self.recurrent.is_some() && len > 0 && !self.snapshot_lens(seq).contains(&len) {
             return Err(Error::Recurrent {
                 what: format!(
-                    "cutting {seq} back to {len} of its {} tokens",
-                    s.tokens.len()
+                    "cutting {seq} back to {len} of its {held} tokens, where it kept no state"
                 ),
             });
         }
@@ -416,9 +426,13 @@ impl Context {
         if !len.is_multiple_of(PAGE_TOKENS) {
             self.unspill_page(self.seqs[&seq].pages[len / PAGE_TOKENS])?;
         }
-        // Cleared to nothing: the next batch starts from a zeroed state.
+        // Back to the state kept at `len`; cleared to nothing, the next batch starts from a
+        // zeroed state.
         if let Some(r) = self.recurrent.as_mut() {
-            r.remove(seq);
+            match len {
+                0 => r.remove(seq),
+                _ => r.rewind(seq, len)?,
+            }
         }
         let s = self.seqs.get_mut(&seq).expect("checked above");
         s.tokens.truncate(len);
@@ -764,7 +778,7 @@ impl Context {
             for item in &batch.items {
                 let len = self.seqs[&item.seq].tokens.len();
                 if len.is_multiple_of(PAGE_TOKENS) {
-                    r.snapshot(item.seq, len);
+                    r.snapshot(item.seq, len, item.tokens.len());
                 }
             }
         }

@@ -487,7 +487,7 @@ impl Context {
             if let Some(state) = state {
                 r.write(seq, state)?;
                 if tokens.len().is_multiple_of(PAGE_TOKENS) {
-                    r.snapshot(seq, tokens.len());
+                    r.snapshot(seq, tokens.len(), tokens.len());
                 }
             }
         }

@@ -17,6 +17,14 @@
 //! [`Recurrent::read`] and [`Recurrent::write`] give a sequence's state as bytes (each
 //! recurrent layer's convolution state, then its delta-net state, in layer order), for a
 //! checkpoint to keep beside the KV.
+//!
+//! Snapshots: a sequence that ends a batch on a page boundary keeps its state there, and can
+//! later be cut back or forked at that boundary (the one exception to "never a shorter
+//! prefix"). It keeps two at most: the newest taken after a batch item of several tokens (the
+//! end of a prompt, or of a chunk of one) and the newest of all (during generation, the last
+//! boundary its reply crossed). A conversation's next turn then resumes at the end of its
+//! reply, and a regenerated or re-tokenized reply at the end of its prompt, computing at most
+//! one page more than its new tokens.
 
 use std::collections::BTreeMap;
 
@@ -40,9 +48,19 @@ pub(crate) struct Recurrent {
     free: Vec<usize>,
     /// The slot of each sequence that has one (every sequence holding tokens).
     slots: BTreeMap<SeqId, usize>,
-    /// Per sequence, its state at the last page boundary it reached in a batch of its own
-    /// ending there (tokens, state bytes): what a save stores as the snapshot of that block.
-    snapshots: BTreeMap<SeqId, (usize, Vec<u8>)>,
+    /// Per sequence, its states at page boundaries (see the module's docs), oldest first.
+    snapshots: BTreeMap<SeqId, Vec<Snapshot>>,
+}
+
+/// A sequence's state after its first `len` tokens, `len` a page boundary.
+#[derive(Clone, Debug)]
+pub(crate) struct Snapshot {
+    /// Tokens it follows.
+    pub len: usize,
+    /// The state bytes ([`Recurrent::read`]).
+    pub state: Vec<u8>,
+    /// Taken after a batch item of several tokens (a prompt's).
+    prompt: bool,
 }
 
 /// Where one batch item's state comes from and goes to.
@@ -188,16 +206,40 @@ impl Recurrent {
         }
     }
 
-    /// Keeps `seq`'s present state as its snapshot after `len` tokens (a page boundary).
-    pub(crate) fn snapshot(&mut self, seq: SeqId, len: usize) {
-        if let Some(state) = self.read(seq) {
-            self.snapshots.insert(seq, (len, state));
-        }
+    /// Keeps `seq`'s present state as its snapshot after `len` tokens (a page boundary), which
+    /// a batch item of `n_new` tokens reached: the newest of all, and when `n_new > 1` the
+    /// newest of a prompt's too (see the module's docs).
+    pub(crate) fn snapshot(&mut self, seq: SeqId, len: usize, n_new: usize) {
+        let Some(state) = self.read(seq) else {
+            return;
+        };
+        let prompt = n_new > 1;
+        let kept = self.snapshots.entry(seq).or_default();
+        kept.retain(|s| s.len < len && s.prompt && !prompt);
+        kept.push(Snapshot { len, state, prompt });
     }
 
-    /// `seq`'s last snapshot: the tokens it follows and the state bytes.
-    pub(crate) fn last_snapshot(&self, seq: SeqId) -> Option<&(usize, Vec<u8>)> {
-        self.snapshots.get(&seq)
+    /// `seq`'s snapshots, oldest first.
+    pub(crate) fn snapshots(&self, seq: SeqId) -> &[Snapshot] {
+        self.snapshots.get(&seq).map_or(&[], Vec::as_slice)
+    }
+
+    /// Cuts `seq` back to its snapshot after `len` tokens: its state becomes that one, and the
+    /// later snapshots go. [`Error::Recurrent`], changing nothing, when it has none there.
+    pub(crate) fn rewind(&mut self, seq: SeqId, len: usize) -> Result<()> {
+        let state = self
+            .snapshots(seq)
+            .iter()
+            .find(|s| s.len == len)
+            .map(|s| s.state.clone())
+            .ok_or_else(|| Error::Recurrent {
+                what: format!("cutting {seq} back to {len} tokens, where it kept no state"),
+            })?;
+        self.write(seq, &state)?;
+        if let Some(kept) = self.snapshots.get_mut(&seq) {
+            kept.retain(|s| s.len <= len);
+        }
+        Ok(())
     }
 
     /// `seq`'s state as bytes (see the module's docs); `None` when it has none (no tokens).
@@ -256,12 +298,26 @@ impl Recurrent {
 }
 
 impl crate::context::Context {
-    /// A hybrid sequence's state at the last page boundary it reached at the end of a batch
-    /// (tokens, state bytes), if it still holds those tokens.
-    pub(crate) fn boundary_state(&self, seq: SeqId) -> Option<(usize, Vec<u8>)> {
-        let len = self.seqs.get(&seq)?.tokens.len();
-        let (n, state) = self.recurrent.as_ref()?.last_snapshot(seq)?;
-        (*n > 0 && *n <= len).then(|| (*n, state.clone()))
+    /// A hybrid sequence's states kept at page boundaries (tokens, state bytes), oldest
+    /// first, those it still holds the tokens of (see `recurrent.rs`).
+    pub(crate) fn boundary_states(&self, seq: SeqId) -> Vec<(usize, Vec<u8>)> {
+        let (Some(s), Some(r)) = (self.seqs.get(&seq), self.recurrent.as_ref()) else {
+            return Vec::new();
+        };
+        r.snapshots(seq)
+            .iter()
+            .filter(|k| k.len > 0 && k.len <= s.tokens.len())
+            .map(|k| (k.len, k.state.clone()))
+            .collect()
+    }
+
+    /// The lengths, at most `len`, at which hybrid `seq` kept its state: where it can be cut
+    /// back or forked (its whole length aside). Empty for a model without recurrent layers.
+    pub(crate) fn snapshot_lens(&self, seq: SeqId) -> Vec<usize> {
+        self.recurrent
+            .as_ref()
+            .map(|r| r.snapshots(seq).iter().map(|k| k.len).collect())
+            .unwrap_or_default()
     }
 
     /// Whether the model has recurrent layers (a hybrid, such as Qwen3.5): its sequences carry

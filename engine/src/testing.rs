@@ -1,12 +1,17 @@
 //! Tiny chat models for tests and benchmarks (feature `test-util`): a llama network with random
 //! f32 weights and a GPT-2 byte-level vocabulary, so that any text encodes, plus ChatML's control
 //! tokens. The chat's, the ingest's and the server's tests all write their models here, and find
-//! the real Gemma 3 model through [`gemma3_model_path`].
+//! the real Gemma 3 model through [`gemma3_model_path`]. [`TinyHybridModel`] is a qwen35 hybrid
+//! with the same vocabulary.
 
 use std::path::{Path, PathBuf};
 
 use crate::gguf::{GgmlType, GgufWriter};
 use crate::Result;
+
+mod hybrid;
+
+pub use hybrid::TinyHybridModel;
 
 /// SplitMix64: a small deterministic generator, the same sequence on every machine.
 #[derive(Debug, Clone)]

@@ -47,10 +47,21 @@ impl Context {
 
     /// The longest length, at most `len`, from which `seq` can go on (be forked, truncated to,
     /// evaluated after): `len` itself unless the window of a token at `len` reaches rows of
-    /// sliding-window layers that were released ([`Context::release_windows`]); 0 at worst.
+    /// sliding-window layers that were released ([`Context::release_windows`]), or, for a
+    /// hybrid model, the last boundary before `len` where `seq` kept its recurrent state (its
+    /// whole length aside); 0 at worst.
     pub fn resumable_len(&self, seq: SeqId, len: usize) -> Result<usize> {
         let s = self.seq(seq)?;
         let mut len = len.min(s.tokens.len());
+        // A hybrid sequence goes on from its end or from a boundary where it kept its state.
+        if self.is_hybrid() && len < s.tokens.len() {
+            len = self
+                .snapshot_lens(seq)
+                .into_iter()
+                .filter(|&k| k <= len)
+                .max()
+                .unwrap_or(0);
+        }
         while let Some(position) = self.window_gap(&s.pages, len) {
             // Only lengths that end at or before the released page can avoid it.
             len = position;

@@ -2,7 +2,8 @@
 //! last token is saved beside the KV, and a sequence restored from it, in a new context of a
 //! new process's store handle, continues bit for bit as the uninterrupted one; the state at the
 //! last block boundary is kept too, so a prompt edited after it resumes there. A damaged state
-//! is refused, never used; the prompt cache does not resume a hybrid from blocks alone.
+//! is refused, never used; the prompt cache resumes a hybrid at a snapshot, never from blocks
+//! alone.
 
 mod common;
 
@@ -123,8 +124,8 @@ fn a_restored_hybrid_sequence_continues_bit_for_bit() {
         store.restore_prefix(&mut session(&model), &early).unwrap(),
         0
     );
-    // The prompt cache does not resume a hybrid from blocks (it keeps no states yet).
-    assert_eq!(store.prompt_cache().find_prefix(&tokens, None).tokens, 0);
+    // The prompt cache resumes it at the same snapshot (blocks alone could not).
+    assert_eq!(store.prompt_cache().find_prefix(&tokens, None).tokens, 128);
 }
 
 #[test]

@@ -254,6 +254,7 @@ fn fill_store(
             id,
             tokens: block.to_vec(),
             kv: vec![fill; PAGE_TOKENS * per_token],
+            state: None,
         }])?;
         store.prompt_cache().put_tail(TailBlock {
             tokens,
@@ -261,6 +262,7 @@ fn fill_store(
             last_block: id,
             namespace: None,
             expires_unix: None,
+            state: None,
         })?;
     }
     store.flush()?;

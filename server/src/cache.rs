@@ -402,6 +402,7 @@ mod tests {
                 last_block: kvstore::BlockId([n; 32]),
                 namespace: None,
                 expires_unix: None,
+                state: None,
             }],
             pins: Vec::new(),
             clears: Vec::new(),

@@ -473,9 +473,11 @@ fn log_store(store: &Arc<SessionStore>, metrics: &Arc<Metrics>) {
     }
     if store.is_hybrid() {
         metrics.log(
-            "prompt cache: limited to saved slots for this model: it is a hybrid whose \
-             recurrent layers keep a state that cannot be cut back to a shared prefix, so \
-             prompts are computed in full; /slots saves and restores keep the state"
+            "prompt cache: this model is a hybrid: its recurrent layers' state cannot be cut \
+             back, so a prompt resumes where a state was kept (the end of a previous \
+             conversation turn, or the last 64-token boundary with a snapshot before it \
+             parts from a cached one); --cache-reuse, context shifts and speculative \
+             decoding do not apply to it"
                 .to_owned(),
         );
     }

@@ -100,15 +100,21 @@ impl PromptCache<'_> {
         for (i, span) in (skipped..).zip(read) {
             match span {
                 Ok(s) => spans.push(s),
-                // A missing or damaged block ends the usable prefix where it is.
+                // A missing or damaged block ends the usable prefix where it is (for a hybrid
+                // model, at the last snapshot before it).
                 Err(_) => {
-                    found = StoredPrefix {
-                        blocks: i,
-                        block_ids: ids[..i].to_vec(),
-                        tail: None,
-                        tokens: i * PAGE_TOKENS,
-                        namespace: ns,
+                    found = match found.state {
+                        Some(_) => self.hybrid_within(tokens, i, ns),
+                        None => StoredPrefix {
+                            blocks: i,
+                            block_ids: ids[..i].to_vec(),
+                            tail: None,
+                            tokens: i * PAGE_TOKENS,
+                            namespace: ns,
+                            state: None,
+                        },
                     };
+                    spans.truncate(found.blocks.saturating_sub(skipped));
                     break;
                 }
             }
@@ -116,6 +122,11 @@ impl PromptCache<'_> {
         let tail = match found.tail.as_ref().map(|m| &m.tail_kv) {
             Some(kv) => match self.store.stored_to_session(&conversion, kv) {
                 Ok(span) => Some(span.into_owned()),
+                Err(_) if found.state.is_some() => {
+                    found = self.hybrid_within(tokens, found.blocks, ns);
+                    spans.truncate(found.blocks.saturating_sub(skipped));
+                    None
+                }
                 Err(_) => {
                     found.tail = None;
                     found.tokens = found.blocks * PAGE_TOKENS;

@@ -21,6 +21,7 @@ use crate::session::Session;
 
 mod budget;
 mod convert;
+mod hybrid;
 mod legacy;
 mod load;
 mod meta;
@@ -360,15 +361,11 @@ impl SessionStore {
         }
         summary.bytes_written += manifest.tail_kv.len() as u64;
         self.handle.save(&manifest).ours()?;
-        // And its state at the last page boundary it reached, under that block's id: where a
-        // prompt that parts from this one after the boundary resumes.
-        if let Some((n, state)) = ctx.boundary_state(seq) {
+        // And its states at the page boundaries it kept them, under those blocks' ids: where a
+        // prompt that parts from this one after a boundary resumes.
+        for (n, state) in ctx.boundary_states(seq) {
             if let Some(id) = manifest.block_ids.get(n / PAGE_TOKENS - 1) {
-                self.handle.put_state(id, n as u64, &state).ours()?;
-                if self.has_remote() {
-                    // Best effort, as the checkpoint's own push.
-                    let _ = self.handle.push_remote_state(id);
-                }
+                self.put_snapshot(id, n, &state)?;
             }
         }
         self.note_stored(name);
@@ -504,6 +501,7 @@ impl SessionStore {
             tail: None,
             tokens: blocks * PAGE_TOKENS,
             namespace: None,
+            state: None,
         };
         self.prompt_cache().restore_found(ctx, seq, tokens, &found)
     }
@@ -522,6 +520,29 @@ impl SessionStore {
     where
         F: FnMut(usize, &BlockId, &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()>,
     {
+        if let Some(state) = &found.state {
+            // A hybrid's prefix: the state after it comes with it (store/hybrid.rs).
+            let roots = crate::Namespace::roots(found.namespace);
+            match (&found.tail, tail_kv) {
+                (Some(tail), Some(kv)) => ctx.import_with_state(
+                    seq,
+                    &tail.tokens,
+                    &tail.chain_roots,
+                    kv,
+                    Some(state),
+                    read,
+                )?,
+                _ => ctx.import_with_state(
+                    seq,
+                    &tokens[..found.tokens],
+                    &roots,
+                    &[],
+                    Some(state),
+                    read,
+                )?,
+            };
+            return Ok(found.tokens);
+        }
         match (&found.tail, tail_kv) {
             (Some(tail), Some(kv)) => {
                 ctx.import_chained(seq, &tail.tokens, &tail.chain_roots, kv, read)?;
@@ -576,6 +597,16 @@ impl SessionStore {
 }
 
 impl SessionStore {
+    /// Writes the recurrent state after the first `n` tokens, which end block `id`, as that
+    /// block's snapshot (unless the store has it), and pushes it to the remote tier, if any
+    /// (best effort, as a checkpoint's own push).
+    pub(crate) fn put_snapshot(&self, id: &BlockId, n: usize, state: &[u8]) -> Result<()> {
+        if self.handle.put_state(id, n as u64, state).ours()? && self.has_remote() {
+            let _ = self.handle.push_remote_state(id);
+        }
+        Ok(())
+    }
+
     /// Reads and verifies block `id` and hands its KV span, in the context's types, to `sink`.
     fn read_block(
         &self,

@@ -37,6 +37,10 @@ pub struct NewBlock {
     pub tokens: Vec<u32>,
     /// Its KV bytes as a checkpoint span.
     pub kv: Vec<u8>,
+    /// For a hybrid model, the recurrent state after its last token (the tokens it follows,
+    /// the state bytes), when the sequence kept one there and the store lacks it: stored as
+    /// the block's snapshot, where a prompt that parts from this one after the block resumes.
+    pub state: Option<(usize, Vec<u8>)>,
 }
 
 /// Name prefix of the prompt cache's tail checkpoints: `_tail-` and the hex id of the last full
@@ -45,7 +49,7 @@ pub const TAIL_PREFIX: &str = "_tail-";
 
 /// The name of the tail checkpoint that follows full block `last`: [`TAIL_PREFIX`] and its
 /// hex id.
-fn tail_name(last: &BlockId) -> String {
+pub(super) fn tail_name(last: &BlockId) -> String {
     format!("{TAIL_PREFIX}{}", last.to_hex())
 }
 
@@ -62,6 +66,8 @@ pub struct StoredPrefix {
     pub tokens: usize,
     /// The namespace it was looked up in.
     pub namespace: Option<crate::Namespace>,
+    /// For a hybrid model, the recurrent state after `tokens` (a snapshot's, or the tail's).
+    pub(super) state: Option<Vec<u8>>,
 }
 
 /// The partly filled page that follows a sequence's full pages, copied out of a context: stored
@@ -79,6 +85,8 @@ pub struct TailBlock {
     pub namespace: Option<crate::Namespace>,
     /// When it expires (seconds since the epoch; [`kvstore::EXPIRES_KEY`]).
     pub expires_unix: Option<u64>,
+    /// For a hybrid model, the recurrent state after `tokens`, stored beside the tail's KV.
+    pub state: Option<Vec<u8>>,
 }
 
 pub use super::load::LoadedPrefix;
@@ -100,7 +108,7 @@ impl SessionStore {
     pub(super) fn tail_manifest(&self, tail: TailBlock) -> Result<Manifest> {
         let name = tail_name(&tail.last_block);
         let positions = (0..tail.tokens.len() as i32).collect();
-        let manifest = Manifest::new(
+        let mut manifest = Manifest::new(
             self.fingerprint,
             self.handle.geometry().clone(),
             tail.tokens,
@@ -119,6 +127,9 @@ impl SessionStore {
         .ours()?
         .with_chain_roots(Namespace::roots(tail.namespace))
         .ours()?;
+        if let Some(state) = tail.state {
+            manifest = manifest.with_tail_state(state).ours()?;
+        }
         Ok(manifest)
     }
 
@@ -151,11 +162,11 @@ impl PromptCache<'_> {
         let full = len / PAGE_TOKENS;
         // A shifted sequence's blocks are not found by prompt tokens alone: no tail for it.
         // Nor is a page whose sliding-window rows were released.
-        // A hybrid model's tail would need the recurrent state at `len`, which the context
-        // keeps only for its end: none (its prompts are not resumed from the cache yet).
+        // A hybrid model's tail needs the recurrent state at `len`, which the context keeps
+        // for the sequence's end only.
         if full == 0
             || len % PAGE_TOKENS == 0
-            || ctx.is_hybrid()
+            || (ctx.is_hybrid() && len != tokens.len())
             || ctx.is_shifted(seq)?
             || ctx.page_released(seq, full)?
         {
@@ -172,6 +183,7 @@ impl PromptCache<'_> {
             last_block,
             namespace: ctx.namespace(seq)?,
             expires_unix: None,
+            state: ctx.recurrent_state(seq)?,
         }))
     }
 
@@ -254,14 +266,11 @@ impl PromptCache<'_> {
     /// them (local, else remote). A tail that cannot be read or belongs to another model
     /// is ignored: it is only a cache.
     ///
-    /// For a hybrid model (recurrent layers) nothing is found: blocks alone cannot resume its
-    /// sequences ([`Context::is_hybrid`]).
+    /// For a hybrid model (recurrent layers), blocks alone cannot resume a sequence: the
+    /// prefix found ends where a recurrent state was kept ([`PromptCache::find_hybrid`]).
     pub fn find_prefix(&self, tokens: &[u32], ns: Option<Namespace>) -> StoredPrefix {
         if self.store.handle.geometry().has_state() {
-            return StoredPrefix {
-                namespace: ns,
-                ..StoredPrefix::default()
-            };
+            return self.find_hybrid(tokens, ns);
         }
         let held = self
             .store
@@ -275,6 +284,7 @@ impl PromptCache<'_> {
             tail: None,
             tokens: start,
             namespace: ns,
+            state: None,
         };
         if blocks == 0 || tokens.len() == start {
             return found;
@@ -355,8 +365,16 @@ impl PromptCache<'_> {
         // Every missing page in one batch of transfers (one wait, when the KV is on a GPU).
         // A page whose sliding-window rows were released was handed over before its release
         // ([`Context::release_windows`]); it cannot be read again.
+        // A hybrid sequence's states at boundaries go with their blocks (a block the store
+        // holds is copied again when its snapshot is new).
+        let states: Vec<(usize, Vec<u8>)> = ctx
+            .boundary_states(seq)
+            .into_iter()
+            .filter(|(n, _)| n / tpb > from && !self.store.handle.has_state(&ids[n / tpb - 1]))
+            .collect();
+        let state_of = |i: usize| states.iter().find(|(n, _)| n / tpb == i + 1);
         let missing: Vec<usize> = (from..ids.len())
-            .filter(|&i| !self.store.handle.contains(&ids[i]))
+            .filter(|&i| !self.store.handle.contains(&ids[i]) || state_of(i).is_some())
             .filter(|&i| !ctx.page_released(seq, i).unwrap_or(true))
             .collect();
         let mut spans = vec![Vec::new(); missing.len()];
@@ -372,6 +390,7 @@ impl PromptCache<'_> {
                 id: *id,
                 tokens: tokens[i * tpb..(i + 1) * tpb].to_vec(),
                 kv,
+                state: state_of(i).cloned(),
             });
         }
         Ok(out)
@@ -383,14 +402,16 @@ impl PromptCache<'_> {
     pub fn put_blocks(&self, blocks: Vec<NewBlock>) -> Result<usize> {
         let mut put = 0;
         for b in blocks {
-            if self.store.handle.contains(&b.id) {
-                continue;
+            if !self.store.handle.contains(&b.id) {
+                self.store
+                    .handle
+                    .put(b.prev.as_ref(), &b.tokens, b.kv)
+                    .ours()?;
+                put += 1;
             }
-            self.store
-                .handle
-                .put(b.prev.as_ref(), &b.tokens, b.kv)
-                .ours()?;
-            put += 1;
+            if let Some((n, state)) = &b.state {
+                self.store.put_snapshot(&b.id, *n, state)?;
+            }
         }
         Ok(put)
     }
@@ -432,6 +453,7 @@ impl PromptCache<'_> {
                         tail: None,
                         tokens: good * PAGE_TOKENS,
                         namespace: found.namespace,
+                        state: None,
                     };
                     let read =
                         |_: usize, id: &BlockId, sink: &mut dyn FnMut(&[u8]) -> Result<()>| {

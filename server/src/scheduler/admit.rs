@@ -124,7 +124,10 @@ impl Scheduler {
                         s.last = None;
                     }
                 }
+                // A hybrid's sequence cannot be shifted: it is cut back (to where it kept its
+                // recurrent state, `longest_resident`).
                 let kept = match job.params.cache_reuse {
+                    _ if self.ctx.is_hybrid() => self.ctx.truncate(src, n).map(|()| (n, false)),
                     0 => self.ctx.truncate(src, n).map(|()| (n, false)),
                     chunk => self.reuse_chunks(src, usable, n, chunk),
                 };

@@ -102,6 +102,10 @@ impl Scheduler {
     /// `budget` tokens of the batch besides each one's pending token.
     pub(super) fn drafts(&mut self, mut budget: usize) -> Vec<Vec<u32>> {
         let mut out = vec![Vec::new(); self.slots.len()];
+        // A hybrid model's rejected drafts could not be cut back out of its recurrent state.
+        if self.ctx.is_hybrid() {
+            return out;
+        }
         let Some(spec) = self.spec.as_mut() else {
             return out;
         };

@@ -66,7 +66,13 @@ impl Scheduler {
                 if budget == 0 || a.follow.is_some() {
                     continue;
                 }
-                let n = (a.prompt.len() - a.fed).min(budget);
+                let mut n = (a.prompt.len() - a.fed).min(budget);
+                // A hybrid model's chunk ends at the last page boundary it crosses, where the
+                // sequence keeps its recurrent state (a later prompt resumes there).
+                let boundary = (a.fed + n) / engine::PAGE_TOKENS * engine::PAGE_TOKENS;
+                if self.ctx.is_hybrid() && boundary > a.fed && boundary < a.fed + n {
+                    n = boundary - a.fed;
+                }
                 let last = a.fed + n == a.prompt.len();
                 let logits = if last { Logits::Last } else { Logits::None };
                 batch.add(a.seq, &a.prompt[a.fed..a.fed + n], logits);
