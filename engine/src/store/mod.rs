@@ -162,6 +162,9 @@ impl std::fmt::Debug for SessionStore {
     }
 }
 
+/// The bytes of state snapshots a store keeps per model when no disk budget is set.
+const STATE_BUDGET: u64 = 2 << 30;
+
 impl SessionStore {
     /// Opens (or creates) the store at `dir` for `model`'s conversations with the KV types of
     /// `config` (its stored types, where given). Other processes may have it open too. A store
@@ -176,6 +179,11 @@ impl SessionStore {
             ram_budget: config.ram_bytes,
             disk_quota: u64::MAX,
             disk_budget: config.disk_bytes,
+            // A hybrid model's state snapshots, beside the blocks: at most a quarter of a
+            // disk budget (kvstore's own cap otherwise).
+            state_budget: config
+                .disk_bytes
+                .map_or(STATE_BUDGET, |d| (d / 4).min(STATE_BUDGET)),
             remote: config
                 .remote
                 .as_ref()
