@@ -168,10 +168,16 @@ impl KvLayout {
         type_k: KvType,
         type_v: KvType,
     ) -> crate::Result<KvLayout> {
+        // A recurrent layer has no rows: its pages' spans hold nothing of it.
         let per_token = |t: KvType, il: usize| {
             let head_dim = hparams.head_dim_at(il);
+            let heads = if hparams.holds_kv(il) {
+                hparams.n_head_kv_at(il)
+            } else {
+                0
+            };
             t.row_bytes(head_dim)
-                .map(|head| head * hparams.n_head_kv_at(il))
+                .map(|head| head * heads)
                 .ok_or(crate::Error::KvTypeHeadDim {
                     kv_type: t,
                     block: t.block_elems(),

@@ -178,3 +178,15 @@ fn the_next_turn_resumes_from_disk_where_the_last_one_ended() {
     early[5] = (early[5] + 1) % 97;
     assert_eq!(cache.find_prefix(&early, None).tokens, 0);
 }
+
+#[test]
+fn recurrent_layers_keep_no_rows_in_the_pool() {
+    let (_models, model) = build_qwen35(5);
+    let layout = engine::KvLayout::for_model(model.hparams());
+    // Blocks 0 and 2 are delta-nets, 1 and 3 attend.
+    assert_eq!(layout.k_bytes_per_token[0] + layout.v_bytes_per_token[0], 0);
+    assert_eq!(layout.k_bytes_per_token[2] + layout.v_bytes_per_token[2], 0);
+    assert!(layout.k_bytes_per_token[1] > 0 && layout.v_bytes_per_token[3] > 0);
+    let ctx = context(&model);
+    assert_eq!(ctx.kv_layout(), &layout);
+}

@@ -277,6 +277,14 @@ impl HParams {
         }
     }
 
+    /// Whether layer `il` keeps K and V rows in the page pool: every layer but a hybrid
+    /// model's recurrent ones, whose state lives beside the pool (`recurrent.rs`).
+    pub fn holds_kv(&self, il: usize) -> bool {
+        self.delta_net
+            .as_ref()
+            .is_none_or(|d| !d.layers.get(il).copied().unwrap_or(false))
+    }
+
     /// K (and V) elements per token of layer `il`.
     pub fn n_embd_kv_at(&self, il: usize) -> usize {
         self.head_dim_at(il) * self.n_head_kv_at(il)
