@@ -1,7 +1,8 @@
 //! The prompt cache of a hybrid model (recurrent layers whose state cannot be cut back): a
 //! 10-turn conversation computes only each turn's new tokens (plus at most one block), across a
 //! restart too, and its replies are the same as those of a server that never stopped; a client
-//! that edits an earlier message resumes at the last state kept before the edit.
+//! that edits an earlier message resumes at the last state kept before the edit; another
+//! replica on the same Redis resumes it too.
 
 mod common;
 
@@ -135,6 +136,46 @@ async fn an_edited_history_resumes_at_the_last_state_kept_before_the_edit() {
         }
     }
     server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_replica_resumes_a_hybrid_conversation_through_redis() {
+    let redis = kvstore::remote::testing::RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("hybrid.gguf");
+    TinyHybridModel::default().write(&model).unwrap();
+    let url = redis.url();
+    let args = [
+        "-t",
+        "1",
+        "-c",
+        "2048",
+        "-np",
+        "1",
+        "--cache-remote",
+        &url,
+        "--cache-remote-namespace",
+        "h",
+    ];
+    // Three turns on one replica, stopped (its cache written through to Redis).
+    let first = start_on(&model, &dir.path().join("a"), &args).await;
+    let mut history = Vec::new();
+    for t in 0..3 {
+        history.extend(user_tokens(t));
+        let (reply, _, _) = turn(&first, &history).await;
+        history.extend(reply);
+    }
+    first.stop().await;
+    // The fourth on another, with a cache directory of its own: the tail and its state come
+    // from Redis, and only the new message (and the reply's last token) is computed.
+    let second = start_on(&model, &dir.path().join("b"), &args).await;
+    let before = history.len();
+    let new = user_tokens(3);
+    history.extend_from_slice(&new);
+    let (_, computed, cached) = turn(&second, &history).await;
+    assert_eq!(cached as usize, before - 1, "computed {computed}");
+    assert!(computed as usize <= new.len() + 1);
+    second.stop().await;
 }
 
 /// Writes the tiny hybrid model to `$LLAMA_HDD_TINY_OUT/hybrid.gguf`, for
