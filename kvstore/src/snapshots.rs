@@ -58,8 +58,8 @@ impl<V: BlockIo> ModelStore<V> {
 
     /// The verified snapshot at the end of block `id`, marked as used now.
     /// `Ok(None)` when there is none, and when the record fails verification:
-    /// a damaged snapshot is deleted (it ends the usable prefix there, as a
-    /// damaged block does) and an earlier one serves instead.
+    /// a damaged snapshot is quarantined, as a damaged block is (it ends the
+    /// usable prefix there), and an earlier one serves instead.
     pub fn get_state(&self, id: &BlockId) -> Result<Option<Vec<u8>>> {
         let store = &self.info.store;
         match store.read_state(id) {
@@ -72,7 +72,7 @@ impl<V: BlockIo> ModelStore<V> {
             }
             Err(FormatError::NotFound { .. }) => Ok(None),
             Err(e) if e.is_corruption() => {
-                let _ = store.delete_state(id);
+                let _ = store.quarantine_state(id);
                 Ok(None)
             }
             Err(e) => Err(StoreError::format(store.root(), e)),
@@ -81,7 +81,7 @@ impl<V: BlockIo> ModelStore<V> {
 
     /// Where `tokens` (chained from `roots`, as in [`ModelStore::longest_prefix`]) can
     /// resume: the longest prefix of stored blocks, cut back to its last boundary whose
-    /// snapshot reads back verified. Damaged snapshots on the way are deleted and passed.
+    /// snapshot reads back verified. Damaged snapshots on the way are quarantined and passed.
     ///
     /// With a remote tier, a later boundary's snapshot that only the tier holds is
     /// fetched (verified, and kept locally): see [`ModelStore::fetch_remote_state`].

@@ -88,7 +88,7 @@ fn resume_at_the_last_boundary_with_a_snapshot() {
     assert_eq!(hit.n_tokens, 0);
     assert!(hit.state.is_empty() && hit.block_ids.is_empty());
 
-    // A damaged snapshot ends the usable prefix there; it is deleted.
+    // A damaged snapshot ends the usable prefix there; it is quarantined.
     let p = model.block_files().state_path(&ids[2]);
     let mut bytes = std::fs::read(&p).unwrap();
     bytes[4096 + 5] ^= 1;
@@ -98,6 +98,8 @@ fn resume_at_the_last_boundary_with_a_snapshot() {
     assert_eq!(hit.state, state_of(0));
     assert!(!model.has_state(&ids[2]));
     assert_eq!(model.get_state(&ids[2]).unwrap(), None);
+    let set_aside = model.block_files().quarantined().unwrap();
+    assert_eq!(set_aside.len(), 1, "{set_aside:?}");
 }
 
 #[test]

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{Store, BLOCK_SUFFIX, MANIFEST_SUFFIX, QUARANTINE_DIR};
+use super::{Store, BLOCK_SUFFIX, MANIFEST_SUFFIX, QUARANTINE_DIR, STATE_SUFFIX};
 use crate::error::{FormatError, Result};
 use crate::ids::BlockId;
 use crate::manifest::Manifest;
@@ -92,6 +92,23 @@ impl<V: Vfs> Store<V> {
         }
         let name = format!("{}.{}", id.to_hex(), owner.token);
         self.move_to_quarantine(&p, &self.blocks_dir, &name, BLOCK_SUFFIX)
+            .map(Some)
+    }
+
+    /// Moves the state record at the end of block `id` into the quarantine directory when it
+    /// does not verify, as [`Store::quarantine_block`] does for a block (the next snapshot of
+    /// that block writes it again). Returns its new path, or `None` when the file is absent or
+    /// verifies.
+    pub fn quarantine_state(&self, id: &BlockId) -> Result<Option<PathBuf>> {
+        let owner = self.owner("quarantine_state")?;
+        let _excl = self.lock_exclusive()?;
+        match self.read_state(id) {
+            Ok(_) | Err(FormatError::NotFound { .. }) => return Ok(None),
+            Err(e) if e.is_corruption() => {}
+            Err(e) => return Err(e),
+        }
+        let name = format!("{}.{}", id.to_hex(), owner.token);
+        self.move_to_quarantine(&self.state_path(id), &self.blocks_dir, &name, STATE_SUFFIX)
             .map(Some)
     }
 
