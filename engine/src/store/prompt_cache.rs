@@ -353,9 +353,10 @@ impl PromptCache<'_> {
         Ok(used)
     }
 
-    /// Copies the full pages of `seq`, from page `from` on, that the store does not hold yet:
-    /// the bytes to hand to [`PromptCache::put_blocks`], possibly on another thread (a page
-    /// read is a memory copy; storing it is not).
+    /// Copies the full pages of `seq`, from page `from` on, that the store does not hold yet,
+    /// and for a hybrid model every page ending where the sequence kept a snapshot the store
+    /// lacks (with it): the bytes to hand to [`PromptCache::put_blocks`], possibly on another
+    /// thread (a page read is a memory copy; storing it is not).
     pub fn new_blocks(&self, ctx: &Context, seq: SeqId, from: usize) -> Result<Vec<NewBlock>> {
         let tpb = TOKENS_PER_BLOCK as usize;
         let conversion = self.store.conversion(ctx.kv_layout())?;
@@ -365,16 +366,19 @@ impl PromptCache<'_> {
         // Every missing page in one batch of transfers (one wait, when the KV is on a GPU).
         // A page whose sliding-window rows were released was handed over before its release
         // ([`Context::release_windows`]); it cannot be read again.
-        // A hybrid sequence's states at boundaries go with their blocks (a block the store
-        // holds is copied again when its snapshot is new).
+        // A hybrid sequence's states at boundaries go with their blocks, before `from` too
+        // (the sequence keeps few, and forgets them as it goes on); a block the store holds
+        // is copied again when its snapshot is new.
         let states: Vec<(usize, Vec<u8>)> = ctx
             .boundary_states(seq)
             .into_iter()
-            .filter(|(n, _)| n / tpb > from && !self.store.handle.has_state(&ids[n / tpb - 1]))
+            .filter(|(n, _)| !self.store.handle.has_state(&ids[n / tpb - 1]))
             .collect();
         let state_of = |i: usize| states.iter().find(|(n, _)| n / tpb == i + 1);
-        let missing: Vec<usize> = (from..ids.len())
-            .filter(|&i| !self.store.handle.contains(&ids[i]) || state_of(i).is_some())
+        let missing: Vec<usize> = (0..ids.len())
+            .filter(|&i| {
+                (i >= from && !self.store.handle.contains(&ids[i])) || state_of(i).is_some()
+            })
             .filter(|&i| !ctx.page_released(seq, i).unwrap_or(true))
             .collect();
         let mut spans = vec![Vec::new(); missing.len()];

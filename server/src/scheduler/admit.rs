@@ -98,6 +98,7 @@ impl Scheduler {
         // KV moved into place by `--cache-reuse`: the sequence is not the plain evaluation of
         // its tokens, so it is not cached afterwards.
         let mut shifted = false;
+        let mut export_since = None;
         if job.params.cache_prompt {
             // A resident sequence that shares more than the stored blocks is forked, partly
             // filled last page included (a repeated or extended prompt costs nothing).
@@ -116,8 +117,23 @@ impl Scheduler {
                 // The finished sequence is taken over, cut to the shared prefix, rather than
                 // forked: no page is copied, the pool does not grow with every repeat, and its
                 // pages stay where they were (attention adds cells up in pool order, so the
-                // same prompt gets the same reply). Its new blocks go to the store first.
-                self.export(src);
+                // same prompt gets the same reply). What the cut drops (the pages from the
+                // shared prefix's end on, its tails) goes to the store first; the pages kept
+                // go when the new request finishes, off this request's path (a cold prompt's
+                // pages are not copied before its first repeat is answered). KV moved by
+                // `--cache-reuse` is never cached: all of it goes first then.
+                // Deferred at most EXPORT_DELAY after the first finish of a chain of such
+                // takeovers, as any export.
+                let keeps_pages = job.params.cache_reuse == 0 || self.ctx.is_hybrid();
+                let since = self.export_since(src);
+                let due = since.is_some_and(|t| t.elapsed() >= super::reuse::EXPORT_DELAY);
+                let from = if keeps_pages && !due {
+                    n / PAGE_TOKENS
+                } else {
+                    0
+                };
+                self.export_from(src, from);
+                export_since = since.filter(|_| from > 0);
                 self.cached.retain(|&s| s != src);
                 for s in &mut self.slots {
                     if s.last == Some(src) {
@@ -197,6 +213,7 @@ impl Scheduler {
             seq,
             fed: cache_n,
             cache_n,
+            export_since,
             prompt,
             decoder: StreamDecoder::new(),
             generated: Vec::new(),

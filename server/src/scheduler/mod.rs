@@ -64,6 +64,9 @@ struct Active {
     /// Prompt tokens the sequence holds.
     fed: usize,
     cache_n: usize,
+    /// When the sequence it took over finished, if that one's leading pages were left for
+    /// this request's export ([`Scheduler::export_from`]): its export is due as early.
+    export_since: Option<Instant>,
     sampler: Sampler,
     decoder: StreamDecoder,
     generated: Vec<u32>,

@@ -157,13 +157,13 @@ impl Scheduler {
         &mut self,
         slot: usize,
         seq: SeqId,
-        cache_n: usize,
-        prompt_len: usize,
+        (cache_n, prompt_len): (usize, usize),
+        since: Option<Instant>,
         expires: Option<u64>,
     ) {
         if self.store.is_some() {
-            self.exports
-                .push((seq, cache_n, prompt_len, Instant::now(), expires));
+            let at = since.unwrap_or_else(Instant::now);
+            self.exports.push((seq, cache_n, prompt_len, at, expires));
         }
         self.slots[slot].last = Some(seq);
         self.cached.push_back(seq);
@@ -264,6 +264,17 @@ impl Scheduler {
     /// that, and hands them to the writer thread (a memory copy; the writing is the writer's).
     /// Returns whether they were handed over.
     pub(super) fn export(&mut self, seq: SeqId) -> bool {
+        self.export_from(seq, 0)
+    }
+
+    /// When finished sequence `seq`'s export was first due to wait from, if it waits.
+    pub(super) fn export_since(&self, seq: SeqId) -> Option<Instant> {
+        self.exports.iter().find(|e| e.0 == seq).map(|e| e.3)
+    }
+
+    /// [`Scheduler::export`] of the full pages from page `from` on (and the tails), for a
+    /// sequence whose earlier pages stay resident in a sequence that will be exported later.
+    pub(super) fn export_from(&mut self, seq: SeqId, from: usize) -> bool {
         let Some(i) = self.exports.iter().position(|e| e.0 == seq) else {
             return false;
         };
@@ -275,7 +286,7 @@ impl Scheduler {
         let work = (|| -> engine::Result<Work> {
             // Every page the store lacks, the ones that came from a cache too: another process
             // may have collected their blocks since (the store looks for each file again).
-            let blocks = store.prompt_cache().new_blocks(&self.ctx, seq, 0)?;
+            let blocks = store.prompt_cache().new_blocks(&self.ctx, seq, from)?;
             let mut tails = Vec::new();
             // The prompt's own tail (a repeated prompt ends there), unless it came from a
             // cache and the store still holds it, and the whole sequence's (the next turn of a
@@ -335,7 +346,7 @@ fn branch_tail(
 
 /// How long a finished sequence's pages may wait for the scheduler to be idle before they are
 /// copied out for the store anyway.
-const EXPORT_DELAY: Duration = Duration::from_millis(200);
+pub(super) const EXPORT_DELAY: Duration = Duration::from_millis(200);
 
 /// How long the idle scheduler waits for another request before it copies finished pages out.
 pub(super) const EXPORT_IDLE: Duration = Duration::from_millis(20);

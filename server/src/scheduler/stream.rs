@@ -168,7 +168,8 @@ impl Scheduler {
             let _ = self.ctx.remove_sequence(a.seq);
         } else {
             let expires = a.params.cache_ttl.map(|t| crate::routes::unix_now() + t);
-            self.keep(slot, a.seq, a.cache_n, a.prompt.len(), expires);
+            let lens = (a.cache_n, a.prompt.len());
+            self.keep(slot, a.seq, lens, a.export_since, expires);
         }
     }
 
@@ -177,6 +178,11 @@ impl Scheduler {
         if let Some(a) = self.slots[slot].active.take() {
             self.publish_gauges();
             let _ = a.events.send(Event::Failed(e));
+            // The pages of the sequence it took over, left for its export, go to the store.
+            if let Some(since) = a.export_since.filter(|_| self.store.is_some()) {
+                self.exports.push((a.seq, a.cache_n, 0, since, None));
+                self.export(a.seq);
+            }
             let _ = self.ctx.remove_sequence(a.seq);
             Metrics::add(&self.metrics.requests_finished, 1);
         }
