@@ -39,6 +39,7 @@ impl<V: BlockIo> Shared<V> {
             record_len,
             block_bytes,
             index: Default::default(),
+            states_seen: std::sync::atomic::AtomicU64::new(u64::MAX),
         })
     }
 

@@ -132,15 +132,29 @@ impl<V: BlockIo> ModelStore<V> {
     }
 
     /// Deletes the snapshots used longest ago until the model's are within the
-    /// budget; `keep` (the one just written) is never deleted.
+    /// budget; `keep` (the one just written) is never deleted. The directory is
+    /// listed only when the snapshots this process counted, and wrote since,
+    /// could pass the budget (other processes' writes are seen at the next
+    /// listing).
     fn keep_state_budget(&self, keep: &BlockId) -> Result<()> {
+        use std::sync::atomic::Ordering;
         let budget = self.shared.cfg.state_budget;
         let store = &self.info.store;
         let len = self.state_record_len();
+        let seen = &self.info.states_seen;
+        let counted = seen
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n != u64::MAX).then(|| n + 1)
+            })
+            .map_or(u64::MAX, |n| n + 1);
+        if counted != u64::MAX && len.saturating_mul(counted) <= budget {
+            return Ok(());
+        }
         let ids = store
             .list_states()
             .map_err(|e| StoreError::format(store.root(), e))?;
         let mut total = len.saturating_mul(ids.len() as u64);
+        seen.store(ids.len() as u64, Ordering::Relaxed);
         if total <= budget {
             return Ok(());
         }
@@ -168,6 +182,7 @@ impl<V: BlockIo> ModelStore<V> {
                 Err(e) => return Err(StoreError::format(store.root(), e)),
             }
         }
+        seen.store(total / len.max(1), Ordering::Relaxed);
         Ok(())
     }
 

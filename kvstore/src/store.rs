@@ -86,6 +86,10 @@ pub(crate) struct ModelInfo<V: BlockIo> {
     pub(crate) block_bytes: u64,
     /// The files as this process last saw them (kept by gc).
     pub(crate) index: Mutex<crate::disk_index::DiskIndex>,
+    /// State snapshots this process counted at its last listing (`u64::MAX` before the
+    /// first), plus those it wrote since: the snapshot budget lists the directory again only
+    /// when this could pass it (`snapshots.rs`).
+    pub(crate) states_seen: std::sync::atomic::AtomicU64,
 }
 
 /// What the store and its handles share.
