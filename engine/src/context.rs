@@ -379,15 +379,23 @@ impl Context {
 
     /// Logits after `seq`'s last token, computing them when the sequence has none (after an
     /// import, say) without touching its KV: the last token is evaluated again in a scratch
-    /// sequence that shares the others' pages (one page is copied).
+    /// sequence that shares the others' pages (one page is copied). A hybrid model's scratch
+    /// sequence starts where a state before the last token is known ([`Context::resumable_len`]:
+    /// a snapshot, else the start) and evaluates the tokens from there.
     pub fn ensure_logits(&mut self, seq: SeqId) -> Result<&[f32]> {
         let s = self.seq(seq)?;
         if s.logits.is_none() {
             let Some(&last) = s.tokens.last() else {
                 return Err(Error::NoLogits);
             };
-            let scratch = self.fork(seq, s.tokens.len() - 1)?;
-            let logits = self.feed(scratch, &[last], Logits::Last);
+            // A hybrid's state is known only at its end and where it kept snapshots: the
+            // scratch sequence starts from the last of those before the last token.
+            let len = s.tokens.len();
+            let from = self.resumable_len(seq, len - 1)?;
+            let tail = self.seq(seq)?.tokens[from..].to_vec();
+            debug_assert_eq!(tail.last(), Some(&last));
+            let scratch = self.fork(seq, from)?;
+            let logits = self.feed(scratch, &tail, Logits::Last);
             self.remove_sequence(scratch)?;
             self.seq_mut(seq)?.logits = Some(logits?);
         }

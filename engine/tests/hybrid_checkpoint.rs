@@ -129,6 +129,30 @@ fn a_restored_hybrid_sequence_continues_bit_for_bit() {
 }
 
 #[test]
+fn a_restored_hybrid_session_generates_at_once() {
+    // A restored sequence has no logits: `generate` evaluates its last token again, which a
+    // hybrid can do only from a known state (here the start: the restore kept none before).
+    let (_models, model) = build_qwen35(11);
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = prompt();
+    let mut a = session(&model);
+    let after = a.feed(&tokens).unwrap().to_vec();
+    let store = SessionStore::open(dir.path(), &model, StoreConfig::default()).unwrap();
+    store.save(&a, "g", &CheckpointMeta::default()).unwrap();
+    let mut b = session(&model);
+    store.restore(&mut b, "g").unwrap();
+    let seq = b.seq();
+    let again = b.context_mut().ensure_logits(seq).unwrap().to_vec();
+    assert!(again == after, "the logits evaluated again differ");
+    assert_eq!(b.tokens(), &tokens[..], "the sequence is left as it was");
+    // And it goes on as the uninterrupted session.
+    assert_eq!(
+        continue_greedy(&mut b, &again, 4),
+        continue_greedy(&mut a, &after, 4)
+    );
+}
+
+#[test]
 fn a_damaged_state_is_refused_and_the_session_kept() {
     let (_models, model) = build_qwen35(7);
     let dir = tempfile::tempdir().unwrap();
