@@ -114,7 +114,7 @@ impl Context {
         let dims: Vec<usize> = (0..hp.n_layer).map(|il| hp.n_embd_kv_at(il)).collect();
         // The KV of offloaded layers lives on their device, and graphs run under the scheduler.
         let placement = model.placement();
-        if placement.is_some() && model.hparams().delta_net.is_some() {
+        if placement.is_some() && model.hparams().state_shape().is_some() {
             return Err(Error::Recurrent {
                 what: "offloading the layers of a hybrid model".into(),
             });

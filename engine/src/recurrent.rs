@@ -1,9 +1,10 @@
-//! The per-sequence state of a hybrid model's recurrent (gated delta-net) layers.
+//! The per-sequence state of a hybrid model's recurrent layers: gated delta-nets (qwen35) or
+//! gated short convolutions (lfm2), described alike by [`StateShape`].
 //!
 //! The attention layers keep their K and V in the page pool; the recurrent layers keep, per
-//! live sequence, one slot in [`StateTensors`]: per recurrent layer a convolution state (the
-//! last `conv_kernel - 1` inputs) and a delta-net state (a square matrix per value head), all
-//! f32. A slot summarises every position of its sequence, so:
+//! live sequence, one slot in [`StateTensors`]: per recurrent layer a convolution state (its
+//! last `kernel - 1` inputs) and, for delta-nets, a matrix state (a square matrix per value
+//! head), all f32. A slot summarises every position of its sequence, so:
 //!
 //! - a sequence's first batch (position 0) starts from a zeroed slot;
 //! - a batch reads each sequence's slot and writes the state after its tokens into a fresh
@@ -15,15 +16,15 @@
 //!   without a state); a fork of the whole sequence copies the slot.
 //!
 //! [`Recurrent::read`] and [`Recurrent::write`] give a sequence's state as bytes (each
-//! recurrent layer's convolution state, then its delta-net state, in layer order), for a
-//! checkpoint to keep beside the KV.
+//! recurrent layer's convolution state, then its delta-net state if it has one, in layer
+//! order), for a checkpoint to keep beside the KV.
 
 use std::collections::BTreeMap;
 
 use crate::context::SeqId;
 use crate::error::{Error, Result};
 use crate::ggml::{StateTensors, StateTensorsMut};
-use crate::model::HParams;
+use crate::model::{HParams, StateShape};
 
 /// Slots allocated first; the tensors double when they run out.
 const FIRST_SLOTS: usize = 4;
@@ -67,12 +68,16 @@ pub(crate) struct StateBatch<'a> {
 impl Recurrent {
     /// The state of a model with recurrent layers; `None` for one without.
     pub(crate) fn new(hp: &HParams) -> Result<Option<Recurrent>> {
-        let Some(d) = &hp.delta_net else {
+        let Some(StateShape {
+            layers,
+            conv_len,
+            ssm_len,
+        }) = hp.state_shape()
+        else {
             return Ok(None);
         };
         let mut n_recurrent = 0;
-        let index = d
-            .layers
+        let index = layers
             .iter()
             .map(|&r| {
                 r.then(|| {
@@ -81,7 +86,6 @@ impl Recurrent {
                 })
             })
             .collect();
-        let (conv_len, ssm_len) = (d.conv_state_len(), d.ssm_state_len());
         Ok(Some(Recurrent {
             index,
             n_recurrent,
@@ -99,6 +103,15 @@ impl Recurrent {
         self.n_recurrent * 4 * (self.conv_len + self.ssm_len)
     }
 
+    /// The parts of each layer's state: the convolution's, then the matrix state's when
+    /// there is one (`true`).
+    fn parts(&self) -> &'static [bool] {
+        match self.ssm_len {
+            0 => &[false],
+            _ => &[false, true],
+        }
+    }
+
     /// A free slot (the lowest), the tensors doubled when none is left; zeroed.
     fn alloc(&mut self) -> Result<usize> {
         if self.free.is_empty() {
@@ -106,7 +119,7 @@ impl Recurrent {
             let mut grown =
                 StateTensors::new(self.n_recurrent, self.conv_len, self.ssm_len, 2 * old)?;
             for r in 0..self.n_recurrent {
-                for ssm in [false, true] {
+                for &ssm in self.parts() {
                     let mut row = vec![0u8; self.tensors.row_bytes(r, ssm)];
                     for slot in 0..old {
                         self.tensors.read(r, ssm, slot, &mut row);
@@ -119,7 +132,7 @@ impl Recurrent {
         }
         let slot = self.free.pop().expect("a free slot after growing");
         for r in 0..self.n_recurrent {
-            for ssm in [false, true] {
+            for &ssm in self.parts() {
                 let zeros = vec![0u8; self.tensors.row_bytes(r, ssm)];
                 self.tensors.write(r, ssm, slot, &zeros);
             }
@@ -205,7 +218,7 @@ impl Recurrent {
         let slot = *self.slots.get(&seq)?;
         let mut out = Vec::with_capacity(self.state_bytes());
         for r in 0..self.n_recurrent {
-            for ssm in [false, true] {
+            for &ssm in self.parts() {
                 let mut row = vec![0u8; self.tensors.row_bytes(r, ssm)];
                 self.tensors.read(r, ssm, slot, &mut row);
                 out.extend_from_slice(&row);
@@ -236,7 +249,7 @@ impl Recurrent {
         };
         let mut at = 0;
         for r in 0..self.n_recurrent {
-            for ssm in [false, true] {
+            for &ssm in self.parts() {
                 let n = self.tensors.row_bytes(r, ssm);
                 self.tensors.write(r, ssm, slot, &bytes[at..at + n]);
                 at += n;

@@ -28,6 +28,8 @@
 //! | `ssm.state_size`, `ssm.inner_size` (qwen35) | inner = state × `time_step_rank`, width ≤ 2^20 | key and value heads of one size (the kernel's square state) |
 //! | `full_attention_interval` or `attention.recurrent_layers` (qwen35) | ≥ 1, or one flag per layer | which layers are recurrent |
 //! | `rope.dimension_sections` (qwen35) | 4 non-negative values | M-RoPE |
+//! | `attention.head_count_kv` (lfm2) | per layer: 0 (a short convolution) or one count for every attention layer, at least one | the KV cache's rows |
+//! | `shortconv.l_cache` (lfm2) | 2..=64; no `attention.sliding_window` | the convolution keeps `l_cache - 1` inputs |
 
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
@@ -41,7 +43,11 @@ pub(crate) const MAX_LAYERS: usize = 4096;
 /// Largest context length and vocabulary size accepted (positions and ids are `i32` in ggml).
 pub(crate) const MAX_POSITIONS: usize = i32::MAX as usize;
 
-fn invalid(key: &str, value: impl std::fmt::Display, requirement: impl Into<String>) -> Error {
+pub(super) fn invalid(
+    key: &str,
+    value: impl std::fmt::Display,
+    requirement: impl Into<String>,
+) -> Error {
     Error::InvalidHParam {
         key: key.to_owned(),
         value: value.to_string(),
@@ -50,22 +56,22 @@ fn invalid(key: &str, value: impl std::fmt::Display, requirement: impl Into<Stri
 }
 
 /// Reads `{arch}.*` keys with typed errors.
-struct Keys<'g> {
-    gguf: &'g Gguf,
-    arch: &'static str,
+pub(super) struct Keys<'g> {
+    pub gguf: &'g Gguf,
+    pub arch: &'static str,
 }
 
 impl Keys<'_> {
-    fn key(&self, name: &str) -> String {
+    pub(super) fn key(&self, name: &str) -> String {
         format!("{}.{name}", self.arch)
     }
 
-    fn present(&self, name: &str) -> bool {
+    pub(super) fn present(&self, name: &str) -> bool {
         self.gguf.get(&self.key(name)).is_some()
     }
 
     /// A required integer in `lo..=hi`.
-    fn int(&self, name: &str, lo: usize, hi: usize) -> Result<usize> {
+    pub(super) fn int(&self, name: &str, lo: usize, hi: usize) -> Result<usize> {
         let key = self.key(name);
         let v = self.gguf.get_u32(&key)? as usize;
         if v < lo || v > hi {
@@ -75,7 +81,7 @@ impl Keys<'_> {
     }
 
     /// An optional integer in `lo..=hi`.
-    fn opt_int(&self, name: &str, lo: usize, hi: usize) -> Result<Option<usize>> {
+    pub(super) fn opt_int(&self, name: &str, lo: usize, hi: usize) -> Result<Option<usize>> {
         match self.present(name) {
             true => self.int(name, lo, hi).map(Some),
             false => Ok(None),
@@ -93,7 +99,13 @@ impl Keys<'_> {
     }
 
     /// A required integer in `lo..=hi`, or an array of one such integer per layer.
-    fn per_layer(&self, name: &str, lo: usize, hi: usize, n_layer: usize) -> Result<Vec<usize>> {
+    pub(super) fn per_layer(
+        &self,
+        name: &str,
+        lo: usize,
+        hi: usize,
+        n_layer: usize,
+    ) -> Result<Vec<usize>> {
         let key = self.key(name);
         let Some(values) = self.gguf.get(&key).and_then(|v| v.as_array()) else {
             return Ok(vec![self.int(name, lo, hi)?; n_layer]);
@@ -158,6 +170,7 @@ impl HParams {
                 .iter()
                 .max()
                 .unwrap_or(&n_head),
+            _ if arch == Arch::Lfm2 => super::lfm2::n_head_kv(&k, n_head, n_layer)?,
             _ => k
                 .opt_int("attention.head_count_kv", 1, n_head)?
                 .unwrap_or(n_head),
@@ -251,6 +264,7 @@ impl HParams {
             gemma4: None,
             mistral3: None,
             delta_net: None,
+            short_conv: None,
         };
         family(&k, &mut hp)?;
         Ok(hp)
@@ -511,6 +525,7 @@ fn family(k: &Keys<'_>, hp: &mut HParams) -> Result<()> {
             )?);
         }
         Arch::Qwen35 => hp.delta_net = Some(delta_net(k, n_layer, hp.rope_dims)?),
+        Arch::Lfm2 => hp.short_conv = Some(super::lfm2::short_conv(k, n_layer)?),
         Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe | Arch::Qwen2Moe => {}
     }
     Ok(())

@@ -31,6 +31,9 @@ pub(crate) struct LayerWeights<T = usize> {
     /// A gated delta-net block (qwen35): then `qkv` is `Fused` (the convolution's input
     /// projection), `wo` the output projection and `ffn_norm` the norm after the mixer.
     pub delta: Option<DeltaNetWeights<T>>,
+    /// A gated short convolution's kernel (lfm2, `[l_cache, n_embd]`): then `qkv` is `Fused`
+    /// (the input projection giving B, C and x) and `wo` the output projection.
+    pub short_conv: Option<T>,
 }
 
 /// The tensors of a gated delta-net besides its input and output projections.
@@ -242,6 +245,7 @@ impl LayerWeights<usize> {
         );
         all.extend(self.gemma4.iter().flat_map(|x| x.all()));
         all.extend(self.delta.into_iter().flat_map(DeltaNetWeights::all));
+        all.extend(self.short_conv);
         all
     }
 }
@@ -265,6 +269,7 @@ impl<T: Copy> LayerWeights<T> {
             ffn: self.ffn.map(&f),
             gemma4: self.gemma4.as_ref().map(|x| x.map(&f)),
             delta: self.delta.map(|d| d.map(&f)),
+            short_conv: self.short_conv.map(&f),
         }
     }
 }
@@ -287,11 +292,12 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
         | Arch::Gemma4
         | Arch::Mistral3
         | Arch::Qwen35
-        | Arch::GptOss => specs.find(&n(name), &[dim], Role::Vector),
+        | Arch::GptOss
+        | Arch::Lfm2 => specs.find(&n(name), &[dim], Role::Vector),
     };
     // qwen3 and gemma3 normalise each head of Q and K.
     let head_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
-        Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe | Arch::Qwen35 => specs
+        Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Lfm2 => specs
             .require(&n(name), &[hp.head_dim], Role::Vector)
             .map(Some),
         Arch::Llama
@@ -315,7 +321,8 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
         | Arch::Gemma4
         | Arch::Mistral3
         | Arch::Qwen35
-        | Arch::GptOss => Ok(None),
+        | Arch::GptOss
+        | Arch::Lfm2 => Ok(None),
     };
     let gpt_oss = hp.arch == Arch::GptOss;
     let (m, v) = (Role::Matrix, Role::Vector);
@@ -409,5 +416,6 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
         ffn,
         gemma4: None,
         delta: None,
+        short_conv: None,
     })
 }
