@@ -18,6 +18,7 @@ use crate::gguf::{GgmlType, Gguf};
 use crate::tokenizer::Tokenizer;
 
 mod classifier;
+mod experts;
 mod fingerprint;
 mod gemma4;
 mod hparams;
@@ -86,6 +87,9 @@ pub enum Arch {
     /// `x` from one projection; `C * conv(B * x)`, the convolution's last inputs kept per
     /// sequence), the others grouped-query attention with per-head Q/K norms; SwiGLU networks.
     Lfm2,
+    /// `lfm2moe`: lfm2 whose feed-forward networks after the first few are mixtures of
+    /// experts (sigmoid or softmax routing, a bias on the choice, weights normalised).
+    Lfm2Moe,
 }
 
 impl Arch {
@@ -104,6 +108,7 @@ impl Arch {
             "qwen35" => Ok(Arch::Qwen35),
             "gpt-oss" => Ok(Arch::GptOss),
             "lfm2" => Ok(Arch::Lfm2),
+            "lfm2moe" => Ok(Arch::Lfm2Moe),
             other => Err(Error::UnsupportedArchitecture {
                 arch: other.to_owned(),
             }),
@@ -126,6 +131,7 @@ impl Arch {
             Arch::Qwen35 => "qwen35",
             Arch::GptOss => "gpt-oss",
             Arch::Lfm2 => "lfm2",
+            Arch::Lfm2Moe => "lfm2moe",
         }
     }
 }
@@ -266,6 +272,10 @@ pub struct Experts {
     /// Hidden width of the shared expert every token also runs, its output gated by a sigmoid
     /// of the input (qwen2moe); `None` without one.
     pub n_ff_shared: Option<usize>,
+    /// The router's probabilities are sigmoids of its logits, not their softmax (lfm2moe).
+    pub sigmoid: bool,
+    /// The first blocks have dense networks instead (lfm2moe's `leading_dense_block_count`).
+    pub n_dense_lead: usize,
 }
 
 /// Layers that attend only to the last `size` positions (a token at `p` sees `p - size + 1
@@ -551,7 +561,7 @@ impl Model {
         )?;
         // lfm2 files name the final norm after the embeddings (as llama.cpp reads them).
         let output_norm = match hp.arch {
-            Arch::Lfm2 => "token_embd_norm.weight",
+            Arch::Lfm2 | Arch::Lfm2Moe => "token_embd_norm.weight",
             _ => "output_norm.weight",
         };
         let output_norm = specs.require(output_norm, &[e], Role::Vector)?;
@@ -577,7 +587,7 @@ impl Model {
         for l in 0..hp.n_layer {
             layer_idx.push(match (&hp.delta_net, hp.arch) {
                 (Some(d), _) => qwen35::layer_weights(&mut specs, &hp, d, l)?,
-                (None, Arch::Lfm2) => lfm2::layer_weights(&mut specs, &hp, l)?,
+                (None, Arch::Lfm2 | Arch::Lfm2Moe) => lfm2::layer_weights(&mut specs, &hp, l)?,
                 (None, Arch::Gemma4) => gemma4::layer_weights(&mut specs, &hp, l)?,
                 (None, _) => layer_weights(&mut specs, &hp, l)?,
             });

@@ -13,7 +13,12 @@
 //! LLAMA_HDD_TINY_OUT=DIR cargo test -p engine --test arch_lfm2 -- --ignored
 //! refh golden DIR/lfm2.gguf DIR/prompts.txt 32 | sed 's/^{/{"arch":"lfm2",/' \
 //!   > engine/tests/fixtures/tiny_lfm2_golden.jsonl
+//! refh golden DIR/lfm2moe.gguf DIR/prompts.txt 32 | sed 's/^{/{"arch":"lfm2moe",/' \
+//!   > engine/tests/fixtures/tiny_lfm2moe_golden.jsonl
 //! ```
+//!
+//! `fixtures/tiny_lfm2moe_golden.jsonl` holds the same for the lfm2moe variant (sigmoid
+//! routing with a bias on the choice, a dense first block).
 //!
 //! The weights are all f32, so llama.cpp's AMX buffers (f16 and quantized matrices only) do
 //! not change its kernels on an AMX CPU.
@@ -74,9 +79,31 @@ fn lfm2_matches_llama_cpp_on_the_same_file() {
     let text = include_str!("fixtures/tiny_lfm2_golden.jsonl");
     let (_dir, model) = build_lfm2(SEED);
     assert!(model.hparams().is_recurrent(0) && !model.hparams().is_recurrent(2));
+    check_golden(&model, text, "lfm2");
+}
+
+#[test]
+fn lfm2moe_matches_llama_cpp_on_the_same_file() {
+    let text = include_str!("fixtures/tiny_lfm2moe_golden.jsonl");
+    let (_dir, model) = build_lfm2_of(&lfm2moe_cfg(), SEED);
+    let x = model.hparams().experts.as_ref().unwrap();
+    assert!(x.sigmoid && x.n_dense_lead == 1);
+    check_golden(&model, text, "lfm2moe");
+    // Its state carries over between batches as lfm2's.
+    let tokens = stream(6, 24);
+    let whole = logits_in_chunks(&model, &tokens, 24);
+    let parts = logits_in_chunks(&model, &tokens, 5);
+    assert!(max_diff(&parts, &whole) <= ROUNDING);
+}
+
+/// Checks `model` against every line of `text`, a `refh golden` fixture of `arch`.
+fn check_golden(model: &Arc<Model>, text: &str, arch: &str) {
     let mut n = 0;
     for line in text.lines() {
-        assert!(line.contains("\"arch\":\"lfm2\""), "an lfm2 line");
+        assert!(
+            line.contains(&format!("\"arch\":\"{arch}\"")),
+            "an {arch} line"
+        );
         let mut s = Session::new(
             model.clone(),
             ContextParams {
@@ -87,7 +114,7 @@ fn lfm2_matches_llama_cpp_on_the_same_file() {
             },
         )
         .unwrap();
-        common::golden::check_golden_line(&model, &mut s, line);
+        common::golden::check_golden_line(model, &mut s, line);
         n += 1;
     }
     assert_eq!(n, PROMPTS.len(), "a fixture line per prompt");
@@ -101,6 +128,7 @@ fn write_the_tiny_model_for_llama_cpp() {
     let out = Path::new(&out);
     std::fs::create_dir_all(out).unwrap();
     write_lfm2(&lfm2_cfg(), SEED, &out.join("lfm2.gguf"));
+    write_lfm2(&lfm2moe_cfg(), SEED, &out.join("lfm2moe.gguf"));
     std::fs::write(out.join("prompts.txt"), PROMPTS.join("\n") + "\n").unwrap();
 }
 

@@ -52,7 +52,7 @@ pub(crate) fn build<'g, 'w>(
         Arch::Mistral3 => mistral3::blocks(g, &mut f),
         Arch::Qwen35 => qwen35::blocks(g, &mut f)?,
         Arch::GptOss => gpt_oss::blocks(g, &mut f),
-        Arch::Lfm2 => lfm2::blocks(g, &mut f)?,
+        Arch::Lfm2 | Arch::Lfm2Moe => lfm2::blocks(g, &mut f)?,
     };
     Ok(f.head(g, x, output))
 }
@@ -674,7 +674,8 @@ pub(crate) fn rope_params(model: &Model, il: usize) -> RopeParams {
             | Arch::Qwen2Moe
             | Arch::Gemma4
             | Arch::GptOss
-            | Arch::Lfm2 => 2,
+            | Arch::Lfm2
+            | Arch::Lfm2Moe => 2,
             // Interleaved M-RoPE (`GGML_ROPE_TYPE_IMROPE`), through `Graph::rope_multi`.
             Arch::Qwen35 => 40,
         },

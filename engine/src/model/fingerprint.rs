@@ -247,6 +247,7 @@ fn encode(
         Arch::Qwen35 => 10,
         Arch::GptOss => 11,
         Arch::Lfm2 => 12,
+        Arch::Lfm2Moe => 13,
     };
     let (kind, factor, n_ctx_orig) = match rope_scaling {
         RopeScaling::None => (0, 0.0f32, 0),
@@ -306,6 +307,10 @@ fn encode(
         }
         if let Some(ff) = x.n_ff_shared {
             field(tag::SHARED_EXPERT, ff as u64);
+        }
+        if x.sigmoid || x.n_dense_lead > 0 {
+            field(tag::EXPERTS, u64::from(x.sigmoid));
+            field(tag::EXPERTS, x.n_dense_lead as u64);
         }
     }
     families(

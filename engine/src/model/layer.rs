@@ -95,6 +95,9 @@ pub(crate) enum Ffn<T> {
         down: T,
         shared: Option<SharedExpert<T>>,
         biases: Option<ExpertBiases<T>>,
+        /// Added to the router's probabilities to choose the experts, not to weigh them
+        /// (`exp_probs_b`, `[n_expert]`, f32; lfm2moe).
+        probs_bias: Option<T>,
     },
 }
 
@@ -162,8 +165,10 @@ impl<T: Copy> Ffn<T> {
                 down,
                 shared,
                 biases,
+                probs_bias,
             } => {
                 let mut v = vec![gate_inp, gate, up, down];
+                v.extend(probs_bias);
                 v.extend(shared.into_iter().flat_map(SharedExpert::all));
                 v.extend(biases.into_iter().flat_map(ExpertBiases::all));
                 v
@@ -184,7 +189,9 @@ impl<T: Copy> Ffn<T> {
                 down,
                 shared,
                 biases,
+                probs_bias,
             } => Ffn::Experts {
+                probs_bias: probs_bias.map(&f),
                 gate_inp: f(gate_inp),
                 gate: f(gate),
                 up: f(up),
@@ -293,13 +300,16 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
         | Arch::Mistral3
         | Arch::Qwen35
         | Arch::GptOss
-        | Arch::Lfm2 => specs.find(&n(name), &[dim], Role::Vector),
+        | Arch::Lfm2
+        | Arch::Lfm2Moe => specs.find(&n(name), &[dim], Role::Vector),
     };
     // qwen3 and gemma3 normalise each head of Q and K.
     let head_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
-        Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Lfm2 => specs
-            .require(&n(name), &[hp.head_dim], Role::Vector)
-            .map(Some),
+        Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Lfm2 | Arch::Lfm2Moe => {
+            specs
+                .require(&n(name), &[hp.head_dim], Role::Vector)
+                .map(Some)
+        }
         Arch::Llama
         | Arch::Qwen2
         | Arch::Gemma2
@@ -322,7 +332,8 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
         | Arch::Mistral3
         | Arch::Qwen35
         | Arch::GptOss
-        | Arch::Lfm2 => Ok(None),
+        | Arch::Lfm2
+        | Arch::Lfm2Moe => Ok(None),
     };
     let gpt_oss = hp.arch == Arch::GptOss;
     let (m, v) = (Role::Matrix, Role::Vector);
@@ -337,6 +348,7 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
     };
     let ffn = match (&hp.experts, hp.arch) {
         (Some(x), _) => Ffn::Experts {
+            probs_bias: None,
             gate_inp: specs.require(&n("ffn_gate_inp.weight"), &[e, x.n_expert], m)?,
             gate: specs.require(&n("ffn_gate_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
             up: specs.require(&n("ffn_up_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,

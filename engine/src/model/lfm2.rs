@@ -3,10 +3,12 @@
 //! `shortconv.in_proj` giving B, C and x, the depthwise kernel `shortconv.conv`
 //! (`[l_cache, n_embd]`, f32), `shortconv.out_proj`), the others qwen3-shaped attention
 //! (`attn_q`, `attn_k`, `attn_v`, per-head `attn_q_norm` / `attn_k_norm`, `attn_output`); every
-//! block then has `ffn_norm` and a SwiGLU network. The final norm is `token_embd_norm`.
+//! block then has `ffn_norm` and a SwiGLU network, or in lfm2moe past its leading dense blocks
+//! a mixture of experts with `exp_probs_b`, the bias on the router's choice. The final norm is
+//! `token_embd_norm`.
 
 use super::hparams::{invalid, Keys};
-use super::{layer_weights as attention_layer, Ffn, HParams, LayerWeights, Qkv, Role, Specs};
+use super::{Ffn, HParams, LayerWeights, Qkv, Role, Specs};
 use crate::error::Result;
 
 /// The gated short-convolution layers of a hybrid model (lfm2) and their kernel width.
@@ -77,34 +79,60 @@ pub(super) fn short_conv(k: &Keys<'_>, n_layer: usize) -> Result<ShortConv> {
 
 /// Layer `l`'s weights, registered in `specs` with the shapes `hp` implies.
 pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Result<LayerWeights> {
-    let sc = hp.short_conv.as_ref();
-    let Some(sc) = sc.filter(|s| s.layers.get(l).copied().unwrap_or(false)) else {
-        // Attention: qwen3's tensors (per-head Q/K norms), with `ffn_norm`.
-        return attention_layer(specs, hp, l);
-    };
+    let conv = hp.short_conv.as_ref().filter(|s| s.layers[l]);
     let e = hp.n_embd;
     let n = |s: &str| format!("blk.{l}.{s}");
     let (m, v) = (Role::Matrix, Role::Vector);
     let attn_norm = specs.require(&n("attn_norm.weight"), &[e], v)?;
-    let in_proj = specs.require(&n("shortconv.in_proj.weight"), &[e, 3 * e], m)?;
-    let conv = specs.require(&n("shortconv.conv.weight"), &[sc.l_cache, e], v)?;
-    let wo = specs.require(&n("shortconv.out_proj.weight"), &[e, e], m)?;
+    let (qkv, wo, q_norm, k_norm, short_conv) = match conv {
+        Some(sc) => (
+            Qkv::Fused(specs.require(&n("shortconv.in_proj.weight"), &[e, 3 * e], m)?),
+            specs.require(&n("shortconv.out_proj.weight"), &[e, e], m)?,
+            None,
+            None,
+            Some(specs.require(&n("shortconv.conv.weight"), &[sc.l_cache, e], v)?),
+        ),
+        None => {
+            let (q, kv, hd) = (hp.head_dim * hp.n_head, hp.n_embd_kv(), hp.head_dim);
+            let qkv = Qkv::Split {
+                wq: specs.require(&n("attn_q.weight"), &[e, q], m)?,
+                wk: specs.require(&n("attn_k.weight"), &[e, kv], m)?,
+                wv: specs.require(&n("attn_v.weight"), &[e, kv], m)?,
+            };
+            let q_norm = specs.require(&n("attn_q_norm.weight"), &[hd], v)?;
+            let k_norm = specs.require(&n("attn_k_norm.weight"), &[hd], v)?;
+            let wo = specs.require(&n("attn_output.weight"), &[q, e], m)?;
+            (qkv, wo, Some(q_norm), Some(k_norm), None)
+        }
+    };
     let ffn_norm = specs.require(&n("ffn_norm.weight"), &[e], v)?;
-    let ffn = Ffn::Dense {
-        gate: Some(specs.require(&n("ffn_gate.weight"), &[e, hp.n_ff], m)?),
-        up: specs.require(&n("ffn_up.weight"), &[e, hp.n_ff], m)?,
-        down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e], m)?,
+    let ffn = match hp.experts.as_ref().filter(|x| l >= x.n_dense_lead) {
+        // lfm2moe past its dense leading blocks.
+        Some(x) => Ffn::Experts {
+            gate_inp: specs.require(&n("ffn_gate_inp.weight"), &[e, x.n_expert], m)?,
+            gate: specs.require(&n("ffn_gate_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
+            up: specs.require(&n("ffn_up_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
+            down: specs.require(&n("ffn_down_exps.weight"), &[x.n_ff_exp, e, x.n_expert], m)?,
+            shared: None,
+            biases: None,
+            probs_bias: Some(specs.require(&n("exp_probs_b.bias"), &[x.n_expert], v)?),
+        },
+        None => Ffn::Dense {
+            gate: Some(specs.require(&n("ffn_gate.weight"), &[e, hp.n_ff], m)?),
+            up: specs.require(&n("ffn_up.weight"), &[e, hp.n_ff], m)?,
+            down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e], m)?,
+        },
     };
     Ok(LayerWeights {
         attn_norm,
-        qkv: Qkv::Fused(in_proj),
+        qkv,
         wo,
         bo: None,
         bq: None,
         bk: None,
         bv: None,
-        q_norm: None,
-        k_norm: None,
+        q_norm,
+        k_norm,
         attn_sinks: None,
         post_attn_norm: None,
         post_ffn_norm: None,
@@ -112,6 +140,6 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
         ffn,
         gemma4: None,
         delta: None,
-        short_conv: Some(conv),
+        short_conv,
     })
 }

@@ -1,6 +1,7 @@
 //! A tiny lfm2 (Liquid's LFM2) model written by the tests: four blocks, gated short
 //! convolutions in the first, second and fourth and grouped-query attention in the third
-//! (`attention.head_count_kv` 0 marks a convolution), f32 weights throughout.
+//! (`attention.head_count_kv` 0 marks a convolution), f32 weights throughout; and its lfm2moe
+//! variant, whose blocks after the first have mixtures of experts.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -26,6 +27,34 @@ pub struct Lfm2Cfg {
     /// The convolution's width.
     pub l_cache: usize,
     pub eps: f32,
+    /// lfm2moe's experts, if any.
+    pub moe: Option<Lfm2Moe>,
+}
+
+/// The mixture of experts of the lfm2moe variant.
+pub struct Lfm2Moe {
+    pub n_expert: usize,
+    pub n_used: usize,
+    pub n_ff_exp: usize,
+    /// Blocks with dense networks first.
+    pub dense_lead: usize,
+    /// The router's gating function: 1 softmax, 2 sigmoid.
+    pub gating: u32,
+}
+
+/// The lfm2moe model the tests use: the lfm2 one with 4 experts of which 2 run, sigmoid
+/// routing, the first block dense.
+pub fn lfm2moe_cfg() -> Lfm2Cfg {
+    Lfm2Cfg {
+        moe: Some(Lfm2Moe {
+            n_expert: 4,
+            n_used: 2,
+            n_ff_exp: 24,
+            dense_lead: 1,
+            gating: 2,
+        }),
+        ..lfm2_cfg()
+    }
 }
 
 /// The model the tests use.
@@ -40,6 +69,7 @@ pub fn lfm2_cfg() -> Lfm2Cfg {
         conv: vec![true, true, false, true],
         l_cache: 3,
         eps: 1e-5,
+        moe: None,
     }
 }
 
@@ -57,7 +87,7 @@ pub fn write_lfm2(c: &Lfm2Cfg, seed: u64, path: &Path) {
 /// `c.conv`'s layers): for files whose metadata is wrong.
 pub fn write_lfm2_with_kv(c: &Lfm2Cfg, seed: u64, path: &Path, kv: &[i32]) {
     let mut r = SplitMix64(seed);
-    let arch = "lfm2";
+    let arch = if c.moe.is_some() { "lfm2moe" } else { "lfm2" };
     let mut g = GgufWriter::new();
     g.add_str("general.architecture", arch);
     let k = |s: &str| format!("{arch}.{s}");
@@ -71,6 +101,13 @@ pub fn write_lfm2_with_kv(c: &Lfm2Cfg, seed: u64, path: &Path, kv: &[i32]) {
     g.add_f32(&k("attention.layer_norm_rms_epsilon"), c.eps);
     g.add_f32(&k("rope.freq_base"), 10000.0);
     g.add_u32(&k("shortconv.l_cache"), c.l_cache as u32);
+    if let Some(x) = &c.moe {
+        g.add_u32(&k("expert_count"), x.n_expert as u32);
+        g.add_u32(&k("expert_used_count"), x.n_used as u32);
+        g.add_u32(&k("expert_feed_forward_length"), x.n_ff_exp as u32);
+        g.add_u32(&k("leading_dense_block_count"), x.dense_lead as u32);
+        g.add_u32(&k("expert_gating_func"), x.gating);
+    }
     add_tiny_vocab(&mut g, c.n_vocab);
 
     let t = |g: &mut GgufWriter, name: &str, shape: &[usize], values: Vec<f32>| {
@@ -115,6 +152,20 @@ pub fn write_lfm2_with_kv(c: &Lfm2Cfg, seed: u64, path: &Path, kv: &[i32]) {
         }
         let w = near_one(&mut r, e);
         t(&mut g, &n("ffn_norm.weight"), &[e], w);
+        if let Some(x) = c.moe.as_ref().filter(|x| l >= x.dense_lead) {
+            let (ne, f) = (x.n_expert, x.n_ff_exp);
+            let w = r.f32_vec(e * ne, 1.0);
+            t(&mut g, &n("ffn_gate_inp.weight"), &[e, ne], w);
+            let w = r.f32_vec(e * f * ne, 0.3);
+            t(&mut g, &n("ffn_gate_exps.weight"), &[e, f, ne], w);
+            let w = r.f32_vec(e * f * ne, 0.3);
+            t(&mut g, &n("ffn_up_exps.weight"), &[e, f, ne], w);
+            let w = r.f32_vec(f * e * ne, 0.3);
+            t(&mut g, &n("ffn_down_exps.weight"), &[f, e, ne], w);
+            let w = r.f32_vec(ne, 0.2);
+            t(&mut g, &n("exp_probs_b.bias"), &[ne], w);
+            continue;
+        }
         let w = r.f32_vec(e * c.n_ff, 0.3);
         t(&mut g, &n("ffn_gate.weight"), &[e, c.n_ff], w);
         let w = r.f32_vec(e * c.n_ff, 0.3);
@@ -127,9 +178,14 @@ pub fn write_lfm2_with_kv(c: &Lfm2Cfg, seed: u64, path: &Path, kv: &[i32]) {
 
 /// The tiny model of `seed`, written into a temporary directory and loaded.
 pub fn build_lfm2(seed: u64) -> (tempfile::TempDir, Arc<Model>) {
+    build_lfm2_of(&lfm2_cfg(), seed)
+}
+
+/// The tiny model `c` of `seed`, written into a temporary directory and loaded.
+pub fn build_lfm2_of(c: &Lfm2Cfg, seed: u64) -> (tempfile::TempDir, Arc<Model>) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("lfm2.gguf");
-    write_lfm2(&lfm2_cfg(), seed, &path);
+    write_lfm2(c, seed, &path);
     let model = Model::load(&path).unwrap();
     (dir, model)
 }
