@@ -114,7 +114,7 @@ impl Context {
         let dims: Vec<usize> = (0..hp.n_layer).map(|il| hp.n_embd_kv_at(il)).collect();
         // The KV of offloaded layers lives on their device, and graphs run under the scheduler.
         let placement = model.placement();
-        if placement.is_some() && model.hparams().delta_net.is_some() {
+        if placement.is_some() && model.hparams().state_shape().is_some() {
             return Err(Error::Recurrent {
                 what: "offloading the layers of a hybrid model".into(),
             });
@@ -777,19 +777,6 @@ impl Context {
             });
         }
         Ok((tables, fresh, replaced))
-    }
-
-    /// After a batch: each hybrid sequence that ends it on a page boundary keeps its state
-    /// there (a save stores it as that block's snapshot, where an edited prompt can resume).
-    fn keep_snapshots(&mut self, batch: &Batch) {
-        if let Some(r) = self.recurrent.as_mut() {
-            for item in &batch.items {
-                let len = self.seqs[&item.seq].tokens.len();
-                if len.is_multiple_of(PAGE_TOKENS) {
-                    r.snapshot(item.seq, len, item.tokens.len());
-                }
-            }
-        }
     }
 }
 

@@ -77,7 +77,7 @@ pub use ingest::{IngestParams, IngestReport, Progress};
 pub use kv::{KvLayout, KvStats, KvType, PAGE_TOKENS};
 pub use model::{
     Arch, DeltaNet, Experts, FingerprintOrigin, HParams, Model, ModelParams, OffloadDevice,
-    PoolingType, Ranking, RopeScaling, SlidingWindow, FINGERPRINT_VERSION,
+    PoolingType, Ranking, RopeScaling, ShortConv, SlidingWindow, FINGERPRINT_VERSION,
 };
 pub use namespace::Namespace;
 pub use pages::ImportSummary;

@@ -18,10 +18,12 @@ use crate::gguf::{GgmlType, Gguf};
 use crate::tokenizer::Tokenizer;
 
 mod classifier;
+mod experts;
 mod fingerprint;
 mod gemma4;
 mod hparams;
 mod layer;
+mod lfm2;
 mod qwen35;
 
 pub use classifier::{PoolingType, Ranking};
@@ -31,6 +33,8 @@ pub use fingerprint::FINGERPRINT_VERSION;
 pub(crate) use gemma4::{GateUp, Gemma4Layer};
 use layer::layer_weights;
 pub(crate) use layer::{DeltaNetWeights, ExpertBiases, Ffn, LayerWeights, Qkv, SharedExpert};
+pub use lfm2::ShortConv;
+pub use qwen35::DeltaNet;
 
 /// The model families this engine runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,6 +83,13 @@ pub enum Arch {
     /// pair), and mixtures of experts with biases everywhere: the router's chosen logits through
     /// a softmax, each expert a clamped SwiGLU (`swiglu_oai`).
     GptOss,
+    /// `lfm2`: Liquid's LFM2, a hybrid: most blocks are gated short convolutions (`B`, `C` and
+    /// `x` from one projection; `C * conv(B * x)`, the convolution's last inputs kept per
+    /// sequence), the others grouped-query attention with per-head Q/K norms; SwiGLU networks.
+    Lfm2,
+    /// `lfm2moe`: lfm2 whose feed-forward networks after the first few are mixtures of
+    /// experts (sigmoid or softmax routing, a bias on the choice, weights normalised).
+    Lfm2Moe,
 }
 
 impl Arch {
@@ -96,6 +107,8 @@ impl Arch {
             "mistral3" => Ok(Arch::Mistral3),
             "qwen35" => Ok(Arch::Qwen35),
             "gpt-oss" => Ok(Arch::GptOss),
+            "lfm2" => Ok(Arch::Lfm2),
+            "lfm2moe" => Ok(Arch::Lfm2Moe),
             other => Err(Error::UnsupportedArchitecture {
                 arch: other.to_owned(),
             }),
@@ -117,6 +130,8 @@ impl Arch {
             Arch::Mistral3 => "mistral3",
             Arch::Qwen35 => "qwen35",
             Arch::GptOss => "gpt-oss",
+            Arch::Lfm2 => "lfm2",
+            Arch::Lfm2Moe => "lfm2moe",
         }
     }
 }
@@ -189,44 +204,19 @@ pub struct HParams {
     pub mistral3: Option<Mistral3Params>,
     /// The gated delta-net layers of a hybrid (qwen35); `None` for attention-only families.
     pub delta_net: Option<DeltaNet>,
+    /// The gated short-convolution layers of a hybrid (lfm2); `None` for the other families.
+    pub short_conv: Option<ShortConv>,
 }
 
-/// The recurrent (gated delta-net) layers of a hybrid model and their sizes, as llama.cpp
-/// reads them from `ssm.*` keys.
-#[derive(Clone, Debug, PartialEq)]
-pub struct DeltaNet {
-    /// Per layer: whether it is a delta-net (the others are attention layers).
-    pub layers: Vec<bool>,
-    /// Width of the causal convolution (`ssm.conv_kernel`); its state keeps `conv_kernel - 1`
-    /// inputs.
-    pub conv_kernel: usize,
-    /// Key (and query) heads (`ssm.group_count`).
-    pub n_k_heads: usize,
-    /// Value heads (`ssm.time_step_rank`), a multiple of the key heads: value head `h` reads
-    /// key head `h % n_k_heads`.
-    pub n_v_heads: usize,
-    /// Dimension of a key and of a value head (`ssm.state_size`).
-    pub head_dim: usize,
-    /// The attention layers' M-RoPE sections (`rope.dimension_sections`).
-    pub rope_sections: [i32; 4],
-}
-
-impl DeltaNet {
-    /// Channels of the convolution: queries, keys, then values.
-    pub fn conv_channels(&self) -> usize {
-        self.head_dim * (2 * self.n_k_heads + self.n_v_heads)
-    }
-
-    /// f32 values of one sequence's convolution state in one layer.
-    pub fn conv_state_len(&self) -> usize {
-        (self.conv_kernel - 1) * self.conv_channels()
-    }
-
-    /// f32 values of one sequence's delta-net state in one layer (a square matrix per value
-    /// head).
-    pub fn ssm_state_len(&self) -> usize {
-        self.head_dim * self.head_dim * self.n_v_heads
-    }
+/// The per-sequence state of a hybrid's recurrent layers, whichever kind they are: per
+/// recurrent layer a convolution state of `conv_len` f32 values and, for delta-nets, a matrix
+/// state of `ssm_len` (0 for short convolutions, which keep none).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StateShape<'a> {
+    /// Per layer: whether it is recurrent.
+    pub layers: &'a [bool],
+    pub conv_len: usize,
+    pub ssm_len: usize,
 }
 
 /// Mistral 3's hyperparameters beyond llama's, as llama.cpp reads them.
@@ -282,6 +272,10 @@ pub struct Experts {
     /// Hidden width of the shared expert every token also runs, its output gated by a sigmoid
     /// of the input (qwen2moe); `None` without one.
     pub n_ff_shared: Option<usize>,
+    /// The router's probabilities are sigmoids of its logits, not their softmax (lfm2moe).
+    pub sigmoid: bool,
+    /// The first blocks have dense networks instead (lfm2moe's `leading_dense_block_count`).
+    pub n_dense_lead: usize,
 }
 
 /// Layers that attend only to the last `size` positions (a token at `p` sees `p - size + 1
@@ -300,11 +294,28 @@ pub struct SlidingWindow {
 }
 
 impl HParams {
-    /// Whether layer `il` is a gated delta-net (a recurrent layer of a hybrid).
+    /// Whether layer `il` is recurrent (a gated delta-net or short convolution of a hybrid).
     pub fn is_recurrent(&self, il: usize) -> bool {
-        self.delta_net
-            .as_ref()
-            .is_some_and(|d| d.layers.get(il).copied().unwrap_or(false))
+        self.state_shape()
+            .is_some_and(|s| s.layers.get(il).copied().unwrap_or(false))
+    }
+
+    /// The shape of a hybrid's per-sequence recurrent state; `None` for attention-only models.
+    pub(crate) fn state_shape(&self) -> Option<StateShape<'_>> {
+        if let Some(d) = &self.delta_net {
+            return Some(StateShape {
+                layers: &d.layers,
+                conv_len: d.conv_state_len(),
+                ssm_len: d.ssm_state_len(),
+            });
+        }
+        // An lfm2 file without convolution layers keeps no state.
+        let s = self.short_conv.as_ref()?;
+        s.layers.contains(&true).then(|| StateShape {
+            layers: &s.layers,
+            conv_len: s.conv_state_len(self.n_embd),
+            ssm_len: 0,
+        })
     }
 
     /// Whether layer `il` attends through the sliding window.
@@ -548,7 +559,12 @@ impl Model {
             &[e, hp.n_vocab],
             Role::Embedding { tied },
         )?;
-        let output_norm = specs.require("output_norm.weight", &[e], Role::Vector)?;
+        // lfm2 files name the final norm after the embeddings (as llama.cpp reads them).
+        let output_norm = match hp.arch {
+            Arch::Lfm2 | Arch::Lfm2Moe => "token_embd_norm.weight",
+            _ => "output_norm.weight",
+        };
+        let output_norm = specs.require(output_norm, &[e], Role::Vector)?;
         // Models with tied embeddings have no output matrix and reuse the embedding table
         // (qwen2moe and gpt-oss always have one, as llama.cpp requires).
         let output = match hp.arch {
@@ -571,6 +587,7 @@ impl Model {
         for l in 0..hp.n_layer {
             layer_idx.push(match (&hp.delta_net, hp.arch) {
                 (Some(d), _) => qwen35::layer_weights(&mut specs, &hp, d, l)?,
+                (None, Arch::Lfm2 | Arch::Lfm2Moe) => lfm2::layer_weights(&mut specs, &hp, l)?,
                 (None, Arch::Gemma4) => gemma4::layer_weights(&mut specs, &hp, l)?,
                 (None, _) => layer_weights(&mut specs, &hp, l)?,
             });

@@ -1,22 +1,24 @@
-//! The per-sequence state of a hybrid model's recurrent (gated delta-net) layers.
+//! The per-sequence state of a hybrid model's recurrent layers: gated delta-nets (qwen35) or
+//! gated short convolutions (lfm2), described alike by [`StateShape`].
 //!
 //! The attention layers keep their K and V in the page pool; the recurrent layers keep, per
-//! live sequence, one slot in [`StateTensors`]: per recurrent layer a convolution state (the
-//! last `conv_kernel - 1` inputs) and a delta-net state (a square matrix per value head), all
-//! f32. A slot summarises every position of its sequence, so:
+//! live sequence, one slot in [`StateTensors`]: per recurrent layer a convolution state (its
+//! last `kernel - 1` inputs) and, for delta-nets, a matrix state (a square matrix per value
+//! head), all f32. A slot summarises every position of its sequence, so:
 //!
 //! - a sequence's first batch (position 0) starts from a zeroed slot;
 //! - a batch reads each sequence's slot and writes the state after its tokens into a fresh
 //!   slot, which the sequence takes only when the graph succeeded (its old slot is then freed):
 //!   a failed batch leaves every state as it was;
 //! - removing a sequence, or clearing it to no tokens, frees its slot; cutting it back to a
-//!   shorter, non-empty prefix is refused ([`Error::Recurrent`]), as is anything that would need
-//!   the state of a prefix (a fork shorter than its source, a context shift, KV imported
-//!   without a state); a fork of the whole sequence copies the slot.
+//!   shorter, non-empty prefix is refused ([`Error::Recurrent`]) except at a snapshot (below),
+//!   as is anything that would need the state of a prefix (a fork shorter than its source
+//!   elsewhere, a context shift, KV imported without a state); a fork of the whole sequence
+//!   copies the slot.
 //!
 //! [`Recurrent::read`] and [`Recurrent::write`] give a sequence's state as bytes (each
-//! recurrent layer's convolution state, then its delta-net state, in layer order), for a
-//! checkpoint to keep beside the KV.
+//! recurrent layer's convolution state, then its delta-net state if it has one, in layer
+//! order), for a checkpoint to keep beside the KV.
 //!
 //! Snapshots: a sequence that ends a batch on a page boundary keeps its state there, and can
 //! later be cut back or forked at that boundary (the one exception to "never a shorter
@@ -31,7 +33,7 @@ use std::collections::BTreeMap;
 use crate::context::SeqId;
 use crate::error::{Error, Result};
 use crate::ggml::{StateTensors, StateTensorsMut};
-use crate::model::HParams;
+use crate::model::{HParams, StateShape};
 
 /// Slots allocated first; the tensors double when they run out.
 const FIRST_SLOTS: usize = 4;
@@ -85,12 +87,16 @@ pub(crate) struct StateBatch<'a> {
 impl Recurrent {
     /// The state of a model with recurrent layers; `None` for one without.
     pub(crate) fn new(hp: &HParams) -> Result<Option<Recurrent>> {
-        let Some(d) = &hp.delta_net else {
+        let Some(StateShape {
+            layers,
+            conv_len,
+            ssm_len,
+        }) = hp.state_shape()
+        else {
             return Ok(None);
         };
         let mut n_recurrent = 0;
-        let index = d
-            .layers
+        let index = layers
             .iter()
             .map(|&r| {
                 r.then(|| {
@@ -99,7 +105,6 @@ impl Recurrent {
                 })
             })
             .collect();
-        let (conv_len, ssm_len) = (d.conv_state_len(), d.ssm_state_len());
         Ok(Some(Recurrent {
             index,
             n_recurrent,
@@ -117,6 +122,15 @@ impl Recurrent {
         self.n_recurrent * 4 * (self.conv_len + self.ssm_len)
     }
 
+    /// The parts of each layer's state: the convolution's, then the matrix state's when
+    /// there is one (`true`).
+    fn parts(&self) -> &'static [bool] {
+        match self.ssm_len {
+            0 => &[false],
+            _ => &[false, true],
+        }
+    }
+
     /// A free slot (the lowest), the tensors doubled when none is left; zeroed.
     fn alloc(&mut self) -> Result<usize> {
         if self.free.is_empty() {
@@ -124,7 +138,7 @@ impl Recurrent {
             let mut grown =
                 StateTensors::new(self.n_recurrent, self.conv_len, self.ssm_len, 2 * old)?;
             for r in 0..self.n_recurrent {
-                for ssm in [false, true] {
+                for &ssm in self.parts() {
                     let mut row = vec![0u8; self.tensors.row_bytes(r, ssm)];
                     for slot in 0..old {
                         self.tensors.read(r, ssm, slot, &mut row);
@@ -137,7 +151,7 @@ impl Recurrent {
         }
         let slot = self.free.pop().expect("a free slot after growing");
         for r in 0..self.n_recurrent {
-            for ssm in [false, true] {
+            for &ssm in self.parts() {
                 let zeros = vec![0u8; self.tensors.row_bytes(r, ssm)];
                 self.tensors.write(r, ssm, slot, &zeros);
             }
@@ -247,7 +261,7 @@ impl Recurrent {
         let slot = *self.slots.get(&seq)?;
         let mut out = Vec::with_capacity(self.state_bytes());
         for r in 0..self.n_recurrent {
-            for ssm in [false, true] {
+            for &ssm in self.parts() {
                 let mut row = vec![0u8; self.tensors.row_bytes(r, ssm)];
                 self.tensors.read(r, ssm, slot, &mut row);
                 out.extend_from_slice(&row);
@@ -278,7 +292,7 @@ impl Recurrent {
         };
         let mut at = 0;
         for r in 0..self.n_recurrent {
-            for ssm in [false, true] {
+            for &ssm in self.parts() {
                 let n = self.tensors.row_bytes(r, ssm);
                 self.tensors.write(r, ssm, slot, &bytes[at..at + n]);
                 at += n;
@@ -298,6 +312,19 @@ impl Recurrent {
 }
 
 impl crate::context::Context {
+    /// After a batch: each hybrid sequence that ends it on a page boundary keeps its state
+    /// there (a save stores it as that block's snapshot, where an edited prompt can resume).
+    pub(crate) fn keep_snapshots(&mut self, batch: &crate::Batch) {
+        if let Some(r) = self.recurrent.as_mut() {
+            for item in &batch.items {
+                let len = self.seqs[&item.seq].tokens.len();
+                if len.is_multiple_of(crate::kv::PAGE_TOKENS) {
+                    r.snapshot(item.seq, len, item.tokens.len());
+                }
+            }
+        }
+    }
+
     /// A hybrid sequence's states kept at page boundaries (tokens, state bytes), oldest
     /// first, those it still holds the tokens of (see `recurrent.rs`).
     pub(crate) fn boundary_states(&self, seq: SeqId) -> Vec<(usize, Vec<u8>)> {

@@ -9,6 +9,7 @@ mod common;
 
 use std::sync::Arc;
 
+use common::lfm2::build_lfm2;
 use common::qwen35::build_qwen35;
 use engine::store::{CheckpointMeta, SessionStore, StoreConfig};
 use engine::{ContextParams, Evaluation, Model, Session, StoreErrorKind};
@@ -54,6 +55,21 @@ fn continue_greedy(s: &mut Session, first: &[f32], n: usize) -> Vec<Vec<f32>> {
 #[test]
 fn a_restored_hybrid_sequence_continues_bit_for_bit() {
     let (_models, model) = build_qwen35(2026);
+    restored_sequence_continues(&model);
+}
+
+/// The same for lfm2, whose recurrent layers are short convolutions (a convolution state
+/// alone).
+#[test]
+fn a_restored_lfm2_sequence_continues_bit_for_bit() {
+    let (_models, model) = build_lfm2(2027);
+    restored_sequence_continues(&model);
+}
+
+/// A sequence of `model` saved, restored and continued bit for bit as the uninterrupted one;
+/// an edited prompt resumed from the last boundary's snapshot.
+fn restored_sequence_continues(model: &Arc<Model>) {
+    let model = model.clone();
     let dir = tempfile::tempdir().unwrap();
     let tokens = prompt();
 

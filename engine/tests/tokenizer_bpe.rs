@@ -133,16 +133,21 @@ fn pre_tokenizer_splits_before_merging() {
 
 #[test]
 fn other_pre_tokenizers() {
-    // Llama 3: numbers in groups of three, and a word that is already a token skips merging.
-    let llama3 = build("llama-bpe", |_| {});
-    assert_eq!(
-        llama3.tok.encode("1234", false, false).unwrap(),
-        llama3.ids(&["12", "3", "4"])
-    );
-    assert_eq!(
-        llama3.tok.encode("abc", false, false).unwrap(),
-        llama3.ids(&["abc"])
-    );
+    // Llama 3 (and LFM2, which llama.cpp splits alike): numbers in groups of three, and a
+    // word that is already a token skips merging.
+    for name in ["llama-bpe", "lfm2"] {
+        let llama3 = build(name, |_| {});
+        assert_eq!(
+            llama3.tok.encode("1234", false, false).unwrap(),
+            llama3.ids(&["12", "3", "4"]),
+            "{name}"
+        );
+        assert_eq!(
+            llama3.tok.encode("abc", false, false).unwrap(),
+            llama3.ids(&["abc"]),
+            "{name}"
+        );
+    }
     // Merging never reaches "abc" for the others.
     let gpt2 = build("gpt2", |_| {});
     assert_eq!(

@@ -19,8 +19,10 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
                 down,
                 shared,
                 biases,
+                probs_bias,
             } => {
-                let routed = self.experts(g, x, gate_inp, [gate, up, down], biases, act);
+                let weights = [gate, up, down];
+                let routed = self.experts(g, x, gate_inp, weights, biases, probs_bias, act);
                 match shared {
                     Some(s) => {
                         let shared = self.shared_expert(g, x, s);
@@ -60,6 +62,8 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
     /// (`act`) through `mul_mat_id`, its output weighted, and the weighted outputs added in the
     /// order chosen. gpt-oss chooses by the router's logits and weighs by their softmax over
     /// the chosen ones alone, and adds `biases` to the router's and each expert's products.
+    /// lfm2moe may take sigmoids of the router's logits as probabilities, and chooses by the
+    /// probabilities plus `probs_bias` (weighing by the probabilities alone).
     #[allow(clippy::too_many_arguments)]
     fn experts(
         &self,
@@ -68,6 +72,7 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         gate_inp: RawTensor<'w>,
         [gate, up, down]: [RawTensor<'w>; 3],
         biases: Option<ExpertBiases<RawTensor<'w>>>,
+        probs_bias: Option<RawTensor<'w>>,
         act: Gate,
     ) -> Tensor<'g> {
         let spec = self
@@ -79,11 +84,19 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         let logits = self.project(g, x, gate_inp, biases.map(|b| b.gate_inp));
         // gpt-oss (llama.cpp's `SOFTMAX_WEIGHT` gating): the softmax comes after the choice.
         let softmax_chosen = self.hp.arch == Arch::GptOss;
-        let probs = match softmax_chosen {
-            true => logits,
-            false => g.soft_max_plain(logits),
+        let probs = match (softmax_chosen, spec.sigmoid) {
+            (true, _) => logits,
+            (false, true) => g.sigmoid(logits),
+            (false, false) => g.soft_max_plain(logits),
         };
-        let chosen = g.argsort_top_k(probs, k);
+        let selection = match probs_bias {
+            Some(b) => {
+                let b = g.lift(b);
+                g.add(probs, b)
+            }
+            None => probs,
+        };
+        let chosen = g.argsort_top_k(selection, k);
         let probs = g.reshape_3d(probs, 1, spec.n_expert, n);
         let mut weights = g.get_rows(probs, chosen);
         if softmax_chosen {

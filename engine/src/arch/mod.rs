@@ -1,6 +1,6 @@
 //! The forward pass as a ggml graph: one module per family of architectures (`llama.rs`:
 //! llama, qwen2, qwen3, phi3, qwen3moe, qwen2moe; `gemma.rs`: gemma2, gemma3; `gemma4.rs`;
-//! `mistral3.rs`; `qwen35.rs`; `gpt_oss.rs`: gpt-oss) over the building blocks here, which
+//! `mistral3.rs`; `qwen35.rs`; `gpt_oss.rs`: gpt-oss; `lfm2.rs`) over the building blocks here, which
 //! every family shares: the batch's inputs, RMSNorm, projections, attention over the page
 //! pool, the gated feed-forward network (or a mixture of experts) and the output head.
 //!
@@ -13,6 +13,7 @@ mod ffn;
 mod gemma;
 mod gemma4;
 mod gpt_oss;
+mod lfm2;
 mod llama;
 mod mistral3;
 mod qwen35;
@@ -51,6 +52,7 @@ pub(crate) fn build<'g, 'w>(
         Arch::Mistral3 => mistral3::blocks(g, &mut f),
         Arch::Qwen35 => qwen35::blocks(g, &mut f)?,
         Arch::GptOss => gpt_oss::blocks(g, &mut f),
+        Arch::Lfm2 | Arch::Lfm2Moe => lfm2::blocks(g, &mut f)?,
     };
     Ok(f.head(g, x, output))
 }
@@ -671,7 +673,9 @@ pub(crate) fn rope_params(model: &Model, il: usize) -> RopeParams {
             | Arch::Qwen3Moe
             | Arch::Qwen2Moe
             | Arch::Gemma4
-            | Arch::GptOss => 2,
+            | Arch::GptOss
+            | Arch::Lfm2
+            | Arch::Lfm2Moe => 2,
             // Interleaved M-RoPE (`GGML_ROPE_TYPE_IMROPE`), through `Graph::rope_multi`.
             Arch::Qwen35 => 40,
         },

@@ -1,6 +1,6 @@
 //! Per-sequence recurrent state in backend memory: per recurrent layer, one f32 tensor of
-//! convolution states and one of delta-net states, each `[row, n_slots]` (a slot is a column
-//! of one sequence's state), in one zeroed CPU buffer. Read through `&self`, written only
+//! convolution states and, for delta-nets, one of matrix states, each `[row, n_slots]` (a slot
+//! is a column of one sequence's state), in one zeroed CPU buffer. Read through `&self`, written only
 //! through `&mut self` (byte writes, or graphs holding [`StateTensors::tensors_mut`]).
 
 use std::ffi::CString;
@@ -12,7 +12,8 @@ use ggml_sys as sys;
 use super::{Buffer, Context, Device, RawTensorMut};
 use crate::error::{Error, Result};
 
-/// The state tensors of `n` recurrent layers: `conv[r]` and `ssm[r]`, `n_slots` rows each.
+/// The state tensors of `n` recurrent layers: `conv[r]` and `ssm[r]` (none when the layers
+/// keep no matrix state), `n_slots` rows each.
 pub(crate) struct StateTensors {
     conv: Vec<NonNull<sys::ggml_tensor>>,
     ssm: Vec<NonNull<sys::ggml_tensor>>,
@@ -43,6 +44,9 @@ impl<'a> StateTensorsMut<'a> {
     }
 
     /// Recurrent layer `r`'s delta-net states.
+    ///
+    /// # Panics
+    /// If the layers keep no matrix state (short convolutions).
     pub(crate) fn ssm(self, r: usize) -> RawTensorMut<'a> {
         RawTensorMut {
             ptr: self.ssm[r],
@@ -53,7 +57,7 @@ impl<'a> StateTensorsMut<'a> {
 
 impl StateTensors {
     /// `n_layers` pairs of zeroed tensors of `n_slots` rows of `conv_len` and `ssm_len` f32
-    /// values.
+    /// values (with `ssm_len` 0, the convolution's tensors alone).
     pub(crate) fn new(
         n_layers: usize,
         conv_len: usize,
@@ -95,7 +99,9 @@ impl StateTensors {
         let mut ssm = Vec::with_capacity(n_layers);
         for r in 0..n_layers {
             conv.push(make("conv", r, conv_len)?);
-            ssm.push(make("ssm", r, ssm_len)?);
+            if ssm_len > 0 {
+                ssm.push(make("ssm", r, ssm_len)?);
+            }
         }
         let buffer = Buffer::alloc_tensors(&ctx, Device::cpu()?)?.ok_or_else(too_big)?;
         Ok(StateTensors {

@@ -52,6 +52,7 @@ mod tag {
     pub const GEMMA4: u8 = 25;
     pub const MISTRAL3: u8 = 26;
     pub const DELTA_NET: u8 = 27;
+    pub const SHORT_CONV: u8 = 28;
     pub const TENSORS: u8 = 0x20;
     pub const VOCAB: u8 = 0x30;
 }
@@ -226,6 +227,7 @@ fn encode(
         ref gemma4,
         ref mistral3,
         ref delta_net,
+        ref short_conv,
     } = *hp;
     let mut field = |tag: u8, value: u64| {
         h.update(&[tag]);
@@ -244,6 +246,8 @@ fn encode(
         Arch::Mistral3 => 9,
         Arch::Qwen35 => 10,
         Arch::GptOss => 11,
+        Arch::Lfm2 => 12,
+        Arch::Lfm2Moe => 13,
     };
     let (kind, factor, n_ctx_orig) = match rope_scaling {
         RopeScaling::None => (0, 0.0f32, 0),
@@ -304,6 +308,10 @@ fn encode(
         if let Some(ff) = x.n_ff_shared {
             field(tag::SHARED_EXPERT, ff as u64);
         }
+        if x.sigmoid || x.n_dense_lead > 0 {
+            field(tag::EXPERTS, u64::from(x.sigmoid));
+            field(tag::EXPERTS, x.n_dense_lead as u64);
+        }
     }
     families(
         &mut field,
@@ -311,6 +319,12 @@ fn encode(
         mistral3.as_ref(),
         delta_net.as_ref(),
     );
+    if let Some(s) = short_conv {
+        field(tag::SHORT_CONV, s.l_cache as u64);
+        for (il, _) in s.layers.iter().enumerate().filter(|(_, &c)| c) {
+            field(tag::SHORT_CONV, il as u64);
+        }
+    }
     contents(&mut h, gguf, tokenizer, &mut data)?;
     Some(*h.finalize().as_bytes())
 }

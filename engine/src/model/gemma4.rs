@@ -221,6 +221,7 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
             moe,
         }),
         delta: None,
+        short_conv: None,
         attn_sinks: None,
     })
 }

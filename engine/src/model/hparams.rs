@@ -28,11 +28,14 @@
 //! | `ssm.state_size`, `ssm.inner_size` (qwen35) | inner = state × `time_step_rank`, width ≤ 2^20 | key and value heads of one size (the kernel's square state) |
 //! | `full_attention_interval` or `attention.recurrent_layers` (qwen35) | ≥ 1, or one flag per layer | which layers are recurrent |
 //! | `rope.dimension_sections` (qwen35) | 4 non-negative values | M-RoPE |
+//! | `attention.head_count_kv` (lfm2) | per layer: 0 (a short convolution) or one count for every attention layer, at least one | the KV cache's rows |
+//! | `expert_gating_func`, `leading_dense_block_count` (lfm2moe) | 1 (softmax) or 2 (sigmoid); 0..=4096 | the router |
+//! | `shortconv.l_cache` (lfm2) | 2..=64; no `attention.sliding_window` | the convolution keeps `l_cache - 1` inputs |
 
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 
-use super::{Arch, Experts, Gemma4Params, HParams, Mistral3Params, RopeScaling, SlidingWindow};
+use super::{Arch, Gemma4Params, HParams, Mistral3Params, RopeScaling, SlidingWindow};
 
 /// Largest width (embedding, feed-forward, heads × head dimension) accepted.
 pub(crate) const MAX_WIDTH: usize = 1 << 20;
@@ -41,7 +44,11 @@ pub(crate) const MAX_LAYERS: usize = 4096;
 /// Largest context length and vocabulary size accepted (positions and ids are `i32` in ggml).
 pub(crate) const MAX_POSITIONS: usize = i32::MAX as usize;
 
-fn invalid(key: &str, value: impl std::fmt::Display, requirement: impl Into<String>) -> Error {
+pub(super) fn invalid(
+    key: &str,
+    value: impl std::fmt::Display,
+    requirement: impl Into<String>,
+) -> Error {
     Error::InvalidHParam {
         key: key.to_owned(),
         value: value.to_string(),
@@ -50,22 +57,22 @@ fn invalid(key: &str, value: impl std::fmt::Display, requirement: impl Into<Stri
 }
 
 /// Reads `{arch}.*` keys with typed errors.
-struct Keys<'g> {
-    gguf: &'g Gguf,
-    arch: &'static str,
+pub(super) struct Keys<'g> {
+    pub gguf: &'g Gguf,
+    pub arch: &'static str,
 }
 
 impl Keys<'_> {
-    fn key(&self, name: &str) -> String {
+    pub(super) fn key(&self, name: &str) -> String {
         format!("{}.{name}", self.arch)
     }
 
-    fn present(&self, name: &str) -> bool {
+    pub(super) fn present(&self, name: &str) -> bool {
         self.gguf.get(&self.key(name)).is_some()
     }
 
     /// A required integer in `lo..=hi`.
-    fn int(&self, name: &str, lo: usize, hi: usize) -> Result<usize> {
+    pub(super) fn int(&self, name: &str, lo: usize, hi: usize) -> Result<usize> {
         let key = self.key(name);
         let v = self.gguf.get_u32(&key)? as usize;
         if v < lo || v > hi {
@@ -75,7 +82,7 @@ impl Keys<'_> {
     }
 
     /// An optional integer in `lo..=hi`.
-    fn opt_int(&self, name: &str, lo: usize, hi: usize) -> Result<Option<usize>> {
+    pub(super) fn opt_int(&self, name: &str, lo: usize, hi: usize) -> Result<Option<usize>> {
         match self.present(name) {
             true => self.int(name, lo, hi).map(Some),
             false => Ok(None),
@@ -93,7 +100,13 @@ impl Keys<'_> {
     }
 
     /// A required integer in `lo..=hi`, or an array of one such integer per layer.
-    fn per_layer(&self, name: &str, lo: usize, hi: usize, n_layer: usize) -> Result<Vec<usize>> {
+    pub(super) fn per_layer(
+        &self,
+        name: &str,
+        lo: usize,
+        hi: usize,
+        n_layer: usize,
+    ) -> Result<Vec<usize>> {
         let key = self.key(name);
         let Some(values) = self.gguf.get(&key).and_then(|v| v.as_array()) else {
             return Ok(vec![self.int(name, lo, hi)?; n_layer]);
@@ -158,6 +171,9 @@ impl HParams {
                 .iter()
                 .max()
                 .unwrap_or(&n_head),
+            _ if matches!(arch, Arch::Lfm2 | Arch::Lfm2Moe) => {
+                super::lfm2::n_head_kv(&k, n_head, n_layer)?
+            }
             _ => k
                 .opt_int("attention.head_count_kv", 1, n_head)?
                 .unwrap_or(n_head),
@@ -227,7 +243,7 @@ impl HParams {
             .opt_positive("rope.freq_base", f32::INFINITY)?
             .unwrap_or(10_000.0);
         let rope_scaling = rope_scaling(&k, n_ctx_train)?;
-        let experts = experts(&k, arch, n_ff)?;
+        let experts = super::experts::experts(&k, arch, n_ff)?;
         let mut hp = HParams {
             arch,
             n_vocab,
@@ -251,6 +267,7 @@ impl HParams {
             gemma4: None,
             mistral3: None,
             delta_net: None,
+            short_conv: None,
         };
         family(&k, &mut hp)?;
         Ok(hp)
@@ -280,9 +297,7 @@ impl HParams {
     /// Whether layer `il` keeps K and V rows in the page pool: every layer but a hybrid
     /// model's recurrent ones, whose state lives beside the pool (`recurrent.rs`).
     pub fn holds_kv(&self, il: usize) -> bool {
-        self.delta_net
-            .as_ref()
-            .is_none_or(|d| !d.layers.get(il).copied().unwrap_or(false))
+        !self.is_recurrent(il)
     }
 
     /// K (and V) elements per token of layer `il`.
@@ -519,6 +534,7 @@ fn family(k: &Keys<'_>, hp: &mut HParams) -> Result<()> {
             )?);
         }
         Arch::Qwen35 => hp.delta_net = Some(delta_net(k, n_layer, hp.rope_dims)?),
+        Arch::Lfm2 | Arch::Lfm2Moe => hp.short_conv = Some(super::lfm2::short_conv(k, n_layer)?),
         Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe | Arch::Qwen2Moe => {}
     }
     Ok(())
@@ -599,79 +615,6 @@ fn vocab_size(k: &Keys<'_>) -> Result<usize> {
             n
         }
     })
-}
-
-/// Most experts a block may have (llama.cpp's limit).
-const MAX_EXPERTS: usize = 512;
-
-/// The mixture of experts, when `expert_count` is present and not 0 (required for qwen3moe,
-/// qwen2moe and gpt-oss): `expert_used_count` of them run per token, each `feed_forward_length`
-/// wide (llama), or `expert_feed_forward_length` (absent or 0: the feed-forward length divided
-/// among the used experts; qwen3moe, qwen2moe; required for gpt-oss), as llama.cpp reads them.
-/// qwen2moe adds a shared expert `expert_shared_feed_forward_length` wide (absent or 0: the
-/// feed-forward length) and, as llama.cpp's graph, does not normalise the chosen experts'
-/// weights, nor does gpt-oss (its softmax over the chosen logits sums to 1). As llama.cpp, none
-/// of these architectures reads `expert_weights_scale`.
-fn experts(k: &Keys<'_>, arch: Arch, n_ff: usize) -> Result<Option<Experts>> {
-    let required = matches!(arch, Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::GptOss);
-    let n_expert = match k.opt_int("expert_count", 0, MAX_EXPERTS)? {
-        None | Some(0) if required => {
-            return Err(invalid(
-                &k.key("expert_count"),
-                "absent or 0",
-                format!("must be at least 1 for {}", arch.name()),
-            ))
-        }
-        None | Some(0) => return Ok(None),
-        Some(n) => n,
-    };
-    if !matches!(
-        arch,
-        Arch::Llama
-            | Arch::Qwen3Moe
-            | Arch::Qwen2Moe
-            | Arch::Gemma4
-            | Arch::Mistral3
-            | Arch::GptOss
-    ) {
-        return Err(invalid(
-            &k.key("expert_count"),
-            n_expert,
-            format!("experts are not supported for {}", arch.name()),
-        ));
-    }
-    let n_used = k.int("expert_used_count", 1, n_expert)?;
-    // llama (Mixtral) experts are `feed_forward_length` wide, as llama.cpp reads them.
-    let n_ff_exp = match arch {
-        // Required for gemma4 and gpt-oss, as llama.cpp reads it.
-        Arch::Gemma4 | Arch::GptOss => k.int("expert_feed_forward_length", 1, MAX_WIDTH)?,
-        Arch::Qwen3Moe | Arch::Qwen2Moe => k
-            .opt_int("expert_feed_forward_length", 0, MAX_WIDTH)?
-            .filter(|&w| w > 0)
-            .unwrap_or((n_ff / n_used).max(1)),
-        _ => n_ff,
-    };
-    let qwen2moe = arch == Arch::Qwen2Moe;
-    let n_ff_shared = match qwen2moe {
-        true => Some(
-            k.opt_int("expert_shared_feed_forward_length", 0, MAX_WIDTH)?
-                .filter(|&w| w > 0)
-                .unwrap_or(n_ff),
-        ),
-        false => None,
-    };
-    Ok(Some(Experts {
-        n_expert,
-        n_used,
-        n_ff_exp,
-        // qwen2moe leaves the chosen experts' weights as the router gave them; gpt-oss's are
-        // a softmax over the chosen logits, which sums to 1 already.
-        norm_weights: !qwen2moe && arch != Arch::GptOss,
-        // llama.cpp reads `expert_weights_scale` for none of these architectures (it stays
-        // 0, no scaling, whatever the file says): neither does this.
-        weights_scale: 1.0,
-        n_ff_shared,
-    }))
 }
 
 fn rope_scaling(k: &Keys<'_>, n_ctx_train: usize) -> Result<RopeScaling> {

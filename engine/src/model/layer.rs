@@ -31,6 +31,9 @@ pub(crate) struct LayerWeights<T = usize> {
     /// A gated delta-net block (qwen35): then `qkv` is `Fused` (the convolution's input
     /// projection), `wo` the output projection and `ffn_norm` the norm after the mixer.
     pub delta: Option<DeltaNetWeights<T>>,
+    /// A gated short convolution's kernel (lfm2, `[l_cache, n_embd]`): then `qkv` is `Fused`
+    /// (the input projection giving B, C and x) and `wo` the output projection.
+    pub short_conv: Option<T>,
 }
 
 /// The tensors of a gated delta-net besides its input and output projections.
@@ -92,6 +95,9 @@ pub(crate) enum Ffn<T> {
         down: T,
         shared: Option<SharedExpert<T>>,
         biases: Option<ExpertBiases<T>>,
+        /// Added to the router's probabilities to choose the experts, not to weigh them
+        /// (`exp_probs_b`, `[n_expert]`, f32; lfm2moe).
+        probs_bias: Option<T>,
     },
 }
 
@@ -159,8 +165,10 @@ impl<T: Copy> Ffn<T> {
                 down,
                 shared,
                 biases,
+                probs_bias,
             } => {
                 let mut v = vec![gate_inp, gate, up, down];
+                v.extend(probs_bias);
                 v.extend(shared.into_iter().flat_map(SharedExpert::all));
                 v.extend(biases.into_iter().flat_map(ExpertBiases::all));
                 v
@@ -181,7 +189,9 @@ impl<T: Copy> Ffn<T> {
                 down,
                 shared,
                 biases,
+                probs_bias,
             } => Ffn::Experts {
+                probs_bias: probs_bias.map(&f),
                 gate_inp: f(gate_inp),
                 gate: f(gate),
                 up: f(up),
@@ -242,6 +252,7 @@ impl LayerWeights<usize> {
         );
         all.extend(self.gemma4.iter().flat_map(|x| x.all()));
         all.extend(self.delta.into_iter().flat_map(DeltaNetWeights::all));
+        all.extend(self.short_conv);
         all
     }
 }
@@ -265,6 +276,7 @@ impl<T: Copy> LayerWeights<T> {
             ffn: self.ffn.map(&f),
             gemma4: self.gemma4.as_ref().map(|x| x.map(&f)),
             delta: self.delta.map(|d| d.map(&f)),
+            short_conv: self.short_conv.map(&f),
         }
     }
 }
@@ -287,13 +299,17 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
         | Arch::Gemma4
         | Arch::Mistral3
         | Arch::Qwen35
-        | Arch::GptOss => specs.find(&n(name), &[dim], Role::Vector),
+        | Arch::GptOss
+        | Arch::Lfm2
+        | Arch::Lfm2Moe => specs.find(&n(name), &[dim], Role::Vector),
     };
     // qwen3 and gemma3 normalise each head of Q and K.
     let head_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
-        Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe | Arch::Qwen35 => specs
-            .require(&n(name), &[hp.head_dim], Role::Vector)
-            .map(Some),
+        Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Lfm2 | Arch::Lfm2Moe => {
+            specs
+                .require(&n(name), &[hp.head_dim], Role::Vector)
+                .map(Some)
+        }
         Arch::Llama
         | Arch::Qwen2
         | Arch::Gemma2
@@ -315,7 +331,9 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
         | Arch::Gemma4
         | Arch::Mistral3
         | Arch::Qwen35
-        | Arch::GptOss => Ok(None),
+        | Arch::GptOss
+        | Arch::Lfm2
+        | Arch::Lfm2Moe => Ok(None),
     };
     let gpt_oss = hp.arch == Arch::GptOss;
     let (m, v) = (Role::Matrix, Role::Vector);
@@ -330,6 +348,7 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
     };
     let ffn = match (&hp.experts, hp.arch) {
         (Some(x), _) => Ffn::Experts {
+            probs_bias: None,
             gate_inp: specs.require(&n("ffn_gate_inp.weight"), &[e, x.n_expert], m)?,
             gate: specs.require(&n("ffn_gate_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
             up: specs.require(&n("ffn_up_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
@@ -409,5 +428,6 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
         ffn,
         gemma4: None,
         delta: None,
+        short_conv: None,
     })
 }

@@ -4,8 +4,46 @@
 //! attention (`attn_q` twice as wide as the heads: each head's query, then its gate; `attn_k`,
 //! `attn_v`, per-head norms, `attn_output`), then `post_attention_norm` and a SwiGLU network.
 
-use super::{DeltaNet, DeltaNetWeights, Ffn, HParams, LayerWeights, Qkv, Role, Specs};
+use super::{DeltaNetWeights, Ffn, HParams, LayerWeights, Qkv, Role, Specs};
 use crate::error::Result;
+
+/// The recurrent (gated delta-net) layers of a hybrid model and their sizes, as llama.cpp
+/// reads them from `ssm.*` keys.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeltaNet {
+    /// Per layer: whether it is a delta-net (the others are attention layers).
+    pub layers: Vec<bool>,
+    /// Width of the causal convolution (`ssm.conv_kernel`); its state keeps `conv_kernel - 1`
+    /// inputs.
+    pub conv_kernel: usize,
+    /// Key (and query) heads (`ssm.group_count`).
+    pub n_k_heads: usize,
+    /// Value heads (`ssm.time_step_rank`), a multiple of the key heads: value head `h` reads
+    /// key head `h % n_k_heads`.
+    pub n_v_heads: usize,
+    /// Dimension of a key and of a value head (`ssm.state_size`).
+    pub head_dim: usize,
+    /// The attention layers' M-RoPE sections (`rope.dimension_sections`).
+    pub rope_sections: [i32; 4],
+}
+
+impl DeltaNet {
+    /// Channels of the convolution: queries, keys, then values.
+    pub fn conv_channels(&self) -> usize {
+        self.head_dim * (2 * self.n_k_heads + self.n_v_heads)
+    }
+
+    /// f32 values of one sequence's convolution state in one layer.
+    pub fn conv_state_len(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_channels()
+    }
+
+    /// f32 values of one sequence's delta-net state in one layer (a square matrix per value
+    /// head).
+    pub fn ssm_state_len(&self) -> usize {
+        self.head_dim * self.head_dim * self.n_v_heads
+    }
+}
 
 /// Layer `l`'s weights, registered in `specs` with the shapes `hp` and `d` imply.
 pub(super) fn layer_weights(
@@ -70,5 +108,6 @@ pub(super) fn layer_weights(
         attn_sinks: None,
         gemma4: None,
         delta,
+        short_conv: None,
     })
 }

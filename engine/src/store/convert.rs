@@ -28,13 +28,13 @@ pub fn geometry(layout: &KvLayout) -> Result<Geometry> {
 /// carries the state after its last token beside the KV).
 pub(super) fn model_geometry(layout: &KvLayout, hp: &crate::model::HParams) -> Result<Geometry> {
     let g = geometry(layout)?;
-    let Some(d) = &hp.delta_net else {
+    let Some(shape) = hp.state_shape() else {
         return Ok(g);
     };
     // The layout of `Context::recurrent_state`: per recurrent layer, its convolution state
-    // then its delta-net state, as f32.
-    let per_layer = 4 * (d.conv_state_len() + d.ssm_state_len());
-    let state = d
+    // then its delta-net state (if any), as f32.
+    let per_layer = 4 * (shape.conv_len + shape.ssm_len);
+    let state = shape
         .layers
         .iter()
         .map(|&r| if r { per_layer as u32 } else { 0 })

@@ -53,7 +53,7 @@ impl PreTokenizer {
                 false,
                 true,
             ),
-            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" => {
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" | "lfm2" => {
                 pre(&[RE_LLAMA3], true, true, true)
             }
             "qwen2" | "deepseek-r1-qwen" => pre(&[RE_QWEN2], false, false, false),

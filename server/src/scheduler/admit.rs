@@ -79,6 +79,57 @@ impl Scheduler {
         }
     }
 
+    /// Takes finished sequence `src` over for a new request sharing its first `n` tokens with
+    /// `usable` (cut to them, or moved by `--cache-reuse`): the kept length, whether KV was
+    /// moved, and when the export the new request inherits was due from. `None`, with `src`
+    /// dropped, when it could not be cut.
+    ///
+    /// It is taken over rather than forked: no page is copied, the pool does not grow with
+    /// every repeat, and its pages stay where they were (attention adds cells up in pool
+    /// order, so the same prompt gets the same reply). What the cut drops (the pages from the
+    /// shared prefix's end on, its tails) goes to the store first; the pages kept go when the
+    /// new request finishes, off this request's path (a cold prompt's pages are not copied
+    /// before its first repeat is answered), and no later than [`super::reuse::EXPORT_DELAY`]
+    /// after the first finish of a chain of such takeovers. KV moved by `--cache-reuse` is
+    /// never cached: all of it goes first then.
+    fn take_over(
+        &mut self,
+        src: engine::SeqId,
+        n: usize,
+        usable: &[u32],
+        params: &super::GenParams,
+    ) -> Option<(usize, bool, Option<Instant>)> {
+        let keeps_pages = params.cache_reuse == 0 || self.ctx.is_hybrid();
+        let since = self.export_since(src);
+        let due = since.is_some_and(|t| t.elapsed() >= super::reuse::EXPORT_DELAY);
+        let from = if keeps_pages && !due {
+            n / PAGE_TOKENS
+        } else {
+            0
+        };
+        self.export_from(src, from);
+        self.cached.retain(|&s| s != src);
+        for s in &mut self.slots {
+            if s.last == Some(src) {
+                s.last = None;
+            }
+        }
+        // A hybrid's sequence cannot be shifted: it is cut back (to where it kept its
+        // recurrent state, `longest_resident`).
+        let kept = match params.cache_reuse {
+            _ if self.ctx.is_hybrid() => self.ctx.truncate(src, n).map(|()| (n, false)),
+            0 => self.ctx.truncate(src, n).map(|()| (n, false)),
+            chunk => self.reuse_chunks(src, usable, n, chunk),
+        };
+        match kept {
+            Ok((n, moved)) => Some((n, moved, since.filter(|_| from > 0))),
+            Err(_) => {
+                let _ = self.ctx.remove_sequence(src);
+                None
+            }
+        }
+    }
+
     /// A new sequence for `job`, starting from the longest cached prefix of its prompt: in
     /// memory, or `loaded` from the store by the loader.
     fn start(
@@ -114,46 +165,12 @@ impl Scheduler {
                     from_ram = n;
                 }
             } else if let Some((n, src)) = resident {
-                // The finished sequence is taken over, cut to the shared prefix, rather than
-                // forked: no page is copied, the pool does not grow with every repeat, and its
-                // pages stay where they were (attention adds cells up in pool order, so the
-                // same prompt gets the same reply). What the cut drops (the pages from the
-                // shared prefix's end on, its tails) goes to the store first; the pages kept
-                // go when the new request finishes, off this request's path (a cold prompt's
-                // pages are not copied before its first repeat is answered). KV moved by
-                // `--cache-reuse` is never cached: all of it goes first then.
-                // Deferred at most EXPORT_DELAY after the first finish of a chain of such
-                // takeovers, as any export.
-                let keeps_pages = job.params.cache_reuse == 0 || self.ctx.is_hybrid();
-                let since = self.export_since(src);
-                let due = since.is_some_and(|t| t.elapsed() >= super::reuse::EXPORT_DELAY);
-                let from = if keeps_pages && !due {
-                    n / PAGE_TOKENS
-                } else {
-                    0
-                };
-                self.export_from(src, from);
-                export_since = since.filter(|_| from > 0);
-                self.cached.retain(|&s| s != src);
-                for s in &mut self.slots {
-                    if s.last == Some(src) {
-                        s.last = None;
-                    }
-                }
-                // A hybrid's sequence cannot be shifted: it is cut back (to where it kept its
-                // recurrent state, `longest_resident`).
-                let kept = match job.params.cache_reuse {
-                    _ if self.ctx.is_hybrid() => self.ctx.truncate(src, n).map(|()| (n, false)),
-                    0 => self.ctx.truncate(src, n).map(|()| (n, false)),
-                    chunk => self.reuse_chunks(src, usable, n, chunk),
-                };
-                if let Ok((n, moved)) = kept {
+                if let Some((n, moved, since)) = self.take_over(src, n, usable, &job.params) {
                     let _ = self.ctx.remove_sequence(seq);
                     seq = src;
                     from_ram = n;
                     shifted = moved;
-                } else {
-                    let _ = self.ctx.remove_sequence(src);
+                    export_since = since;
                 }
             }
             if from_ram == 0 {
