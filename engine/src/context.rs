@@ -530,8 +530,9 @@ impl Context {
             Evaluation::LlamaCpp => PlanMode::PerQuery,
             Evaluation::Invariant => {
                 let hp = self.model.hparams();
-                let kernel = self.layout.type_k == KvType::F16
-                    && self.layout.type_v == KvType::F16
+                let kernel = [self.layout.type_k, self.layout.type_v]
+                    .iter()
+                    .all(|t| matches!(t, KvType::F16 | KvType::Q8_0))
                     && (0..hp.n_layer).all(|l| self.kv.cpu_readable(l))
                     && (0..hp.n_layer)
                         .all(|l| kernel_takes_model(hp.head_dim_at(l), hp.attn_softcap))

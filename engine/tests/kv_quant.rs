@@ -466,3 +466,32 @@ fn real_model_q8_0_agrees_with_f16_on_the_golden_prompts() {
         "top-1 agreement {rate:.4} below {MIN_AGREEMENT}"
     );
 }
+
+#[test]
+fn a_q8_0_cache_gives_the_same_bits_however_the_prompt_is_fed() {
+    // The attention kernel reads q8_0 rows as their exact values, tile by tile from each
+    // sequence's first position: a token's logits do not depend on how its prompt was split.
+    let (_dir, model, _) = build(&q8_cfg(), 13);
+    let toks = tokens(120);
+    let q8 = || {
+        let p = ContextParams {
+            n_ctx: 256,
+            ..typed(256, KvType::Q8_0, KvType::Q8_0)
+        };
+        Session::new(model.clone(), p).unwrap()
+    };
+    let whole = q8().feed(&toks).unwrap().to_vec();
+    let mut split = q8();
+    split.feed(&toks[..37]).unwrap();
+    split.feed(&toks[37..101]).unwrap();
+    let parts = split.feed(&toks[101..]).unwrap().to_vec();
+    let mut pairs = q8();
+    for pair in toks.chunks(2) {
+        pairs.feed(pair).unwrap();
+    }
+    let by_pairs = pairs.logits().unwrap().to_vec();
+    assert!(parts == whole, "split in three, the logits differ");
+    // (Not one token at a time: the tiny model's f32 weights go through ggml's products,
+    // which round a single column otherwise than several.)
+    assert!(by_pairs == whole, "two tokens at a time, the logits differ");
+}

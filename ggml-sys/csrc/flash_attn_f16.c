@@ -1,5 +1,7 @@
-// Attention over an f16 KV cache for ggml's CPU backend, run as a ggml custom op
-// (`ggml_custom_4d`): for every query row, softmax(q k^T * scale + mask) v.
+// Attention over an f16 or q8_0 KV cache for ggml's CPU backend, run as a ggml custom op
+// (`ggml_custom_4d`): for every query row, softmax(q k^T * scale + mask) v. A q8_0 row (blocks
+// of 32: an f16 scale d, 32 int8 q) is taken as the f32 values d * q, which f32 holds exactly,
+// so a q8_0 cache goes through the same definition as an f16 one.
 //
 // How it differs from ggml's own flash-attention kernel:
 // - The query heads that share a KV head (grouped-query attention) are worked on together, in
@@ -95,6 +97,44 @@ static inline float fa_h2f(uint16_t h) {
     return ggml_fp16_to_fp32(h);
 }
 
+// Bytes of one q8_0 block of 32 elements: its f16 scale, then 32 int8.
+#define FA_Q8_BLOCK 34
+
+// Row `row` of D elements (a multiple of 32) of a q8_0 tensor as f32: element i is d * q[i] of
+// its block, exact in f32 (an int8 times an f16's 11-bit significand).
+static inline void fa_q8_0_row(const void * row, int D, float * out) {
+    const uint8_t * b = (const uint8_t *) row;
+    for (int i0 = 0; i0 < D; i0 += 32, b += FA_Q8_BLOCK) {
+        uint16_t h;
+        memcpy(&h, b, sizeof h);
+        const float d = fa_h2f(h);
+        const int8_t * q = (const int8_t *) (b + 2);
+#ifdef FA_SIMD
+        const __m256 dv = _mm256_set1_ps(d);
+        for (int i = 0; i < 32; i += 8) {
+            const __m256i qi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) (q + i)));
+            _mm256_storeu_ps(out + i0 + i, _mm256_mul_ps(_mm256_cvtepi32_ps(qi), dv));
+        }
+#else
+        for (int i = 0; i < 32; ++i) {
+            out[i0 + i] = (float) q[i] * d;
+        }
+#endif
+    }
+}
+
+// Row `row` of D elements of K or V (`t`'s type: f16 or q8_0) as f32.
+static inline void fa_load_row(const struct ggml_tensor * t, const void * row, int D, float * out) {
+    if (t->type == GGML_TYPE_Q8_0) {
+        fa_q8_0_row(row, D, out);
+        return;
+    }
+    const uint16_t * h = (const uint16_t *) row;
+    for (int d = 0; d < D; ++d) {
+        out[d] = fa_h2f(h[d]);
+    }
+}
+
 #ifdef FA_SIMD
 static inline float fa_hmax(__m256 x) {
     __m128 r = _mm_max_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
@@ -128,11 +168,27 @@ static inline __m256 fa_exp8(__m256 x) {
 
 // Eight keys' f16 rows (dims d0..d0+7 of each) into kt[(d0 + i) * BK + k0 + j], transposed in
 // registers.
+static inline void fa_store_transposed8(const __m256 * r, int d0, float * kt, int k0);
+
 static inline void fa_transpose8(const uint16_t * const * rows, int d0, float * kt, int k0) {
     __m256 r[8];
     for (int j = 0; j < 8; ++j) {
         r[j] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (rows[j] + d0)));
     }
+    fa_store_transposed8(r, d0, kt, k0);
+}
+
+// As fa_transpose8, from f32 rows.
+static inline void fa_transpose8_f32(const float * const * rows, int d0, float * kt, int k0) {
+    __m256 r[8];
+    for (int j = 0; j < 8; ++j) {
+        r[j] = _mm256_loadu_ps(rows[j] + d0);
+    }
+    fa_store_transposed8(r, d0, kt, k0);
+}
+
+// Eight keys' dims d0..d0+7 (r[j]: key j) into kt[(d0 + i) * BK + k0 + j].
+static inline void fa_store_transposed8(const __m256 * r, int d0, float * kt, int k0) {
     const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]);
     const __m256 t1 = _mm256_unpackhi_ps(r[0], r[1]);
     const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]);
@@ -381,7 +437,24 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, in
 #ifdef FA_SIMD
         {
             static const uint16_t zeros[DMAX] = {0};
+            static const float zerosf[DMAX] = {0};
+            const int k_q8 = a->k->type == GGML_TYPE_Q8_0, v_q8 = a->v->type == GGML_TYPE_Q8_0;
             for (int k0 = 0; k0 < BK; k0 += 8) {
+                if (k_q8) {
+                    float kr[8][DMAX];
+                    const float * rows8[8];
+                    for (int j = 0; j < 8; ++j) {
+                        rows8[j] = zerosf;
+                        if (k0 + j < kv) {
+                            fa_q8_0_row(fa_kv_row(a->k, a->kpages, ic + k0 + j, g), D, kr[j]);
+                            rows8[j] = kr[j];
+                        }
+                    }
+                    for (int d0 = 0; d0 < D; d0 += 8) {
+                        fa_transpose8_f32(rows8, d0, kt, k0);
+                    }
+                    continue;
+                }
                 const uint16_t * rows8[8];
                 for (int j = 0; j < 8; ++j) {
                     rows8[j] = k0 + j < kv ? fa_kv_row(a->k, a->kpages, ic + k0 + j, g) : zeros;
@@ -392,7 +465,9 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, in
             }
             for (int k = 0; k < BK; ++k) {
                 float * dstv = vt + (size_t) k * D;
-                if (k < kv) {
+                if (k < kv && v_q8) {
+                    fa_q8_0_row(fa_kv_row(a->v, a->vpages, ic + k, g), D, dstv);
+                } else if (k < kv) {
                     const uint16_t * src = fa_kv_row(a->v, a->vpages, ic + k, g);
                     for (int d = 0; d < D; d += 8) {
                         const __m128i h = _mm_loadu_si128((const __m128i *) (src + d));
@@ -407,11 +482,15 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, in
             // prefetch, and the instructions would cost more than they save.
             if (rows <= FA_PREFETCH_ROWS && ic + BK < ic1) {
                 const int next = a->n_kv - ic - BK < BK ? a->n_kv - ic - BK : BK;
+                const int kbytes = (int) ggml_row_size(a->k->type, D);
+                const int vbytes = (int) ggml_row_size(a->v->type, D);
                 for (int k = 0; k < next; ++k) {
                     const char * kr = (const char *) fa_kv_row(a->k, a->kpages, ic + BK + k, g);
                     const char * vr = (const char *) fa_kv_row(a->v, a->vpages, ic + BK + k, g);
-                    for (int off = 0; off < D * 2; off += 64) {
+                    for (int off = 0; off < kbytes; off += 64) {
                         _mm_prefetch(kr + off, _MM_HINT_T0);
+                    }
+                    for (int off = 0; off < vbytes; off += 64) {
                         _mm_prefetch(vr + off, _MM_HINT_T0);
                     }
                 }
@@ -430,11 +509,16 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, in
         }
 #else
         for (int k = 0; k < BK; ++k) {
-            const uint16_t * ks = k < kv ? fa_kv_row(a->k, a->kpages, ic + k, g) : NULL;
-            const uint16_t * vs = k < kv ? fa_kv_row(a->v, a->vpages, ic + k, g) : NULL;
+            float kf[DMAX] = {0};
+            float * vs = vt + (size_t) k * D;
+            if (k < kv) {
+                fa_load_row(a->k, fa_kv_row(a->k, a->kpages, ic + k, g), D, kf);
+                fa_load_row(a->v, fa_kv_row(a->v, a->vpages, ic + k, g), D, vs);
+            } else {
+                memset(vs, 0, (size_t) D * sizeof(float));
+            }
             for (int d = 0; d < D; ++d) {
-                kt[(size_t) d * BK + k] = ks ? fa_h2f(ks[d]) : 0.0f;
-                vt[(size_t) k * D + d] = vs ? fa_h2f(vs[d]) : 0.0f;
+                kt[(size_t) d * BK + k] = kf[d];
             }
         }
         for (int r = 0; r < rows; ++r) {
@@ -554,7 +638,7 @@ static size_t fa_scratch_floats(int D) {
 }
 
 // dst (f32 [D, n_head, m]) = attention of q (src 0, f32 [D, m, n_head]) over k and v (src 1
-// and 2, f16 [D, n_kv, n_head_kv], rows contiguous) with mask (src 3, f16 [>= n_kv, >= m],
+// and 2, f16 or q8_0 [D, n_kv, n_head_kv], rows contiguous) with mask (src 3, f16 [>= n_kv, >= m],
 // shared by the heads). The scores' scale is the f32 whose bits are `userdata`'s low 32 bits.
 // D a multiple of 16 (of 8 without SIMD), at most DMAX; n_head a multiple of n_head_kv.
 // The node's tensors; the scale is the f32 whose bits are `userdata`'s low 32 bits.

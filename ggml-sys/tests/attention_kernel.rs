@@ -3,7 +3,8 @@
 //! `ggml_flash_attn_ext` where ggml computes in f32 too (64 queries or more; below, ggml rounds
 //! queries to f16): equal within float rounding for grouped-query and plain heads, causal and
 //! sliding-window masks, windows that end inside a tile, one to three threads; and a row's
-//! result the same bits whatever else the batch holds.
+//! result the same bits whatever else the batch holds. A q8_0 cache is checked against the f64
+//! attention over its values (d * q of each block, decoded here by hand).
 
 use ggml_sys::*;
 use std::ffi::c_int;
@@ -90,8 +91,34 @@ fn both(
     threads: c_int,
     seed: u64,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let (ggml, got, exact, _) = all_ways(s, rows, threads, seed);
+    let (ggml, got, exact, _) = all_ways(s, rows, threads, seed, GGML_TYPE_F16);
     (ggml, got, exact)
+}
+
+/// The values of K or V, `t` a view of an f16 or q8_0 tensor (a q8_0 block: an f16 scale `d`,
+/// then 32 int8 `q`; each value is `d * q`).
+///
+/// # Safety
+/// `t` is a live view of a contiguous tensor of either type with `ne[0..3]` elements.
+unsafe fn values(t: *mut ggml_tensor) -> Vec<f32> {
+    // SAFETY: as the function's contract says.
+    unsafe {
+        let n = ((*t).ne[0] * (*t).ne[1] * (*t).ne[2]) as usize;
+        let src = (*t).view_src;
+        if (*src).type_ == GGML_TYPE_F16 {
+            let h = std::slice::from_raw_parts((*src).data as *const u16, n);
+            return h.iter().map(|&h| ggml_fp16_to_fp32(h)).collect();
+        }
+        assert_eq!((*src).type_, GGML_TYPE_Q8_0);
+        let bytes = std::slice::from_raw_parts((*src).data as *const u8, n / 32 * 34);
+        bytes
+            .chunks_exact(34)
+            .flat_map(|b| {
+                let d = ggml_fp16_to_fp32(u16::from_le_bytes([b[0], b[1]]));
+                b[2..].iter().map(move |&q| q as i8 as f32 * d)
+            })
+            .collect()
+    }
 }
 
 /// As [`both`], and the window split into its tiles of 64 keys (`ggml_sys_flash_attn_f16_part`,
@@ -101,6 +128,7 @@ fn all_ways(
     rows: std::ops::Range<i64>,
     threads: c_int,
     seed: u64,
+    kv_type: ggml_type,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
     let mut rng = Rng(seed);
     let scale = 1.0 / (s.d as f32).sqrt();
@@ -137,13 +165,24 @@ fn all_ways(
         // K and V as the pool holds them: a cell's row is every head's, heads side by side.
         let mut kv = Vec::new();
         for _ in 0..2 {
-            let t = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, s.d * s.kv_heads, s.n_kv);
-            let data = std::slice::from_raw_parts_mut(
-                (*t).data as *mut u16,
-                (s.d * s.kv_heads * s.n_kv) as usize,
-            );
-            for x in data.iter_mut() {
-                *x = ggml_fp32_to_fp16(rng.f32() * 1.5);
+            let t = ggml_new_tensor_2d(ctx, kv_type, s.d * s.kv_heads, s.n_kv);
+            let count = (s.d * s.kv_heads * s.n_kv) as usize;
+            let drawn: Vec<f32> = (0..count).map(|_| rng.f32() * 1.5).collect();
+            if kv_type == GGML_TYPE_F16 {
+                let data = std::slice::from_raw_parts_mut((*t).data as *mut u16, count);
+                for (x, v) in data.iter_mut().zip(&drawn) {
+                    *x = ggml_fp32_to_fp16(*v);
+                }
+            } else {
+                ggml_quantize_chunk(
+                    kv_type,
+                    drawn.as_ptr(),
+                    (*t).data,
+                    0,
+                    s.n_kv,
+                    s.d * s.kv_heads,
+                    std::ptr::null(),
+                );
             }
             let row = (*t).nb[1];
             kv.push(ggml_view_3d(
@@ -166,14 +205,9 @@ fn all_ways(
 
         let want = ggml_flash_attn_ext(ctx, q, kv[0], kv[1], mk, scale, 0.0, 0.0);
         ggml_flash_attn_ext_set_prec(want, GGML_PREC_F32);
-        let as_f32 = |t: *mut ggml_tensor| -> Vec<f32> {
-            let n = (*t).ne[0] * (*t).ne[1] * (*t).ne[2];
-            let src = std::slice::from_raw_parts((*(*t).view_src).data as *const u16, n as usize);
-            src.iter().map(|&h| ggml_fp16_to_fp32(h)).collect()
-        };
         let q_rows_data =
             &qd[(rows.start * s.d * s.heads) as usize..(rows.end * s.d * s.heads) as usize];
-        let exact = reference(s, n, q_rows_data, &as_f32(kv[0]), &as_f32(kv[1]), md, scale);
+        let exact = reference(s, n, q_rows_data, &values(kv[0]), &values(kv[1]), md, scale);
         let mut args = [q, kv[0], kv[1], mk];
         let got = ggml_custom_4d(
             ctx,
@@ -319,14 +353,13 @@ fn the_kernel_agrees_with_f64_and_with_ggml() {
             window: 0,
         },
     ];
-    for (i, s) in shapes.into_iter().enumerate() {
+    let q8 = shapes.iter().map(|&s| (s, GGML_TYPE_Q8_0));
+    let all = shapes.iter().map(|&s| (s, GGML_TYPE_F16)).chain(q8);
+    for (i, (s, kv_type)) in all.enumerate() {
         for threads in 1..=3 {
-            let (ggml, got, exact, split) = all_ways(s, 0..s.m, threads, 17 + i as u64);
-            assert_close(
-                &exact,
-                &got,
-                &format!("{s:?}, {threads} threads, against f64"),
-            );
+            let (ggml, got, exact, split) = all_ways(s, 0..s.m, threads, 17 + i as u64, kv_type);
+            let what = format!("{s:?}, {threads} threads, KV type {kv_type}");
+            assert_close(&exact, &got, &format!("{what}, against f64"));
             if !split.is_empty() {
                 // The split form folds the same tile states in the same order.
                 let differing = got
@@ -336,15 +369,12 @@ fn the_kernel_agrees_with_f64_and_with_ggml() {
                     .count();
                 assert_eq!(
                     differing, 0,
-                    "{s:?}, {threads} threads: the split window differs from the single node"
+                    "{what}: the split window differs from the single node"
                 );
             }
-            if s.m >= 64 {
-                assert_close(
-                    &ggml,
-                    &got,
-                    &format!("{s:?}, {threads} threads, against ggml"),
-                );
+            // ggml rounds the queries to q8_0 for a q8_0 cache: compared in f64 only.
+            if s.m >= 64 && kv_type == GGML_TYPE_F16 {
+                assert_close(&ggml, &got, &format!("{what}, against ggml"));
             }
         }
     }

@@ -101,8 +101,8 @@ impl<'g, 'w> Graph<'g, 'w> {
     }
 
     /// Whether ggml-sys's attention kernel takes `q` over `k` and `v` with `mask`: built with
-    /// its vector code and not turned off, f16 `k` and `v` whose rows the CPU reads in place,
-    /// no soft cap, a head size it takes.
+    /// its vector code and not turned off, f16 or q8_0 `k` and `v` whose rows the CPU reads in
+    /// place, no soft cap, a head size it takes.
     pub(crate) fn kernel_takes(
         &self,
         q: Tensor<'g>,
@@ -111,18 +111,22 @@ impl<'g, 'w> Graph<'g, 'w> {
         mask: Tensor<'g>,
         softcap: f32,
     ) -> bool {
-        let f16 = |t: &Tensor<'g>| {
+        let of_type = |t: &Tensor<'g>, ty: sys::ggml_type| {
             // SAFETY: live tensor of this graph; only its header is read.
-            unsafe { (*t.raw).type_ == sys::GGML_TYPE_F16 }
+            unsafe { (*t.raw).type_ == ty }
+        };
+        let f16 = |t: &Tensor<'g>| of_type(t, sys::GGML_TYPE_F16);
+        // Rows of whole elements (f16) or whole q8_0 blocks of 32, contiguous.
+        let cache = |t: &Tensor<'g>| {
+            (f16(t) && t.nb(0) == 2)
+                || (of_type(t, sys::GGML_TYPE_Q8_0) && t.nb(0) == 34 && t.ne(0) % 32 == 0)
         };
         let head_dim = q.ne(0);
         softcap == 0.0
             && kernel_attention()
-            && f16(&k)
-            && f16(&v)
+            && cache(&k)
+            && cache(&v)
             && f16(&mask)
-            && k.nb(0) == 2
-            && v.nb(0) == 2
             && q.nb(0) == 4
             && head_dim.is_multiple_of(16)
             && head_dim <= 256
