@@ -119,7 +119,7 @@ impl<'g, 'w> Graph<'g, 'w> {
         // Rows of whole elements (f16) or whole q8_0 blocks of 32, contiguous.
         let cache = |t: &Tensor<'g>| {
             (f16(t) && t.nb(0) == 2)
-                || (of_type(t, sys::GGML_TYPE_Q8_0) && t.nb(0) == 34 && t.ne(0) % 32 == 0)
+                || (of_type(t, sys::GGML_TYPE_Q8_0) && t.nb(0) == 34 && t.ne(0).is_multiple_of(32))
         };
         let head_dim = q.ne(0);
         softcap == 0.0
