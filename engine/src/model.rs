@@ -23,6 +23,7 @@ mod gemma4;
 mod hparams;
 mod layer;
 mod qwen35;
+mod qwen3next;
 
 pub use classifier::{PoolingType, Ranking};
 
@@ -30,7 +31,9 @@ pub(crate) use fingerprint::records_bytes;
 pub use fingerprint::FINGERPRINT_VERSION;
 pub(crate) use gemma4::{GateUp, Gemma4Layer};
 use layer::layer_weights;
-pub(crate) use layer::{DeltaNetWeights, ExpertBiases, Ffn, LayerWeights, Qkv, SharedExpert};
+pub(crate) use layer::{
+    BetaAlpha, DeltaNetWeights, ExpertBiases, Ffn, LayerWeights, Qkv, SharedExpert,
+};
 
 /// The model families this engine runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,6 +76,14 @@ pub enum Arch {
     /// convolution and a matrix state per head, kept per sequence), every few a gated
     /// attention (Q's projection also gives a sigmoid gate; head norms; partial M-RoPE).
     Qwen35,
+    /// `qwen35moe`: Qwen3.5's mixture-of-experts models: qwen35's blocks with a mixture of
+    /// experts (softmax routing, the chosen weights normalised) plus a shared expert gated by
+    /// a sigmoid of the input in place of each dense network.
+    Qwen35Moe,
+    /// `qwen3next`: Qwen3-Next: qwen35moe's hybrid, with the delta-net's beta and alpha from
+    /// one projection (`ssm_ba`, interleaved per key head), key heads repeated over
+    /// consecutive value heads, and NeoX RoPE (not M-RoPE) in the attention blocks.
+    Qwen3Next,
     /// `gpt-oss`: OpenAI's gpt-oss (llama.cpp's `openai-moe` graph): biases on Q, K, V and the
     /// output projection, NeoX RoPE with YaRN on every layer, a learned per-head attention sink
     /// (a term in each softmax's denominator), every other layer windowed (the first of each
@@ -95,6 +106,8 @@ impl Arch {
             "gemma4" => Ok(Arch::Gemma4),
             "mistral3" => Ok(Arch::Mistral3),
             "qwen35" => Ok(Arch::Qwen35),
+            "qwen35moe" => Ok(Arch::Qwen35Moe),
+            "qwen3next" => Ok(Arch::Qwen3Next),
             "gpt-oss" => Ok(Arch::GptOss),
             other => Err(Error::UnsupportedArchitecture {
                 arch: other.to_owned(),
@@ -116,6 +129,8 @@ impl Arch {
             Arch::Gemma4 => "gemma4",
             Arch::Mistral3 => "mistral3",
             Arch::Qwen35 => "qwen35",
+            Arch::Qwen35Moe => "qwen35moe",
+            Arch::Qwen3Next => "qwen3next",
             Arch::GptOss => "gpt-oss",
         }
     }
@@ -187,7 +202,8 @@ pub struct HParams {
     pub gemma4: Option<Gemma4Params>,
     /// Mistral 3's YaRN parameters and attention temperature.
     pub mistral3: Option<Mistral3Params>,
-    /// The gated delta-net layers of a hybrid (qwen35); `None` for attention-only families.
+    /// The gated delta-net layers of a hybrid (qwen35, qwen35moe, qwen3next); `None` for
+    /// attention-only families.
     pub delta_net: Option<DeltaNet>,
 }
 
@@ -203,11 +219,15 @@ pub struct DeltaNet {
     /// Key (and query) heads (`ssm.group_count`).
     pub n_k_heads: usize,
     /// Value heads (`ssm.time_step_rank`), a multiple of the key heads: value head `h` reads
-    /// key head `h % n_k_heads`.
+    /// key head `h % n_k_heads`, or `h / (n_v_heads / n_k_heads)` when `grouped_heads`.
     pub n_v_heads: usize,
+    /// Each key head serves consecutive value heads (qwen3next) rather than every
+    /// `n_k_heads`-th one (qwen35).
+    pub grouped_heads: bool,
     /// Dimension of a key and of a value head (`ssm.state_size`).
     pub head_dim: usize,
-    /// The attention layers' M-RoPE sections (`rope.dimension_sections`).
+    /// The attention layers' M-RoPE sections (`rope.dimension_sections`; all 0 for qwen3next,
+    /// whose attention rotates by NeoX RoPE).
     pub rope_sections: [i32; 4],
 }
 
@@ -280,7 +300,7 @@ pub struct Experts {
     /// Factor on the chosen experts' weights (1: none).
     pub weights_scale: f32,
     /// Hidden width of the shared expert every token also runs, its output gated by a sigmoid
-    /// of the input (qwen2moe); `None` without one.
+    /// of the input (qwen2moe, qwen35moe, qwen3next); `None` without one.
     pub n_ff_shared: Option<usize>,
 }
 

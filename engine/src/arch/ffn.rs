@@ -134,9 +134,10 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         sum
     }
 
-    /// The shared expert of a mixture (qwen2moe) on `x` (`[n_embd, n]`): a SwiGLU network whose
-    /// output is multiplied by each token's `sigmoid(gate_inp · x)`. As llama.cpp's graph, the
-    /// sigmoid is computed as `silu(z) / z`, and the gate's product before the network's.
+    /// The shared expert of a mixture (qwen2moe, qwen35moe, qwen3next) on `x` (`[n_embd, n]`):
+    /// a SwiGLU network whose output is multiplied by each token's `sigmoid(gate_inp · x)`. As
+    /// llama.cpp's graphs, qwen2moe's sigmoid is computed as `silu(z) / z`, the others' by
+    /// ggml's sigmoid.
     fn shared_expert(
         &self,
         g: &mut Graph<'g, 'w>,
@@ -145,8 +146,13 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
     ) -> Tensor<'g> {
         // One logit per token: `[1, n]`, broadcast over the rows of the network's output.
         let z = self.project(g, x, s.gate_inp, None);
-        let silu = g.silu(z);
-        let gate = g.div(silu, z);
+        let gate = match self.hp.arch {
+            Arch::Qwen2Moe => {
+                let silu = g.silu(z);
+                g.div(silu, z)
+            }
+            _ => g.sigmoid(z),
+        };
         let out = self.dense(g, x, Some(s.gate), [s.up, s.down], Gate::Silu);
         g.mul(out, gate)
     }

@@ -18,12 +18,16 @@
 //!
 //! Each sequence of a batch runs its own segment of the recurrent layers (its tokens in
 //! order); everything else runs over the whole batch.
+//!
+//! qwen35moe (`llama_model_qwen35moe`) is the same with a mixture of experts and a shared
+//! expert in place of the SwiGLU network; qwen3next (`llama_model_qwen3next`) too, with the
+//! differences `qwen3next.rs` gives.
 
-use super::{concat_tokens, rope_params, Forward, Gate};
+use super::{concat_tokens, qwen3next, rope_params, Forward, Gate};
 use crate::error::{Error, Result};
 use crate::ggml::RawTensor;
 use crate::ggml::{DType, Graph, Tensor};
-use crate::model::{DeltaNet, DeltaNetWeights, LayerWeights, Qkv};
+use crate::model::{Arch, BetaAlpha, DeltaNet, DeltaNetWeights, LayerWeights, Qkv};
 
 /// The transformer blocks: the residual stream after the last one (only the rows that give
 /// outputs).
@@ -88,9 +92,15 @@ fn attention<'g, 'w>(
     let k = f.opt_norm(g, k, lw.k_norm);
     let v = f.project(g, cur, wv, None);
     let v = g.reshape_3d(v, hd, n_kv, n);
-    let p = rope_params(f.model, il);
-    let q = g.rope_multi(q, pos, d.rope_sections, &p);
-    let k = g.rope_multi(k, pos, d.rope_sections, &p);
+    let (q, k) = match hp.arch {
+        // qwen3next: NeoX RoPE at the tokens' positions.
+        Arch::Qwen3Next => (f.rope(g, q, il), f.rope(g, k, il)),
+        _ => {
+            let p = rope_params(f.model, il);
+            let q = g.rope_multi(q, pos, d.rope_sections, &p);
+            (q, g.rope_multi(k, pos, d.rope_sections, &p))
+        }
+    };
     let attn = f.attention(g, il, q, k, v, hp.attn_scale);
     let gate = g.sigmoid(gate);
     let attn = g.mul(attn, gate);
@@ -130,9 +140,14 @@ fn delta_net<'g, 'w>(
     };
     let qkv = f.project(g, cur, wqkv, None);
     let z = f.project(g, cur, dw.gate, None);
-    let beta = f.project(g, cur, dw.beta, None);
+    let (beta, alpha) = match dw.beta_alpha {
+        BetaAlpha::Split { beta, alpha } => (
+            f.project(g, cur, beta, None),
+            f.project(g, cur, alpha, None),
+        ),
+        BetaAlpha::Fused(ba) => qwen3next::beta_alpha(g, f, d, ba, cur),
+    };
     let beta = g.sigmoid(beta);
-    let alpha = f.project(g, cur, dw.alpha, None);
     let dt_bias = g.lift(dw.dt_bias);
     let alpha = g.add(alpha, dt_bias);
     let alpha = g.softplus(alpha);
@@ -186,8 +201,12 @@ fn delta_net<'g, 'w>(
             [hdim * 4, row, row * m],
             2 * hdim * n_k * 4,
         );
-        let q = l2_norm(g, q, eps, hdim);
-        let k = l2_norm(g, k, eps, hdim);
+        let mut q = l2_norm(g, q, eps, hdim);
+        let mut k = l2_norm(g, k, eps, hdim);
+        if d.grouped_heads {
+            q = qwen3next::repeat_key_heads(g, d, q, m);
+            k = qwen3next::repeat_key_heads(g, d, k, m);
+        }
         let per_token = [4, n_v * 4, n_v * 4 * m];
         let gd = g.view_4d(decay, [1, n_v, m, 1], per_token, first * n_v * 4);
         let b = g.view_4d(beta, [1, n_v, m, 1], per_token, first * n_v * 4);

@@ -23,16 +23,20 @@
 //! | `rope.freq_base_swa`, `final_logit_softcapping`, `attn_logit_softcapping` | finite, > 0 | NaN logits otherwise |
 //! | `expert_count`, `expert_used_count` | 1..=512, 1..=count | the router's top-k |
 //! | `expert_feed_forward_length`, `expert_shared_feed_forward_length` | 0..=2^20 (0: the default); gpt-oss: required, 1..=2^20 | expert widths |
-//! | `ssm.conv_kernel` (qwen35) | 2..=64 | the convolution keeps `kernel - 1` inputs |
-//! | `ssm.group_count`, `ssm.time_step_rank` (qwen35) | 1..=4096, the second a multiple of the first | `ggml_gated_delta_net` broadcasts key heads over value heads |
-//! | `ssm.state_size`, `ssm.inner_size` (qwen35) | inner = state × `time_step_rank`, width ≤ 2^20 | key and value heads of one size (the kernel's square state) |
-//! | `full_attention_interval` or `attention.recurrent_layers` (qwen35) | ≥ 1, or one flag per layer | which layers are recurrent |
-//! | `rope.dimension_sections` (qwen35) | 4 non-negative values | M-RoPE |
+//! | `ssm.conv_kernel` (qwen35, qwen35moe, qwen3next) | 2..=64 | the convolution keeps `kernel - 1` inputs |
+//! | `ssm.group_count`, `ssm.time_step_rank` (the same) | 1..=4096, the second a multiple of the first | key heads broadcast (or repeated) over value heads |
+//! | `ssm.state_size`, `ssm.inner_size` (the same) | inner = state × `time_step_rank`, width ≤ 2^20 | key and value heads of one size (the kernel's square state) |
+//! | `full_attention_interval` or `attention.recurrent_layers` (the same) | ≥ 1, or one flag per layer | which layers are recurrent |
+//! | `rope.dimension_sections` (qwen35, qwen35moe) | 4 non-negative values | M-RoPE |
+//! | `nextn_predict_layers` (the same) | absent or 0 | multi-token prediction blocks are not run |
 
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 
 use super::{Arch, Experts, Gemma4Params, HParams, Mistral3Params, RopeScaling, SlidingWindow};
+
+mod delta_net;
+use delta_net::delta_net;
 
 /// Largest width (embedding, feed-forward, heads × head dimension) accepted.
 pub(crate) const MAX_WIDTH: usize = 1 << 20;
@@ -149,6 +153,12 @@ impl HParams {
             // gpt-oss files may leave the dense width out (llama.cpp does not need it): its
             // experts' width then stands in.
             (false, Arch::GptOss, false) => k.int("expert_feed_forward_length", 1, MAX_WIDTH)?,
+            // So may qwen35moe and qwen3next files, when they give their experts' width.
+            (false, Arch::Qwen35Moe | Arch::Qwen3Next, false)
+                if k.present("expert_feed_forward_length") =>
+            {
+                k.int("expert_feed_forward_length", 1, MAX_WIDTH)?
+            }
             (false, _, _) => k.int("feed_forward_length", 1, MAX_WIDTH)?,
         };
         let n_head = k.int("attention.head_count", 1, MAX_WIDTH)?;
@@ -510,7 +520,18 @@ fn family(k: &Keys<'_>, hp: &mut HParams) -> Result<()> {
                 hp.sliding_window.as_ref(),
             )?);
         }
-        Arch::Qwen35 => hp.delta_net = Some(delta_net(k, n_layer, hp.rope_dims)?),
+        Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next => {
+            if let Some(n) = k.opt_int("nextn_predict_layers", 0, MAX_LAYERS)? {
+                if n > 0 {
+                    return Err(invalid(
+                        &k.key("nextn_predict_layers"),
+                        n,
+                        "must be 0: multi-token prediction blocks are not supported",
+                    ));
+                }
+            }
+            hp.delta_net = Some(delta_net(k, n_layer, hp.rope_dims)?);
+        }
         Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe | Arch::Qwen2Moe => {}
     }
     Ok(())
@@ -600,12 +621,16 @@ const MAX_EXPERTS: usize = 512;
 /// qwen2moe and gpt-oss): `expert_used_count` of them run per token, each `feed_forward_length`
 /// wide (llama), or `expert_feed_forward_length` (absent or 0: the feed-forward length divided
 /// among the used experts; qwen3moe, qwen2moe; required for gpt-oss), as llama.cpp reads them.
-/// qwen2moe adds a shared expert `expert_shared_feed_forward_length` wide (absent or 0: the
-/// feed-forward length) and, as llama.cpp's graph, does not normalise the chosen experts'
+/// qwen35moe and qwen3next read the expert width as qwen3moe does. qwen2moe, qwen35moe and
+/// qwen3next add a shared expert `expert_shared_feed_forward_length` wide (absent or 0: the
+/// feed-forward length); qwen2moe, as llama.cpp's graph, does not normalise the chosen experts'
 /// weights, nor does gpt-oss (its softmax over the chosen logits sums to 1). As llama.cpp, none
 /// of these architectures reads `expert_weights_scale`.
 fn experts(k: &Keys<'_>, arch: Arch, n_ff: usize) -> Result<Option<Experts>> {
-    let required = matches!(arch, Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::GptOss);
+    let required = matches!(
+        arch,
+        Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::GptOss | Arch::Qwen35Moe | Arch::Qwen3Next
+    );
     let n_expert = match k.opt_int("expert_count", 0, MAX_EXPERTS)? {
         None | Some(0) if required => {
             return Err(invalid(
@@ -625,6 +650,8 @@ fn experts(k: &Keys<'_>, arch: Arch, n_ff: usize) -> Result<Option<Experts>> {
             | Arch::Gemma4
             | Arch::Mistral3
             | Arch::GptOss
+            | Arch::Qwen35Moe
+            | Arch::Qwen3Next
     ) {
         return Err(invalid(
             &k.key("expert_count"),
@@ -637,14 +664,15 @@ fn experts(k: &Keys<'_>, arch: Arch, n_ff: usize) -> Result<Option<Experts>> {
     let n_ff_exp = match arch {
         // Required for gemma4 and gpt-oss, as llama.cpp reads it.
         Arch::Gemma4 | Arch::GptOss => k.int("expert_feed_forward_length", 1, MAX_WIDTH)?,
-        Arch::Qwen3Moe | Arch::Qwen2Moe => k
+        Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::Qwen35Moe | Arch::Qwen3Next => k
             .opt_int("expert_feed_forward_length", 0, MAX_WIDTH)?
             .filter(|&w| w > 0)
             .unwrap_or((n_ff / n_used).max(1)),
         _ => n_ff,
     };
     let qwen2moe = arch == Arch::Qwen2Moe;
-    let n_ff_shared = match qwen2moe {
+    let shared = matches!(arch, Arch::Qwen2Moe | Arch::Qwen35Moe | Arch::Qwen3Next);
+    let n_ff_shared = match shared {
         true => Some(
             k.opt_int("expert_shared_feed_forward_length", 0, MAX_WIDTH)?
                 .filter(|&w| w > 0)
@@ -694,89 +722,4 @@ fn known_kind<'a>(key: &str, kind: &'a str) -> Result<&'a str> {
         "none" | "linear" | "yarn" => Ok(kind),
         other => Err(invalid(key, other, "must be none, linear or yarn")),
     }
-}
-
-/// The gated delta-net layers of a qwen35 file: every layer but each `full_attention_interval`-th
-/// (default 4) is recurrent, unless `attention.recurrent_layers` flags them one by one; sizes
-/// from `ssm.*` (see the module's table).
-fn delta_net(k: &Keys<'_>, n_layer: usize, rope_dims: usize) -> Result<super::DeltaNet> {
-    let conv_kernel = k.int("ssm.conv_kernel", 2, 64)?;
-    let n_k_heads = k.int("ssm.group_count", 1, 4096)?;
-    let n_v_heads = k.int("ssm.time_step_rank", 1, 4096)?;
-    if n_v_heads % n_k_heads != 0 {
-        return Err(invalid(
-            &k.key("ssm.time_step_rank"),
-            n_v_heads,
-            format!("must be a multiple of ssm.group_count ({n_k_heads})"),
-        ));
-    }
-    let head_dim = k.int("ssm.state_size", 1, 4096)?;
-    let inner = k.int("ssm.inner_size", 1, MAX_WIDTH)?;
-    if head_dim * n_v_heads != inner {
-        return Err(invalid(
-            &k.key("ssm.inner_size"),
-            inner,
-            format!("must equal ssm.state_size × ssm.time_step_rank ({head_dim} × {n_v_heads})"),
-        ));
-    }
-    if head_dim * (2 * n_k_heads + n_v_heads) > MAX_WIDTH {
-        return Err(invalid(
-            &k.key("ssm.group_count"),
-            n_k_heads,
-            format!("gives convolution channels wider than {MAX_WIDTH}"),
-        ));
-    }
-    let flags_key = k.key("attention.recurrent_layers");
-    let layers = match k.gguf.get(&flags_key).and_then(|v| v.as_array()) {
-        Some(flags) if flags.len() == n_layer => (0..n_layer)
-            .map(|il| {
-                let v = flags.get(il);
-                v.as_ref()
-                    .and_then(|v| v.as_bool().or(v.as_i64().map(|x| x != 0)))
-                    .ok_or_else(|| invalid(&flags_key, il, "must be bools or integers"))
-            })
-            .collect::<Result<Vec<bool>>>()?,
-        Some(flags) => {
-            return Err(invalid(
-                &flags_key,
-                format!("{} flags", flags.len()),
-                format!("must hold one flag per layer ({n_layer})"),
-            ))
-        }
-        None => {
-            let interval = k
-                .opt_int("full_attention_interval", 1, MAX_LAYERS)?
-                .unwrap_or(4);
-            (0..n_layer).map(|il| (il + 1) % interval != 0).collect()
-        }
-    };
-    let sections_key = k.key("rope.dimension_sections");
-    let sections = k
-        .gguf
-        .get(&sections_key)
-        .and_then(|v| v.as_array())
-        .ok_or_else(|| invalid(&sections_key, "absent", "must hold 4 sections"))?;
-    let mut rope_sections = [0i32; 4];
-    for (i, s) in rope_sections.iter_mut().enumerate() {
-        *s = sections
-            .get(i)
-            .and_then(|v| v.as_i64())
-            .and_then(|v| i32::try_from(v).ok())
-            .filter(|&v| v >= 0 && v as usize <= rope_dims)
-            .ok_or_else(|| {
-                invalid(
-                    &sections_key,
-                    format!("{} values", sections.len()),
-                    format!("must hold 4 integers in 0..={rope_dims}"),
-                )
-            })?;
-    }
-    Ok(super::DeltaNet {
-        layers,
-        conv_kernel,
-        n_k_heads,
-        n_v_heads,
-        head_dim,
-        rope_sections,
-    })
 }

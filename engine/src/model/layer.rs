@@ -44,24 +44,30 @@ pub(crate) struct DeltaNetWeights<T> {
     pub dt_bias: T,
     /// `-exp(A_log)` per value head (`ssm_a`, `[n_v_heads]`).
     pub a: T,
-    /// Projections giving beta and alpha per value head (`[n_embd, n_v_heads]`).
-    pub beta: T,
-    pub alpha: T,
+    /// The projections giving beta and alpha per value head.
+    pub beta_alpha: BetaAlpha<T>,
     /// RMSNorm weights of each value head's output (`ssm_norm`, `[head_dim]`).
     pub norm: T,
 }
 
+/// A delta-net's projections to beta and alpha.
+#[derive(Clone, Copy)]
+pub(crate) enum BetaAlpha<T> {
+    /// Two projections, `[n_embd, n_v_heads]` each (`ssm_beta`, `ssm_alpha`; qwen35).
+    Split { beta: T, alpha: T },
+    /// One (`ssm_ba`, `[n_embd, 2 * n_v_heads]`; qwen3next): per key head, the betas of its
+    /// value heads, then their alphas.
+    Fused(T),
+}
+
 impl<T: Copy> DeltaNetWeights<T> {
-    fn all(self) -> [T; 7] {
-        [
-            self.gate,
-            self.conv,
-            self.dt_bias,
-            self.a,
-            self.beta,
-            self.alpha,
-            self.norm,
-        ]
+    fn all(self) -> Vec<T> {
+        let mut v = vec![self.gate, self.conv, self.dt_bias, self.a, self.norm];
+        match self.beta_alpha {
+            BetaAlpha::Split { beta, alpha } => v.extend([beta, alpha]),
+            BetaAlpha::Fused(ba) => v.push(ba),
+        }
+        v
     }
     fn map<U>(self, f: impl Fn(T) -> U) -> DeltaNetWeights<U> {
         DeltaNetWeights {
@@ -69,8 +75,13 @@ impl<T: Copy> DeltaNetWeights<T> {
             conv: f(self.conv),
             dt_bias: f(self.dt_bias),
             a: f(self.a),
-            beta: f(self.beta),
-            alpha: f(self.alpha),
+            beta_alpha: match self.beta_alpha {
+                BetaAlpha::Split { beta, alpha } => BetaAlpha::Split {
+                    beta: f(beta),
+                    alpha: f(alpha),
+                },
+                BetaAlpha::Fused(ba) => BetaAlpha::Fused(f(ba)),
+            },
             norm: f(self.norm),
         }
     }
@@ -287,11 +298,18 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
         | Arch::Gemma4
         | Arch::Mistral3
         | Arch::Qwen35
+        | Arch::Qwen35Moe
+        | Arch::Qwen3Next
         | Arch::GptOss => specs.find(&n(name), &[dim], Role::Vector),
     };
     // qwen3 and gemma3 normalise each head of Q and K.
     let head_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
-        Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe | Arch::Qwen35 => specs
+        Arch::Qwen3
+        | Arch::Gemma3
+        | Arch::Qwen3Moe
+        | Arch::Qwen35
+        | Arch::Qwen35Moe
+        | Arch::Qwen3Next => specs
             .require(&n(name), &[hp.head_dim], Role::Vector)
             .map(Some),
         Arch::Llama
@@ -315,6 +333,8 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
         | Arch::Gemma4
         | Arch::Mistral3
         | Arch::Qwen35
+        | Arch::Qwen35Moe
+        | Arch::Qwen3Next
         | Arch::GptOss => Ok(None),
     };
     let gpt_oss = hp.arch == Arch::GptOss;
@@ -329,41 +349,7 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
         },
     };
     let ffn = match (&hp.experts, hp.arch) {
-        (Some(x), _) => Ffn::Experts {
-            gate_inp: specs.require(&n("ffn_gate_inp.weight"), &[e, x.n_expert], m)?,
-            gate: specs.require(&n("ffn_gate_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
-            up: specs.require(&n("ffn_up_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
-            down: specs.require(&n("ffn_down_exps.weight"), &[x.n_ff_exp, e, x.n_expert], m)?,
-            shared: match x.n_ff_shared {
-                Some(ff) => Some(SharedExpert {
-                    gate_inp: {
-                        // `[n_embd]`, or `[n_embd, 1]` as some converters write it
-                        // (llama.cpp accepts both: trailing dimensions of 1).
-                        let name = n("ffn_gate_inp_shexp.weight");
-                        let column = specs
-                            .gguf
-                            .tensor(&name)
-                            .is_some_and(|t| t.shape == [e as u64, 1]);
-                        let shape: &[usize] = if column { &[e, 1] } else { &[e] };
-                        specs.require(&name, shape, m)?
-                    },
-                    gate: specs.require(&n("ffn_gate_shexp.weight"), &[e, ff], m)?,
-                    up: specs.require(&n("ffn_up_shexp.weight"), &[e, ff], m)?,
-                    down: specs.require(&n("ffn_down_shexp.weight"), &[ff, e], m)?,
-                }),
-                None => None,
-            },
-            // gpt-oss: a bias on the router and on each expert's products.
-            biases: match gpt_oss {
-                true => Some(ExpertBiases {
-                    gate_inp: specs.require(&n("ffn_gate_inp.bias"), &[x.n_expert], v)?,
-                    gate: specs.require(&n("ffn_gate_exps.bias"), &[x.n_ff_exp, x.n_expert], v)?,
-                    up: specs.require(&n("ffn_up_exps.bias"), &[x.n_ff_exp, x.n_expert], v)?,
-                    down: specs.require(&n("ffn_down_exps.bias"), &[e, x.n_expert], v)?,
-                }),
-                false => None,
-            },
-        },
+        (Some(x), _) => experts(specs, hp, x, l)?,
         (None, Arch::Phi3) => Ffn::Dense {
             gate: None,
             up: specs.require(&n("ffn_up.weight"), &[e, 2 * hp.n_ff], m)?,
@@ -409,5 +395,53 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
         ffn,
         gemma4: None,
         delta: None,
+    })
+}
+
+/// Layer `l`'s mixture of experts `x` as llama.cpp's loader shapes it: the router, the
+/// experts' stacked projections, the shared expert where `x` has one, and gpt-oss's biases.
+pub(super) fn experts(
+    specs: &mut Specs<'_>,
+    hp: &HParams,
+    x: &super::Experts,
+    l: usize,
+) -> Result<Ffn<usize>> {
+    let (e, m, v) = (hp.n_embd, Role::Matrix, Role::Vector);
+    let n = |s: &str| format!("blk.{l}.{s}");
+    let gpt_oss = hp.arch == Arch::GptOss;
+    Ok(Ffn::Experts {
+        gate_inp: specs.require(&n("ffn_gate_inp.weight"), &[e, x.n_expert], m)?,
+        gate: specs.require(&n("ffn_gate_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
+        up: specs.require(&n("ffn_up_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
+        down: specs.require(&n("ffn_down_exps.weight"), &[x.n_ff_exp, e, x.n_expert], m)?,
+        shared: match x.n_ff_shared {
+            Some(ff) => Some(SharedExpert {
+                gate_inp: {
+                    // `[n_embd]`, or `[n_embd, 1]` as some converters write it
+                    // (llama.cpp accepts both: trailing dimensions of 1).
+                    let name = n("ffn_gate_inp_shexp.weight");
+                    let column = specs
+                        .gguf
+                        .tensor(&name)
+                        .is_some_and(|t| t.shape == [e as u64, 1]);
+                    let shape: &[usize] = if column { &[e, 1] } else { &[e] };
+                    specs.require(&name, shape, m)?
+                },
+                gate: specs.require(&n("ffn_gate_shexp.weight"), &[e, ff], m)?,
+                up: specs.require(&n("ffn_up_shexp.weight"), &[e, ff], m)?,
+                down: specs.require(&n("ffn_down_shexp.weight"), &[ff, e], m)?,
+            }),
+            None => None,
+        },
+        // gpt-oss: a bias on the router and on each expert's products.
+        biases: match gpt_oss {
+            true => Some(ExpertBiases {
+                gate_inp: specs.require(&n("ffn_gate_inp.bias"), &[x.n_expert], v)?,
+                gate: specs.require(&n("ffn_gate_exps.bias"), &[x.n_ff_exp, x.n_expert], v)?,
+                up: specs.require(&n("ffn_up_exps.bias"), &[x.n_ff_exp, x.n_expert], v)?,
+                down: specs.require(&n("ffn_down_exps.bias"), &[e, x.n_expert], v)?,
+            }),
+            false => None,
+        },
     })
 }
