@@ -138,8 +138,10 @@ fn delta_net<'g, 'w>(
     let Qkv::Fused(wqkv) = lw.qkv else {
         unreachable!("qwen35's delta-net layers load a fused projection")
     };
-    let qkv = f.project(g, cur, wqkv, None);
-    let z = f.project(g, cur, dw.gate, None);
+    let (qkv, z) = match dw.gate {
+        Some(gate) => (f.project(g, cur, wqkv, None), f.project(g, cur, gate, None)),
+        None => qwen3next::split_qkvz(g, f, d, wqkv, cur),
+    };
     let (beta, alpha) = match dw.beta_alpha {
         BetaAlpha::Split { beta, alpha } => (
             f.project(g, cur, beta, None),

@@ -28,16 +28,17 @@ pub(crate) struct LayerWeights<T = usize> {
     pub ffn: Ffn<T>,
     /// Gemma 4's further tensors and facts.
     pub gemma4: Option<super::gemma4::Gemma4Layer<T>>,
-    /// A gated delta-net block (qwen35): then `qkv` is `Fused` (the convolution's input
-    /// projection), `wo` the output projection and `ffn_norm` the norm after the mixer.
+    /// A gated delta-net block (qwen35, qwen35moe, qwen3next): then `qkv` is `Fused` (the
+    /// convolution's input projection, or qwen3next's `ssm_in`, which gives `z` too), `wo` the output projection and `ffn_norm` the norm after the mixer.
     pub delta: Option<DeltaNetWeights<T>>,
 }
 
 /// The tensors of a gated delta-net besides its input and output projections.
 #[derive(Clone, Copy)]
 pub(crate) struct DeltaNetWeights<T> {
-    /// `z`, the output gate's projection (`attn_gate`, `[n_embd, inner]`).
-    pub gate: T,
+    /// `z`, the output gate's projection (`attn_gate`, `[n_embd, inner]`); `None` when the
+    /// input projection gives it too (qwen3next's `ssm_in`).
+    pub gate: Option<T>,
     /// The convolution's kernel (`ssm_conv1d`, `[conv_kernel, channels]`, f32).
     pub conv: T,
     /// Bias added to `alpha` before the softplus (`ssm_dt.bias`, `[n_v_heads]`).
@@ -62,7 +63,8 @@ pub(crate) enum BetaAlpha<T> {
 
 impl<T: Copy> DeltaNetWeights<T> {
     fn all(self) -> Vec<T> {
-        let mut v = vec![self.gate, self.conv, self.dt_bias, self.a, self.norm];
+        let mut v = vec![self.conv, self.dt_bias, self.a, self.norm];
+        v.extend(self.gate);
         match self.beta_alpha {
             BetaAlpha::Split { beta, alpha } => v.extend([beta, alpha]),
             BetaAlpha::Fused(ba) => v.push(ba),
@@ -71,7 +73,7 @@ impl<T: Copy> DeltaNetWeights<T> {
     }
     fn map<U>(self, f: impl Fn(T) -> U) -> DeltaNetWeights<U> {
         DeltaNetWeights {
-            gate: f(self.gate),
+            gate: self.gate.map(&f),
             conv: f(self.conv),
             dt_bias: f(self.dt_bias),
             a: f(self.a),

@@ -28,7 +28,7 @@ pub(super) fn layer_weights(
         let inner = d.head_dim * d.n_v_heads;
         let qkv = Qkv::Fused(specs.require(&n("attn_qkv.weight"), &[e, d.conv_channels()], m)?);
         let delta = DeltaNetWeights {
-            gate: specs.require(&n("attn_gate.weight"), &[e, inner], m)?,
+            gate: Some(specs.require(&n("attn_gate.weight"), &[e, inner], m)?),
             conv: specs.require(
                 &n("ssm_conv1d.weight"),
                 &[d.conv_kernel, d.conv_channels()],

@@ -57,8 +57,7 @@ pub struct MoeHybridCfg {
     pub n_ff_exp: usize,
     pub n_ff_shared: usize,
     pub eps: f32,
-    /// qwen3next's older layout: queries, keys, values and gate in one projection (`ssm_in`),
-    /// which the engine refuses.
+    /// qwen3next's older layout: queries, keys, values and gate in one projection (`ssm_in`).
     pub legacy_ssm_in: bool,
 }
 
