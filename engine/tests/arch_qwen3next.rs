@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use common::qwen3next::*;
 use engine::store::{CheckpointMeta, SessionStore, StoreConfig};
-use engine::{Batch, Context, ContextParams, Evaluation, Logits, Model, SeqId, Session};
+use engine::{Batch, Context, ContextParams, Error, Evaluation, Logits, Model, SeqId, Session};
 
 /// The seed of the tiny models.
 const SEED: u64 = 2026;
@@ -239,5 +239,33 @@ fn a_restored_qwen3next_sequence_continues_bit_for_bit() {
         let got = b.feed(&[next]).unwrap().to_vec();
         assert!(got == want, "step {step} after the restore differs");
         logits = want;
+    }
+}
+
+#[test]
+fn what_is_not_run_is_refused_with_typed_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let key_of = |cfg: &MoeHybridCfg, name: &str| {
+        let path = dir.path().join(format!("{name}.gguf"));
+        write_moe_hybrid(cfg, SEED, &path);
+        match Model::load(&path) {
+            Err(Error::InvalidHParam { key, .. }) => key,
+            other => panic!("{name}: expected InvalidHParam, got {:?}", other.err()),
+        }
+    };
+    for family in [Family::Qwen35Moe, Family::Qwen3Next] {
+        let arch = family.arch();
+        // Multi-token prediction blocks.
+        let mut cfg = moe_hybrid_cfg(family);
+        cfg.nextn_predict_layers = Some(1);
+        let key = key_of(&cfg, &format!("{arch}_nextn"));
+        assert_eq!(key, format!("{arch}.nextn_predict_layers"));
+        // A mixture family without experts.
+        let mut cfg = moe_hybrid_cfg(family);
+        (cfg.n_expert, cfg.n_used) = (0, 0);
+        assert_eq!(
+            key_of(&cfg, &format!("{arch}_dense")),
+            format!("{arch}.expert_count")
+        );
     }
 }

@@ -59,6 +59,8 @@ pub struct MoeHybridCfg {
     pub eps: f32,
     /// qwen3next's older layout: queries, keys, values and gate in one projection (`ssm_in`).
     pub legacy_ssm_in: bool,
+    /// `nextn_predict_layers`, written when given (multi-token prediction blocks).
+    pub nextn_predict_layers: Option<u32>,
 }
 
 /// The model the tests use, of `family`.
@@ -83,6 +85,7 @@ pub fn moe_hybrid_cfg(family: Family) -> MoeHybridCfg {
         n_ff_shared: 24,
         eps: 1e-6,
         legacy_ssm_in: false,
+        nextn_predict_layers: None,
     }
 }
 
@@ -132,6 +135,9 @@ fn header(c: &MoeHybridCfg, g: &mut GgufWriter) {
     g.add_u32(&k("ssm.group_count"), c.n_k_heads as u32);
     g.add_u32(&k("ssm.time_step_rank"), c.n_v_heads as u32);
     g.add_u32(&k("ssm.inner_size"), (c.ssm_head * c.n_v_heads) as u32);
+    if let Some(n) = c.nextn_predict_layers {
+        g.add_u32(&k("nextn_predict_layers"), n);
+    }
     g.add_u32(&k("expert_count"), c.n_expert as u32);
     g.add_u32(&k("expert_used_count"), c.n_used as u32);
     g.add_u32(&k("expert_feed_forward_length"), c.n_ff_exp as u32);
