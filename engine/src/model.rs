@@ -596,23 +596,8 @@ impl Model {
             });
         }
         let ranking = classifier::load(&mut specs, &gguf, &hp)?;
-        // As llama.cpp: a tensor the forward pass does not read means a variant of the
-        // architecture this engine does not run (a bias, an extra projection); its weights
-        // would be ignored, so the file is refused rather than answered wrongly.
-        let used: std::collections::HashSet<&str> = specs.list.iter().map(|s| s.name).collect();
-        if let Some(t) = gguf
-            .tensors()
-            .iter()
-            .find(|t| !used.contains(t.name.as_str()))
-        {
-            return Err(Error::BadTensor {
-                name: t.name.clone(),
-                reason: format!(
-                    "not read by the {} forward pass (a variant this engine does not run)",
-                    hp.arch.name()
-                ),
-            });
-        }
+        let read: Vec<&str> = specs.list.iter().map(|s| s.name).collect();
+        layer::all_read(&gguf, &hp, &read)?;
         let placement = match params.n_gpu_layers {
             0 => None,
             n => Some(Placement {

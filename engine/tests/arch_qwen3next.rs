@@ -17,6 +17,10 @@
 //! done
 //! ```
 //!
+//! `refh golden` gives the same lines on `DIR/qwen35moe_mtp.gguf` and `DIR/qwen3next_mtp.gguf`
+//! (the models with a multi-token prediction block after the others, which llama.cpp's main
+//! graph does not run), so `prediction_heads_are_left_out` checks them against the same lines.
+//!
 //! The weights are all f32, so llama.cpp's AMX buffers (f16 and quantized matrices only) do
 //! not change its kernels on an AMX CPU.
 
@@ -102,6 +106,10 @@ fn write_the_tiny_models_for_llama_cpp() {
     for family in [Family::Qwen35Moe, Family::Qwen3Next] {
         let path = out.join(format!("{}.gguf", family.arch()));
         write_moe_hybrid(&moe_hybrid_cfg(family), SEED, &path);
+        let mut cfg = moe_hybrid_cfg(family);
+        cfg.nextn_predict_layers = Some(1);
+        let path = out.join(format!("{}_mtp.gguf", family.arch()));
+        write_moe_hybrid(&cfg, SEED, &path);
     }
     write_moe_hybrid(&legacy_cfg(), SEED, &out.join("qwen3next_ssm_in.gguf"));
     std::fs::write(out.join("prompts.txt"), PROMPTS.join("\n") + "\n").unwrap();
@@ -242,6 +250,26 @@ fn a_restored_qwen3next_sequence_continues_bit_for_bit() {
     }
 }
 
+/// With multi-token prediction blocks after the others (not run, as llama.cpp's main graph
+/// does not run them), the same answers as without them.
+#[test]
+fn prediction_heads_are_left_out() {
+    for (family, text) in [
+        (
+            Family::Qwen35Moe,
+            include_str!("fixtures/tiny_qwen35moe_golden.jsonl"),
+        ),
+        (
+            Family::Qwen3Next,
+            include_str!("fixtures/tiny_qwen3next_golden.jsonl"),
+        ),
+    ] {
+        let mut cfg = moe_hybrid_cfg(family);
+        cfg.nextn_predict_layers = Some(1);
+        check_against_llama_cpp(&cfg, text);
+    }
+}
+
 #[test]
 fn what_is_not_run_is_refused_with_typed_errors() {
     let dir = tempfile::tempdir().unwrap();
@@ -255,8 +283,9 @@ fn what_is_not_run_is_refused_with_typed_errors() {
     };
     for family in [Family::Qwen35Moe, Family::Qwen3Next] {
         let arch = family.arch();
-        // Multi-token prediction blocks.
+        // Prediction heads and nothing else.
         let mut cfg = moe_hybrid_cfg(family);
+        cfg.n_layer = 0;
         cfg.nextn_predict_layers = Some(1);
         let key = key_of(&cfg, &format!("{arch}_nextn"));
         assert_eq!(key, format!("{arch}.nextn_predict_layers"));

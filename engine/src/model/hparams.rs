@@ -28,7 +28,7 @@
 //! | `ssm.state_size`, `ssm.inner_size` (the same) | inner = state × `time_step_rank`, width ≤ 2^20 | key and value heads of one size (the kernel's square state) |
 //! | `full_attention_interval` or `attention.recurrent_layers` (the same) | ≥ 1, or one flag per layer | which layers are recurrent |
 //! | `rope.dimension_sections` (qwen35, qwen35moe) | 4 non-negative values | M-RoPE |
-//! | `nextn_predict_layers` (the same) | absent or 0 | multi-token prediction blocks are not run |
+//! | `nextn_predict_layers` (qwen35, qwen35moe, qwen3next) | below `block_count` | the last blocks, multi-token prediction heads, are not run |
 
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
@@ -521,16 +521,13 @@ fn family(k: &Keys<'_>, hp: &mut HParams) -> Result<()> {
             )?);
         }
         Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next => {
-            if let Some(n) = k.opt_int("nextn_predict_layers", 0, MAX_LAYERS)? {
-                if n > 0 {
-                    return Err(invalid(
-                        &k.key("nextn_predict_layers"),
-                        n,
-                        "must be 0: multi-token prediction blocks are not supported",
-                    ));
-                }
-            }
-            hp.delta_net = Some(delta_net(k, n_layer, hp.rope_dims)?);
+            // The last blocks may be multi-token prediction heads, which are not run (as
+            // llama.cpp's main graph): the model is the blocks before them.
+            let nextn = k
+                .opt_int("nextn_predict_layers", 0, n_layer - 1)?
+                .unwrap_or(0);
+            hp.n_layer = n_layer - nextn;
+            hp.delta_net = Some(delta_net(k, hp.n_layer, n_layer, hp.rope_dims)?);
         }
         Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe | Arch::Qwen2Moe => {}
     }

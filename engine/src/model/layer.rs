@@ -447,3 +447,33 @@ pub(super) fn experts(
         },
     })
 }
+
+/// As llama.cpp: a tensor of `gguf` the forward pass does not `read` means a variant of the
+/// architecture this engine does not run (a bias, an extra projection); its weights would be
+/// ignored, so the file is refused rather than answered wrongly. The blocks past the `n_layer`
+/// run (multi-token prediction heads, `nextn_predict_layers`) are not read, as llama.cpp's
+/// main graph does not.
+pub(super) fn all_read(gguf: &crate::gguf::Gguf, hp: &HParams, read: &[&str]) -> Result<()> {
+    let blocks = gguf.get_u32(&format!("{}.block_count", hp.arch.name()))? as usize;
+    let past_the_run = |name: &str| {
+        let block = name.strip_prefix("blk.").and_then(|r| r.split('.').next());
+        block
+            .and_then(|b| b.parse::<usize>().ok())
+            .is_some_and(|b| (hp.n_layer..blocks).contains(&b))
+    };
+    let read: std::collections::HashSet<&str> = read.iter().copied().collect();
+    match gguf
+        .tensors()
+        .iter()
+        .find(|t| !read.contains(t.name.as_str()) && !past_the_run(&t.name))
+    {
+        Some(t) => Err(Error::BadTensor {
+            name: t.name.clone(),
+            reason: format!(
+                "not read by the {} forward pass (a variant this engine does not run)",
+                hp.arch.name()
+            ),
+        }),
+        None => Ok(()),
+    }
+}

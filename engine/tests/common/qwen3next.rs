@@ -59,7 +59,9 @@ pub struct MoeHybridCfg {
     pub eps: f32,
     /// qwen3next's older layout: queries, keys, values and gate in one projection (`ssm_in`).
     pub legacy_ssm_in: bool,
-    /// `nextn_predict_layers`, written when given (multi-token prediction blocks).
+    /// `nextn_predict_layers`, written when given: that many multi-token prediction blocks
+    /// (gated attention, experts, and their `nextn.*` tensors) follow the `n_layer` others,
+    /// whose weights stay those of the model without them.
     pub nextn_predict_layers: Option<u32>,
 }
 
@@ -117,7 +119,8 @@ fn header(c: &MoeHybridCfg, g: &mut GgufWriter) {
     let k = |s: &str| format!("{arch}.{s}");
     g.add_u32(&k("context_length"), 256);
     g.add_u32(&k("embedding_length"), c.n_embd as u32);
-    g.add_u32(&k("block_count"), c.n_layer as u32);
+    let nextn = c.nextn_predict_layers.unwrap_or(0);
+    g.add_u32(&k("block_count"), c.n_layer as u32 + nextn);
     g.add_u32(&k("feed_forward_length"), c.n_ff_shared as u32);
     g.add_u32(&k("attention.head_count"), c.n_head as u32);
     g.add_u32(&k("attention.head_count_kv"), c.n_head_kv as u32);
@@ -288,6 +291,23 @@ pub fn write_moe_hybrid(c: &MoeHybridCfg, seed: u64, path: &Path) {
             w,
         );
         experts(c, &mut g, &mut r, l);
+    }
+    let nextn = c.nextn_predict_layers.unwrap_or(0) as usize;
+    for l in c.n_layer..c.n_layer + nextn {
+        let n = |s: &str| format!("blk.{l}.{s}");
+        for name in [
+            "attn_norm",
+            "post_attention_norm",
+            "nextn.enorm",
+            "nextn.hnorm",
+        ] {
+            let w = near_one(&mut r, e);
+            t(&mut g, &n(&format!("{name}.weight")), &[e], w);
+        }
+        attention(c, &mut g, &mut r, l);
+        experts(c, &mut g, &mut r, l);
+        let w = r.f32_vec(2 * e * e, 0.3);
+        t(&mut g, &n("nextn.eh_proj.weight"), &[2 * e, e], w);
     }
     g.write(path).unwrap();
 }

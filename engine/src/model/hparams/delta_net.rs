@@ -7,11 +7,12 @@ use crate::model::Arch;
 
 /// The gated delta-net layers of a qwen35, qwen35moe or qwen3next file: every layer but each
 /// `full_attention_interval`-th (default 4) is recurrent, unless `attention.recurrent_layers`
-/// flags them one by one; sizes from `ssm.*` (see the module's table); the M-RoPE sections
+/// flags them one by one (the `n_layer` run of `n_blocks`); sizes from `ssm.*` (see the module's table); the M-RoPE sections
 /// except for qwen3next, whose attention takes NeoX RoPE.
 pub(super) fn delta_net(
     k: &Keys<'_>,
     n_layer: usize,
+    n_blocks: usize,
     rope_dims: usize,
 ) -> Result<crate::model::DeltaNet> {
     let conv_kernel = k.int("ssm.conv_kernel", 2, 64)?;
@@ -42,7 +43,8 @@ pub(super) fn delta_net(
     }
     let flags_key = k.key("attention.recurrent_layers");
     let layers = match k.gguf.get(&flags_key).and_then(|v| v.as_array()) {
-        Some(flags) if flags.len() == n_layer => (0..n_layer)
+        // One flag per block, the multi-token prediction blocks' included (`n_blocks`).
+        Some(flags) if flags.len() == n_layer || flags.len() == n_blocks => (0..n_layer)
             .map(|il| {
                 let v = flags.get(il);
                 v.as_ref()
@@ -54,7 +56,7 @@ pub(super) fn delta_net(
             return Err(invalid(
                 &flags_key,
                 format!("{} flags", flags.len()),
-                format!("must hold one flag per layer ({n_layer})"),
+                format!("must hold one flag per block ({n_blocks})"),
             ))
         }
         None => {
