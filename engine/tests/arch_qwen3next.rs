@@ -19,7 +19,9 @@
 //!
 //! `refh golden` gives the same lines on `DIR/qwen35moe_mtp.gguf` and `DIR/qwen3next_mtp.gguf`
 //! (the models with a multi-token prediction block after the others, which llama.cpp's main
-//! graph does not run), so `prediction_heads_are_left_out` checks them against the same lines.
+//! graph does not run), and on `DIR/*_gate_up.gguf` (the experts' gate and up projections in
+//! one stack, the same weights), so `prediction_heads_are_left_out` and
+//! `one_stack_of_gate_and_up_gives_the_same_answers` check them against the same lines.
 //!
 //! The weights are all f32, so llama.cpp's AMX buffers (f16 and quantized matrices only) do
 //! not change its kernels on an AMX CPU.
@@ -109,6 +111,10 @@ fn write_the_tiny_models_for_llama_cpp() {
         let mut cfg = moe_hybrid_cfg(family);
         cfg.nextn_predict_layers = Some(1);
         let path = out.join(format!("{}_mtp.gguf", family.arch()));
+        write_moe_hybrid(&cfg, SEED, &path);
+        let mut cfg = moe_hybrid_cfg(family);
+        cfg.fused_gate_up = true;
+        let path = out.join(format!("{}_gate_up.gguf", family.arch()));
         write_moe_hybrid(&cfg, SEED, &path);
     }
     write_moe_hybrid(&legacy_cfg(), SEED, &out.join("qwen3next_ssm_in.gguf"));
@@ -247,6 +253,26 @@ fn a_restored_qwen3next_sequence_continues_bit_for_bit() {
         let got = b.feed(&[next]).unwrap().to_vec();
         assert!(got == want, "step {step} after the restore differs");
         logits = want;
+    }
+}
+
+/// With the experts' gate and up projections in one stack (`ffn_gate_up_exps`, as llama.cpp
+/// also reads them), the same answers.
+#[test]
+fn one_stack_of_gate_and_up_gives_the_same_answers() {
+    for (family, text) in [
+        (
+            Family::Qwen35Moe,
+            include_str!("fixtures/tiny_qwen35moe_golden.jsonl"),
+        ),
+        (
+            Family::Qwen3Next,
+            include_str!("fixtures/tiny_qwen3next_golden.jsonl"),
+        ),
+    ] {
+        let mut cfg = moe_hybrid_cfg(family);
+        cfg.fused_gate_up = true;
+        check_against_llama_cpp(&cfg, text);
     }
 }
 

@@ -3,7 +3,7 @@
 
 use super::{Forward, Gate, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT};
 use crate::ggml::{Graph, RawTensor, Tensor};
-use crate::model::{Arch, ExpertBiases, Ffn, SharedExpert};
+use crate::model::{Arch, ExpertBiases, Ffn, GateUp, SharedExpert};
 
 impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
     /// The feed-forward network of layer `il` on `x`: the gated network
@@ -14,13 +14,12 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
             Ffn::Dense { gate, up, down } => self.dense(g, x, gate, [up, down], act),
             Ffn::Experts {
                 gate_inp,
-                gate,
-                up,
+                gate_up,
                 down,
                 shared,
                 biases,
             } => {
-                let routed = self.experts(g, x, gate_inp, [gate, up, down], biases, act);
+                let routed = self.experts(g, x, gate_inp, (gate_up, down), biases, act);
                 match shared {
                     Some(s) => {
                         let shared = self.shared_expert(g, x, s);
@@ -66,7 +65,7 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         g: &mut Graph<'g, 'w>,
         x: Tensor<'g>,
         gate_inp: RawTensor<'w>,
-        [gate, up, down]: [RawTensor<'w>; 3],
+        (gate_up, down): (GateUp<RawTensor<'w>>, RawTensor<'w>),
         biases: Option<ExpertBiases<RawTensor<'w>>>,
         act: Gate,
     ) -> Tensor<'g> {
@@ -103,7 +102,7 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
             weights = g.scale(weights, spec.weights_scale);
         }
         let x = g.reshape_3d(x, n_embd, 1, n);
-        let (gate, up, down) = (g.lift(gate), g.lift(up), g.lift(down));
+        let down = g.lift(down);
         // Each chosen expert's bias on its product's rows, where the mixture has them.
         let bias = |g: &mut Graph<'g, 'w>, y: Tensor<'g>, b: Option<RawTensor<'w>>| match b {
             Some(b) => {
@@ -112,10 +111,24 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
             }
             None => y,
         };
-        let up = g.mul_mat_id(up, x, chosen);
-        let up = bias(g, up, biases.map(|b| b.up));
-        let gate = g.mul_mat_id(gate, x, chosen);
-        let gate = bias(g, gate, biases.map(|b| b.gate));
+        let (gate, up) = match gate_up {
+            GateUp::Split { gate, up } => {
+                let (gate, up) = (g.lift(gate), g.lift(up));
+                let up = g.mul_mat_id(up, x, chosen);
+                let up = bias(g, up, biases.map(|b| b.up));
+                let gate = g.mul_mat_id(gate, x, chosen);
+                (bias(g, gate, biases.map(|b| b.gate)), up)
+            }
+            // One product, each expert's gate rows then its up rows, viewed apart.
+            GateUp::Fused(w) => {
+                let w = g.lift(w);
+                let both = g.mul_mat_id(w, x, chosen);
+                let ff = both.ne(0) / 2;
+                let strides = [both.nb(1), both.nb(2)];
+                let gate = g.view_3d(both, [ff, k, n], strides, 0);
+                (gate, g.view_3d(both, [ff, k, n], strides, ff * 4))
+            }
+        };
         let h = act.apply(g, gate, up);
         let out = g.mul_mat_id(down, h, chosen);
         let out = bias(g, out, biases.map(|b| b.down));

@@ -2,7 +2,7 @@
 //! borrowed from them: the attention's projections (split or fused) and sinks, the norms each
 //! family has, and the feed-forward network (dense or a mixture of experts).
 
-use super::{Arch, HParams, Role, Specs};
+use super::{Arch, GateUp, HParams, Role, Specs};
 use crate::error::{Error, Result};
 
 /// One block's tensors: indices into the model's weights, or handles borrowed from them.
@@ -100,8 +100,9 @@ pub(crate) enum Ffn<T> {
     /// expert every token also runs (qwen2moe); with biases, each product has one (gpt-oss).
     Experts {
         gate_inp: T,
-        gate: T,
-        up: T,
+        /// The experts' gate and up projections: two stacks, or one (`ffn_gate_up_exps`,
+        /// each expert's gate rows then its up rows).
+        gate_up: GateUp<T>,
         down: T,
         shared: Option<SharedExpert<T>>,
         biases: Option<ExpertBiases<T>>,
@@ -167,13 +168,16 @@ impl<T: Copy> Ffn<T> {
             }
             Ffn::Experts {
                 gate_inp,
-                gate,
-                up,
+                gate_up,
                 down,
                 shared,
                 biases,
             } => {
-                let mut v = vec![gate_inp, gate, up, down];
+                let mut v = vec![gate_inp, down];
+                match gate_up {
+                    GateUp::Split { gate, up } => v.extend([gate, up]),
+                    GateUp::Fused(w) => v.push(w),
+                }
                 v.extend(shared.into_iter().flat_map(SharedExpert::all));
                 v.extend(biases.into_iter().flat_map(ExpertBiases::all));
                 v
@@ -189,15 +193,19 @@ impl<T: Copy> Ffn<T> {
             },
             Ffn::Experts {
                 gate_inp,
-                gate,
-                up,
+                gate_up,
                 down,
                 shared,
                 biases,
             } => Ffn::Experts {
                 gate_inp: f(gate_inp),
-                gate: f(gate),
-                up: f(up),
+                gate_up: match gate_up {
+                    GateUp::Split { gate, up } => GateUp::Split {
+                        gate: f(gate),
+                        up: f(up),
+                    },
+                    GateUp::Fused(w) => GateUp::Fused(f(w)),
+                },
                 down: f(down),
                 shared: shared.map(|s| s.map(&f)),
                 biases: biases.map(|b| b.map(&f)),
@@ -411,10 +419,24 @@ pub(super) fn experts(
     let (e, m, v) = (hp.n_embd, Role::Matrix, Role::Vector);
     let n = |s: &str| format!("blk.{l}.{s}");
     let gpt_oss = hp.arch == Arch::GptOss;
+    let (ff, nx) = (x.n_ff_exp, x.n_expert);
     Ok(Ffn::Experts {
         gate_inp: specs.require(&n("ffn_gate_inp.weight"), &[e, x.n_expert], m)?,
-        gate: specs.require(&n("ffn_gate_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
-        up: specs.require(&n("ffn_up_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
+        // One stack of gate and up where the file has it (llama.cpp reads either; gpt-oss's
+        // biases go with two).
+        gate_up: match gpt_oss {
+            false => specs.find(&n("ffn_gate_up_exps.weight"), &[e, 2 * ff, nx], m)?,
+            true => None,
+        }
+        .map_or_else(
+            || -> Result<GateUp<usize>> {
+                Ok(GateUp::Split {
+                    gate: specs.require(&n("ffn_gate_exps.weight"), &[e, ff, nx], m)?,
+                    up: specs.require(&n("ffn_up_exps.weight"), &[e, ff, nx], m)?,
+                })
+            },
+            |w| Ok(GateUp::Fused(w)),
+        )?,
         down: specs.require(&n("ffn_down_exps.weight"), &[x.n_ff_exp, e, x.n_expert], m)?,
         shared: match x.n_ff_shared {
             Some(ff) => Some(SharedExpert {

@@ -59,6 +59,9 @@ pub struct MoeHybridCfg {
     pub eps: f32,
     /// qwen3next's older layout: queries, keys, values and gate in one projection (`ssm_in`).
     pub legacy_ssm_in: bool,
+    /// The experts' gate and up projections as one stack (`ffn_gate_up_exps`, the same
+    /// weights: each expert's gate rows, then its up rows).
+    pub fused_gate_up: bool,
     /// `nextn_predict_layers`, written when given: that many multi-token prediction blocks
     /// (gated attention, experts, and their `nextn.*` tensors) follow the `n_layer` others,
     /// whose weights stay those of the model without them.
@@ -87,6 +90,7 @@ pub fn moe_hybrid_cfg(family: Family) -> MoeHybridCfg {
         n_ff_shared: 24,
         eps: 1e-6,
         legacy_ssm_in: false,
+        fused_gate_up: false,
         nextn_predict_layers: None,
     }
 }
@@ -239,10 +243,20 @@ fn experts(c: &MoeHybridCfg, g: &mut GgufWriter, r: &mut SplitMix64, l: usize) {
     let n = |s: &str| format!("blk.{l}.{s}");
     let (e, x, ff, sh) = (c.n_embd, c.n_expert, c.n_ff_exp, c.n_ff_shared);
     t(g, &n("ffn_gate_inp.weight"), &[e, x], r.f32_vec(e * x, 0.5));
-    let w = r.f32_vec(e * ff * x, 0.3);
-    t(g, &n("ffn_gate_exps.weight"), &[e, ff, x], w);
-    let w = r.f32_vec(e * ff * x, 0.3);
-    t(g, &n("ffn_up_exps.weight"), &[e, ff, x], w);
+    let gate = r.f32_vec(e * ff * x, 0.3);
+    let up = r.f32_vec(e * ff * x, 0.3);
+    if c.fused_gate_up {
+        let block = e * ff;
+        let both: Vec<f32> = (0..x)
+            .flat_map(|j| [&gate, &up].map(|w| &w[j * block..(j + 1) * block]))
+            .flatten()
+            .copied()
+            .collect();
+        t(g, &n("ffn_gate_up_exps.weight"), &[e, 2 * ff, x], both);
+    } else {
+        t(g, &n("ffn_gate_exps.weight"), &[e, ff, x], gate);
+        t(g, &n("ffn_up_exps.weight"), &[e, ff, x], up);
+    }
     let w = r.f32_vec(ff * e * x, 0.3);
     t(g, &n("ffn_down_exps.weight"), &[ff, e, x], w);
     t(g, &n("ffn_gate_inp_shexp.weight"), &[e], r.f32_vec(e, 0.5));
