@@ -19,9 +19,10 @@
 //!
 //! `refh golden` gives the same lines on `DIR/qwen35moe_mtp.gguf` and `DIR/qwen3next_mtp.gguf`
 //! (the models with a multi-token prediction block after the others, which llama.cpp's main
-//! graph does not run), and on `DIR/*_gate_up.gguf` (the experts' gate and up projections in
-//! one stack, the same weights), so `prediction_heads_are_left_out` and
-//! `one_stack_of_gate_and_up_gives_the_same_answers` check them against the same lines.
+//! graph does not run), and on `DIR/*_fused.gguf` (the experts' gate and up projections in
+//! one stack, the attention's Q, K and V in one projection, the same weights), so
+//! `prediction_heads_are_left_out` and `fused_projections_give_the_same_answers` check them
+//! against the same lines.
 //!
 //! The weights are all f32, so llama.cpp's AMX buffers (f16 and quantized matrices only) do
 //! not change its kernels on an AMX CPU.
@@ -113,8 +114,8 @@ fn write_the_tiny_models_for_llama_cpp() {
         let path = out.join(format!("{}_mtp.gguf", family.arch()));
         write_moe_hybrid(&cfg, SEED, &path);
         let mut cfg = moe_hybrid_cfg(family);
-        cfg.fused_gate_up = true;
-        let path = out.join(format!("{}_gate_up.gguf", family.arch()));
+        (cfg.fused_gate_up, cfg.fused_qkv) = (true, true);
+        let path = out.join(format!("{}_fused.gguf", family.arch()));
         write_moe_hybrid(&cfg, SEED, &path);
     }
     write_moe_hybrid(&legacy_cfg(), SEED, &out.join("qwen3next_ssm_in.gguf"));
@@ -256,10 +257,11 @@ fn a_restored_qwen3next_sequence_continues_bit_for_bit() {
     }
 }
 
-/// With the experts' gate and up projections in one stack (`ffn_gate_up_exps`, as llama.cpp
-/// also reads them), the same answers.
+/// With the experts' gate and up projections in one stack (`ffn_gate_up_exps`) and the
+/// attention's Q, K and V in one projection (`attn_qkv`), as llama.cpp also reads them, the
+/// same answers.
 #[test]
-fn one_stack_of_gate_and_up_gives_the_same_answers() {
+fn fused_projections_give_the_same_answers() {
     for (family, text) in [
         (
             Family::Qwen35Moe,
@@ -271,7 +273,7 @@ fn one_stack_of_gate_and_up_gives_the_same_answers() {
         ),
     ] {
         let mut cfg = moe_hybrid_cfg(family);
-        cfg.fused_gate_up = true;
+        (cfg.fused_gate_up, cfg.fused_qkv) = (true, true);
         check_against_llama_cpp(&cfg, text);
     }
 }

@@ -76,22 +76,34 @@ fn attention<'g, 'w>(
 ) -> Tensor<'g> {
     let hp = f.hp;
     let (hd, n_head, n_kv, n) = (hp.head_dim, hp.n_head, hp.n_head_kv, f.n);
-    let Qkv::Split { wq, wk, wv } = lw.qkv else {
-        unreachable!("qwen35's attention layers load split projections")
+    // Per token: per head its query's `hd` values then its gate's, then K, then V (three
+    // products, or one whose rows are viewed apart).
+    let (qg, k, v) = match lw.qkv {
+        Qkv::Split { wq, wk, wv } => {
+            let qg = f.project(g, cur, wq, None);
+            let k = f.project(g, cur, wk, None);
+            let v = f.project(g, cur, wv, None);
+            (
+                qg,
+                g.reshape_3d(k, hd, n_kv, n),
+                g.reshape_3d(v, hd, n_kv, n),
+            )
+        }
+        Qkv::Fused(w) => {
+            let all = f.project(g, cur, w, None);
+            let (row, q_len) = (all.nb(1), 2 * hd * n_head);
+            let k = g.view_3d(all, [hd, n_kv, n], [hd * 4, row], q_len * 4);
+            let v = g.view_3d(all, [hd, n_kv, n], [hd * 4, row], (q_len + hd * n_kv) * 4);
+            (all, k, g.cont(v))
+        }
     };
-    // Per head: its query's `hd` values, then its gate's.
-    let qg = f.project(g, cur, wq, None);
-    let strides = [2 * hd * 4, 2 * hd * n_head * 4];
+    let strides = [2 * hd * 4, qg.nb(1)];
     let q = g.view_3d(qg, [hd, n_head, n], strides, 0);
     let gate = g.view_3d(qg, [hd, n_head, n], strides, hd * 4);
     let gate = g.cont(gate);
     let gate = g.reshape_2d(gate, hd * n_head, n);
     let q = f.opt_norm(g, q, lw.q_norm);
-    let k = f.project(g, cur, wk, None);
-    let k = g.reshape_3d(k, hd, n_kv, n);
     let k = f.opt_norm(g, k, lw.k_norm);
-    let v = f.project(g, cur, wv, None);
-    let v = g.reshape_3d(v, hd, n_kv, n);
     let (q, k) = match hp.arch {
         // qwen3next: NeoX RoPE at the tokens' positions.
         Arch::Qwen3Next => (f.rope(g, q, il), f.rope(g, k, il)),

@@ -2,8 +2,8 @@
 //! shapes them: a gated delta-net (input projection `attn_qkv`, output gate `attn_gate`,
 //! convolution `ssm_conv1d`, `ssm_dt.bias`, `ssm_a`, `ssm_beta`, `ssm_alpha` (qwen3next: see
 //! `qwen3next.rs`), `ssm_norm`, output `ssm_out`) or a gated attention (`attn_q` twice as wide
-//! as the heads: each head's query, then its gate; `attn_k`, `attn_v`, per-head norms,
-//! `attn_output`), then `post_attention_norm` and a SwiGLU network, or for the mixture
+//! as the heads: each head's query, then its gate; `attn_k`, `attn_v`, or the three as one
+//! `attn_qkv`; per-head norms, `attn_output`), then `post_attention_norm` and a SwiGLU network, or for the mixture
 //! families the experts and their shared expert.
 
 use super::layer::BetaAlpha;
@@ -45,10 +45,14 @@ pub(super) fn layer_weights(
         let wo = specs.require(&n("ssm_out.weight"), &[inner, e], m)?;
         (qkv, wo, None, None, Some(delta))
     } else {
-        let qkv = Qkv::Split {
-            wq: specs.require(&n("attn_q.weight"), &[e, 2 * q], m)?,
-            wk: specs.require(&n("attn_k.weight"), &[e, kv], m)?,
-            wv: specs.require(&n("attn_v.weight"), &[e, kv], m)?,
+        // One projection where the file has it (as llama.cpp reads either).
+        let qkv = match specs.find(&n("attn_qkv.weight"), &[e, 2 * q + 2 * kv], m)? {
+            Some(w) => Qkv::Fused(w),
+            None => Qkv::Split {
+                wq: specs.require(&n("attn_q.weight"), &[e, 2 * q], m)?,
+                wk: specs.require(&n("attn_k.weight"), &[e, kv], m)?,
+                wv: specs.require(&n("attn_v.weight"), &[e, kv], m)?,
+            },
         };
         let wo = specs.require(&n("attn_output.weight"), &[q, e], m)?;
         let q_norm = specs.require(&n("attn_q_norm.weight"), &[hp.head_dim], v)?;

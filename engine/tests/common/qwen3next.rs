@@ -59,6 +59,9 @@ pub struct MoeHybridCfg {
     pub eps: f32,
     /// qwen3next's older layout: queries, keys, values and gate in one projection (`ssm_in`).
     pub legacy_ssm_in: bool,
+    /// The attention blocks' Q (with its gate), K and V as one projection (`attn_qkv`, the
+    /// same weights).
+    pub fused_qkv: bool,
     /// The experts' gate and up projections as one stack (`ffn_gate_up_exps`, the same
     /// weights: each expert's gate rows, then its up rows).
     pub fused_gate_up: bool,
@@ -90,6 +93,7 @@ pub fn moe_hybrid_cfg(family: Family) -> MoeHybridCfg {
         n_ff_shared: 24,
         eps: 1e-6,
         legacy_ssm_in: false,
+        fused_qkv: false,
         fused_gate_up: false,
         nextn_predict_layers: None,
     }
@@ -223,14 +227,17 @@ fn attention(c: &MoeHybridCfg, g: &mut GgufWriter, r: &mut SplitMix64, l: usize)
     let n = |s: &str| format!("blk.{l}.{s}");
     let e = c.n_embd;
     let (q, kv) = (c.head_dim * c.n_head, c.head_dim * c.n_head_kv);
-    t(
-        g,
-        &n("attn_q.weight"),
-        &[e, 2 * q],
-        r.f32_vec(e * 2 * q, 0.3),
-    );
-    t(g, &n("attn_k.weight"), &[e, kv], r.f32_vec(e * kv, 0.3));
-    t(g, &n("attn_v.weight"), &[e, kv], r.f32_vec(e * kv, 0.3));
+    let wq = r.f32_vec(e * 2 * q, 0.3);
+    let wk = r.f32_vec(e * kv, 0.3);
+    let wv = r.f32_vec(e * kv, 0.3);
+    if c.fused_qkv {
+        let all = [wq, wk, wv].concat();
+        t(g, &n("attn_qkv.weight"), &[e, 2 * q + 2 * kv], all);
+    } else {
+        t(g, &n("attn_q.weight"), &[e, 2 * q], wq);
+        t(g, &n("attn_k.weight"), &[e, kv], wk);
+        t(g, &n("attn_v.weight"), &[e, kv], wv);
+    }
     let w = near_one(r, c.head_dim);
     t(g, &n("attn_q_norm.weight"), &[c.head_dim], w);
     let w = near_one(r, c.head_dim);
