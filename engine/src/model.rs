@@ -25,6 +25,7 @@ mod hparams;
 mod layer;
 mod lfm2;
 mod qwen35;
+mod qwen3next;
 
 pub use classifier::{PoolingType, Ranking};
 
@@ -32,7 +33,9 @@ pub(crate) use fingerprint::records_bytes;
 pub use fingerprint::FINGERPRINT_VERSION;
 pub(crate) use gemma4::{GateUp, Gemma4Layer};
 use layer::layer_weights;
-pub(crate) use layer::{DeltaNetWeights, ExpertBiases, Ffn, LayerWeights, Qkv, SharedExpert};
+pub(crate) use layer::{
+    BetaAlpha, DeltaNetWeights, ExpertBiases, Ffn, LayerWeights, Qkv, SharedExpert,
+};
 pub use lfm2::ShortConv;
 pub use qwen35::DeltaNet;
 
@@ -77,6 +80,14 @@ pub enum Arch {
     /// convolution and a matrix state per head, kept per sequence), every few a gated
     /// attention (Q's projection also gives a sigmoid gate; head norms; partial M-RoPE).
     Qwen35,
+    /// `qwen35moe`: Qwen3.5's mixture-of-experts models: qwen35's blocks with a mixture of
+    /// experts (softmax routing, the chosen weights normalised) plus a shared expert gated by
+    /// a sigmoid of the input in place of each dense network.
+    Qwen35Moe,
+    /// `qwen3next`: Qwen3-Next: qwen35moe's hybrid, with the delta-net's beta and alpha from
+    /// one projection (`ssm_ba`, interleaved per key head), key heads repeated over
+    /// consecutive value heads, and NeoX RoPE (not M-RoPE) in the attention blocks.
+    Qwen3Next,
     /// `gpt-oss`: OpenAI's gpt-oss (llama.cpp's `openai-moe` graph): biases on Q, K, V and the
     /// output projection, NeoX RoPE with YaRN on every layer, a learned per-head attention sink
     /// (a term in each softmax's denominator), every other layer windowed (the first of each
@@ -106,6 +117,8 @@ impl Arch {
             "gemma4" => Ok(Arch::Gemma4),
             "mistral3" => Ok(Arch::Mistral3),
             "qwen35" => Ok(Arch::Qwen35),
+            "qwen35moe" => Ok(Arch::Qwen35Moe),
+            "qwen3next" => Ok(Arch::Qwen3Next),
             "gpt-oss" => Ok(Arch::GptOss),
             "lfm2" => Ok(Arch::Lfm2),
             "lfm2moe" => Ok(Arch::Lfm2Moe),
@@ -129,6 +142,8 @@ impl Arch {
             Arch::Gemma4 => "gemma4",
             Arch::Mistral3 => "mistral3",
             Arch::Qwen35 => "qwen35",
+            Arch::Qwen35Moe => "qwen35moe",
+            Arch::Qwen3Next => "qwen3next",
             Arch::GptOss => "gpt-oss",
             Arch::Lfm2 => "lfm2",
             Arch::Lfm2Moe => "lfm2moe",
@@ -202,7 +217,8 @@ pub struct HParams {
     pub gemma4: Option<Gemma4Params>,
     /// Mistral 3's YaRN parameters and attention temperature.
     pub mistral3: Option<Mistral3Params>,
-    /// The gated delta-net layers of a hybrid (qwen35); `None` for attention-only families.
+    /// The gated delta-net layers of a hybrid (qwen35, qwen35moe, qwen3next); `None` for
+    /// attention-only families.
     pub delta_net: Option<DeltaNet>,
     /// The gated short-convolution layers of a hybrid (lfm2); `None` for the other families.
     pub short_conv: Option<ShortConv>,
@@ -270,7 +286,7 @@ pub struct Experts {
     /// Factor on the chosen experts' weights (1: none).
     pub weights_scale: f32,
     /// Hidden width of the shared expert every token also runs, its output gated by a sigmoid
-    /// of the input (qwen2moe); `None` without one.
+    /// of the input (qwen2moe, qwen35moe, qwen3next); `None` without one.
     pub n_ff_shared: Option<usize>,
     /// The router's probabilities are sigmoids of its logits, not their softmax (lfm2moe).
     pub sigmoid: bool,
@@ -593,23 +609,8 @@ impl Model {
             });
         }
         let ranking = classifier::load(&mut specs, &gguf, &hp)?;
-        // As llama.cpp: a tensor the forward pass does not read means a variant of the
-        // architecture this engine does not run (a bias, an extra projection); its weights
-        // would be ignored, so the file is refused rather than answered wrongly.
-        let used: std::collections::HashSet<&str> = specs.list.iter().map(|s| s.name).collect();
-        if let Some(t) = gguf
-            .tensors()
-            .iter()
-            .find(|t| !used.contains(t.name.as_str()))
-        {
-            return Err(Error::BadTensor {
-                name: t.name.clone(),
-                reason: format!(
-                    "not read by the {} forward pass (a variant this engine does not run)",
-                    hp.arch.name()
-                ),
-            });
-        }
+        let read: Vec<&str> = specs.list.iter().map(|s| s.name).collect();
+        layer::all_read(&gguf, &hp, &read)?;
         let placement = match params.n_gpu_layers {
             0 => None,
             n => Some(Placement {

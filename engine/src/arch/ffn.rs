@@ -3,7 +3,7 @@
 
 use super::{Forward, Gate, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT};
 use crate::ggml::{Graph, RawTensor, Tensor};
-use crate::model::{Arch, ExpertBiases, Ffn, SharedExpert};
+use crate::model::{Arch, ExpertBiases, Ffn, GateUp, SharedExpert};
 
 impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
     /// The feed-forward network of layer `il` on `x`: the gated network
@@ -14,14 +14,13 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
             Ffn::Dense { gate, up, down } => self.dense(g, x, gate, [up, down], act),
             Ffn::Experts {
                 gate_inp,
-                gate,
-                up,
+                gate_up,
                 down,
                 shared,
                 biases,
                 probs_bias,
             } => {
-                let weights = [gate, up, down];
+                let weights = (gate_up, down);
                 let routed = self.experts(g, x, gate_inp, weights, biases, probs_bias, act);
                 match shared {
                     Some(s) => {
@@ -70,7 +69,7 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         g: &mut Graph<'g, 'w>,
         x: Tensor<'g>,
         gate_inp: RawTensor<'w>,
-        [gate, up, down]: [RawTensor<'w>; 3],
+        (gate_up, down): (GateUp<RawTensor<'w>>, RawTensor<'w>),
         biases: Option<ExpertBiases<RawTensor<'w>>>,
         probs_bias: Option<RawTensor<'w>>,
         act: Gate,
@@ -116,7 +115,7 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
             weights = g.scale(weights, spec.weights_scale);
         }
         let x = g.reshape_3d(x, n_embd, 1, n);
-        let (gate, up, down) = (g.lift(gate), g.lift(up), g.lift(down));
+        let down = g.lift(down);
         // Each chosen expert's bias on its product's rows, where the mixture has them.
         let bias = |g: &mut Graph<'g, 'w>, y: Tensor<'g>, b: Option<RawTensor<'w>>| match b {
             Some(b) => {
@@ -125,10 +124,24 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
             }
             None => y,
         };
-        let up = g.mul_mat_id(up, x, chosen);
-        let up = bias(g, up, biases.map(|b| b.up));
-        let gate = g.mul_mat_id(gate, x, chosen);
-        let gate = bias(g, gate, biases.map(|b| b.gate));
+        let (gate, up) = match gate_up {
+            GateUp::Split { gate, up } => {
+                let (gate, up) = (g.lift(gate), g.lift(up));
+                let up = g.mul_mat_id(up, x, chosen);
+                let up = bias(g, up, biases.map(|b| b.up));
+                let gate = g.mul_mat_id(gate, x, chosen);
+                (bias(g, gate, biases.map(|b| b.gate)), up)
+            }
+            // One product, each expert's gate rows then its up rows, viewed apart.
+            GateUp::Fused(w) => {
+                let w = g.lift(w);
+                let both = g.mul_mat_id(w, x, chosen);
+                let ff = both.ne(0) / 2;
+                let strides = [both.nb(1), both.nb(2)];
+                let gate = g.view_3d(both, [ff, k, n], strides, 0);
+                (gate, g.view_3d(both, [ff, k, n], strides, ff * 4))
+            }
+        };
         let h = act.apply(g, gate, up);
         let out = g.mul_mat_id(down, h, chosen);
         let out = bias(g, out, biases.map(|b| b.down));
@@ -147,9 +160,10 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         sum
     }
 
-    /// The shared expert of a mixture (qwen2moe) on `x` (`[n_embd, n]`): a SwiGLU network whose
-    /// output is multiplied by each token's `sigmoid(gate_inp · x)`. As llama.cpp's graph, the
-    /// sigmoid is computed as `silu(z) / z`, and the gate's product before the network's.
+    /// The shared expert of a mixture (qwen2moe, qwen35moe, qwen3next) on `x` (`[n_embd, n]`):
+    /// a SwiGLU network whose output is multiplied by each token's `sigmoid(gate_inp · x)`. As
+    /// llama.cpp's graphs, qwen2moe's sigmoid is computed as `silu(z) / z`, the others' by
+    /// ggml's sigmoid.
     fn shared_expert(
         &self,
         g: &mut Graph<'g, 'w>,
@@ -158,8 +172,13 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
     ) -> Tensor<'g> {
         // One logit per token: `[1, n]`, broadcast over the rows of the network's output.
         let z = self.project(g, x, s.gate_inp, None);
-        let silu = g.silu(z);
-        let gate = g.div(silu, z);
+        let gate = match self.hp.arch {
+            Arch::Qwen2Moe => {
+                let silu = g.silu(z);
+                g.div(silu, z)
+            }
+            _ => g.sigmoid(z),
+        };
         let out = self.dense(g, x, Some(s.gate), [s.up, s.down], Gate::Silu);
         g.mul(out, gate)
     }

@@ -1,6 +1,7 @@
 //! The forward pass as a ggml graph: one module per family of architectures (`llama.rs`:
 //! llama, qwen2, qwen3, phi3, qwen3moe, qwen2moe; `gemma.rs`: gemma2, gemma3; `gemma4.rs`;
-//! `mistral3.rs`; `qwen35.rs`; `gpt_oss.rs`: gpt-oss; `lfm2.rs`) over the building blocks here, which
+//! `mistral3.rs`; `qwen35.rs`: qwen35, qwen35moe, qwen3next, with `qwen3next.rs`'s pieces;
+//! `gpt_oss.rs`: gpt-oss; `lfm2.rs`: lfm2, lfm2moe) over the building blocks here, which
 //! every family shares: the batch's inputs, RMSNorm, projections, attention over the page
 //! pool, the gated feed-forward network (or a mixture of experts) and the output head.
 //!
@@ -17,6 +18,7 @@ mod lfm2;
 mod llama;
 mod mistral3;
 mod qwen35;
+mod qwen3next;
 
 use crate::batch::{Output, Plan};
 use crate::error::Result;
@@ -50,7 +52,7 @@ pub(crate) fn build<'g, 'w>(
         Arch::Gemma3 | Arch::Gemma2 => gemma::blocks(g, &mut f),
         Arch::Gemma4 => gemma4::blocks(g, &mut f),
         Arch::Mistral3 => mistral3::blocks(g, &mut f),
-        Arch::Qwen35 => qwen35::blocks(g, &mut f)?,
+        Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next => qwen35::blocks(g, &mut f)?,
         Arch::GptOss => gpt_oss::blocks(g, &mut f),
         Arch::Lfm2 | Arch::Lfm2Moe => lfm2::blocks(g, &mut f)?,
     };
@@ -673,11 +675,12 @@ pub(crate) fn rope_params(model: &Model, il: usize) -> RopeParams {
             | Arch::Qwen3Moe
             | Arch::Qwen2Moe
             | Arch::Gemma4
+            | Arch::Qwen3Next
             | Arch::GptOss
             | Arch::Lfm2
             | Arch::Lfm2Moe => 2,
             // Interleaved M-RoPE (`GGML_ROPE_TYPE_IMROPE`), through `Graph::rope_multi`.
-            Arch::Qwen35 => 40,
+            Arch::Qwen35 | Arch::Qwen35Moe => 40,
         },
         n_ctx_orig,
         freq_base: hp.rope_freq_base,

@@ -18,12 +18,16 @@
 //!
 //! Each sequence of a batch runs its own segment of the recurrent layers (its tokens in
 //! order); everything else runs over the whole batch.
+//!
+//! qwen35moe (`llama_model_qwen35moe`) is the same with a mixture of experts and a shared
+//! expert in place of the SwiGLU network; qwen3next (`llama_model_qwen3next`) too, with the
+//! differences `qwen3next.rs` gives.
 
-use super::{concat_tokens, rope_params, Forward, Gate};
+use super::{concat_tokens, qwen3next, rope_params, Forward, Gate};
 use crate::error::{Error, Result};
 use crate::ggml::RawTensor;
 use crate::ggml::{DType, Graph, Tensor};
-use crate::model::{DeltaNet, DeltaNetWeights, LayerWeights, Qkv};
+use crate::model::{Arch, BetaAlpha, DeltaNet, DeltaNetWeights, LayerWeights, Qkv};
 
 /// The transformer blocks: the residual stream after the last one (only the rows that give
 /// outputs).
@@ -72,25 +76,43 @@ fn attention<'g, 'w>(
 ) -> Tensor<'g> {
     let hp = f.hp;
     let (hd, n_head, n_kv, n) = (hp.head_dim, hp.n_head, hp.n_head_kv, f.n);
-    let Qkv::Split { wq, wk, wv } = lw.qkv else {
-        unreachable!("qwen35's attention layers load split projections")
+    // Per token: per head its query's `hd` values then its gate's, then K, then V (three
+    // products, or one whose rows are viewed apart).
+    let (qg, k, v) = match lw.qkv {
+        Qkv::Split { wq, wk, wv } => {
+            let qg = f.project(g, cur, wq, None);
+            let k = f.project(g, cur, wk, None);
+            let v = f.project(g, cur, wv, None);
+            (
+                qg,
+                g.reshape_3d(k, hd, n_kv, n),
+                g.reshape_3d(v, hd, n_kv, n),
+            )
+        }
+        Qkv::Fused(w) => {
+            let all = f.project(g, cur, w, None);
+            let (row, q_len) = (all.nb(1), 2 * hd * n_head);
+            let k = g.view_3d(all, [hd, n_kv, n], [hd * 4, row], q_len * 4);
+            let v = g.view_3d(all, [hd, n_kv, n], [hd * 4, row], (q_len + hd * n_kv) * 4);
+            (all, k, g.cont(v))
+        }
     };
-    // Per head: its query's `hd` values, then its gate's.
-    let qg = f.project(g, cur, wq, None);
-    let strides = [2 * hd * 4, 2 * hd * n_head * 4];
+    let strides = [2 * hd * 4, qg.nb(1)];
     let q = g.view_3d(qg, [hd, n_head, n], strides, 0);
     let gate = g.view_3d(qg, [hd, n_head, n], strides, hd * 4);
     let gate = g.cont(gate);
     let gate = g.reshape_2d(gate, hd * n_head, n);
     let q = f.opt_norm(g, q, lw.q_norm);
-    let k = f.project(g, cur, wk, None);
-    let k = g.reshape_3d(k, hd, n_kv, n);
     let k = f.opt_norm(g, k, lw.k_norm);
-    let v = f.project(g, cur, wv, None);
-    let v = g.reshape_3d(v, hd, n_kv, n);
-    let p = rope_params(f.model, il);
-    let q = g.rope_multi(q, pos, d.rope_sections, &p);
-    let k = g.rope_multi(k, pos, d.rope_sections, &p);
+    let (q, k) = match hp.arch {
+        // qwen3next: NeoX RoPE at the tokens' positions.
+        Arch::Qwen3Next => (f.rope(g, q, il), f.rope(g, k, il)),
+        _ => {
+            let p = rope_params(f.model, il);
+            let q = g.rope_multi(q, pos, d.rope_sections, &p);
+            (q, g.rope_multi(k, pos, d.rope_sections, &p))
+        }
+    };
     let attn = f.attention(g, il, q, k, v, hp.attn_scale);
     let gate = g.sigmoid(gate);
     let attn = g.mul(attn, gate);
@@ -128,11 +150,18 @@ fn delta_net<'g, 'w>(
     let Qkv::Fused(wqkv) = lw.qkv else {
         unreachable!("qwen35's delta-net layers load a fused projection")
     };
-    let qkv = f.project(g, cur, wqkv, None);
-    let z = f.project(g, cur, dw.gate, None);
-    let beta = f.project(g, cur, dw.beta, None);
+    let (qkv, z) = match dw.gate {
+        Some(gate) => (f.project(g, cur, wqkv, None), f.project(g, cur, gate, None)),
+        None => qwen3next::split_qkvz(g, f, d, wqkv, cur),
+    };
+    let (beta, alpha) = match dw.beta_alpha {
+        BetaAlpha::Split { beta, alpha } => (
+            f.project(g, cur, beta, None),
+            f.project(g, cur, alpha, None),
+        ),
+        BetaAlpha::Fused(ba) => qwen3next::beta_alpha(g, f, d, ba, cur),
+    };
     let beta = g.sigmoid(beta);
-    let alpha = f.project(g, cur, dw.alpha, None);
     let dt_bias = g.lift(dw.dt_bias);
     let alpha = g.add(alpha, dt_bias);
     let alpha = g.softplus(alpha);
@@ -186,8 +215,12 @@ fn delta_net<'g, 'w>(
             [hdim * 4, row, row * m],
             2 * hdim * n_k * 4,
         );
-        let q = l2_norm(g, q, eps, hdim);
-        let k = l2_norm(g, k, eps, hdim);
+        let mut q = l2_norm(g, q, eps, hdim);
+        let mut k = l2_norm(g, k, eps, hdim);
+        if d.grouped_heads {
+            q = qwen3next::repeat_key_heads(g, d, q, m);
+            k = qwen3next::repeat_key_heads(g, d, k, m);
+        }
         let per_token = [4, n_v * 4, n_v * 4 * m];
         let gd = g.view_4d(decay, [1, n_v, m, 1], per_token, first * n_v * 4);
         let b = g.view_4d(beta, [1, n_v, m, 1], per_token, first * n_v * 4);

@@ -12,14 +12,20 @@ const MAX_EXPERTS: usize = 512;
 /// qwen2moe and gpt-oss): `expert_used_count` of them run per token, each `feed_forward_length`
 /// wide (llama), or `expert_feed_forward_length` (absent or 0: the feed-forward length divided
 /// among the used experts; qwen3moe, qwen2moe; required for gpt-oss), as llama.cpp reads them.
-/// qwen2moe adds a shared expert `expert_shared_feed_forward_length` wide (absent or 0: the
-/// feed-forward length) and, as llama.cpp's graph, does not normalise the chosen experts'
+/// qwen35moe and qwen3next read the expert width as qwen3moe does. qwen2moe, qwen35moe and
+/// qwen3next add a shared expert `expert_shared_feed_forward_length` wide (absent or 0: the
+/// feed-forward length); qwen2moe, as llama.cpp's graph, does not normalise the chosen experts'
 /// weights, nor does gpt-oss (its softmax over the chosen logits sums to 1). As llama.cpp, none
 /// of these architectures reads `expert_weights_scale`.
 pub(super) fn experts(k: &Keys<'_>, arch: Arch, n_ff: usize) -> Result<Option<Experts>> {
     let required = matches!(
         arch,
-        Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::GptOss | Arch::Lfm2Moe
+        Arch::Qwen3Moe
+            | Arch::Qwen2Moe
+            | Arch::GptOss
+            | Arch::Lfm2Moe
+            | Arch::Qwen35Moe
+            | Arch::Qwen3Next
     );
     let n_expert = match k.opt_int("expert_count", 0, MAX_EXPERTS)? {
         None | Some(0) if required => {
@@ -41,6 +47,8 @@ pub(super) fn experts(k: &Keys<'_>, arch: Arch, n_ff: usize) -> Result<Option<Ex
             | Arch::Mistral3
             | Arch::GptOss
             | Arch::Lfm2Moe
+            | Arch::Qwen35Moe
+            | Arch::Qwen3Next
     ) {
         return Err(invalid(
             &k.key("expert_count"),
@@ -55,7 +63,7 @@ pub(super) fn experts(k: &Keys<'_>, arch: Arch, n_ff: usize) -> Result<Option<Ex
         Arch::Gemma4 | Arch::GptOss | Arch::Lfm2Moe => {
             k.int("expert_feed_forward_length", 1, MAX_WIDTH)?
         }
-        Arch::Qwen3Moe | Arch::Qwen2Moe => k
+        Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::Qwen35Moe | Arch::Qwen3Next => k
             .opt_int("expert_feed_forward_length", 0, MAX_WIDTH)?
             .filter(|&w| w > 0)
             .unwrap_or((n_ff / n_used).max(1)),
@@ -73,7 +81,8 @@ pub(super) fn experts(k: &Keys<'_>, arch: Arch, n_ff: usize) -> Result<Option<Ex
         }
         _ => (false, 0),
     };
-    let n_ff_shared = match qwen2moe {
+    let shared = matches!(arch, Arch::Qwen2Moe | Arch::Qwen35Moe | Arch::Qwen3Next);
+    let n_ff_shared = match shared {
         true => Some(
             k.opt_int("expert_shared_feed_forward_length", 0, MAX_WIDTH)?
                 .filter(|&w| w > 0)

@@ -248,6 +248,8 @@ fn encode(
         Arch::GptOss => 11,
         Arch::Lfm2 => 12,
         Arch::Lfm2Moe => 13,
+        Arch::Qwen35Moe => 14,
+        Arch::Qwen3Next => 15,
     };
     let (kind, factor, n_ctx_orig) = match rope_scaling {
         RopeScaling::None => (0, 0.0f32, 0),
@@ -330,7 +332,8 @@ fn encode(
 }
 
 /// The fields of the families with hyper-parameters of their own (gemma4, mistral3, and the
-/// delta-net layers of qwen35), each under its tag.
+/// delta-net layers of qwen35, qwen35moe and qwen3next), each under its tag. The delta-net's
+/// `grouped_heads` follows from the architecture, encoded with it.
 fn families(
     field: &mut impl FnMut(u8, u64),
     gemma4: Option<&super::Gemma4Params>,

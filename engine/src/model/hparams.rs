@@ -23,11 +23,12 @@
 //! | `rope.freq_base_swa`, `final_logit_softcapping`, `attn_logit_softcapping` | finite, > 0 | NaN logits otherwise |
 //! | `expert_count`, `expert_used_count` | 1..=512, 1..=count | the router's top-k |
 //! | `expert_feed_forward_length`, `expert_shared_feed_forward_length` | 0..=2^20 (0: the default); gpt-oss: required, 1..=2^20 | expert widths |
-//! | `ssm.conv_kernel` (qwen35) | 2..=64 | the convolution keeps `kernel - 1` inputs |
-//! | `ssm.group_count`, `ssm.time_step_rank` (qwen35) | 1..=4096, the second a multiple of the first | `ggml_gated_delta_net` broadcasts key heads over value heads |
-//! | `ssm.state_size`, `ssm.inner_size` (qwen35) | inner = state × `time_step_rank`, width ≤ 2^20 | key and value heads of one size (the kernel's square state) |
-//! | `full_attention_interval` or `attention.recurrent_layers` (qwen35) | ≥ 1, or one flag per layer | which layers are recurrent |
-//! | `rope.dimension_sections` (qwen35) | 4 non-negative values | M-RoPE |
+//! | `ssm.conv_kernel` (qwen35, qwen35moe, qwen3next) | 2..=64 | the convolution keeps `kernel - 1` inputs |
+//! | `ssm.group_count`, `ssm.time_step_rank` (the same) | 1..=4096, the second a multiple of the first | key heads broadcast (or repeated) over value heads |
+//! | `ssm.state_size`, `ssm.inner_size` (the same) | inner = state × `time_step_rank`, width ≤ 2^20 | key and value heads of one size (the kernel's square state) |
+//! | `full_attention_interval` or `attention.recurrent_layers` (the same) | ≥ 1, or one flag per layer | which layers are recurrent |
+//! | `rope.dimension_sections` (qwen35, qwen35moe) | 4 non-negative values | M-RoPE |
+//! | `nextn_predict_layers` (qwen35, qwen35moe, qwen3next) | below `block_count` | the last blocks, multi-token prediction heads, are not run |
 //! | `attention.head_count_kv` (lfm2) | per layer: 0 (a short convolution) or one count for every attention layer, at least one | the KV cache's rows |
 //! | `expert_gating_func`, `leading_dense_block_count` (lfm2moe) | 1 (softmax) or 2 (sigmoid); 0..=4096 | the router |
 //! | `shortconv.l_cache` (lfm2) | 2..=64; no `attention.sliding_window` | the convolution keeps `l_cache - 1` inputs |
@@ -36,6 +37,9 @@ use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 
 use super::{Arch, Gemma4Params, HParams, Mistral3Params, RopeScaling, SlidingWindow};
+
+mod delta_net;
+use delta_net::delta_net;
 
 /// Largest width (embedding, feed-forward, heads × head dimension) accepted.
 pub(crate) const MAX_WIDTH: usize = 1 << 20;
@@ -162,6 +166,12 @@ impl HParams {
             // gpt-oss files may leave the dense width out (llama.cpp does not need it): its
             // experts' width then stands in.
             (false, Arch::GptOss, false) => k.int("expert_feed_forward_length", 1, MAX_WIDTH)?,
+            // So may qwen35moe and qwen3next files, when they give their experts' width.
+            (false, Arch::Qwen35Moe | Arch::Qwen3Next, false)
+                if k.present("expert_feed_forward_length") =>
+            {
+                k.int("expert_feed_forward_length", 1, MAX_WIDTH)?
+            }
             (false, _, _) => k.int("feed_forward_length", 1, MAX_WIDTH)?,
         };
         let n_head = k.int("attention.head_count", 1, MAX_WIDTH)?;
@@ -533,7 +543,15 @@ fn family(k: &Keys<'_>, hp: &mut HParams) -> Result<()> {
                 hp.sliding_window.as_ref(),
             )?);
         }
-        Arch::Qwen35 => hp.delta_net = Some(delta_net(k, n_layer, hp.rope_dims)?),
+        Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next => {
+            // The last blocks may be multi-token prediction heads, which are not run (as
+            // llama.cpp's main graph): the model is the blocks before them.
+            let nextn = k
+                .opt_int("nextn_predict_layers", 0, n_layer - 1)?
+                .unwrap_or(0);
+            hp.n_layer = n_layer - nextn;
+            hp.delta_net = Some(delta_net(k, hp.n_layer, n_layer, hp.rope_dims)?);
+        }
         Arch::Lfm2 | Arch::Lfm2Moe => hp.short_conv = Some(super::lfm2::short_conv(k, n_layer)?),
         Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe | Arch::Qwen2Moe => {}
     }
@@ -645,89 +663,4 @@ fn known_kind<'a>(key: &str, kind: &'a str) -> Result<&'a str> {
         "none" | "linear" | "yarn" => Ok(kind),
         other => Err(invalid(key, other, "must be none, linear or yarn")),
     }
-}
-
-/// The gated delta-net layers of a qwen35 file: every layer but each `full_attention_interval`-th
-/// (default 4) is recurrent, unless `attention.recurrent_layers` flags them one by one; sizes
-/// from `ssm.*` (see the module's table).
-fn delta_net(k: &Keys<'_>, n_layer: usize, rope_dims: usize) -> Result<super::DeltaNet> {
-    let conv_kernel = k.int("ssm.conv_kernel", 2, 64)?;
-    let n_k_heads = k.int("ssm.group_count", 1, 4096)?;
-    let n_v_heads = k.int("ssm.time_step_rank", 1, 4096)?;
-    if n_v_heads % n_k_heads != 0 {
-        return Err(invalid(
-            &k.key("ssm.time_step_rank"),
-            n_v_heads,
-            format!("must be a multiple of ssm.group_count ({n_k_heads})"),
-        ));
-    }
-    let head_dim = k.int("ssm.state_size", 1, 4096)?;
-    let inner = k.int("ssm.inner_size", 1, MAX_WIDTH)?;
-    if head_dim * n_v_heads != inner {
-        return Err(invalid(
-            &k.key("ssm.inner_size"),
-            inner,
-            format!("must equal ssm.state_size × ssm.time_step_rank ({head_dim} × {n_v_heads})"),
-        ));
-    }
-    if head_dim * (2 * n_k_heads + n_v_heads) > MAX_WIDTH {
-        return Err(invalid(
-            &k.key("ssm.group_count"),
-            n_k_heads,
-            format!("gives convolution channels wider than {MAX_WIDTH}"),
-        ));
-    }
-    let flags_key = k.key("attention.recurrent_layers");
-    let layers = match k.gguf.get(&flags_key).and_then(|v| v.as_array()) {
-        Some(flags) if flags.len() == n_layer => (0..n_layer)
-            .map(|il| {
-                let v = flags.get(il);
-                v.as_ref()
-                    .and_then(|v| v.as_bool().or(v.as_i64().map(|x| x != 0)))
-                    .ok_or_else(|| invalid(&flags_key, il, "must be bools or integers"))
-            })
-            .collect::<Result<Vec<bool>>>()?,
-        Some(flags) => {
-            return Err(invalid(
-                &flags_key,
-                format!("{} flags", flags.len()),
-                format!("must hold one flag per layer ({n_layer})"),
-            ))
-        }
-        None => {
-            let interval = k
-                .opt_int("full_attention_interval", 1, MAX_LAYERS)?
-                .unwrap_or(4);
-            (0..n_layer).map(|il| (il + 1) % interval != 0).collect()
-        }
-    };
-    let sections_key = k.key("rope.dimension_sections");
-    let sections = k
-        .gguf
-        .get(&sections_key)
-        .and_then(|v| v.as_array())
-        .ok_or_else(|| invalid(&sections_key, "absent", "must hold 4 sections"))?;
-    let mut rope_sections = [0i32; 4];
-    for (i, s) in rope_sections.iter_mut().enumerate() {
-        *s = sections
-            .get(i)
-            .and_then(|v| v.as_i64())
-            .and_then(|v| i32::try_from(v).ok())
-            .filter(|&v| v >= 0 && v as usize <= rope_dims)
-            .ok_or_else(|| {
-                invalid(
-                    &sections_key,
-                    format!("{} values", sections.len()),
-                    format!("must hold 4 integers in 0..={rope_dims}"),
-                )
-            })?;
-    }
-    Ok(super::DeltaNet {
-        layers,
-        conv_kernel,
-        n_k_heads,
-        n_v_heads,
-        head_dim,
-        rope_sections,
-    })
 }

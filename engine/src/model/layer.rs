@@ -2,7 +2,7 @@
 //! borrowed from them: the attention's projections (split or fused) and sinks, the norms each
 //! family has, and the feed-forward network (dense or a mixture of experts).
 
-use super::{Arch, HParams, Role, Specs};
+use super::{Arch, GateUp, HParams, Role, Specs};
 use crate::error::{Error, Result};
 
 /// One block's tensors: indices into the model's weights, or handles borrowed from them.
@@ -28,8 +28,8 @@ pub(crate) struct LayerWeights<T = usize> {
     pub ffn: Ffn<T>,
     /// Gemma 4's further tensors and facts.
     pub gemma4: Option<super::gemma4::Gemma4Layer<T>>,
-    /// A gated delta-net block (qwen35): then `qkv` is `Fused` (the convolution's input
-    /// projection), `wo` the output projection and `ffn_norm` the norm after the mixer.
+    /// A gated delta-net block (qwen35, qwen35moe, qwen3next): then `qkv` is `Fused` (the
+    /// convolution's input projection, or qwen3next's `ssm_in`, which gives `z` too), `wo` the output projection and `ffn_norm` the norm after the mixer.
     pub delta: Option<DeltaNetWeights<T>>,
     /// A gated short convolution's kernel (lfm2, `[l_cache, n_embd]`): then `qkv` is `Fused`
     /// (the input projection giving B, C and x) and `wo` the output projection.
@@ -39,41 +39,54 @@ pub(crate) struct LayerWeights<T = usize> {
 /// The tensors of a gated delta-net besides its input and output projections.
 #[derive(Clone, Copy)]
 pub(crate) struct DeltaNetWeights<T> {
-    /// `z`, the output gate's projection (`attn_gate`, `[n_embd, inner]`).
-    pub gate: T,
+    /// `z`, the output gate's projection (`attn_gate`, `[n_embd, inner]`); `None` when the
+    /// input projection gives it too (qwen3next's `ssm_in`).
+    pub gate: Option<T>,
     /// The convolution's kernel (`ssm_conv1d`, `[conv_kernel, channels]`, f32).
     pub conv: T,
     /// Bias added to `alpha` before the softplus (`ssm_dt.bias`, `[n_v_heads]`).
     pub dt_bias: T,
     /// `-exp(A_log)` per value head (`ssm_a`, `[n_v_heads]`).
     pub a: T,
-    /// Projections giving beta and alpha per value head (`[n_embd, n_v_heads]`).
-    pub beta: T,
-    pub alpha: T,
+    /// The projections giving beta and alpha per value head.
+    pub beta_alpha: BetaAlpha<T>,
     /// RMSNorm weights of each value head's output (`ssm_norm`, `[head_dim]`).
     pub norm: T,
 }
 
+/// A delta-net's projections to beta and alpha.
+#[derive(Clone, Copy)]
+pub(crate) enum BetaAlpha<T> {
+    /// Two projections, `[n_embd, n_v_heads]` each (`ssm_beta`, `ssm_alpha`; qwen35).
+    Split { beta: T, alpha: T },
+    /// One (`ssm_ba`, `[n_embd, 2 * n_v_heads]`; qwen3next): per key head, the betas of its
+    /// value heads, then their alphas.
+    Fused(T),
+}
+
 impl<T: Copy> DeltaNetWeights<T> {
-    fn all(self) -> [T; 7] {
-        [
-            self.gate,
-            self.conv,
-            self.dt_bias,
-            self.a,
-            self.beta,
-            self.alpha,
-            self.norm,
-        ]
+    fn all(self) -> Vec<T> {
+        let mut v = vec![self.conv, self.dt_bias, self.a, self.norm];
+        v.extend(self.gate);
+        match self.beta_alpha {
+            BetaAlpha::Split { beta, alpha } => v.extend([beta, alpha]),
+            BetaAlpha::Fused(ba) => v.push(ba),
+        }
+        v
     }
     fn map<U>(self, f: impl Fn(T) -> U) -> DeltaNetWeights<U> {
         DeltaNetWeights {
-            gate: f(self.gate),
+            gate: self.gate.map(&f),
             conv: f(self.conv),
             dt_bias: f(self.dt_bias),
             a: f(self.a),
-            beta: f(self.beta),
-            alpha: f(self.alpha),
+            beta_alpha: match self.beta_alpha {
+                BetaAlpha::Split { beta, alpha } => BetaAlpha::Split {
+                    beta: f(beta),
+                    alpha: f(alpha),
+                },
+                BetaAlpha::Fused(ba) => BetaAlpha::Fused(f(ba)),
+            },
             norm: f(self.norm),
         }
     }
@@ -90,8 +103,9 @@ pub(crate) enum Ffn<T> {
     /// expert every token also runs (qwen2moe); with biases, each product has one (gpt-oss).
     Experts {
         gate_inp: T,
-        gate: T,
-        up: T,
+        /// The experts' gate and up projections: two stacks, or one (`ffn_gate_up_exps`,
+        /// each expert's gate rows then its up rows).
+        gate_up: GateUp<T>,
         down: T,
         shared: Option<SharedExpert<T>>,
         biases: Option<ExpertBiases<T>>,
@@ -160,15 +174,18 @@ impl<T: Copy> Ffn<T> {
             }
             Ffn::Experts {
                 gate_inp,
-                gate,
-                up,
+                gate_up,
                 down,
                 shared,
                 biases,
                 probs_bias,
             } => {
-                let mut v = vec![gate_inp, gate, up, down];
+                let mut v = vec![gate_inp, down];
                 v.extend(probs_bias);
+                match gate_up {
+                    GateUp::Split { gate, up } => v.extend([gate, up]),
+                    GateUp::Fused(w) => v.push(w),
+                }
                 v.extend(shared.into_iter().flat_map(SharedExpert::all));
                 v.extend(biases.into_iter().flat_map(ExpertBiases::all));
                 v
@@ -184,8 +201,7 @@ impl<T: Copy> Ffn<T> {
             },
             Ffn::Experts {
                 gate_inp,
-                gate,
-                up,
+                gate_up,
                 down,
                 shared,
                 biases,
@@ -193,8 +209,13 @@ impl<T: Copy> Ffn<T> {
             } => Ffn::Experts {
                 probs_bias: probs_bias.map(&f),
                 gate_inp: f(gate_inp),
-                gate: f(gate),
-                up: f(up),
+                gate_up: match gate_up {
+                    GateUp::Split { gate, up } => GateUp::Split {
+                        gate: f(gate),
+                        up: f(up),
+                    },
+                    GateUp::Fused(w) => GateUp::Fused(f(w)),
+                },
                 down: f(down),
                 shared: shared.map(|s| s.map(&f)),
                 biases: biases.map(|b| b.map(&f)),
@@ -299,17 +320,24 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
         | Arch::Gemma4
         | Arch::Mistral3
         | Arch::Qwen35
+        | Arch::Qwen35Moe
+        | Arch::Qwen3Next
         | Arch::GptOss
         | Arch::Lfm2
         | Arch::Lfm2Moe => specs.find(&n(name), &[dim], Role::Vector),
     };
     // qwen3 and gemma3 normalise each head of Q and K.
     let head_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
-        Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Lfm2 | Arch::Lfm2Moe => {
-            specs
-                .require(&n(name), &[hp.head_dim], Role::Vector)
-                .map(Some)
-        }
+        Arch::Qwen3
+        | Arch::Gemma3
+        | Arch::Qwen3Moe
+        | Arch::Qwen35
+        | Arch::Qwen35Moe
+        | Arch::Qwen3Next
+        | Arch::Lfm2
+        | Arch::Lfm2Moe => specs
+            .require(&n(name), &[hp.head_dim], Role::Vector)
+            .map(Some),
         Arch::Llama
         | Arch::Qwen2
         | Arch::Gemma2
@@ -331,6 +359,8 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
         | Arch::Gemma4
         | Arch::Mistral3
         | Arch::Qwen35
+        | Arch::Qwen35Moe
+        | Arch::Qwen3Next
         | Arch::GptOss
         | Arch::Lfm2
         | Arch::Lfm2Moe => Ok(None),
@@ -347,42 +377,7 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
         },
     };
     let ffn = match (&hp.experts, hp.arch) {
-        (Some(x), _) => Ffn::Experts {
-            probs_bias: None,
-            gate_inp: specs.require(&n("ffn_gate_inp.weight"), &[e, x.n_expert], m)?,
-            gate: specs.require(&n("ffn_gate_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
-            up: specs.require(&n("ffn_up_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
-            down: specs.require(&n("ffn_down_exps.weight"), &[x.n_ff_exp, e, x.n_expert], m)?,
-            shared: match x.n_ff_shared {
-                Some(ff) => Some(SharedExpert {
-                    gate_inp: {
-                        // `[n_embd]`, or `[n_embd, 1]` as some converters write it
-                        // (llama.cpp accepts both: trailing dimensions of 1).
-                        let name = n("ffn_gate_inp_shexp.weight");
-                        let column = specs
-                            .gguf
-                            .tensor(&name)
-                            .is_some_and(|t| t.shape == [e as u64, 1]);
-                        let shape: &[usize] = if column { &[e, 1] } else { &[e] };
-                        specs.require(&name, shape, m)?
-                    },
-                    gate: specs.require(&n("ffn_gate_shexp.weight"), &[e, ff], m)?,
-                    up: specs.require(&n("ffn_up_shexp.weight"), &[e, ff], m)?,
-                    down: specs.require(&n("ffn_down_shexp.weight"), &[ff, e], m)?,
-                }),
-                None => None,
-            },
-            // gpt-oss: a bias on the router and on each expert's products.
-            biases: match gpt_oss {
-                true => Some(ExpertBiases {
-                    gate_inp: specs.require(&n("ffn_gate_inp.bias"), &[x.n_expert], v)?,
-                    gate: specs.require(&n("ffn_gate_exps.bias"), &[x.n_ff_exp, x.n_expert], v)?,
-                    up: specs.require(&n("ffn_up_exps.bias"), &[x.n_ff_exp, x.n_expert], v)?,
-                    down: specs.require(&n("ffn_down_exps.bias"), &[e, x.n_expert], v)?,
-                }),
-                false => None,
-            },
-        },
+        (Some(x), _) => experts(specs, hp, x, l)?,
         (None, Arch::Phi3) => Ffn::Dense {
             gate: None,
             up: specs.require(&n("ffn_up.weight"), &[e, 2 * hp.n_ff], m)?,
@@ -430,4 +425,97 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
         delta: None,
         short_conv: None,
     })
+}
+
+/// Layer `l`'s mixture of experts `x` as llama.cpp's loader shapes it: the router, the
+/// experts' stacked projections, the shared expert where `x` has one, and gpt-oss's biases.
+pub(super) fn experts(
+    specs: &mut Specs<'_>,
+    hp: &HParams,
+    x: &super::Experts,
+    l: usize,
+) -> Result<Ffn<usize>> {
+    let (e, m, v) = (hp.n_embd, Role::Matrix, Role::Vector);
+    let n = |s: &str| format!("blk.{l}.{s}");
+    let gpt_oss = hp.arch == Arch::GptOss;
+    let (ff, nx) = (x.n_ff_exp, x.n_expert);
+    Ok(Ffn::Experts {
+        gate_inp: specs.require(&n("ffn_gate_inp.weight"), &[e, x.n_expert], m)?,
+        // One stack of gate and up where the file has it (llama.cpp reads either; gpt-oss's
+        // biases go with two).
+        gate_up: match gpt_oss {
+            false => specs.find(&n("ffn_gate_up_exps.weight"), &[e, 2 * ff, nx], m)?,
+            true => None,
+        }
+        .map_or_else(
+            || -> Result<GateUp<usize>> {
+                Ok(GateUp::Split {
+                    gate: specs.require(&n("ffn_gate_exps.weight"), &[e, ff, nx], m)?,
+                    up: specs.require(&n("ffn_up_exps.weight"), &[e, ff, nx], m)?,
+                })
+            },
+            |w| Ok(GateUp::Fused(w)),
+        )?,
+        down: specs.require(&n("ffn_down_exps.weight"), &[x.n_ff_exp, e, x.n_expert], m)?,
+        probs_bias: None,
+        shared: match x.n_ff_shared {
+            Some(ff) => Some(SharedExpert {
+                gate_inp: {
+                    // `[n_embd]`, or `[n_embd, 1]` as some converters write it
+                    // (llama.cpp accepts both: trailing dimensions of 1).
+                    let name = n("ffn_gate_inp_shexp.weight");
+                    let column = specs
+                        .gguf
+                        .tensor(&name)
+                        .is_some_and(|t| t.shape == [e as u64, 1]);
+                    let shape: &[usize] = if column { &[e, 1] } else { &[e] };
+                    specs.require(&name, shape, m)?
+                },
+                gate: specs.require(&n("ffn_gate_shexp.weight"), &[e, ff], m)?,
+                up: specs.require(&n("ffn_up_shexp.weight"), &[e, ff], m)?,
+                down: specs.require(&n("ffn_down_shexp.weight"), &[ff, e], m)?,
+            }),
+            None => None,
+        },
+        // gpt-oss: a bias on the router and on each expert's products.
+        biases: match gpt_oss {
+            true => Some(ExpertBiases {
+                gate_inp: specs.require(&n("ffn_gate_inp.bias"), &[x.n_expert], v)?,
+                gate: specs.require(&n("ffn_gate_exps.bias"), &[x.n_ff_exp, x.n_expert], v)?,
+                up: specs.require(&n("ffn_up_exps.bias"), &[x.n_ff_exp, x.n_expert], v)?,
+                down: specs.require(&n("ffn_down_exps.bias"), &[e, x.n_expert], v)?,
+            }),
+            false => None,
+        },
+    })
+}
+
+/// As llama.cpp: a tensor of `gguf` the forward pass does not `read` means a variant of the
+/// architecture this engine does not run (a bias, an extra projection); its weights would be
+/// ignored, so the file is refused rather than answered wrongly. The blocks past the `n_layer`
+/// run (multi-token prediction heads, `nextn_predict_layers`) are not read, as llama.cpp's
+/// main graph does not.
+pub(super) fn all_read(gguf: &crate::gguf::Gguf, hp: &HParams, read: &[&str]) -> Result<()> {
+    let blocks = gguf.get_u32(&format!("{}.block_count", hp.arch.name()))? as usize;
+    let past_the_run = |name: &str| {
+        let block = name.strip_prefix("blk.").and_then(|r| r.split('.').next());
+        block
+            .and_then(|b| b.parse::<usize>().ok())
+            .is_some_and(|b| (hp.n_layer..blocks).contains(&b))
+    };
+    let read: std::collections::HashSet<&str> = read.iter().copied().collect();
+    match gguf
+        .tensors()
+        .iter()
+        .find(|t| !read.contains(t.name.as_str()) && !past_the_run(&t.name))
+    {
+        Some(t) => Err(Error::BadTensor {
+            name: t.name.clone(),
+            reason: format!(
+                "not read by the {} forward pass (a variant this engine does not run)",
+                hp.arch.name()
+            ),
+        }),
+        None => Ok(()),
+    }
 }

@@ -8,7 +8,7 @@
 //! `token_embd_norm`.
 
 use super::hparams::{invalid, Keys};
-use super::{Ffn, HParams, LayerWeights, Qkv, Role, Specs};
+use super::{Ffn, GateUp, HParams, LayerWeights, Qkv, Role, Specs};
 use crate::error::Result;
 
 /// The gated short-convolution layers of a hybrid model (lfm2) and their kernel width.
@@ -110,8 +110,10 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
         // lfm2moe past its dense leading blocks.
         Some(x) => Ffn::Experts {
             gate_inp: specs.require(&n("ffn_gate_inp.weight"), &[e, x.n_expert], m)?,
-            gate: specs.require(&n("ffn_gate_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
-            up: specs.require(&n("ffn_up_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
+            gate_up: GateUp::Split {
+                gate: specs.require(&n("ffn_gate_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
+                up: specs.require(&n("ffn_up_exps.weight"), &[e, x.n_ff_exp, x.n_expert], m)?,
+            },
             down: specs.require(&n("ffn_down_exps.weight"), &[x.n_ff_exp, e, x.n_expert], m)?,
             shared: None,
             biases: None,

@@ -1,10 +1,13 @@
-//! The tensors of a qwen35 block, as llama.cpp's loader names and shapes them: a gated
-//! delta-net (input projection `attn_qkv`, output gate `attn_gate`, convolution `ssm_conv1d`,
-//! `ssm_dt.bias`, `ssm_a`, `ssm_beta`, `ssm_alpha`, `ssm_norm`, output `ssm_out`) or a gated
-//! attention (`attn_q` twice as wide as the heads: each head's query, then its gate; `attn_k`,
-//! `attn_v`, per-head norms, `attn_output`), then `post_attention_norm` and a SwiGLU network.
+//! The tensors of a qwen35 (or qwen35moe, qwen3next) block, as llama.cpp's loader names and
+//! shapes them: a gated delta-net (input projection `attn_qkv`, output gate `attn_gate`,
+//! convolution `ssm_conv1d`, `ssm_dt.bias`, `ssm_a`, `ssm_beta`, `ssm_alpha` (qwen3next: see
+//! `qwen3next.rs`), `ssm_norm`, output `ssm_out`) or a gated attention (`attn_q` twice as wide
+//! as the heads: each head's query, then its gate; `attn_k`, `attn_v`, or the three as one
+//! `attn_qkv`; per-head norms, `attn_output`), then `post_attention_norm` and a SwiGLU network, or for the mixture
+//! families the experts and their shared expert.
 
-use super::{DeltaNetWeights, Ffn, HParams, LayerWeights, Qkv, Role, Specs};
+use super::layer::BetaAlpha;
+use super::{Arch, DeltaNetWeights, Ffn, HParams, LayerWeights, Qkv, Role, Specs};
 use crate::error::Result;
 
 /// The recurrent (gated delta-net) layers of a hybrid model and their sizes, as llama.cpp
@@ -19,11 +22,15 @@ pub struct DeltaNet {
     /// Key (and query) heads (`ssm.group_count`).
     pub n_k_heads: usize,
     /// Value heads (`ssm.time_step_rank`), a multiple of the key heads: value head `h` reads
-    /// key head `h % n_k_heads`.
+    /// key head `h % n_k_heads`, or `h / (n_v_heads / n_k_heads)` when `grouped_heads`.
     pub n_v_heads: usize,
+    /// Each key head serves consecutive value heads (qwen3next) rather than every
+    /// `n_k_heads`-th one (qwen35).
+    pub grouped_heads: bool,
     /// Dimension of a key and of a value head (`ssm.state_size`).
     pub head_dim: usize,
-    /// The attention layers' M-RoPE sections (`rope.dimension_sections`).
+    /// The attention layers' M-RoPE sections (`rope.dimension_sections`; all 0 for qwen3next,
+    /// whose attention rotates by NeoX RoPE).
     pub rope_sections: [i32; 4],
 }
 
@@ -56,11 +63,14 @@ pub(super) fn layer_weights(
     let n = |s: &str| format!("blk.{l}.{s}");
     let (m, v) = (Role::Matrix, Role::Vector);
     let attn_norm = specs.require(&n("attn_norm.weight"), &[e], v)?;
-    let (qkv, wo, q_norm, k_norm, delta) = if d.layers[l] {
+    let (qkv, wo, q_norm, k_norm, delta) = if d.layers[l] && hp.arch == Arch::Qwen3Next {
+        let (qkv, wo, delta) = super::qwen3next::delta_weights(specs, hp, d, l)?;
+        (qkv, wo, None, None, Some(delta))
+    } else if d.layers[l] {
         let inner = d.head_dim * d.n_v_heads;
         let qkv = Qkv::Fused(specs.require(&n("attn_qkv.weight"), &[e, d.conv_channels()], m)?);
         let delta = DeltaNetWeights {
-            gate: specs.require(&n("attn_gate.weight"), &[e, inner], m)?,
+            gate: Some(specs.require(&n("attn_gate.weight"), &[e, inner], m)?),
             conv: specs.require(
                 &n("ssm_conv1d.weight"),
                 &[d.conv_kernel, d.conv_channels()],
@@ -68,17 +78,23 @@ pub(super) fn layer_weights(
             )?,
             dt_bias: specs.require(&n("ssm_dt.bias"), &[d.n_v_heads], v)?,
             a: specs.require(&n("ssm_a"), &[d.n_v_heads], v)?,
-            beta: specs.require(&n("ssm_beta.weight"), &[e, d.n_v_heads], m)?,
-            alpha: specs.require(&n("ssm_alpha.weight"), &[e, d.n_v_heads], m)?,
+            beta_alpha: BetaAlpha::Split {
+                beta: specs.require(&n("ssm_beta.weight"), &[e, d.n_v_heads], m)?,
+                alpha: specs.require(&n("ssm_alpha.weight"), &[e, d.n_v_heads], m)?,
+            },
             norm: specs.require(&n("ssm_norm.weight"), &[d.head_dim], v)?,
         };
         let wo = specs.require(&n("ssm_out.weight"), &[inner, e], m)?;
         (qkv, wo, None, None, Some(delta))
     } else {
-        let qkv = Qkv::Split {
-            wq: specs.require(&n("attn_q.weight"), &[e, 2 * q], m)?,
-            wk: specs.require(&n("attn_k.weight"), &[e, kv], m)?,
-            wv: specs.require(&n("attn_v.weight"), &[e, kv], m)?,
+        // One projection where the file has it (as llama.cpp reads either).
+        let qkv = match specs.find(&n("attn_qkv.weight"), &[e, 2 * q + 2 * kv], m)? {
+            Some(w) => Qkv::Fused(w),
+            None => Qkv::Split {
+                wq: specs.require(&n("attn_q.weight"), &[e, 2 * q], m)?,
+                wk: specs.require(&n("attn_k.weight"), &[e, kv], m)?,
+                wv: specs.require(&n("attn_v.weight"), &[e, kv], m)?,
+            },
         };
         let wo = specs.require(&n("attn_output.weight"), &[q, e], m)?;
         let q_norm = specs.require(&n("attn_q_norm.weight"), &[hp.head_dim], v)?;
@@ -86,10 +102,13 @@ pub(super) fn layer_weights(
         (qkv, wo, Some(q_norm), Some(k_norm), None)
     };
     let ffn_norm = specs.require(&n("post_attention_norm.weight"), &[e], v)?;
-    let ffn = Ffn::Dense {
-        gate: Some(specs.require(&n("ffn_gate.weight"), &[e, hp.n_ff], m)?),
-        up: specs.require(&n("ffn_up.weight"), &[e, hp.n_ff], m)?,
-        down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e], m)?,
+    let ffn = match &hp.experts {
+        Some(x) => super::layer::experts(specs, hp, x, l)?,
+        None => Ffn::Dense {
+            gate: Some(specs.require(&n("ffn_gate.weight"), &[e, hp.n_ff], m)?),
+            up: specs.require(&n("ffn_up.weight"), &[e, hp.n_ff], m)?,
+            down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e], m)?,
+        },
     };
     Ok(LayerWeights {
         attn_norm,

@@ -17,6 +17,7 @@ use engine::testing::SplitMix64;
 use engine::{ContextParams, Model};
 
 pub mod qwen35;
+pub mod qwen3next;
 use half::f16;
 
 #[derive(Clone, Copy, PartialEq, Debug)]
