@@ -31,6 +31,7 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
                     None => routed,
                 }
             }
+            Ffn::None => unreachable!("only nemotron_h's blocks lack a network, and it runs none"),
         }
     }
 

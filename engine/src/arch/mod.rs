@@ -1,6 +1,6 @@
 //! The forward pass as a ggml graph: one module per family of architectures (`llama.rs`:
 //! llama, qwen2, qwen3, phi3, qwen3moe, qwen2moe; `gemma.rs`: gemma2, gemma3; `gemma4.rs`;
-//! `mistral3.rs`; `qwen35.rs`; `gpt_oss.rs`: gpt-oss; `lfm2.rs`) over the building blocks here, which
+//! `mistral3.rs`; `qwen35.rs`; `gpt_oss.rs`: gpt-oss; `lfm2.rs`; `nemotron_h.rs`) over the building blocks here, which
 //! every family shares: the batch's inputs, RMSNorm, projections, attention over the page
 //! pool, the gated feed-forward network (or a mixture of experts) and the output head.
 //!
@@ -16,6 +16,7 @@ mod gpt_oss;
 mod lfm2;
 mod llama;
 mod mistral3;
+mod nemotron_h;
 mod qwen35;
 
 use crate::batch::{Output, Plan};
@@ -53,6 +54,7 @@ pub(crate) fn build<'g, 'w>(
         Arch::Qwen35 => qwen35::blocks(g, &mut f)?,
         Arch::GptOss => gpt_oss::blocks(g, &mut f),
         Arch::Lfm2 | Arch::Lfm2Moe => lfm2::blocks(g, &mut f)?,
+        Arch::NemotronH => nemotron_h::blocks(g, &mut f)?,
     };
     Ok(f.head(g, x, output))
 }
@@ -675,7 +677,9 @@ pub(crate) fn rope_params(model: &Model, il: usize) -> RopeParams {
             | Arch::Gemma4
             | Arch::GptOss
             | Arch::Lfm2
-            | Arch::Lfm2Moe => 2,
+            | Arch::Lfm2Moe
+            // nemotron_h does not rotate; its parameters are never used.
+            | Arch::NemotronH => 2,
             // Interleaved M-RoPE (`GGML_ROPE_TYPE_IMROPE`), through `Graph::rope_multi`.
             Arch::Qwen35 => 40,
         },

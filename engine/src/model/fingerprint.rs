@@ -53,6 +53,7 @@ mod tag {
     pub const MISTRAL3: u8 = 26;
     pub const DELTA_NET: u8 = 27;
     pub const SHORT_CONV: u8 = 28;
+    pub const MAMBA2: u8 = 29;
     pub const TENSORS: u8 = 0x20;
     pub const VOCAB: u8 = 0x30;
 }
@@ -228,6 +229,7 @@ fn encode(
         ref mistral3,
         ref delta_net,
         ref short_conv,
+        ref mamba2,
     } = *hp;
     let mut field = |tag: u8, value: u64| {
         h.update(&[tag]);
@@ -248,6 +250,7 @@ fn encode(
         Arch::GptOss => 11,
         Arch::Lfm2 => 12,
         Arch::Lfm2Moe => 13,
+        Arch::NemotronH => 14,
     };
     let (kind, factor, n_ctx_orig) = match rope_scaling {
         RopeScaling::None => (0, 0.0f32, 0),
@@ -323,6 +326,14 @@ fn encode(
         field(tag::SHORT_CONV, s.l_cache as u64);
         for (il, _) in s.layers.iter().enumerate().filter(|(_, &c)| c) {
             field(tag::SHORT_CONV, il as u64);
+        }
+    }
+    if let Some(m) = mamba2 {
+        for v in [m.d_conv, m.d_inner, m.d_state, m.n_head, m.n_group] {
+            field(tag::MAMBA2, v as u64);
+        }
+        for kind in &m.kinds {
+            field(tag::MAMBA2, *kind as u64);
         }
     }
     contents(&mut h, gguf, tokenizer, &mut data)?;

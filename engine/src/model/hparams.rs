@@ -31,6 +31,8 @@
 //! | `attention.head_count_kv` (lfm2) | per layer: 0 (a short convolution) or one count for every attention layer, at least one | the KV cache's rows |
 //! | `expert_gating_func`, `leading_dense_block_count` (lfm2moe) | 1 (softmax) or 2 (sigmoid); 0..=4096 | the router |
 //! | `shortconv.l_cache` (lfm2) | 2..=64; no `attention.sliding_window` | the convolution keeps `l_cache - 1` inputs |
+//! | `attention.head_count_kv`, `feed_forward_length` (nemotron_h) | per layer; both 0 a Mamba-2 layer, else KV heads an attention layer and a width a feed-forward one; one non-zero value each | the layers' kinds |
+//! | `ssm.conv_kernel`, `ssm.inner_size`, `ssm.state_size`, `ssm.time_step_rank`, `ssm.group_count` (nemotron_h) | 2..=64; the heads and groups divide the inner size; no `nextn_predict_layers`, no experts | `ggml_ssm_conv`, `ggml_ssm_scan` and the grouped norm |
 
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
@@ -162,6 +164,8 @@ impl HParams {
             // gpt-oss files may leave the dense width out (llama.cpp does not need it): its
             // experts' width then stands in.
             (false, Arch::GptOss, false) => k.int("expert_feed_forward_length", 1, MAX_WIDTH)?,
+            // nemotron_h gives a width per layer: 0 but in its feed-forward layers.
+            (false, Arch::NemotronH, _) => super::nemotron_h::n_ff(&k, n_layer)?,
             (false, _, _) => k.int("feed_forward_length", 1, MAX_WIDTH)?,
         };
         let n_head = k.int("attention.head_count", 1, MAX_WIDTH)?;
@@ -174,6 +178,7 @@ impl HParams {
             _ if matches!(arch, Arch::Lfm2 | Arch::Lfm2Moe) => {
                 super::lfm2::n_head_kv(&k, n_head, n_layer)?
             }
+            _ if arch == Arch::NemotronH => super::nemotron_h::n_head_kv(&k, n_head, n_layer)?,
             _ => k
                 .opt_int("attention.head_count_kv", 1, n_head)?
                 .unwrap_or(n_head),
@@ -238,7 +243,12 @@ impl HParams {
         }
         let n_ctx_train = k.int("context_length", 1, MAX_POSITIONS)?;
         let n_vocab = vocab_size(&k)?;
-        let rms_eps = k.positive("attention.layer_norm_rms_epsilon", 1.0)?;
+        // nemotron_h files may give only `attention.layer_norm_epsilon`, which then serves.
+        let rms_eps =
+            match arch == Arch::NemotronH && !k.present("attention.layer_norm_rms_epsilon") {
+                true => k.positive("attention.layer_norm_epsilon", 1.0)?,
+                false => k.positive("attention.layer_norm_rms_epsilon", 1.0)?,
+            };
         let rope_freq_base = k
             .opt_positive("rope.freq_base", f32::INFINITY)?
             .unwrap_or(10_000.0);
@@ -268,6 +278,7 @@ impl HParams {
             mistral3: None,
             delta_net: None,
             short_conv: None,
+            mamba2: None,
         };
         family(&k, &mut hp)?;
         Ok(hp)
@@ -295,9 +306,14 @@ impl HParams {
     }
 
     /// Whether layer `il` keeps K and V rows in the page pool: every layer but a hybrid
-    /// model's recurrent ones, whose state lives beside the pool (`recurrent.rs`).
+    /// model's recurrent ones, whose state lives beside the pool (`recurrent.rs`), and
+    /// nemotron_h's feed-forward-only ones.
     pub fn holds_kv(&self, il: usize) -> bool {
-        !self.is_recurrent(il)
+        match &self.mamba2 {
+            // nemotron_h: only the attention layers.
+            Some(m) => m.kinds.get(il) == Some(&super::MixerKind::Attention),
+            None => !self.is_recurrent(il),
+        }
     }
 
     /// K (and V) elements per token of layer `il`.
@@ -535,6 +551,7 @@ fn family(k: &Keys<'_>, hp: &mut HParams) -> Result<()> {
         }
         Arch::Qwen35 => hp.delta_net = Some(delta_net(k, n_layer, hp.rope_dims)?),
         Arch::Lfm2 | Arch::Lfm2Moe => hp.short_conv = Some(super::lfm2::short_conv(k, n_layer)?),
+        Arch::NemotronH => hp.mamba2 = Some(super::nemotron_h::mamba2(k, n_head, n_layer)?),
         Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe | Arch::Qwen2Moe => {}
     }
     Ok(())

@@ -8,6 +8,7 @@ pub mod golden;
 pub mod gpt_oss;
 pub mod lfm2;
 pub mod mistral3;
+pub mod nemotron_h;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
