@@ -21,6 +21,7 @@ mod classifier;
 mod experts;
 mod fingerprint;
 mod gemma4;
+mod granite_hybrid;
 mod hparams;
 mod layer;
 mod lfm2;
@@ -33,6 +34,7 @@ pub use classifier::{PoolingType, Ranking};
 pub(crate) use fingerprint::records_bytes;
 pub use fingerprint::FINGERPRINT_VERSION;
 pub(crate) use gemma4::{GateUp, Gemma4Layer};
+pub use granite_hybrid::GraniteScales;
 use layer::layer_weights;
 pub(crate) use layer::{
     DeltaNetWeights, ExpertBiases, Ffn, LayerWeights, Mamba2Weights, Qkv, SharedExpert,
@@ -101,6 +103,11 @@ pub enum Arch {
     /// with a gated, grouped RMS norm), a few attention without RoPE, the others ReLU²
     /// feed-forward networks.
     NemotronH,
+    /// `granitehybrid`: IBM's Granite 4.0 hybrids: Mamba-2 layers (nemotron_h's) and
+    /// attention layers (RoPE unless the file turns it off), each block followed by a SwiGLU
+    /// network, with Granite's multipliers on the embeddings, the residual branches, the
+    /// attention scores and the logits.
+    GraniteHybrid,
 }
 
 impl Arch {
@@ -121,6 +128,7 @@ impl Arch {
             "lfm2" => Ok(Arch::Lfm2),
             "lfm2moe" => Ok(Arch::Lfm2Moe),
             "nemotron_h" => Ok(Arch::NemotronH),
+            "granitehybrid" => Ok(Arch::GraniteHybrid),
             other => Err(Error::UnsupportedArchitecture {
                 arch: other.to_owned(),
             }),
@@ -145,6 +153,7 @@ impl Arch {
             Arch::Lfm2 => "lfm2",
             Arch::Lfm2Moe => "lfm2moe",
             Arch::NemotronH => "nemotron_h",
+            Arch::GraniteHybrid => "granitehybrid",
         }
     }
 }
@@ -222,6 +231,8 @@ pub struct HParams {
     /// The Mamba-2, attention and feed-forward layers of a hybrid (nemotron_h); `None` for
     /// the other families.
     pub mamba2: Option<Mamba2>,
+    /// Granite's multipliers and RoPE switch (granitehybrid).
+    pub granite: Option<GraniteScales>,
 }
 
 /// Mistral 3's hyperparameters beyond llama's, as llama.cpp reads them.
@@ -569,9 +580,12 @@ impl Model {
             layer_idx.push(match (&hp.delta_net, hp.arch) {
                 (Some(d), _) => qwen35::layer_weights(&mut specs, &hp, d, l)?,
                 (None, Arch::Lfm2 | Arch::Lfm2Moe) => lfm2::layer_weights(&mut specs, &hp, l)?,
-                (None, Arch::NemotronH) => match &hp.mamba2 {
-                    Some(m) => nemotron_h::layer_weights(&mut specs, &hp, m, l)?,
-                    None => unreachable!("nemotron_h's hyperparameters give its layers"),
+                (None, Arch::NemotronH | Arch::GraniteHybrid) => match (&hp.mamba2, hp.arch) {
+                    (Some(m), Arch::NemotronH) => nemotron_h::layer_weights(&mut specs, &hp, m, l)?,
+                    (Some(m), _) => granite_hybrid::layer_weights(&mut specs, &hp, m, l)?,
+                    (None, _) => {
+                        unreachable!("the Mamba-2 hybrids' hyperparameters give their layers")
+                    }
                 },
                 (None, Arch::Gemma4) => gemma4::layer_weights(&mut specs, &hp, l)?,
                 (None, _) => layer_weights(&mut specs, &hp, l)?,

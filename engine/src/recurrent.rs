@@ -1,6 +1,6 @@
 //! The per-sequence state of a hybrid model's recurrent layers: gated delta-nets (qwen35),
-//! gated short convolutions (lfm2) or Mamba-2 layers (nemotron_h), described alike by
-//! [`StateShape`].
+//! gated short convolutions (lfm2) or Mamba-2 layers (nemotron_h, granitehybrid), described
+//! alike by [`StateShape`].
 //!
 //! The attention layers keep their K and V in the page pool; the recurrent layers keep, per
 //! live sequence, one slot in [`StateTensors`]: per recurrent layer a convolution state (its

@@ -59,7 +59,7 @@ pub(super) fn blocks<'g, 'w>(
 
 /// Layer `il`'s Mamba-2 mixer on the normed input `cur`, each sequence from its slot.
 #[allow(clippy::too_many_arguments)]
-fn mamba2<'g, 'w>(
+pub(super) fn mamba2<'g, 'w>(
     g: &mut Graph<'g, 'w>,
     f: &Forward<'_, 'g, 'w>,
     il: usize,

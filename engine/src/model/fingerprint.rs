@@ -54,6 +54,7 @@ mod tag {
     pub const DELTA_NET: u8 = 27;
     pub const SHORT_CONV: u8 = 28;
     pub const MAMBA2: u8 = 29;
+    pub const GRANITE: u8 = 30;
     pub const TENSORS: u8 = 0x20;
     pub const VOCAB: u8 = 0x30;
 }
@@ -230,6 +231,7 @@ fn encode(
         ref delta_net,
         ref short_conv,
         ref mamba2,
+        ref granite,
     } = *hp;
     let mut field = |tag: u8, value: u64| {
         h.update(&[tag]);
@@ -251,6 +253,7 @@ fn encode(
         Arch::Lfm2 => 12,
         Arch::Lfm2Moe => 13,
         Arch::NemotronH => 14,
+        Arch::GraniteHybrid => 15,
     };
     let (kind, factor, n_ctx_orig) = match rope_scaling {
         RopeScaling::None => (0, 0.0f32, 0),
@@ -328,14 +331,7 @@ fn encode(
             field(tag::SHORT_CONV, il as u64);
         }
     }
-    if let Some(m) = mamba2 {
-        for v in [m.d_conv, m.d_inner, m.d_state, m.n_head, m.n_group] {
-            field(tag::MAMBA2, v as u64);
-        }
-        for kind in &m.kinds {
-            field(tag::MAMBA2, *kind as u64);
-        }
-    }
+    hybrids(&mut field, mamba2.as_ref(), granite.as_ref());
     contents(&mut h, gguf, tokenizer, &mut data)?;
     Some(*h.finalize().as_bytes())
 }
@@ -462,4 +458,26 @@ pub(crate) fn records_bytes(dir: &Path) -> u64 {
 /// record, the next start hashes the file again.
 pub(super) fn remember(dir: &Path, id: &FileIdentity, fp: &[u8; 32]) {
     kvstore::records::write(dir, RECORDS_DIR, &record_name(id), &record_text(id, fp));
+}
+
+/// The fields of the Mamba-2 hybrids (nemotron_h, granitehybrid), each under its tag.
+fn hybrids(
+    field: &mut impl FnMut(u8, u64),
+    mamba2: Option<&super::Mamba2>,
+    granite: Option<&super::GraniteScales>,
+) {
+    if let Some(m) = mamba2 {
+        for v in [m.d_conv, m.d_inner, m.d_state, m.n_head, m.n_group] {
+            field(tag::MAMBA2, v as u64);
+        }
+        for kind in &m.kinds {
+            field(tag::MAMBA2, *kind as u64);
+        }
+    }
+    if let Some(s) = granite {
+        let f = |v: Option<f32>| v.map_or(0, |v| u64::from(v.to_bits()) + 1);
+        for v in [f(s.residual_scale), f(s.logit_scale), u64::from(s.rope)] {
+            field(tag::GRANITE, v);
+        }
+    }
 }

@@ -32,7 +32,9 @@
 //! | `expert_gating_func`, `leading_dense_block_count` (lfm2moe) | 1 (softmax) or 2 (sigmoid); 0..=4096 | the router |
 //! | `shortconv.l_cache` (lfm2) | 2..=64; no `attention.sliding_window` | the convolution keeps `l_cache - 1` inputs |
 //! | `attention.head_count_kv`, `feed_forward_length` (nemotron_h) | per layer; both 0 a Mamba-2 layer, else KV heads an attention layer and a width a feed-forward one; one non-zero value each | the layers' kinds |
-//! | `ssm.conv_kernel`, `ssm.inner_size`, `ssm.state_size`, `ssm.time_step_rank`, `ssm.group_count` (nemotron_h) | 2..=64; the heads and groups divide the inner size; no `nextn_predict_layers`, no experts | `ggml_ssm_conv`, `ggml_ssm_scan` and the grouped norm |
+//! | `attention.head_count_kv` (granitehybrid) | per layer: 0 (Mamba-2) or one count for every attention layer; `ssm.inner_size` twice `embedding_length` | the layers' kinds |
+//! | `embedding_scale`, `residual_scale`, `attention.scale`, `logit_scale` (granitehybrid) | 0 or absent (none), else finite and > 0; `rope.scaling.finetuned` a bool | Granite's multipliers |
+//! | `ssm.conv_kernel`, `ssm.inner_size`, `ssm.state_size`, `ssm.time_step_rank`, `ssm.group_count` (nemotron_h, granitehybrid) | 2..=64; the heads and groups divide the inner size; no `nextn_predict_layers`, no experts | `ggml_ssm_conv`, `ggml_ssm_scan` and the grouped norm |
 
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
@@ -178,7 +180,9 @@ impl HParams {
             _ if matches!(arch, Arch::Lfm2 | Arch::Lfm2Moe) => {
                 super::lfm2::n_head_kv(&k, n_head, n_layer)?
             }
-            _ if arch == Arch::NemotronH => super::nemotron_h::n_head_kv(&k, n_head, n_layer)?,
+            _ if matches!(arch, Arch::NemotronH | Arch::GraniteHybrid) => {
+                super::nemotron_h::n_head_kv(&k, n_head, n_layer)?
+            }
             _ => k
                 .opt_int("attention.head_count_kv", 1, n_head)?
                 .unwrap_or(n_head),
@@ -279,6 +283,7 @@ impl HParams {
             delta_net: None,
             short_conv: None,
             mamba2: None,
+            granite: None,
         };
         family(&k, &mut hp)?;
         Ok(hp)
@@ -552,6 +557,7 @@ fn family(k: &Keys<'_>, hp: &mut HParams) -> Result<()> {
         Arch::Qwen35 => hp.delta_net = Some(delta_net(k, n_layer, hp.rope_dims)?),
         Arch::Lfm2 | Arch::Lfm2Moe => hp.short_conv = Some(super::lfm2::short_conv(k, n_layer)?),
         Arch::NemotronH => hp.mamba2 = Some(super::nemotron_h::mamba2(k, n_head, n_layer)?),
+        Arch::GraniteHybrid => super::granite_hybrid::granite(k, hp)?,
         Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe | Arch::Qwen2Moe => {}
     }
     Ok(())

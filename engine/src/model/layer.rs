@@ -357,7 +357,8 @@ impl Extras {
             | Arch::GptOss
             | Arch::Lfm2
             | Arch::Lfm2Moe
-            | Arch::NemotronH => false,
+            | Arch::NemotronH
+            | Arch::GraniteHybrid => false,
         };
         let head_norm = match arch {
             Arch::Qwen3
@@ -374,7 +375,8 @@ impl Extras {
             | Arch::Gemma4
             | Arch::Mistral3
             | Arch::GptOss
-            | Arch::NemotronH => false,
+            | Arch::NemotronH
+            | Arch::GraniteHybrid => false,
         };
         let post_norm = match arch {
             Arch::Gemma3 | Arch::Gemma2 => true,
@@ -390,7 +392,8 @@ impl Extras {
             | Arch::GptOss
             | Arch::Lfm2
             | Arch::Lfm2Moe
-            | Arch::NemotronH => false,
+            | Arch::NemotronH
+            | Arch::GraniteHybrid => false,
         };
         Extras {
             qkv_bias,

@@ -126,6 +126,12 @@ pub(super) fn mamba2(k: &Keys<'_>, n_head: usize, n_layer: usize) -> Result<Mamb
             ));
         }
     }
+    sizes(k, kinds)
+}
+
+/// The Mamba-2 sizes from the `ssm.*` keys, for layers of `kinds` (nemotron_h's, or
+/// granitehybrid's).
+pub(super) fn sizes(k: &Keys<'_>, kinds: Vec<MixerKind>) -> Result<Mamba2> {
     let d_conv = k.int("ssm.conv_kernel", 2, 64)?;
     let d_inner = k.int("ssm.inner_size", 1, MAX_WIDTH)?;
     let d_state = k.int("ssm.state_size", 1, 4096)?;
@@ -171,10 +177,52 @@ pub(super) fn layer_weights(
     s: &Mamba2,
     l: usize,
 ) -> Result<LayerWeights> {
+    let n = |s: &str| format!("blk.{l}.{s}");
+    let attn_norm = specs.require(&n("attn_norm.weight"), &[hp.n_embd], Role::Vector)?;
+    let Mixer {
+        qkv,
+        wo,
+        bias,
+        mamba2,
+    } = mixer(specs, hp, s, l)?;
+    let [bq, bk, bv, bo] = bias;
+    Ok(LayerWeights {
+        attn_norm,
+        qkv,
+        wo,
+        bo,
+        bq,
+        bk,
+        bv,
+        q_norm: None,
+        k_norm: None,
+        attn_sinks: None,
+        post_attn_norm: None,
+        post_ffn_norm: None,
+        ffn_norm: attn_norm,
+        ffn: Ffn::None,
+        gemma4: None,
+        delta: None,
+        short_conv: None,
+        mamba2,
+    })
+}
+
+/// One layer's mixer tensors: its input and output projections, the attention's optional
+/// biases (Q, K, V, output) and a Mamba-2 layer's own tensors.
+pub(super) struct Mixer {
+    pub qkv: Qkv<usize>,
+    pub wo: usize,
+    pub bias: [Option<usize>; 4],
+    pub mamba2: Option<Mamba2Weights<usize>>,
+}
+
+/// Layer `l`'s mixer, registered in `specs`: Mamba-2 (`ssm_in` as `Fused`), attention, or
+/// the feed-forward network of nemotron_h (`ffn_up` as `Fused`, `ffn_down` as `wo`).
+pub(super) fn mixer(specs: &mut Specs<'_>, hp: &HParams, s: &Mamba2, l: usize) -> Result<Mixer> {
     let e = hp.n_embd;
     let n = |s: &str| format!("blk.{l}.{s}");
     let (m, v) = (Role::Matrix, Role::Vector);
-    let attn_norm = specs.require(&n("attn_norm.weight"), &[e], v)?;
     let mut bias = [None; 4];
     let mut mamba2 = None;
     let (qkv, wo) = match s.kinds[l] {
@@ -220,25 +268,10 @@ pub(super) fn layer_weights(
             (Qkv::Fused(up), down)
         }
     };
-    let [bq, bk, bv, bo] = bias;
-    Ok(LayerWeights {
-        attn_norm,
+    Ok(Mixer {
         qkv,
         wo,
-        bo,
-        bq,
-        bk,
-        bv,
-        q_norm: None,
-        k_norm: None,
-        attn_sinks: None,
-        post_attn_norm: None,
-        post_ffn_norm: None,
-        ffn_norm: attn_norm,
-        ffn: Ffn::None,
-        gemma4: None,
-        delta: None,
-        short_conv: None,
+        bias,
         mamba2,
     })
 }

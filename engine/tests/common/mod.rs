@@ -6,6 +6,7 @@
 pub mod gemma4;
 pub mod golden;
 pub mod gpt_oss;
+pub mod granite_hybrid;
 pub mod lfm2;
 pub mod mistral3;
 pub mod nemotron_h;

@@ -147,7 +147,7 @@ pub fn write_nemotron_h_with(c: &NemotronHCfg, seed: u64, path: &Path, kv: &[i32
 }
 
 /// Layer `l`'s Mamba-2 tensors.
-fn write_mamba2(c: &NemotronHCfg, r: &mut SplitMix64, g: &mut GgufWriter, l: usize) {
+pub fn write_mamba2(c: &NemotronHCfg, r: &mut SplitMix64, g: &mut GgufWriter, l: usize) {
     let t = |g: &mut GgufWriter, name: &str, shape: &[usize], values: Vec<f32>| {
         let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
         g.add_tensor(name, &shape, GgmlType::F32, f32_bytes(&values));
