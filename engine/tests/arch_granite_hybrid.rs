@@ -12,7 +12,13 @@
 //! LLAMA_HDD_TINY_OUT=DIR cargo test -p engine --test arch_granite_hybrid -- --ignored
 //! refh golden DIR/granitehybrid.gguf DIR/prompts.txt 32 \
 //!   | sed 's/^{/{"arch":"granitehybrid",/' > engine/tests/fixtures/tiny_granite_hybrid_golden.jsonl
+//! refh golden DIR/granitehybrid_moe.gguf DIR/prompts.txt 32 \
+//!   | sed 's/^{/{"arch":"granitehybrid",/' \
+//!   > engine/tests/fixtures/tiny_granite_hybrid_moe_golden.jsonl
 //! ```
+//!
+//! `fixtures/tiny_granite_hybrid_moe_golden.jsonl` holds the same for the variant with
+//! mixtures of experts (softmax routing, 2 of 4 experts, an ungated shared expert).
 //!
 //! The weights are all f32, so llama.cpp's AMX buffers (f16 and quantized matrices only) do
 //! not change its kernels on an AMX CPU.
@@ -43,7 +49,7 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 #[test]
 fn granite_hybrid_matches_llama_cpp_on_the_same_file() {
     let text = include_str!("fixtures/tiny_granite_hybrid_golden.jsonl");
-    let (_dir, model) = build_granite_hybrid(SEED);
+    let (_dir, model) = build_granite_hybrid(SEED, None);
     let hp = model.hparams();
     assert!(hp.is_recurrent(0) && !hp.is_recurrent(1) && hp.is_recurrent(3));
     let g = hp.granite.as_ref().unwrap();
@@ -57,6 +63,20 @@ fn granite_hybrid_matches_llama_cpp_on_the_same_file() {
         SCALES.map(Some)
     );
     assert!(g.rope);
+    check_golden(&model, text);
+}
+
+#[test]
+fn granite_hybrid_moe_matches_llama_cpp_on_the_same_file() {
+    let text = include_str!("fixtures/tiny_granite_hybrid_moe_golden.jsonl");
+    let (_dir, model) = build_granite_hybrid(SEED, Some(&GRANITE_MOE));
+    let x = model.hparams().experts.as_ref().unwrap();
+    assert!(x.norm_weights && !x.sigmoid && x.n_ff_shared == Some(GRANITE_MOE.n_ff_shared));
+    check_golden(&model, text);
+}
+
+/// Checks `model` against every line of `text`, a `refh golden` fixture.
+fn check_golden(model: &Arc<Model>, text: &str) {
     let mut n = 0;
     for line in text.lines() {
         assert!(
@@ -73,7 +93,7 @@ fn granite_hybrid_matches_llama_cpp_on_the_same_file() {
             },
         )
         .unwrap();
-        common::golden::check_golden_line(&model, &mut s, line);
+        common::golden::check_golden_line(model, &mut s, line);
         n += 1;
     }
     assert_eq!(n, PROMPTS.len(), "a fixture line per prompt");
@@ -86,7 +106,10 @@ fn write_the_tiny_model_for_llama_cpp() {
     let out = std::env::var("LLAMA_HDD_TINY_OUT").expect("LLAMA_HDD_TINY_OUT");
     let out = Path::new(&out);
     std::fs::create_dir_all(out).unwrap();
-    write_granite_hybrid(&granite_hybrid_cfg(), SEED, &out.join("granitehybrid.gguf"));
+    let c = granite_hybrid_cfg();
+    write_granite_hybrid(&c, None, SEED, &out.join("granitehybrid.gguf"));
+    let moe = out.join("granitehybrid_moe.gguf");
+    write_granite_hybrid(&c, Some(&GRANITE_MOE), SEED, &moe);
     std::fs::write(out.join("prompts.txt"), PROMPTS.join("\n") + "\n").unwrap();
 }
 
@@ -116,7 +139,7 @@ fn logits_in_chunks(model: &Arc<Model>, tokens: &[u32], chunk: usize) -> Vec<f32
 
 #[test]
 fn the_mamba2_state_carries_over_between_batches() {
-    let (_dir, model) = build_granite_hybrid(SEED);
+    let (_dir, model) = build_granite_hybrid(SEED, None);
     let tokens: Vec<u32> = (0..40).map(|i| ((i * 29 + 16) % 97) as u32).collect();
     let whole = logits_in_chunks(&model, &tokens, 40);
     for chunk in [1, 3, 16] {
@@ -132,7 +155,7 @@ fn malformed_hyperparameters_are_typed_errors() {
     let dir = tempfile::tempdir().unwrap();
     let load = |c: &NemotronHCfg| {
         let path = dir.path().join("bad.gguf");
-        write_granite_hybrid(c, SEED, &path);
+        write_granite_hybrid(c, None, SEED, &path);
         Model::load(&path)
     };
     // An inner width other than twice the embedding width.

@@ -79,7 +79,7 @@ fn a_restored_nemotron_h_sequence_continues_bit_for_bit() {
 /// The same for granitehybrid (Mamba-2 and attention layers, each with a network).
 #[test]
 fn a_restored_granite_hybrid_sequence_continues_bit_for_bit() {
-    let (_models, model) = build_granite_hybrid(2029);
+    let (_models, model) = build_granite_hybrid(2029, None);
     restored_sequence_continues(&model);
 }
 

@@ -1,14 +1,16 @@
 //! granitehybrid's (IBM's Granite 4.0 hybrids) hyperparameters and block tensors, as
 //! llama.cpp's loader reads them: a layer whose `attention.head_count_kv` is 0 is a Mamba-2
 //! layer (nemotron_h's tensors), the others attention (RoPE unless
-//! `rope.scaling.finetuned` is false); every block then has `ffn_norm` and a SwiGLU network.
+//! `rope.scaling.finetuned` is false); every block then has `ffn_norm` and a SwiGLU network,
+//! or with `expert_count` a mixture of experts (softmax routing, weights normalised) plus,
+//! with `expert_shared_feed_forward_length`, an ungated shared expert.
 //! Granite's multipliers: `embedding_scale` on the embeddings, `residual_scale` on each
 //! branch before it joins the residual stream, `attention.scale` for the scores and
 //! `logit_scale` dividing the logits (0 or absent: none).
 
 use super::hparams::{invalid, Keys};
 use super::nemotron_h::{mixer, sizes, Mixer};
-use super::{Ffn, HParams, LayerWeights, Mamba2, MixerKind, Role, Specs};
+use super::{Ffn, HParams, LayerWeights, Mamba2, MixerKind, Role, SharedExpert, Specs};
 use crate::error::Result;
 
 /// Granite's multipliers and RoPE switch.
@@ -98,10 +100,31 @@ pub(super) fn layer_weights(
     } = mixer(specs, hp, s, l)?;
     let [bq, bk, bv, bo] = bias;
     let ffn_norm = specs.require(&n("ffn_norm.weight"), &[e], v)?;
-    let ffn = Ffn::Dense {
-        gate: Some(specs.require(&n("ffn_gate.weight"), &[e, hp.n_ff], m)?),
-        up: specs.require(&n("ffn_up.weight"), &[e, hp.n_ff], m)?,
-        down: specs.require(&n("ffn_down.weight"), &[hp.n_ff, e], m)?,
+    let (ff, exps) = (hp.n_ff, hp.experts.as_ref());
+    let ffn = match exps {
+        // Softmax routing, the chosen weights normalised; an ungated shared expert if any.
+        Some(x) => Ffn::Experts {
+            gate_inp: specs.require(&n("ffn_gate_inp.weight"), &[e, x.n_expert], m)?,
+            gate: specs.require(&n("ffn_gate_exps.weight"), &[e, ff, x.n_expert], m)?,
+            up: specs.require(&n("ffn_up_exps.weight"), &[e, ff, x.n_expert], m)?,
+            down: specs.require(&n("ffn_down_exps.weight"), &[ff, e, x.n_expert], m)?,
+            shared: match x.n_ff_shared {
+                Some(sf) => Some(SharedExpert {
+                    gate_inp: None,
+                    gate: specs.require(&n("ffn_gate_shexp.weight"), &[e, sf], m)?,
+                    up: specs.require(&n("ffn_up_shexp.weight"), &[e, sf], m)?,
+                    down: specs.require(&n("ffn_down_shexp.weight"), &[sf, e], m)?,
+                }),
+                None => None,
+            },
+            biases: None,
+            probs_bias: None,
+        },
+        None => Ffn::Dense {
+            gate: Some(specs.require(&n("ffn_gate.weight"), &[e, ff], m)?),
+            up: specs.require(&n("ffn_up.weight"), &[e, ff], m)?,
+            down: specs.require(&n("ffn_down.weight"), &[ff, e], m)?,
+        },
     };
     Ok(LayerWeights {
         attn_norm,

@@ -175,19 +175,22 @@ impl<T: Copy> ExpertBiases<T> {
 /// (`gate_inp`: `[n_embd]`, one scalar per token).
 #[derive(Clone, Copy)]
 pub(crate) struct SharedExpert<T> {
-    pub gate_inp: T,
+    /// The sigmoid gate's weights; none in granitehybrid, whose shared expert is ungated.
+    pub gate_inp: Option<T>,
     pub gate: T,
     pub up: T,
     pub down: T,
 }
 
 impl<T: Copy> SharedExpert<T> {
-    fn all(self) -> [T; 4] {
-        [self.gate_inp, self.gate, self.up, self.down]
+    fn all(self) -> Vec<T> {
+        let mut v = vec![self.gate, self.up, self.down];
+        v.extend(self.gate_inp);
+        v
     }
     fn map<U>(self, f: impl Fn(T) -> U) -> SharedExpert<U> {
         SharedExpert {
-            gate_inp: f(self.gate_inp),
+            gate_inp: self.gate_inp.map(&f),
             gate: f(self.gate),
             up: f(self.up),
             down: f(self.down),
@@ -443,7 +446,7 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
             down: specs.require(&n("ffn_down_exps.weight"), &[x.n_ff_exp, e, x.n_expert], m)?,
             shared: match x.n_ff_shared {
                 Some(ff) => Some(SharedExpert {
-                    gate_inp: {
+                    gate_inp: Some({
                         // `[n_embd]`, or `[n_embd, 1]` as some converters write it
                         // (llama.cpp accepts both: trailing dimensions of 1).
                         let name = n("ffn_gate_inp_shexp.weight");
@@ -453,7 +456,7 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
                             .is_some_and(|t| t.shape == [e as u64, 1]);
                         let shape: &[usize] = if column { &[e, 1] } else { &[e] };
                         specs.require(&name, shape, m)?
-                    },
+                    }),
                     gate: specs.require(&n("ffn_gate_shexp.weight"), &[e, ff], m)?,
                     up: specs.require(&n("ffn_up_shexp.weight"), &[e, ff], m)?,
                     down: specs.require(&n("ffn_down_shexp.weight"), &[ff, e], m)?,

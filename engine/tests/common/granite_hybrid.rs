@@ -29,8 +29,24 @@ pub fn granite_hybrid_cfg() -> NemotronHCfg {
 /// logits (divided).
 pub const SCALES: [f32; 4] = [3.0, 0.5, 0.25, 2.0];
 
-/// Writes the model `c` with weights drawn from `seed` to `path`.
-pub fn write_granite_hybrid(c: &NemotronHCfg, seed: u64, path: &Path) {
+/// The mixture of experts of the MoE variant: experts, experts per token, the shared
+/// expert's width.
+pub struct GraniteMoe {
+    pub n_expert: usize,
+    pub n_used: usize,
+    pub n_ff_shared: usize,
+}
+
+/// The MoE variant the tests use: 4 experts of `n_ff`, 2 per token, a shared expert.
+pub const GRANITE_MOE: GraniteMoe = GraniteMoe {
+    n_expert: 4,
+    n_used: 2,
+    n_ff_shared: 40,
+};
+
+/// Writes the model `c` (with mixtures of experts `moe`, if any) with weights drawn from
+/// `seed` to `path`.
+pub fn write_granite_hybrid(c: &NemotronHCfg, moe: Option<&GraniteMoe>, seed: u64, path: &Path) {
     let mut r = SplitMix64(seed);
     let arch = "granitehybrid";
     let mut g = GgufWriter::new();
@@ -65,6 +81,14 @@ pub fn write_granite_hybrid(c: &NemotronHCfg, seed: u64, path: &Path) {
     g.add_f32(&k("residual_scale"), residual);
     g.add_f32(&k("attention.scale"), attn);
     g.add_f32(&k("logit_scale"), logit);
+    if let Some(x) = moe {
+        g.add_u32(&k("expert_count"), x.n_expert as u32);
+        g.add_u32(&k("expert_used_count"), x.n_used as u32);
+        g.add_u32(
+            &k("expert_shared_feed_forward_length"),
+            x.n_ff_shared as u32,
+        );
+    }
     add_tiny_vocab(&mut g, c.n_vocab);
 
     let t = |g: &mut GgufWriter, name: &str, shape: &[usize], values: Vec<f32>| {
@@ -98,6 +122,25 @@ pub fn write_granite_hybrid(c: &NemotronHCfg, seed: u64, path: &Path) {
         }
         let w = near_one(&mut r, e);
         t(&mut g, &n("ffn_norm.weight"), &[e], w);
+        if let Some(x) = moe {
+            let ne = x.n_expert;
+            let w = r.f32_vec(e * ne, 1.0);
+            t(&mut g, &n("ffn_gate_inp.weight"), &[e, ne], w);
+            for name in ["ffn_gate_exps", "ffn_up_exps"] {
+                let w = r.f32_vec(e * ff * ne, 0.3);
+                t(&mut g, &n(&format!("{name}.weight")), &[e, ff, ne], w);
+            }
+            let w = r.f32_vec(ff * e * ne, 0.3);
+            t(&mut g, &n("ffn_down_exps.weight"), &[ff, e, ne], w);
+            let sf = x.n_ff_shared;
+            for name in ["ffn_gate_shexp", "ffn_up_shexp"] {
+                let w = r.f32_vec(e * sf, 0.3);
+                t(&mut g, &n(&format!("{name}.weight")), &[e, sf], w);
+            }
+            let w = r.f32_vec(sf * e, 0.3);
+            t(&mut g, &n("ffn_down_shexp.weight"), &[sf, e], w);
+            continue;
+        }
         for name in ["ffn_gate", "ffn_up"] {
             let w = r.f32_vec(e * ff, 0.3);
             t(&mut g, &n(&format!("{name}.weight")), &[e, ff], w);
@@ -108,11 +151,15 @@ pub fn write_granite_hybrid(c: &NemotronHCfg, seed: u64, path: &Path) {
     g.write(path).unwrap();
 }
 
-/// The tiny model of `seed`, written into a temporary directory and loaded.
-pub fn build_granite_hybrid(seed: u64) -> (tempfile::TempDir, Arc<Model>) {
+/// The tiny model of `seed` (with mixtures of experts `moe`, if any), written into a
+/// temporary directory and loaded.
+pub fn build_granite_hybrid(
+    seed: u64,
+    moe: Option<&GraniteMoe>,
+) -> (tempfile::TempDir, Arc<Model>) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("granitehybrid.gguf");
-    write_granite_hybrid(&granite_hybrid_cfg(), seed, &path);
+    write_granite_hybrid(&granite_hybrid_cfg(), moe, seed, &path);
     let model = Model::load(&path).unwrap();
     (dir, model)
 }
