@@ -76,8 +76,9 @@ pub use ggml::{cpu_path, CpuPath, CpuRequest};
 pub use ingest::{IngestParams, IngestReport, Progress};
 pub use kv::{KvLayout, KvStats, KvType, PAGE_TOKENS};
 pub use model::{
-    Arch, DeltaNet, Experts, FingerprintOrigin, HParams, Model, ModelParams, OffloadDevice,
-    PoolingType, Ranking, RopeScaling, ShortConv, SlidingWindow, FINGERPRINT_VERSION,
+    Arch, DeltaNet, Experts, FingerprintOrigin, HParams, Mamba2, MixerKind, Model, ModelParams,
+    OffloadDevice, PoolingType, Ranking, RopeScaling, ShortConv, SlidingWindow,
+    FINGERPRINT_VERSION,
 };
 pub use namespace::Namespace;
 pub use pages::ImportSummary;

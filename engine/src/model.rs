@@ -21,23 +21,29 @@ mod classifier;
 mod experts;
 mod fingerprint;
 mod gemma4;
+mod granite_hybrid;
 mod hparams;
 mod layer;
 mod lfm2;
+mod nemotron_h;
 mod qwen35;
 mod qwen3next;
+mod state_shape;
 
 pub use classifier::{PoolingType, Ranking};
 
 pub(crate) use fingerprint::records_bytes;
 pub use fingerprint::FINGERPRINT_VERSION;
 pub(crate) use gemma4::{GateUp, Gemma4Layer};
+pub use granite_hybrid::GraniteScales;
 use layer::layer_weights;
 pub(crate) use layer::{
-    BetaAlpha, DeltaNetWeights, ExpertBiases, Ffn, LayerWeights, Qkv, SharedExpert,
+    BetaAlpha, DeltaNetWeights, ExpertBiases, Ffn, LayerWeights, Mamba2Weights, Qkv, SharedExpert,
 };
 pub use lfm2::ShortConv;
+pub use nemotron_h::{Mamba2, MixerKind};
 pub use qwen35::DeltaNet;
+pub(crate) use state_shape::StateShape;
 
 /// The model families this engine runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,6 +107,16 @@ pub enum Arch {
     /// `lfm2moe`: lfm2 whose feed-forward networks after the first few are mixtures of
     /// experts (sigmoid or softmax routing, a bias on the choice, weights normalised).
     Lfm2Moe,
+    /// `nemotron_h`: NVIDIA's Nemotron-H, a hybrid whose blocks each run one mixer: most are
+    /// Mamba-2 layers (a causal convolution and a selective scan per head, kept per sequence,
+    /// with a gated, grouped RMS norm), a few attention without RoPE, the others ReLU²
+    /// feed-forward networks.
+    NemotronH,
+    /// `granitehybrid`: IBM's Granite 4.0 hybrids: Mamba-2 layers (nemotron_h's) and
+    /// attention layers (RoPE unless the file turns it off), each block followed by a SwiGLU
+    /// network, with Granite's multipliers on the embeddings, the residual branches, the
+    /// attention scores and the logits.
+    GraniteHybrid,
 }
 
 impl Arch {
@@ -122,6 +138,8 @@ impl Arch {
             "gpt-oss" => Ok(Arch::GptOss),
             "lfm2" => Ok(Arch::Lfm2),
             "lfm2moe" => Ok(Arch::Lfm2Moe),
+            "nemotron_h" => Ok(Arch::NemotronH),
+            "granitehybrid" => Ok(Arch::GraniteHybrid),
             other => Err(Error::UnsupportedArchitecture {
                 arch: other.to_owned(),
             }),
@@ -147,6 +165,8 @@ impl Arch {
             Arch::GptOss => "gpt-oss",
             Arch::Lfm2 => "lfm2",
             Arch::Lfm2Moe => "lfm2moe",
+            Arch::NemotronH => "nemotron_h",
+            Arch::GraniteHybrid => "granitehybrid",
         }
     }
 }
@@ -222,17 +242,11 @@ pub struct HParams {
     pub delta_net: Option<DeltaNet>,
     /// The gated short-convolution layers of a hybrid (lfm2); `None` for the other families.
     pub short_conv: Option<ShortConv>,
-}
-
-/// The per-sequence state of a hybrid's recurrent layers, whichever kind they are: per
-/// recurrent layer a convolution state of `conv_len` f32 values and, for delta-nets, a matrix
-/// state of `ssm_len` (0 for short convolutions, which keep none).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct StateShape<'a> {
-    /// Per layer: whether it is recurrent.
-    pub layers: &'a [bool],
-    pub conv_len: usize,
-    pub ssm_len: usize,
+    /// The Mamba-2, attention and feed-forward layers of a hybrid (nemotron_h); `None` for
+    /// the other families.
+    pub mamba2: Option<Mamba2>,
+    /// Granite's multipliers and RoPE switch (granitehybrid).
+    pub granite: Option<GraniteScales>,
 }
 
 /// Mistral 3's hyperparameters beyond llama's, as llama.cpp reads them.
@@ -310,30 +324,6 @@ pub struct SlidingWindow {
 }
 
 impl HParams {
-    /// Whether layer `il` is recurrent (a gated delta-net or short convolution of a hybrid).
-    pub fn is_recurrent(&self, il: usize) -> bool {
-        self.state_shape()
-            .is_some_and(|s| s.layers.get(il).copied().unwrap_or(false))
-    }
-
-    /// The shape of a hybrid's per-sequence recurrent state; `None` for attention-only models.
-    pub(crate) fn state_shape(&self) -> Option<StateShape<'_>> {
-        if let Some(d) = &self.delta_net {
-            return Some(StateShape {
-                layers: &d.layers,
-                conv_len: d.conv_state_len(),
-                ssm_len: d.ssm_state_len(),
-            });
-        }
-        // An lfm2 file without convolution layers keeps no state.
-        let s = self.short_conv.as_ref()?;
-        s.layers.contains(&true).then(|| StateShape {
-            layers: &s.layers,
-            conv_len: s.conv_state_len(self.n_embd),
-            ssm_len: 0,
-        })
-    }
-
     /// Whether layer `il` attends through the sliding window.
     pub fn is_swa(&self, il: usize) -> bool {
         self.sliding_window
@@ -604,6 +594,13 @@ impl Model {
             layer_idx.push(match (&hp.delta_net, hp.arch) {
                 (Some(d), _) => qwen35::layer_weights(&mut specs, &hp, d, l)?,
                 (None, Arch::Lfm2 | Arch::Lfm2Moe) => lfm2::layer_weights(&mut specs, &hp, l)?,
+                (None, Arch::NemotronH | Arch::GraniteHybrid) => match (&hp.mamba2, hp.arch) {
+                    (Some(m), Arch::NemotronH) => nemotron_h::layer_weights(&mut specs, &hp, m, l)?,
+                    (Some(m), _) => granite_hybrid::layer_weights(&mut specs, &hp, m, l)?,
+                    (None, _) => {
+                        unreachable!("the Mamba-2 hybrids' hyperparameters give their layers")
+                    }
+                },
                 (None, Arch::Gemma4) => gemma4::layer_weights(&mut specs, &hp, l)?,
                 (None, _) => layer_weights(&mut specs, &hp, l)?,
             });

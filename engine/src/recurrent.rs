@@ -1,10 +1,11 @@
-//! The per-sequence state of a hybrid model's recurrent layers: gated delta-nets (qwen35) or
-//! gated short convolutions (lfm2), described alike by [`StateShape`].
+//! The per-sequence state of a hybrid model's recurrent layers: gated delta-nets (qwen35),
+//! gated short convolutions (lfm2) or Mamba-2 layers (nemotron_h, granitehybrid), described
+//! alike by [`StateShape`].
 //!
 //! The attention layers keep their K and V in the page pool; the recurrent layers keep, per
 //! live sequence, one slot in [`StateTensors`]: per recurrent layer a convolution state (its
-//! last `kernel - 1` inputs) and, for delta-nets, a matrix state (a square matrix per value
-//! head), all f32. A slot summarises every position of its sequence, so:
+//! last `kernel - 1` inputs) and, for delta-nets and Mamba-2, a matrix state (a square matrix
+//! per value head; `d_state` values per inner channel), all f32. A slot summarises every position of its sequence, so:
 //!
 //! - a sequence's first batch (position 0) starts from a zeroed slot;
 //! - a batch reads each sequence's slot and writes the state after its tokens into a fresh

@@ -9,7 +9,9 @@ mod common;
 
 use std::sync::Arc;
 
+use common::granite_hybrid::build_granite_hybrid;
 use common::lfm2::build_lfm2;
+use common::nemotron_h::build_nemotron_h;
 use common::qwen35::build_qwen35;
 use engine::store::{CheckpointMeta, SessionStore, StoreConfig};
 use engine::{ContextParams, Evaluation, Model, Session, StoreErrorKind};
@@ -63,6 +65,21 @@ fn a_restored_hybrid_sequence_continues_bit_for_bit() {
 #[test]
 fn a_restored_lfm2_sequence_continues_bit_for_bit() {
     let (_models, model) = build_lfm2(2027);
+    restored_sequence_continues(&model);
+}
+
+/// The same for nemotron_h, whose recurrent layers are Mamba-2 (a convolution state and an SSM
+/// state per head), beside attention and feed-forward-only layers.
+#[test]
+fn a_restored_nemotron_h_sequence_continues_bit_for_bit() {
+    let (_models, model) = build_nemotron_h(2028);
+    restored_sequence_continues(&model);
+}
+
+/// The same for granitehybrid (Mamba-2 and attention layers, each with a network).
+#[test]
+fn a_restored_granite_hybrid_sequence_continues_bit_for_bit() {
+    let (_models, model) = build_granite_hybrid(2029, None);
     restored_sequence_continues(&model);
 }
 

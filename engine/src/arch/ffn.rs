@@ -30,6 +30,7 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
                     None => routed,
                 }
             }
+            Ffn::None => unreachable!("only nemotron_h's blocks lack a network, and it runs none"),
         }
     }
 
@@ -171,16 +172,22 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
         s: SharedExpert<RawTensor<'w>>,
     ) -> Tensor<'g> {
         // One logit per token: `[1, n]`, broadcast over the rows of the network's output.
-        let z = self.project(g, x, s.gate_inp, None);
-        let gate = match self.hp.arch {
-            Arch::Qwen2Moe => {
-                let silu = g.silu(z);
-                g.div(silu, z)
+        let gate = s.gate_inp.map(|w| {
+            let z = self.project(g, x, w, None);
+            match self.hp.arch {
+                Arch::Qwen2Moe => {
+                    let silu = g.silu(z);
+                    g.div(silu, z)
+                }
+                _ => g.sigmoid(z),
             }
-            _ => g.sigmoid(z),
-        };
+        });
         let out = self.dense(g, x, Some(s.gate), [s.up, s.down], Gate::Silu);
-        g.mul(out, gate)
+        match gate {
+            Some(gate) => g.mul(out, gate),
+            // granitehybrid's shared expert is ungated.
+            None => out,
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 //! The forward pass as a ggml graph: one module per family of architectures (`llama.rs`:
 //! llama, qwen2, qwen3, phi3, qwen3moe, qwen2moe; `gemma.rs`: gemma2, gemma3; `gemma4.rs`;
 //! `mistral3.rs`; `qwen35.rs`: qwen35, qwen35moe, qwen3next, with `qwen3next.rs`'s pieces;
-//! `gpt_oss.rs`: gpt-oss; `lfm2.rs`: lfm2, lfm2moe) over the building blocks here, which
+//! `gpt_oss.rs`: gpt-oss; `lfm2.rs`: lfm2, lfm2moe; `nemotron_h.rs`: nemotron_h and the Mamba-2
+//! layer; `granite_hybrid.rs`) over the building blocks here, which
 //! every family shares: the batch's inputs, RMSNorm, projections, attention over the page
 //! pool, the gated feed-forward network (or a mixture of experts) and the output head.
 //!
@@ -14,9 +15,11 @@ mod ffn;
 mod gemma;
 mod gemma4;
 mod gpt_oss;
+mod granite_hybrid;
 mod lfm2;
 mod llama;
 mod mistral3;
+mod nemotron_h;
 mod qwen35;
 mod qwen3next;
 
@@ -55,6 +58,8 @@ pub(crate) fn build<'g, 'w>(
         Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next => qwen35::blocks(g, &mut f)?,
         Arch::GptOss => gpt_oss::blocks(g, &mut f),
         Arch::Lfm2 | Arch::Lfm2Moe => lfm2::blocks(g, &mut f)?,
+        Arch::NemotronH => nemotron_h::blocks(g, &mut f)?,
+        Arch::GraniteHybrid => granite_hybrid::blocks(g, &mut f)?,
     };
     Ok(f.head(g, x, output))
 }
@@ -575,7 +580,11 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
             Output::Embeddings => return x,
             Output::Rank => return self.rank_head(g, x),
         }
-        let logits = self.project(g, x, self.model.output(), None);
+        let mut logits = self.project(g, x, self.model.output(), None);
+        // Granite divides its logits by its `logit_scale`.
+        if let Some(s) = self.hp.granite.as_ref().and_then(|s| s.logit_scale) {
+            logits = g.scale(logits, 1.0 / s);
+        }
         match self.hp.final_softcap {
             Some(cap) => {
                 let y = g.scale(logits, 1.0 / cap);
@@ -666,7 +675,7 @@ pub(crate) fn rope_params(model: &Model, il: usize) -> RopeParams {
     let mut p = RopeParams {
         n_dims: hp.rope_dims_at(il),
         mode: match hp.arch {
-            Arch::Llama | Arch::Mistral3 => 0,
+            Arch::Llama | Arch::Mistral3 | Arch::GraniteHybrid => 0,
             Arch::Qwen2
             | Arch::Qwen3
             | Arch::Gemma3
@@ -678,7 +687,9 @@ pub(crate) fn rope_params(model: &Model, il: usize) -> RopeParams {
             | Arch::Qwen3Next
             | Arch::GptOss
             | Arch::Lfm2
-            | Arch::Lfm2Moe => 2,
+            | Arch::Lfm2Moe
+            // nemotron_h does not rotate; its parameters are never used.
+            | Arch::NemotronH => 2,
             // Interleaved M-RoPE (`GGML_ROPE_TYPE_IMROPE`), through `Graph::rope_multi`.
             Arch::Qwen35 | Arch::Qwen35Moe => 40,
         },

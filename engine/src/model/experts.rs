@@ -49,6 +49,7 @@ pub(super) fn experts(k: &Keys<'_>, arch: Arch, n_ff: usize) -> Result<Option<Ex
             | Arch::Lfm2Moe
             | Arch::Qwen35Moe
             | Arch::Qwen3Next
+            | Arch::GraniteHybrid
     ) {
         return Err(invalid(
             &k.key("expert_count"),
@@ -88,6 +89,10 @@ pub(super) fn experts(k: &Keys<'_>, arch: Arch, n_ff: usize) -> Result<Option<Ex
                 .filter(|&w| w > 0)
                 .unwrap_or(n_ff),
         ),
+        // granitehybrid's shared expert is optional: absent or 0, none.
+        false if arch == Arch::GraniteHybrid => k
+            .opt_int("expert_shared_feed_forward_length", 0, MAX_WIDTH)?
+            .filter(|&w| w > 0),
         false => None,
     };
     Ok(Some(Experts {

@@ -53,6 +53,8 @@ mod tag {
     pub const MISTRAL3: u8 = 26;
     pub const DELTA_NET: u8 = 27;
     pub const SHORT_CONV: u8 = 28;
+    pub const MAMBA2: u8 = 29;
+    pub const GRANITE: u8 = 30;
     pub const TENSORS: u8 = 0x20;
     pub const VOCAB: u8 = 0x30;
 }
@@ -228,6 +230,8 @@ fn encode(
         ref mistral3,
         ref delta_net,
         ref short_conv,
+        ref mamba2,
+        ref granite,
     } = *hp;
     let mut field = |tag: u8, value: u64| {
         h.update(&[tag]);
@@ -250,6 +254,8 @@ fn encode(
         Arch::Lfm2Moe => 13,
         Arch::Qwen35Moe => 14,
         Arch::Qwen3Next => 15,
+        Arch::NemotronH => 16,
+        Arch::GraniteHybrid => 17,
     };
     let (kind, factor, n_ctx_orig) = match rope_scaling {
         RopeScaling::None => (0, 0.0f32, 0),
@@ -327,6 +333,7 @@ fn encode(
             field(tag::SHORT_CONV, il as u64);
         }
     }
+    hybrids(&mut field, mamba2.as_ref(), granite.as_ref());
     contents(&mut h, gguf, tokenizer, &mut data)?;
     Some(*h.finalize().as_bytes())
 }
@@ -454,4 +461,26 @@ pub(crate) fn records_bytes(dir: &Path) -> u64 {
 /// record, the next start hashes the file again.
 pub(super) fn remember(dir: &Path, id: &FileIdentity, fp: &[u8; 32]) {
     kvstore::records::write(dir, RECORDS_DIR, &record_name(id), &record_text(id, fp));
+}
+
+/// The fields of the Mamba-2 hybrids (nemotron_h, granitehybrid), each under its tag.
+fn hybrids(
+    field: &mut impl FnMut(u8, u64),
+    mamba2: Option<&super::Mamba2>,
+    granite: Option<&super::GraniteScales>,
+) {
+    if let Some(m) = mamba2 {
+        for v in [m.d_conv, m.d_inner, m.d_state, m.n_head, m.n_group] {
+            field(tag::MAMBA2, v as u64);
+        }
+        for kind in &m.kinds {
+            field(tag::MAMBA2, *kind as u64);
+        }
+    }
+    if let Some(s) = granite {
+        let f = |v: Option<f32>| v.map_or(0, |v| u64::from(v.to_bits()) + 1);
+        for v in [f(s.residual_scale), f(s.logit_scale), u64::from(s.rope)] {
+            field(tag::GRANITE, v);
+        }
+    }
 }

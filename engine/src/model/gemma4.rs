@@ -222,6 +222,7 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
         }),
         delta: None,
         short_conv: None,
+        mamba2: None,
         attn_sinks: None,
     })
 }

@@ -32,6 +32,10 @@
 //! | `attention.head_count_kv` (lfm2) | per layer: 0 (a short convolution) or one count for every attention layer, at least one | the KV cache's rows |
 //! | `expert_gating_func`, `leading_dense_block_count` (lfm2moe) | 1 (softmax) or 2 (sigmoid); 0..=4096 | the router |
 //! | `shortconv.l_cache` (lfm2) | 2..=64; no `attention.sliding_window` | the convolution keeps `l_cache - 1` inputs |
+//! | `attention.head_count_kv`, `feed_forward_length` (nemotron_h) | per layer; both 0 a Mamba-2 layer, else KV heads an attention layer and a width a feed-forward one; one non-zero value each | the layers' kinds |
+//! | `attention.head_count_kv` (granitehybrid) | per layer: 0 (Mamba-2) or one count for every attention layer; `ssm.inner_size` twice `embedding_length` | the layers' kinds |
+//! | `embedding_scale`, `residual_scale`, `attention.scale`, `logit_scale` (granitehybrid) | 0 or absent (none), else finite and > 0; `rope.scaling.finetuned` a bool | Granite's multipliers |
+//! | `ssm.conv_kernel`, `ssm.inner_size`, `ssm.state_size`, `ssm.time_step_rank`, `ssm.group_count` (nemotron_h, granitehybrid) | 2..=64; the heads and groups divide the inner size; no `nextn_predict_layers`, no experts | `ggml_ssm_conv`, `ggml_ssm_scan` and the grouped norm |
 
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
@@ -172,6 +176,8 @@ impl HParams {
             {
                 k.int("expert_feed_forward_length", 1, MAX_WIDTH)?
             }
+            // nemotron_h gives a width per layer: 0 but in its feed-forward layers.
+            (false, Arch::NemotronH, _) => super::nemotron_h::n_ff(&k, n_layer)?,
             (false, _, _) => k.int("feed_forward_length", 1, MAX_WIDTH)?,
         };
         let n_head = k.int("attention.head_count", 1, MAX_WIDTH)?;
@@ -183,6 +189,9 @@ impl HParams {
                 .unwrap_or(&n_head),
             _ if matches!(arch, Arch::Lfm2 | Arch::Lfm2Moe) => {
                 super::lfm2::n_head_kv(&k, n_head, n_layer)?
+            }
+            _ if matches!(arch, Arch::NemotronH | Arch::GraniteHybrid) => {
+                super::nemotron_h::n_head_kv(&k, n_head, n_layer)?
             }
             _ => k
                 .opt_int("attention.head_count_kv", 1, n_head)?
@@ -248,7 +257,12 @@ impl HParams {
         }
         let n_ctx_train = k.int("context_length", 1, MAX_POSITIONS)?;
         let n_vocab = vocab_size(&k)?;
-        let rms_eps = k.positive("attention.layer_norm_rms_epsilon", 1.0)?;
+        // nemotron_h files may give only `attention.layer_norm_epsilon`, which then serves.
+        let rms_eps =
+            match arch == Arch::NemotronH && !k.present("attention.layer_norm_rms_epsilon") {
+                true => k.positive("attention.layer_norm_epsilon", 1.0)?,
+                false => k.positive("attention.layer_norm_rms_epsilon", 1.0)?,
+            };
         let rope_freq_base = k
             .opt_positive("rope.freq_base", f32::INFINITY)?
             .unwrap_or(10_000.0);
@@ -278,6 +292,8 @@ impl HParams {
             mistral3: None,
             delta_net: None,
             short_conv: None,
+            mamba2: None,
+            granite: None,
         };
         family(&k, &mut hp)?;
         Ok(hp)
@@ -305,9 +321,14 @@ impl HParams {
     }
 
     /// Whether layer `il` keeps K and V rows in the page pool: every layer but a hybrid
-    /// model's recurrent ones, whose state lives beside the pool (`recurrent.rs`).
+    /// model's recurrent ones, whose state lives beside the pool (`recurrent.rs`), and
+    /// nemotron_h's feed-forward-only ones.
     pub fn holds_kv(&self, il: usize) -> bool {
-        !self.is_recurrent(il)
+        match &self.mamba2 {
+            // nemotron_h: only the attention layers.
+            Some(m) => m.kinds.get(il) == Some(&super::MixerKind::Attention),
+            None => !self.is_recurrent(il),
+        }
     }
 
     /// K (and V) elements per token of layer `il`.
@@ -553,6 +574,8 @@ fn family(k: &Keys<'_>, hp: &mut HParams) -> Result<()> {
             hp.delta_net = Some(delta_net(k, hp.n_layer, n_layer, hp.rope_dims)?);
         }
         Arch::Lfm2 | Arch::Lfm2Moe => hp.short_conv = Some(super::lfm2::short_conv(k, n_layer)?),
+        Arch::NemotronH => hp.mamba2 = Some(super::nemotron_h::mamba2(k, n_head, n_layer)?),
+        Arch::GraniteHybrid => super::granite_hybrid::granite(k, hp)?,
         Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe | Arch::Qwen2Moe => {}
     }
     Ok(())

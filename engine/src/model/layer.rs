@@ -34,6 +34,49 @@ pub(crate) struct LayerWeights<T = usize> {
     /// A gated short convolution's kernel (lfm2, `[l_cache, n_embd]`): then `qkv` is `Fused`
     /// (the input projection giving B, C and x) and `wo` the output projection.
     pub short_conv: Option<T>,
+    /// A Mamba-2 layer's tensors besides its input and output projections (nemotron_h): then
+    /// `qkv` is `Fused` (`ssm_in`) and `wo` is `ssm_out`.
+    pub mamba2: Option<Mamba2Weights<T>>,
+}
+
+/// The tensors of a Mamba-2 layer besides its input and output projections, f32.
+#[derive(Clone, Copy)]
+pub(crate) struct Mamba2Weights<T> {
+    /// The convolution's kernel (`ssm_conv1d`, `[d_conv, channels]`) and bias (`[channels]`).
+    pub conv: T,
+    pub conv_bias: T,
+    /// Bias added to dt before the scan's softplus (`ssm_dt.bias`, `[n_head]`).
+    pub dt_bias: T,
+    /// `-exp(A_log)` per head (`ssm_a`, `[1, n_head]`).
+    pub a: T,
+    /// The skip connection's factor per head (`ssm_d`, `[1, n_head]`).
+    pub d: T,
+    /// RMSNorm weights of the gated output, per group (`ssm_norm`, `[d_inner / n_group,
+    /// n_group]`).
+    pub norm: T,
+}
+
+impl<T: Copy> Mamba2Weights<T> {
+    fn all(self) -> [T; 6] {
+        [
+            self.conv,
+            self.conv_bias,
+            self.dt_bias,
+            self.a,
+            self.d,
+            self.norm,
+        ]
+    }
+    fn map<U>(self, f: impl Fn(T) -> U) -> Mamba2Weights<U> {
+        Mamba2Weights {
+            conv: f(self.conv),
+            conv_bias: f(self.conv_bias),
+            dt_bias: f(self.dt_bias),
+            a: f(self.a),
+            d: f(self.d),
+            norm: f(self.norm),
+        }
+    }
 }
 
 /// The tensors of a gated delta-net besides its input and output projections.
@@ -113,6 +156,8 @@ pub(crate) enum Ffn<T> {
         /// (`exp_probs_b`, `[n_expert]`, f32; lfm2moe).
         probs_bias: Option<T>,
     },
+    /// No feed-forward network: the block's one mixer is all it runs (nemotron_h).
+    None,
 }
 
 /// The biases of a mixture's products (gpt-oss), f32: the router's (`[n_expert]`), and each
@@ -144,19 +189,22 @@ impl<T: Copy> ExpertBiases<T> {
 /// (`gate_inp`: `[n_embd]`, one scalar per token).
 #[derive(Clone, Copy)]
 pub(crate) struct SharedExpert<T> {
-    pub gate_inp: T,
+    /// The sigmoid gate's weights; none in granitehybrid, whose shared expert is ungated.
+    pub gate_inp: Option<T>,
     pub gate: T,
     pub up: T,
     pub down: T,
 }
 
 impl<T: Copy> SharedExpert<T> {
-    fn all(self) -> [T; 4] {
-        [self.gate_inp, self.gate, self.up, self.down]
+    fn all(self) -> Vec<T> {
+        let mut v = vec![self.gate, self.up, self.down];
+        v.extend(self.gate_inp);
+        v
     }
     fn map<U>(self, f: impl Fn(T) -> U) -> SharedExpert<U> {
         SharedExpert {
-            gate_inp: f(self.gate_inp),
+            gate_inp: self.gate_inp.map(&f),
             gate: f(self.gate),
             up: f(self.up),
             down: f(self.down),
@@ -190,6 +238,7 @@ impl<T: Copy> Ffn<T> {
                 v.extend(biases.into_iter().flat_map(ExpertBiases::all));
                 v
             }
+            Ffn::None => Vec::new(),
         }
     }
     fn map<U>(self, f: impl Fn(T) -> U) -> Ffn<U> {
@@ -220,6 +269,7 @@ impl<T: Copy> Ffn<T> {
                 shared: shared.map(|s| s.map(&f)),
                 biases: biases.map(|b| b.map(&f)),
             },
+            Ffn::None => Ffn::None,
         }
     }
 }
@@ -274,6 +324,7 @@ impl LayerWeights<usize> {
         all.extend(self.gemma4.iter().flat_map(|x| x.all()));
         all.extend(self.delta.into_iter().flat_map(DeltaNetWeights::all));
         all.extend(self.short_conv);
+        all.extend(self.mamba2.into_iter().flat_map(Mamba2Weights::all));
         all
     }
 }
@@ -298,6 +349,86 @@ impl<T: Copy> LayerWeights<T> {
             gemma4: self.gemma4.as_ref().map(|x| x.map(&f)),
             delta: self.delta.map(|d| d.map(&f)),
             short_conv: self.short_conv.map(&f),
+            mamba2: self.mamba2.map(|m| m.map(&f)),
+        }
+    }
+}
+
+/// Which of the block's optional tensors a family requires.
+struct Extras {
+    /// Q/K/V biases (qwen2, qwen2moe); for the others they are optional (some finetunes carry
+    /// them; gpt-oss files have them, which llama.cpp does not require).
+    qkv_bias: bool,
+    /// Per-head norms of Q and K (qwen3, gemma3 and the families built on them).
+    head_norm: bool,
+    /// Norms of the outputs of attention and of the feed-forward network (gemma2, gemma3).
+    post_norm: bool,
+}
+
+impl Extras {
+    fn of(arch: Arch) -> Extras {
+        let qkv_bias = match arch {
+            Arch::Qwen2 | Arch::Qwen2Moe => true,
+            Arch::Llama
+            | Arch::Qwen3
+            | Arch::Gemma3
+            | Arch::Gemma2
+            | Arch::Phi3
+            | Arch::Qwen3Moe
+            | Arch::Gemma4
+            | Arch::Mistral3
+            | Arch::Qwen35
+            | Arch::Qwen35Moe
+            | Arch::Qwen3Next
+            | Arch::GptOss
+            | Arch::Lfm2
+            | Arch::Lfm2Moe
+            | Arch::NemotronH
+            | Arch::GraniteHybrid => false,
+        };
+        let head_norm = match arch {
+            Arch::Qwen3
+            | Arch::Gemma3
+            | Arch::Qwen3Moe
+            | Arch::Qwen35
+            | Arch::Qwen35Moe
+            | Arch::Qwen3Next
+            | Arch::Lfm2
+            | Arch::Lfm2Moe => true,
+            Arch::Llama
+            | Arch::Qwen2
+            | Arch::Gemma2
+            | Arch::Phi3
+            | Arch::Qwen2Moe
+            | Arch::Gemma4
+            | Arch::Mistral3
+            | Arch::GptOss
+            | Arch::NemotronH
+            | Arch::GraniteHybrid => false,
+        };
+        let post_norm = match arch {
+            Arch::Gemma3 | Arch::Gemma2 => true,
+            Arch::Llama
+            | Arch::Qwen2
+            | Arch::Qwen3
+            | Arch::Phi3
+            | Arch::Qwen3Moe
+            | Arch::Qwen2Moe
+            | Arch::Gemma4
+            | Arch::Mistral3
+            | Arch::Qwen35
+            | Arch::Qwen35Moe
+            | Arch::Qwen3Next
+            | Arch::GptOss
+            | Arch::Lfm2
+            | Arch::Lfm2Moe
+            | Arch::NemotronH
+            | Arch::GraniteHybrid => false,
+        };
+        Extras {
+            qkv_bias,
+            head_norm,
+            post_norm,
         }
     }
 }
@@ -307,63 +438,20 @@ impl<T: Copy> LayerWeights<T> {
 pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Result<LayerWeights> {
     let (e, kv, q) = (hp.n_embd, hp.n_embd_kv(), hp.head_dim * hp.n_head);
     let n = |s: &str| format!("blk.{l}.{s}");
-    // qwen2 and qwen2moe have Q/K/V biases; for the others they are optional (some finetunes
-    // carry them; gpt-oss files have them, which llama.cpp does not require).
-    let bias = |specs: &mut Specs<'_>, name: &str, dim: usize| match hp.arch {
-        Arch::Qwen2 | Arch::Qwen2Moe => specs.require(&n(name), &[dim], Role::Vector).map(Some),
-        Arch::Llama
-        | Arch::Qwen3
-        | Arch::Gemma3
-        | Arch::Gemma2
-        | Arch::Phi3
-        | Arch::Qwen3Moe
-        | Arch::Gemma4
-        | Arch::Mistral3
-        | Arch::Qwen35
-        | Arch::Qwen35Moe
-        | Arch::Qwen3Next
-        | Arch::GptOss
-        | Arch::Lfm2
-        | Arch::Lfm2Moe => specs.find(&n(name), &[dim], Role::Vector),
+    let has = Extras::of(hp.arch);
+    let bias = |specs: &mut Specs<'_>, name: &str, dim: usize| match has.qkv_bias {
+        true => specs.require(&n(name), &[dim], Role::Vector).map(Some),
+        false => specs.find(&n(name), &[dim], Role::Vector),
     };
-    // qwen3 and gemma3 normalise each head of Q and K.
-    let head_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
-        Arch::Qwen3
-        | Arch::Gemma3
-        | Arch::Qwen3Moe
-        | Arch::Qwen35
-        | Arch::Qwen35Moe
-        | Arch::Qwen3Next
-        | Arch::Lfm2
-        | Arch::Lfm2Moe => specs
+    let head_norm = |specs: &mut Specs<'_>, name: &str| match has.head_norm {
+        true => specs
             .require(&n(name), &[hp.head_dim], Role::Vector)
             .map(Some),
-        Arch::Llama
-        | Arch::Qwen2
-        | Arch::Gemma2
-        | Arch::Phi3
-        | Arch::Qwen2Moe
-        | Arch::Gemma4
-        | Arch::Mistral3
-        | Arch::GptOss => Ok(None),
+        false => Ok(None),
     };
-    // gemma2 and gemma3 normalise the outputs of attention and of the feed-forward network.
-    let post_norm = |specs: &mut Specs<'_>, name: &str| match hp.arch {
-        Arch::Gemma3 | Arch::Gemma2 => specs.require(&n(name), &[e], Role::Vector).map(Some),
-        Arch::Llama
-        | Arch::Qwen2
-        | Arch::Qwen3
-        | Arch::Phi3
-        | Arch::Qwen3Moe
-        | Arch::Qwen2Moe
-        | Arch::Gemma4
-        | Arch::Mistral3
-        | Arch::Qwen35
-        | Arch::Qwen35Moe
-        | Arch::Qwen3Next
-        | Arch::GptOss
-        | Arch::Lfm2
-        | Arch::Lfm2Moe => Ok(None),
+    let post_norm = |specs: &mut Specs<'_>, name: &str| match has.post_norm {
+        true => specs.require(&n(name), &[e], Role::Vector).map(Some),
+        false => Ok(None),
     };
     let gpt_oss = hp.arch == Arch::GptOss;
     let (m, v) = (Role::Matrix, Role::Vector);
@@ -424,6 +512,7 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
         gemma4: None,
         delta: None,
         short_conv: None,
+        mamba2: None,
     })
 }
 
@@ -460,7 +549,7 @@ pub(super) fn experts(
         probs_bias: None,
         shared: match x.n_ff_shared {
             Some(ff) => Some(SharedExpert {
-                gate_inp: {
+                gate_inp: Some({
                     // `[n_embd]`, or `[n_embd, 1]` as some converters write it
                     // (llama.cpp accepts both: trailing dimensions of 1).
                     let name = n("ffn_gate_inp_shexp.weight");
@@ -470,7 +559,7 @@ pub(super) fn experts(
                         .is_some_and(|t| t.shape == [e as u64, 1]);
                     let shape: &[usize] = if column { &[e, 1] } else { &[e] };
                     specs.require(&name, shape, m)?
-                },
+                }),
                 gate: specs.require(&n("ffn_gate_shexp.weight"), &[e, ff], m)?,
                 up: specs.require(&n("ffn_up_shexp.weight"), &[e, ff], m)?,
                 down: specs.require(&n("ffn_down_shexp.weight"), &[ff, e], m)?,

@@ -143,5 +143,6 @@ pub(super) fn layer_weights(specs: &mut Specs<'_>, hp: &HParams, l: usize) -> Re
         gemma4: None,
         delta: None,
         short_conv,
+        mamba2: None,
     })
 }

@@ -128,5 +128,6 @@ pub(super) fn layer_weights(
         gemma4: None,
         delta,
         short_conv: None,
+        mamba2: None,
     })
 }

@@ -6,8 +6,10 @@
 pub mod gemma4;
 pub mod golden;
 pub mod gpt_oss;
+pub mod granite_hybrid;
 pub mod lfm2;
 pub mod mistral3;
+pub mod nemotron_h;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! The ops of recurrent (gated delta-net) layers and of M-RoPE.
+//! The ops of recurrent (gated delta-net, Mamba-2) layers and of M-RoPE.
 
 use std::ffi::c_int;
 use std::marker::PhantomData;
@@ -128,6 +128,45 @@ impl<'g, 'w> Graph<'g, 'w> {
                 1
             )
         )
+    }
+
+    /// ggml's Mamba-2 selective scan over `m` tokens of one sequence: `s` the state
+    /// (`[d_state, head_dim, n_head, 1]`, contiguous), `x` `[head_dim, n_head, m, 1]`, `dt`
+    /// `[n_head, m, 1]` (contiguous; the scan takes its softplus), `a` `[1, n_head]`, `b` and
+    /// `c` `[d_state, n_group, m, 1]`. The result holds the outputs (`[head_dim, n_head, m]`)
+    /// followed by the final state.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn ssm_scan(
+        &mut self,
+        s: Tensor<'g>,
+        x: Tensor<'g>,
+        dt: Tensor<'g>,
+        a: Tensor<'g>,
+        b: Tensor<'g>,
+        c: Tensor<'g>,
+    ) -> Tensor<'g> {
+        // The state is read from row `ids[0]` of `s`: its only one.
+        let ids = self.input(super::DType::I32, &[1], 0i32.to_le_bytes().to_vec());
+        op!(
+            self,
+            sys::ggml_ssm_scan(
+                self.ctx(),
+                s.raw,
+                x.raw,
+                dt.raw,
+                a.raw,
+                b.raw,
+                c.raw,
+                ids.raw,
+                1
+            )
+        )
+    }
+
+    /// `max(x, 0)²`, element-wise (ReLU²).
+    pub(crate) fn relu_sqr(&mut self, x: Tensor<'g>) -> Tensor<'g> {
+        let r = op!(self, sys::ggml_relu(self.ctx(), x.raw));
+        op!(self, sys::ggml_sqr(self.ctx(), r.raw))
     }
 
     /// Multi-section rotary embedding of `x` (`[head_dim, n_head, n]`) at `positions` (i32
