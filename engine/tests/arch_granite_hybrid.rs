@@ -25,26 +25,19 @@
 
 mod common;
 
+use common::recurrent::{logits_in_chunks, max_diff};
+
 use std::path::Path;
 use std::sync::Arc;
 
 use common::granite_hybrid::*;
 use common::nemotron_h::NemotronHCfg;
-use engine::{Batch, Context, ContextParams, Error, Evaluation, Logits, Model, Session};
+use engine::{ContextParams, Error, Evaluation, Model, Session};
 
 /// The seed of the tiny model.
 const SEED: u64 = 2029;
 
 const PROMPTS: &[&str] = &["The_quick~brown|fox", "0123456789", "a"];
-
-/// The largest absolute difference between `a` and `b`.
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
 
 #[test]
 fn granite_hybrid_matches_llama_cpp_on_the_same_file() {
@@ -111,30 +104,6 @@ fn write_the_tiny_model_for_llama_cpp() {
     let moe = out.join("granitehybrid_moe.gguf");
     write_granite_hybrid(&c, Some(&GRANITE_MOE), SEED, &moe);
     std::fs::write(out.join("prompts.txt"), PROMPTS.join("\n") + "\n").unwrap();
-}
-
-/// Every position's logits of `tokens` fed to a fresh sequence in chunks of `chunk`.
-fn logits_in_chunks(model: &Arc<Model>, tokens: &[u32], chunk: usize) -> Vec<f32> {
-    let mut ctx = Context::new(
-        model.clone(),
-        ContextParams {
-            n_ctx: 128,
-            kv_tokens: 1024,
-            n_threads: 2,
-            n_batch: 64,
-            evaluation: Evaluation::Invariant,
-            ..ContextParams::default()
-        },
-    )
-    .unwrap();
-    let seq = ctx.new_sequence();
-    let mut all = Vec::new();
-    for part in tokens.chunks(chunk) {
-        let mut batch = Batch::new();
-        batch.add(seq, part, Logits::All);
-        all.extend_from_slice(ctx.decode(&batch).unwrap().logits(0));
-    }
-    all
 }
 
 #[test]

@@ -25,11 +25,13 @@
 
 mod common;
 
+use common::recurrent::{batched_against_alone, logits_in_chunks, max_diff};
+
 use std::path::Path;
 use std::sync::Arc;
 
 use common::lfm2::*;
-use engine::{Batch, Context, ContextParams, Error, Evaluation, Logits, Model, SeqId, Session};
+use engine::{Context, ContextParams, Error, Evaluation, Logits, Model, Session};
 
 /// The seed of the tiny model.
 const SEED: u64 = 2027;
@@ -64,15 +66,6 @@ fn stream(seed: usize, n: usize) -> Vec<u32> {
 /// differently for one column than for several (a state carried wrongly moves them by 1e-2
 /// and more, as `the_convolution_state_carries_over_between_batches` checks).
 const ROUNDING: f32 = 5e-4;
-
-/// The largest absolute difference between `a` and `b`.
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
 
 #[test]
 fn lfm2_matches_llama_cpp_on_the_same_file() {
@@ -132,19 +125,6 @@ fn write_the_tiny_model_for_llama_cpp() {
     std::fs::write(out.join("prompts.txt"), PROMPTS.join("\n") + "\n").unwrap();
 }
 
-/// Every position's logits of `tokens` fed to a fresh sequence in chunks of `chunk`.
-fn logits_in_chunks(model: &Arc<Model>, tokens: &[u32], chunk: usize) -> Vec<f32> {
-    let mut ctx = context(model);
-    let seq = ctx.new_sequence();
-    let mut all = Vec::new();
-    for part in tokens.chunks(chunk) {
-        let mut batch = Batch::new();
-        batch.add(seq, part, Logits::All);
-        all.extend_from_slice(ctx.decode(&batch).unwrap().logits(0));
-    }
-    all
-}
-
 #[test]
 fn the_convolution_state_carries_over_between_batches() {
     let (_dir, model) = build_lfm2(SEED);
@@ -173,31 +153,10 @@ fn batched_sequences_keep_their_own_state() {
     let plans: Vec<(Vec<u32>, usize)> = (0..6)
         .map(|i| (stream(i + 3, 11 + 6 * i), [1, 4, 7, 2, 9, 5][i]))
         .collect();
-    let alone: Vec<Vec<f32>> = plans
-        .iter()
-        .map(|(t, _)| logits_in_chunks(&model, t, t.len()))
-        .collect();
-    let mut ctx = context(&model);
-    let seqs: Vec<SeqId> = plans.iter().map(|_| ctx.new_sequence()).collect();
-    let mut got = vec![Vec::new(); plans.len()];
-    let mut done = vec![0; plans.len()];
-    while done.iter().zip(&plans).any(|(d, (t, _))| *d < t.len()) {
-        let mut batch = Batch::new();
-        let mut items = Vec::new();
-        for (i, (toks, chunk)) in plans.iter().enumerate() {
-            if done[i] < toks.len() {
-                let end = (done[i] + chunk).min(toks.len());
-                items.push((i, batch.add(seqs[i], &toks[done[i]..end], Logits::All)));
-                done[i] = end;
-            }
-        }
-        let out = ctx.decode(&batch).unwrap();
-        for (i, item) in items {
-            got[i].extend_from_slice(out.logits(item));
-        }
-    }
-    for (i, (g, want)) in got.iter().zip(&alone).enumerate() {
-        let d = max_diff(g, want);
+    for (i, d) in batched_against_alone(&model, &plans)
+        .into_iter()
+        .enumerate()
+    {
         eprintln!("sequence {i}: largest difference {d:.2e}");
         assert!(d <= ROUNDING, "sequence {i}: {d}");
     }

@@ -29,12 +29,13 @@
 
 mod common;
 
+use common::recurrent::{batched_against_alone, logits_in_chunks, max_diff};
+
 use std::path::Path;
-use std::sync::Arc;
 
 use common::qwen3next::*;
 use engine::store::{CheckpointMeta, SessionStore, StoreConfig};
-use engine::{Batch, Context, ContextParams, Error, Evaluation, Logits, Model, SeqId, Session};
+use engine::{ContextParams, Error, Evaluation, Model, Session};
 
 /// The seed of the tiny models.
 const SEED: u64 = 2026;
@@ -122,50 +123,11 @@ fn write_the_tiny_models_for_llama_cpp() {
     std::fs::write(out.join("prompts.txt"), PROMPTS.join("\n") + "\n").unwrap();
 }
 
-fn context(model: &Arc<Model>) -> Context {
-    Context::new(
-        model.clone(),
-        ContextParams {
-            n_ctx: 128,
-            kv_tokens: 1024,
-            n_threads: 2,
-            n_batch: 64,
-            // The same kernels for one query as for many: what differs between the ways a
-            // prompt is fed is then the recurrent state alone.
-            evaluation: Evaluation::Invariant,
-            ..ContextParams::default()
-        },
-    )
-    .unwrap()
-}
-
 /// A token stream of its own for each `seed`.
 fn stream(seed: usize, n: usize) -> Vec<u32> {
     (0..n)
         .map(|i| ((i * 31 + seed * 17 + 5) % 97) as u32)
         .collect()
-}
-
-/// The largest absolute difference between `a` and `b`.
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
-/// Every position's logits of `tokens` fed to a fresh sequence in chunks of `chunk`.
-fn logits_in_chunks(model: &Arc<Model>, tokens: &[u32], chunk: usize) -> Vec<f32> {
-    let mut ctx = context(model);
-    let seq = ctx.new_sequence();
-    let mut all = Vec::new();
-    for part in tokens.chunks(chunk) {
-        let mut batch = Batch::new();
-        batch.add(seq, part, Logits::All);
-        all.extend_from_slice(ctx.decode(&batch).unwrap().logits(0));
-    }
-    all
 }
 
 #[test]
@@ -184,27 +146,10 @@ fn qwen3next_state_carries_over_between_batches_and_sequences() {
     let plans: Vec<(Vec<u32>, usize)> = (0..3)
         .map(|i| (stream(i + 3, 12 + 7 * i), [1, 5, 3][i]))
         .collect();
-    let mut ctx = context(&model);
-    let seqs: Vec<SeqId> = plans.iter().map(|_| ctx.new_sequence()).collect();
-    let mut got = vec![Vec::new(); plans.len()];
-    let mut done = vec![0; plans.len()];
-    while done.iter().zip(&plans).any(|(d, (t, _))| *d < t.len()) {
-        let mut batch = Batch::new();
-        let mut items = Vec::new();
-        for (i, (toks, chunk)) in plans.iter().enumerate() {
-            if done[i] < toks.len() {
-                let end = (done[i] + chunk).min(toks.len());
-                items.push((i, batch.add(seqs[i], &toks[done[i]..end], Logits::All)));
-                done[i] = end;
-            }
-        }
-        let out = ctx.decode(&batch).unwrap();
-        for (i, item) in items {
-            got[i].extend_from_slice(out.logits(item));
-        }
-    }
-    for (i, ((toks, _), g)) in plans.iter().zip(&got).enumerate() {
-        let d = max_diff(g, &logits_in_chunks(&model, toks, toks.len()));
+    for (i, d) in batched_against_alone(&model, &plans)
+        .into_iter()
+        .enumerate()
+    {
         eprintln!("sequence {i}: largest difference {d:.2e}");
         assert!(d <= TOLERANCE, "sequence {i}: {d}");
     }

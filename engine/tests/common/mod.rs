@@ -20,6 +20,7 @@ use engine::{ContextParams, Model};
 
 pub mod qwen35;
 pub mod qwen3next;
+pub mod recurrent;
 use half::f16;
 
 #[derive(Clone, Copy, PartialEq, Debug)]
