@@ -14,7 +14,7 @@
 //! Each sequence of a batch runs its own segment of the convolution (its tokens in order);
 //! everything else runs over the whole batch.
 
-use super::{concat_tokens, Forward, Gate};
+use super::{causal_conv, concat_tokens, items_in_row_order, Forward, Gate};
 use crate::error::{Error, Result};
 use crate::ggml::{Graph, RawTensor, Tensor};
 use crate::model::{LayerWeights, Qkv};
@@ -83,37 +83,15 @@ fn short_conv<'g, 'w>(
     let bx = g.mul(b, x);
 
     let kernel = g.lift(kernel);
-    let kc = kernel.ne(0);
     let conv_states = g.lift_mut(state.tensors.conv(r));
-    let conv_row = (kc - 1) * e * 4;
-    // Segments in row order, so that their outputs join into the batch's rows.
-    let mut items: Vec<usize> = (0..state.slots.len()).collect();
-    items.sort_by_key(|&i| f.plan.token_rows[i].start);
-    let mut outs = Vec::with_capacity(items.len());
-    for i in items {
+    let mut outs = Vec::with_capacity(state.slots.len());
+    for i in items_in_row_order(&f.plan) {
         let (rows, slot) = (&f.plan.token_rows[i], state.slots[i]);
         let (first, m) = (rows.start, rows.len());
-        // This sequence's channels, time first, after its previous values.
+        // This sequence's channels.
         let seg = g.view_2d(bx, e, m, bx.nb(1), first * bx.nb(1));
-        let seg_t = g.permute(seg, [1, 0, 2, 3]);
-        let prev = g.view_3d(
-            conv_states.as_tensor(),
-            [kc - 1, e, 1],
-            [(kc - 1) * 4, conv_row],
-            slot.src * conv_row,
-        );
-        let conv_in = g.concat(prev, seg_t, 0);
-        // The convolution's state after the last token: its last `kc - 1` values.
-        let last = g.view_3d(
-            conv_in,
-            [kc - 1, e, 1],
-            [conv_in.nb(1), conv_in.nb(2)],
-            m * 4,
-        );
-        let stored = g.store(conv_states, slot.dst * conv_row, last);
-        g.expand(stored);
         // `[e, m, 1]`, its tokens made the third dimension to be joined.
-        let conv = g.ssm_conv(conv_in, kernel);
+        let conv = causal_conv(g, conv_states, kernel, seg, slot);
         outs.push(g.reshape_3d(conv, e, 1, m));
     }
     let conv = concat_tokens(g, outs);

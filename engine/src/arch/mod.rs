@@ -29,7 +29,7 @@ use crate::ggml::{
     DType, Graph, KvTensors, KvTensorsMut, RawTensor, RopeParams, Tensor, TensorMut,
 };
 use crate::model::{Arch, HParams, Model, Qkv, RopeScaling};
-use crate::recurrent::StateBatch;
+use crate::recurrent::{SlotPair, StateBatch};
 
 /// Builds the graph evaluating the batch `plan` describes: each token's K and V are written
 /// into its cell of the page pool, each token attends to the cells its mask allows; returns the
@@ -635,6 +635,48 @@ pub(super) enum Gate {
 const SWIGLU_OAI_ALPHA: f32 = 1.702;
 /// The clamp of gpt-oss's activation (llama.cpp's constant for `openai-moe`).
 const SWIGLU_OAI_LIMIT: f32 = 7.0;
+
+/// The batch items of `plan` in the order of their rows (a recurrent layer runs one segment
+/// per sequence, and the segments' outputs join into the batch's rows in this order).
+fn items_in_row_order(plan: &Plan) -> Vec<usize> {
+    let mut items: Vec<usize> = (0..plan.token_rows.len()).collect();
+    items.sort_by_key(|&i| plan.token_rows[i].start);
+    items
+}
+
+/// One sequence's causal convolution, as the recurrent layers run it (qwen35's and Mamba-2's
+/// convolutions, lfm2's short one): `x` (`[channels, m]`, its `m` tokens) after the last
+/// `kc - 1` inputs that slot `slot.src` of `states` kept; slot `slot.dst` takes the last
+/// `kc - 1` inputs now. `kernel` is `[kc, channels]`; returns ggml's `ssm_conv`, `[channels, m]`.
+fn causal_conv<'g>(
+    g: &mut Graph<'g, '_>,
+    states: TensorMut<'g>,
+    kernel: Tensor<'g>,
+    x: Tensor<'g>,
+    slot: SlotPair,
+) -> Tensor<'g> {
+    let (ch, m, kc) = (x.ne(0), x.ne(1), kernel.ne(0));
+    let row = (kc - 1) * ch * 4;
+    // Time first, after the previous inputs.
+    let x_t = g.permute(x, [1, 0, 2, 3]);
+    let prev = g.view_3d(
+        states.as_tensor(),
+        [kc - 1, ch, 1],
+        [(kc - 1) * 4, row],
+        slot.src * row,
+    );
+    let conv_in = g.concat(prev, x_t, 0);
+    // The state after the last token: its last `kc - 1` inputs.
+    let last = g.view_3d(
+        conv_in,
+        [kc - 1, ch, 1],
+        [conv_in.nb(1), conv_in.nb(2)],
+        m * 4,
+    );
+    let stored = g.store(states, slot.dst * row, last);
+    g.expand(stored);
+    g.ssm_conv(conv_in, kernel)
+}
 
 /// Joins `[head_dim, n_head, m_i]` tensors along the token dimension, pairwise so that each
 /// row is copied about log2(parts) times.

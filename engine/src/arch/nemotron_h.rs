@@ -77,7 +77,7 @@ pub(super) fn mamba2<'g, 'w>(
     if state.slots.len() != f.plan.token_rows.len() {
         return Err(missing());
     }
-    let (n, ch, kc) = (f.n, s.conv_channels(), s.d_conv);
+    let (n, ch) = (f.n, s.conv_channels());
     let (d_inner, n_head, hdim) = (s.d_inner, s.n_head, s.head_dim());
     let (d_state, n_group) = (s.d_state, s.n_group);
     let zxbcdt = f.project(g, cur, in_proj, None);
@@ -91,34 +91,14 @@ pub(super) fn mamba2<'g, 'w>(
 
     let conv_states = g.lift_mut(state.tensors.conv(r));
     let ssm_states = g.lift_mut(state.tensors.ssm(r));
-    let (conv_row, ssm_row) = (s.conv_state_len() * 4, s.ssm_state_len() * 4);
-    // Segments in row order, so that their outputs join into the batch's rows.
-    let mut items: Vec<usize> = (0..state.slots.len()).collect();
-    items.sort_by_key(|&i| f.plan.token_rows[i].start);
-    let mut outs = Vec::with_capacity(items.len());
-    for i in items {
+    let ssm_row = s.ssm_state_len() * 4;
+    let mut outs = Vec::with_capacity(state.slots.len());
+    for i in super::items_in_row_order(&f.plan) {
         let (rows, slot) = (&f.plan.token_rows[i], state.slots[i]);
         let (first, m) = (rows.start, rows.len());
-        // This sequence's channels, time first, after its previous inputs.
+        // This sequence's channels.
         let xbc = g.view_2d(zxbcdt, ch, m, row, first * row + d_inner * 4);
-        let xbc_t = g.permute(xbc, [1, 0, 2, 3]);
-        let prev = g.view_3d(
-            conv_states.as_tensor(),
-            [kc - 1, ch, 1],
-            [(kc - 1) * 4, conv_row],
-            slot.src * conv_row,
-        );
-        let conv_in = g.concat(prev, xbc_t, 0);
-        // The convolution's state after the last token: its last `d_conv - 1` inputs.
-        let last = g.view_3d(
-            conv_in,
-            [kc - 1, ch, 1],
-            [conv_in.nb(1), conv_in.nb(2)],
-            m * 4,
-        );
-        let stored = g.store(conv_states, slot.dst * conv_row, last);
-        g.expand(stored);
-        let conv = g.ssm_conv(conv_in, kernel);
+        let conv = super::causal_conv(g, conv_states, kernel, xbc, slot);
         let conv = g.add(conv, conv_bias);
         let conv = g.silu(conv);
         let crow = conv.nb(1);

@@ -146,7 +146,7 @@ fn delta_net<'g, 'w>(
         return Err(missing());
     }
     let (hdim, n_k, n_v, n) = (d.head_dim, d.n_k_heads, d.n_v_heads, f.n);
-    let (channels, kc) = (d.conv_channels(), d.conv_kernel);
+    let channels = d.conv_channels();
     let Qkv::Fused(wqkv) = lw.qkv else {
         unreachable!("qwen35's delta-net layers load a fused projection")
     };
@@ -170,36 +170,16 @@ fn delta_net<'g, 'w>(
 
     let conv_states = g.lift_mut(state.tensors.conv(r));
     let ssm_states = g.lift_mut(state.tensors.ssm(r));
-    let (conv_row, ssm_row) = (d.conv_state_len() * 4, d.ssm_state_len() * 4);
+    let ssm_row = d.ssm_state_len() * 4;
     let kernel = g.lift(dw.conv);
     let eps = f.hp.rms_eps;
-    // Segments in row order, so that their outputs join into the batch's rows.
-    let mut items: Vec<usize> = (0..state.slots.len()).collect();
-    items.sort_by_key(|&i| f.plan.token_rows[i].start);
-    let mut outs = Vec::with_capacity(items.len());
-    for i in items {
+    let mut outs = Vec::with_capacity(state.slots.len());
+    for i in super::items_in_row_order(&f.plan) {
         let (rows, slot) = (&f.plan.token_rows[i], state.slots[i]);
         let (first, m) = (rows.start, rows.len());
-        // This sequence's channels, time first, after its previous inputs.
+        // This sequence's channels.
         let x = g.view_2d(qkv, channels, m, qkv.nb(1), first * qkv.nb(1));
-        let x_t = g.permute(x, [1, 0, 2, 3]);
-        let prev = g.view_3d(
-            conv_states.as_tensor(),
-            [kc - 1, channels, 1],
-            [(kc - 1) * 4, conv_row],
-            slot.src * conv_row,
-        );
-        let conv_in = g.concat(prev, x_t, 0);
-        // The convolution's state after the last token: its last `kc - 1` inputs.
-        let last = g.view_3d(
-            conv_in,
-            [kc - 1, channels, 1],
-            [conv_in.nb(1), conv_in.nb(2)],
-            m * 4,
-        );
-        let stored = g.store(conv_states, slot.dst * conv_row, last);
-        g.expand(stored);
-        let conv = g.ssm_conv(conv_in, kernel);
+        let conv = super::causal_conv(g, conv_states, kernel, x, slot);
         let conv = g.silu(conv);
         let row = conv.nb(1);
         let q = g.view_4d(conv, [hdim, n_k, m, 1], [hdim * 4, row, row * m], 0);
