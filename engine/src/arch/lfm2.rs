@@ -85,7 +85,7 @@ fn short_conv<'g, 'w>(
     let kernel = g.lift(kernel);
     let conv_states = g.lift_mut(state.tensors.conv(r));
     let mut outs = Vec::with_capacity(state.slots.len());
-    for i in items_in_row_order(&f.plan) {
+    for i in items_in_row_order(f.plan) {
         let (rows, slot) = (&f.plan.token_rows[i], state.slots[i]);
         let (first, m) = (rows.start, rows.len());
         // This sequence's channels.

@@ -93,7 +93,7 @@ pub(super) fn mamba2<'g, 'w>(
     let ssm_states = g.lift_mut(state.tensors.ssm(r));
     let ssm_row = s.ssm_state_len() * 4;
     let mut outs = Vec::with_capacity(state.slots.len());
-    for i in super::items_in_row_order(&f.plan) {
+    for i in super::items_in_row_order(f.plan) {
         let (rows, slot) = (&f.plan.token_rows[i], state.slots[i]);
         let (first, m) = (rows.start, rows.len());
         // This sequence's channels.

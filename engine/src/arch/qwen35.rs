@@ -174,7 +174,7 @@ fn delta_net<'g, 'w>(
     let kernel = g.lift(dw.conv);
     let eps = f.hp.rms_eps;
     let mut outs = Vec::with_capacity(state.slots.len());
-    for i in super::items_in_row_order(&f.plan) {
+    for i in super::items_in_row_order(f.plan) {
         let (rows, slot) = (&f.plan.token_rows[i], state.slots[i]);
         let (first, m) = (rows.start, rows.len());
         // This sequence's channels.
