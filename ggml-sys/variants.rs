@@ -24,7 +24,40 @@ struct Variant {
     /// `__builtin_cpu_supports` features a CPU needs to run it (the compiler's runtime also
     /// checks that the operating system saves the registers).
     requires: &'static [&'static str],
+    /// Flags for our kernels only, on top of `flags`. ggml's CPU backend is built with `flags`
+    /// alone, and a variant whose `flags` equal an earlier one's links that one's build of it.
+    ours_flags: &'static [&'static str],
+    /// A C call in `dispatch.c` that must also return nonzero: what the operating system must
+    /// grant besides the CPU's features.
+    grant: Option<&'static str>,
 }
+
+/// The AVX-512 VNNI level's flags (also the AMX level's, for ggml's backend).
+const AVX512_VNNI_FLAGS: &[&str] = &[
+    "-mavx",
+    "-mavx2",
+    "-mfma",
+    "-mf16c",
+    "-mbmi2",
+    "-mavx512f",
+    "-mavx512bw",
+    "-mavx512dq",
+    "-mavx512vl",
+    "-mavx512vnni",
+];
+
+/// The AVX-512 VNNI level's CPU features.
+const AVX512_VNNI_REQUIRES: &[&str] = &[
+    "avx2",
+    "fma",
+    "f16c",
+    "bmi2",
+    "avx512f",
+    "avx512bw",
+    "avx512dq",
+    "avx512vl",
+    "avx512vnni",
+];
 
 /// The x86-64 levels, lowest first; the highest one the CPU runs is chosen.
 const X86_64_VARIANTS: &[Variant] = &[
@@ -33,18 +66,24 @@ const X86_64_VARIANTS: &[Variant] = &[
         tag: "x86_64",
         flags: &[],
         requires: &[],
+        ours_flags: &[],
+        grant: None,
     },
     Variant {
         name: "avx2",
         tag: "avx2",
         flags: &["-mavx", "-mavx2", "-mfma", "-mf16c", "-mbmi2"],
         requires: &["avx2", "fma", "f16c", "bmi2"],
+        ours_flags: &[],
+        grant: None,
     },
     Variant {
         name: "avx-vnni",
         tag: "avx_vnni",
         flags: &["-mavx", "-mavx2", "-mfma", "-mf16c", "-mbmi2", "-mavxvnni"],
         requires: &["avx2", "fma", "f16c", "bmi2", "avxvnni"],
+        ours_flags: &[],
+        grant: None,
     },
     Variant {
         name: "avx512",
@@ -63,22 +102,24 @@ const X86_64_VARIANTS: &[Variant] = &[
         requires: &[
             "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512dq", "avx512vl",
         ],
+        ours_flags: &[],
+        grant: None,
     },
     Variant {
         name: "avx512-vnni",
         tag: "avx512_vnni",
-        flags: &[
-            "-mavx",
-            "-mavx2",
-            "-mfma",
-            "-mf16c",
-            "-mbmi2",
-            "-mavx512f",
-            "-mavx512bw",
-            "-mavx512dq",
-            "-mavx512vl",
-            "-mavx512vnni",
-        ],
+        flags: AVX512_VNNI_FLAGS,
+        requires: AVX512_VNNI_REQUIRES,
+        ours_flags: &[],
+        grant: None,
+    },
+    // AMX-INT8 tiles in our integer-sum kernels; ggml's backend as at `avx512-vnni` (its own AMX
+    // code stays out). Linux lets a process use the tiles only once it has asked
+    // (`arch_prctl(ARCH_REQ_XCOMP_PERM)`): a refusal leaves this level unsupported.
+    Variant {
+        name: "amx",
+        tag: "amx",
+        flags: AVX512_VNNI_FLAGS,
         requires: &[
             "avx2",
             "fma",
@@ -89,7 +130,11 @@ const X86_64_VARIANTS: &[Variant] = &[
             "avx512dq",
             "avx512vl",
             "avx512vnni",
+            "amx-tile",
+            "amx-int8",
         ],
+        ours_flags: &["-mamx-tile", "-mamx-int8"],
+        grant: Some("amx_granted()"),
     },
 ];
 
@@ -140,17 +185,28 @@ impl CpuBuild<'_> {
             builds: self.builds(c_files, cpp_files, |f| !self.tree.tuned(f), &[]),
             extra_inputs: Vec::new(),
         }];
-        for v in variants {
-            jobs.push(Job {
-                name: format!("cpu-{}", v.tag),
-                builds: self.builds(c_files, cpp_files, |f| is_cpu(&f), v.flags),
-                extra_inputs: Vec::new(),
-            });
+        // Per variant, the indices of its two jobs: ggml's CPU backend (shared with an earlier
+        // variant of the same flags) and our kernels.
+        let mut variant_jobs: Vec<(usize, usize)> = Vec::new();
+        for (i, v) in variants.iter().enumerate() {
+            let cpu_job = match variants[..i].iter().position(|w| w.flags == v.flags) {
+                Some(earlier) => variant_jobs[earlier].0,
+                None => {
+                    jobs.push(Job {
+                        name: format!("cpu-{}", v.tag),
+                        builds: self.builds(c_files, cpp_files, |f| is_cpu(&f), v.flags),
+                        extra_inputs: Vec::new(),
+                    });
+                    jobs.len() - 1
+                }
+            };
+            let flags: Vec<&str> = v.flags.iter().chain(v.ours_flags).copied().collect();
             jobs.push(Job {
                 name: format!("ours-{}", v.tag),
-                builds: self.builds(c_files, cpp_files, |f| is_ours(&f), v.flags),
+                builds: self.builds(c_files, cpp_files, |f| is_ours(&f), &flags),
                 extra_inputs: ours_headers.clone(),
             });
+            variant_jobs.push((cpu_job, jobs.len() - 1));
         }
         let compiler_is_clang = jobs[0]
             .builds
@@ -178,13 +234,9 @@ impl CpuBuild<'_> {
 
         let mut objects = vec![results[0].clone()];
         let mut exported: Option<Vec<String>> = None;
-        for (i, v) in variants.iter().enumerate() {
+        for (v, &(cpu_job, ours_job)) in variants.iter().zip(&variant_jobs) {
             let joined = dir.join(format!("variant-{}.o", v.tag));
-            relink(
-                &linker,
-                &[&results[1 + 2 * i], &results[2 + 2 * i]],
-                &joined,
-            );
+            relink(&linker, &[&results[cpu_job], &results[ours_job]], &joined);
             let symbols = defined_globals(&joined);
             let renamed = dir.join(format!("variant-{}.renamed.o", v.tag));
             rename_symbols(&joined, &renamed, &symbols, v.tag, &dir);
@@ -330,23 +382,42 @@ fn dispatch_selection(variants: &[Variant]) -> String {
     for v in variants {
         let _ = write!(c, "\"{}\", ", v.name);
     }
-    c.push_str("};\n\nstatic int supported(int v) {\n    switch (v) {\n");
+    c.push_str("};\n\n");
+    c.push_str(GRANTS_C);
+    c.push_str("static int supported(int v) {\n    switch (v) {\n");
     for (i, v) in variants.iter().enumerate() {
-        let test = if v.requires.is_empty() {
-            "1".to_string()
-        } else {
-            v.requires
-                .iter()
-                .map(|f| format!("__builtin_cpu_supports(\"{f}\")"))
-                .collect::<Vec<_>>()
-                .join(" && ")
-        };
+        let test = v
+            .requires
+            .iter()
+            .map(|f| format!("__builtin_cpu_supports(\"{f}\")"))
+            .chain(v.grant.map(str::to_owned))
+            .reduce(|a, b| format!("{a} && {b}"))
+            .unwrap_or_else(|| "1".to_owned());
         let _ = writeln!(c, "        case {i}: return ({test}) != 0;");
     }
     c.push_str("        default: return 0;\n    }\n}\n\n");
     c.push_str(DISPATCH_C);
     c
 }
+
+/// What the operating system grants, for `Variant::grant`.
+const GRANTS_C: &str = r#"#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+// 1 when Linux lets this process use AMX tile data (XFEATURE_XTILEDATA, 18), asking for it
+// (ARCH_REQ_XCOMP_PERM, 0x1023) as a process must before its first tile instruction; the
+// permission then holds for every thread of the process.
+__attribute__((unused)) static int amx_granted(void) {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#else
+    return 0;
+#endif
+}
+
+"#;
 
 /// The fixed part of `dispatch.c` (after `names`, `supported`, the tables).
 const DISPATCH_C: &str = r#"static int chosen = 0;

@@ -69,6 +69,9 @@
 #define Q80_SIMD 1
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define Q80_W16 1
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define Q80_AMX 1
+#endif
 #elif (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
 #define Q80_VNNI256 1
 #endif
@@ -104,7 +107,10 @@ _Static_assert(sizeof(q80_block) == 34, "q8_0 block is 34 bytes");
 enum { KIND_Q4_0 = 0, KIND_Q8_0 = 1 };
 
 // Columns per group and weight rows per pass.
-#if defined(Q80_W16)
+#if defined(Q80_AMX)
+#define W 16
+#define MR 16
+#elif defined(Q80_W16)
 #define W 16
 #define MR 8
 #else
@@ -341,6 +347,111 @@ Q80_INLINE void rows_group(int kind, const uint8_t * x, size_t rs, const float *
         VF_STORE(res + r * W, acc[r]);
     }
 }
+
+#ifdef Q80_AMX
+// AMX tiles (AMX-INT8, on CPUs that have it and a kernel that grants it: the build's `amx`
+// path). The unpacked rows go back to the signed w (u - b), and one `tdpbssd` (int8 x int8)
+// multiplies A, the 16 rows' 32 bytes of a block, by B, the group's block as packed (8 quads x
+// W columns x 4 bytes: already the layout the tile product reads), into a zeroed tile of 16 x W
+// exact 32-bit sums: |sum| <= 32 * 128 * 128 = 2^19. So each sum is the integer of the vector
+// paths, and each row then takes the same float step (one product d0 * d1, one conversion, one
+// fused multiply-add per block and column, the blocks in order): the same bits.
+typedef struct {
+    uint8_t palette;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} q80_tile_config;
+
+// The unpacked rows' unsigned u = w + b back to the signed w, as `tdpbssd` multiplies them.
+static void amx_signed(uint8_t * x, size_t n, uint8_t b) {
+    const __m512i vb = _mm512_set1_epi8((char) b);
+    for (size_t j = 0; j < n; j += 64) {
+        _mm512_store_si512(x + j, _mm512_sub_epi8(_mm512_load_si512(x + j), vb));
+    }
+}
+
+// Tiles 0 to 3 hold the sums of four blocks in flight, 4 and 5 weights, 6 and 7 columns.
+static void amx_configure(void) {
+    q80_tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 4; ++t) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = W * 4;
+    }
+    for (int t = 4; t < 6; ++t) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = QK;
+        cfg.rows[t + 2] = QK / 4;
+        cfg.colsb[t + 2] = W * 4;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+// Block i's products of 16 rows (x, rs) and a group's columns into tile C (from the starting
+// sums), through tiles A and B.
+#define AMX_PRODUCT(C, A, B, i)                                          \
+    do {                                                                 \
+        _tile_zero(C);                                                   \
+        _tile_loadd(A, x + (size_t) (i) * QK, (long) rs);                \
+        _tile_loadd(B, qs + (size_t) (i) * 8 * W * 4, W * 4);            \
+        _tile_dpbssd(C, A, B);                                           \
+    } while (0)
+
+// The float step of block i for 16 rows: acc[r] = fma(d0[r, i] * d1[i], (float) sum, acc[r]).
+Q80_INLINE void amx_scale(vflt * acc, const int32_t * sums, const float * d0, int nb, int i,
+                          const float * d1) {
+    const vflt dc = VF_LOAD(d1 + (size_t) i * W);
+    for (int r = 0; r < 16; ++r) {
+        const vflt d = VF_MUL(VF_BCST(d0 + (size_t) r * nb + i), dc);
+        acc[r] = VF_FMA(d, VF_CVT(VI_LOAD(sums + r * W)), acc[r]);
+    }
+}
+
+// 16 unpacked rows (x + r * rs; scales d0[r * nb + i]) against one group: res[r * W + c].
+// The tile instructions run in order, so a block's sums are stored two products after its own
+// (by then done), and taken through the float step one block later (by then in memory): four
+// blocks are in flight.
+static void rows_group_amx(const uint8_t * x, size_t rs, const float * d0, const char * g, int nb,
+                           float * res) {
+    const int8_t * qs = (const int8_t *) g;
+    const float * d1 = (const float *) (g + (size_t) nb * 8 * W * 4);
+    Q80_ALIGN64 int32_t sums[4][16 * W];
+    vflt acc[16];
+    for (int r = 0; r < 16; ++r) {
+        acc[r] = VF_ZERO();
+    }
+    for (int i = 0; i < nb + 3; ++i) {
+        if (i < nb) {
+            switch (i & 3) {
+                case 0: AMX_PRODUCT(0, 4, 6, i); break;
+                case 1: AMX_PRODUCT(1, 5, 7, i); break;
+                case 2: AMX_PRODUCT(2, 4, 6, i); break;
+                default: AMX_PRODUCT(3, 5, 7, i); break;
+            }
+        }
+        const int st = i - 2;
+        if (st >= 0 && st < nb) {
+            switch (st & 3) {
+                case 0: _tile_stored(0, sums[0], W * 4); break;
+                case 1: _tile_stored(1, sums[1], W * 4); break;
+                case 2: _tile_stored(2, sums[2], W * 4); break;
+                default: _tile_stored(3, sums[3], W * 4); break;
+            }
+        }
+        const int sc = i - 3;
+        if (sc >= 0) {
+            amx_scale(acc, sums[sc & 3], d0, nb, sc, d1);
+        }
+    }
+    for (int r = 0; r < 16; ++r) {
+        VF_STORE(res + r * W, acc[r]);
+    }
+}
+#undef AMX_PRODUCT
+#endif
 #else
 // The same sums and float operations as the vector paths, one lane at a time.
 static void rows_group(int kind, const uint8_t * x, size_t rs, const float * d0, const char * g,
@@ -377,8 +488,13 @@ Q80_INLINE void rows_groups(int kind, struct ggml_tensor * dst, int64_t m, int R
     const size_t group_bytes = (size_t) nb * GROUP_BYTES;
     Q80_ALIGN64 float res[MR * W] = {0};
     for (int64_t g = g0; g < g1; ++g) {
+#ifdef Q80_AMX
+        (void) kind;
+        rows_group_amx(x, (size_t) nb * QK, d0, packed + (size_t) (g - g0) * group_bytes, nb, res);
+#else
         rows_group(kind, x, (size_t) nb * XB(kind), d0, packed + (size_t) (g - g0) * group_bytes,
                    nb, R, res);
+#endif
         const int64_t n0 = g * W;
         const int cols = N - n0 < W ? (int) (N - n0) : W;
         for (int c = 0; c < cols; ++c) {
@@ -442,12 +558,25 @@ Q80_INLINE void mul_mat(int kind, struct ggml_tensor * dst, int ith, int nth) {
     for (int64_t g = g0; g < g1; ++g) {
         pack_group(b, g * W, N, nb, bias, tmp, buf + (size_t) (g - g0) * nb * GROUP_BYTES);
     }
+#ifdef Q80_AMX
+    amx_configure();
+#endif
     for (int64_t m = r0; m < r1; m += MR) {
         const int R = r1 - m < MR ? (int) (r1 - m) : MR;
         for (int r = 0; r < R; ++r) {
             unpack_row(kind, (const char *) a->data + (m + r) * a->nb[1], nb,
                        x + (size_t) r * nb * XB(kind), d0 + (size_t) r * nb);
         }
+#ifdef Q80_AMX
+        // The tiles always take 16 rows: the ones past R are zero and their results dropped.
+        if (R < MR) {
+            memset(x + (size_t) R * nb * QK, 0, (size_t) (MR - R) * nb * QK);
+            memset(d0 + (size_t) R * nb, 0, (size_t) (MR - R) * nb * sizeof(float));
+        }
+        amx_signed(x, (size_t) MR * nb * QK, (uint8_t) bias);
+        rows_groups(kind, dst, m, R, x, d0, buf, g0, g1, nb, N);
+        continue;
+#endif
         // A constant row count per call, so that the vector path keeps its sums in registers.
         switch (R) {
 #define Q80_ROWS(n) \
@@ -465,6 +594,9 @@ Q80_INLINE void mul_mat(int kind, struct ggml_tensor * dst, int ith, int nth) {
             default: rows_groups(kind, dst, m, MR, x, d0, buf, g0, g1, nb, N); break;
         }
     }
+#ifdef Q80_AMX
+    _tile_release();
+#endif
 }
 
 // dst[m, n] = sum_k a[k, m] * b[k, n] by the definition at the top, every column; a: q4_0
@@ -492,4 +624,13 @@ int ggml_sys_mul_mat_q4_0_isum(void) {
 
 int ggml_sys_mul_mat_q8_0_isum(void) {
     return ggml_sys_mul_mat_q4_0_isum();
+}
+
+// 1 when the wide path runs AMX tiles (the `amx` CPU path), else 0: the same bits either way.
+int ggml_sys_mul_mat_amx(void) {
+#ifdef Q80_AMX
+    return 1;
+#else
+    return 0;
+#endif
 }

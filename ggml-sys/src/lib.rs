@@ -157,6 +157,10 @@ pub mod kernels {
 
         /// As [`ggml_sys_mul_mat_q4_0_isum`], for [`ggml_sys_mul_mat_q8_0`].
         pub fn ggml_sys_mul_mat_q8_0_isum() -> ::core::ffi::c_int;
+
+        /// 1 when the wide paths of the integer-sum products were built with AMX-INT8 tiles
+        /// (the `amx` CPU path), else 0; the same bits either way.
+        pub fn ggml_sys_mul_mat_amx() -> ::core::ffi::c_int;
     }
 }
 

@@ -43,8 +43,31 @@ fn rust_says_runnable(name: &str) -> Option<bool> {
         "avx-vnni" => avx2 && is_x86_feature_detected!("avxvnni"),
         "avx512" => avx512,
         "avx512-vnni" => avx512 && is_x86_feature_detected!("avx512vnni"),
+        "amx" => avx512 && is_x86_feature_detected!("avx512vnni") && amx_enabled(),
         _ => return None,
     })
+}
+
+/// AMX-TILE and AMX-INT8 by cpuid (leaf 7, EDX bits 24 and 25), with the tile state enabled by
+/// the operating system in XCR0 (bits 17 and 18, which Linux sets where it grants the tiles).
+#[cfg(target_arch = "x86_64")]
+fn amx_enabled() -> bool {
+    use std::arch::x86_64::{__cpuid, __cpuid_count};
+    if __cpuid(0).eax < 7 {
+        return false;
+    }
+    let edx = __cpuid_count(7, 0).edx;
+    let cpu = edx & (1 << 24) != 0 && edx & (1 << 25) != 0;
+    // SAFETY: xgetbv runs only where cpuid says the OS enabled XSAVE (leaf 1, ECX bit 27).
+    cpu && __cpuid(1).ecx & (1 << 27) != 0 && unsafe { xcr0() } & (3 << 17) == 3 << 17
+}
+
+/// XCR0, the state components the operating system enabled.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "xsave")]
+unsafe fn xcr0() -> u64 {
+    // SAFETY: the caller checked that XSAVE is enabled.
+    unsafe { std::arch::x86_64::_xgetbv(0) }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -128,7 +151,7 @@ fn ggml_answers_for_the_path_taken() {
         "avx2" => (1, 0, 0, 0),
         "avx-vnni" => (1, 0, 0, 1),
         "avx512" => (1, 1, 0, 0),
-        "avx512-vnni" => (1, 1, 1, 0),
+        "avx512-vnni" | "amx" => (1, 1, 1, 0),
         other => panic!("unknown path {other}"),
     };
     assert_eq!(
@@ -136,4 +159,8 @@ fn ggml_answers_for_the_path_taken() {
         expected,
         "on path {name}"
     );
+    // The AMX level shares ggml's backend with `avx512-vnni`: our kernels tell them apart.
+    // SAFETY: a plain call.
+    let tiles = unsafe { ggml_sys::kernels::ggml_sys_mul_mat_amx() };
+    assert_eq!(tiles, i32::from(name == "amx"), "on path {name}");
 }
