@@ -410,12 +410,39 @@ Q80_INLINE void amx_scale(vflt * acc, const int32_t * sums, const float * d0, in
     }
 }
 
-// 16 unpacked rows (x + r * rs; scales d0[r * nb + i]) against one group: res[r * W + c].
+// A 16 x 16 block of f32 transposed in registers: r[i] holds row i before, column i after.
+Q80_INLINE void amx_transpose16(vflt * r) {
+    vflt t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        u[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; ++i) {
+        t[i] = _mm512_shuffle_f32x4(u[i], u[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_f32x4(u[i], u[i + 4], 0xDD);
+        t[i + 8] = _mm512_shuffle_f32x4(u[i + 8], u[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_f32x4(u[i + 8], u[i + 12], 0xDD);
+    }
+    for (int i = 0; i < 8; ++i) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
+    }
+}
+
+// 16 unpacked rows (x + r * rs; scales d0[r * nb + i]) against one group; the first R rows'
+// results of the group's first `cols` columns go to dst (rows from m, columns from n0), a
+// column's rows side by side (dst's rows are contiguous).
 // The tile instructions run in order, so a block's sums are stored two products after its own
 // (by then done), and taken through the float step one block later (by then in memory): four
 // blocks are in flight.
 static void rows_group_amx(const uint8_t * x, size_t rs, const float * d0, const char * g, int nb,
-                           float * res) {
+                           struct ggml_tensor * dst, int64_t m, int R, int64_t n0, int cols) {
     const int8_t * qs = (const int8_t *) g;
     const float * d1 = (const float *) (g + (size_t) nb * 8 * W * 4);
     Q80_ALIGN64 int32_t sums[4][16 * W];
@@ -446,8 +473,19 @@ static void rows_group_amx(const uint8_t * x, size_t rs, const float * d0, const
             amx_scale(acc, sums[sc & 3], d0, nb, sc, d1);
         }
     }
-    for (int r = 0; r < 16; ++r) {
-        VF_STORE(res + r * W, acc[r]);
+    amx_transpose16(acc);
+    const __mmask16 rows = (__mmask16) ((1u << R) - 1);
+    for (int c = 0; c < cols; ++c) {
+        char * out = (char *) out_at(dst, m, n0 + c);
+        if (dst->nb[0] == sizeof(float)) {
+            _mm512_mask_storeu_ps(out, rows, acc[c]);
+        } else {
+            Q80_ALIGN64 float col[16];
+            VF_STORE(col, acc[c]);
+            for (int r = 0; r < R; ++r) {
+                *(float *) (out + r * dst->nb[0]) = col[r];
+            }
+        }
     }
 }
 #undef AMX_PRODUCT
@@ -486,15 +524,20 @@ Q80_INLINE void rows_groups(int kind, struct ggml_tensor * dst, int64_t m, int R
                             const uint8_t * x, const float * d0, const char * packed, int64_t g0,
                             int64_t g1, int nb, int64_t N) {
     const size_t group_bytes = (size_t) nb * GROUP_BYTES;
+#ifdef Q80_AMX
+    (void) kind;
+    for (int64_t g = g0; g < g1; ++g) {
+        const int64_t n0 = g * W;
+        const int cols = N - n0 < W ? (int) (N - n0) : W;
+        rows_group_amx(x, (size_t) nb * QK, d0, packed + (size_t) (g - g0) * group_bytes, nb, dst,
+                       m, R, n0, cols);
+    }
+    return;
+#endif
     Q80_ALIGN64 float res[MR * W] = {0};
     for (int64_t g = g0; g < g1; ++g) {
-#ifdef Q80_AMX
-        (void) kind;
-        rows_group_amx(x, (size_t) nb * QK, d0, packed + (size_t) (g - g0) * group_bytes, nb, res);
-#else
         rows_group(kind, x, (size_t) nb * XB(kind), d0, packed + (size_t) (g - g0) * group_bytes,
                    nb, R, res);
-#endif
         const int64_t n0 = g * W;
         const int cols = N - n0 < W ? (int) (N - n0) : W;
         for (int c = 0; c < cols; ++c) {
