@@ -356,13 +356,7 @@ Q80_INLINE void rows_group(int kind, const uint8_t * x, size_t rs, const float *
 // exact 32-bit sums: |sum| <= 32 * 128 * 128 = 2^19. So each sum is the integer of the vector
 // paths, and each row then takes the same float step (one product d0 * d1, one conversion, one
 // fused multiply-add per block and column, the blocks in order): the same bits.
-typedef struct {
-    uint8_t palette;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} q80_tile_config;
+#include "amx_tiles.h"
 
 // The unpacked rows' unsigned u = w + b back to the signed w, as `tdpbssd` multiplies them.
 static void amx_signed(uint8_t * x, size_t n, uint8_t b) {
@@ -371,34 +365,6 @@ static void amx_signed(uint8_t * x, size_t n, uint8_t b) {
         _mm512_store_si512(x + j, _mm512_sub_epi8(_mm512_load_si512(x + j), vb));
     }
 }
-
-// Tiles 0 to 3 hold the sums of four blocks in flight, 4 and 5 weights, 6 and 7 columns.
-static void amx_configure(void) {
-    q80_tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 4; ++t) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = W * 4;
-    }
-    for (int t = 4; t < 6; ++t) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = QK;
-        cfg.rows[t + 2] = QK / 4;
-        cfg.colsb[t + 2] = W * 4;
-    }
-    _tile_loadconfig(&cfg);
-}
-
-// Block i's products of 16 rows (x, rs) and a group's columns into tile C (from the starting
-// sums), through tiles A and B.
-#define AMX_PRODUCT(C, A, B, i)                                          \
-    do {                                                                 \
-        _tile_zero(C);                                                   \
-        _tile_loadd(A, x + (size_t) (i) * QK, (long) rs);                \
-        _tile_loadd(B, qs + (size_t) (i) * 8 * W * 4, W * 4);            \
-        _tile_dpbssd(C, A, B);                                           \
-    } while (0)
 
 // The float step of block i for 16 rows: acc[r] = fma(d0[r, i] * d1[i], (float) sum, acc[r]).
 Q80_INLINE void amx_scale(vflt * acc, const int32_t * sums, const float * d0, int nb, int i,
@@ -410,37 +376,8 @@ Q80_INLINE void amx_scale(vflt * acc, const int32_t * sums, const float * d0, in
     }
 }
 
-// A 16 x 16 block of f32 transposed in registers: r[i] holds row i before, column i after.
-Q80_INLINE void amx_transpose16(vflt * r) {
-    vflt t[16], u[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        u[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int i = 0; i < 4; ++i) {
-        t[i] = _mm512_shuffle_f32x4(u[i], u[i + 4], 0x88);
-        t[i + 4] = _mm512_shuffle_f32x4(u[i], u[i + 4], 0xDD);
-        t[i + 8] = _mm512_shuffle_f32x4(u[i + 8], u[i + 12], 0x88);
-        t[i + 12] = _mm512_shuffle_f32x4(u[i + 8], u[i + 12], 0xDD);
-    }
-    for (int i = 0; i < 8; ++i) {
-        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
-    }
-}
-
-// 16 unpacked rows (x + r * rs; scales d0[r * nb + i]) against one group; the first R rows'
-// results of the group's first `cols` columns go to dst (rows from m, columns from n0), a
-// column's rows side by side (dst's rows are contiguous).
-// The tile instructions run in order, so a block's sums are stored two products after its own
-// (by then done), and taken through the float step one block later (by then in memory): four
-// blocks are in flight.
+// 16 unpacked rows (x + r * rs, signed; scales d0[r * nb + i]) against one group; the first R
+// rows' results of the group's first `cols` columns go to dst (rows from m, columns from n0).
 static void rows_group_amx(const uint8_t * x, size_t rs, const float * d0, const char * g, int nb,
                            struct ggml_tensor * dst, int64_t m, int R, int64_t n0, int cols) {
     const int8_t * qs = (const int8_t *) g;
@@ -450,45 +387,11 @@ static void rows_group_amx(const uint8_t * x, size_t rs, const float * d0, const
     for (int r = 0; r < 16; ++r) {
         acc[r] = VF_ZERO();
     }
-    for (int i = 0; i < nb + 3; ++i) {
-        if (i < nb) {
-            switch (i & 3) {
-                case 0: AMX_PRODUCT(0, 4, 6, i); break;
-                case 1: AMX_PRODUCT(1, 5, 7, i); break;
-                case 2: AMX_PRODUCT(2, 4, 6, i); break;
-                default: AMX_PRODUCT(3, 5, 7, i); break;
-            }
-        }
-        const int st = i - 2;
-        if (st >= 0 && st < nb) {
-            switch (st & 3) {
-                case 0: _tile_stored(0, sums[0], W * 4); break;
-                case 1: _tile_stored(1, sums[1], W * 4); break;
-                case 2: _tile_stored(2, sums[2], W * 4); break;
-                default: _tile_stored(3, sums[3], W * 4); break;
-            }
-        }
-        const int sc = i - 3;
-        if (sc >= 0) {
-            amx_scale(acc, sums[sc & 3], d0, nb, sc, d1);
-        }
-    }
-    amx_transpose16(acc);
-    const __mmask16 rows = (__mmask16) ((1u << R) - 1);
-    for (int c = 0; c < cols; ++c) {
-        char * out = (char *) out_at(dst, m, n0 + c);
-        if (dst->nb[0] == sizeof(float)) {
-            _mm512_mask_storeu_ps(out, rows, acc[c]);
-        } else {
-            Q80_ALIGN64 float col[16];
-            VF_STORE(col, acc[c]);
-            for (int r = 0; r < R; ++r) {
-                *(float *) (out + r * dst->nb[0]) = col[r];
-            }
-        }
-    }
+#define Q80_AMX_SCALE(i, s) amx_scale(acc, s, d0, nb, i, d1)
+    AMX_BLOCKS(_tile_dpbssd, nb, x, rs, qs, sums, Q80_AMX_SCALE)
+#undef Q80_AMX_SCALE
+    amx_store_columns(acc, dst, m, R, n0, cols);
 }
-#undef AMX_PRODUCT
 #endif
 #else
 // The same sums and float operations as the vector paths, one lane at a time.
