@@ -1,6 +1,8 @@
-// AMX-INT8 tiles for the wide paths of the integer-sum products (mul_mat_q8_0.c and
-// mul_mat_q4_1.c), built at the `amx` level only (`-mamx-tile -mamx-int8`). Not a header of its
-// own: each file includes it where its types and helpers are defined.
+// AMX-INT8 tiles for the wide paths of the integer-sum products (mul_mat_q8_0.c: q4_0, q8_0),
+// built at the `amx` level only (`-mamx-tile -mamx-int8`). Not a header of its own: a file
+// includes it where its types and helpers are defined. (q4_1's wide path took it too and was
+// measured 2% slower than its VNNI path on a Sapphire-Rapids-class Xeon, so it keeps VNNI: see
+// docs/BENCHMARKS.md, "AMX tiles".)
 //
 // A group of W = 16 packed columns holds, per block of 32, its 8 quads of 16 columns x 4 bytes:
 // the layout a tile product reads as B (8 rows of 64 bytes). A is 16 unpacked weight rows' 32

@@ -60,9 +60,6 @@
 #define Q41_SIMD 1
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define Q41_W16 1
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
-#define Q41_AMX 1
-#endif
 #endif
 #endif
 
@@ -394,11 +391,7 @@ static void quantize_col(const struct ggml_tensor * b, int64_t n, int nb, q81_bl
 // The integer-sum path's vectors: W columns per group, MR weight rows per pass.
 #ifdef Q41_W16
 #define W 16
-#ifdef Q41_AMX
-#define MR 16
-#else
 #define MR 8
-#endif
 typedef __m512i vint;
 typedef __m512 vflt;
 #define VI_ZERO() _mm512_setzero_si512()
@@ -542,58 +535,11 @@ static void is_pack_group(const struct ggml_tensor * b, int64_t n0, int64_t N, i
     }
 }
 
-#ifdef Q41_AMX
-#include "amx_tiles.h"
-
-// As is_rows_group on AMX tiles for 16 rows (the nibbles unsigned, `tdpbusd`), with the same
-// float steps in the same order; the first R rows' results of the group's first `cols` columns
-// go to dst (rows from m, columns from n0).
-static void is_rows_group_amx(const uint8_t * qx, size_t rs, const float * d0, const float * m0,
-                              const char * g, int nb, struct ggml_tensor * dst, int64_t m, int R,
-                              int64_t n0, int cols) {
-    const int8_t * qs = (const int8_t *) g;
-    const float * d1 = (const float *) (g + (size_t) nb * 8 * W * 4);
-    const float * s1 = d1 + (size_t) nb * W;
-    int32_t sums[4][16 * W] __attribute__((aligned(64)));
-    vflt acc[16];
-    for (int r = 0; r < 16; ++r) {
-        acc[r] = VF_ZERO();
-    }
-#define Q41_AMX_SCALE(i, s)                                                                  \
-    do {                                                                                     \
-        const vflt dc = VF_LOAD(d1 + (size_t) (i) * W);                                     \
-        for (int r = 0; r < 16; ++r) {                                                       \
-            const vflt d = VF_MUL(VF_BCST(d0 + (size_t) r * nb + (i)), dc);                 \
-            acc[r] = VF_FMA(d, VF_CVT(VI_LOAD((s) + r * W)), acc[r]);                        \
-        }                                                                                    \
-    } while (0)
-    AMX_BLOCKS(_tile_dpbusd, nb, qx, rs, qs, sums, Q41_AMX_SCALE)
-#undef Q41_AMX_SCALE
-    for (int r = 0; r < 16; ++r) {
-        vflt sm = VF_ZERO();
-        for (int i = 0; i < nb; ++i) {
-            sm = VF_FMA(VF_BCST(m0 + (size_t) r * nb + i), VF_LOAD(s1 + (size_t) i * W), sm);
-        }
-        acc[r] = VF_ADD(acc[r], sm);
-    }
-    amx_store_columns(acc, dst, m, R, n0, cols);
-}
-#endif
-
 // R rows from m (unpacked in qx, d0, m0) against groups g0 .. g1 - 1 (packed from `packed`).
 Q41_INLINE void is_rows_groups(struct ggml_tensor * dst, int64_t m, int R, const uint8_t * qx,
                             const float * d0, const float * m0, const char * packed, int64_t g0,
                             int64_t g1, int nb, int64_t N) {
     const size_t group_bytes = (size_t) nb * IS_GROUP_BYTES;
-#ifdef Q41_AMX
-    for (int64_t g = g0; g < g1; ++g) {
-        const int64_t n0 = g * W;
-        const int cols = N - n0 < W ? (int) (N - n0) : W;
-        is_rows_group_amx(qx, (size_t) nb * QK, d0, m0, packed + (size_t) (g - g0) * group_bytes,
-                          nb, dst, m, R, n0, cols);
-    }
-    return;
-#endif
     float res[MR * W] __attribute__((aligned(64))) = {0};
     for (int64_t g = g0; g < g1; ++g) {
         is_rows_group(qx, (size_t) nb * QK, d0, m0, packed + (size_t) (g - g0) * group_bytes, nb, R, res);
@@ -642,25 +588,12 @@ static void mul_mat_isum(struct ggml_tensor * dst, int ith, int nth) {
     for (int64_t g = g0; g < g1; ++g) {
         is_pack_group(b, g * W, N, nb, tmp, buf + (size_t) (g - g0) * nb * IS_GROUP_BYTES);
     }
-#ifdef Q41_AMX
-    amx_configure();
-#endif
     for (int64_t m = r0; m < r1; m += MR) {
         const int R = r1 - m < MR ? (int) (r1 - m) : MR;
         for (int r = 0; r < R; ++r) {
             unpack_row(weight_row(a, m + r), nb, qx + (size_t) r * nb * QK, d0 + (size_t) r * nb,
                        m0 + (size_t) r * nb);
         }
-#ifdef Q41_AMX
-        // The tiles always take 16 rows: the ones past R are zero and their results dropped.
-        if (R < MR) {
-            memset(qx + (size_t) R * nb * QK, 0, (size_t) (MR - R) * nb * QK);
-            memset(d0 + (size_t) R * nb, 0, (size_t) (MR - R) * nb * sizeof(float));
-            memset(m0 + (size_t) R * nb, 0, (size_t) (MR - R) * nb * sizeof(float));
-        }
-        is_rows_groups(dst, m, R, qx, d0, m0, buf, g0, g1, nb, N);
-        continue;
-#endif
         switch (R) {
 #define Q41_ROWS(n) \
     case n: is_rows_groups(dst, m, n, qx, d0, m0, buf, g0, g1, nb, N); break;
@@ -677,9 +610,6 @@ static void mul_mat_isum(struct ggml_tensor * dst, int ith, int nth) {
             default: is_rows_groups(dst, m, MR, qx, d0, m0, buf, g0, g1, nb, N); break;
         }
     }
-#ifdef Q41_AMX
-    _tile_release();
-#endif
 }
 #endif
 
