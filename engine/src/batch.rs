@@ -218,8 +218,8 @@ pub(crate) struct Plan {
     pub item_rows: Vec<Range<usize>>,
     /// Batch rows of each item's tokens (items are not in batch order: see `Plan::new`).
     pub token_rows: Vec<Range<usize>>,
-    /// Leading batch rows whose integer-sum products (q4_1, Q4_0, Q8_0 weights) may sum
-    /// blocks in integers (see
+    /// Leading batch rows whose integer-sum products (q4_1, Q4_0, Q5_0, Q8_0 and k-quant
+    /// weights) may sum blocks in integers (see
     /// [`Graph::allow_integer_sums`](crate::ggml::graph::Graph::allow_integer_sums)): the
     /// tokens of the items of [`QUERY_TILE`] tokens or more, which come first. 0 when
     /// invariant.

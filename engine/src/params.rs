@@ -6,8 +6,8 @@ use crate::kv::KvType;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Evaluation {
     /// Batch-invariant at full speed (the default): every matrix product of a weight type
-    /// ggml-sys has an integer-sum kernel for (q4_0, q4_1, q8_0, q4_K, q5_K, q6_K) takes it for every
-    /// row, and attention over an f16 cache takes ggml-sys's kernel for every shape, whose
+    /// ggml-sys has an integer-sum kernel for (q4_0, q4_1, q5_0, q8_0, q4_K, q5_K, q6_K) takes
+    /// it for every row, and attention over an f16 cache takes ggml-sys's kernel for every shape, whose
     /// tiles are the pages of a sequence. A token's logits are then the same bits whether its
     /// prompt was one item or split, whether its prefix came from memory, from disk or was
     /// computed, and whatever shares its batch. They differ from llama.cpp's by float rounding

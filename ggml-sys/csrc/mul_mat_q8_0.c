@@ -1,12 +1,18 @@
-// Q4_0 and Q8_0 matrix products for ggml's CPU backend, run as ggml custom ops
-// (`ggml_custom_4d`): the integer-sum product that mul_mat_q4_1.c runs for q4_1, for the two
-// other common weight types. Every column of the node takes it, whatever their number; the
-// engine gives these ops the columns that take integer sums and ggml_mul_mat the others.
+// Q4_0, Q5_0 and Q8_0 matrix products for ggml's CPU backend, run as ggml custom ops
+// (`ggml_custom_4d`): the integer-sum product that mul_mat_q4_1.c runs for q4_1, for the three
+// other common 32-element block types (Q5_0: what Q4_K_M files keep for the matrices whose
+// rows are not whole 256-element super-blocks). Every column of the node takes it, whatever
+// their number; the engine gives these ops the columns that take integer sums and
+// ggml_mul_mat the others.
 //
 // Definition. The activation columns are quantized by ggml's own q8_0 routine (the type that
-// ggml's Q4_0 and Q8_0 dot products quantize them to, so the same int8 values y and scales d1).
+// ggml's Q4_0, Q5_0 and Q8_0 dot products quantize them to, so the same int8 values y and
+// scales d1).
 // A weight block holds a scale d0 and 32 integers w: q - 8 for Q4_0 (q the stored nibble,
-// 0..15), the stored int8 for Q8_0. For row r and column c, over the blocks i in order,
+// 0..15), q - 16 for Q5_0 (q = the stored nibble | the block's matching high bit << 4, 0..31:
+// element j < 16 takes byte j's low nibble and bit j of qh, element j + 16 byte j's high
+// nibble and bit j + 16, qh read as a little-endian u32), the stored int8 for Q8_0. For row r
+// and column c, over the blocks i in order,
 //     dot_i = sum_{j < 32} w_j * y_j                    (exactly, in 32-bit integers)
 //     acc   = fma(d0_i * d1_i, (float) dot_i, acc)       (from acc = 0; d0 * d1 rounded to f32)
 //     out   = acc.
@@ -28,35 +34,43 @@
 //   as one vector per block. One multiply-add of a broadcast column quad into the rows' sums
 //   per quad, then one product d0 * d1, one conversion and one fused multiply-add per block;
 //   the columns four at a time. The tiles ahead are prefetched into L2 (a decoding step
-//   streams the weights once). With VNNI, as below: u = w + b and the column block's
-//   -b * sum(y) as the starting sum; Q8_0's 32-byte blocks are loaded whole and each half of
-//   the rows transposed on its own, so a vector holds quads k and k + 4 of its rows, met by a
-//   column vector of quad k and quad k + 4 laid out to match, the two parts added after.
-//   AVX2 without VNNI: Q4_0's nibbles as below; Q8_0's w through their signs, `maddubs(|w|,
-//   sign(w) * y)`: |w| <= 128 and |y| <= 127 (q8_0 rounds to -127 .. 127), so a pair's sum is
-//   at most 2 * 128 * 127 < 2^15, exact, then widened per quad.
+//   streams the weights once). Q5_0's high bits are copied with the scales (a vector per
+//   block, lane r the u32 qh of row r) and set onto the transposed nibbles (bit 4k + e of qh
+//   onto byte e of quad k, bit 16 + 4k + e onto byte e of quad k + 4). With VNNI, as below:
+//   u = w + b and the column block's -b * sum(y) as the starting sum; Q8_0's 32-byte blocks
+//   are loaded whole and each half of the rows transposed on its own, so a vector holds quads
+//   k and k + 4 of its rows, met by a column vector of quad k and quad k + 4 laid out to
+//   match, the two parts added after. AVX2 without VNNI: Q4_0's nibbles as below; Q5_0's u
+//   (0..31) by `maddubs` too, but quads 0-3 and quads 4-7 summed in 16 bits apart (|sum| <=
+//   4 * 2 * 31 * 128 = 31744 < 2^15, exact), each widened to 32 bits, the two added; Q8_0's
+//   w through their signs, `maddubs(|w|, sign(w) * y)`: |w| <= 128 and |y| <= 127 (q8_0
+//   rounds to -127 .. 127), so a pair's sum is at most 2 * 128 * 127 < 2^15, exact, then
+//   widened per quad.
 // - More columns: one vector lane holds one column: the columns are packed W to a group (16
 //   with AVX-512 VNNI, else 8), the four bytes of a block's element quad for all W columns
 //   side by side, so one multiply-add of a broadcast weight quad serves W columns, and the
 //   conversion and scale come once per block for W columns. The multiply-add instructions take
 //   one unsigned operand: the weights are unpacked unsigned, u = w + b with b = 8 (Q4_0: u is
-//   the stored nibble q) or b = 128 (Q8_0: u = w xor 0x80, 0..255), and the block's sum starts
-//   at -b * sum_j y_j, computed exactly in integers when the columns are packed (never from
-//   q8_1's rounded f16 sum): sum_j u_j y_j - b * sum_j y_j = sum_j w_j y_j.
+//   the stored nibble q), b = 16 (Q5_0: u is the five-bit q, 0..31) or b = 128 (Q8_0: u = w
+//   xor 0x80, 0..255), 32 bytes a block, and the block's sum starts at -b * sum_j y_j,
+//   computed exactly in integers when the columns are packed (never from q8_1's rounded f16
+//   sum): sum_j u_j y_j - b * sum_j y_j = sum_j w_j y_j.
 //   - AVX-512 VNNI / AVX-VNNI: `dpbusd` sums four u8 * s8 products into a 32-bit lane without
 //     saturation: |partial sums| <= 32 * 255 * 128 < 2^31, exact.
 //   - AVX2 without VNNI: `maddubs` adds pairs of u8 * s8 products into 16 bits and saturates,
-//     so the unsigned bytes are kept to 0..15: Q4_0's nibbles as they are, Q8_0's u split into
-//     u = 16 * h + l (h, l in 0..15), two sums. A 16-bit lane adds a block's 8 quads' pairs:
-//     |sum| <= 8 * 2 * 15 * 128 = 30720 < 2^15, exact; then widened to 32 bits (`madd` by 1),
-//     and for Q8_0 16 * H + L.
+//     so the unsigned bytes are kept to 0..15: Q4_0's nibbles as they are, Q5_0's and Q8_0's u
+//     split into u = 16 * h + l (l in 0..15; h in 0..1 for Q5_0, 0..15 for Q8_0), two sums,
+//     64 bytes a block. A 16-bit lane adds a block's 8 quads' pairs: |sum| <= 8 * 2 * 15 *
+//     128 = 30720 < 2^15, exact; then widened to 32 bits (`madd` by 1), and for Q5_0 and Q8_0
+//     16 * H + L.
 // - Neither: a plain C loop over the column groups' layout with the same integer sums and the
 //   same float operations (fmaf), so the same bits, only slower; `ggml_sys_mul_mat_q4_0_isum`
-//   and `ggml_sys_mul_mat_q8_0_isum` then return 0 and the engine keeps ggml's product.
+//   and its Q5_0 and Q8_0 kin then return 0 and the engine keeps ggml's product.
 // The float step is the same instructions in every path (a product, a conversion, a fused
 // multiply-add per block and column), so the result is the same bits at every ISA level.
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,14 +111,26 @@ typedef struct {
 
 typedef struct {
     uint16_t d;
+    uint8_t qh[4];
+    uint8_t qs[QK / 2];
+} q50_block;
+
+typedef struct {
+    uint16_t d;
     int8_t qs[QK];
 } q80_block;
 
 _Static_assert(sizeof(q40_block) == 18, "q4_0 block is 18 bytes");
+_Static_assert(sizeof(q50_block) == 22, "q5_0 block is 22 bytes");
 _Static_assert(sizeof(q80_block) == 34, "q8_0 block is 34 bytes");
 
 // The weight types.
-enum { KIND_Q4_0 = 0, KIND_Q8_0 = 1 };
+enum { KIND_Q4_0 = 0, KIND_Q8_0 = 1, KIND_Q5_0 = 2 };
+
+// b of the top comment: what the unsigned u add to the weights' integers w.
+static inline int32_t unsigned_bias(int kind) {
+    return kind == KIND_Q4_0 ? 8 : kind == KIND_Q5_0 ? 16 : 128;
+}
 
 // Columns per group and weight rows per pass.
 #if defined(Q80_AMX)
@@ -118,11 +144,11 @@ enum { KIND_Q4_0 = 0, KIND_Q8_0 = 1 };
 #define MR 4
 #endif
 
-// Bytes of one unpacked weight block: 32 unsigned values, or for Q8_0 on AVX2 without VNNI
-// their low nibbles then their high nibbles.
+// Bytes of one unpacked weight block: 32 unsigned values, or for Q5_0 and Q8_0 on AVX2
+// without VNNI their low nibbles then their high nibbles (bits for Q5_0).
 #if defined(Q80_SIMD) && !defined(Q80_W16) && !defined(Q80_VNNI256)
 #define Q80_SPLIT 1
-#define XB(kind) ((kind) == KIND_Q8_0 ? 2 * QK : QK)
+#define XB(kind) ((kind) != KIND_Q4_0 ? 2 * QK : QK)
 #else
 #define XB(kind) QK
 #endif
@@ -195,6 +221,33 @@ static void pack_group(const struct ggml_tensor * b, int64_t n0, int64_t N, int 
     }
 }
 
+// A Q5_0 block's 32 five-bit q in element order (the top comment's u).
+static inline void unpack_q5_0(const q50_block * blk, uint8_t * u) {
+    uint32_t qh;
+    memcpy(&qh, blk->qh, 4);
+#ifdef Q80_SIMD
+    // Byte j of `high`: 0x10 where bit j of qh is set (byte j / 8 of qh spread over 8 bytes,
+    // each tested for its bit).
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int) qh),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+    const __m256i bit = _mm256_set1_epi64x((long long) 0x8040201008040201ULL);
+    const __m256i high = _mm256_and_si256(
+        _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+    const __m128i packed = _mm_loadu_si128((const __m128i *) blk->qs);
+    const __m128i low = _mm_set1_epi8(0x0F);
+    const __m256i nibbles = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_and_si128(packed, low)),
+        _mm_and_si128(_mm_srli_epi16(packed, 4), low), 1);
+    _mm256_storeu_si256((__m256i *) u, _mm256_or_si256(nibbles, high));
+#else
+    for (int j = 0; j < QK / 2; ++j) {
+        u[j] = (uint8_t) ((blk->qs[j] & 0x0F) | ((qh >> j) & 1) << 4);
+        u[j + QK / 2] = (uint8_t) ((blk->qs[j] >> 4) | ((qh >> (j + QK / 2)) & 1) << 4);
+    }
+#endif
+}
+
 // Unpacks weight row `row` (nb blocks of `kind`) into `x` (XB(kind) bytes per block, the
 // unsigned u of the top comment) and its scales as f32 into `d0`.
 static void unpack_row(int kind, const void * row, int nb, uint8_t * x, float * d0) {
@@ -215,6 +268,10 @@ static void unpack_row(int kind, const void * row, int nb, uint8_t * x, float * 
             }
 #endif
             d0[i] = ggml_fp16_to_fp32(blk->d);
+        } else if (kind == KIND_Q5_0) {
+            const q50_block * blk = (const q50_block *) row + i;
+            unpack_q5_0(blk, u);
+            d0[i] = ggml_fp16_to_fp32(blk->d);
         } else {
             const q80_block * blk = (const q80_block *) row + i;
             for (int j = 0; j < QK; ++j) {
@@ -224,7 +281,7 @@ static void unpack_row(int kind, const void * row, int nb, uint8_t * x, float * 
         }
         uint8_t * out = x + (size_t) i * XB(kind);
 #ifdef Q80_SPLIT
-        if (kind == KIND_Q8_0) {
+        if (kind != KIND_Q4_0) {
             for (int j = 0; j < QK; ++j) {
                 out[j] = u[j] & 0x0F;
                 out[QK + j] = u[j] >> 4;
@@ -297,7 +354,7 @@ Q80_INLINE void block_dots(int kind, vint * dot, int R, const uint8_t * x, size_
     // maddubs: pairs of products of unsigned 0..15 and int8 in 16 bits, a block's 8 quads
     // summed there: |sum| <= 30720 < 2^15 (see the top), then widened.
     const __m256i ones = _mm256_set1_epi16(1);
-    const int parts = kind == KIND_Q8_0 ? 2 : 1;
+    const int parts = kind == KIND_Q4_0 ? 1 : 2;
     __m256i s16[2][MR];
     for (int p = 0; p < parts; ++p) {
         for (int r = 0; r < R; ++r) {
@@ -315,8 +372,8 @@ Q80_INLINE void block_dots(int kind, vint * dot, int R, const uint8_t * x, size_
     }
     for (int r = 0; r < R; ++r) {
         __m256i d = _mm256_madd_epi16(s16[0][r], ones);
-        if (kind == KIND_Q8_0) {
-            // u = l + 16 h: the low nibbles' sum plus 16 times the high nibbles'.
+        if (kind != KIND_Q4_0) {
+            // u = l + 16 h: the low nibbles' sum plus 16 times the high nibbles' (bits).
             d = _mm256_add_epi32(d, _mm256_slli_epi32(_mm256_madd_epi16(s16[1][r], ones), 4));
         }
         dot[r] = _mm256_add_epi32(d, s);
@@ -476,6 +533,8 @@ Q80_INLINE void mul_mat(int kind, struct ggml_tensor * dst, int ith, int nth) {
     if (N <= FEW_MAX_COLS(kind)) {
         if (kind == KIND_Q4_0) {
             mul_mat_few(KIND_Q4_0, dst, ith, nth);
+        } else if (kind == KIND_Q5_0) {
+            mul_mat_few(KIND_Q5_0, dst, ith, nth);
         } else {
             mul_mat_few(KIND_Q8_0, dst, ith, nth);
         }
@@ -500,7 +559,7 @@ Q80_INLINE void mul_mat(int kind, struct ggml_tensor * dst, int ith, int nth) {
     uint8_t * x = (uint8_t *) (buf + packed_bytes);
     float * d0 = (float *) (buf + packed_bytes + x_bytes);
     q80_block * tmp = (q80_block *) (buf + packed_bytes + x_bytes + d0_bytes);
-    const int32_t bias = kind == KIND_Q4_0 ? 8 : 128;
+    const int32_t bias = unsigned_bias(kind);
     for (int64_t g = g0; g < g1; ++g) {
         pack_group(b, g * W, N, nb, bias, tmp, buf + (size_t) (g - g0) * nb * GROUP_BYTES);
     }
@@ -553,6 +612,12 @@ void ggml_sys_mul_mat_q4_0(struct ggml_tensor * dst, int ith, int nth, void * us
     mul_mat(KIND_Q4_0, dst, ith, nth);
 }
 
+// As ggml_sys_mul_mat_q4_0, for q5_0 weights.
+void ggml_sys_mul_mat_q5_0(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+    (void) userdata;
+    mul_mat(KIND_Q5_0, dst, ith, nth);
+}
+
 // As ggml_sys_mul_mat_q4_0, for q8_0 weights.
 void ggml_sys_mul_mat_q8_0(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) userdata;
@@ -569,6 +634,10 @@ int ggml_sys_mul_mat_q4_0_isum(void) {
 }
 
 int ggml_sys_mul_mat_q8_0_isum(void) {
+    return ggml_sys_mul_mat_q4_0_isum();
+}
+
+int ggml_sys_mul_mat_q5_0_isum(void) {
     return ggml_sys_mul_mat_q4_0_isum();
 }
 

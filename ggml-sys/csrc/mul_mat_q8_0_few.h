@@ -1,7 +1,8 @@
-// The few-column path of the Q4_0 and Q8_0 integer-sum products (decoding, short items): one vector
-// lane per weight row, with the same float steps as the wide path, so the same bits at every
-// column count (the definition is at the top of mul_mat_q8_0.c). Not a header of its own: mul_mat_q8_0.c
-// includes it where its types, macros and helpers are defined, in the same translation unit.
+// The few-column path of the Q4_0, Q5_0 and Q8_0 integer-sum products (decoding, short items):
+// one vector lane per weight row, with the same float steps as the wide path, so the same bits
+// at every column count (the definition is at the top of mul_mat_q8_0.c). Not a header of its
+// own: mul_mat_q8_0.c includes it where its types, macros and helpers are defined, in the same
+// translation unit.
 
 #if defined(Q80_SIMD) && defined(__F16C__)
 // The few-column path (see the top): one vector lane per weight row, FEW_ROWS rows per tile,
@@ -12,12 +13,21 @@
 #define FEW_PREFETCH_ROWS 48
 // Most columns the few-column path takes; more go to the column groups (which cost the same
 // for 1 to W columns; measured on Zen 4, the few-column path is the faster up to about 12 of
-// 16 for Q8_0, 24 for Q4_0, whose weights it unpacks in fewer instructions).
+// 16 for Q8_0, 24 for Q4_0, whose weights it unpacks in fewer instructions; Q5_0 as Q4_0).
 #if defined(Q80_W16)
-#define FEW_MAX_COLS(kind) ((kind) == KIND_Q4_0 ? 24 : 12)
+#define FEW_MAX_COLS(kind) ((kind) != KIND_Q8_0 ? 24 : 12)
 #else
-#define FEW_MAX_COLS(kind) ((kind) == KIND_Q4_0 ? 16 : 8)
+#define FEW_MAX_COLS(kind) ((kind) != KIND_Q8_0 ? 16 : 8)
 #endif
+
+// Bytes of a weight block of `kind`.
+#define FEW_BLOCK_BYTES(kind)                                                                \
+    ((kind) == KIND_Q4_0   ? sizeof(q40_block)                                                 \
+     : (kind) == KIND_Q5_0 ? sizeof(q50_block)                                                 \
+                           : sizeof(q80_block))
+// 32-bit words copied from the head of each row's block: its first 4 bytes (the scale), and
+// for Q5_0 then bytes 2..5 (qh).
+#define FEW_HW(kind) ((kind) == KIND_Q5_0 ? 2 : 1)
 
 // The few-column path's vectors: FEW_ROWS rows, 16 with AVX-512 VNNI (512 bits), else 8.
 #ifdef Q80_W16
@@ -39,6 +49,9 @@ typedef __m512 fvf;
 #define FI_UNPACKHI32(x, y) _mm512_unpackhi_epi32(x, y)
 #define FI_UNPACKLO64(x, y) _mm512_unpacklo_epi64(x, y)
 #define FI_UNPACKHI64(x, y) _mm512_unpackhi_epi64(x, y)
+#define FI_SHUFFLE8(x, c) _mm512_shuffle_epi8(x, c)
+// Per 32-bit lane of each 128-bit part, the index of the lane's first byte, in all 4 bytes.
+#define FI_LANE_FIRST() _mm512_set4_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0)
 #define FEW_DPBUSD(acc, x, y) _mm512_dpbusd_epi32(acc, x, y)
 #define FF_ZERO() _mm512_setzero_ps()
 #define FF_BCST(p) _mm512_set1_ps(*(p))
@@ -61,6 +74,9 @@ typedef __m256 fvf;
 #define FI_UNPACKHI32(x, y) _mm256_unpackhi_epi32(x, y)
 #define FI_UNPACKLO64(x, y) _mm256_unpacklo_epi64(x, y)
 #define FI_UNPACKHI64(x, y) _mm256_unpackhi_epi64(x, y)
+#define FI_SHUFFLE8(x, c) _mm256_shuffle_epi8(x, c)
+#define FI_LANE_FIRST() \
+    _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0C0C0C0C, 0, 0x04040404, 0x08080808, 0x0C0C0C0C)
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define FEW_DPBUSD(acc, x, y) _mm256_dpbusd_epi32(acc, x, y)
 #elif defined(__AVXVNNI__)
@@ -125,16 +141,45 @@ Q80_INLINE fvf few_f16_low(fvi v) {
 #endif
 }
 
+// x (quad q of each lane's row: nibbles) with 16 added to byte e where bit 4q + e of the
+// lane's qh is set: Q5_0's five-bit q.
+Q80_INLINE fvi few_high(fvi x, fvi qh, int q) {
+    // Byte q / 2 of the lane's qh in each of its 4 bytes; byte e tested for bit 4 (q % 2) + e.
+    const fvi spread = FI_SHUFFLE8(qh, FI_ADD32(FI_LANE_FIRST(), FI_SET1_32(0x01010101 * (q / 2))));
+    const fvi bit = FI_SET1_32(q % 2 ? (int) 0x80402010u : 0x08040201);
+#ifdef FEW_W16
+    return _mm512_mask_add_epi8(x, _mm512_test_epi8_mask(spread, bit), x, _mm512_set1_epi8(0x10));
+#else
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_or_si256(x, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+#endif
+}
+
 // Block i of the tile's rows rp[0 .. FEW_ROWS - 1] transposed: lane r of X[k] holds quad k
 // (elements 4k .. 4k + 3) of row r: the unsigned u of the top comment, except Q8_0's signed w
 // where `maddubs` takes them through their signs; lane r of d0 its scale, from the blocks'
-// first 4 bytes copied to hd[i * FEW_ROWS + r].
+// first 4 bytes copied to hd[i * FEW_HW(kind) * FEW_ROWS + r] (Q5_0's qh a row of FEW_ROWS
+// after them).
 Q80_INLINE void few_unpack(int kind, const char * const * rp, const uint32_t * hd, int i, fvi * X,
                            fvf * d0) {
-    const size_t bb = kind == KIND_Q4_0 ? sizeof(q40_block) : sizeof(q80_block);
-    const size_t at = (size_t) i * bb;
+    const size_t at = (size_t) i * FEW_BLOCK_BYTES(kind);
+    const uint32_t * heads = hd + (size_t) i * FEW_HW(kind) * FEW_ROWS;
     fvi Z[4];
-    if (kind == KIND_Q4_0) {
+    if (kind == KIND_Q5_0) {
+        for (int j = 0; j < 4; ++j) {
+            Z[j] = rows_side(rp, j, at + offsetof(q50_block, qs));
+        }
+        fvi P[4];
+        transpose4(Z, P);
+        // As Q4_0's nibbles, each with its high bit: bits 0..15 of qh for elements 0..15
+        // (quads 0-3), bits 16..31 for 16..31 (quads 4-7).
+        const fvi low = FI_SET1_8(0x0F);
+        const fvi qh = FI_LOAD(heads + FEW_ROWS);
+        for (int k = 0; k < 4; ++k) {
+            X[k] = few_high(FI_AND(P[k], low), qh, k);
+            X[k + 4] = few_high(FI_AND(FI_SRLI16(P[k], 4), low), qh, k + 4);
+        }
+    } else if (kind == KIND_Q4_0) {
         for (int j = 0; j < 4; ++j) {
             Z[j] = rows_side(rp, j, at + 2);
         }
@@ -167,7 +212,7 @@ Q80_INLINE void few_unpack(int kind, const char * const * rp, const uint32_t * h
 #endif
     }
     // The scale is the low 16 bits of the block's first 4.
-    *d0 = few_f16_low(FI_LOAD(hd + (size_t) i * FEW_ROWS));
+    *d0 = few_f16_low(FI_LOAD(heads));
 }
 
 // Lane r: the exact sum of the products w * y of row r's block (X) and the column's block y
@@ -211,6 +256,22 @@ Q80_INLINE fvi few_dots(int kind, const fvi * X, const int8_t * y, const int32_t
 #else
     (void) pat;
     const __m256i ones = _mm256_set1_epi16(1);
+    if (kind == KIND_Q5_0) {
+        // u up to 31: quads 0-3 and quads 4-7 each summed in 16 bits, |sum| <= 4 * 2 * 31 *
+        // 128 = 31744 < 2^15, then widened and added.
+        __m256i s[2];
+        for (int h = 0; h < 2; ++h) {
+            s[h] = _mm256_setzero_si256();
+            for (int k = 0; k < 4; ++k) {
+                const int q = 4 * h + k;
+                const __m256i yk = _mm256_set1_epi32(load_quad((const uint8_t *) y + 4 * q));
+                s[h] = _mm256_add_epi16(s[h], _mm256_maddubs_epi16(X[q], yk));
+            }
+        }
+        return _mm256_add_epi32(
+            _mm256_add_epi32(_mm256_madd_epi16(s[0], ones), _mm256_madd_epi16(s[1], ones)),
+            _mm256_set1_epi32(start));
+    }
     if (kind == KIND_Q4_0) {
         // Pairs of nibble-by-int8 products in 16 bits: |sum| <= 8 * 2 * 15 * 128 < 2^15.
         __m256i s = _mm256_setzero_si256();
@@ -233,12 +294,19 @@ Q80_INLINE fvi few_dots(int kind, const fvi * X, const int8_t * y, const int32_t
 #endif
 }
 
-// The first 4 bytes of block i of rows rp[0 .. FEW_ROWS - 1] to hd[i * FEW_ROWS + r]: plain
-// copies, a tile ahead of their use (not a shuffle of vector registers, the path's bottleneck).
+// The first 4 bytes of block i of rows rp[0 .. FEW_ROWS - 1] to hd[i * FEW_HW * FEW_ROWS + r]
+// (for Q5_0 then its qh to the FEW_ROWS words after them): plain copies, a tile ahead of their
+// use (not a shuffle of vector registers, the path's bottleneck).
 Q80_INLINE void few_heads(int kind, const char * const * rp, int i, uint32_t * hd) {
-    const size_t at = (size_t) i * (kind == KIND_Q4_0 ? sizeof(q40_block) : sizeof(q80_block));
+    const size_t at = (size_t) i * FEW_BLOCK_BYTES(kind);
+    uint32_t * heads = hd + (size_t) i * FEW_HW(kind) * FEW_ROWS;
     for (int r = 0; r < FEW_ROWS; ++r) {
-        memcpy(hd + (size_t) i * FEW_ROWS + r, rp[r] + at, 4);
+        memcpy(heads + r, rp[r] + at, 4);
+    }
+    if (kind == KIND_Q5_0) {
+        for (int r = 0; r < FEW_ROWS; ++r) {
+            memcpy(heads + FEW_ROWS + r, rp[r] + at + offsetof(q50_block, qh), 4);
+        }
     }
 }
 
@@ -302,7 +370,7 @@ Q80_INLINE void mul_mat_few(int kind, struct ggml_tensor * dst, int ith, int nth
     const size_t cells = (size_t) N * nb;
     const size_t q_bytes = align64(cells * sizeof(q80_block));
     const size_t f_bytes = align64(cells * sizeof(float));
-    const size_t heads = (size_t) nb * FEW_ROWS;
+    const size_t heads = (size_t) nb * FEW_HW(kind) * FEW_ROWS;
     const size_t h_bytes = align64(2 * heads * sizeof(uint32_t));
 #ifdef FEW_DPBUSD
     const size_t p_bytes = kind == KIND_Q8_0 ? cells * 64 * sizeof(int32_t) : 0;
@@ -323,9 +391,10 @@ Q80_INLINE void mul_mat_few(int kind, struct ggml_tensor * dst, int ith, int nth
     // Q8_0 with VNNI: each column block's quads as few_dots reads them.
     int32_t * pats = (int32_t *) (buf + q_bytes + 2 * f_bytes + h_bytes);
 #ifdef FEW_DPBUSD
-    const int32_t bias = kind == KIND_Q4_0 ? 8 : 128;
+    const int32_t bias = unsigned_bias(kind);
 #else
-    const int32_t bias = kind == KIND_Q4_0 ? 8 : 0;
+    // Q8_0's w are taken signed there.
+    const int32_t bias = kind == KIND_Q8_0 ? 0 : unsigned_bias(kind);
 #endif
     const struct ggml_type_traits_cpu * q80 = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0);
     for (int64_t n = 0; n < N; ++n) {

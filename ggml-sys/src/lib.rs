@@ -126,7 +126,7 @@ pub mod kernels {
         pub fn ggml_sys_mul_mat_qk_isum() -> ::core::ffi::c_int;
     }
 
-    // Q4_0 and Q8_0 integer-sum products (`csrc/mul_mat_q8_0.c`).
+    // Q4_0, Q5_0 and Q8_0 integer-sum products (`csrc/mul_mat_q8_0.c`).
     unsafe extern "C" {
         /// A `ggml_custom_op_t` for `ggml_custom_4d`: `dst` (f32 `[m, n]`) = `a^T b` for
         /// `dst->src[0]` = `a`, q4_0 `[k, m]`, and `dst->src[1]` = `b`, f32 `[k, n]` with
@@ -137,6 +137,14 @@ pub mod kernels {
         /// same whatever the number of columns (one alone, a few, or many). `userdata` is
         /// unused.
         pub fn ggml_sys_mul_mat_q4_0(
+            dst: *mut super::ggml_tensor,
+            ith: ::core::ffi::c_int,
+            nth: ::core::ffi::c_int,
+            userdata: *mut ::core::ffi::c_void,
+        );
+
+        /// [`ggml_sys_mul_mat_q4_0`] for q5_0 weights.
+        pub fn ggml_sys_mul_mat_q5_0(
             dst: *mut super::ggml_tensor,
             ith: ::core::ffi::c_int,
             nth: ::core::ffi::c_int,
@@ -154,6 +162,9 @@ pub mod kernels {
         /// 1 when [`ggml_sys_mul_mat_q4_0`] was built with vector instructions (AVX2 and
         /// FMA), 0 when it runs a plain C loop (the same bits, slower than `ggml_mul_mat`).
         pub fn ggml_sys_mul_mat_q4_0_isum() -> ::core::ffi::c_int;
+
+        /// As [`ggml_sys_mul_mat_q4_0_isum`], for [`ggml_sys_mul_mat_q5_0`].
+        pub fn ggml_sys_mul_mat_q5_0_isum() -> ::core::ffi::c_int;
 
         /// As [`ggml_sys_mul_mat_q4_0_isum`], for [`ggml_sys_mul_mat_q8_0`].
         pub fn ggml_sys_mul_mat_q8_0_isum() -> ::core::ffi::c_int;

@@ -1,12 +1,12 @@
-//! The crate's Q4_0 and Q8_0 integer-sum kernels (`kernels::ggml_sys_mul_mat_q4_0` and
-//! `_q8_0`, run as ggml custom ops), three ways on each product: bit for bit against their
+//! The crate's Q4_0, Q5_0 and Q8_0 integer-sum kernels (`kernels::ggml_sys_mul_mat_q4_0`,
+//! `_q5_0` and `_q8_0`, run as ggml custom ops), three ways on each product: bit for bit against their
 //! definition written out here (per block an exact integer sum, then one chain of fused
 //! multiply-adds over the blocks); within `(nb + 2)` units of 2^-24 of each output's terms'
 //! magnitude of an f64 product of ggml's dequantized weights and the q8_0-quantized columns;
 //! and within twice that (both sides round) of `ggml_mul_mat`. Over column counts below, at and
 //! above the lane widths (8, 16) and the split between threads by group or by row, odd row
 //! counts, one to four threads, strided columns, weights quantized by ggml and raw blocks of
-//! every int8 value, and columns with a large common offset (where a wrong correction for the
+//! random bytes (every int8 value; every five-bit value and high-bit pattern of Q5_0), and columns with a large common offset (where a wrong correction for the
 //! unsigned weights would show). And batch invariance: each column of an N-column product has
 //! the bits of the same column computed alone and inside a 100-column product, whatever N (the
 //! few-column path's rows per vector lane or the column groups), the thread count, or the
@@ -26,6 +26,10 @@ enum Weights {
     Quantized,
     /// Raw blocks: random scales and random bytes, every value the block can hold.
     Raw,
+    /// Raw blocks of random scales whose other bytes are all 0xFF: every integer the largest
+    /// unsigned value (15 for Q4_0, 31 for Q5_0), where the 16-bit partial sums of the paths
+    /// without VNNI come nearest their bounds.
+    Saturated,
 }
 
 /// One product's shape and data.
@@ -60,21 +64,21 @@ impl Case {
     }
 }
 
-const TYPES: [ggml_type; 2] = [GGML_TYPE_Q4_0, GGML_TYPE_Q8_0];
+const TYPES: [ggml_type; 3] = [GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0];
 
 fn block_bytes(ty: ggml_type) -> usize {
-    if ty == GGML_TYPE_Q4_0 {
-        18
-    } else {
-        34
+    match ty {
+        GGML_TYPE_Q4_0 => 18,
+        GGML_TYPE_Q5_0 => 22,
+        _ => 34,
     }
 }
 
 fn kernel(ty: ggml_type) -> ggml_custom_op_t {
-    if ty == GGML_TYPE_Q4_0 {
-        Some(kernels::ggml_sys_mul_mat_q4_0)
-    } else {
-        Some(kernels::ggml_sys_mul_mat_q8_0)
+    match ty {
+        GGML_TYPE_Q4_0 => Some(kernels::ggml_sys_mul_mat_q4_0),
+        GGML_TYPE_Q5_0 => Some(kernels::ggml_sys_mul_mat_q5_0),
+        _ => Some(kernels::ggml_sys_mul_mat_q8_0),
     }
 }
 
@@ -83,13 +87,23 @@ fn f16(b: &[u8]) -> f32 {
     unsafe { ggml_fp16_to_fp32(u16::from_le_bytes([b[0], b[1]])) }
 }
 
-/// A weight block's scale and its 32 integers in element order (q - 8 for Q4_0).
+/// A weight block's scale and its 32 integers in element order (q - 8 for Q4_0; for Q5_0
+/// q - 16, q five bits: a nibble of the 16 bytes after the scale and the 4-byte mask, and the
+/// mask's bit of the same element).
 fn decode(ty: ggml_type, b: &[u8]) -> (f32, [i32; 32]) {
     let mut w = [0i32; 32];
     if ty == GGML_TYPE_Q4_0 {
         for j in 0..16 {
             w[j] = (b[2 + j] & 0x0F) as i32 - 8;
             w[j + 16] = (b[2 + j] >> 4) as i32 - 8;
+        }
+    } else if ty == GGML_TYPE_Q5_0 {
+        let high = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+        for (e, v) in w.iter_mut().enumerate() {
+            let byte = b[6 + e % 16];
+            let nibble = if e < 16 { byte & 0x0F } else { byte >> 4 };
+            let q = nibble as i32 | (((high >> e) & 1) as i32) << 4;
+            *v = q - 16;
         }
     } else {
         for (j, v) in w.iter_mut().enumerate() {
@@ -140,14 +154,17 @@ fn run(c: Case) -> Run {
                 let values: Vec<f32> = (0..k * m).map(|_| rng.f32() * 0.5).collect();
                 ggml_quantize_chunk(ty, values.as_ptr(), (*w).data, 0, m, k, std::ptr::null());
             }
-            Weights::Raw => {
+            Weights::Raw | Weights::Saturated => {
                 for b in blocks.chunks_mut(block_bytes(ty)) {
                     // A normal f16 of either sign, magnitude 2^-10 to 2^-3.
                     let scale = (rng.next_u64() % 0x1C00) as u16 + 0x1400;
                     let sign = if rng.next_u64() & 1 == 1 { 0x8000 } else { 0 };
                     b[0..2].copy_from_slice(&(scale | sign).to_le_bytes());
                     for v in &mut b[2..] {
-                        *v = rng.next_u64() as u8;
+                        *v = match c.weights {
+                            Weights::Saturated => 0xFF,
+                            _ => rng.next_u64() as u8,
+                        };
                     }
                 }
             }
@@ -348,19 +365,23 @@ fn raw_blocks_of_every_value_and_strided_columns() {
 #[test]
 fn a_common_offset_in_the_columns() {
     // Columns near 20 (all int8 values of a block near 127): sum(y) is large, so the
-    // correction for the unsigned weights (-8 or -128 times it) dominates the block sums.
+    // correction for the unsigned weights (-8, -16 or -128 times it) dominates the block sums;
+    // with saturated weights too, the 16-bit partial sums come near their bounds. Column
+    // groups, and few columns (one weight row per lane) on both sides of a tile.
     for ty in TYPES {
-        for weights in [Weights::Quantized, Weights::Raw] {
-            check(Case {
-                weights,
-                offset: 20.0,
-                ..Case::new(ty, 576, 11, 72, 2)
-            });
-            check(Case {
-                weights,
-                offset: -20.0,
-                ..Case::new(ty, 96, 5, 17, 1)
-            });
+        for weights in [Weights::Quantized, Weights::Raw, Weights::Saturated] {
+            for (offset, k, m, n, threads) in [
+                (20.0, 576, 11, 72, 2),
+                (-20.0, 96, 5, 17, 1),
+                (20.0, 576, 19, 5, 2),
+                (-20.0, 64, 3, 1, 1),
+            ] {
+                check(Case {
+                    weights,
+                    offset,
+                    ..Case::new(ty, k, m, n, threads)
+                });
+            }
         }
     }
 }
@@ -443,13 +464,16 @@ fn assert_batch_invariant(ty: ggml_type, weights: Weights, k: i64, m: i64, threa
                 let values: Vec<f32> = (0..k * m).map(|_| rng.f32() * 0.5).collect();
                 ggml_quantize_chunk(ty, values.as_ptr(), (*w).data, 0, m, k, std::ptr::null());
             }
-            Weights::Raw => {
+            Weights::Raw | Weights::Saturated => {
                 let blocks = std::slice::from_raw_parts_mut((*w).data as *mut u8, bytes);
                 for b in blocks.chunks_mut(block_bytes(ty)) {
                     let scale = (rng.next_u64() % 0x1C00) as u16 + 0x1400;
                     b[0..2].copy_from_slice(&scale.to_le_bytes());
                     for v in &mut b[2..] {
-                        *v = rng.next_u64() as u8;
+                        *v = match weights {
+                            Weights::Saturated => 0xFF,
+                            _ => rng.next_u64() as u8,
+                        };
                     }
                 }
             }

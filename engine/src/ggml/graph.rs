@@ -244,6 +244,13 @@ pub(crate) const INTEGER_SUM_KERNELS: &[IntegerSumKernel] = &[
         vectorized: sys::kernels::ggml_sys_mul_mat_q4_0_isum,
     },
     IntegerSumKernel {
+        w_type: sys::GGML_TYPE_Q5_0,
+        block: 32,
+        min_rows: 64,
+        kernel: sys::kernels::ggml_sys_mul_mat_q5_0,
+        vectorized: sys::kernels::ggml_sys_mul_mat_q5_0_isum,
+    },
+    IntegerSumKernel {
         w_type: sys::GGML_TYPE_Q8_0,
         block: 32,
         min_rows: 64,

@@ -250,7 +250,12 @@ fn a_view_cannot_reach_past_its_source() {
 fn routed_product(ggml_type: GgmlType, k: usize, m: usize, n: usize, lead: usize) -> Vec<f32> {
     let mut rng = crate::testing::SplitMix64(k as u64 * 31 + m as u64);
     let values = rng.f32_vec(k * m, 0.5);
-    let mut bytes = vec![0u8; k * m / 32 * if ggml_type == GgmlType::Q4_0 { 18 } else { 34 }];
+    let block_bytes = match ggml_type {
+        GgmlType::Q4_0 => 18,
+        GgmlType::Q5_0 => 22,
+        _ => 34,
+    };
+    let mut bytes = vec![0u8; k * m / 32 * block_bytes];
     // SAFETY: `values` holds m rows of k floats and `bytes` their m * k / 32 blocks.
     let written = unsafe {
         sys::ggml_quantize_chunk(
@@ -306,10 +311,12 @@ fn integer_sum_products_take_the_leading_rows_and_ggml_the_others() {
     let vectorized = unsafe {
         [
             sys::kernels::ggml_sys_mul_mat_q4_0_isum(),
+            sys::kernels::ggml_sys_mul_mat_q5_0_isum(),
             sys::kernels::ggml_sys_mul_mat_q8_0_isum(),
         ]
     };
-    for (ty, vectorized) in [GgmlType::Q4_0, GgmlType::Q8_0].into_iter().zip(vectorized) {
+    let types = [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0];
+    for (ty, vectorized) in types.into_iter().zip(vectorized) {
         let (k, m, n) = (576, 37, 150);
         let ggml = routed_product(ty, k, m, n, 0);
         for lead in [64, 100, n] {
