@@ -310,6 +310,27 @@ FA_INLINE void fa_pv16(const float * p, const float * vt, int D, float * o, int 
     }
 }
 
+// As fa_pv16, V's f16 rows read where they lie (vrows[k]: key k's row) and widened in
+// registers: the same f32 values (f16 to f32 is exact), so the same bits, without the tile's
+// f32 copy of V.
+FA_INLINE void fa_pv16h(const float * p, const uint16_t * const * vrows, int D, float * o, int R) {
+    for (int d0 = 0; d0 < D; d0 += 16) {
+        __m512 acc[FA_R16];
+        for (int r = 0; r < R; ++r) {
+            acc[r] = _mm512_loadu_ps(o + (size_t) r * D + d0);
+        }
+        for (int k = 0; k < BK; ++k) {
+            const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (vrows[k] + d0)));
+            for (int r = 0; r < R; ++r) {
+                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[(size_t) r * BK + k]), v, acc[r]);
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            _mm512_storeu_ps(o + (size_t) r * D + d0, acc[r]);
+        }
+    }
+}
+
 // The row passes with a constant row count each, so that the sums stay in registers.
 #define FA_ROWS16(fn, a, b, c, d, R)                 \
     switch (R) {                                      \
@@ -338,6 +359,14 @@ static void fa_pv_rows(const float * p, const float * vt, int D, float * o, int 
     for (int r = 0; r < rows; r += FA_R16) {
         const int R = rows - r < FA_R16 ? rows - r : FA_R16;
         FA_ROWS16(fa_pv16, p + (size_t) r * BK, vt, D, o + (size_t) r * D, R);
+    }
+}
+
+static void fa_pv_rows_h(const float * p, const uint16_t * const * vrows, int D, float * o,
+                         int rows) {
+    for (int r = 0; r < rows; r += FA_R16) {
+        const int R = rows - r < FA_R16 ? rows - r : FA_R16;
+        FA_ROWS16(fa_pv16h, p + (size_t) r * BK, vrows, D, o + (size_t) r * D, R);
     }
 }
 #undef FA_ROWS16
@@ -482,6 +511,9 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, in
     float * sum = mx + RB;                // RB
     float * tmx = sum + RB;               // RB: the tile's maximum
     float * tsum = tmx + RB;              // RB: the tile's sum
+#ifdef FA_R16
+    const uint16_t * vrows[BK];           // the tile's f16 V rows where they lie
+#endif
 
     for (int r = 0; r < rows; ++r) {
         const int j = j0 + r, t = j / a->gqa, h = g * a->gqa + j % a->gqa;
@@ -541,6 +573,13 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, in
                 }
             }
             for (int k = 0; k < BK; ++k) {
+#ifdef FA_R16
+                if (!v_q8) {
+                    // Read where they lie by fa_pv16h.
+                    vrows[k] = k < kv ? fa_kv_row(a->v, a->vpages, ic + k, g) : zeros;
+                    continue;
+                }
+#endif
                 float * dstv = vt + (size_t) k * D;
                 if (k < kv && v_q8) {
                     fa_q8_0_row(fa_kv_row(a->v, a->vpages, ic + k, g), D, dstv);
@@ -667,7 +706,13 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, in
         }
 
         memset(ot, 0, (size_t) rows * D * sizeof(float));
-#ifdef FA_SIMD
+#if defined(FA_R16)
+        if (a->v->type != GGML_TYPE_Q8_0) {
+            fa_pv_rows_h(p, vrows, D, ot, rows);
+        } else {
+            fa_pv_rows(p, vt, D, ot, rows);
+        }
+#elif defined(FA_SIMD)
         fa_pv_rows(p, vt, D, ot, rows);
 #else
         for (int r = 0; r < rows; ++r) {
