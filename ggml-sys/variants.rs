@@ -30,6 +30,8 @@ struct Variant {
     /// A C call in `dispatch.c` that must also return nonzero: what the operating system must
     /// grant besides the CPU's features.
     grant: Option<&'static str>,
+    /// Taken only when `LLAMA_HDD_CPU` names it, never as the highest level by default.
+    opt_in: bool,
 }
 
 /// The AVX-512 VNNI level's flags (also the AMX level's, for ggml's backend).
@@ -68,6 +70,7 @@ const X86_64_VARIANTS: &[Variant] = &[
         requires: &[],
         ours_flags: &[],
         grant: None,
+        opt_in: false,
     },
     Variant {
         name: "avx2",
@@ -76,6 +79,7 @@ const X86_64_VARIANTS: &[Variant] = &[
         requires: &["avx2", "fma", "f16c", "bmi2"],
         ours_flags: &[],
         grant: None,
+        opt_in: false,
     },
     Variant {
         name: "avx-vnni",
@@ -84,6 +88,7 @@ const X86_64_VARIANTS: &[Variant] = &[
         requires: &["avx2", "fma", "f16c", "bmi2", "avxvnni"],
         ours_flags: &[],
         grant: None,
+        opt_in: false,
     },
     Variant {
         name: "avx512",
@@ -104,6 +109,7 @@ const X86_64_VARIANTS: &[Variant] = &[
         ],
         ours_flags: &[],
         grant: None,
+        opt_in: false,
     },
     Variant {
         name: "avx512-vnni",
@@ -112,10 +118,12 @@ const X86_64_VARIANTS: &[Variant] = &[
         requires: AVX512_VNNI_REQUIRES,
         ours_flags: &[],
         grant: None,
+        opt_in: false,
     },
     // AMX-INT8 tiles in our integer-sum kernels; ggml's backend as at `avx512-vnni` (its own AMX
     // code stays out). Linux lets a process use the tiles only once it has asked
-    // (`arch_prctl(ARCH_REQ_XCOMP_PERM)`): a refusal leaves this level unsupported.
+    // (`arch_prctl(ARCH_REQ_XCOMP_PERM)`): a refusal leaves this level unsupported. Only
+    // `LLAMA_HDD_CPU=amx` takes it.
     Variant {
         name: "amx",
         tag: "amx",
@@ -135,6 +143,9 @@ const X86_64_VARIANTS: &[Variant] = &[
         ],
         ours_flags: &["-mamx-tile", "-mamx-int8"],
         grant: Some("amx_granted()"),
+        // Measured no faster than `avx512-vnni` over a whole model (docs/BENCHMARKS.md, "AMX
+        // tiles"), so it is there to be named, not taken by default.
+        opt_in: true,
     },
 ];
 
@@ -382,6 +393,10 @@ fn dispatch_selection(variants: &[Variant]) -> String {
     for v in variants {
         let _ = write!(c, "\"{}\", ", v.name);
     }
+    c.push_str("};\n\nstatic const int opt_in[N_VARIANTS] = {");
+    for v in variants {
+        let _ = write!(c, "{}, ", u8::from(v.opt_in));
+    }
     c.push_str("};\n\n");
     c.push_str(GRANTS_C);
     c.push_str("static int supported(int v) {\n    switch (v) {\n");
@@ -423,13 +438,14 @@ __attribute__((unused)) static int amx_granted(void) {
 const DISPATCH_C: &str = r#"static int chosen = 0;
 static int request = 0;
 
-// Fills the table for the highest variant the CPU runs, or for the one LLAMA_HDD_CPU names when
-// the CPU runs that one ("scalar" and "baseline" name the lowest).
+// Fills the table for the highest variant the CPU runs (leaving out those taken only when named),
+// or for the one LLAMA_HDD_CPU names when the CPU runs that one ("scalar" and "baseline" name the
+// lowest).
 __attribute__((constructor(101))) static void ggml_sys_cpu_choose(void) {
     __builtin_cpu_init();
     int best = 0;
     for (int v = 0; v < N_VARIANTS; ++v) {
-        if (supported(v)) {
+        if (!opt_in[v] && supported(v)) {
             best = v;
         }
     }

@@ -195,7 +195,8 @@ pub const BUILT_GGML_VERSION: &str = env!("GGML_SYS_BUILT_VERSION");
 /// The instruction-set path the CPU backend and our kernels run, chosen when the program starts.
 ///
 /// On x86-64 the build makes one variant per level (`x86-64`, `avx2`, `avx-vnni`, `avx512`,
-/// `avx512-vnni`, lowest first) and the highest one this CPU runs is taken, unless the
+/// `avx512-vnni`, `amx`, lowest first) and the highest one this CPU runs is taken (`amx` only
+/// when named), unless the
 /// environment variable `LLAMA_HDD_CPU` names another one that it runs (`scalar` and `baseline`
 /// name the lowest). Elsewhere, or with `GGML_SYS_VARIANTS=0` or `GGML_SYS_PORTABLE=1`, there
 /// is one path, `native` or `portable`.

@@ -89,7 +89,11 @@ fn the_path_taken_is_the_highest_runnable_or_the_one_named() {
         }
     }
     assert!(runnable[0], "the lowest path always runs");
-    let highest = runnable.iter().rposition(|&r| r).unwrap();
+    // The level taken by default: the highest runnable one but `amx`, which only a name takes.
+    let highest = (0..names.len())
+        .rev()
+        .find(|&v| runnable[v] && names[v] != "amx")
+        .unwrap();
     // SAFETY: plain calls.
     let (taken, request) = unsafe { (ggml_sys_cpu_path() as usize, ggml_sys_cpu_request()) };
     let wanted = std::env::var(PATH_ENV).ok().filter(|w| !w.is_empty());
