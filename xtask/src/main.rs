@@ -321,23 +321,19 @@ fn check_aarch64(cargo: &str) -> Result<(), String> {
 
 /// The x86-64 paths of ggml-sys's dispatch that this CPU runs, lowest first (by Rust's own
 /// detection; `ggml-sys/tests/cpu_paths.rs` checks that the dispatcher agrees).
-/// Whether the CPU has AMX-TILE and AMX-INT8 (cpuid leaf 7, EDX bits 24 and 25) and the
-/// operating system enabled their state (XCR0 bits 17 and 18), as ggml-sys's `amx` level needs.
+/// Whether the CPU has AMX-TILE and AMX-INT8 and the kernel knows them (Linux lists `amx_tile`
+/// and `amx_int8` among /proc/cpuinfo's flags only then), as ggml-sys's `amx` level needs.
 #[cfg(target_arch = "x86_64")]
 fn amx_tiles() -> bool {
-    use std::arch::x86_64::{__cpuid, __cpuid_count};
-    if __cpuid(0).eax < 7 {
+    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
         return false;
-    }
-    let edx = __cpuid_count(7, 0).edx;
-    let osxsave = __cpuid(1).ecx & (1 << 27) != 0;
-    #[target_feature(enable = "xsave")]
-    unsafe fn xcr0() -> u64 {
-        // SAFETY: called only where the OS enabled XSAVE.
-        unsafe { std::arch::x86_64::_xgetbv(0) }
-    }
-    // SAFETY: XSAVE is enabled (checked just before).
-    edx & (3 << 24) == 3 << 24 && osxsave && unsafe { xcr0() } & (3 << 17) == 3 << 17
+    };
+    info.lines()
+        .find(|l| l.starts_with("flags"))
+        .is_some_and(|l| {
+            let flags: Vec<&str> = l.split_whitespace().collect();
+            flags.contains(&"amx_tile") && flags.contains(&"amx_int8")
+        })
 }
 
 fn runnable_cpu_paths() -> Vec<&'static str> {
