@@ -156,8 +156,8 @@ fn logits(model: &Arc<Model>, evaluation: Evaluation) -> (Vec<f32>, Vec<f32>) {
 /// The fast evaluation against llama.cpp's on `model`: the short item's logits the same bits,
 /// the long item's within rounding. Returns how many of the long item's differ in any bit.
 fn long_close_short_same(model: &Arc<Model>) -> usize {
-    let (long, short) = logits(&model, Evaluation::Fast);
-    let (long_ggml, short_ggml) = logits(&model, Evaluation::LlamaCpp);
+    let (long, short) = logits(model, Evaluation::Fast);
+    let (long_ggml, short_ggml) = logits(model, Evaluation::LlamaCpp);
     assert_eq!(short.len(), short_ggml.len());
     let differing = short
         .iter()

@@ -1,7 +1,8 @@
 //! Criterion benchmarks of ggml-sys's integer-sum kernels on few columns (decoding is one
 //! column, short items a few) against `ggml_mul_mat` (ggml's own dot product per row and
 //! column, what llama.cpp decodes with) on the same tensors in the same process: SmolLM2-135M's
-//! matrices in q4_1 and Q4_0 (hidden 576, feed-forward 1,536, k/v 192, output head 49,152) and
+//! matrices in q4_1 and Q4_0 (hidden 576, feed-forward 1,536, k/v 192, output head 49,152), its
+//! feed-forward matrices in Q5_0 (what a Q4_K_M file of it holds: 576 is no multiple of 256) and
 //! Gemma 3 270M's in Q8_0 (hidden 640, feed-forward 2,048, output head 262,144), 1, 2, 4 and 8
 //! columns, 1 and 2 threads. The two sides of each case run one after the other in one group.
 //!
@@ -182,6 +183,16 @@ fn bench(c: &mut Criterion) {
             GGML_TYPE_Q4_0,
             "q4_0",
             kernels::ggml_sys_mul_mat_q4_0,
+            shape,
+        );
+    }
+    // SmolLM2-135M requantized to Q4_K_M: its feed-forward matrices in Q5_0.
+    for shape in [(576, 1536), (1536, 576)] {
+        bench_shape(
+            c,
+            GGML_TYPE_Q5_0,
+            "q5_0",
+            kernels::ggml_sys_mul_mat_q5_0,
             shape,
         );
     }

@@ -1,4 +1,4 @@
-//! Criterion benchmarks of ggml-sys's Q4_0 and Q8_0 integer-sum kernels
+//! Criterion benchmarks of ggml-sys's Q4_0, Q5_0 and Q8_0 integer-sum kernels
 //! (`csrc/mul_mat_q8_0.c`) against `ggml_mul_mat` on the same tensors in the same process:
 //! SmolLM2-135M's matrix shapes (576 → 1,536 and 1,536 → 576), 512 columns (a prefill chunk),
 //! 2 threads. For Q4_0 also ggml's product over the weights repacked for this CPU
@@ -8,7 +8,8 @@
 //! cargo bench -p ggml-sys --bench kernels_q8_0
 //! ```
 //! Run it several times and compare the ratios of medians within one run: the machine's speed
-//! drifts between runs.
+//! drifts between runs. `KERNELS_Q8_0_THREADS=1` runs every side on one thread instead of two
+//! (group names then end in `_t1`), for a machine whose other load starves one of two threads.
 
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
@@ -17,7 +18,13 @@ use std::ffi::c_int;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use ggml_sys::*;
 
-const THREADS: c_int = 2;
+/// Threads of every product: 2, or `KERNELS_Q8_0_THREADS`.
+fn threads() -> c_int {
+    std::env::var("KERNELS_Q8_0_THREADS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(2)
+}
 const COLUMNS: i64 = 512;
 
 /// SmolLM2-135M's matrices, `(k, m)`: the feed-forward gate and up (576 → 1,536) and down
@@ -39,7 +46,7 @@ impl Planned {
         unsafe {
             let graph = ggml_new_graph(ctx);
             ggml_build_forward_expand(graph, node);
-            let mut plan = ggml_graph_plan(graph, THREADS, std::ptr::null_mut());
+            let mut plan = ggml_graph_plan(graph, threads(), std::ptr::null_mut());
             let mut work = vec![0u8; plan.work_size.max(1)];
             plan.work_data = work.as_mut_ptr();
             Planned {
@@ -164,7 +171,11 @@ fn bench_one(c: &mut Criterion, ty: ggml_type, name: &str, kernel: Kernel, (k, m
                 sides.push(("ggml_repacked", Planned::new(ctx, ggml_mul_mat(ctx, wr, x))));
             }
         }
-        let mut g = c.benchmark_group(format!("{name}_k{k}_m{m}_n{COLUMNS}"));
+        let suffix = match threads() {
+            2 => String::new(),
+            t => format!("_t{t}"),
+        };
+        let mut g = c.benchmark_group(format!("{name}_k{k}_m{m}_n{COLUMNS}{suffix}"));
         g.sample_size(20);
         g.throughput(Throughput::Elements((k * m * COLUMNS) as u64));
         for (side, planned) in &mut sides {
@@ -183,7 +194,7 @@ fn bench_one(c: &mut Criterion, ty: ggml_type, name: &str, kernel: Kernel, (k, m
 fn bench(c: &mut Criterion) {
     // SAFETY: a plain query.
     if unsafe { kernels::ggml_sys_mul_mat_q4_0_isum() } == 0 {
-        eprintln!("the Q4_0/Q8_0 kernels were built without AVX2: plain C loops");
+        eprintln!("the Q4_0/Q5_0/Q8_0 kernels were built without AVX2: plain C loops");
     }
     for shape in SHAPES {
         bench_one(
@@ -191,6 +202,13 @@ fn bench(c: &mut Criterion) {
             GGML_TYPE_Q4_0,
             "q4_0",
             kernels::ggml_sys_mul_mat_q4_0,
+            shape,
+        );
+        bench_one(
+            c,
+            GGML_TYPE_Q5_0,
+            "q5_0",
+            kernels::ggml_sys_mul_mat_q5_0,
             shape,
         );
         bench_one(
