@@ -11,11 +11,18 @@
 //! the same, and with `--greedy N` the top-1 agreement over the base's N greedy tokens after each
 //! chunk (the tested session fed the same tokens).
 //!
+//! With `--llama-cpp-logits FILE` the base is llama.cpp itself: FILE is what
+//! `llama-perplexity -f TEXT -c 512 --kl-divergence-base FILE` saved (its tokens must be ours;
+//! see `llama_logits.rs`), only the tested session runs, and each position is measured as
+//! llama.cpp's `--kl-divergence` mode measures it.
+//!
 //! ```text
 //! cargo run --release --example perplexity -- --file TEXT [--ctx 512] [--chunks 20] -ctk q8_0 -ctv q8_0 [--greedy 64]
+//! cargo run --release --example perplexity -- --file TEXT -ctk f16 -ctv f16 --llama-cpp-logits FILE
 //! ```
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 
@@ -23,7 +30,10 @@ use anyhow::{bail, Context, Result};
 mod common_args;
 use clap::Parser;
 use common_args::ModelArgs;
-use engine::{ContextParams, Evaluation, KvType, Session};
+use engine::{ContextParams, Evaluation, KvType, Model, Session};
+
+mod llama_logits;
+use llama_logits::LlamaLogits;
 
 #[derive(Parser)]
 #[command(about = "Perplexity of a text and the KL divergence of one KV cache type from another")]
@@ -62,6 +72,10 @@ struct Args {
     /// Greedy tokens of the base session after each chunk, predicted by the tested one.
     #[arg(long, default_value_t = 0)]
     greedy: usize,
+    /// llama.cpp's logits as the base: the file `llama-perplexity --kl-divergence-base` wrote
+    /// for this model and text (its `-c` must be `--ctx`).
+    #[arg(long = "llama-cpp-logits", value_name = "FILE")]
+    llama_cpp_logits: Option<PathBuf>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -94,18 +108,71 @@ impl Tally {
     fn ppl(nll: f64, n: usize) -> f64 {
         (nll / n as f64).exp()
     }
+
+    fn add(&mut self, nll_base: f64, nll_test: f64, kld: f64, same_top: bool) {
+        self.nll_base += nll_base;
+        self.nll_test += nll_test;
+        self.kld.push(kld);
+        self.same_top += usize::from(same_top);
+    }
+
+    /// One line on stderr after chunk `c` (counted from 1) of `n_chunks`.
+    fn progress(&self, c: usize, n_chunks: usize) {
+        let n = self.kld.len();
+        eprintln!(
+            "[{c}/{n_chunks}] ppl base {:.4} test {:.4}  mean KLD {:.6}  same top {:.2}%",
+            Tally::ppl(self.nll_base, n),
+            Tally::ppl(self.nll_test, n),
+            self.kld.iter().sum::<f64>() / n as f64,
+            100.0 * self.same_top as f64 / n as f64
+        );
+    }
 }
 
-fn main() -> Result<()> {
-    let args = Args::parse_from(engine::expand_llama_cpp_flags(std::env::args_os()));
-    if args.ctx < 4 {
-        bail!("--ctx must be at least 4");
-    }
-    let model = args.model.load()?;
-    let text = std::fs::read_to_string(&args.file)
-        .with_context(|| format!("reading {}", args.file.display()))?;
+/// What was compared with what, for the report.
+struct Run {
+    chunks: usize,
+    ctx: usize,
+    base: String,
+    test: String,
+}
+
+fn types(k: KvType, v: KvType, e: Evaluation) -> String {
+    format!("K {k} V {v} {e}")
+}
+
+fn session(
+    args: &Args,
+    model: &Arc<Model>,
+    k: KvType,
+    v: KvType,
+    e: Evaluation,
+) -> Result<Session> {
+    Ok(Session::new(
+        model.clone(),
+        ContextParams {
+            n_ctx: args.ctx + args.greedy,
+            n_threads: args.model.threads,
+            type_k: k,
+            type_v: v,
+            evaluation: e,
+            ..ContextParams::default()
+        },
+    )?)
+}
+
+/// Chunk `c` of `tokens`, its first token replaced by BOS where the model adds one.
+fn chunk_of(model: &Model, tokens: &[u32], ctx: usize, c: usize) -> Vec<u32> {
+    let mut chunk = tokens[c * ctx..(c + 1) * ctx].to_vec();
     let tok = model.tokenizer();
-    let tokens = tok.encode(&text, true, false)?;
+    if let (true, Some(bos)) = (tok.add_bos(), tok.bos()) {
+        chunk[0] = bos;
+    }
+    chunk
+}
+
+/// Both sessions ours: the base (`--base-*`) against the tested one.
+fn against_ours(args: &Args, model: &Arc<Model>, tokens: &[u32], t: &mut Tally) -> Result<Run> {
     let available = tokens.len() / args.ctx;
     let n_chunks = args.chunks.map_or(available, |c| c.min(available));
     if n_chunks == 0 {
@@ -115,30 +182,24 @@ fn main() -> Result<()> {
             args.ctx
         );
     }
-    let session = |k, v, evaluation| {
-        Session::new(
-            model.clone(),
-            ContextParams {
-                n_ctx: args.ctx + args.greedy,
-                n_threads: args.model.threads,
-                type_k: k,
-                type_v: v,
-                evaluation,
-                ..ContextParams::default()
-            },
-        )
-    };
-    let mut base = session(args.base_ctk, args.base_ctv, args.base_evaluation)?;
-    let mut test = session(args.cache_type_k, args.cache_type_v, args.evaluation)?;
+    let mut base = session(
+        args,
+        model,
+        args.base_ctk,
+        args.base_ctv,
+        args.base_evaluation,
+    )?;
+    let mut test = session(
+        args,
+        model,
+        args.cache_type_k,
+        args.cache_type_v,
+        args.evaluation,
+    )?;
     let n_vocab = model.hparams().n_vocab;
     let first = args.ctx / 2;
-    let mut t = Tally::default();
-    let start = std::time::Instant::now();
     for c in 0..n_chunks {
-        let mut chunk = tokens[c * args.ctx..(c + 1) * args.ctx].to_vec();
-        if let (true, Some(bos)) = (tok.add_bos(), tok.bos()) {
-            chunk[0] = bos;
-        }
+        let chunk = chunk_of(model, tokens, args.ctx, c);
         base.clear();
         test.clear();
         let lb = base.feed_all_logits(&chunk)?;
@@ -150,11 +211,8 @@ fn main() -> Result<()> {
             );
             let (pb, pt) = (log_softmax(rb), log_softmax(rt));
             let target = chunk[i + 1] as usize;
-            t.nll_base -= pb[target];
-            t.nll_test -= pt[target];
-            t.kld
-                .push(pb.iter().zip(&pt).map(|(a, b)| a.exp() * (a - b)).sum());
-            t.same_top += usize::from(argmax(rb) == argmax(rt));
+            let kld = pb.iter().zip(&pt).map(|(a, b)| a.exp() * (a - b)).sum();
+            t.add(-pb[target], -pt[target], kld, argmax(rb) == argmax(rt));
         }
         if args.greedy > 0 {
             let last = |l: &[f32]| argmax(&l[(args.ctx - 1) * n_vocab..]);
@@ -175,35 +233,127 @@ fn main() -> Result<()> {
             t.greedy_total += args.greedy;
         }
         if !args.json {
-            let n = t.kld.len();
-            eprintln!(
-                "[{}/{n_chunks}] ppl base {:.4} test {:.4}  mean KLD {:.6}",
-                c + 1,
-                Tally::ppl(t.nll_base, n),
-                Tally::ppl(t.nll_test, n),
-                t.kld.iter().sum::<f64>() / n as f64
-            );
+            t.progress(c + 1, n_chunks);
         }
     }
+    Ok(Run {
+        chunks: n_chunks,
+        ctx: args.ctx,
+        base: types(args.base_ctk, args.base_ctv, args.base_evaluation),
+        test: types(args.cache_type_k, args.cache_type_v, args.evaluation),
+    })
+}
+
+/// The tested session against llama.cpp's logits saved in `path`.
+fn against_llama_cpp(
+    args: &Args,
+    model: &Arc<Model>,
+    tokens: &[u32],
+    path: &Path,
+    t: &mut Tally,
+) -> Result<Run> {
+    let mut file = LlamaLogits::open(path)?;
+    let n_vocab = model.hparams().n_vocab;
+    if file.n_vocab != n_vocab {
+        bail!(
+            "{}: a vocabulary of {}, the model's is {n_vocab}",
+            path.display(),
+            file.n_vocab
+        );
+    }
+    if file.n_ctx != args.ctx {
+        bail!(
+            "{} was computed with -c {}: pass --ctx {}",
+            path.display(),
+            file.n_ctx,
+            file.n_ctx
+        );
+    }
+    if args.greedy > 0 {
+        bail!("--greedy needs our own base session, not --llama-cpp-logits");
+    }
+    llama_logits::check_tokens(&file.tokens, tokens)
+        .with_context(|| format!("{} against our tokens of --file", path.display()))?;
+    let n_chunks = args.chunks.map_or(file.n_chunk, |c| c.min(file.n_chunk));
+    let mut test = session(
+        args,
+        model,
+        args.cache_type_k,
+        args.cache_type_v,
+        args.evaluation,
+    )?;
+    let first = args.ctx / 2;
+    let mut rows = Vec::new();
+    for c in 0..n_chunks {
+        let chunk = chunk_of(model, &file.tokens, args.ctx, c);
+        file.read_chunk(&mut rows)?;
+        test.clear();
+        let lt = test.feed_all_logits(&chunk)?;
+        for (r, i) in (first..args.ctx - 1).enumerate() {
+            let row = file.row(&rows, r);
+            let s = llama_logits::score(
+                row,
+                &lt[i * n_vocab..(i + 1) * n_vocab],
+                chunk[i + 1] as usize,
+            );
+            t.add(s.nll_base, s.nll_test, s.kld, s.same_top);
+        }
+        if !args.json {
+            t.progress(c + 1, n_chunks);
+        }
+    }
+    Ok(Run {
+        chunks: n_chunks,
+        ctx: args.ctx,
+        base: format!("llama.cpp ({})", path.display()),
+        test: types(args.cache_type_k, args.cache_type_v, args.evaluation),
+    })
+}
+
+/// The value at `fraction` of the sorted `values`, interpolated between neighbours (as
+/// llama.cpp's percentiles are).
+fn percentile(sorted: &[f64], fraction: f64) -> f64 {
+    let p = fraction * (sorted.len() - 1) as f64;
+    let i = p as usize;
+    let w = p - i as f64;
+    (1.0 - w) * sorted[i] + w * sorted[(i + 1).min(sorted.len() - 1)]
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse_from(engine::expand_llama_cpp_flags(std::env::args_os()));
+    if args.ctx < 4 {
+        bail!("--ctx must be at least 4");
+    }
+    let model = args.model.load()?;
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("reading {}", args.file.display()))?;
+    let tokens = model.tokenizer().encode(&text, true, false)?;
+    let start = std::time::Instant::now();
+    let mut t = Tally::default();
+    let run = match &args.llama_cpp_logits {
+        Some(path) => against_llama_cpp(&args, &model, &tokens, path, &mut t)?,
+        None => against_ours(&args, &model, &tokens, &mut t)?,
+    };
     let n = t.kld.len();
     let mean_kld = t.kld.iter().sum::<f64>() / n as f64;
     let mut sorted = t.kld.clone();
     sorted.sort_by(f64::total_cmp);
-    let p99 = sorted[((n as f64 * 0.99) as usize).min(n - 1)];
+    let p99 = percentile(&sorted, 0.99);
     let same_top = t.same_top as f64 / n as f64;
     let greedy = (t.greedy_total > 0).then(|| t.greedy_same as f64 / t.greedy_total as f64);
     let (ppl_base, ppl_test) = (Tally::ppl(t.nll_base, n), Tally::ppl(t.nll_test, n));
-    let types = |k: KvType, v: KvType, e: Evaluation| format!("K {k} V {v} {e}");
+    let ppl_diff = 100.0 * (ppl_test / ppl_base - 1.0);
     if args.json {
         let out = serde_json::json!({
             "text_tokens": tokens.len(),
-            "ctx": args.ctx,
-            "chunks": n_chunks,
+            "ctx": run.ctx,
+            "chunks": run.chunks,
             "scored": n,
-            "base": types(args.base_ctk, args.base_ctv, args.base_evaluation),
-            "test": types(args.cache_type_k, args.cache_type_v, args.evaluation),
+            "base": run.base,
+            "test": run.test,
             "ppl_base": ppl_base,
             "ppl_test": ppl_test,
+            "ppl_diff_percent": ppl_diff,
             "kld_mean": mean_kld,
             "kld_p99": p99,
             "same_top": same_top,
@@ -212,25 +362,24 @@ fn main() -> Result<()> {
             "seconds": start.elapsed().as_secs_f64(),
         });
         println!("{out}");
-    } else {
+        return Ok(());
+    }
+    println!(
+        "{} chunks of {} tokens, {n} scored positions",
+        run.chunks, run.ctx
+    );
+    println!(
+        "perplexity: {} {ppl_base:.4}, {} {ppl_test:.4} ({ppl_diff:+.3}%)",
+        run.base, run.test
+    );
+    println!("KL divergence: mean {mean_kld:.6}, 99th percentile {p99:.6}");
+    println!("same most likely token: {:.2}%", 100.0 * same_top);
+    if let Some(g) = greedy {
         println!(
-            "{n_chunks} chunks of {} tokens, {n} scored positions",
-            args.ctx
+            "greedy agreement over {} tokens: {:.2}%",
+            t.greedy_total,
+            100.0 * g
         );
-        println!(
-            "perplexity: {} {ppl_base:.4}, {} {ppl_test:.4}",
-            types(args.base_ctk, args.base_ctv, args.base_evaluation),
-            types(args.cache_type_k, args.cache_type_v, args.evaluation)
-        );
-        println!("KL divergence: mean {mean_kld:.6}, 99th percentile {p99:.6}");
-        println!("same most likely token: {:.2}%", 100.0 * same_top);
-        if let Some(g) = greedy {
-            println!(
-                "greedy agreement over {} tokens: {:.2}%",
-                t.greedy_total,
-                100.0 * g
-            );
-        }
     }
     Ok(())
 }
