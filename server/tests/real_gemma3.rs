@@ -37,7 +37,23 @@ fn longest(cases: &[Value]) -> &Value {
 }
 
 async fn server(model: &Path, cache: &Path) -> TestServer {
-    common::start_on(model, cache, &["-c", "2048", "-np", "2", "-t", "2"]).await
+    // ggml's bits (`--evaluation llama-cpp`): the greedy tokens are compared with llama.cpp's,
+    // which the default evaluation's own kernels need not repeat at near-ties.
+    common::start_on(
+        model,
+        cache,
+        &[
+            "-c",
+            "2048",
+            "-np",
+            "2",
+            "-t",
+            "2",
+            "--evaluation",
+            "llama-cpp",
+        ],
+    )
+    .await
 }
 
 fn ids(v: &Value) -> Vec<u64> {
