@@ -1,0 +1,273 @@
+// The vector helpers and micro-kernels of flash_attn_f16.c: the exponential, the K tile's
+// transposes, and the score and output loops (256 bits, and 512 bits where the level has
+// AVX-512, with the same chain per lane, so the same bits). Not a header of its own:
+// flash_attn_f16.c includes it where its macros (BK, DMAX, FA_R, FA_INLINE) are defined, in
+// the same translation unit.
+
+#ifdef FA_SIMD
+static inline float fa_hmax(__m256 x) {
+    __m128 r = _mm_max_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+    r = _mm_max_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_max_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+// e^x for x <= 0 (minus infinity included): 2^n times a degree-6 polynomial on the remainder
+// r = x - n ln 2, |r| <= ln 2 / 2 (about one unit in the last place). Below -86 the result is 0.
+static inline __m256 fa_exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-86.0f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    // ln 2 in two parts, the first exact in few bits, so that n * hi is exact.
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+    const __m256 y = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+    return _mm256_andnot_ps(under, y);
+}
+
+// Eight keys' f16 rows (dims d0..d0+7 of each) into kt[(d0 + i) * BK + k0 + j], transposed in
+// registers.
+static inline void fa_store_transposed8(const __m256 * r, int d0, float * kt, int k0);
+
+static inline void fa_transpose8(const uint16_t * const * rows, int d0, float * kt, int k0) {
+    __m256 r[8];
+    for (int j = 0; j < 8; ++j) {
+        r[j] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (rows[j] + d0)));
+    }
+    fa_store_transposed8(r, d0, kt, k0);
+}
+
+// As fa_transpose8, from f32 rows.
+static inline void fa_transpose8_f32(const float * const * rows, int d0, float * kt, int k0) {
+    __m256 r[8];
+    for (int j = 0; j < 8; ++j) {
+        r[j] = _mm256_loadu_ps(rows[j] + d0);
+    }
+    fa_store_transposed8(r, d0, kt, k0);
+}
+
+// Eight keys' dims d0..d0+7 (r[j]: key j) into kt[(d0 + i) * BK + k0 + j].
+static inline void fa_store_transposed8(const __m256 * r, int d0, float * kt, int k0) {
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    const __m256 t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    const __m256 t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    const __m256 t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    const __m256 t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+    // Dimension d0 + i of the eight keys.
+    const __m256 c[8] = {
+        _mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+        _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+        _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+        _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31),
+    };
+    for (int i = 0; i < 8; ++i) {
+        _mm256_store_ps(kt + (size_t) (d0 + i) * BK + k0, c[i]);
+    }
+}
+
+// Scores of R rows (R <= FA_R) against the tile's BK keys: p[r][k] = sum_d q[r][d] kt[d][k], one
+// fused multiply-add chain per score over d in order.
+FA_INLINE void fa_qk(const float * q, int D, const float * kt, float * p, int R) {
+    for (int k0 = 0; k0 < BK; k0 += 16) {
+        __m256 acc[FA_R][2];
+        for (int r = 0; r < R; ++r) {
+            acc[r][0] = _mm256_setzero_ps();
+            acc[r][1] = _mm256_setzero_ps();
+        }
+        for (int d = 0; d < D; ++d) {
+            const __m256 k0v = _mm256_load_ps(kt + (size_t) d * BK + k0);
+            const __m256 k1v = _mm256_load_ps(kt + (size_t) d * BK + k0 + 8);
+            for (int r = 0; r < R; ++r) {
+                const __m256 qb = _mm256_broadcast_ss(q + (size_t) r * D + d);
+                acc[r][0] = _mm256_fmadd_ps(qb, k0v, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(qb, k1v, acc[r][1]);
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            _mm256_store_ps(p + (size_t) r * BK + k0, acc[r][0]);
+            _mm256_store_ps(p + (size_t) r * BK + k0 + 8, acc[r][1]);
+        }
+    }
+}
+
+// o[r][d] += sum_k p[r][k] vt[k][d] for R rows (R <= FA_R), over k in order.
+FA_INLINE void fa_pv(const float * p, const float * vt, int D, float * o, int R) {
+    for (int d0 = 0; d0 < D; d0 += 16) {
+        __m256 acc[FA_R][2];
+        for (int r = 0; r < R; ++r) {
+            acc[r][0] = _mm256_load_ps(o + (size_t) r * D + d0);
+            acc[r][1] = _mm256_load_ps(o + (size_t) r * D + d0 + 8);
+        }
+        for (int k = 0; k < BK; ++k) {
+            const __m256 v0 = _mm256_load_ps(vt + (size_t) k * D + d0);
+            const __m256 v1 = _mm256_load_ps(vt + (size_t) k * D + d0 + 8);
+            for (int r = 0; r < R; ++r) {
+                const __m256 pb = _mm256_broadcast_ss(p + (size_t) r * BK + k);
+                acc[r][0] = _mm256_fmadd_ps(pb, v0, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(pb, v1, acc[r][1]);
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            _mm256_store_ps(o + (size_t) r * D + d0, acc[r][0]);
+            _mm256_store_ps(o + (size_t) r * D + d0 + 8, acc[r][1]);
+        }
+    }
+}
+
+#if defined(__AVX512F__)
+// The 512-bit micro-kernels: the same chains as fa_qk and fa_pv (one fused multiply-add per
+// element and step, in the same order, lanes independent), 16 lanes a vector and FA_R16 rows
+// a pass, so the same bits.
+#define FA_R16 12
+
+// As fa_qk, 16 keys a vector.
+FA_INLINE void fa_qk16(const float * q, int D, const float * kt, float * p, int R) {
+    for (int k0 = 0; k0 < BK; k0 += 16) {
+        __m512 acc[FA_R16];
+        for (int r = 0; r < R; ++r) {
+            acc[r] = _mm512_setzero_ps();
+        }
+        for (int d = 0; d < D; ++d) {
+            const __m512 kv = _mm512_loadu_ps(kt + (size_t) d * BK + k0);
+            for (int r = 0; r < R; ++r) {
+                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[(size_t) r * D + d]), kv, acc[r]);
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            _mm512_storeu_ps(p + (size_t) r * BK + k0, acc[r]);
+        }
+    }
+}
+
+// As fa_pv, 16 dimensions a vector.
+FA_INLINE void fa_pv16(const float * p, const float * vt, int D, float * o, int R) {
+    for (int d0 = 0; d0 < D; d0 += 16) {
+        __m512 acc[FA_R16];
+        for (int r = 0; r < R; ++r) {
+            acc[r] = _mm512_loadu_ps(o + (size_t) r * D + d0);
+        }
+        for (int k = 0; k < BK; ++k) {
+            const __m512 v = _mm512_loadu_ps(vt + (size_t) k * D + d0);
+            for (int r = 0; r < R; ++r) {
+                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[(size_t) r * BK + k]), v, acc[r]);
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            _mm512_storeu_ps(o + (size_t) r * D + d0, acc[r]);
+        }
+    }
+}
+
+// As fa_pv16, V's f16 rows read where they lie (vrows[k]: key k's row) and widened in
+// registers: the same f32 values (f16 to f32 is exact), so the same bits, without the tile's
+// f32 copy of V.
+FA_INLINE void fa_pv16h(const float * p, const uint16_t * const * vrows, int D, float * o, int R) {
+    for (int d0 = 0; d0 < D; d0 += 16) {
+        __m512 acc[FA_R16];
+        for (int r = 0; r < R; ++r) {
+            acc[r] = _mm512_loadu_ps(o + (size_t) r * D + d0);
+        }
+        for (int k = 0; k < BK; ++k) {
+            const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (vrows[k] + d0)));
+            for (int r = 0; r < R; ++r) {
+                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[(size_t) r * BK + k]), v, acc[r]);
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            _mm512_storeu_ps(o + (size_t) r * D + d0, acc[r]);
+        }
+    }
+}
+
+// The row passes with a constant row count each, so that the sums stay in registers.
+#define FA_ROWS16(fn, a, b, c, d, R)                 \
+    switch (R) {                                      \
+        case 1: fn(a, b, c, d, 1); break;             \
+        case 2: fn(a, b, c, d, 2); break;             \
+        case 3: fn(a, b, c, d, 3); break;             \
+        case 4: fn(a, b, c, d, 4); break;             \
+        case 5: fn(a, b, c, d, 5); break;             \
+        case 6: fn(a, b, c, d, 6); break;             \
+        case 7: fn(a, b, c, d, 7); break;             \
+        case 8: fn(a, b, c, d, 8); break;             \
+        case 9: fn(a, b, c, d, 9); break;             \
+        case 10: fn(a, b, c, d, 10); break;           \
+        case 11: fn(a, b, c, d, 11); break;           \
+        default: fn(a, b, c, d, FA_R16); break;       \
+    }
+
+static void fa_qk_rows(const float * q, int D, const float * kt, float * p, int rows) {
+    for (int r = 0; r < rows; r += FA_R16) {
+        const int R = rows - r < FA_R16 ? rows - r : FA_R16;
+        FA_ROWS16(fa_qk16, q + (size_t) r * D, D, kt, p + (size_t) r * BK, R);
+    }
+}
+
+static void fa_pv_rows(const float * p, const float * vt, int D, float * o, int rows) {
+    for (int r = 0; r < rows; r += FA_R16) {
+        const int R = rows - r < FA_R16 ? rows - r : FA_R16;
+        FA_ROWS16(fa_pv16, p + (size_t) r * BK, vt, D, o + (size_t) r * D, R);
+    }
+}
+
+static void fa_pv_rows_h(const float * p, const uint16_t * const * vrows, int D, float * o,
+                         int rows) {
+    for (int r = 0; r < rows; r += FA_R16) {
+        const int R = rows - r < FA_R16 ? rows - r : FA_R16;
+        FA_ROWS16(fa_pv16h, p + (size_t) r * BK, vrows, D, o + (size_t) r * D, R);
+    }
+}
+#undef FA_ROWS16
+#else
+static void fa_qk_rows(const float * q, int D, const float * kt, float * p, int rows) {
+    int r = 0;
+    for (; r + FA_R <= rows; r += FA_R) {
+        fa_qk(q + (size_t) r * D, D, kt, p + (size_t) r * BK, FA_R);
+    }
+    switch (rows - r) {
+        case 5: fa_qk(q + (size_t) r * D, D, kt, p + (size_t) r * BK, 5); break;
+        case 4: fa_qk(q + (size_t) r * D, D, kt, p + (size_t) r * BK, 4); break;
+        case 3: fa_qk(q + (size_t) r * D, D, kt, p + (size_t) r * BK, 3); break;
+        case 2: fa_qk(q + (size_t) r * D, D, kt, p + (size_t) r * BK, 2); break;
+        case 1: fa_qk(q + (size_t) r * D, D, kt, p + (size_t) r * BK, 1); break;
+        default: break;
+    }
+}
+
+static void fa_pv_rows(const float * p, const float * vt, int D, float * o, int rows) {
+    int r = 0;
+    for (; r + FA_R <= rows; r += FA_R) {
+        fa_pv(p + (size_t) r * BK, vt, D, o + (size_t) r * D, FA_R);
+    }
+    switch (rows - r) {
+        case 5: fa_pv(p + (size_t) r * BK, vt, D, o + (size_t) r * D, 5); break;
+        case 4: fa_pv(p + (size_t) r * BK, vt, D, o + (size_t) r * D, 4); break;
+        case 3: fa_pv(p + (size_t) r * BK, vt, D, o + (size_t) r * D, 3); break;
+        case 2: fa_pv(p + (size_t) r * BK, vt, D, o + (size_t) r * D, 2); break;
+        case 1: fa_pv(p + (size_t) r * BK, vt, D, o + (size_t) r * D, 1); break;
+        default: break;
+    }
+}
+#endif
+#endif
