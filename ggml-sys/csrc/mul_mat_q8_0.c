@@ -492,8 +492,7 @@ Q80_INLINE void rows_groups(int kind, struct ggml_tensor * dst, int64_t m, int R
         rows_group_amx(x, (size_t) nb * QK, d0, packed + (size_t) (g - g0) * group_bytes, nb, dst,
                        m, R, n0, cols);
     }
-    return;
-#endif
+#else
     Q80_ALIGN64 float res[MR * W] = {0};
     for (int64_t g = g0; g < g1; ++g) {
         rows_group(kind, x, (size_t) nb * XB(kind), d0, packed + (size_t) (g - g0) * group_bytes,
@@ -507,6 +506,7 @@ Q80_INLINE void rows_groups(int kind, struct ggml_tensor * dst, int64_t m, int R
             }
         }
     }
+#endif
 }
 
 // The work of thread ith of nth over `groups` column groups and M rows: enough groups, and
@@ -580,8 +580,7 @@ Q80_INLINE void mul_mat(int kind, struct ggml_tensor * dst, int ith, int nth) {
         }
         amx_signed(x, (size_t) MR * nb * QK, (uint8_t) bias);
         rows_groups(kind, dst, m, R, x, d0, buf, g0, g1, nb, N);
-        continue;
-#endif
+#else
         // A constant row count per call, so that the vector path keeps its sums in registers.
         switch (R) {
 #define Q80_ROWS(n) \
@@ -598,6 +597,7 @@ Q80_INLINE void mul_mat(int kind, struct ggml_tensor * dst, int ith, int nth) {
 #undef Q80_ROWS
             default: rows_groups(kind, dst, m, MR, x, d0, buf, g0, g1, nb, N); break;
         }
+#endif
     }
 #ifdef Q80_AMX
     _tile_release();
