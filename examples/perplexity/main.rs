@@ -372,6 +372,9 @@ fn main() -> Result<()> {
         "perplexity: {} {ppl_base:.4}, {} {ppl_test:.4} ({ppl_diff:+.3}%)",
         run.base, run.test
     );
+    if args.llama_cpp_logits.is_some() {
+        println!("  (llama.cpp's from its stored rows, clamped 16 nats below the top: compare ours with the Final estimate of the run that saved them)");
+    }
     println!("KL divergence: mean {mean_kld:.6}, 99th percentile {p99:.6}");
     println!("same most likely token: {:.2}%", 100.0 * same_top);
     if let Some(g) = greedy {
