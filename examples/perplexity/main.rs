@@ -360,13 +360,16 @@ fn main() -> Result<()> {
             "greedy_agreement": greedy,
             "greedy_tokens": t.greedy_total,
             "seconds": start.elapsed().as_secs_f64(),
+            "cpu_path": engine::cpu_path().name,
         });
         println!("{out}");
         return Ok(());
     }
     println!(
-        "{} chunks of {} tokens, {n} scored positions",
-        run.chunks, run.ctx
+        "{} chunks of {} tokens, {n} scored positions (CPU path {})",
+        run.chunks,
+        run.ctx,
+        engine::cpu_path().name
     );
     println!(
         "perplexity: {} {ppl_base:.4}, {} {ppl_test:.4} ({ppl_diff:+.3}%)",
