@@ -10,6 +10,11 @@
 //! `q` a token (padded to an even count), the token's natural-log probability being
 //! `scale * q + min`. Tokens more than 16 nats less likely than the most likely one are stored as
 //! `q = 0`, that is at `min`.
+//!
+//! The base's perplexity read back from the rows is llama.cpp's `Mean PPL(base)`: where a next
+//! token lies more than 16 nats below the most likely one its stored log-probability is raised
+//! to that bound, so it reads lower than the `Final estimate` the run that wrote the file printed
+//! from its f32 logits. Ours is computed from our f32 logits: compare it with that estimate.
 
 use std::fs::File;
 use std::io::{BufReader, Read};

@@ -360,18 +360,24 @@ fn main() -> Result<()> {
             "greedy_agreement": greedy,
             "greedy_tokens": t.greedy_total,
             "seconds": start.elapsed().as_secs_f64(),
+            "cpu_path": engine::cpu_path().name,
         });
         println!("{out}");
         return Ok(());
     }
     println!(
-        "{} chunks of {} tokens, {n} scored positions",
-        run.chunks, run.ctx
+        "{} chunks of {} tokens, {n} scored positions (CPU path {})",
+        run.chunks,
+        run.ctx,
+        engine::cpu_path().name
     );
     println!(
         "perplexity: {} {ppl_base:.4}, {} {ppl_test:.4} ({ppl_diff:+.3}%)",
         run.base, run.test
     );
+    if args.llama_cpp_logits.is_some() {
+        println!("  (llama.cpp's from its stored rows, clamped 16 nats below the top: compare ours with the Final estimate of the run that saved them)");
+    }
     println!("KL divergence: mean {mean_kld:.6}, 99th percentile {p99:.6}");
     println!("same most likely token: {:.2}%", 100.0 * same_top);
     if let Some(g) = greedy {
