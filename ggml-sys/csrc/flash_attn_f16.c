@@ -34,6 +34,7 @@
 
 #include "ggml.h"
 #include "ggml-cpu.h"
+#include "half.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -93,10 +94,6 @@ static float * fa_reserve(size_t floats) {
     return fa_buf;
 }
 
-static inline float fa_h2f(uint16_t h) {
-    return ggml_fp16_to_fp32(h);
-}
-
 // Bytes of one q8_0 block of 32 elements: its f16 scale, then 32 int8.
 #define FA_Q8_BLOCK 34
 
@@ -107,7 +104,7 @@ static inline void fa_q8_0_row(const void * row, int D, float * out) {
     for (int i0 = 0; i0 < D; i0 += 32, b += FA_Q8_BLOCK) {
         uint16_t h;
         memcpy(&h, b, sizeof h);
-        const float d = fa_h2f(h);
+        const float d = ggml_sys_f16(h);
         const int8_t * q = (const int8_t *) (b + 2);
 #ifdef FA_SIMD
         const __m256 dv = _mm256_set1_ps(d);
@@ -131,7 +128,7 @@ static inline void fa_load_row(const struct ggml_tensor * t, const void * row, i
     }
     const uint16_t * h = (const uint16_t *) row;
     for (int d = 0; d < D; ++d) {
-        out[d] = fa_h2f(h[d]);
+        out[d] = ggml_sys_f16(h[d]);
     }
 }
 
@@ -388,28 +385,11 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, in
             const uint16_t * mrow = fa_row(a->mask, t, 0) + ic;
             float * pr = p + (size_t) r * BK;
 #ifdef FA_SIMD
-            __m256 vmax = _mm256_set1_ps(-INFINITY);
-            for (int k = 0; k < BK; k += 8) {
-                __m256 s = _mm256_load_ps(pr + k);
-                __m256 mk;
-                if (k + 8 <= kv) {
-                    mk = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (mrow + k)));
-                } else {
-                    float tmp[8];
-                    for (int i = 0; i < 8; ++i) {
-                        tmp[i] = k + i < kv ? fa_h2f(mrow[k + i]) : -INFINITY;
-                    }
-                    mk = _mm256_loadu_ps(tmp);
-                }
-                s = _mm256_add_ps(s, mk);
-                _mm256_store_ps(pr + k, s);
-                vmax = _mm256_max_ps(vmax, s);
-            }
-            const float tmax = fa_hmax(vmax);
+            const float tmax = fa_mask_max(pr, mrow, kv);
 #else
             float tmax = -INFINITY;
             for (int k = 0; k < BK; ++k) {
-                pr[k] += k < kv ? fa_h2f(mrow[k]) : -INFINITY;
+                pr[k] += k < kv ? ggml_sys_f16(mrow[k]) : -INFINITY;
                 tmax = pr[k] > tmax ? pr[k] : tmax;
             }
 #endif
@@ -421,14 +401,7 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, in
                 continue;
             }
 #ifdef FA_SIMD
-            const __m256 m = _mm256_set1_ps(tmax);
-            __m256 vs = _mm256_setzero_ps();
-            for (int k = 0; k < BK; k += 8) {
-                const __m256 e = fa_exp8(_mm256_sub_ps(_mm256_load_ps(pr + k), m));
-                _mm256_store_ps(pr + k, e);
-                vs = _mm256_add_ps(vs, e);
-            }
-            tsum[r] = ggml_sys_hsum8(vs);
+            tsum[r] = fa_exp_sum(pr, tmax);
 #else
             float s = 0.0f;
             for (int k = 0; k < BK; ++k) {

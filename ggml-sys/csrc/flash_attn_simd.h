@@ -35,6 +35,40 @@ static inline __m256 fa_exp8(__m256 x) {
     return _mm256_andnot_ps(under, y);
 }
 
+// A row's BK scores plus its mask row (keys kv.. masked), stored back; returns their maximum.
+static inline float fa_mask_max8(float * pr, const uint16_t * mrow, int kv) {
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    for (int k = 0; k < BK; k += 8) {
+        __m256 mk;
+        if (k + 8 <= kv) {
+            mk = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (mrow + k)));
+        } else {
+            float tmp[8];
+            for (int i = 0; i < 8; ++i) {
+                tmp[i] = k + i < kv ? ggml_sys_f16(mrow[k + i]) : -INFINITY;
+            }
+            mk = _mm256_loadu_ps(tmp);
+        }
+        const __m256 s = _mm256_add_ps(_mm256_load_ps(pr + k), mk);
+        _mm256_store_ps(pr + k, s);
+        vmax = _mm256_max_ps(vmax, s);
+    }
+    return fa_hmax(vmax);
+}
+
+// The row's exponentials e^(s - tmax), stored back; returns their sum, taken as eight lane sums
+// (lane i: keys i, i + 8, ... in order) then ggml_sys_hsum8.
+static inline float fa_exp_sum8(float * pr, float tmax) {
+    const __m256 m = _mm256_set1_ps(tmax);
+    __m256 vs = _mm256_setzero_ps();
+    for (int k = 0; k < BK; k += 8) {
+        const __m256 e = fa_exp8(_mm256_sub_ps(_mm256_load_ps(pr + k), m));
+        _mm256_store_ps(pr + k, e);
+        vs = _mm256_add_ps(vs, e);
+    }
+    return ggml_sys_hsum8(vs);
+}
+
 // Eight keys' f16 rows (dims d0..d0+7 of each) into kt[(d0 + i) * BK + k0 + j], transposed in
 // registers.
 static inline void fa_store_transposed8(const __m256 * r, int d0, float * kt, int k0);
@@ -141,6 +175,63 @@ FA_INLINE void fa_pv(const float * p, const float * vt, int D, float * o, int R)
 // a pass, so the same bits.
 #define FA_R16 12
 
+// As fa_exp8, 16 lanes: the same operations per lane (the underflow's lanes zeroed by a mask),
+// so the same bits.
+static inline __m512 fa_exp16(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-86.0f);
+    const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    x = _mm512_max_ps(x, lo);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23);
+    const __m512 y = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
+    return _mm512_maskz_mov_ps((__mmask16) ~under, y);
+}
+
+// As fa_mask_max8, 16 keys a vector (a maximum does not depend on the order).
+static inline float fa_mask_max16(float * pr, const uint16_t * mrow, int kv) {
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    for (int k = 0; k < BK; k += 16) {
+        __m512 mk;
+        if (k + 16 <= kv) {
+            mk = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (mrow + k)));
+        } else {
+            float tmp[16];
+            for (int i = 0; i < 16; ++i) {
+                tmp[i] = k + i < kv ? ggml_sys_f16(mrow[k + i]) : -INFINITY;
+            }
+            mk = _mm512_loadu_ps(tmp);
+        }
+        const __m512 s = _mm512_add_ps(_mm512_loadu_ps(pr + k), mk);
+        _mm512_storeu_ps(pr + k, s);
+        vmax = _mm512_max_ps(vmax, s);
+    }
+    return _mm512_reduce_max_ps(vmax);
+}
+
+// As fa_exp_sum8, 16 exponentials a vector, summed into the same eight lanes in the same order
+// (keys k..k+7, then k+8..k+15).
+static inline float fa_exp_sum16(float * pr, float tmax) {
+    const __m512 m = _mm512_set1_ps(tmax);
+    __m256 vs = _mm256_setzero_ps();
+    for (int k = 0; k < BK; k += 16) {
+        const __m512 e = fa_exp16(_mm512_sub_ps(_mm512_loadu_ps(pr + k), m));
+        _mm512_storeu_ps(pr + k, e);
+        vs = _mm256_add_ps(vs, _mm512_castps512_ps256(e));
+        vs = _mm256_add_ps(vs, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+    }
+    return ggml_sys_hsum8(vs);
+}
+
 // As fa_qk, 16 keys a vector.
 FA_INLINE void fa_qk16(const float * q, int D, const float * kt, float * p, int R) {
     for (int k0 = 0; k0 < BK; k0 += 16) {
@@ -239,7 +330,13 @@ static void fa_pv_rows_h(const float * p, const uint16_t * const * vrows, int D,
     }
 }
 #undef FA_ROWS16
+
+#define fa_mask_max fa_mask_max16
+#define fa_exp_sum fa_exp_sum16
 #else
+#define fa_mask_max fa_mask_max8
+#define fa_exp_sum fa_exp_sum8
+
 static void fa_qk_rows(const float * q, int D, const float * kt, float * p, int rows) {
     int r = 0;
     for (; r + FA_R <= rows; r += FA_R) {

@@ -53,6 +53,7 @@
 
 #include "ggml.h"
 #include "ggml-cpu.h"
+#include "half.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -143,13 +144,6 @@ Q41_INLINE __m256i lane_dots(__m256i x, __m256i y) {
 #endif
 }
 
-static inline float f16_to_f32(uint16_t h) {
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    return ggml_fp16_to_fp32(h);
-#endif
-}
 
 // Rows `x[r]` (R of them, nb blocks each) against `NC` columns: the columns' q8_1 values
 // `y[c]` with their scales `d[c]` and sums `s[c]` as f32; out[r][c * out_stride].
@@ -169,8 +163,8 @@ Q41_INLINE void rows_cols(
         float d0[2], m0[2];
         __m256i qx[2];
         for (int r = 0; r < R; ++r) {
-            d0[r] = f16_to_f32(x[r][i].d);
-            m0[r] = f16_to_f32(x[r][i].m);
+            d0[r] = ggml_sys_f16(x[r][i].d);
+            m0[r] = ggml_sys_f16(x[r][i].m);
             // Elements 0..15 are the low nibbles, 16..31 the high ones.
             const __m128i packed = _mm_loadu_si128((const __m128i *) x[r][i].qs);
             qx[r] = _mm256_and_si256(
@@ -244,8 +238,8 @@ static void pack_group(const struct ggml_tensor * b, int64_t n0, int64_t N, int 
         q81->from_float((const float *) ((const char *) b->data + (n0 + c) * b->nb[1]), tmp, K);
         for (int i = 0; i < nb; ++i) {
             memcpy(qs + ((size_t) i * GROUP + c) * QK, tmp[i].qs, QK);
-            d[i * GROUP + c] = ggml_fp16_to_fp32(tmp[i].d);
-            s[i * GROUP + c] = ggml_fp16_to_fp32(tmp[i].s);
+            d[i * GROUP + c] = ggml_sys_f16(tmp[i].d);
+            s[i * GROUP + c] = ggml_sys_f16(tmp[i].s);
         }
     }
 }
@@ -259,8 +253,8 @@ static void unpack_row(const q41_block * x, int nb, uint8_t * qx, float * d0, fl
         const __m256i v = _mm256_and_si256(
             low, _mm256_insertf128_si256(_mm256_castsi128_si256(packed), _mm_srli_epi16(packed, 4), 1));
         _mm256_store_si256((__m256i *) (qx + (size_t) i * QK), v);
-        d0[i] = f16_to_f32(x[i].d);
-        m0[i] = f16_to_f32(x[i].m);
+        d0[i] = ggml_sys_f16(x[i].d);
+        m0[i] = ggml_sys_f16(x[i].m);
     }
 }
 
@@ -529,8 +523,8 @@ static void is_pack_group(const struct ggml_tensor * b, int64_t n0, int64_t N, i
                     memset(quad, 0, 4);
                 }
             }
-            d1[i * W + c] = real ? f16_to_f32(tmp[i].d) : 0.0f;
-            s1[i * W + c] = real ? f16_to_f32(tmp[i].s) : 0.0f;
+            d1[i * W + c] = real ? ggml_sys_f16(tmp[i].d) : 0.0f;
+            s1[i * W + c] = real ? ggml_sys_f16(tmp[i].s) : 0.0f;
         }
     }
 }
@@ -652,8 +646,8 @@ static void mul_mat_exact(struct ggml_tensor * dst, int ith, int nth) {
     for (int64_t n = 0; n < N; ++n) {
         q81->from_float((const float *) ((const char *) b->data + n * b->nb[1]), q8 + n * nb, K);
         for (int i = 0; i < nb; ++i) {
-            ds[n * nb + i] = ggml_fp16_to_fp32(q8[n * nb + i].d);
-            ss[n * nb + i] = ggml_fp16_to_fp32(q8[n * nb + i].s);
+            ds[n * nb + i] = ggml_sys_f16(q8[n * nb + i].d);
+            ss[n * nb + i] = ggml_sys_f16(q8[n * nb + i].s);
         }
     }
 

@@ -248,8 +248,8 @@ static void mul_mat_few(struct ggml_tensor * dst, int ith, int nth) {
     for (int64_t n = 0; n < N; ++n) {
         quantize_col(b, n, nb, q8 + n * nb);
         for (int i = 0; i < nb; ++i) {
-            ds[n * nb + i] = f16_to_f32(q8[n * nb + i].d);
-            ss[n * nb + i] = f16_to_f32(q8[n * nb + i].s);
+            ds[n * nb + i] = ggml_sys_f16(q8[n * nb + i].d);
+            ss[n * nb + i] = ggml_sys_f16(q8[n * nb + i].s);
         }
     }
     // Rows past the end repeat the last one; their lanes are never stored.

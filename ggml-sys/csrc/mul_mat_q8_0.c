@@ -77,6 +77,7 @@
 
 #include "ggml.h"
 #include "ggml-cpu.h"
+#include "half.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -215,7 +216,7 @@ static void pack_group(const struct ggml_tensor * b, int64_t n0, int64_t N, int 
                     memset(quad, 0, 4);
                 }
             }
-            d1[i * W + c] = real ? ggml_fp16_to_fp32(tmp[i].d) : 0.0f;
+            d1[i * W + c] = real ? ggml_sys_f16(tmp[i].d) : 0.0f;
             start[i * W + c] = -bias * sum;
         }
     }
@@ -267,17 +268,17 @@ static void unpack_row(int kind, const void * row, int nb, uint8_t * x, float * 
                 u[j + QK / 2] = blk->qs[j] >> 4;
             }
 #endif
-            d0[i] = ggml_fp16_to_fp32(blk->d);
+            d0[i] = ggml_sys_f16(blk->d);
         } else if (kind == KIND_Q5_0) {
             const q50_block * blk = (const q50_block *) row + i;
             unpack_q5_0(blk, u);
-            d0[i] = ggml_fp16_to_fp32(blk->d);
+            d0[i] = ggml_sys_f16(blk->d);
         } else {
             const q80_block * blk = (const q80_block *) row + i;
             for (int j = 0; j < QK; ++j) {
                 u[j] = (uint8_t) blk->qs[j] ^ 0x80;
             }
-            d0[i] = ggml_fp16_to_fp32(blk->d);
+            d0[i] = ggml_sys_f16(blk->d);
         }
         uint8_t * out = x + (size_t) i * XB(kind);
 #ifdef Q80_SPLIT

@@ -406,7 +406,7 @@ Q80_INLINE void mul_mat_few(int kind, struct ggml_tensor * dst, int ith, int nth
             for (int j = 0; j < QK; ++j) {
                 sum += blk->qs[j];
             }
-            ds[n * nb + i] = ggml_fp16_to_fp32(blk->d);
+            ds[n * nb + i] = ggml_sys_f16(blk->d);
             starts[n * nb + i] = -bias * sum;
             if (p_bytes != 0) {
                 int32_t * pat = pats + (n * nb + i) * 64;

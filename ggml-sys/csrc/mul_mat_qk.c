@@ -60,6 +60,7 @@
 
 #include "ggml.h"
 #include "ggml-cpu.h"
+#include "half.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -160,13 +161,6 @@ static char * kq_reserve(size_t bytes) {
 
 #ifdef KQ_SIMD
 
-static inline float kq_f16(uint16_t h) {
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    return ggml_fp16_to_fp32(h);
-#endif
-}
 
 // Columns per group (one per 32-bit lane) and weight rows per pass.
 #ifdef KQ_W16
@@ -251,8 +245,8 @@ static void kq_unpack_scales_min(const uint8_t * scales, uint16_t d, uint16_t dm
     for (int p = 0; p < 4; ++p) {
         u->mp[p] = kq_pair(m[2 * p], m[2 * p + 1]);
     }
-    u->d = kq_f16(d);
-    u->dm = -kq_f16(dmin);
+    u->d = ggml_sys_f16(d);
+    u->dm = -ggml_sys_f16(dmin);
 }
 
 static void kq_unpack_q4k(const kq_block_q4k * x, int nb, kq_row * u) {
@@ -318,7 +312,7 @@ static void kq_unpack_q6k(const kq_block_q6k * x, int nb, kq_row * u) {
         for (int p = 0; p < 8; ++p) {
             u[i].mp[p] = kq_pair(-32 * x[i].scales[2 * p], -32 * x[i].scales[2 * p + 1]);
         }
-        u[i].d = kq_f16(x[i].d);
+        u[i].d = ggml_sys_f16(x[i].d);
         u[i].dm = 0.0f;
     }
 }

@@ -42,9 +42,9 @@ static inline __m256 kq_f16x8(__m128i h) {
 #else
     uint16_t v[8];
     _mm_storeu_si128((__m128i *) v, h);
-    return _mm256_setr_ps(ggml_fp16_to_fp32(v[0]), ggml_fp16_to_fp32(v[1]), ggml_fp16_to_fp32(v[2]),
-                          ggml_fp16_to_fp32(v[3]), ggml_fp16_to_fp32(v[4]), ggml_fp16_to_fp32(v[5]),
-                          ggml_fp16_to_fp32(v[6]), ggml_fp16_to_fp32(v[7]));
+    return _mm256_setr_ps(ggml_sys_f16(v[0]), ggml_sys_f16(v[1]), ggml_sys_f16(v[2]),
+                          ggml_sys_f16(v[3]), ggml_sys_f16(v[4]), ggml_sys_f16(v[5]),
+                          ggml_sys_f16(v[6]), ggml_sys_f16(v[7]));
 #endif
 }
 
