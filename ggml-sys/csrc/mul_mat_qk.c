@@ -32,7 +32,8 @@
 // Two paths compute it, and every output gets the same integers and the same float operations in
 // the same order from either, so a column's bits never depend on how many columns the node has,
 // which group, lane or pass it lands in, or which path computes it, at every vector ISA level
-// (the q8_K routine is ggml's reference code, the same at every level; the only float product,
+// (the columns are quantized as ggml's q8_K reference code does, `kq_quantize_q8k` giving its
+// bits at every level; the only float product,
 // d * d8, is the multiplicand of a fused multiply-add, so no contraction can change the steps):
 //
 // - Wide (many columns): one vector lane holds one column: the columns are packed W to a group
@@ -433,18 +434,74 @@ KQ_INLINE void kq_rows_group(const kq_row * x, int nb, int R, const char * g, in
     }
 }
 
+// A column of nb super-blocks into q8_K: the values, scale and sums of ggml's q8_K routine
+// (its reference code, which every level of ggml runs), vectorized. Per super-block: amax, the
+// largest |x| (a maximum: exact in any order), and `max`, the first x whose |x| is amax; an
+// all-zero block is all zeros; else iscale = -127 / max, q = min(127, round-half-even(iscale *
+// x)) (ggml rounds by adding 1.5 * 2^23, the same integer for these magnitudes as the vector
+// conversion's round-half-even), the sums of each 16 q, and d = 1 / iscale. For finite x
+// (a NaN is skipped by the maximum, as ggml's comparison skips it).
+static void kq_quantize_q8k(const float * x, kq_block_q8k * y, int nb) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int i = 0; i < nb; ++i, x += KQ_SB, ++y) {
+        __m256 vmax = _mm256_setzero_ps();
+        for (int j = 0; j < KQ_SB; j += 8) {
+            // |x| first: where it is NaN, max_ps keeps the running maximum.
+            vmax = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), vmax);
+        }
+        __m128 h = _mm_max_ps(_mm256_extractf128_ps(vmax, 1), _mm256_castps256_ps128(vmax));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        const float amax = _mm_cvtss_f32(h);
+        if (amax == 0.0f) {
+            memset(y, 0, sizeof *y);
+            continue;
+        }
+        float max = 0.0f;
+        const __m256 va = _mm256_set1_ps(amax);
+        for (int j = 0; j < KQ_SB; j += 8) {
+            const __m256 v = _mm256_loadu_ps(x + j);
+            const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, v), va, _CMP_EQ_OQ));
+            if (hit != 0) {
+                max = x[j + __builtin_ctz((unsigned) hit)];
+                break;
+            }
+        }
+        const float iscale = -127.f / max;
+        const __m256 vs = _mm256_set1_ps(iscale);
+        const __m256i top = _mm256_set1_epi32(127);
+        for (int j = 0; j < KQ_SB; j += 32) {
+            __m256i q[4];
+            for (int u = 0; u < 4; ++u) {
+                const __m256 v = _mm256_mul_ps(vs, _mm256_loadu_ps(x + j + 8 * u));
+                q[u] = _mm256_min_epi32(_mm256_cvtps_epi32(v), top);
+            }
+            // -128 .. 127: the packs do not saturate; the lanes' order put back.
+            const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                                 _mm256_packs_epi32(q[2], q[3]));
+            _mm256_storeu_si256((__m256i *) (y->qs + j), _mm256_permutevar8x32_epi32(w, order));
+        }
+        for (int j = 0; j < KQ_SB / 16; ++j) {
+            const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *) (y->qs + 16 * j)));
+            const __m256i s = _mm256_madd_epi16(w, _mm256_set1_epi16(1));
+            __m128i t = _mm_add_epi32(_mm256_extracti128_si256(s, 1), _mm256_castsi256_si128(s));
+            t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
+            t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+            y->bsums[j] = (int16_t) _mm_cvtsi128_si32(t);
+        }
+        y->d = 1.0f / iscale;
+    }
+}
+
 // Quantizes columns n0 .. n0 + W - 1 of `b` (those below N; the rest zero) into group `g`,
 // going through `tmp` (nb q8_K blocks). SUB: the values per sum in `bp` (16 or 32).
 static void kq_pack_group(const struct ggml_tensor * b, int64_t n0, int64_t N, int nb, int SUB,
                           kq_block_q8k * tmp, char * g) {
-    const struct ggml_type_traits_cpu * q8k = ggml_get_type_traits_cpu(GGML_TYPE_Q8_K);
     for (int c = 0; c < W; ++c) {
         const int real = n0 + c < N;
         if (real) {
-            // ggml's routine leaves an all-zero super-block's sums unwritten.
-            memset(tmp, 0, (size_t) nb * sizeof(kq_block_q8k));
-            q8k->from_float((const float *) ((const char *) b->data + (n0 + c) * b->nb[1]), tmp,
-                            (int64_t) nb * KQ_SB);
+            kq_quantize_q8k((const float *) ((const char *) b->data + (n0 + c) * b->nb[1]), tmp, nb);
         }
         for (int i = 0; i < nb; ++i) {
             char * gs = g + (size_t) i * KQ_GROUP_SB;

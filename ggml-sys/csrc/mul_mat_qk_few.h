@@ -475,12 +475,8 @@ static void kq_mul_mat_few(struct ggml_tensor * dst, int ith, int nth, int kind,
         kq_fill_nan(dst, m0, m1, n_lo, n_hi);
         return;
     }
-    // ggml's routine leaves an all-zero super-block's sums unwritten: zero them first.
-    memset(q8, 0, (size_t) N * nb * sizeof(kq_block_q8k));
-    const struct ggml_type_traits_cpu * q8k = ggml_get_type_traits_cpu(GGML_TYPE_Q8_K);
     for (int64_t n = 0; n < N; ++n) {
-        q8k->from_float((const float *) ((const char *) b->data + (n_lo + n) * b->nb[1]), q8 + n * nb,
-                        (int64_t) nb * KQ_SB);
+        kq_quantize_q8k((const float *) ((const char *) b->data + (n_lo + n) * b->nb[1]), q8 + n * nb, nb);
     }
 #ifdef KQ_W16
     if (kind != KQ_Q6K) {
