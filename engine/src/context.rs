@@ -654,8 +654,13 @@ impl Context {
             Evaluation::LlamaCpp => IntegerSums::Leading(n_tokens, 0),
             Evaluation::Fast => IntegerSums::Leading(n_tokens, plan.integer_sum_rows),
         };
+        // ggml's bits under `LlamaCpp`; the row kernels are CPU code (offloaded layers keep
+        // ggml's ops on their device).
+        let row_kernels =
+            self.params.evaluation != Evaluation::LlamaCpp && self.model.offload_device().is_none();
         let result = self.compute.run(|g| {
             g.allow_integer_sums(integer_sums);
+            g.allow_row_kernels(row_kernels);
             arch::build(g, model, kv, state, &plan, flash_attn, output)
         });
         let logits = match result {

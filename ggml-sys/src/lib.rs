@@ -84,6 +84,33 @@ pub mod kernels {
         /// F16C), 0 when it runs plain loops.
         pub fn ggml_sys_flash_attn_f16_simd() -> ::core::ffi::c_int;
 
+        /// A `ggml_custom_op_t` for `ggml_custom_4d`: `dst` (f32, the shape of `dst->src[0]`,
+        /// contiguous) = each row of `src[0]` (x, f32, elements contiguous) RMS-normalised and
+        /// times `src[1]` (w, f32, one contiguous row of x's length); eps is the f32 whose bits
+        /// are `userdata`'s low 32 bits. The sum of squares in f64 over sixteen fixed partial
+        /// sums (see `csrc/rows.c`): a row's bits depend on that row only, at every level.
+        pub fn ggml_sys_rms_norm_mul(
+            dst: *mut super::ggml_tensor,
+            ith: ::core::ffi::c_int,
+            nth: ::core::ffi::c_int,
+            userdata: *mut ::core::ffi::c_void,
+        );
+
+        /// A `ggml_custom_op_t` for `ggml_custom_4d`: `dst` (f32, the shape of `dst->src[0]`,
+        /// contiguous) = GELU (tanh form, through an f16 table, as ggml's CPU backend) of
+        /// `src[0]` times `src[1]` (both f32 of one shape, elements contiguous). `userdata` is
+        /// unused.
+        pub fn ggml_sys_geglu(
+            dst: *mut super::ggml_tensor,
+            ith: ::core::ffi::c_int,
+            nth: ::core::ffi::c_int,
+            userdata: *mut ::core::ffi::c_void,
+        );
+
+        /// 1 when [`ggml_sys_rms_norm_mul`] and [`ggml_sys_geglu`] were built with their
+        /// vector code (AVX2, FMA and F16C), 0 when they run plain loops.
+        pub fn ggml_sys_rows_simd() -> ::core::ffi::c_int;
+
         /// 1 when [`ggml_sys_mul_mat_q4_1`] was built with its integer-sum path (AVX2 and
         /// FMA), 0 when its `userdata` changes nothing.
         pub fn ggml_sys_mul_mat_q4_1_isum() -> ::core::ffi::c_int;

@@ -182,9 +182,8 @@ impl<'p, 'g, 'w> Forward<'p, 'g, 'w> {
 
     /// RMSNorm of `x` times the weights `w`.
     pub fn norm(&self, g: &mut Graph<'g, 'w>, x: Tensor<'g>, w: RawTensor<'w>) -> Tensor<'g> {
-        let norm = g.rms_norm(x, self.hp.rms_eps);
         let w = g.lift(w);
-        g.mul(norm, w)
+        g.rms_norm_mul(x, w, self.hp.rms_eps)
     }
 
     /// RMSNorm with weights `w` if there are any, `x` unchanged otherwise.

@@ -127,6 +127,7 @@ impl Compute {
             graph,
             inputs: Vec::new(),
             integer_sums: IntegerSums::Leading(0, 0),
+            row_kernels: false,
             _brand: PhantomData,
             _owners: PhantomData,
         };
@@ -288,6 +289,8 @@ pub(crate) struct Graph<'g, 'w> {
     inputs: Vec<(*mut sys::ggml_tensor, Vec<u8>)>,
     /// Which columns may take integer sums (see [`Graph::allow_integer_sums`]).
     integer_sums: IntegerSums,
+    /// Whether norms and gated activations may take ggml-sys's row kernels (`graph/rows.rs`).
+    row_kernels: bool,
     _brand: Invariant<'g>,
     _owners: PhantomData<&'w ()>,
 }
@@ -359,6 +362,7 @@ macro_rules! op {
 mod attention;
 mod experts;
 mod recurrent;
+mod rows;
 pub(crate) use attention::kernel_takes_model;
 
 impl<'g, 'w> Graph<'g, 'w> {
@@ -712,10 +716,6 @@ impl<'g, 'w> Graph<'g, 'w> {
     /// `silu(a[..n/2]) * a[n/2..]` along the rows of `a`: gate and up fused in one tensor.
     pub(crate) fn swiglu_fused(&mut self, a: Tensor<'g>) -> Tensor<'g> {
         op!(self, sys::ggml_swiglu(self.ctx(), a.raw))
-    }
-    /// `gelu(gate) * up` (GELU's tanh approximation, as ggml computes it).
-    pub(crate) fn geglu(&mut self, gate: Tensor<'g>, up: Tensor<'g>) -> Tensor<'g> {
-        op!(self, sys::ggml_geglu_split(self.ctx(), gate.raw, up.raw))
     }
     /// `x * s`.
     pub(crate) fn scale(&mut self, x: Tensor<'g>, s: f32) -> Tensor<'g> {
