@@ -306,7 +306,7 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, in
             for (int k = 0; k < BK; ++k) {
 #ifdef FA_R16
                 if (!v_q8) {
-                    // Read where they lie by fa_pv16h.
+                    // Read where they lie by fa_pv16.
                     vrows[k] = k < kv ? fa_kv_row(a->v, a->vpages, ic + k, g) : zeros;
                     continue;
                 }

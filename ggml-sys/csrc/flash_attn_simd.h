@@ -171,9 +171,9 @@ FA_INLINE void fa_pv(const float * p, const float * vt, int D, float * o, int R)
 
 #if defined(__AVX512F__)
 // The 512-bit micro-kernels: the same chains as fa_qk and fa_pv (one fused multiply-add per
-// element and step, in the same order, lanes independent), 16 lanes a vector and FA_R16 rows
-// a pass, so the same bits.
-#define FA_R16 12
+// element and step, in the same order, lanes independent), 16 lanes a vector, FA_R16 rows and
+// up to four vectors a pass, so the same bits.
+#define FA_R16 6
 
 // As fa_exp8, 16 lanes: the same operations per lane (the underflow's lanes zeroed by a mask),
 // so the same bits.
@@ -232,104 +232,127 @@ static inline float fa_exp_sum16(float * pr, float tmax) {
     return ggml_sys_hsum8(vs);
 }
 
-// As fa_qk, 16 keys a vector.
+// As fa_qk, 16 keys a vector, the tile's 64 keys (four vectors) a row at once: each row's
+// broadcast serves four vectors and each K load six rows (fewer loads per multiply-add).
 FA_INLINE void fa_qk16(const float * q, int D, const float * kt, float * p, int R) {
-    for (int k0 = 0; k0 < BK; k0 += 16) {
-        __m512 acc[FA_R16];
-        for (int r = 0; r < R; ++r) {
-            acc[r] = _mm512_setzero_ps();
+    __m512 acc[FA_R16][4];
+    for (int r = 0; r < R; ++r) {
+        for (int c = 0; c < 4; ++c) {
+            acc[r][c] = _mm512_setzero_ps();
         }
-        for (int d = 0; d < D; ++d) {
-            const __m512 kv = _mm512_loadu_ps(kt + (size_t) d * BK + k0);
-            for (int r = 0; r < R; ++r) {
-                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[(size_t) r * D + d]), kv, acc[r]);
+    }
+    for (int d = 0; d < D; ++d) {
+        __m512 kv[4];
+        for (int c = 0; c < 4; ++c) {
+            kv[c] = _mm512_loadu_ps(kt + (size_t) d * BK + 16 * c);
+        }
+        for (int r = 0; r < R; ++r) {
+            const __m512 qb = _mm512_set1_ps(q[(size_t) r * D + d]);
+            for (int c = 0; c < 4; ++c) {
+                acc[r][c] = _mm512_fmadd_ps(qb, kv[c], acc[r][c]);
             }
         }
-        for (int r = 0; r < R; ++r) {
-            _mm512_storeu_ps(p + (size_t) r * BK + k0, acc[r]);
+    }
+    for (int r = 0; r < R; ++r) {
+        for (int c = 0; c < 4; ++c) {
+            _mm512_storeu_ps(p + (size_t) r * BK + 16 * c, acc[r][c]);
         }
     }
 }
 
-// As fa_pv, 16 dimensions a vector.
-FA_INLINE void fa_pv16(const float * p, const float * vt, int D, float * o, int R) {
-    for (int d0 = 0; d0 < D; d0 += 16) {
-        __m512 acc[FA_R16];
-        for (int r = 0; r < R; ++r) {
-            acc[r] = _mm512_loadu_ps(o + (size_t) r * D + d0);
+// As fa_pv, 16 dimensions a vector, C vectors (dimensions d0 .. d0 + 16C - 1) a row at once.
+// With `vrows`, V's f16 rows are read where they lie (vrows[k]: key k's row) and widened in
+// registers (f16 to f32 is exact: the same values as the f32 copy `vt`).
+FA_INLINE void fa_pv16(const float * p, const float * vt, const uint16_t * const * vrows, int half,
+                       int D, float * o, int R, int C, int d0) {
+    __m512 acc[FA_R16][4];
+    for (int r = 0; r < R; ++r) {
+        for (int c = 0; c < C; ++c) {
+            acc[r][c] = _mm512_loadu_ps(o + (size_t) r * D + d0 + 16 * c);
         }
-        for (int k = 0; k < BK; ++k) {
-            const __m512 v = _mm512_loadu_ps(vt + (size_t) k * D + d0);
-            for (int r = 0; r < R; ++r) {
-                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[(size_t) r * BK + k]), v, acc[r]);
+    }
+    for (int k = 0; k < BK; ++k) {
+        __m512 v[4];
+        for (int c = 0; c < C; ++c) {
+            v[c] = half
+                       ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (vrows[k] + d0 + 16 * c)))
+                       : _mm512_loadu_ps(vt + (size_t) k * D + d0 + 16 * c);
+        }
+        for (int r = 0; r < R; ++r) {
+            const __m512 pb = _mm512_set1_ps(p[(size_t) r * BK + k]);
+            for (int c = 0; c < C; ++c) {
+                acc[r][c] = _mm512_fmadd_ps(pb, v[c], acc[r][c]);
             }
         }
-        for (int r = 0; r < R; ++r) {
-            _mm512_storeu_ps(o + (size_t) r * D + d0, acc[r]);
+    }
+    for (int r = 0; r < R; ++r) {
+        for (int c = 0; c < C; ++c) {
+            _mm512_storeu_ps(o + (size_t) r * D + d0 + 16 * c, acc[r][c]);
         }
     }
 }
-
-// As fa_pv16, V's f16 rows read where they lie (vrows[k]: key k's row) and widened in
-// registers: the same f32 values (f16 to f32 is exact), so the same bits, without the tile's
-// f32 copy of V.
-FA_INLINE void fa_pv16h(const float * p, const uint16_t * const * vrows, int D, float * o, int R) {
-    for (int d0 = 0; d0 < D; d0 += 16) {
-        __m512 acc[FA_R16];
-        for (int r = 0; r < R; ++r) {
-            acc[r] = _mm512_loadu_ps(o + (size_t) r * D + d0);
-        }
-        for (int k = 0; k < BK; ++k) {
-            const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (vrows[k] + d0)));
-            for (int r = 0; r < R; ++r) {
-                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[(size_t) r * BK + k]), v, acc[r]);
-            }
-        }
-        for (int r = 0; r < R; ++r) {
-            _mm512_storeu_ps(o + (size_t) r * D + d0, acc[r]);
-        }
-    }
-}
-
-// The row passes with a constant row count each, so that the sums stay in registers.
-#define FA_ROWS16(fn, a, b, c, d, R)                 \
-    switch (R) {                                      \
-        case 1: fn(a, b, c, d, 1); break;             \
-        case 2: fn(a, b, c, d, 2); break;             \
-        case 3: fn(a, b, c, d, 3); break;             \
-        case 4: fn(a, b, c, d, 4); break;             \
-        case 5: fn(a, b, c, d, 5); break;             \
-        case 6: fn(a, b, c, d, 6); break;             \
-        case 7: fn(a, b, c, d, 7); break;             \
-        case 8: fn(a, b, c, d, 8); break;             \
-        case 9: fn(a, b, c, d, 9); break;             \
-        case 10: fn(a, b, c, d, 10); break;           \
-        case 11: fn(a, b, c, d, 11); break;           \
-        default: fn(a, b, c, d, FA_R16); break;       \
-    }
 
 static void fa_qk_rows(const float * q, int D, const float * kt, float * p, int rows) {
+    _Static_assert(BK == 64, "fa_qk16 takes a tile as four vectors of 16 keys");
     for (int r = 0; r < rows; r += FA_R16) {
         const int R = rows - r < FA_R16 ? rows - r : FA_R16;
-        FA_ROWS16(fa_qk16, q + (size_t) r * D, D, kt, p + (size_t) r * BK, R);
+        const float * qr = q + (size_t) r * D;
+        float * pr = p + (size_t) r * BK;
+        // A constant row count each, so that the sums stay in registers.
+        switch (R) {
+            case 1: fa_qk16(qr, D, kt, pr, 1); break;
+            case 2: fa_qk16(qr, D, kt, pr, 2); break;
+            case 3: fa_qk16(qr, D, kt, pr, 3); break;
+            case 4: fa_qk16(qr, D, kt, pr, 4); break;
+            case 5: fa_qk16(qr, D, kt, pr, 5); break;
+            default: fa_qk16(qr, D, kt, pr, FA_R16); break;
+        }
     }
 }
 
-static void fa_pv_rows(const float * p, const float * vt, int D, float * o, int rows) {
+// One pass of fa_pv16 with constant R (rows) and C (vectors).
+#define FA_PV_C(R, C) fa_pv16(pr, vt, vrows, half, D, orow, R, C, d0)
+#define FA_PV_R(R)                          \
+    switch (C) {                             \
+        case 1: FA_PV_C(R, 1); break;        \
+        case 2: FA_PV_C(R, 2); break;        \
+        case 3: FA_PV_C(R, 3); break;        \
+        default: FA_PV_C(R, 4); break;       \
+    }
+
+// o[r] += p[r] V over the tile for `rows` rows: V as f32 rows (`vt`) or, with `half` (a
+// constant at each call), as f16 rows where they lie (`vrows`).
+FA_INLINE void fa_pv_any(const float * p, const float * vt, const uint16_t * const * vrows,
+                         int half, int D, float * o, int rows) {
     for (int r = 0; r < rows; r += FA_R16) {
         const int R = rows - r < FA_R16 ? rows - r : FA_R16;
-        FA_ROWS16(fa_pv16, p + (size_t) r * BK, vt, D, o + (size_t) r * D, R);
+        const float * pr = p + (size_t) r * BK;
+        float * orow = o + (size_t) r * D;
+        for (int d0 = 0; d0 < D; d0 += 64) {
+            const int C = (D - d0) / 16 < 4 ? (D - d0) / 16 : 4;
+            switch (R) {
+                case 1: FA_PV_R(1); break;
+                case 2: FA_PV_R(2); break;
+                case 3: FA_PV_R(3); break;
+                case 4: FA_PV_R(4); break;
+                case 5: FA_PV_R(5); break;
+                default: FA_PV_R(FA_R16); break;
+            }
+        }
     }
+}
+#undef FA_PV_R
+#undef FA_PV_C
+
+static void fa_pv_rows(const float * p, const float * vt, int D, float * o, int rows) {
+    fa_pv_any(p, vt, NULL, 0, D, o, rows);
 }
 
 static void fa_pv_rows_h(const float * p, const uint16_t * const * vrows, int D, float * o,
                          int rows) {
-    for (int r = 0; r < rows; r += FA_R16) {
-        const int R = rows - r < FA_R16 ? rows - r : FA_R16;
-        FA_ROWS16(fa_pv16h, p + (size_t) r * BK, vrows, D, o + (size_t) r * D, R);
-    }
+    fa_pv_any(p, NULL, vrows, 1, D, o, rows);
 }
-#undef FA_ROWS16
+
 
 #define fa_mask_max fa_mask_max16
 #define fa_exp_sum fa_exp_sum16
