@@ -81,6 +81,7 @@
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+#include "simd_x86.h"
 #define Q80_SIMD 1
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define Q80_W16 1
@@ -500,12 +501,16 @@ Q80_INLINE void rows_groups(int kind, struct ggml_tensor * dst, int64_t m, int R
                    nb, R, res);
         const int64_t n0 = g * W;
         const int cols = N - n0 < W ? (int) (N - n0) : W;
+#ifdef Q80_SIMD
+        ggml_sys_store_columns(res, W, R, cols, out_at(dst, m, n0), dst->nb[1] / sizeof(float));
+#else
         for (int c = 0; c < cols; ++c) {
             float * out = out_at(dst, m, n0 + c);
             for (int r = 0; r < R; ++r) {
                 out[r] = res[r * W + c];
             }
         }
+#endif
     }
 #endif
 }

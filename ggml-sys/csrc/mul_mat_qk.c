@@ -65,6 +65,7 @@
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+#include "simd_x86.h"
 #define KQ_SIMD 1
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define KQ_W16 1
@@ -540,12 +541,7 @@ KQ_INLINE void kq_rows_groups(struct ggml_tensor * dst, int64_t m, int R, const 
         kq_rows_group(x, nb, R, packed + (size_t) (g - g0) * group_bytes, kind, res);
         const int64_t n0 = g * W;
         const int cols = N - n0 < W ? (int) (N - n0) : W;
-        for (int c = 0; c < cols; ++c) {
-            float * out = kq_out(dst, m, n0 + c);
-            for (int r = 0; r < R; ++r) {
-                out[r] = res[r * W + c];
-            }
-        }
+        ggml_sys_store_columns(res, W, R, cols, kq_out(dst, m, n0), dst->nb[1] / sizeof(float));
     }
 }
 
