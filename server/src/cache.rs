@@ -6,17 +6,17 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use engine::store::prompt_cache::{NewBlock, TailBlock};
-use engine::store::SessionStore;
+use engine::store::{BlockCopy, SessionStore};
+use promptcache::{StoreExt as _, TailBlock};
 
 use crate::metrics::Metrics;
 
 /// What a finished request leaves for the store: its new full blocks and the partly filled
-/// pages after them (see [`PromptCache::tail_of`](engine::store::prompt_cache::PromptCache::tail_of)).
+/// pages after them (see [`PromptCache::tail_of`](promptcache::PromptCache::tail_of)).
 #[derive(Debug, Default)]
 pub struct Work {
     /// Full pages the store lacked.
-    pub blocks: Vec<NewBlock>,
+    pub blocks: Vec<BlockCopy>,
     /// Tails of the prompt and of the whole sequence.
     pub tails: Vec<TailBlock>,
     /// Prefixes to pin once the blocks above are stored.
@@ -30,7 +30,7 @@ pub struct Work {
 }
 
 /// A namespace to clear
-/// ([`PromptCache::clear_namespace`](engine::store::prompt_cache::PromptCache::clear_namespace)),
+/// ([`PromptCache::clear_namespace`](promptcache::PromptCache::clear_namespace)),
 /// answered once done.
 #[derive(Debug)]
 pub struct ClearWork {
@@ -39,7 +39,7 @@ pub struct ClearWork {
     /// The tenant clearing it ([`pin_key`]): another tenant's pins in the namespace stay.
     pub tenant: Option<String>,
     /// Where the outcome goes.
-    pub reply: tokio::sync::oneshot::Sender<Result<engine::store::prompt_cache::Cleared, String>>,
+    pub reply: tokio::sync::oneshot::Sender<Result<promptcache::Cleared, String>>,
 }
 
 impl ClearWork {
@@ -71,7 +71,7 @@ pub fn pin_of<'a>(tenant: Option<&str>, stored: &'a str) -> Option<&'a str> {
     }
 }
 
-/// A prefix to pin ([`PromptCache::pin`](engine::store::prompt_cache::PromptCache::pin)),
+/// A prefix to pin ([`PromptCache::pin`](promptcache::PromptCache::pin)),
 /// answered once the writer has stored it.
 #[derive(Debug)]
 pub struct PinWork {
@@ -284,7 +284,7 @@ fn write_behind(
                 // A full filesystem: what the cache takes now is all it can take. That becomes
                 // a budget, the oldest prompts make room for this round, and it is written
                 // again; later rounds make room before they write.
-                let cap = store.prompt_cache().learn_capacity().unwrap_or(0);
+                let cap = store.learn_capacity().unwrap_or(0);
                 full.report(metrics, &e, cap);
                 if let Err(e) = store.prompt_cache().make_room(incoming) {
                     metrics.cache_error(format!("making room on a full disk failed: {e}"));
@@ -333,10 +333,10 @@ fn write_behind(
 fn write_round(
     store: &SessionStore,
     metrics: &Metrics,
-    blocks: &[NewBlock],
+    blocks: &[BlockCopy],
     tails: &[TailBlock],
 ) -> Result<(), engine::Error> {
-    match store.prompt_cache().put_blocks(blocks.to_vec()) {
+    match store.put_blocks(blocks.to_vec()) {
         Ok(n) => Metrics::add(&metrics.blocks_written, n as u64),
         Err(e) if is_no_space(&e) => return Err(e),
         Err(e) => metrics.cache_error(format!("storing blocks failed: {e}")),

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use engine::SeqId;
+use promptcache::StoreExt as _;
 use tokio::sync::mpsc;
 
 use super::{Command, Scheduler};
@@ -136,7 +137,7 @@ impl Scheduler {
             ));
             return;
         };
-        match store.prompt_cache().new_blocks(&self.ctx, seq, 0) {
+        match store.copy_blocks(&self.ctx, seq, 0) {
             Ok(blocks) => writer.send(Work {
                 urgent: false,
                 blocks,
@@ -209,9 +210,7 @@ impl Scheduler {
                 clears: vec![clear],
             }),
             None => {
-                let _ = clear
-                    .reply
-                    .send(Ok(engine::store::prompt_cache::Cleared::default()));
+                let _ = clear.reply.send(Ok(promptcache::Cleared::default()));
             }
         }
     }
@@ -235,7 +234,7 @@ impl Scheduler {
         let (seq, from, prompt_len) = (a.seq, a.cache_n / engine::PAGE_TOKENS, a.prompt.len());
         let cache_n = a.cache_n;
         let work = (|| -> engine::Result<Work> {
-            let blocks = store.prompt_cache().new_blocks(&self.ctx, seq, from)?;
+            let blocks = store.copy_blocks(&self.ctx, seq, from)?;
             let mut tails: Vec<_> = store
                 .prompt_cache()
                 .tail_of(&self.ctx, seq, prompt_len)?
@@ -286,7 +285,7 @@ impl Scheduler {
         let work = (|| -> engine::Result<Work> {
             // Every page the store lacks, the ones that came from a cache too: another process
             // may have collected their blocks since (the store looks for each file again).
-            let blocks = store.prompt_cache().new_blocks(&self.ctx, seq, from)?;
+            let blocks = store.copy_blocks(&self.ctx, seq, from)?;
             let mut tails = Vec::new();
             // The prompt's own tail (a repeated prompt ends there), unless it came from a
             // cache and the store still holds it, and the whole sequence's (the next turn of a
@@ -334,7 +333,7 @@ fn branch_tail(
     seq: SeqId,
     cache_n: usize,
     prompt_len: usize,
-) -> engine::Result<Option<engine::store::prompt_cache::TailBlock>> {
+) -> engine::Result<Option<promptcache::TailBlock>> {
     let page = engine::PAGE_TOKENS;
     let blocks = cache_n / page;
     let len = blocks * page + page - 1;
