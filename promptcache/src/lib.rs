@@ -11,8 +11,11 @@
 //!   prefix checkpoint named after the last full block ([`TAIL_PREFIX`] and its hex id), so a
 //!   prompt that continues those blocks takes up to a page's worth more tokens from disk;
 //!   which prefixes get one is the scheduler's choice ([`PromptCache::tail_of`]);
-//! - **room before writing** ([`PromptCache::incoming_bytes`], [`PromptCache::make_room`]),
-//!   for the server's write-behind thread;
+//! - **the write-behind thread** (`writer.rs`: [`Writer`]): blocks and tails the scheduler
+//!   copied out, stored without delaying any response, with room made before each round
+//!   ([`PromptCache::incoming_bytes`], [`PromptCache::make_room`]) and a capacity learnt from
+//!   a full filesystem; pins and clears in order behind them; what it does told through
+//!   [`Events`];
 //! - **pins** (`pins.rs`): a prompt's full blocks kept through the budget as `_pin-ID`, and a
 //!   namespace's cache cleared with the pins it names;
 //! - **recent prompts** for the n-gram drafts of a restarted server
@@ -27,10 +30,12 @@ use engine::Namespace;
 
 mod pins;
 mod tail;
+mod writer;
 
 pub use engine::store::Cleared;
 pub use pins::{Pin, PIN_PREFIX};
 pub use tail::{TailBlock, TAIL_PREFIX};
+pub use writer::{pin_key, pin_of, ClearWork, Events, PinWork, Work, Writer, MAX_QUEUED_BYTES};
 
 /// What goes wrong in the prompt cache: the store's errors, and requests it refuses.
 #[derive(Debug, thiserror::Error)]

@@ -84,6 +84,27 @@ impl PromptCache<'_> {
         }))
     }
 
+    /// The partly filled page where a prompt of `prompt_len` tokens left the cached prefix of
+    /// `cache_n` tokens it started from, when the store has no tail there yet: the tokens the
+    /// prompt shares with the prompt that stored that prefix beyond its last full block (the
+    /// end of a shared system prompt, say) are then found by the next prompt that branches
+    /// there, in another process or on another replica (which share whole blocks only), not
+    /// computed again.
+    pub fn branch_tail(
+        &self,
+        ctx: &Context,
+        seq: SeqId,
+        cache_n: usize,
+        prompt_len: usize,
+    ) -> engine::Result<Option<TailBlock>> {
+        let blocks = cache_n / PAGE_TOKENS;
+        let len = blocks * PAGE_TOKENS + PAGE_TOKENS - 1;
+        if blocks == 0 || prompt_len <= len || self.holds_tail(ctx, seq, len) {
+            return Ok(None);
+        }
+        self.tail_of(ctx, seq, len)
+    }
+
     /// Whether the store holds a tail checkpoint for the partial page of the first `len` tokens
     /// of `seq` (one file looked for); true when there is no partial page to hold.
     pub fn holds_tail(&self, ctx: &Context, seq: SeqId, len: usize) -> bool {

@@ -240,7 +240,11 @@ impl Scheduler {
                 .tail_of(&self.ctx, seq, prompt_len)?
                 .into_iter()
                 .collect();
-            tails.extend(branch_tail(store, &self.ctx, seq, cache_n, prompt_len)?);
+            tails.extend(
+                store
+                    .prompt_cache()
+                    .branch_tail(&self.ctx, seq, cache_n, prompt_len)?,
+            );
             for t in &mut tails {
                 t.expires_unix = expires;
             }
@@ -295,7 +299,11 @@ impl Scheduler {
             {
                 tails.extend(store.prompt_cache().tail_of(&self.ctx, seq, prompt_len)?);
             }
-            tails.extend(branch_tail(store, &self.ctx, seq, cache_n, prompt_len)?);
+            tails.extend(
+                store
+                    .prompt_cache()
+                    .branch_tail(&self.ctx, seq, cache_n, prompt_len)?,
+            );
             tails.extend(store.prompt_cache().tail_of(&self.ctx, seq, len)?);
             for t in &mut tails {
                 t.expires_unix = expires;
@@ -320,27 +328,6 @@ impl Scheduler {
             }
         }
     }
-}
-
-/// The partly filled page where a prompt left the cached prefix it started from, when the
-/// store has no tail there yet: the tokens the prompt shares with the prompt that stored that
-/// prefix beyond its last full block (the end of a shared system prompt, say) are then found
-/// by the next prompt that branches there, in another process or on another replica (which
-/// share whole blocks only), not computed again.
-fn branch_tail(
-    store: &engine::store::SessionStore,
-    ctx: &engine::Context,
-    seq: SeqId,
-    cache_n: usize,
-    prompt_len: usize,
-) -> engine::Result<Option<promptcache::TailBlock>> {
-    let page = engine::PAGE_TOKENS;
-    let blocks = cache_n / page;
-    let len = blocks * page + page - 1;
-    if blocks == 0 || prompt_len <= len || store.prompt_cache().holds_tail(ctx, seq, len) {
-        return Ok(None);
-    }
-    store.prompt_cache().tail_of(ctx, seq, len)
 }
 
 /// How long a finished sequence's pages may wait for the scheduler to be idle before they are
