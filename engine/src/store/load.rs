@@ -32,7 +32,7 @@ impl std::ops::Deref for Span {
 /// The longest stored prefix of a prompt, read and verified into memory by
 /// [`SessionStore::load_prefix`], ready for [`SessionStore::import_loaded`].
 pub struct LoadedPrefix {
-    /// The prefix found (its blocks and the tail that continues them).
+    /// The prefix found (its blocks and the checkpoint that continues them).
     found: StoredPrefix,
     /// Leading blocks not read because the context held them when the load was asked for.
     skipped: usize,

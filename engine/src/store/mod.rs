@@ -256,8 +256,9 @@ impl SessionStore {
     }
 
     /// Whether the store's model is a hybrid (recurrent layers): its checkpoints carry the
-    /// recurrent state, and its prompts are resumed only at block boundaries with a kept state
-    /// ([`SessionStore::restore_prefix`]), never by the prompt cache from blocks alone.
+    /// recurrent state, and its prompts are resumed only where a state was kept (a block
+    /// boundary's snapshot, or the end of a continuation: [`SessionStore::restore_prefix`],
+    /// [`SessionStore::stored_prefix`]), never from blocks alone.
     pub fn is_hybrid(&self) -> bool {
         self.handle.geometry().has_state()
     }
