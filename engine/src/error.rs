@@ -96,9 +96,6 @@ pub enum Error {
          limits), or engine::chat::sandbox::render_in_process() to trust every model file"
     )]
     NoSandboxChoice,
-    /// A pin that cannot be made (see [`crate::store::prompt_cache::PromptCache::pin`]).
-    #[error("pin: {0}")]
-    InvalidPin(String),
     /// A grammar or JSON schema for constrained decoding that does not compile (a GBNF error
     /// says its line, column and rule), or a token that the grammar does not allow.
     #[error("grammar: {0}")]

@@ -111,8 +111,8 @@ fn five_ways(path: &Path, evaluation: Evaluation, n_prompts: usize) {
     for p in &prompts {
         let seq = ctx.new_sequence();
         let first = ctx.feed(seq, p, Logits::Last).unwrap();
-        let blocks = store.prompt_cache().new_blocks(&ctx, seq, 0).unwrap();
-        store.prompt_cache().put_blocks(blocks).unwrap();
+        let blocks = store.copy_blocks(&ctx, seq, 0).unwrap();
+        store.put_blocks(blocks).unwrap();
         cold.push(generate(&mut ctx, seq, first));
         seqs.push(seq);
     }

@@ -157,8 +157,8 @@ fn restored_sequence_continues(model: &Arc<Model>) {
         store.restore_prefix(&mut session(&model), &early).unwrap(),
         0
     );
-    // The prompt cache resumes it at the same snapshot (blocks alone could not).
-    assert_eq!(store.prompt_cache().find_prefix(&tokens, None).tokens, 128);
+    // A stored-prefix lookup resumes it at the same snapshot (blocks alone could not).
+    assert_eq!(store.stored_prefix(&tokens, None, None).tokens, 128);
 }
 
 #[test]

@@ -13,6 +13,11 @@ use common::qwen35::build_qwen35;
 use engine::store::{SessionStore, StoreConfig};
 use engine::{Context, ContextParams, Error, Evaluation, Logits, Model, SeqId, PAGE_TOKENS};
 
+/// The name a prompt cache gives the tail after full block `last`.
+fn tail_name(last: &engine::BlockId) -> String {
+    format!("{}{}", engine::store::CACHED_PREFIX, last.to_hex())
+}
+
 fn context(model: &Arc<Model>) -> Context {
     Context::new(
         model.clone(),
@@ -118,8 +123,7 @@ fn the_next_turn_resumes_from_disk_where_the_last_one_ended() {
     let turn1 = a.tokens(seq).unwrap().to_vec();
     {
         let store = SessionStore::open(dir.path(), &model, StoreConfig::default()).unwrap();
-        let cache = store.prompt_cache();
-        let blocks = cache.new_blocks(&a, seq, 0).unwrap();
+        let blocks = store.copy_blocks(&a, seq, 0).unwrap();
         // Three full blocks; the snapshots at 128 (the prompt's) and 192 (the reply's).
         assert_eq!(blocks.len(), 3);
         let states: Vec<usize> = blocks
@@ -128,10 +132,12 @@ fn the_next_turn_resumes_from_disk_where_the_last_one_ended() {
             .map(|s| s.0)
             .collect();
         assert_eq!(states, [128, 192]);
-        cache.put_blocks(blocks).unwrap();
-        let tail = cache.tail_of(&a, seq, turn1.len()).unwrap().unwrap();
+        store.put_blocks(blocks).unwrap();
+        let tail = store.copy_prefix(&a, seq, turn1.len()).unwrap().unwrap();
         assert!(tail.state.is_some());
-        cache.put_tail(tail).unwrap();
+        store
+            .save_prefix(&tail_name(&a.block_ids(seq).unwrap()[2]), tail)
+            .unwrap();
         store.flush().unwrap();
     }
 
@@ -139,17 +145,18 @@ fn the_next_turn_resumes_from_disk_where_the_last_one_ended() {
     // (its tail carries the state) and only the new tokens are computed; the logits are the
     // uninterrupted sequence's bit for bit.
     let store = SessionStore::open(dir.path(), &model, StoreConfig::default()).unwrap();
-    let cache = store.prompt_cache();
     let mut next = turn1.clone();
     next.push(argmax(&end));
     next.extend(stream(3, 29));
     let usable = &next[..next.len() - 1];
     let mut b = context(&model);
-    let loaded = cache.load_prefix(b.kv_layout(), usable, 0, None).unwrap();
+    let loaded = store
+        .load_prefix(b.kv_layout(), usable, 0, None, Some(&tail_name))
+        .unwrap();
     assert_eq!(loaded.tokens(), turn1.len());
     let s = b.new_sequence();
     assert_eq!(
-        cache.import_loaded(&mut b, s, usable, &loaded).unwrap(),
+        store.import_loaded(&mut b, s, usable, &loaded).unwrap(),
         200
     );
     let resumed = b.feed(s, &next[200..], Logits::Last).unwrap();
@@ -160,12 +167,12 @@ fn the_next_turn_resumes_from_disk_where_the_last_one_ended() {
     // gives the logits of the edited history fed from scratch at the same boundaries.
     let mut edited = turn1[..170].to_vec();
     edited.extend(stream(4, 40));
-    let found = cache.find_prefix(&edited[..edited.len() - 1], None);
+    let found = store.stored_prefix(&edited[..edited.len() - 1], None, Some(&tail_name));
     assert_eq!(found.tokens, 128);
     let mut c = context(&model);
     let e = c.new_sequence();
     assert_eq!(
-        cache.restore_found(&mut c, e, &edited, &found).unwrap(),
+        store.restore_stored(&mut c, e, &edited, &found).unwrap(),
         128
     );
     let got = c.feed(e, &edited[128..], Logits::Last).unwrap();
@@ -176,7 +183,10 @@ fn the_next_turn_resumes_from_disk_where_the_last_one_ended() {
     // Edited inside the first block: no state fits, nothing is found.
     let mut early = turn1.clone();
     early[5] = (early[5] + 1) % 97;
-    assert_eq!(cache.find_prefix(&early, None).tokens, 0);
+    assert_eq!(
+        store.stored_prefix(&early, None, Some(&tail_name)).tokens,
+        0
+    );
 }
 
 #[test]

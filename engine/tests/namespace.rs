@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use engine::store::{SessionStore, StoreConfig};
+use engine::store::{SessionStore, StoreConfig, CACHED_PREFIX};
 use engine::{Context, ContextParams, Logits, Model, Namespace};
 
 fn context(model: &Arc<Model>) -> Context {
@@ -68,40 +68,31 @@ fn namespaces_share_no_block_and_each_keeps_its_own() {
     let store =
         SessionStore::open(&dir.path().join("cache"), &model, StoreConfig::default()).unwrap();
     store
-        .prompt_cache()
-        .put_blocks(store.prompt_cache().new_blocks(&ctx, a, 0).unwrap())
+        .put_blocks(store.copy_blocks(&ctx, a, 0).unwrap())
         .unwrap();
+    // The tail: a prefix checkpoint named after the last full block, as a prompt cache names it.
+    let tail = |last: &engine::BlockId| format!("{CACHED_PREFIX}{}", last.to_hex());
+    let full = toks.len() / engine::PAGE_TOKENS;
     store
-        .prompt_cache()
-        .put_tail(
-            store
-                .prompt_cache()
-                .tail_of(&ctx, a, toks.len())
-                .unwrap()
-                .unwrap(),
+        .save_prefix(
+            &tail(&ctx.block_ids(a).unwrap()[full - 1]),
+            store.copy_prefix(&ctx, a, toks.len()).unwrap().unwrap(),
         )
         .unwrap();
-    assert_eq!(
-        store.prompt_cache().find_prefix(&toks, Some(ns_a)).tokens,
-        toks.len()
-    );
-    assert_eq!(store.prompt_cache().find_prefix(&toks, None).tokens, 0);
-    assert_eq!(
-        store.prompt_cache().find_prefix(&toks, Some(ns_b)).tokens,
-        0
-    );
+    let found = |ns| store.stored_prefix(&toks, ns, Some(&tail)).tokens;
+    assert_eq!(found(Some(ns_a)), toks.len());
+    assert_eq!(found(None), 0);
+    assert_eq!(found(Some(ns_b)), 0);
 
     // Restored into a new context, it is a sequence of that namespace again.
     let mut ctx2 = context(&model);
     let back = ctx2.new_sequence();
     let layout = ctx2.kv_layout().clone();
     let loaded = store
-        .prompt_cache()
-        .load_prefix(&layout, &toks, 0, Some(ns_a))
+        .load_prefix(&layout, &toks, 0, Some(ns_a), Some(&tail))
         .unwrap();
     assert_eq!(
         store
-            .prompt_cache()
             .import_loaded(&mut ctx2, back, &toks, &loaded)
             .unwrap(),
         toks.len()

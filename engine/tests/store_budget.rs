@@ -8,8 +8,9 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use common::*;
-use engine::store::prompt_cache::TAIL_PREFIX;
-use engine::store::{CheckpointMeta, SessionStore, StoreConfig};
+use engine::store::{
+    CheckpointMeta, PrefixCheckpoint, SessionStore, StoreConfig, CACHED_PREFIX, PINNED_PREFIX,
+};
 use engine::testing::files_under;
 use engine::Session;
 
@@ -59,19 +60,24 @@ fn cache(store: &SessionStore, s: &mut Session, k: u32) -> String {
     let before = names(store);
     s.clear();
     s.feed(&conv(k)).unwrap();
-    let cache = store.prompt_cache();
-    let blocks = cache.new_blocks(s.context(), s.seq(), 0).unwrap();
-    cache.put_blocks(blocks).unwrap();
+    let blocks = store.copy_blocks(s.context(), s.seq(), 0).unwrap();
+    store.put_blocks(blocks).unwrap();
     store.flush().unwrap();
-    let tail = cache.tail_of(s.context(), s.seq(), 150).unwrap().unwrap();
-    cache.put_tail(tail).unwrap();
+    let tail = store
+        .copy_prefix(s.context(), s.seq(), 150)
+        .unwrap()
+        .unwrap();
+    let last = s.context().block_ids(s.seq()).unwrap()[150 / engine::PAGE_TOKENS - 1];
+    store
+        .save_prefix(&format!("{CACHED_PREFIX}{}", last.to_hex()), tail)
+        .unwrap();
     let mut new: Vec<String> = names(store)
         .into_iter()
         .filter(|n| !before.contains(n))
         .collect();
     assert_eq!(new.len(), 1, "{new:?}");
     let name = new.remove(0);
-    assert!(name.starts_with(TAIL_PREFIX), "{name}");
+    assert!(name.starts_with(CACHED_PREFIX), "{name}");
     name
 }
 
@@ -113,9 +119,13 @@ fn a_named_save_over_budget_never_drops_a_pin_nor_a_claimed_conversation() {
         let store = open(&root, &model, None);
         save(&store, &mut s, 0, "old");
         // The pin keeps the blocks of the oldest conversation.
+        let full = conv(0).len() / engine::PAGE_TOKENS * engine::PAGE_TOKENS;
+        let pin = PrefixCheckpoint {
+            tokens: conv(0)[..full].to_vec(),
+            ..PrefixCheckpoint::default()
+        };
         store
-            .prompt_cache()
-            .pin("system", &conv(0), None, None)
+            .save_prefix(&format!("{PINNED_PREFIX}system"), pin)
             .unwrap();
         save(&store, &mut s, 1, "held");
     }
@@ -124,14 +134,11 @@ fn a_named_save_over_budget_never_drops_a_pin_nor_a_claimed_conversation() {
     let _chat = kvstore::claim(&root, "held").unwrap();
     let evicted = save(&store, &mut s, 2, "new");
     assert_eq!(evicted, ["old"]);
-    let pins: Vec<String> = store
-        .prompt_cache()
-        .pins()
-        .unwrap()
+    let pins: Vec<String> = names(&store)
         .into_iter()
-        .map(|p| p.id)
+        .filter(|n| n.starts_with(PINNED_PREFIX))
         .collect();
-    assert_eq!(pins, ["system"], "the budget dropped the pin");
+    assert_eq!(pins, ["_pin-system"], "the budget dropped the pin");
     assert!(store.exists("held").unwrap() && store.exists("new").unwrap());
 }
 
@@ -196,7 +203,7 @@ fn the_cache_and_a_named_save_drop_tails_and_conversations_in_one_order() {
     // The prompt cache makes room for two conversations' worth of bytes ...
     let store = open(&by_cache, &model, Some(dir_bytes(&by_cache)));
     let incoming = dir_bytes(&by_cache) / 2;
-    store.prompt_cache().make_room(incoming).unwrap();
+    store.keep_budget(None, incoming).unwrap();
     let n_cache = dropped_oldest_first(&store, &order, "the prompt cache");
     assert!(n_cache >= 2, "a conversation and a tail: {order:?}");
 

@@ -234,7 +234,8 @@ fn fill_store(
     dir: &std::path::Path,
     n: usize,
 ) -> Result<serde_json::Value> {
-    use engine::store::prompt_cache::{NewBlock, TailBlock};
+    use engine::store::BlockCopy;
+    use promptcache::{StoreExt as _, TailBlock};
     let started = Instant::now();
     let store = SessionStore::open(dir, model, StoreConfig::default())?;
     let layout =
@@ -249,7 +250,7 @@ fn fill_store(
         let block = &tokens[..PAGE_TOKENS];
         let id = kvstore::BlockId::chain(&fingerprint, None, block);
         let fill = (c % 251) as u8;
-        store.prompt_cache().put_blocks(vec![NewBlock {
+        store.put_blocks(vec![BlockCopy {
             prev: None,
             id,
             tokens: block.to_vec(),

@@ -186,7 +186,7 @@ impl Drop for FileWriter {
 }
 
 /// Kind of the remote tier's values that hold entries
-/// ([`engine::store::prompt_cache::PromptCache::push_remote_values`]).
+/// ([`engine::store::SessionStore::push_remote_values`]).
 pub const REMOTE_KIND: &str = "text";
 
 /// The remote tier's name and value of the entry for `text`: replicas that share a Redis find

@@ -45,7 +45,9 @@ const CRATES: &[CrateRule] = &[
     CrateRule::library("ckptfmt", &[]),
     CrateRule::library("kvstore", &["ckptfmt"]),
     CrateRule::library("engine", &["ggml-sys", "ckptfmt", "kvstore"]),
-    CrateRule::library("server", &["engine", "kvstore", "ckptfmt"]),
+    // The server's prompt cache: policy on the engine's store, nothing below it.
+    CrateRule::library("promptcache", &["engine"]),
+    CrateRule::library("server", &["engine", "promptcache", "kvstore", "ckptfmt"]),
     // The root package (examples, benches) and the automation sit on top of everything.
     CrateRule::top("llama-hdd"),
     CrateRule::top("xtask"),

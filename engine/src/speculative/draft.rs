@@ -6,8 +6,8 @@
 //! tokens are cut at the next call, as any other difference is.
 //!
 //! With a store ([`DraftModel::with_store`], the draft model's own, under its fingerprint), a
-//! caller's new sequence starts from the longest prefix stored in its namespace, and
-//! [`DraftModel::save`] stores a sequence's full blocks: after a restart the draft model finds
+//! caller's new sequence starts from the longest run of full blocks stored in its namespace,
+//! and [`DraftModel::save`] stores a sequence's full blocks: after a restart the draft model finds
 //! its prefixes on disk, as the target does.
 
 use std::collections::HashMap;
@@ -98,8 +98,8 @@ impl DraftModel {
         let (Some(store), Some(&seq)) = (&self.store, self.seqs.get(&key)) else {
             return Ok(());
         };
-        let blocks = store.prompt_cache().new_blocks(&self.ctx, seq, 0)?;
-        store.prompt_cache().put_blocks(blocks)?;
+        let blocks = store.copy_blocks(&self.ctx, seq, 0)?;
+        store.put_blocks(blocks)?;
         Ok(())
     }
 
@@ -227,7 +227,7 @@ impl DraftModel {
         let found = self
             .store
             .as_ref()
-            .map(|s| s.prompt_cache().find_prefix(usable, ns));
+            .map(|s| s.stored_prefix(usable, ns, None));
         if let Some(&seq) = self.seqs.get(&key) {
             if common > 0
                 && found
@@ -244,10 +244,7 @@ impl DraftModel {
         self.seqs.insert(key, seq);
         if let (Some(store), Some(found)) = (&self.store, found.filter(|f| f.tokens > 0)) {
             // Only a cache: a prefix that cannot be read is computed instead.
-            if let Ok(n) = store
-                .prompt_cache()
-                .restore_found(&mut self.ctx, seq, usable, &found)
-            {
+            if let Ok(n) = store.restore_stored(&mut self.ctx, seq, usable, &found) {
                 self.restored += n;
             }
         }

@@ -1,29 +1,38 @@
-//! The disk budget: one policy for the prompt cache ([`PromptCache::make_room`]) and named
-//! saves ([`SessionStore::save`]), in [`SessionStore::keep_budget`].
+//! The disk budget: one policy for every process on a store (a prompt cache making room
+//! before it writes, named saves ([`SessionStore::save`]) after), in
+//! [`SessionStore::keep_budget`].
 //!
 //! Unreferenced blocks go first (least recently used first, the last blocks of a prompt before
-//! its first ones). When they are not enough, checkpoints go, least recently used first: tails
-//! and named conversations alike, by their manifest's modification time, which a use renews (a
-//! prompt that takes a tail, a restore of a conversation); among those of the same time, the
-//! one this process stored first goes first. Pins (`_pin-`) never go for the budget (only
-//! their expiry removes them), nor the checkpoint being saved, nor one that a live process has
-//! claimed ([`kvstore::claim`]: the chat holds its conversation so, a `/slots` save its name
-//! while it writes). A pinned prompt is the way to keep something through the budget.
-//!
-//! [`PromptCache::make_room`]: super::prompt_cache::PromptCache::make_room
+//! its first ones). When they are not enough, checkpoints go, least recently used first: a
+//! cache's ([`CACHED_PREFIX`]) and named conversations alike, by their manifest's modification
+//! time, which a use renews (a prompt that takes a cached prefix, a restore of a
+//! conversation); among those of the same time, the one this process stored first goes first.
+//! Pinned checkpoints ([`PINNED_PREFIX`]) never go for the budget (only their expiry removes
+//! them), nor the checkpoint being saved, nor one that a live process has claimed
+//! ([`kvstore::claim`]: the chat holds its conversation so, a `/slots` save its name while it
+//! writes). A pinned prompt is the way to keep something through the budget.
 
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
-use super::prompt_cache::TAIL_PREFIX;
-use super::{SessionStore, PIN_PREFIX};
+use super::SessionStore;
 use crate::error::{Foreign, Result};
+
+/// Name prefix of the checkpoints a cache keeps for itself (a server's prompt cache: the
+/// partly filled pages after stored blocks): when a write needs room and unreferenced blocks
+/// are not enough they are the first to go, and dropping one takes no claim. Every process
+/// that keeps a store's budget knows them by it.
+pub const CACHED_PREFIX: &str = "_tail-";
+
+/// Name prefix of pinned checkpoints: the budget never drops them; only their expiry
+/// ([`PrefixCheckpoint::expires_unix`](super::PrefixCheckpoint::expires_unix)) removes them.
+pub const PINNED_PREFIX: &str = "_pin-";
 
 impl SessionStore {
     /// The disk budget kept now: the configured one ([`super::StoreConfig::disk_bytes`]),
     /// lowered to what the files took when the filesystem was found full
-    /// ([`learn_capacity`](super::prompt_cache::PromptCache::learn_capacity)); `None` for none.
+    /// ([`SessionStore::learn_capacity`]); `None` for none.
     pub(super) fn budget(&self) -> Option<u64> {
         match (self.disk_bytes, self.learned_cap.load(Ordering::Relaxed)) {
             (Some(b), l) => Some(b.min(l)),
@@ -53,10 +62,10 @@ impl SessionStore {
             if stored.is_some() {
                 seen.borrow_mut().insert(name.to_owned());
             }
-            if name.starts_with(PIN_PREFIX) || Some(name) == keep {
+            if name.starts_with(PINNED_PREFIX) || Some(name) == keep {
                 return None;
             }
-            if !name.starts_with(TAIL_PREFIX) {
+            if !name.starts_with(CACHED_PREFIX) {
                 // No claim, no drop: a name another claim holds, or one that cannot be
                 // claimed, stays.
                 claims
@@ -82,6 +91,34 @@ impl SessionStore {
             order.1.remove(name);
         }
         Ok(report.manifests_dropped)
+    }
+
+    /// After a write failed for want of space (a full filesystem, whatever the budget): what
+    /// this model's files take now becomes a budget as well, so that later writes that make
+    /// room first ([`SessionStore::keep_budget`]) do not fail. Returns it.
+    pub fn learn_capacity(&self) -> Result<u64> {
+        let manifests: u64 = self.manifest_files()?.iter().map(|(_, m)| m.len()).sum();
+        let used = self.metrics().disk_bytes + manifests;
+        self.learned_cap.fetch_min(used, Ordering::Relaxed);
+        Ok(used)
+    }
+
+    /// This model's manifests with their files' metadata; one removed meanwhile is left out.
+    fn manifest_files(&self) -> Result<Vec<(String, std::fs::Metadata)>> {
+        Ok(self
+            .handle
+            .list()
+            .ours()?
+            .into_iter()
+            .filter_map(|name| {
+                let meta = self
+                    .handle
+                    .manifest_path(&name)
+                    .ok()
+                    .and_then(|p| std::fs::metadata(p).ok())?;
+                Some((name, meta))
+            })
+            .collect())
     }
 
     /// Notes that this process stored checkpoint `name` now: among checkpoints of the same

@@ -1,33 +1,39 @@
-//! The prompt cache for a hybrid model (recurrent layers beside attention, such as Qwen3.5): a
-//! sequence resumes only where its recurrent state is known, so the prefix found for a prompt
-//! ends at one of two places, whichever covers more of it:
+//! The stored prefix of a hybrid model's prompt (recurrent layers beside attention, such as
+//! Qwen3.5): a sequence resumes only where its recurrent state is known, so the prefix found
+//! for a prompt ends at one of two places, whichever covers more of it:
 //!
-//! - the end of a tail checkpoint whose every token the prompt repeats (its manifest carries
-//!   the state after them: the previous turn of a conversation, continued);
+//! - the end of a continuation checkpoint ([`Continuation`]) whose every token the prompt
+//!   repeats (its manifest carries the state after them: the previous turn of a conversation,
+//!   continued);
 //! - the last block boundary of the stored prefix with a snapshot (a prompt that parts from a
-//!   stored one inside a block, or whose tail does not match: an edited or re-tokenized
+//!   stored one inside a block, or whose continuation does not match: an edited or re-tokenized
 //!   history), see [`kvstore::ModelStore::resume_point`].
 //!
 //! Which boundaries keep snapshots is the context's choice (`recurrent.rs`): the end of each
 //! prompt's last full page and the last page boundary a reply crossed; the store keeps them
 //! within [`kvstore::Config::state_budget`], least recently used going first.
 
-use super::prompt_cache::{PromptCache, StoredPrefix};
+use super::lookup::{Continuation, StoredPrefix};
+use super::SessionStore;
 use crate::kv::PAGE_TOKENS;
 use crate::Namespace;
 
-impl PromptCache<'_> {
+impl SessionStore {
     /// The prefix of `tokens` a hybrid model's sequence can resume from in namespace `ns` (see
-    /// the module's docs); empty when no stored state fits. Damaged snapshots and tails are
-    /// passed over (a damaged snapshot is deleted).
-    pub(super) fn find_hybrid(&self, tokens: &[u32], ns: Option<Namespace>) -> StoredPrefix {
-        let store = self.store;
+    /// the module's docs); empty when no stored state fits. Damaged snapshots and
+    /// continuations are passed over (a damaged snapshot is deleted).
+    pub(super) fn find_hybrid(
+        &self,
+        tokens: &[u32],
+        ns: Option<Namespace>,
+        continuation: Continuation<'_>,
+    ) -> StoredPrefix {
         let roots = Namespace::roots(ns);
         let mut found = StoredPrefix {
             namespace: ns,
             ..StoredPrefix::default()
         };
-        if let Ok(at) = store.handle.resume_point(tokens, &roots) {
+        if let Ok(at) = self.handle.resume_point(tokens, &roots) {
             if at.n_tokens > 0 {
                 found.blocks = at.block_ids.len();
                 found.block_ids = at.block_ids;
@@ -35,22 +41,17 @@ impl PromptCache<'_> {
                 found.state = Some(at.state);
             }
         }
-        let held = store.handle.longest_prefix(tokens, &roots);
+        let held = self.handle.longest_prefix(tokens, &roots);
         let blocks = held.block_ids.len();
-        if blocks == 0 {
+        let Some(continuation) = continuation.filter(|_| blocks > 0) else {
             return found;
-        }
-        let name = super::prompt_cache::tail_name(&held.block_ids[blocks - 1]);
-        let Some(tail) = store
-            .handle
-            .read_manifest(&name)
-            .ok()
-            .or_else(|| store.handle.fetch_remote_manifest(&name))
-        else {
+        };
+        let name = continuation(&held.block_ids[blocks - 1]);
+        let Some(tail) = self.read_continuation(&name) else {
             return found;
         };
         let fits = tail
-            .check_owner(&store.fingerprint, store.handle.geometry())
+            .check_owner(&self.fingerprint, self.handle.geometry())
             .is_ok()
             && !tail.tail_state.is_empty()
             && tail.block_ids == held.block_ids
@@ -58,7 +59,7 @@ impl PromptCache<'_> {
             && tail.tokens.len() <= tokens.len()
             && tokens.starts_with(&tail.tokens);
         if fits {
-            store.note_used(&name);
+            self.note_used(&name);
             found.blocks = blocks;
             found.block_ids = held.block_ids;
             found.tokens = tail.tokens.len();
@@ -83,7 +84,6 @@ impl PromptCache<'_> {
             ..StoredPrefix::default()
         };
         let at = self
-            .store
             .handle
             .resume_point(&tokens[..upto], &Namespace::roots(ns));
         if let Ok(at) = at {

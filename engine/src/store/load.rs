@@ -5,7 +5,7 @@
 use ckptfmt::BlockId;
 use kvstore::KvBytes;
 
-use super::prompt_cache::{PromptCache, StoredPrefix};
+use super::lookup::{Continuation, StoredPrefix};
 use super::SessionStore;
 use crate::context::{Context, SeqId};
 use crate::error::{Error, Result};
@@ -30,9 +30,9 @@ impl std::ops::Deref for Span {
 }
 
 /// The longest stored prefix of a prompt, read and verified into memory by
-/// [`PromptCache::load_prefix`], ready for [`PromptCache::import_loaded`].
+/// [`SessionStore::load_prefix`], ready for [`SessionStore::import_loaded`].
 pub struct LoadedPrefix {
-    /// The prefix found (its blocks and the tail that continues them).
+    /// The prefix found (its blocks and the checkpoint that continues them).
     found: StoredPrefix,
     /// Leading blocks not read because the context held them when the load was asked for.
     skipped: usize,
@@ -66,13 +66,11 @@ impl LoadedPrefix {
     }
 }
 
-impl SessionStore {}
-
-impl PromptCache<'_> {
-    /// Finds the longest stored prefix of `tokens` in namespace `ns`
-    /// ([`PromptCache::find_prefix`]) and reads its
-    /// blocks and tail, verified and converted to `layout`'s types, into memory: the I/O half
-    /// of a restore, for a thread that does not own the context. The first `skip` blocks are
+impl SessionStore {
+    /// Finds the longest stored prefix of `tokens` in namespace `ns` with `continuation`
+    /// ([`SessionStore::stored_prefix`]) and reads its blocks and continuation, verified and
+    /// converted to `layout`'s types, into memory: the I/O half of a restore, for a thread
+    /// that does not own the context. The first `skip` blocks are
     /// not read (the context holds them; [`Context::resident_prefix`]). A block that cannot be
     /// read ends the prefix there (the blocks before it are kept); a store that holds nothing
     /// of the prompt gives an empty prefix.
@@ -82,19 +80,18 @@ impl PromptCache<'_> {
         tokens: &[u32],
         skip: usize,
         ns: Option<crate::Namespace>,
+        continuation: Continuation<'_>,
     ) -> Result<LoadedPrefix> {
-        let conversion = self.store.conversion(layout)?;
-        let mut found = self.find_prefix(tokens, ns);
+        let conversion = self.conversion(layout)?;
+        let mut found = self.stored_prefix(tokens, ns, continuation);
         let skipped = skip.min(found.blocks);
         let ids = found.block_ids.clone();
         let mut spans = Vec::with_capacity(found.blocks - skipped);
         let read = |id: &BlockId| {
-            self.store
-                .read_delayed(id)
-                .and_then(|bytes| match &conversion {
-                    Some(to) => Ok(Span::Owned(self.store.stored.convert_span(&bytes, to)?)),
-                    None => Ok(Span::Shared(bytes)),
-                })
+            self.read_delayed(id).and_then(|bytes| match &conversion {
+                Some(to) => Ok(Span::Owned(self.stored.convert_span(&bytes, to)?)),
+                None => Ok(Span::Shared(bytes)),
+            })
         };
         let read = read_all(&ids[skipped..], read);
         for (i, span) in (skipped..).zip(read) {
@@ -120,7 +117,7 @@ impl PromptCache<'_> {
             }
         }
         let tail = match found.tail.as_ref().map(|m| &m.tail_kv) {
-            Some(kv) => match self.store.stored_to_session(&conversion, kv) {
+            Some(kv) => match self.stored_to_session(&conversion, kv) {
                 Ok(span) => Some(span.into_owned()),
                 Err(_) if found.state.is_some() => {
                     found = self.hybrid_within(tokens, found.blocks, ns);
@@ -145,7 +142,7 @@ impl PromptCache<'_> {
     }
 
     /// Replaces sequence `seq` of `ctx` with `loaded`, the prefix of `tokens` that
-    /// [`PromptCache::load_prefix`] read; returns its length. Only memory is copied. Fails,
+    /// [`SessionStore::load_prefix`] read; returns its length. Only memory is copied. Fails,
     /// leaving the sequence as it was, when the context's layout is not the one loaded for, or
     /// when a skipped block is no longer resident.
     pub fn import_loaded(
@@ -172,7 +169,7 @@ impl PromptCache<'_> {
                 id: id.to_hex(),
             })),
         };
-        self.store.import_found(
+        self.import_found(
             ctx,
             seq,
             tokens,

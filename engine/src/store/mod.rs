@@ -7,6 +7,13 @@
 //! verified blocks and switches the session over only when all arrived. Several processes may
 //! use one directory at once; kvstore keeps their blocks and manifests consistent, and only its
 //! gc, under the disk budget, removes blocks no checkpoint needs.
+//!
+//! Beyond named conversations, a store offers what a prompt cache is built from, each in
+//! general terms: a save in two halves (`copies.rs`: blocks and prefix checkpoints copied out
+//! of a context, stored later on another thread), the longest stored prefix of a prompt in a
+//! namespace and its restore (`lookup.rs`, `load.rs`, `hybrid.rs`), one disk budget for every
+//! process (`budget.rs`), forgetting a namespace (`clear.rs`) and the remote tier
+//! (`remote.rs`). Which prefixes a cache keeps, under which names and when, is its owner's.
 
 use std::path::Path;
 
@@ -20,25 +27,29 @@ use crate::model::Model;
 use crate::session::Session;
 
 mod budget;
+mod clear;
 mod convert;
+mod copies;
 mod hybrid;
 mod legacy;
 mod load;
+mod lookup;
 mod meta;
-mod pins;
-pub mod prompt_cache;
 mod remote;
 
 // The remote tier's settings and figures are kvstore's, re-exported on purpose: they are
 // plain data a user of the store fills in and reads.
+pub use budget::{CACHED_PREFIX, PINNED_PREFIX};
+pub use clear::Cleared;
 pub use convert::geometry;
 use convert::{check_kv_types, model_geometry};
+pub use copies::{BlockCopy, PrefixCheckpoint};
 pub use kvstore::remote::LATENCY_BOUNDS_US as REMOTE_LATENCY_BOUNDS_US;
 pub use kvstore::{RemoteConfig, RemoteFigures};
 pub use legacy::LegacyStore;
+pub use load::LoadedPrefix;
+pub use lookup::{Continuation, StoredPrefix};
 pub use meta::{CheckpointInfo, CheckpointMeta, OWNER_CHAT, OWNER_SLOT};
-use pins::PIN_PREFIX;
-use prompt_cache::{StoredPrefix, TAIL_PREFIX};
 
 /// Tokens per checkpoint block: one KV page.
 const TOKENS_PER_BLOCK: u32 = PAGE_TOKENS as u32;
@@ -74,7 +85,7 @@ pub struct StoreConfig {
     /// Bytes of KV blocks kept in RAM (recently used blocks restore without reading files).
     pub ram_bytes: u64,
     /// Bytes of block files and manifests on disk; `None` for no limit. After each save, and
-    /// before the prompt cache writes, blocks that no checkpoint references go, then the least
+    /// before a prompt cache writes, blocks that no checkpoint references go, then the least
     /// recently used checkpoints other than pins and claimed ones, until the files fit (see
     /// [`SessionStore::keep_budget`]).
     pub disk_bytes: Option<u64>,
@@ -142,7 +153,7 @@ pub struct SessionStore {
     /// the oldest.
     stored_order: std::sync::Mutex<(u64, std::collections::HashMap<String, u64>)>,
     /// The bytes the cache's files took when the filesystem was found full
-    /// ([`PromptCache::learn_capacity`](prompt_cache::PromptCache::learn_capacity)): from then on a budget too (`u64::MAX`: none).
+    /// ([`SessionStore::learn_capacity`]): from then on a budget too (`u64::MAX`: none).
     learned_cap: std::sync::atomic::AtomicU64,
     origin: crate::FingerprintOrigin,
     legacy: Option<LegacyStore>,
@@ -215,11 +226,11 @@ impl SessionStore {
             .model(fingerprint, model_geometry(&stored, model.hparams())?)
             .ours()?;
         // When a write must make room and unreferenced blocks are not enough, the least
-        // recently used cached prompts (tails) go at once. Named conversations go only through
+        // recently used cached prefixes go at once. Named conversations go only through
         // `keep_budget`, which holds their claims for its whole pass (a writer's reservation
         // could not), and pins never.
         handle.set_budget_drop_order(std::sync::Arc::new(|name: &str| {
-            name.starts_with(TAIL_PREFIX).then_some(0)
+            name.starts_with(CACHED_PREFIX).then_some(0)
         }));
         Ok(SessionStore {
             store,
@@ -245,8 +256,9 @@ impl SessionStore {
     }
 
     /// Whether the store's model is a hybrid (recurrent layers): its checkpoints carry the
-    /// recurrent state, and its prompts are resumed only at block boundaries with a kept state
-    /// ([`SessionStore::restore_prefix`]), never by the prompt cache from blocks alone.
+    /// recurrent state, and its prompts are resumed only where a state was kept (a block
+    /// boundary's snapshot, or the end of a continuation: [`SessionStore::restore_prefix`],
+    /// [`SessionStore::stored_prefix`]), never from blocks alone.
     pub fn is_hybrid(&self) -> bool {
         self.handle.geometry().has_state()
     }
@@ -279,6 +291,12 @@ impl SessionStore {
     /// Whether a checkpoint `name` exists.
     pub fn exists(&self, name: &str) -> Result<bool> {
         self.handle.has_checkpoint(name).ours()
+    }
+
+    /// The names of this model's checkpoints, sorted (no manifest is read:
+    /// [`SessionStore::checkpoints`] reads them all).
+    pub fn checkpoint_names(&self) -> Result<Vec<String>> {
+        self.handle.list().ours()
     }
 
     /// Every checkpoint of this model, with the bytes each alone holds.
@@ -327,9 +345,9 @@ impl SessionStore {
             blocks_reused: ids.len(),
             ..SaveSummary::default()
         };
-        let new = self.prompt_cache().new_blocks(ctx, seq, 0)?;
+        let new = self.copy_blocks(ctx, seq, 0)?;
         summary.blocks_reused -= new.len();
-        summary.blocks_written = self.prompt_cache().put_blocks(new)?;
+        summary.blocks_written = self.put_blocks(new)?;
         summary.bytes_written =
             summary.blocks_written as u64 * self.handle.geometry().block_bytes();
         let mut tail = Vec::new();
@@ -511,7 +529,7 @@ impl SessionStore {
             namespace: None,
             state: None,
         };
-        self.prompt_cache().restore_found(ctx, seq, tokens, &found)
+        self.restore_stored(ctx, seq, tokens, &found)
     }
 
     /// Imports `found` into `seq` with `read` for the blocks and `tail_kv` (in the session's

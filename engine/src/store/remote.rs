@@ -1,13 +1,14 @@
 //! The store's remote tier ([`StoreConfig::remote`](super::StoreConfig::remote)), as the
-//! engine uses it: prompt blocks and tails written there behind the server's responses, named
-//! checkpoints written after each save and fetched before a restore that finds none locally.
+//! engine uses it: copied blocks and prefix checkpoints written there when their owner asks
+//! (a server, behind its responses), named checkpoints written after each save and fetched
+//! before a restore that finds none locally, and small values of the application's own.
 //! Every failure of the tier is counted and logged by kvstore and is a miss here: the local
 //! tiers and the model answer instead.
 
 use ckptfmt::store::BlockInput;
 use ckptfmt::Manifest;
 
-use super::prompt_cache::{NewBlock, PromptCache, TailBlock};
+use super::copies::{BlockCopy, PrefixCheckpoint};
 use super::{RemoteFigures, SessionStore};
 use crate::error::{Foreign, Result};
 
@@ -46,25 +47,24 @@ impl SessionStore {
     }
 }
 
-impl PromptCache<'_> {
+impl SessionStore {
     /// Writes small values of the application's own to the remote tier, beside this model's
     /// blocks (`kind` names them); a failure is the tier's (counted).
     pub fn push_remote_values(&self, kind: &str, items: &[(String, Vec<u8>)]) -> Result<()> {
-        self.store.handle.push_remote_values(kind, items).ours()
+        self.handle.push_remote_values(kind, items).ours()
     }
 
-    /// Values [`PromptCache::push_remote_values`] wrote (on any machine), in one round trip;
+    /// Values [`SessionStore::push_remote_values`] wrote (on any machine), in one round trip;
     /// `None` for each the tier lacks, all `None` without a tier or when it failed.
     pub fn fetch_remote_values(&self, kind: &str, names: &[String]) -> Vec<Option<Vec<u8>>> {
-        self.store.handle.fetch_remote_values(kind, names)
+        self.handle.fetch_remote_values(kind, names)
     }
 
-    /// Writes prompt-cache `blocks` and `tails` to the remote tier (the blocks it lacks, then
-    /// the tails' checkpoints): the write-behind half, for the thread that stores them
-    /// locally. Returns the blocks written; an error is the tier's (counted), nothing local
-    /// changes.
-    pub fn push_remote(&self, blocks: &[NewBlock], tails: &[TailBlock]) -> Result<usize> {
-        if !self.store.has_remote() {
+    /// Writes `blocks` to the remote tier (those it lacks), as
+    /// [`SessionStore::put_blocks`] stores them locally. Returns the blocks written (0 without
+    /// a tier); an error is the tier's (counted), nothing local changes.
+    pub fn push_remote_blocks(&self, blocks: &[BlockCopy]) -> Result<usize> {
+        if !self.has_remote() {
             return Ok(0);
         }
         let inputs: Vec<BlockInput<'_>> = blocks
@@ -75,11 +75,18 @@ impl PromptCache<'_> {
                 kv: &b.kv,
             })
             .collect();
-        let written = self.store.handle.push_remote(&inputs).ours()?;
-        for tail in tails {
-            let manifest = self.store.tail_manifest(tail.clone())?;
-            self.store.handle.push_remote_manifest(&manifest).ours()?;
+        self.handle.push_remote(&inputs).ours()
+    }
+
+    /// Writes `prefix` to the remote tier as checkpoint `name`, as
+    /// [`SessionStore::save_prefix`] stores it locally (after its blocks:
+    /// [`SessionStore::push_remote_blocks`]). Nothing without a tier; an error is the tier's
+    /// (counted), nothing local changes.
+    pub fn push_remote_prefix(&self, name: &str, prefix: PrefixCheckpoint) -> Result<()> {
+        if !self.has_remote() {
+            return Ok(());
         }
-        Ok(written)
+        let manifest = self.prefix_manifest(name, prefix)?;
+        self.handle.push_remote_manifest(&manifest).ours()
     }
 }

@@ -599,7 +599,7 @@ pub fn check_filename(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= MAX_FILENAME
         && !name.starts_with('.')
-        && !name.starts_with(engine::store::prompt_cache::TAIL_PREFIX)
+        && !name.starts_with(promptcache::TAIL_PREFIX)
         && !name.contains("..")
         && name
             .chars()

@@ -19,6 +19,7 @@ use crate::cache::{pin_key, pin_of};
 use crate::error::{Result, ServerError};
 use crate::request;
 use crate::scheduler::Command;
+use promptcache::StoreExt as _;
 
 /// The tenant a request acts for, when the server has API keys and `--cache-isolation` is
 /// not `none`: a hash of its key's hash (neither the key nor its cache namespace can be read

@@ -97,9 +97,7 @@ pub(super) fn remember_text(st: &AppState, text: String, tokens: Vec<u32>) {
             let store = Arc::clone(store);
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn_blocking(move || {
-                    let _ = store
-                        .prompt_cache()
-                        .push_remote_values(crate::texts::REMOTE_KIND, &[entry]);
+                    let _ = store.push_remote_values(crate::texts::REMOTE_KIND, &[entry]);
                 });
             }
         }
@@ -137,9 +135,7 @@ fn remote_text(st: &AppState, text: &str, local: usize) -> Option<(usize, Vec<u3
         .iter()
         .map(|&i| crate::texts::remote_name(&text[..i]))
         .collect();
-    let values = store
-        .prompt_cache()
-        .fetch_remote_values(crate::texts::REMOTE_KIND, &names);
+    let values = store.fetch_remote_values(crate::texts::REMOTE_KIND, &names);
     let (end, tokens) = ends.iter().zip(values).find_map(|(&i, v)| {
         crate::texts::remote_tokens(&text[..i], &v?).map(|tokens| (i, tokens))
     })?;

@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use engine::sampling::Sampler;
-use engine::store::prompt_cache::LoadedPrefix;
+use engine::store::LoadedPrefix;
 use engine::tokenizer::StreamDecoder;
 use engine::PAGE_TOKENS;
 use tokio::sync::mpsc;
@@ -179,16 +179,10 @@ impl Scheduler {
             if let (Some(store), Some(loaded)) =
                 (self.store.clone(), loaded.filter(|_| stored > from_ram))
             {
-                let mut result =
-                    store
-                        .prompt_cache()
-                        .import_loaded(&mut self.ctx, seq, usable, &loaded);
+                let mut result = store.import_loaded(&mut self.ctx, seq, usable, &loaded);
                 if let Err(engine::Error::OutOfPages { needed, .. }) = result {
                     self.make_room(needed);
-                    result =
-                        store
-                            .prompt_cache()
-                            .import_loaded(&mut self.ctx, seq, usable, &loaded);
+                    result = store.import_loaded(&mut self.ctx, seq, usable, &loaded);
                 }
                 match result {
                     Ok(n) => from_store = n.saturating_sub(from_ram),

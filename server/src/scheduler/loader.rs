@@ -8,9 +8,10 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use engine::store::prompt_cache::LoadedPrefix;
+use engine::store::LoadedPrefix;
 use engine::store::SessionStore;
 use engine::KvLayout;
+use promptcache::StoreExt as _;
 use tokio::sync::mpsc;
 
 use engine::PAGE_TOKENS;

@@ -165,7 +165,7 @@ pub fn spawn(parts: Parts, rx: mpsc::UnboundedReceiver<Command>) -> std::thread:
     let writer = parts
         .store
         .as_ref()
-        .map(|s| Writer::start(Arc::clone(s), Arc::clone(&parts.metrics)));
+        .map(|s| Writer::start(Arc::clone(s), parts.metrics.clone()));
     let loader = parts
         .store
         .as_ref()

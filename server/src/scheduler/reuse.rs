@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use engine::SeqId;
+use promptcache::StoreExt as _;
 use tokio::sync::mpsc;
 
 use super::{Command, Scheduler};
@@ -136,7 +137,7 @@ impl Scheduler {
             ));
             return;
         };
-        match store.prompt_cache().new_blocks(&self.ctx, seq, 0) {
+        match store.copy_blocks(&self.ctx, seq, 0) {
             Ok(blocks) => writer.send(Work {
                 urgent: false,
                 blocks,
@@ -209,9 +210,7 @@ impl Scheduler {
                 clears: vec![clear],
             }),
             None => {
-                let _ = clear
-                    .reply
-                    .send(Ok(engine::store::prompt_cache::Cleared::default()));
+                let _ = clear.reply.send(Ok(promptcache::Cleared::default()));
             }
         }
     }
@@ -235,13 +234,17 @@ impl Scheduler {
         let (seq, from, prompt_len) = (a.seq, a.cache_n / engine::PAGE_TOKENS, a.prompt.len());
         let cache_n = a.cache_n;
         let work = (|| -> engine::Result<Work> {
-            let blocks = store.prompt_cache().new_blocks(&self.ctx, seq, from)?;
+            let blocks = store.copy_blocks(&self.ctx, seq, from)?;
             let mut tails: Vec<_> = store
                 .prompt_cache()
                 .tail_of(&self.ctx, seq, prompt_len)?
                 .into_iter()
                 .collect();
-            tails.extend(branch_tail(store, &self.ctx, seq, cache_n, prompt_len)?);
+            tails.extend(
+                store
+                    .prompt_cache()
+                    .branch_tail(&self.ctx, seq, cache_n, prompt_len)?,
+            );
             for t in &mut tails {
                 t.expires_unix = expires;
             }
@@ -286,7 +289,7 @@ impl Scheduler {
         let work = (|| -> engine::Result<Work> {
             // Every page the store lacks, the ones that came from a cache too: another process
             // may have collected their blocks since (the store looks for each file again).
-            let blocks = store.prompt_cache().new_blocks(&self.ctx, seq, from)?;
+            let blocks = store.copy_blocks(&self.ctx, seq, from)?;
             let mut tails = Vec::new();
             // The prompt's own tail (a repeated prompt ends there), unless it came from a
             // cache and the store still holds it, and the whole sequence's (the next turn of a
@@ -296,7 +299,11 @@ impl Scheduler {
             {
                 tails.extend(store.prompt_cache().tail_of(&self.ctx, seq, prompt_len)?);
             }
-            tails.extend(branch_tail(store, &self.ctx, seq, cache_n, prompt_len)?);
+            tails.extend(
+                store
+                    .prompt_cache()
+                    .branch_tail(&self.ctx, seq, cache_n, prompt_len)?,
+            );
             tails.extend(store.prompt_cache().tail_of(&self.ctx, seq, len)?);
             for t in &mut tails {
                 t.expires_unix = expires;
@@ -321,27 +328,6 @@ impl Scheduler {
             }
         }
     }
-}
-
-/// The partly filled page where a prompt left the cached prefix it started from, when the
-/// store has no tail there yet: the tokens the prompt shares with the prompt that stored that
-/// prefix beyond its last full block (the end of a shared system prompt, say) are then found
-/// by the next prompt that branches there, in another process or on another replica (which
-/// share whole blocks only), not computed again.
-fn branch_tail(
-    store: &engine::store::SessionStore,
-    ctx: &engine::Context,
-    seq: SeqId,
-    cache_n: usize,
-    prompt_len: usize,
-) -> engine::Result<Option<engine::store::prompt_cache::TailBlock>> {
-    let page = engine::PAGE_TOKENS;
-    let blocks = cache_n / page;
-    let len = blocks * page + page - 1;
-    if blocks == 0 || prompt_len <= len || store.prompt_cache().holds_tail(ctx, seq, len) {
-        return Ok(None);
-    }
-    store.prompt_cache().tail_of(ctx, seq, len)
 }
 
 /// How long a finished sequence's pages may wait for the scheduler to be idle before they are

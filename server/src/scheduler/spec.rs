@@ -10,6 +10,7 @@
 //! namespace.
 
 use engine::speculative::{self, DraftModel, DraftRequest, TokenHistory};
+use promptcache::StoreExt as _;
 
 use super::sample::pick;
 use super::{Active, Scheduler};

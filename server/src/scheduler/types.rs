@@ -236,7 +236,7 @@ pub enum Command {
         reply: oneshot::Sender<Result<Vec<Vec<f32>>>>,
     },
     /// Pin the full blocks of `tokens`, which a finished sequence of `namespace` holds (a
-    /// request computed them), as pin `id` ([`engine::store::prompt_cache::PromptCache::pin`]).
+    /// request computed them), as pin `id` ([`promptcache::PromptCache::pin`]).
     Pin {
         /// The pin's id.
         id: String,
