@@ -465,14 +465,11 @@ mod tests {
         // A request is being evaluated: the writer waits before it takes the queue.
         metrics.busy.store(true, Ordering::Relaxed);
         let writer = Writer::start(store, Arc::clone(&metrics) as Arc<dyn Events>);
-        let started = std::time::Instant::now();
         writer.send_within(work(1 << 20, 1), 3 << 19);
         writer.send_within(work(1 << 20, 2), 3 << 19);
         writer.send_within(work(1 << 19, 3), 3 << 19);
-        assert!(
-            started.elapsed() < std::time::Duration::from_millis(100),
-            "sending waited"
-        );
+        // Counted while the writer still holds off (`busy`): a sender that waited for room
+        // instead would have dropped nothing.
         assert_eq!(
             metrics.dropped.load(Ordering::Relaxed),
             1,
