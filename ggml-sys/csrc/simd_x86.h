@@ -14,6 +14,30 @@ static inline float ggml_sys_hsum8(__m256 x) {
     return _mm_cvtss_f32(r);
 }
 
+// An 8 x 8 block of floats transposed in registers: c[i] lane j = r[j] lane i.
+static inline void ggml_sys_transpose8(const __m256 * r, __m256 * c) {
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+    c[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+    c[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    c[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+    c[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    c[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    c[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    c[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    c[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
 // The results of R <= 8 weight rows against W (8 or 16) columns, `res[r * W + c]`, stored as
 // columns: column c (c < cols) gets its R values at `out + c * col_stride` (a float stride),
 // rows in order. Eight by eight transposes in registers instead of one scalar move per value;
@@ -27,25 +51,9 @@ static inline void ggml_sys_store_columns(const float * res, int W, int R, int c
         for (int i = 0; i < 8; ++i) {
             r[i] = i < R ? _mm256_loadu_ps(res + i * W + c0) : _mm256_setzero_ps();
         }
-        const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-        const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-        const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-        const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-        const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
-        const __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
-        const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
-        const __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
-        const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
-        const __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
-        const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
-        const __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
         // Column c0 + i of the eight rows.
-        const __m256 col[8] = {
-            _mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
-            _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
-            _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
-            _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31),
-        };
+        __m256 col[8];
+        ggml_sys_transpose8(r, col);
         for (int i = 0; i < 8 && c0 + i < cols; ++i) {
             float * dst = out + (size_t) (c0 + i) * col_stride;
             if (R == 8) {
