@@ -10,7 +10,9 @@
 //! - **tails** (`tail.rs`): the partly filled page after a prompt's full blocks, kept as a
 //!   prefix checkpoint named after the last full block ([`TAIL_PREFIX`] and its hex id), so a
 //!   prompt that continues those blocks takes up to a page's worth more tokens from disk;
-//!   which prefixes get one is the scheduler's choice ([`PromptCache::tail_of`]);
+//!   which prefixes get one is decided here too: a finished request's
+//!   ([`PromptCache::finished_tails`]) and a prompt's handed over early
+//!   ([`PromptCache::prompt_tails`]);
 //! - **the write-behind thread** (`writer.rs`: [`Writer`]): blocks and tails the scheduler
 //!   copied out, stored without delaying any response, with room made before each round
 //!   ([`PromptCache::incoming_bytes`], [`PromptCache::make_room`]) and a capacity learnt from
@@ -52,7 +54,7 @@ pub enum Error {
 /// else fails only as the store does, with [`engine::Result`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// The prompt cache's operations on a [`SessionStore`] (see the [crate](crate) docs).
+/// The prompt cache's operations on a [`SessionStore`] (see the [crate] docs).
 #[derive(Clone, Copy, Debug)]
 pub struct PromptCache<'s> {
     store: &'s SessionStore,

@@ -84,6 +84,42 @@ impl PromptCache<'_> {
         }))
     }
 
+    /// The tails a finished request leaves for the store, expiring at `expires`: the
+    /// prompt's own (a repeated prompt ends there), unless the prompt came from a cache
+    /// (`cache_n` tokens of its `prompt_len`) and the store still holds it; the one where it
+    /// branched from that cached prefix ([`PromptCache::branch_tail`]); and the whole
+    /// sequence's (the next turn of a chat continues it).
+    pub fn finished_tails(
+        &self,
+        ctx: &Context,
+        seq: SeqId,
+        (cache_n, prompt_len): (usize, usize),
+        expires: Option<u64>,
+    ) -> engine::Result<Vec<TailBlock>> {
+        let mut tails = Vec::new();
+        if prompt_len > cache_n + 1 || !self.holds_tail(ctx, seq, prompt_len) {
+            tails.extend(self.tail_of(ctx, seq, prompt_len)?);
+        }
+        tails.extend(self.branch_tail(ctx, seq, cache_n, prompt_len)?);
+        tails.extend(self.tail_of(ctx, seq, ctx.tokens(seq)?.len())?);
+        Ok(with_expiry(tails, expires))
+    }
+
+    /// The tails of a prompt just evaluated, handed over before its request finishes (for
+    /// the remote tier's other replicas), expiring at `expires`: the prompt's own and the one
+    /// where it branched from the cached prefix of `cache_n` tokens it started from.
+    pub fn prompt_tails(
+        &self,
+        ctx: &Context,
+        seq: SeqId,
+        (cache_n, prompt_len): (usize, usize),
+        expires: Option<u64>,
+    ) -> engine::Result<Vec<TailBlock>> {
+        let mut tails: Vec<_> = self.tail_of(ctx, seq, prompt_len)?.into_iter().collect();
+        tails.extend(self.branch_tail(ctx, seq, cache_n, prompt_len)?);
+        Ok(with_expiry(tails, expires))
+    }
+
     /// The partly filled page where a prompt of `prompt_len` tokens left the cached prefix of
     /// `cache_n` tokens it started from, when the store has no tail there yet: the tokens the
     /// prompt shares with the prompt that stored that prefix beyond its last full block (the
@@ -165,4 +201,12 @@ impl PromptCache<'_> {
         self.store
             .load_prefix(layout, tokens, skip, ns, Some(&tail_name))
     }
+}
+
+/// `tails`, each expiring at `expires`.
+fn with_expiry(mut tails: Vec<TailBlock>, expires: Option<u64>) -> Vec<TailBlock> {
+    for t in &mut tails {
+        t.expires_unix = expires;
+    }
+    tails
 }

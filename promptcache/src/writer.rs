@@ -350,7 +350,8 @@ fn write_behind(
     }
 }
 
-/// Puts `blocks`, stores `tails` and flushes, counting what was written; a failure for want
+/// Puts `blocks` and flushes them a piece at a time ([`PIECE_BLOCKS`], each waiting its turn:
+/// [`wait_turn`]), stores `tails` and flushes, counting what was written; a failure for want
 /// of space stops the round and is returned (other failures are counted and the round goes on).
 fn write_round(
     store: &SessionStore,
@@ -358,11 +359,18 @@ fn write_round(
     blocks: &[BlockCopy],
     tails: &[TailBlock],
 ) -> Result<(), engine::Error> {
-    match store.put_blocks(blocks.to_vec()) {
-        Ok(n) => metrics.blocks_written(n as u64),
-        Err(e) if is_no_space(&e) => return Err(e),
-        Err(e) => metrics.cache_error(format!("storing blocks failed: {e}")),
+    for piece in blocks.chunks(PIECE_BLOCKS) {
+        wait_turn(metrics);
+        match store.put_blocks(piece.to_vec()) {
+            Ok(n) => metrics.blocks_written(n as u64),
+            Err(e) if is_no_space(&e) => return Err(e),
+            Err(e) => metrics.cache_error(format!("storing blocks failed: {e}")),
+        }
+        if blocks.len() > PIECE_BLOCKS {
+            flush(store, metrics)?;
+        }
     }
+    wait_turn(metrics);
     for tail in tails {
         match store.prompt_cache().put_tail(tail.clone()) {
             Ok(()) => metrics.tails_written(1),
@@ -370,6 +378,29 @@ fn write_round(
             Err(e) => metrics.cache_error(format!("storing a tail failed: {e}")),
         }
     }
+    flush(store, metrics)
+}
+
+/// Blocks stored (hashed, copied, written and synced) in one go at most: a few MB, a few
+/// milliseconds of one core, after which a request being evaluated goes first again.
+const PIECE_BLOCKS: usize = 4;
+
+/// How long one piece waits for the requests being evaluated at most: under steady load the
+/// writer still stores a piece this often.
+const PIECE_DEFER: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Waits while a request is being evaluated, up to [`PIECE_DEFER`]: the writer's pieces go
+/// between requests (or between a request's steps, at worst one piece per [`PIECE_DEFER`]).
+fn wait_turn(metrics: &dyn Events) {
+    let asked = std::time::Instant::now();
+    while metrics.evaluating() && asked.elapsed() < PIECE_DEFER {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// Flushes the store's written blocks to disk; a failure for want of space is returned, any
+/// other counted.
+fn flush(store: &SessionStore, metrics: &dyn Events) -> Result<(), engine::Error> {
     match store.flush() {
         Ok(()) => Ok(()),
         Err(e) if is_no_space(&e) => Err(e),

@@ -69,3 +69,44 @@ async fn a_kill_9_keeps_what_the_writer_had_written() {
     assert_eq!(warm["timings"]["cache_n"], n_prompt - 1, "{warm}");
     assert_eq!(warm["content"], cold["content"]);
 }
+
+/// A prompt repeated back to back: each repeat takes the last one's sequence over, so the
+/// scheduler is seldom idle and the pages they share are copied out a piece at a time between
+/// requests' steps once due. Every piece reaches the disk while the repeats go on: after a
+/// kill, the next process restores the whole prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_of_repeats_stores_the_pages_it_keeps() {
+    let env = Env::new();
+    let body = json!({
+        "prompt": format!("chain {}", "abcdefgh ".repeat(56)),
+        "n_predict": 4,
+        "temperature": 0,
+    });
+    let (mut first, url) = spawn(&env);
+    let cold = post(&url, &body).await;
+    let n_prompt = cold["tokens_evaluated"].as_u64().unwrap();
+    let pages = n_prompt / 64;
+    assert!(pages > 4, "more pages than one piece: {cold}");
+    // Repeats until the writer has stored every full page and a tail.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut repeats = 0;
+    while metric(&url, "cache_blocks_written_total").await < pages
+        || metric(&url, "cache_tails_written_total").await == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{repeats} repeats, and the writer stored {} of {pages} pages",
+            metric(&url, "cache_blocks_written_total").await
+        );
+        let warm = post(&url, &body).await;
+        assert_eq!(warm["content"], cold["content"]);
+        repeats += 1;
+    }
+    first.0.kill().unwrap();
+    first.0.wait().unwrap();
+
+    let (_second, url) = spawn(&env);
+    let restored = post(&url, &body).await;
+    assert_eq!(restored["timings"]["cache_n"], n_prompt - 1, "{restored}");
+    assert_eq!(restored["content"], cold["content"]);
+}

@@ -60,6 +60,20 @@ impl SessionStore {
     /// lacks (with it): the bytes to hand to [`SessionStore::put_blocks`], possibly on another
     /// thread (a page read is a memory copy; storing it is not).
     pub fn copy_blocks(&self, ctx: &Context, seq: SeqId, from: usize) -> Result<Vec<BlockCopy>> {
+        self.copy_block_range(ctx, seq, from..usize::MAX)
+    }
+
+    /// [`SessionStore::copy_blocks`] of the full pages in `pages` only (a range past the
+    /// sequence's full pages stops at them): a long sequence copied a piece at a time,
+    /// between a scheduler's steps. Snapshots of pages before the range go with the piece
+    /// that reaches the sequence's end.
+    pub fn copy_block_range(
+        &self,
+        ctx: &Context,
+        seq: SeqId,
+        pages: std::ops::Range<usize>,
+    ) -> Result<Vec<BlockCopy>> {
+        let from = pages.start;
         let tpb = TOKENS_PER_BLOCK as usize;
         let conversion = self.conversion(ctx.kv_layout())?;
         let tokens = ctx.tokens(seq)?;
@@ -77,8 +91,13 @@ impl SessionStore {
             .filter(|(n, _)| !self.handle.has_state(&ids[n / tpb - 1]))
             .collect();
         let state_of = |i: usize| states.iter().find(|(n, _)| n / tpb == i + 1);
-        let missing: Vec<usize> = (0..ids.len())
-            .filter(|&i| (i >= from && !self.handle.contains(&ids[i])) || state_of(i).is_some())
+        // Snapshots of pages before the range go with the piece that reaches the end.
+        let last_piece = pages.end >= ids.len();
+        let missing: Vec<usize> = (0..ids.len().min(pages.end))
+            .filter(|&i| {
+                (i >= from && !self.handle.contains(&ids[i]))
+                    || (state_of(i).is_some() && (i >= from || last_piece))
+            })
             .filter(|&i| !ctx.page_released(seq, i).unwrap_or(true))
             .collect();
         let mut spans = vec![Vec::new(); missing.len()];

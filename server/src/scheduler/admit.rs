@@ -81,32 +81,28 @@ impl Scheduler {
 
     /// Takes finished sequence `src` over for a new request sharing its first `n` tokens with
     /// `usable` (cut to them, or moved by `--cache-reuse`): the kept length, whether KV was
-    /// moved, and when the export the new request inherits was due from. `None`, with `src`
-    /// dropped, when it could not be cut.
+    /// moved, and the export the new request inherits. `None`, with `src` dropped, when it
+    /// could not be cut.
     ///
     /// It is taken over rather than forked: no page is copied, the pool does not grow with
     /// every repeat, and its pages stay where they were (attention adds cells up in pool
     /// order, so the same prompt gets the same reply). What the cut drops (the pages from the
-    /// shared prefix's end on, its tails) goes to the store first; the pages kept go when the
-    /// new request finishes, off this request's path (a cold prompt's pages are not copied
-    /// before its first repeat is answered), and no later than [`super::reuse::EXPORT_DELAY`]
-    /// after the first finish of a chain of such takeovers. KV moved by `--cache-reuse` is
-    /// never cached: all of it goes first then.
+    /// shared prefix's end on, its tails) goes to the store first; the pages kept go with the
+    /// new request's export, off every request's path: once [`super::reuse::EXPORT_DELAY`]
+    /// has passed since the first finish of a chain of such takeovers, a piece at a time
+    /// between the new request's steps ([`Scheduler::export_due`]). KV moved by
+    /// `--cache-reuse` is never cached: all of it goes first then.
     fn take_over(
         &mut self,
         src: engine::SeqId,
         n: usize,
         usable: &[u32],
         params: &super::GenParams,
-    ) -> Option<(usize, bool, Option<Instant>)> {
+    ) -> Option<(usize, bool, Option<super::Inherited>)> {
         let keeps_pages = params.cache_reuse == 0 || self.ctx.is_hybrid();
-        let since = self.export_since(src);
-        let due = since.is_some_and(|t| t.elapsed() >= super::reuse::EXPORT_DELAY);
-        let from = if keeps_pages && !due {
-            n / PAGE_TOKENS
-        } else {
-            0
-        };
+        let prior = self.exports.iter().find(|e| e.seq == src);
+        let prior = prior.map(|e| (e.since, e.sent));
+        let from = if keeps_pages { n / PAGE_TOKENS } else { 0 };
         self.export_from(src, from);
         self.cached.retain(|&s| s != src);
         for s in &mut self.slots {
@@ -122,7 +118,16 @@ impl Scheduler {
             chunk => self.reuse_chunks(src, usable, n, chunk),
         };
         match kept {
-            Ok((n, moved)) => Some((n, moved, since.filter(|_| from > 0))),
+            Ok((n, moved)) => {
+                let inherited = prior
+                    .filter(|_| from > 0)
+                    .map(|(since, sent)| super::Inherited {
+                        since,
+                        sent: sent.min(from),
+                        kept: from,
+                    });
+                Some((n, moved, inherited))
+            }
             Err(_) => {
                 let _ = self.ctx.remove_sequence(src);
                 None
@@ -149,7 +154,7 @@ impl Scheduler {
         // KV moved into place by `--cache-reuse`: the sequence is not the plain evaluation of
         // its tokens, so it is not cached afterwards.
         let mut shifted = false;
-        let mut export_since = None;
+        let mut inherited = None;
         if job.params.cache_prompt {
             // A resident sequence that shares more than the stored blocks is forked, partly
             // filled last page included (a repeated or extended prompt costs nothing).
@@ -165,12 +170,12 @@ impl Scheduler {
                     from_ram = n;
                 }
             } else if let Some((n, src)) = resident {
-                if let Some((n, moved, since)) = self.take_over(src, n, usable, &job.params) {
+                if let Some((n, moved, inh)) = self.take_over(src, n, usable, &job.params) {
                     let _ = self.ctx.remove_sequence(seq);
                     seq = src;
                     from_ram = n;
                     shifted = moved;
-                    export_since = since;
+                    inherited = inh;
                 }
             }
             if from_ram == 0 {
@@ -224,7 +229,7 @@ impl Scheduler {
             seq,
             fed: cache_n,
             cache_n,
-            export_since,
+            inherited,
             prompt,
             decoder: StreamDecoder::new(),
             generated: Vec::new(),

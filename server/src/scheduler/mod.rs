@@ -55,6 +55,31 @@ use reuse::{recv_timeout, recv_within, EXPORT_IDLE};
 /// Finished sequences kept resident at most (each holds at least its partial last page).
 const MAX_CACHED: usize = 256;
 
+/// A finished sequence whose pages wait to be copied out for the store.
+struct Export {
+    seq: SeqId,
+    /// Prompt tokens that came from a cache.
+    cache_n: usize,
+    prompt_len: usize,
+    /// When it finished (or the first of a chain of takeovers it ends).
+    since: Instant,
+    /// When its stored tails expire.
+    expires: Option<u64>,
+    /// Leading full pages already handed to the writer.
+    sent: usize,
+}
+
+/// What a request inherits of the export of the sequence it took over.
+#[derive(Clone, Copy, Debug)]
+struct Inherited {
+    /// When the chain of takeovers began.
+    since: Instant,
+    /// Leading full pages already handed to the writer.
+    sent: usize,
+    /// Full pages kept from the sequence taken over: the ones this export covers.
+    kept: usize,
+}
+
 /// A request being evaluated.
 struct Active {
     events: mpsc::UnboundedSender<Event>,
@@ -64,9 +89,10 @@ struct Active {
     /// Prompt tokens the sequence holds.
     fed: usize,
     cache_n: usize,
-    /// When the sequence it took over finished, if that one's leading pages were left for
-    /// this request's export ([`Scheduler::export_from`]): its export is due as early.
-    export_since: Option<Instant>,
+    /// The export of the sequence it took over, if that one's leading pages were left for
+    /// this request's ([`Scheduler::export_from`]): due as early, and copied a piece at a
+    /// time between this request's steps once due ([`Scheduler::export_due`]).
+    inherited: Option<Inherited>,
     sampler: Sampler,
     decoder: StreamDecoder,
     generated: Vec<u32>,
@@ -142,11 +168,10 @@ struct Scheduler {
     loads: u64,
     /// Finished sequences kept resident, least recently finished first.
     cached: VecDeque<SeqId>,
-    /// Finished sequences whose new pages are not copied out for the store yet (sequence,
-    /// prompt tokens that came from a cache, prompt length, when it finished, when its stored
-    /// tails expire): the copy waits until the scheduler is idle, so a client's next request
-    /// starts at once.
-    exports: Vec<(SeqId, usize, usize, Instant, Option<u64>)>,
+    /// Finished sequences whose new pages are not copied out for the store yet: the copy
+    /// waits until the scheduler is idle, so a client's next request starts at once, or
+    /// goes a piece at a time between steps once due.
+    exports: Vec<Export>,
     tickets: u64,
     /// Prompt tokens fed so far: the clock, counted in work, by which prefill is ordered.
     work: u64,

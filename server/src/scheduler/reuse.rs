@@ -94,27 +94,72 @@ impl Scheduler {
         }
     }
 
-    /// Copies out the finished sequences waiting for it: all of them (`all`, when idle or
-    /// closing), else those that waited longer than [`EXPORT_DELAY`] (under steady load).
+    /// Copies out the finished sequences waiting for it: all of them at once (`all`, when
+    /// idle or closing); else, under steady load, [`PIECE_PAGES`] pages of the exports that
+    /// waited longer than [`EXPORT_DELAY`], finished or inherited by a running request, so
+    /// that no step waits for more than a piece.
     pub(super) fn export_due(&mut self, all: bool) {
-        let due: Vec<SeqId> = self
-            .exports
-            .iter()
-            .filter(|e| all || e.3.elapsed() >= EXPORT_DELAY)
-            .map(|e| e.0)
-            .collect();
         let mut released = 0;
-        for seq in due {
-            if self.export(seq) {
-                // Its blocks are on their way to the store: the rows of sliding-window layers
-                // that no sequence attends any more leave memory (a later prompt that needs
-                // them reads those blocks back).
-                released += self.ctx.release_windows(seq).unwrap_or(0);
+        if all {
+            let due: Vec<SeqId> = self.exports.iter().map(|e| e.seq).collect();
+            for seq in due {
+                if self.export(seq) {
+                    // Its blocks are on their way to the store: the rows of sliding-window
+                    // layers that no sequence attends any more leave memory (a later prompt
+                    // that needs them reads those blocks back).
+                    released += self.ctx.release_windows(seq).unwrap_or(0);
+                }
             }
+        } else if let Some(seq) = self.export_piece() {
+            released += self.ctx.release_windows(seq).unwrap_or(0);
         }
         if released > 0 {
             self.publish_gauges();
         }
+    }
+
+    /// One piece of the first due export: the next [`PIECE_PAGES`] full pages of a running
+    /// request's inherited ones, or of a finished sequence (whose tails go with its last
+    /// piece). Returns the finished sequence whose export it completed, if it did.
+    fn export_piece(&mut self) -> Option<SeqId> {
+        let (Some(store), Some(writer)) = (&self.store, &self.writer) else {
+            return None;
+        };
+        let running = self.slots.iter_mut().filter_map(|s| s.active.as_mut());
+        let inherited = running
+            .filter_map(|a| Some((a.seq, a.inherited.as_mut()?)))
+            .find(|(_, i)| i.sent < i.kept && i.since.elapsed() >= EXPORT_DELAY);
+        let (seq, sent, end) = match inherited {
+            Some((seq, i)) => {
+                let sent = i.sent;
+                i.sent = (sent + PIECE_PAGES).min(i.kept);
+                (seq, sent, i.sent)
+            }
+            None => {
+                let e = self
+                    .exports
+                    .iter_mut()
+                    .find(|e| e.since.elapsed() >= EXPORT_DELAY)?;
+                let full = self.ctx.tokens(e.seq).map_or(0, <[u32]>::len) / engine::PAGE_TOKENS;
+                if e.sent + PIECE_PAGES >= full {
+                    let seq = e.seq;
+                    return self.export(seq).then_some(seq);
+                }
+                let sent = e.sent;
+                e.sent += PIECE_PAGES;
+                (e.seq, sent, e.sent)
+            }
+        };
+        match store.copy_block_range(&self.ctx, seq, sent..end) {
+            Ok(blocks) => writer.send(Work {
+                blocks,
+                ..Work::default()
+            }),
+            Err(e) => self
+                .metrics
+                .cache_error(format!("reading pages failed: {e}")),
+        }
+        None
     }
 
     /// Hands `pin` to the writer with the blocks of a finished sequence holding its tokens that
@@ -159,12 +204,18 @@ impl Scheduler {
         slot: usize,
         seq: SeqId,
         (cache_n, prompt_len): (usize, usize),
-        since: Option<Instant>,
+        inherited: Option<super::Inherited>,
         expires: Option<u64>,
     ) {
         if self.store.is_some() {
-            let at = since.unwrap_or_else(Instant::now);
-            self.exports.push((seq, cache_n, prompt_len, at, expires));
+            self.exports.push(super::Export {
+                seq,
+                cache_n,
+                prompt_len,
+                since: inherited.map_or_else(Instant::now, |i| i.since),
+                expires,
+                sent: inherited.map_or(0, |i| i.sent),
+            });
         }
         self.slots[slot].last = Some(seq);
         self.cached.push_back(seq);
@@ -193,7 +244,7 @@ impl Scheduler {
             .collect();
         for seq in doomed {
             self.cached.retain(|&s| s != seq);
-            self.exports.retain(|e| e.0 != seq);
+            self.exports.retain(|e| e.seq != seq);
             let _ = self.ctx.remove_sequence(seq);
             for slot in &mut self.slots {
                 if slot.last == Some(seq) {
@@ -235,19 +286,12 @@ impl Scheduler {
         let cache_n = a.cache_n;
         let work = (|| -> engine::Result<Work> {
             let blocks = store.copy_blocks(&self.ctx, seq, from)?;
-            let mut tails: Vec<_> = store
-                .prompt_cache()
-                .tail_of(&self.ctx, seq, prompt_len)?
-                .into_iter()
-                .collect();
-            tails.extend(
-                store
-                    .prompt_cache()
-                    .branch_tail(&self.ctx, seq, cache_n, prompt_len)?,
-            );
-            for t in &mut tails {
-                t.expires_unix = expires;
-            }
+            let tails = store.prompt_cache().prompt_tails(
+                &self.ctx,
+                seq,
+                (cache_n, prompt_len),
+                expires,
+            )?;
             Ok(Work {
                 urgent: true,
                 blocks,
@@ -270,44 +314,34 @@ impl Scheduler {
         self.export_from(seq, 0)
     }
 
-    /// When finished sequence `seq`'s export was first due to wait from, if it waits.
-    pub(super) fn export_since(&self, seq: SeqId) -> Option<Instant> {
-        self.exports.iter().find(|e| e.0 == seq).map(|e| e.3)
-    }
-
     /// [`Scheduler::export`] of the full pages from page `from` on (and the tails), for a
     /// sequence whose earlier pages stay resident in a sequence that will be exported later.
     pub(super) fn export_from(&mut self, seq: SeqId, from: usize) -> bool {
-        let Some(i) = self.exports.iter().position(|e| e.0 == seq) else {
+        let Some(i) = self.exports.iter().position(|e| e.seq == seq) else {
             return false;
         };
-        let (_, cache_n, prompt_len, _, expires) = self.exports.swap_remove(i);
+        let super::Export {
+            cache_n,
+            prompt_len,
+            expires,
+            sent,
+            ..
+        } = self.exports.swap_remove(i);
+        // The pages before `sent` went in pieces already.
+        let from = from.max(sent);
         let (Some(store), Some(writer)) = (&self.store, &self.writer) else {
             return false;
         };
-        let len = self.ctx.tokens(seq).map_or(0, <[u32]>::len);
         let work = (|| -> engine::Result<Work> {
             // Every page the store lacks, the ones that came from a cache too: another process
             // may have collected their blocks since (the store looks for each file again).
             let blocks = store.copy_blocks(&self.ctx, seq, from)?;
-            let mut tails = Vec::new();
-            // The prompt's own tail (a repeated prompt ends there), unless it came from a
-            // cache and the store still holds it, and the whole sequence's (the next turn of a
-            // chat continues it).
-            if prompt_len > cache_n + 1
-                || !store.prompt_cache().holds_tail(&self.ctx, seq, prompt_len)
-            {
-                tails.extend(store.prompt_cache().tail_of(&self.ctx, seq, prompt_len)?);
-            }
-            tails.extend(
-                store
-                    .prompt_cache()
-                    .branch_tail(&self.ctx, seq, cache_n, prompt_len)?,
-            );
-            tails.extend(store.prompt_cache().tail_of(&self.ctx, seq, len)?);
-            for t in &mut tails {
-                t.expires_unix = expires;
-            }
+            let tails = store.prompt_cache().finished_tails(
+                &self.ctx,
+                seq,
+                (cache_n, prompt_len),
+                expires,
+            )?;
             Ok(Work {
                 urgent: false,
                 blocks,
@@ -333,6 +367,10 @@ impl Scheduler {
 /// How long a finished sequence's pages may wait for the scheduler to be idle before they are
 /// copied out for the store anyway.
 pub(super) const EXPORT_DELAY: Duration = Duration::from_millis(200);
+
+/// Full pages copied out between two steps at most, once an export is due under steady load
+/// ([`Scheduler::export_due`]): a few MB, a few milliseconds of one core.
+pub(super) const PIECE_PAGES: usize = 4;
 
 /// How long the idle scheduler waits for another request before it copies finished pages out.
 pub(super) const EXPORT_IDLE: Duration = Duration::from_millis(20);

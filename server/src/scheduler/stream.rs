@@ -169,7 +169,7 @@ impl Scheduler {
         } else {
             let expires = a.params.cache_ttl.map(|t| crate::routes::unix_now() + t);
             let lens = (a.cache_n, a.prompt.len());
-            self.keep(slot, a.seq, lens, a.export_since, expires);
+            self.keep(slot, a.seq, lens, a.inherited, expires);
         }
     }
 
@@ -179,8 +179,15 @@ impl Scheduler {
             self.publish_gauges();
             let _ = a.events.send(Event::Failed(e));
             // The pages of the sequence it took over, left for its export, go to the store.
-            if let Some(since) = a.export_since.filter(|_| self.store.is_some()) {
-                self.exports.push((a.seq, a.cache_n, 0, since, None));
+            if let Some(inherited) = a.inherited.filter(|_| self.store.is_some()) {
+                self.exports.push(super::Export {
+                    seq: a.seq,
+                    cache_n: a.cache_n,
+                    prompt_len: 0,
+                    since: inherited.since,
+                    expires: None,
+                    sent: inherited.sent,
+                });
                 self.export(a.seq);
             }
             let _ = self.ctx.remove_sequence(a.seq);
