@@ -223,11 +223,11 @@ static void pack_group(const struct ggml_tensor * b, int64_t n0, int64_t N, int 
     }
 }
 
+#ifdef Q80_SIMD
 // A Q5_0 block's 32 five-bit q in element order (the top comment's u).
-static inline void unpack_q5_0(const q50_block * blk, uint8_t * u) {
+static inline __m256i unpack_q5_0(const q50_block * blk) {
     uint32_t qh;
     memcpy(&qh, blk->qh, 4);
-#ifdef Q80_SIMD
     // Byte j of `high`: 0x10 where bit j of qh is set (byte j / 8 of qh spread over 8 bytes,
     // each tested for its bit).
     const __m256i spread = _mm256_shuffle_epi8(
@@ -241,57 +241,84 @@ static inline void unpack_q5_0(const q50_block * blk, uint8_t * u) {
     const __m256i nibbles = _mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_and_si128(packed, low)),
         _mm_and_si128(_mm_srli_epi16(packed, 4), low), 1);
-    _mm256_storeu_si256((__m256i *) u, _mm256_or_si256(nibbles, high));
-#else
-    for (int j = 0; j < QK / 2; ++j) {
-        u[j] = (uint8_t) ((blk->qs[j] & 0x0F) | ((qh >> j) & 1) << 4);
-        u[j + QK / 2] = (uint8_t) ((blk->qs[j] >> 4) | ((qh >> (j + QK / 2)) & 1) << 4);
+    return _mm256_or_si256(nibbles, high);
+}
+
+// A block's 32 unsigned u (the top comment's) in element order, in one register: built there
+// and stored once (two 16-byte stores read back as one 32-byte load cannot be forwarded, a
+// stall per block).
+static inline __m256i unpack_block(int kind, const void * row, int i) {
+    if (kind == KIND_Q4_0) {
+        // Elements 0..15 are the low nibbles, 16..31 the high ones.
+        const q40_block * blk = (const q40_block *) row + i;
+        const __m128i packed = _mm_loadu_si128((const __m128i *) blk->qs);
+        const __m128i low = _mm_set1_epi8(0x0F);
+        return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(packed, low)),
+                                       _mm_and_si128(_mm_srli_epi16(packed, 4), low), 1);
     }
+    if (kind == KIND_Q5_0) {
+        return unpack_q5_0((const q50_block *) row + i);
+    }
+    const q80_block * blk = (const q80_block *) row + i;
+    return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *) blk->qs),
+                            _mm256_set1_epi8((char) 0x80));
+}
+#else
+// A block's 32 unsigned u (the top comment's) in element order.
+static void unpack_block(int kind, const void * row, int i, uint8_t * u) {
+    if (kind == KIND_Q4_0) {
+        const q40_block * blk = (const q40_block *) row + i;
+        for (int j = 0; j < QK / 2; ++j) {
+            u[j] = blk->qs[j] & 0x0F;
+            u[j + QK / 2] = blk->qs[j] >> 4;
+        }
+    } else if (kind == KIND_Q5_0) {
+        const q50_block * blk = (const q50_block *) row + i;
+        uint32_t qh;
+        memcpy(&qh, blk->qh, 4);
+        for (int j = 0; j < QK / 2; ++j) {
+            u[j] = (uint8_t) ((blk->qs[j] & 0x0F) | ((qh >> j) & 1) << 4);
+            u[j + QK / 2] = (uint8_t) ((blk->qs[j] >> 4) | ((qh >> (j + QK / 2)) & 1) << 4);
+        }
+    } else {
+        const q80_block * blk = (const q80_block *) row + i;
+        for (int j = 0; j < QK; ++j) {
+            u[j] = (uint8_t) blk->qs[j] ^ 0x80;
+        }
+    }
+}
 #endif
+
+// The scale of block i of a row of `kind`, as f32.
+static inline float block_scale(int kind, const void * row, int i) {
+    const uint16_t d = kind == KIND_Q4_0   ? ((const q40_block *) row)[i].d
+                       : kind == KIND_Q5_0 ? ((const q50_block *) row)[i].d
+                                           : ((const q80_block *) row)[i].d;
+    return ggml_sys_f16(d);
 }
 
 // Unpacks weight row `row` (nb blocks of `kind`) into `x` (XB(kind) bytes per block, the
 // unsigned u of the top comment) and its scales as f32 into `d0`.
 static void unpack_row(int kind, const void * row, int nb, uint8_t * x, float * d0) {
     for (int i = 0; i < nb; ++i) {
-        uint8_t u[QK];
-        if (kind == KIND_Q4_0) {
-            const q40_block * blk = (const q40_block *) row + i;
-            // Elements 0..15 are the low nibbles, 16..31 the high ones.
-#ifdef Q80_SIMD
-            const __m128i packed = _mm_loadu_si128((const __m128i *) blk->qs);
-            const __m128i low = _mm_set1_epi8(0x0F);
-            _mm_storeu_si128((__m128i *) u, _mm_and_si128(packed, low));
-            _mm_storeu_si128((__m128i *) (u + QK / 2), _mm_and_si128(_mm_srli_epi16(packed, 4), low));
-#else
-            for (int j = 0; j < QK / 2; ++j) {
-                u[j] = blk->qs[j] & 0x0F;
-                u[j + QK / 2] = blk->qs[j] >> 4;
-            }
-#endif
-            d0[i] = ggml_sys_f16(blk->d);
-        } else if (kind == KIND_Q5_0) {
-            const q50_block * blk = (const q50_block *) row + i;
-            unpack_q5_0(blk, u);
-            d0[i] = ggml_sys_f16(blk->d);
-        } else {
-            const q80_block * blk = (const q80_block *) row + i;
-            for (int j = 0; j < QK; ++j) {
-                u[j] = (uint8_t) blk->qs[j] ^ 0x80;
-            }
-            d0[i] = ggml_sys_f16(blk->d);
-        }
+        d0[i] = block_scale(kind, row, i);
         uint8_t * out = x + (size_t) i * XB(kind);
+#ifdef Q80_SIMD
+        const __m256i u = unpack_block(kind, row, i);
 #ifdef Q80_SPLIT
         if (kind != KIND_Q4_0) {
-            for (int j = 0; j < QK; ++j) {
-                out[j] = u[j] & 0x0F;
-                out[QK + j] = u[j] >> 4;
-            }
+            // Low nibbles, then high nibbles (bits for Q5_0).
+            const __m256i low = _mm256_set1_epi8(0x0F);
+            _mm256_storeu_si256((__m256i *) out, _mm256_and_si256(u, low));
+            _mm256_storeu_si256((__m256i *) (out + QK),
+                                _mm256_and_si256(_mm256_srli_epi16(u, 4), low));
             continue;
         }
 #endif
-        memcpy(out, u, QK);
+        _mm256_storeu_si256((__m256i *) out, u);
+#else
+        unpack_block(kind, row, i, out);
+#endif
     }
 }
 
