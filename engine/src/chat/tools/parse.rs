@@ -164,7 +164,7 @@ pub(super) fn parse(
                     out.push((text(end), Some((end, false))));
                     return out;
                 }
-                Some(Candidate::Full(m, kind)) => match attempt(buf, m, kind, eof, format) {
+                Some(Candidate::Full(m, kind)) => match attempt(buf, pos, m, kind, eof, format) {
                     Attempt::Invalid => search = m + 1,
                     Attempt::Hold => {
                         let end = trim_back(buf, pos, m);
@@ -197,13 +197,40 @@ pub(super) fn parse(
     }
 }
 
-/// Tries the call the marker `kind` at `m` starts.
-fn attempt(buf: &str, m: usize, kind: usize, eof: bool, format: ToolFormat) -> Attempt {
+/// A Llama 3 call written as a bare JSON object at `m`, as llama-server takes one: only the
+/// first `{` of the content (from `run`), an object that is whole JSON, followed by nothing but
+/// further calls (`;` and whitespace between). What follows it is known only when the reply is
+/// complete, so the object is held until then: a reply that writes JSON among its text keeps
+/// it as content, streamed or not.
+fn llama3_object(buf: &str, run: usize, m: usize, eof: bool) -> Attempt {
+    if buf[run..m].contains('{') {
+        return Attempt::Invalid;
+    }
+    if !eof {
+        return Attempt::Hold;
+    }
+    let attempt = single_object(buf, m, true, Style::Llama3);
+    let Attempt::Pieces(_, Some(end)) = &attempt else {
+        return Attempt::Invalid;
+    };
+    let whole = serde_json::from_str::<Value>(&buf[m..*end]).is_ok();
+    let rest = buf[*end..].trim_start_matches(|c: char| c.is_ascii_whitespace() || c == ';');
+    let only_calls = rest.is_empty() || rest.starts_with('{') || rest.starts_with("<|python_tag|>");
+    if whole && only_calls {
+        attempt
+    } else {
+        Attempt::Invalid
+    }
+}
+
+/// Tries the call the marker `kind` at `m` starts (the content before it from `run`, where the
+/// text or the last call ended).
+fn attempt(buf: &str, run: usize, m: usize, kind: usize, eof: bool, format: ToolFormat) -> Attempt {
     let marker = markers(format)[kind];
     let after = m + marker.len();
     match (format, marker) {
         (ToolFormat::Hermes | ToolFormat::QwenXml, _) => hermes(buf, after, eof),
-        (ToolFormat::Llama3, "{") => single_object(buf, m, eof, Style::Llama3),
+        (ToolFormat::Llama3, "{") => llama3_object(buf, run, m, eof),
         (ToolFormat::Llama3, _) => python_tag(buf, after, eof),
         (ToolFormat::Mistral | ToolFormat::MistralArgs, _) => mistral(buf, after, eof),
         (ToolFormat::Generic, _) => generic(buf, m, eof),

@@ -114,6 +114,58 @@ fn llama3_json_builtin_and_code() {
 }
 
 #[test]
+fn llama3_json_calls_as_llama_server_takes_them() {
+    // Content, then the call as the reply's first `{`, and nothing after it but another call.
+    let text = "Let me check. {\"name\": \"f\", \"parameters\": {\"x\": 1}}";
+    assert_eq!(
+        parse(text, ToolFormat::Llama3),
+        ("Let me check.".into(), vec![call("f", "{\"x\": 1}")])
+    );
+    for text in [
+        // Text after the object: a reply that shows JSON, not a call.
+        "Like this: {\"name\": \"f\", \"parameters\": {}}. Then run it.",
+        // Python's True is not JSON.
+        "f(True, {\"name\": \"f\", \"parameters\": {\"ok\": True}})",
+        // An object cut off by the end of the reply.
+        "{\"name\": \"f\", \"parameters\": {\"x\": 1",
+        // Not the content's first `{`.
+        "Set {a}, then {\"name\": \"f\", \"parameters\": {}}",
+    ] {
+        assert_eq!(parse(text, ToolFormat::Llama3), (text.to_string(), vec![]));
+    }
+}
+
+#[test]
+fn llama3_json_calls_are_decided_when_the_reply_ends() {
+    let text = "So: {\"name\": \"f\", \"parameters\": {\"x\": 1}} and more";
+    let mut s = ToolCallStream::with_seed(ToolFormat::Llama3, 0);
+    let mut events = Vec::new();
+    for piece in text.split_inclusive(' ') {
+        events.extend(s.push(piece));
+    }
+    // The object is held: only the content before it went out while the reply streamed.
+    assert_eq!(events, vec![ToolCallEvent::Content("So:".into())]);
+    events.extend(s.finish());
+    let (content, calls) = s.into_parts();
+    assert!(calls.is_empty(), "{calls:?}");
+    assert_eq!(content, text, "{events:?}");
+    // The same object at the reply's end is a call, streamed or not.
+    let text = "So: {\"name\": \"f\", \"parameters\": {\"x\": 1}}";
+    let mut s = ToolCallStream::with_seed(ToolFormat::Llama3, 0);
+    for piece in text.split_inclusive(' ') {
+        s.push(piece);
+    }
+    s.finish();
+    let (content, calls) = s.into_parts();
+    assert_eq!(content, "So:");
+    assert_eq!(calls.len(), 1);
+    assert_eq!(
+        (calls[0].name.as_str(), calls[0].arguments.as_str()),
+        ("f", "{\"x\": 1}")
+    );
+}
+
+#[test]
 fn mistral_both_forms_and_ids() {
     let text = "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"a\": 1}, \"id\": \"abcDEF123\"}, {\"name\": \"g\", \"arguments\": {}}]";
     let (content, calls) = parse_tool_calls(text, ToolFormat::Mistral);
