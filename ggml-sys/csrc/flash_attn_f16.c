@@ -418,16 +418,18 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, in
 #endif
         }
 
-        memset(ot, 0, (size_t) rows * D * sizeof(float));
 #if defined(FA_R16)
+        // Written whole, not added to.
         if (a->v->type != GGML_TYPE_Q8_0 && rows <= FA_R16) {
             fa_pv_rows_h(p, vrows, D, ot, rows);
         } else {
             fa_pv_rows(p, vt, D, ot, rows);
         }
 #elif defined(FA_SIMD)
+        memset(ot, 0, (size_t) rows * D * sizeof(float));
         fa_pv_rows(p, vt, D, ot, rows);
 #else
+        memset(ot, 0, (size_t) rows * D * sizeof(float));
         for (int r = 0; r < rows; ++r) {
             for (int k = 0; k < BK; ++k) {
                 const float w = p[(size_t) r * BK + k];

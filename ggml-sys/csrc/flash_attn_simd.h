@@ -240,15 +240,17 @@ FA_INLINE void fa_qk16(const float * q, int D, const float * kt, float * p, int 
     }
 }
 
-// As fa_pv, 16 dimensions a vector, C vectors (dimensions d0 .. d0 + 16C - 1) a row at once.
-// With `vrows`, V's f16 rows are read where they lie (vrows[k]: key k's row) and widened in
-// registers (f16 to f32 is exact: the same values as the f32 copy `vt`).
+// As fa_pv, 16 dimensions a vector, C vectors (dimensions d0 .. d0 + 16C - 1) a row at once,
+// but writing o = p V (the sums start from zero in registers: the same values as adding to a
+// zeroed o, without zeroing and reading it). With `vrows`, V's f16 rows are read where they
+// lie (vrows[k]: key k's row) and widened in registers (f16 to f32 is exact: the same values
+// as the f32 copy `vt`).
 FA_INLINE void fa_pv16(const float * p, const float * vt, const uint16_t * const * vrows, int half,
                        int D, float * o, int R, int C, int d0) {
     __m512 acc[FA_R16][4];
     for (int r = 0; r < R; ++r) {
         for (int c = 0; c < C; ++c) {
-            acc[r][c] = _mm512_loadu_ps(o + (size_t) r * D + d0 + 16 * c);
+            acc[r][c] = _mm512_setzero_ps();
         }
     }
     for (int k = 0; k < BK; ++k) {
@@ -300,8 +302,9 @@ static void fa_qk_rows(const float * q, int D, const float * kt, float * p, int 
         default: FA_PV_C(R, 4); break;       \
     }
 
-// o[r] += p[r] V over the tile for `rows` rows: V as f32 rows (`vt`) or, with `half` (a
-// constant at each call), as f16 rows where they lie (`vrows`).
+// o[r] = p[r] V over the tile for `rows` rows (every dimension written: D is a multiple of
+// 16): V as f32 rows (`vt`) or, with `half` (a constant at each call), as f16 rows where they
+// lie (`vrows`).
 FA_INLINE void fa_pv_any(const float * p, const float * vt, const uint16_t * const * vrows,
                          int half, int D, float * o, int rows) {
     for (int r = 0; r < rows; r += FA_R16) {
