@@ -175,6 +175,9 @@ struct Scheduler {
     tickets: u64,
     /// Prompt tokens fed so far: the clock, counted in work, by which prefill is ordered.
     work: u64,
+    /// `work` when the last pieces were exported: a step that fed more prompt tokens exports
+    /// more pieces after it, so the store keeps up with prefill under steady load.
+    exported_work: u64,
     /// Shutdown was asked for.
     closing: bool,
     /// `--sleep-idle-seconds`: the idle time before sleeping, and while asleep the parameters
@@ -210,6 +213,7 @@ pub fn spawn(parts: Parts, rx: mpsc::UnboundedReceiver<Command>) -> std::thread:
         exports: Vec::new(),
         tickets: 0,
         work: 0,
+        exported_work: 0,
         closing: false,
         sleep: parts.sleep_after.map(|d| (d, None)),
         spec: parts.spec,

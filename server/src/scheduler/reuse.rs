@@ -95,9 +95,10 @@ impl Scheduler {
     }
 
     /// Copies out the finished sequences waiting for it: all of them at once (`all`, when
-    /// idle or closing); else, under steady load, [`PIECE_PAGES`] pages of the exports that
-    /// waited longer than [`EXPORT_DELAY`], finished or inherited by a running request, so
-    /// that no step waits for more than a piece.
+    /// idle or closing); else, under steady load, pieces of [`PIECE_PAGES`] pages of the
+    /// exports that waited longer than [`EXPORT_DELAY`], finished or inherited by a running
+    /// request: one piece after a step, or as many pages as the step fed prompt tokens, so
+    /// that no step waits for more than a copy of what it computed, and the copies keep up.
     pub(super) fn export_due(&mut self, all: bool) {
         let mut released = 0;
         if all {
@@ -110,8 +111,18 @@ impl Scheduler {
                     released += self.ctx.release_windows(seq).unwrap_or(0);
                 }
             }
-        } else if let Some(seq) = self.export_piece() {
-            released += self.ctx.release_windows(seq).unwrap_or(0);
+        } else {
+            let fed = (self.work - self.exported_work) as usize / engine::PAGE_TOKENS;
+            self.exported_work = self.work;
+            for _ in 0..(fed / PIECE_PAGES).max(1) {
+                match self.export_piece() {
+                    Piece::Copied => {}
+                    Piece::Completed(seq) => {
+                        released += self.ctx.release_windows(seq).unwrap_or(0);
+                    }
+                    Piece::None => break,
+                }
+            }
         }
         if released > 0 {
             self.publish_gauges();
@@ -120,10 +131,10 @@ impl Scheduler {
 
     /// One piece of the first due export: the next [`PIECE_PAGES`] full pages of a running
     /// request's inherited ones, or of a finished sequence (whose tails go with its last
-    /// piece). Returns the finished sequence whose export it completed, if it did.
-    fn export_piece(&mut self) -> Option<SeqId> {
+    /// piece).
+    fn export_piece(&mut self) -> Piece {
         let (Some(store), Some(writer)) = (&self.store, &self.writer) else {
-            return None;
+            return Piece::None;
         };
         let running = self.slots.iter_mut().filter_map(|s| s.active.as_mut());
         let inherited = running
@@ -136,14 +147,21 @@ impl Scheduler {
                 (seq, sent, i.sent)
             }
             None => {
-                let e = self
+                let Some(e) = self
                     .exports
                     .iter_mut()
-                    .find(|e| e.since.elapsed() >= EXPORT_DELAY)?;
+                    .find(|e| e.since.elapsed() >= EXPORT_DELAY)
+                else {
+                    return Piece::None;
+                };
                 let full = self.ctx.tokens(e.seq).map_or(0, <[u32]>::len) / engine::PAGE_TOKENS;
                 if e.sent + PIECE_PAGES >= full {
                     let seq = e.seq;
-                    return self.export(seq).then_some(seq);
+                    return if self.export(seq) {
+                        Piece::Completed(seq)
+                    } else {
+                        Piece::Copied
+                    };
                 }
                 let sent = e.sent;
                 e.sent += PIECE_PAGES;
@@ -159,7 +177,7 @@ impl Scheduler {
                 .metrics
                 .cache_error(format!("reading pages failed: {e}")),
         }
-        None
+        Piece::Copied
     }
 
     /// Hands `pin` to the writer with the blocks of a finished sequence holding its tokens that
@@ -368,7 +386,17 @@ impl Scheduler {
 /// copied out for the store anyway.
 pub(super) const EXPORT_DELAY: Duration = Duration::from_millis(200);
 
-/// Full pages copied out between two steps at most, once an export is due under steady load
+/// What [`Scheduler::export_piece`] did.
+enum Piece {
+    /// Nothing was due.
+    None,
+    /// A piece went to the writer (or failed to be read, counted).
+    Copied,
+    /// A finished sequence's last piece and tails went: its export is done.
+    Completed(SeqId),
+}
+
+/// Full pages of one piece of an export that is due under steady load
 /// ([`Scheduler::export_due`]): a few MB, a few milliseconds of one core.
 pub(super) const PIECE_PAGES: usize = 4;
 
