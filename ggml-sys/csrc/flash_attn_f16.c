@@ -244,6 +244,10 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, in
     float * tsum = tmx + RB;              // RB: the tile's sum
 #ifdef FA_R16
     const uint16_t * vrows[BK];           // the tile's f16 V rows where they lie
+    // One pass of rows reads V's f16 rows where they lie; more passes share one f32 copy of
+    // the tile rather than each converting it again (the conversion is exact: the same values
+    // either way).
+    const int v_direct = a->v->type != GGML_TYPE_Q8_0 && rows <= FA_R16;
 #endif
 
     for (int r = 0; r < rows; ++r) {
@@ -279,12 +283,6 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, in
             static const uint16_t zeros[DMAX] = {0};
             static const float zerosf[DMAX] = {0};
             const int k_q8 = a->k->type == GGML_TYPE_Q8_0, v_q8 = a->v->type == GGML_TYPE_Q8_0;
-#ifdef FA_R16
-            // One pass of rows reads V's f16 rows where they lie; more passes share one f32
-            // copy of the tile rather than each converting it again (the conversion is exact:
-            // the same values either way).
-            const int v_direct = rows <= FA_R16;
-#endif
             for (int k0 = 0; k0 < BK; k0 += 8) {
                 if (k_q8) {
                     float kr[8][DMAX];
@@ -311,7 +309,7 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, in
             }
             for (int k = 0; k < BK; ++k) {
 #ifdef FA_R16
-                if (!v_q8 && v_direct) {
+                if (v_direct) {
                     // Read where they lie by fa_pv16.
                     vrows[k] = k < kv ? fa_kv_row(a->v, a->vpages, ic + k, g) : zeros;
                     continue;
@@ -420,7 +418,7 @@ static void fa_block(const fa_args * a, int g, int j0, int rows, float * buf, in
 
 #if defined(FA_R16)
         // Written whole, not added to.
-        if (a->v->type != GGML_TYPE_Q8_0 && rows <= FA_R16) {
+        if (v_direct) {
             fa_pv_rows_h(p, vrows, D, ot, rows);
         } else {
             fa_pv_rows(p, vt, D, ot, rows);

@@ -370,7 +370,9 @@ fn write_round(
             flush(store, metrics)?;
         }
     }
-    wait_turn(metrics);
+    if !tails.is_empty() {
+        wait_turn(metrics);
+    }
     for tail in tails {
         match store.prompt_cache().put_tail(tail.clone()) {
             Ok(()) => metrics.tails_written(1),

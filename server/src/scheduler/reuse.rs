@@ -133,7 +133,7 @@ impl Scheduler {
     /// request's inherited ones, or of a finished sequence (whose tails go with its last
     /// piece).
     fn export_piece(&mut self) -> Piece {
-        let (Some(store), Some(writer)) = (&self.store, &self.writer) else {
+        let (Some(store), Some(_)) = (&self.store, &self.writer) else {
             return Piece::None;
         };
         let running = self.slots.iter_mut().filter_map(|s| s.active.as_mut());
@@ -168,16 +168,33 @@ impl Scheduler {
                 (e.seq, sent, e.sent)
             }
         };
-        match store.copy_block_range(&self.ctx, seq, sent..end) {
-            Ok(blocks) => writer.send(Work {
+        let work = store
+            .copy_block_range(&self.ctx, seq, sent..end)
+            .map(|blocks| Work {
                 blocks,
                 ..Work::default()
-            }),
-            Err(e) => self
-                .metrics
-                .cache_error(format!("reading pages failed: {e}")),
-        }
+            });
+        self.hand_over(work);
         Piece::Copied
+    }
+
+    /// Sends pages copied out for the store to the writer, or counts the failure to read them.
+    /// Returns whether they were sent.
+    fn hand_over(&self, work: engine::Result<Work>) -> bool {
+        let Some(writer) = &self.writer else {
+            return false;
+        };
+        match work {
+            Ok(work) => {
+                writer.send(work);
+                true
+            }
+            Err(e) => {
+                self.metrics
+                    .cache_error(format!("reading pages failed: {e}"));
+                false
+            }
+        }
     }
 
     /// Hands `pin` to the writer with the blocks of a finished sequence holding its tokens that
@@ -289,7 +306,7 @@ impl Scheduler {
     /// replicas find them while this one generates. What the request adds is exported when it
     /// finishes, as without a remote tier.
     pub(super) fn export_prompt(&mut self, slot: usize) {
-        let (Some(store), Some(writer)) = (&self.store, &self.writer) else {
+        let (Some(store), Some(_)) = (&self.store, &self.writer) else {
             return;
         };
         let Some(a) = self.slots[slot].active.as_ref() else {
@@ -317,12 +334,7 @@ impl Scheduler {
                 ..Work::default()
             })
         })();
-        match work {
-            Ok(work) => writer.send(work),
-            Err(e) => self
-                .metrics
-                .cache_error(format!("reading pages failed: {e}")),
-        }
+        self.hand_over(work);
     }
 
     /// Copies the new full pages and the tails of finished sequence `seq`, if it waits for
@@ -347,7 +359,7 @@ impl Scheduler {
         } = self.exports.swap_remove(i);
         // The pages before `sent` went in pieces already.
         let from = from.max(sent);
-        let (Some(store), Some(writer)) = (&self.store, &self.writer) else {
+        let (Some(store), Some(_)) = (&self.store, &self.writer) else {
             return false;
         };
         let work = (|| -> engine::Result<Work> {
@@ -368,17 +380,7 @@ impl Scheduler {
                 clears: Vec::new(),
             })
         })();
-        match work {
-            Ok(work) => {
-                writer.send(work);
-                true
-            }
-            Err(e) => {
-                self.metrics
-                    .cache_error(format!("reading pages failed: {e}"));
-                false
-            }
-        }
+        self.hand_over(work)
     }
 }
 
