@@ -193,7 +193,8 @@ static void fill_nan(struct ggml_tensor * dst, int64_t m0, int64_t m1, int64_t n
 }
 
 // Quantizes columns n0 .. n0 + W - 1 of `b` (those below N; the rest zero) into group `g`,
-// going through `tmp` (nb q8_0 blocks); `bias` is b of the top comment.
+// going through `tmp` (W * nb q8_0 blocks, column c's from tmp + c * nb); `bias` is b of the
+// top comment.
 static void pack_group(const struct ggml_tensor * b, int64_t n0, int64_t N, int nb, int32_t bias,
                        q80_block * tmp, char * g) {
     const struct ggml_type_traits_cpu * q80 = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0);
@@ -201,24 +202,52 @@ static void pack_group(const struct ggml_tensor * b, int64_t n0, int64_t N, int 
     float * d1 = (float *) (g + (size_t) nb * 8 * W * 4);
     int32_t * start = (int32_t *) (d1 + (size_t) nb * W);
     for (int c = 0; c < W; ++c) {
-        const int real = n0 + c < N;
-        if (real) {
-            q80->from_float((const float *) ((const char *) b->data + (n0 + c) * b->nb[1]), tmp,
+        q80_block * col = tmp + (size_t) c * nb;
+        if (n0 + c < N) {
+            q80->from_float((const float *) ((const char *) b->data + (n0 + c) * b->nb[1]), col,
                             (int64_t) nb * QK);
+        } else {
+            memset(col, 0, (size_t) nb * sizeof(q80_block));
         }
-        for (int i = 0; i < nb; ++i) {
+    }
+    for (int i = 0; i < nb; ++i) {
+        int8_t * out = qs + (size_t) i * 8 * W * 4;
+#ifdef Q80_SIMD
+        // Column c's 32 bytes are eight quads: an 8 x 8 transpose of 32-bit elements per eight
+        // columns puts quad k of the columns side by side. The sums of y come from the same
+        // vectors, exactly in 32-bit lanes.
+        __m256i sum[W / 8];
+        for (int h = 0; h < W / 8; ++h) {
+            __m256 r[8], t[8];
+            for (int c = 0; c < 8; ++c) {
+                r[c] = _mm256_castsi256_ps(
+                    _mm256_loadu_si256((const __m256i *) tmp[(size_t) (8 * h + c) * nb + i].qs));
+            }
+            ggml_sys_transpose8(r, t);
+            sum[h] = _mm256_setzero_si256();
+            for (int k = 0; k < 8; ++k) {
+                const __m256i y = _mm256_castps_si256(t[k]);
+                _mm256_storeu_si256((__m256i *) (out + ((size_t) k * W + 8 * h) * 4), y);
+                sum[h] = _mm256_add_epi32(
+                    sum[h], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), y),
+                                              _mm256_set1_epi16(1)));
+            }
+            _mm256_storeu_si256((__m256i *) (start + (size_t) i * W + 8 * h),
+                                _mm256_mullo_epi32(sum[h], _mm256_set1_epi32(-bias)));
+        }
+#else
+        for (int c = 0; c < W; ++c) {
             int32_t sum = 0;
             for (int k = 0; k < 8; ++k) {
-                int8_t * quad = qs + (((size_t) i * 8 + k) * W + c) * 4;
-                if (real) {
-                    memcpy(quad, tmp[i].qs + 4 * k, 4);
-                    sum += quad[0] + quad[1] + quad[2] + quad[3];
-                } else {
-                    memset(quad, 0, 4);
-                }
+                int8_t * quad = out + ((size_t) k * W + c) * 4;
+                memcpy(quad, tmp[(size_t) c * nb + i].qs + 4 * k, 4);
+                sum += quad[0] + quad[1] + quad[2] + quad[3];
             }
-            d1[i * W + c] = real ? ggml_sys_f16(tmp[i].d) : 0.0f;
             start[i * W + c] = -bias * sum;
+        }
+#endif
+        for (int c = 0; c < W; ++c) {
+            d1[i * W + c] = ggml_sys_f16(tmp[(size_t) c * nb + i].d);
         }
     }
 }
@@ -558,12 +587,19 @@ static int split_work(int64_t groups, int64_t M, int ith, int nth, int64_t * g0,
 
 #include "mul_mat_q8_0_few.h"
 
-Q80_INLINE void mul_mat(int kind, struct ggml_tensor * dst, int ith, int nth) {
+// The packed groups of ggml_sys_pack_q80's result `t`: its data from the first 64-byte boundary.
+static char * packed_groups(const struct ggml_tensor * t) {
+    return (char *) (((uintptr_t) t->data + 63) & ~(uintptr_t) 63);
+}
+
+// `packed`: 0 when dst->src[1] is the f32 activations, else their column count, dst->src[1]
+// being ggml_sys_pack_q80's result for them.
+Q80_INLINE void mul_mat(int kind, struct ggml_tensor * dst, int ith, int nth, int64_t packed) {
     const struct ggml_tensor * a = dst->src[0];
     const struct ggml_tensor * b = dst->src[1];
-    const int64_t M = a->ne[1], N = b->ne[1];
+    const int64_t M = a->ne[1], N = packed != 0 ? packed : b->ne[1];
 #ifdef Q80_FEW
-    if (N <= FEW_MAX_COLS(kind)) {
+    if (packed == 0 && N <= FEW_MAX_COLS(kind)) {
         if (kind == KIND_Q4_0) {
             mul_mat_few(KIND_Q4_0, dst, ith, nth);
         } else if (kind == KIND_Q5_0) {
@@ -580,10 +616,10 @@ Q80_INLINE void mul_mat(int kind, struct ggml_tensor * dst, int ith, int nth) {
     if (!split_work(groups, M, ith, nth, &g0, &g1, &r0, &r1)) {
         return;
     }
-    const size_t packed_bytes = align64((size_t) (g1 - g0) * nb * GROUP_BYTES);
+    const size_t packed_bytes = packed != 0 ? 0 : align64((size_t) (g1 - g0) * nb * GROUP_BYTES);
     const size_t x_bytes = align64((size_t) MR * nb * XB(kind));
     const size_t d0_bytes = align64((size_t) MR * nb * sizeof(float));
-    const size_t tmp_bytes = align64((size_t) nb * sizeof(q80_block));
+    const size_t tmp_bytes = packed != 0 ? 0 : align64((size_t) W * nb * sizeof(q80_block));
     char * buf = reserve(packed_bytes + x_bytes + d0_bytes + tmp_bytes);
     if (buf == NULL) {
         fill_nan(dst, r0, r1, g0 * W, g1 * W < N ? g1 * W : N);
@@ -593,8 +629,13 @@ Q80_INLINE void mul_mat(int kind, struct ggml_tensor * dst, int ith, int nth) {
     float * d0 = (float *) (buf + packed_bytes + x_bytes);
     q80_block * tmp = (q80_block *) (buf + packed_bytes + x_bytes + d0_bytes);
     const int32_t bias = unsigned_bias(kind);
-    for (int64_t g = g0; g < g1; ++g) {
-        pack_group(b, g * W, N, nb, bias, tmp, buf + (size_t) (g - g0) * nb * GROUP_BYTES);
+    const char * groups_at = buf;
+    if (packed != 0) {
+        groups_at = packed_groups(b) + (size_t) g0 * nb * GROUP_BYTES;
+    } else {
+        for (int64_t g = g0; g < g1; ++g) {
+            pack_group(b, g * W, N, nb, bias, tmp, buf + (size_t) (g - g0) * nb * GROUP_BYTES);
+        }
     }
 #ifdef Q80_AMX
     amx_configure();
@@ -612,12 +653,12 @@ Q80_INLINE void mul_mat(int kind, struct ggml_tensor * dst, int ith, int nth) {
             memset(d0 + (size_t) R * nb, 0, (size_t) (MR - R) * nb * sizeof(float));
         }
         amx_signed(x, (size_t) MR * nb * QK, (uint8_t) bias);
-        rows_groups(kind, dst, m, R, x, d0, buf, g0, g1, nb, N);
+        rows_groups(kind, dst, m, R, x, d0, groups_at, g0, g1, nb, N);
 #else
         // A constant row count per call, so that the vector path keeps its sums in registers.
         switch (R) {
 #define Q80_ROWS(n) \
-    case n: rows_groups(kind, dst, m, n, x, d0, buf, g0, g1, nb, N); break;
+    case n: rows_groups(kind, dst, m, n, x, d0, groups_at, g0, g1, nb, N); break;
             Q80_ROWS(1)
             Q80_ROWS(2)
             Q80_ROWS(3)
@@ -628,7 +669,7 @@ Q80_INLINE void mul_mat(int kind, struct ggml_tensor * dst, int ith, int nth) {
             Q80_ROWS(7)
 #endif
 #undef Q80_ROWS
-            default: rows_groups(kind, dst, m, MR, x, d0, buf, g0, g1, nb, N); break;
+            default: rows_groups(kind, dst, m, MR, x, d0, groups_at, g0, g1, nb, N); break;
         }
 #endif
     }
@@ -639,22 +680,83 @@ Q80_INLINE void mul_mat(int kind, struct ggml_tensor * dst, int ith, int nth) {
 
 // dst[m, n] = sum_k a[k, m] * b[k, n] by the definition at the top, every column; a: q4_0
 // [K, M] (src 0), b: f32 [K, N] (src 1), dst: f32 [M, N], all two-dimensional, K a multiple of
-// 32. `userdata` is not used.
+// 32. With `userdata` not null, src 1 is instead ggml_sys_pack_q80's result for b (for q4_0
+// weights) and `userdata`, read as an integer, is N.
 void ggml_sys_mul_mat_q4_0(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
-    (void) userdata;
-    mul_mat(KIND_Q4_0, dst, ith, nth);
+    mul_mat(KIND_Q4_0, dst, ith, nth, (int64_t) (intptr_t) userdata);
 }
 
 // As ggml_sys_mul_mat_q4_0, for q5_0 weights.
 void ggml_sys_mul_mat_q5_0(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
-    (void) userdata;
-    mul_mat(KIND_Q5_0, dst, ith, nth);
+    mul_mat(KIND_Q5_0, dst, ith, nth, (int64_t) (intptr_t) userdata);
 }
 
 // As ggml_sys_mul_mat_q4_0, for q8_0 weights.
 void ggml_sys_mul_mat_q8_0(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
-    (void) userdata;
-    mul_mat(KIND_Q8_0, dst, ith, nth);
+    mul_mat(KIND_Q8_0, dst, ith, nth, (int64_t) (intptr_t) userdata);
+}
+
+// The kind of weights of ggml type `type`, or -1 for another type.
+static int kind_of(int type) {
+    return type == GGML_TYPE_Q4_0   ? KIND_Q4_0
+           : type == GGML_TYPE_Q5_0 ? KIND_Q5_0
+           : type == GGML_TYPE_Q8_0 ? KIND_Q8_0
+                                    : -1;
+}
+
+// Bytes of ggml_sys_pack_q80's result for N columns of K (a multiple of 32) for weights of ggml
+// type `type`: 0 when the products take those columns unpacked (few columns, which another
+// layout serves; a plain C build; another type).
+int64_t ggml_sys_q80_packed_bytes(int type, int64_t K, int64_t N) {
+    const int kind = kind_of(type);
+    if (kind < 0 || K % QK != 0 || N <= 0) {
+        return 0;
+    }
+#ifndef Q80_SIMD
+    return 0;
+#else
+#ifdef Q80_FEW
+    if (N <= FEW_MAX_COLS(kind)) {
+        return 0;
+    }
+#endif
+    return 64 + (N + W - 1) / W * (K / QK) * (int64_t) GROUP_BYTES;
+#endif
+}
+
+// dst (ggml_sys_q80_packed_bytes(type, K, N) bytes or more) = src 0 (f32 [K, N], rows
+// contiguous) quantized and packed in column groups as the products above read them, for
+// weights of the ggml type `userdata` (read as an integer): the bytes every thread of those
+// products would make for itself, made once for every product over the same columns.
+void ggml_sys_pack_q80(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const struct ggml_tensor * b = dst->src[0];
+    const int kind = kind_of((int) (intptr_t) userdata);
+    const int64_t N = b->ne[1];
+    const int nb = (int) (b->ne[0] / QK);
+    if (kind < 0 || ggml_sys_q80_packed_bytes((int) (intptr_t) userdata, b->ne[0], N) == 0) {
+        return;
+    }
+    // The products' own split of the groups, so that each thread packs what it reads.
+    const int64_t groups = (N + W - 1) / W, per = (groups + nth - 1) / nth;
+    const int64_t g0 = per * ith, g1 = g0 + per < groups ? g0 + per : groups;
+    if (g0 >= g1) {
+        return;
+    }
+    char * out = packed_groups(dst);
+    q80_block * tmp = (q80_block *) reserve((size_t) W * nb * sizeof(q80_block));
+    if (tmp == NULL) {
+        // No scratch memory: NaN scales, so that the products' results are visibly wrong.
+        for (int64_t g = g0; g < g1; ++g) {
+            float * d1 = (float *) (out + (size_t) g * nb * GROUP_BYTES + (size_t) nb * 8 * W * 4);
+            for (int i = 0; i < nb * W; ++i) {
+                d1[i] = NAN;
+            }
+        }
+        return;
+    }
+    for (int64_t g = g0; g < g1; ++g) {
+        pack_group(b, g * W, N, nb, unsigned_bias(kind), tmp, out + (size_t) g * nb * GROUP_BYTES);
+    }
 }
 
 // 1 when the products above run vector instructions, 0 for the plain C loop (same bits).

@@ -161,8 +161,9 @@ pub mod kernels {
         /// quantized by ggml's q8_0 routine, each block's 32 products summed exactly in
         /// integers, then one fused multiply-add per block (ggml's result up to rounding; see
         /// `csrc/mul_mat_q8_0.c`), the same bits at every ISA level and each column's bits the
-        /// same whatever the number of columns (one alone, a few, or many). `userdata` is
-        /// unused.
+        /// same whatever the number of columns (one alone, a few, or many). With `userdata`
+        /// not null, `src[1]` is instead [`ggml_sys_pack_q80`]'s packing of `b` and
+        /// `userdata`, read as an integer, is `n`: the same bits.
         pub fn ggml_sys_mul_mat_q4_0(
             dst: *mut super::ggml_tensor,
             ith: ::core::ffi::c_int,
@@ -180,6 +181,24 @@ pub mod kernels {
 
         /// [`ggml_sys_mul_mat_q4_0`] for q8_0 weights.
         pub fn ggml_sys_mul_mat_q8_0(
+            dst: *mut super::ggml_tensor,
+            ith: ::core::ffi::c_int,
+            nth: ::core::ffi::c_int,
+            userdata: *mut ::core::ffi::c_void,
+        );
+
+        /// Bytes of [`ggml_sys_pack_q80`]'s result for `n` columns of `k` (a multiple of 32)
+        /// read by the product for weights of ggml type `ty` (q4_0, q5_0 or q8_0); 0 when
+        /// that product takes those columns as they are (few columns, a plain C build,
+        /// another type).
+        pub fn ggml_sys_q80_packed_bytes(ty: ::core::ffi::c_int, k: i64, n: i64) -> i64;
+
+        /// A `ggml_custom_op_t` for `ggml_custom_4d`: `dst` (at least
+        /// [`ggml_sys_q80_packed_bytes`] bytes) = `dst->src[0]` (f32 `[k, n]`, contiguous
+        /// rows) quantized and packed as the product for weights of the ggml type `userdata`
+        /// (read as an integer) reads its columns: made once, read by every product over the
+        /// same columns.
+        pub fn ggml_sys_pack_q80(
             dst: *mut super::ggml_tensor,
             ith: ::core::ffi::c_int,
             nth: ::core::ffi::c_int,

@@ -10,7 +10,8 @@
 //! unsigned weights would show). And batch invariance: each column of an N-column product has
 //! the bits of the same column computed alone and inside a 100-column product, whatever N (the
 //! few-column path's rows per vector lane or the column groups), the thread count, or the
-//! group, lane or tile the column lands in.
+//! group, lane or tile the column lands in. Where the product reads packed columns, the same
+//! product over columns packed once by `ggml_sys_pack_q80`'s own node gives the same bits.
 
 use ggml_sys::*;
 use std::ffi::c_int;
@@ -117,6 +118,9 @@ fn decode(ty: ggml_type, b: &[u8]) -> (f32, [i32; 32]) {
 struct Run {
     ggml: Vec<f32>,
     kernel: Vec<f32>,
+    /// The kernel's results from columns packed by `ggml_sys_pack_q80` (where the product
+    /// reads packed columns).
+    packed: Option<Vec<f32>>,
     /// The definition's bits.
     definition: Vec<f32>,
     /// The exact product of the dequantized weights and the quantized columns, in f64.
@@ -193,8 +197,43 @@ fn run(c: Case) -> Run {
             GGML_N_TASKS_MAX,
             std::ptr::null_mut(),
         );
+        let op = kernel(ty);
         let ggml = common::compute_f32(ctx, want, c.threads);
         let kernel = common::compute_f32(ctx, node, c.threads);
+        // The same product over the columns packed once by their own node, as the engine
+        // shares one packing between products over the same columns.
+        let packed_bytes = kernels::ggml_sys_q80_packed_bytes(ty as c_int, k, n);
+        let packed = (packed_bytes > 0).then(|| {
+            let mut src = [x];
+            let pack = ggml_custom_4d(
+                ctx,
+                GGML_TYPE_F32,
+                (packed_bytes + 3) / 4,
+                1,
+                1,
+                1,
+                src.as_mut_ptr(),
+                1,
+                Some(kernels::ggml_sys_pack_q80),
+                GGML_N_TASKS_MAX,
+                ty as usize as *mut std::ffi::c_void,
+            );
+            let mut args = [w, pack];
+            let node = ggml_custom_4d(
+                ctx,
+                GGML_TYPE_F32,
+                m,
+                n,
+                1,
+                1,
+                args.as_mut_ptr(),
+                2,
+                op,
+                GGML_N_TASKS_MAX,
+                n as usize as *mut std::ffi::c_void,
+            );
+            common::compute_f32(ctx, node, c.threads)
+        });
         assert_eq!(ggml.len(), (m * n) as usize);
         // The weights as ggml dequantizes them, for the f64 product.
         let to_float = (*ggml_get_type_traits(ty)).to_float.expect("dequantizes");
@@ -208,6 +247,7 @@ fn run(c: Case) -> Run {
         Run {
             ggml,
             kernel,
+            packed,
             definition: r.0,
             exact: r.1,
             magnitude: r.2,
@@ -271,6 +311,9 @@ fn check(c: Case) {
         c.ty, c.k, c.m, c.n, c.stride, c.threads, c.offset
     );
     assert_same_bits(&r.definition, &r.kernel, &what);
+    if let Some(packed) = &r.packed {
+        assert_same_bits(&r.definition, packed, &format!("{what}, packed"));
+    }
     assert!(r.magnitude.iter().any(|&m| m > 0.0), "{what}: all zero");
     // Each fused multiply-add rounds once and each product d0 * d1 once: at most nb + 1
     // roundings of at most 2^-24 of the terms' magnitude (and a little second-order slack).

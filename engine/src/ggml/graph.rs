@@ -128,6 +128,7 @@ impl Compute {
             inputs: Vec::new(),
             integer_sums: IntegerSums::Leading(0, 0),
             row_kernels: false,
+            packed: Vec::new(),
             _brand: PhantomData,
             _owners: PhantomData,
         };
@@ -232,6 +233,9 @@ pub(crate) struct IntegerSumKernel {
     /// 1 when the kernel was built with vector instructions; otherwise ggml's product is
     /// faster and the kernel is not used.
     pub(crate) vectorized: unsafe extern "C" fn() -> c_int,
+    /// Whether the kernel also reads its columns packed by `ggml_sys_pack_q80` (the column
+    /// count as `userdata`), so that products over the same columns pack them once.
+    pub(crate) packs: bool,
 }
 
 /// The integer-sum products by weight type (q4_1's kernel, which also gives ggml's bits, has
@@ -243,6 +247,7 @@ pub(crate) const INTEGER_SUM_KERNELS: &[IntegerSumKernel] = &[
         min_rows: 64,
         kernel: sys::kernels::ggml_sys_mul_mat_q4_0,
         vectorized: sys::kernels::ggml_sys_mul_mat_q4_0_isum,
+        packs: true,
     },
     IntegerSumKernel {
         w_type: sys::GGML_TYPE_Q5_0,
@@ -250,6 +255,7 @@ pub(crate) const INTEGER_SUM_KERNELS: &[IntegerSumKernel] = &[
         min_rows: 64,
         kernel: sys::kernels::ggml_sys_mul_mat_q5_0,
         vectorized: sys::kernels::ggml_sys_mul_mat_q5_0_isum,
+        packs: true,
     },
     IntegerSumKernel {
         w_type: sys::GGML_TYPE_Q8_0,
@@ -257,6 +263,7 @@ pub(crate) const INTEGER_SUM_KERNELS: &[IntegerSumKernel] = &[
         min_rows: 64,
         kernel: sys::kernels::ggml_sys_mul_mat_q8_0,
         vectorized: sys::kernels::ggml_sys_mul_mat_q8_0_isum,
+        packs: true,
     },
     IntegerSumKernel {
         w_type: sys::GGML_TYPE_Q4_K,
@@ -264,6 +271,7 @@ pub(crate) const INTEGER_SUM_KERNELS: &[IntegerSumKernel] = &[
         min_rows: 64,
         kernel: sys::kernels::ggml_sys_mul_mat_q4_k,
         vectorized: sys::kernels::ggml_sys_mul_mat_qk_isum,
+        packs: false,
     },
     IntegerSumKernel {
         w_type: sys::GGML_TYPE_Q5_K,
@@ -271,6 +279,7 @@ pub(crate) const INTEGER_SUM_KERNELS: &[IntegerSumKernel] = &[
         min_rows: 64,
         kernel: sys::kernels::ggml_sys_mul_mat_q5_k,
         vectorized: sys::kernels::ggml_sys_mul_mat_qk_isum,
+        packs: false,
     },
     IntegerSumKernel {
         w_type: sys::GGML_TYPE_Q6_K,
@@ -278,6 +287,7 @@ pub(crate) const INTEGER_SUM_KERNELS: &[IntegerSumKernel] = &[
         min_rows: 64,
         kernel: sys::kernels::ggml_sys_mul_mat_q6_k,
         vectorized: sys::kernels::ggml_sys_mul_mat_qk_isum,
+        packs: false,
     },
 ];
 
@@ -291,6 +301,10 @@ pub(crate) struct Graph<'g, 'w> {
     integer_sums: IntegerSums,
     /// Whether norms and gated activations may take ggml-sys's row kernels (`graph/rows.rs`).
     row_kernels: bool,
+    /// Activations already quantized and packed for the q4_0, q5_0 and q8_0 products, by the
+    /// columns' tensor and the weight type: products over the same columns (Q, K and V; gate
+    /// and up) share one packing.
+    packed: Vec<(*mut sys::ggml_tensor, sys::ggml_type, *mut sys::ggml_tensor)>,
     _brand: Invariant<'g>,
     _owners: PhantomData<&'w ()>,
 }
@@ -552,14 +566,60 @@ impl<'g, 'w> Graph<'g, 'w> {
             self.view_3d(x, [k, lead, 1], [col, col * lead], 0)
         };
         // The kernel reads `dst->src[0..2]` (the sources, which ggml copies into the node)
-        // within the shapes checked by `mul_mat`, and writes only `dst`.
-        let fast = self.custom([m, lead, 1], &mut [w.raw, head.raw], Some(entry.kernel), 0);
+        // within the shapes checked by `mul_mat`, and writes only `dst`; with a column count
+        // as `userdata`, `src[1]` is `ggml_sys_pack_q80`'s packing of those columns.
+        let fast = match self.packed_columns(entry, head) {
+            Some(packed) => {
+                self.custom([m, lead, 1], &mut [w.raw, packed], Some(entry.kernel), lead)
+            }
+            None => self.custom([m, lead, 1], &mut [w.raw, head.raw], Some(entry.kernel), 0),
+        };
         if lead == n {
             return fast;
         }
         let rest = self.view_3d(x, [k, n - lead, 1], [col, col * (n - lead)], col * lead);
         let rest = op!(self, sys::ggml_mul_mat(self.ctx(), w.raw, rest.raw));
         self.concat(fast, rest, 1)
+    }
+
+    /// The columns `x` quantized and packed for `entry`'s kernel, made once per graph for
+    /// each columns' tensor and weight type; `None` when the kernel takes them as they are.
+    fn packed_columns(
+        &mut self,
+        entry: &IntegerSumKernel,
+        x: Tensor<'g>,
+    ) -> Option<*mut sys::ggml_tensor> {
+        if !entry.packs {
+            return None;
+        }
+        if let Some(&(_, _, p)) = self
+            .packed
+            .iter()
+            .find(|(t, ty, _)| *t == x.raw && *ty == entry.w_type)
+        {
+            return Some(p);
+        }
+        // SAFETY: a plain query.
+        let bytes = unsafe {
+            sys::kernels::ggml_sys_q80_packed_bytes(
+                entry.w_type as c_int,
+                x.ne(0) as i64,
+                x.ne(1) as i64,
+            )
+        };
+        if bytes <= 0 {
+            return None;
+        }
+        // The kernel reads `src[0]` (f32, contiguous rows, checked by `mul_mat`) and writes
+        // only its result, at least `bytes` long; `userdata` is the weight type.
+        let packed = self.custom(
+            [(bytes as usize).div_ceil(4), 1, 1],
+            &mut [x.raw],
+            Some(sys::kernels::ggml_sys_pack_q80),
+            entry.w_type as usize,
+        );
+        self.packed.push((x.raw, entry.w_type, packed.raw));
+        Some(packed.raw)
     }
     pub(crate) fn reshape_2d(&mut self, x: Tensor<'g>, ne0: usize, ne1: usize) -> Tensor<'g> {
         op!(
