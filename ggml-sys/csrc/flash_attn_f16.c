@@ -511,7 +511,14 @@ void ggml_sys_flash_attn_f16(struct ggml_tensor * dst, int ith, int nth, void * 
     const int units = n_head_kv * per_group;
 
     float * buf = fa_reserve(fa_scratch_floats(a.D));
-    for (int u = ith; u < units; u += nth) {
+    // The units in rounds of nth, every other round in reverse: a causal block's work grows
+    // with its rows' positions, and taking the first unit of one round and the last of the
+    // next evens the threads' shares (which thread computes a row changes none of its bits).
+    for (int base = 0, round = 0; base < units; base += nth, ++round) {
+        const int u = base + (round % 2 == 0 ? ith : nth - 1 - ith);
+        if (u >= units) {
+            continue;
+        }
         const int g = u / per_group, j0 = (u % per_group) * rb;
         const int rows = group_rows - j0 < rb ? group_rows - j0 : rb;
         if (buf == NULL) {
