@@ -592,6 +592,11 @@ static char * packed_groups(const struct ggml_tensor * t) {
     return (char *) (((uintptr_t) t->data + 63) & ~(uintptr_t) 63);
 }
 
+// Bytes of ggml_sys_pack_q80's result for N columns of K: the groups, and room to align them.
+static int64_t packed_size(int64_t K, int64_t N) {
+    return 64 + (N + W - 1) / W * (K / QK) * (int64_t) GROUP_BYTES;
+}
+
 // `packed`: 0 when dst->src[1] is the f32 activations, else their column count, dst->src[1]
 // being ggml_sys_pack_q80's result for them.
 Q80_INLINE void mul_mat(int kind, struct ggml_tensor * dst, int ith, int nth, int64_t packed) {
@@ -614,6 +619,11 @@ Q80_INLINE void mul_mat(int kind, struct ggml_tensor * dst, int ith, int nth, in
     const int64_t groups = (N + W - 1) / W;
     int64_t g0, g1, r0, r1;
     if (!split_work(groups, M, ith, nth, &g0, &g1, &r0, &r1)) {
+        return;
+    }
+    if (packed != 0 && (int64_t) ggml_nbytes(b) < packed_size(a->ne[0], N)) {
+        // Packed columns too short for N columns: NaN, never a read past them.
+        fill_nan(dst, r0, r1, g0 * W, g1 * W < N ? g1 * W : N);
         return;
     }
     const size_t packed_bytes = packed != 0 ? 0 : align64((size_t) (g1 - g0) * nb * GROUP_BYTES);
@@ -720,7 +730,7 @@ int64_t ggml_sys_q80_packed_bytes(int type, int64_t K, int64_t N) {
         return 0;
     }
 #endif
-    return 64 + (N + W - 1) / W * (K / QK) * (int64_t) GROUP_BYTES;
+    return packed_size(K, N);
 #endif
 }
 
@@ -733,7 +743,9 @@ void ggml_sys_pack_q80(struct ggml_tensor * dst, int ith, int nth, void * userda
     const int kind = kind_of((int) (intptr_t) userdata);
     const int64_t N = b->ne[1];
     const int nb = (int) (b->ne[0] / QK);
-    if (kind < 0 || ggml_sys_q80_packed_bytes((int) (intptr_t) userdata, b->ne[0], N) == 0) {
+    const int64_t bytes = ggml_sys_q80_packed_bytes((int) (intptr_t) userdata, b->ne[0], N);
+    if (kind < 0 || bytes == 0 || (int64_t) ggml_nbytes(dst) < bytes) {
+        // Nothing the products read packed (or no room for it): they check the size too.
         return;
     }
     // The products' own split of the groups, so that each thread packs what it reads.

@@ -163,7 +163,8 @@ pub mod kernels {
         /// `csrc/mul_mat_q8_0.c`), the same bits at every ISA level and each column's bits the
         /// same whatever the number of columns (one alone, a few, or many). With `userdata`
         /// not null, `src[1]` is instead [`ggml_sys_pack_q80`]'s packing of `b` and
-        /// `userdata`, read as an integer, is `n`: the same bits.
+        /// `userdata`, read as an integer, is `n`: the same bits (NaN everywhere when that
+        /// tensor is shorter than [`ggml_sys_q80_packed_bytes`] says).
         pub fn ggml_sys_mul_mat_q4_0(
             dst: *mut super::ggml_tensor,
             ith: ::core::ffi::c_int,

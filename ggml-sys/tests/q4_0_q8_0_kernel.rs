@@ -480,6 +480,70 @@ fn the_kernels_compute_known_products() {
     }
 }
 
+#[test]
+fn packed_columns_too_short_give_nan_not_a_read_past_them() {
+    // The pack node and the product each check the packed tensor's size: a tensor for half the
+    // columns is left unwritten, and the product over it gives NaN everywhere.
+    let (k, m, n) = (64i64, 5i64, 70i64);
+    for ty in TYPES {
+        let bytes = unsafe { kernels::ggml_sys_q80_packed_bytes(ty as c_int, k, n) };
+        if bytes == 0 {
+            // A build that reads no packed columns (plain C).
+            continue;
+        }
+        // SAFETY: as in `run`.
+        unsafe {
+            let ctx = ggml_init(ggml_init_params {
+                mem_size: 16 << 20,
+                mem_buffer: std::ptr::null_mut(),
+                no_alloc: false,
+            });
+            let w = ggml_new_tensor_2d(ctx, ty, k, m);
+            let weights = vec![0.5f32; (k * m) as usize];
+            ggml_quantize_chunk(ty, weights.as_ptr(), (*w).data, 0, m, k, std::ptr::null());
+            let x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, n);
+            let xs = std::slice::from_raw_parts_mut((*x).data as *mut f32, (k * n) as usize);
+            xs.fill(1.0);
+            let mut src = [x];
+            let pack = ggml_custom_4d(
+                ctx,
+                GGML_TYPE_F32,
+                bytes / 8,
+                1,
+                1,
+                1,
+                src.as_mut_ptr(),
+                1,
+                Some(kernels::ggml_sys_pack_q80),
+                GGML_N_TASKS_MAX,
+                ty as usize as *mut std::ffi::c_void,
+            );
+            let mut args = [w, pack];
+            let node = ggml_custom_4d(
+                ctx,
+                GGML_TYPE_F32,
+                m,
+                n,
+                1,
+                1,
+                args.as_mut_ptr(),
+                2,
+                kernel(ty),
+                GGML_N_TASKS_MAX,
+                n as usize as *mut std::ffi::c_void,
+            );
+            let out = common::compute_f32(ctx, node, 2);
+            assert!(
+                out.iter().all(|v| v.is_nan()),
+                "type {ty}: {} of {} outputs are not NaN",
+                out.iter().filter(|v| !v.is_nan()).count(),
+                out.len()
+            );
+            ggml_free(ctx);
+        }
+    }
+}
+
 /// The column counts of the batch-invariance checks: every count around the few-column path's
 /// chunks (4) and row tiles (8), and across the column groups (8, 16).
 const COUNTS: [i64; 21] = [
