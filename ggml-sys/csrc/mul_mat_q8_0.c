@@ -216,7 +216,6 @@ static void pack_group(const struct ggml_tensor * b, int64_t n0, int64_t N, int 
         // Column c's 32 bytes are eight quads: an 8 x 8 transpose of 32-bit elements per eight
         // columns puts quad k of the columns side by side. The sums of y come from the same
         // vectors, exactly in 32-bit lanes.
-        __m256i sum[W / 8];
         for (int h = 0; h < W / 8; ++h) {
             __m256 r[8], t[8];
             for (int c = 0; c < 8; ++c) {
@@ -224,16 +223,16 @@ static void pack_group(const struct ggml_tensor * b, int64_t n0, int64_t N, int 
                     _mm256_loadu_si256((const __m256i *) tmp[(size_t) (8 * h + c) * nb + i].qs));
             }
             ggml_sys_transpose8(r, t);
-            sum[h] = _mm256_setzero_si256();
+            __m256i sum = _mm256_setzero_si256();
             for (int k = 0; k < 8; ++k) {
                 const __m256i y = _mm256_castps_si256(t[k]);
                 _mm256_storeu_si256((__m256i *) (out + ((size_t) k * W + 8 * h) * 4), y);
-                sum[h] = _mm256_add_epi32(
-                    sum[h], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), y),
-                                              _mm256_set1_epi16(1)));
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(
+                                                                  _mm256_set1_epi8(1), y),
+                                                              _mm256_set1_epi16(1)));
             }
             _mm256_storeu_si256((__m256i *) (start + (size_t) i * W + 8 * h),
-                                _mm256_mullo_epi32(sum[h], _mm256_set1_epi32(-bias)));
+                                _mm256_mullo_epi32(sum, _mm256_set1_epi32(-bias)));
         }
 #else
         for (int c = 0; c < W; ++c) {
@@ -740,11 +739,12 @@ int64_t ggml_sys_q80_packed_bytes(int type, int64_t K, int64_t N) {
 // products would make for itself, made once for every product over the same columns.
 void ggml_sys_pack_q80(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
     const struct ggml_tensor * b = dst->src[0];
-    const int kind = kind_of((int) (intptr_t) userdata);
+    const int type = (int) (intptr_t) userdata;
     const int64_t N = b->ne[1];
     const int nb = (int) (b->ne[0] / QK);
-    const int64_t bytes = ggml_sys_q80_packed_bytes((int) (intptr_t) userdata, b->ne[0], N);
-    if (kind < 0 || bytes == 0 || (int64_t) ggml_nbytes(dst) < bytes) {
+    // 0 for a type these products do not take, as for columns they take unpacked.
+    const int64_t bytes = ggml_sys_q80_packed_bytes(type, b->ne[0], N);
+    if (bytes == 0 || (int64_t) ggml_nbytes(dst) < bytes) {
         // Nothing the products read packed (or no room for it): they check the size too.
         return;
     }
@@ -767,7 +767,8 @@ void ggml_sys_pack_q80(struct ggml_tensor * dst, int ith, int nth, void * userda
         return;
     }
     for (int64_t g = g0; g < g1; ++g) {
-        pack_group(b, g * W, N, nb, unsigned_bias(kind), tmp, out + (size_t) g * nb * GROUP_BYTES);
+        pack_group(b, g * W, N, nb, unsigned_bias(kind_of(type)), tmp,
+                   out + (size_t) g * nb * GROUP_BYTES);
     }
 }
 

@@ -83,6 +83,52 @@ fn kernel(ty: ggml_type) -> ggml_custom_op_t {
     }
 }
 
+/// The product of `ty` weights `w` `[k, m]` and the columns `x` `[k, n]` over a pack node of
+/// `pack_floats` floats (`ggml_sys_pack_q80`'s result), the column count as `userdata`.
+///
+/// # Safety
+/// `w` and `x` are live tensors of `ctx`, of the shapes above.
+unsafe fn packed_product(
+    ctx: *mut ggml_context,
+    ty: ggml_type,
+    w: *mut ggml_tensor,
+    x: *mut ggml_tensor,
+    pack_floats: i64,
+) -> *mut ggml_tensor {
+    // SAFETY: the caller's tensors; ggml copies `src` and `args` into the nodes.
+    unsafe {
+        let (m, n) = ((*w).ne[1], (*x).ne[1]);
+        let mut src = [x];
+        let pack = ggml_custom_4d(
+            ctx,
+            GGML_TYPE_F32,
+            pack_floats,
+            1,
+            1,
+            1,
+            src.as_mut_ptr(),
+            1,
+            Some(kernels::ggml_sys_pack_q80),
+            GGML_N_TASKS_MAX,
+            ty as usize as *mut std::ffi::c_void,
+        );
+        let mut args = [w, pack];
+        ggml_custom_4d(
+            ctx,
+            GGML_TYPE_F32,
+            m,
+            n,
+            1,
+            1,
+            args.as_mut_ptr(),
+            2,
+            kernel(ty),
+            GGML_N_TASKS_MAX,
+            n as usize as *mut std::ffi::c_void,
+        )
+    }
+}
+
 fn f16(b: &[u8]) -> f32 {
     // SAFETY: a plain conversion of two bytes.
     unsafe { ggml_fp16_to_fp32(u16::from_le_bytes([b[0], b[1]])) }
@@ -197,41 +243,13 @@ fn run(c: Case) -> Run {
             GGML_N_TASKS_MAX,
             std::ptr::null_mut(),
         );
-        let op = kernel(ty);
         let ggml = common::compute_f32(ctx, want, c.threads);
         let kernel = common::compute_f32(ctx, node, c.threads);
         // The same product over the columns packed once by their own node, as the engine
         // shares one packing between products over the same columns.
         let packed_bytes = kernels::ggml_sys_q80_packed_bytes(ty as c_int, k, n);
         let packed = (packed_bytes > 0).then(|| {
-            let mut src = [x];
-            let pack = ggml_custom_4d(
-                ctx,
-                GGML_TYPE_F32,
-                (packed_bytes + 3) / 4,
-                1,
-                1,
-                1,
-                src.as_mut_ptr(),
-                1,
-                Some(kernels::ggml_sys_pack_q80),
-                GGML_N_TASKS_MAX,
-                ty as usize as *mut std::ffi::c_void,
-            );
-            let mut args = [w, pack];
-            let node = ggml_custom_4d(
-                ctx,
-                GGML_TYPE_F32,
-                m,
-                n,
-                1,
-                1,
-                args.as_mut_ptr(),
-                2,
-                op,
-                GGML_N_TASKS_MAX,
-                n as usize as *mut std::ffi::c_void,
-            );
+            let node = packed_product(ctx, ty, w, x, (packed_bytes + 3) / 4);
             common::compute_f32(ctx, node, c.threads)
         });
         assert_eq!(ggml.len(), (m * n) as usize);
@@ -504,34 +522,7 @@ fn packed_columns_too_short_give_nan_not_a_read_past_them() {
             let x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, n);
             let xs = std::slice::from_raw_parts_mut((*x).data as *mut f32, (k * n) as usize);
             xs.fill(1.0);
-            let mut src = [x];
-            let pack = ggml_custom_4d(
-                ctx,
-                GGML_TYPE_F32,
-                bytes / 8,
-                1,
-                1,
-                1,
-                src.as_mut_ptr(),
-                1,
-                Some(kernels::ggml_sys_pack_q80),
-                GGML_N_TASKS_MAX,
-                ty as usize as *mut std::ffi::c_void,
-            );
-            let mut args = [w, pack];
-            let node = ggml_custom_4d(
-                ctx,
-                GGML_TYPE_F32,
-                m,
-                n,
-                1,
-                1,
-                args.as_mut_ptr(),
-                2,
-                kernel(ty),
-                GGML_N_TASKS_MAX,
-                n as usize as *mut std::ffi::c_void,
-            );
+            let node = packed_product(ctx, ty, w, x, bytes / 8);
             let out = common::compute_f32(ctx, node, 2);
             assert!(
                 out.iter().all(|v| v.is_nan()),

@@ -12,22 +12,19 @@ use serde_json::{json, Value};
 
 /// Starts the binary on port 0 and reads the address it listens on.
 fn spawn(env: &Env) -> (Killed, String) {
+    spawn_with(env, &["-c", "512", "--kv-unified"])
+}
+
+/// [`spawn`] with `options` in place of its context options.
+fn spawn_with(env: &Env, options: &[&str]) -> (Killed, String) {
     common::spawn_listening(
         Command::new(env!("CARGO_BIN_EXE_llama-hdd-server"))
             .arg("-m")
             .arg(&env.model)
             .arg("--cache-dir")
             .arg(env.cache())
-            .args([
-                "--port",
-                "0",
-                "-t",
-                "1",
-                "-c",
-                "512",
-                "--kv-unified",
-                "--metrics",
-            ]),
+            .args(["--port", "0", "-t", "1", "--metrics"])
+            .args(options),
     )
 }
 
@@ -118,26 +115,7 @@ async fn a_chain_of_repeats_stores_the_pages_it_keeps() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prompt_is_stored_while_another_request_decodes() {
     let env = Env::new();
-    let launch = |env: &Env| {
-        common::spawn_listening(
-            Command::new(env!("CARGO_BIN_EXE_llama-hdd-server"))
-                .arg("-m")
-                .arg(&env.model)
-                .arg("--cache-dir")
-                .arg(env.cache())
-                .args([
-                    "--port",
-                    "0",
-                    "-t",
-                    "1",
-                    "-c",
-                    "4096",
-                    "-np",
-                    "2",
-                    "--metrics",
-                ]),
-        )
-    };
+    let launch = |env: &Env| spawn_with(env, &["-c", "4096", "-np", "2"]);
     let (mut first, url) = launch(&env);
     // The long request: it decodes until its slot's context is full.
     let mut stream = reqwest::Client::new()
